@@ -1,0 +1,1 @@
+"""The compact reference GRPO trainer: model, tokenizers, rollout engine, tasks, loop."""

@@ -1,0 +1,118 @@
+"""Configuration dataclasses: the model's architecture (read from HF config.json), sampling and the engine."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a Llama/Qwen2-family decoder; field names follow Hugging Face config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    attention_bias: bool = False  # QKV bias (Qwen2 has it; Llama does not by default)
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    architecture: str = "LlamaForCausalLM"
+    torch_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_hf_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        archs = raw.get("architectures") or ["LlamaForCausalLM"]
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {arch!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+        # transformers >= 5 keeps RoPE settings in `rope_parameters`; older configs use rope_theta/rope_scaling.
+        rope_params = raw.get("rope_parameters") or {}
+        rope_theta = rope_params.get("rope_theta", raw.get("rope_theta", 10000.0))
+        rope_scaling = raw.get("rope_scaling")
+        if rope_params.get("rope_type", "default") != "default":
+            rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type", "default")) == "default":
+            rope_scaling = None
+        bias = raw.get("attention_bias", arch == "Qwen2ForCausalLM")
+        return cls(
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_hidden_layers=raw["num_hidden_layers"],
+            num_attention_heads=raw["num_attention_heads"],
+            num_key_value_heads=raw.get("num_key_value_heads"),
+            head_dim=raw.get("head_dim"),
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            attention_bias=bool(bias),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_id=raw.get("eos_token_id"),
+            architecture=arch,
+            torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+        )
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        raw = asdict(self)
+        arch = raw.pop("architecture")
+        raw["architectures"] = [arch]
+        raw["model_type"] = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}.get(arch, "llama")
+        raw["hidden_act"] = "silu"
+        if raw["rope_scaling"] is None:
+            raw.pop("rope_scaling")
+        return raw
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> ModelConfig:
+        return cls.from_hf_dict(json.loads(Path(path).read_text()))
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request. temperature 0 means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    max_tokens: int = 256
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class EngineConfig:
+    """The rollout engine: slot capacity, cache length, device and dtype."""
+
+    max_num_seqs: int = 64  # slot capacity: the most sequences decoding at once
+    max_model_len: int = 1024  # prompt + response tokens per sequence
+    max_prefill_tokens: int = 8192  # tokens per batched prefill forward
+    device: str = "cpu"
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    max_verify_tokens: int = 16  # headroom in the cache for multi-token verify forwards

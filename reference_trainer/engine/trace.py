@@ -1,0 +1,84 @@
+"""The run trace: engine steps, phases and sequences, as DESIGN.md's trace contract names them."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+class Trace:
+    """An append-only list of events with times in seconds from the trace's start.
+
+    One Trace is shared by the engine (prefill/decode/verify events), the trainer (phase events) and the
+    controller (sequence events). `flush_to` appends new events to a JSONL file, so a long run streams
+    its trace instead of holding it to the end.
+    """
+
+    def __init__(self, worker: int = 0, t0: float | None = None) -> None:
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.worker = worker
+        self.events: list[dict[str, Any]] = []
+        self.step = 0  # the RL step the current events belong to; the trainer sets it
+        self._flushed = 0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def add(self, event: dict[str, Any]) -> None:
+        event.setdefault("step", self.step)
+        self.events.append(event)
+
+    def engine_step(
+        self, kind: str, t_start: float, t_end: float, slots: dict[int, str], capacity: int, tokens: int, **extra: Any
+    ) -> None:
+        self.add(
+            {
+                "kind": kind,
+                "t_start": t_start,
+                "t_end": t_end,
+                "active_slots": len(slots),
+                "capacity": capacity,
+                "tokens": tokens,
+                "worker": self.worker,
+                "slots": {str(k): v for k, v in slots.items()},
+                **extra,
+            }
+        )
+
+    @contextmanager
+    def phase(self, kind: str, **extra: Any) -> Iterator[None]:
+        """Record a rollout/reward/update/sync phase around a block."""
+        t_start = self.now()
+        try:
+            yield
+        finally:
+            self.add({"kind": kind, "t_start": t_start, "t_end": self.now(), **extra})
+
+    def flush_to(self, path: str | Path) -> None:
+        """Append the events not yet written to a JSONL file (fsync'd, so a kill loses nothing written)."""
+        new = self.events[self._flushed :]
+        if not new:
+            return
+        with open(path, "a") as fh:
+            for event in new:
+                fh.write(json.dumps(event) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._flushed = len(self.events)
+
+    def write_jsonl(self, path: str | Path) -> None:
+        tmp = Path(str(path) + ".tmp")
+        with open(tmp, "w") as fh:
+            for event in self.events:
+                fh.write(json.dumps(event) + "\n")
+        os.replace(tmp, path)
+
+
+def read_trace(path: str | Path) -> list[dict[str, Any]]:
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]

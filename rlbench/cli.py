@@ -1,0 +1,49 @@
+"""The `rlbench` command line. Commands live in rlbench.commands.*; heavy imports happen inside them."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from rlbench.commands import COMMAND_MODULES
+from rlbench.errors import UserError
+
+app_ = typer.Typer(
+    name="rlbench",
+    help="Profile, speed up and evaluate LLM RL rollouts (SortedRL, RhymeRL).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for _module in COMMAND_MODULES:
+    _module.register(app_)
+
+
+def app() -> None:
+    """Entry point: run the Typer app, turning UserError into one line on stderr and exit code 2."""
+    try:
+        app_(standalone_mode=False)
+    except UserError as err:
+        typer.echo(f"error: {err}", err=True)
+        sys.exit(err.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as err:  # click's usage errors arrive here in standalone_mode=False
+        import click
+
+        if isinstance(err, click.exceptions.ClickException):
+            err.show()
+            sys.exit(err.exit_code)
+        if isinstance(err, click.exceptions.Exit):
+            sys.exit(err.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    app()

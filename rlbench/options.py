@@ -1,0 +1,20 @@
+"""Option types shared by several commands, defined once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+ModelDir = Annotated[
+    Path | None,
+    typer.Option("--model", help="Model directory (config.json + *.safetensors). Default: the embedded model."),
+]
+Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or auto.")]
+Seed = Annotated[int, typer.Option("--seed", help="Random seed.")]
+OutDir = Annotated[Path, typer.Option("--out", help="Output directory.")]
+DataDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", envvar="RLBENCH_DATA_DIR", help="Directory of offline suite JSONL files."),
+]

@@ -1,0 +1,1 @@
+"""Self-contained HTML reports (plotly inlined once per page)."""

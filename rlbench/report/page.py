@@ -1,0 +1,77 @@
+"""One self-contained HTML page: plotly.js inlined once, figures and HTML fragments in sections."""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1200px;color:#222}
+h1{font-size:1.6em;margin-bottom:4px} h2{font-size:1.2em;margin-top:28px;border-bottom:1px solid #ddd}
+.sub{color:#666;margin-top:0} table{border-collapse:collapse;margin:8px 0}
+td,th{border:1px solid #ddd;padding:4px 10px;text-align:right} th{background:#f4f4f4}
+td:first-child,th:first-child{text-align:left} .note{background:#fff8e1;padding:8px 12px;border-left:4px solid #f0b400}
+.kpis{display:flex;gap:16px;flex-wrap:wrap} .kpi{background:#f6f8fa;padding:10px 16px;border-radius:6px}
+.kpi b{display:block;font-size:1.5em}
+"""
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """An HTML table from dict rows; floats shown with 4 significant digits."""
+    if not rows:
+        return "<p><i>no rows</i></p>"
+    columns = list(columns or rows[0].keys())
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return html.escape("" if value is None else str(value))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def kpis(items: dict[str, str]) -> str:
+    """A row of headline numbers."""
+    return '<div class="kpis">' + "".join(
+        f'<div class="kpi">{html.escape(k)}<b>{html.escape(v)}</b></div>' for k, v in items.items()
+    ) + "</div>"
+
+
+def render_page(title: str, sections: Sequence[tuple[str, Sequence[Any]]], subtitle: str = "") -> str:
+    """Sections are (heading, parts); a part is an HTML string or a plotly Figure."""
+    import plotly.io as pio
+    from plotly.offline import get_plotlyjs
+
+    body: list[str] = []
+    n_fig = 0
+    for heading, parts in sections:
+        body.append(f"<h2>{html.escape(heading)}</h2>")
+        for part in parts:
+            if isinstance(part, str):
+                body.append(part)
+            else:
+                n_fig += 1
+                body.append(
+                    pio.to_html(part, include_plotlyjs=False, full_html=False, div_id=f"fig{n_fig}",
+                                config={"displaylogo": False})
+                )
+    sub = f'<p class="sub">{html.escape(subtitle)}</p>' if subtitle else ""
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head>"
+        f"<body><h1>{html.escape(title)}</h1>{sub}{''.join(body)}</body></html>"
+    )
+
+
+def write_page(path: str | Path, title: str, sections: Sequence[tuple[str, Sequence[Any]]], subtitle: str = "") -> Path:
+    """Render and write atomically."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(render_page(title, sections, subtitle))
+    os.replace(tmp, path)
+    return path
