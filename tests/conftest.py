@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny random checkpoints written with transformers' save_pretrained."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def write_hf_checkpoint(path: Path, family: str, seed: int = 0, **overrides) -> Path:
+    """A random tiny Llama or Qwen2 checkpoint saved by transformers (the oracle's own format)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=98, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    common.update(overrides)
+    if family == "qwen2":
+        config = Qwen2Config(rope_theta=1_000_000.0, tie_word_embeddings=True, **common)
+        model = Qwen2ForCausalLM(config)
+    elif family == "llama":
+        config = LlamaConfig(rope_theta=500_000.0, tie_word_embeddings=False, **common)
+        model = LlamaForCausalLM(config)
+    else:
+        raise ValueError(family)
+    # Random init leaves norms at 1 and biases at 0: perturb them so a wrong mapping shows in the logits.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                param.add_(torch.randn_like(param) * 0.1)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir(tmp_path_factory) -> Path:
+    return write_hf_checkpoint(tmp_path_factory.mktemp("qwen2"), "qwen2")
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory) -> Path:
+    return write_hf_checkpoint(tmp_path_factory.mktemp("llama"), "llama")
