@@ -43,8 +43,10 @@ class ModelConfig:
         archs = raw.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {arch!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
-        # transformers >= 5 keeps RoPE settings in `rope_parameters`; older configs use rope_theta/rope_scaling.
+            raise ValueError(
+                f"unsupported architecture {arch!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        # transformers >= 5 keeps RoPE settings in `rope_parameters`; older configs: rope_theta/rope_scaling.
         rope_params = raw.get("rope_parameters") or {}
         rope_theta = rope_params.get("rope_theta", raw.get("rope_theta", 10000.0))
         rope_scaling = raw.get("rope_scaling")

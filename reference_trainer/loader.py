@@ -22,7 +22,9 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelLoadError(f"device {device!r} requested but CUDA is not available on this machine (use --device cpu)")
+        raise ModelLoadError(
+            f"device {device!r} requested but CUDA is not available on this machine (use --device cpu)"
+        )
     try:
         return torch.device(device)
     except RuntimeError as err:
@@ -32,8 +34,14 @@ def resolve_device(device: str) -> torch.device:
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in table:
         raise ModelLoadError(f"unknown dtype {dtype!r}; valid: auto, {', '.join(sorted(table))}")
     return table[dtype]

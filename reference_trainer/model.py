@@ -62,9 +62,11 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class KVCache:
-    """Preallocated K/V for `capacity` slots of `max_len` positions each, per layer: [slot, kv_head, pos, dim]."""
+    """Preallocated K/V for `capacity` slots of `max_len` positions, per layer: [slot, kv_head, pos, dim]."""
 
-    def __init__(self, config: ModelConfig, capacity: int, max_len: int, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self, config: ModelConfig, capacity: int, max_len: int, device: torch.device, dtype: torch.dtype
+    ):
         shape = (capacity, config.num_key_value_heads, max_len, config.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
@@ -246,8 +248,10 @@ class DecoderLM(nn.Module):
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-            attn.qkv = (_fuse([p.weight for p in projs]),
-                        _fuse([p.bias for p in projs]) if attn.q_proj.bias is not None else None)
+            attn.qkv = (
+                _fuse([p.weight for p in projs]),
+                _fuse([p.bias for p in projs]) if attn.q_proj.bias is not None else None,
+            )
             mlp.gate_up = _fuse([mlp.gate_proj.weight, mlp.up_proj.weight])
         return self
 

@@ -24,7 +24,7 @@ for _module in COMMAND_MODULES:
 def app() -> None:
     """Entry point: run the Typer app, turning UserError into one line on stderr and exit code 2."""
     try:
-        app_(standalone_mode=False)
+        rc = app_(standalone_mode=False)
     except UserError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(err.exit_code)
@@ -43,6 +43,8 @@ def app() -> None:
         if isinstance(err, click.exceptions.Exit):
             sys.exit(err.exit_code)
         raise
+    if isinstance(rc, int) and rc != 0:
+        sys.exit(rc)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ import typer
 
 ModelDir = Annotated[
     Path | None,
-    typer.Option("--model", help="Model directory (config.json + *.safetensors). Default: the embedded model."),
+    typer.Option(
+        "--model", help="Model directory (config.json + *.safetensors). Default: the embedded model."
+    ),
 ]
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or auto.")]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed.")]
@@ -18,3 +20,6 @@ DataDir = Annotated[
     Path | None,
     typer.Option("--data-dir", envvar="RLBENCH_DATA_DIR", help="Directory of offline suite JSONL files."),
 ]
+Mode = Annotated[str, typer.Option("--mode", help="Rollout mode: baseline (more as their issues land).")]
+Task = Annotated[str, typer.Option("--task", help="Embedded task: arith or kk.")]
+Steps = Annotated[int, typer.Option("--steps", min=1, help="RL steps.")]

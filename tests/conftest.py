@@ -20,9 +20,18 @@ def write_hf_checkpoint(path: Path, family: str, seed: int = 0, **overrides) -> 
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=98, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    common = dict(
+        vocab_size=98,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     common.update(overrides)
     if family == "qwen2":
         config = Qwen2Config(rope_theta=1_000_000.0, tie_word_embeddings=True, **common)

@@ -35,9 +35,15 @@ def test_greedy_matches_transformers_generate(family, request):
     for prompt, seq in zip(batch, seqs, strict=True):
         ids = torch.tensor([prompt])
         with torch.no_grad():
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
-                              min_new_tokens=24, pad_token_id=0)
-        assert seq.response_ids == out[0, len(prompt):].tolist()
+            out = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=24,
+                min_new_tokens=24,
+                pad_token_id=0,
+            )
+        assert seq.response_ids == out[0, len(prompt) :].tolist()
 
 
 def test_staggered_arrivals_match_one_at_a_time(llama_dir):
@@ -57,12 +63,18 @@ def test_staggered_arrivals_match_one_at_a_time(llama_dir):
 def test_seeded_sampling_is_reproducible_and_batch_independent(llama_dir):
     model = load_model(llama_dir)
     batch = prompts(5, seed=7)
-    params = [SamplingParams(temperature=0.9, top_p=0.9, top_k=40, max_tokens=20, seed=100 + i) for i in range(5)]
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.9, top_k=40, max_tokens=20, seed=100 + i) for i in range(5)
+    ]
     first = [s.response_ids for s in make_engine(model).generate(batch, params)]
     again = [s.response_ids for s in make_engine(model).generate(batch, params)]
-    alone = [make_engine(model).generate([p], [sp])[0].response_ids for p, sp in zip(batch, params, strict=True)]
+    alone = [
+        make_engine(model).generate([p], [sp])[0].response_ids for p, sp in zip(batch, params, strict=True)
+    ]
     assert first == again == alone
-    other = [SamplingParams(temperature=0.9, top_p=0.9, top_k=40, max_tokens=20, seed=200 + i) for i in range(5)]
+    other = [
+        SamplingParams(temperature=0.9, top_p=0.9, top_k=40, max_tokens=20, seed=200 + i) for i in range(5)
+    ]
     assert [s.response_ids for s in make_engine(model).generate(batch, other)] != first
 
 
@@ -76,7 +88,9 @@ def test_logprobs_equal_full_forward_recomputation(qwen2_dir, temperature):
         with torch.no_grad():
             logits = model(ids)[0, len(prompt) - 1 : -1].float()
         logits = logits / (temperature if temperature > 0 else 1.0)
-        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(seq.response_ids)[:, None]).squeeze(-1)
+        expected = (
+            torch.log_softmax(logits, -1).gather(-1, torch.tensor(seq.response_ids)[:, None]).squeeze(-1)
+        )
         assert torch.allclose(torch.tensor(seq.logprobs), expected, atol=1e-4)
 
 
@@ -100,8 +114,13 @@ def test_abort_and_resume_continues_exactly(llama_dir):
     engine.abort(seq)
     assert seq.finish_reason == "abort" and 0 < len(seq.response_ids) < 24
     assert not engine.has_unfinished() and engine.slots.num_free == engine.slots.capacity
-    resumed = engine.add_request(prompt, GREEDY, response_ids=seq.response_ids, logprobs=seq.logprobs,
-                                 policy_versions=[7] * len(seq.response_ids))
+    resumed = engine.add_request(
+        prompt,
+        GREEDY,
+        response_ids=seq.response_ids,
+        logprobs=seq.logprobs,
+        policy_versions=[7] * len(seq.response_ids),
+    )
     while engine.has_unfinished():
         engine.step()
     assert resumed.response_ids == full.response_ids
@@ -117,7 +136,9 @@ def test_stop_conditions(llama_dir):
     eos = Engine(model, EngineConfig(max_num_seqs=2, max_model_len=128), eos_token_ids=[free[5]])
     out = eos.generate([prompt], SamplingParams(temperature=0.0, max_tokens=24))[0]
     assert out.finish_reason == "eos" and out.response_ids == free[: free.index(free[5]) + 1]
-    out = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[free[3]], ignore_eos=True))[0]
+    out = engine.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[free[3]], ignore_eos=True)
+    )[0]
     assert out.finish_reason == "stop" and out.response_ids == free[: free.index(free[3]) + 1]
     out = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True))[0]
     assert out.finish_reason == "length" and len(out.response_ids) == 7
@@ -133,7 +154,9 @@ def test_stop_strings_use_the_tokenizer(llama_dir):
     free = make_engine(model).generate([prompt], GREEDY)[0].response_ids
     stop = Digits().decode(free[4:6])
     engine = Engine(model, EngineConfig(max_num_seqs=2, max_model_len=128), tokenizer=Digits())
-    out = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=24, stop=[stop], ignore_eos=True))[0]
+    out = engine.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=24, stop=[stop], ignore_eos=True)
+    )[0]
     assert out.finish_reason == "stop" and stop in Digits().decode(out.response_ids)
     assert len(out.response_ids) <= 6
 
@@ -156,12 +179,23 @@ def test_trace_events_follow_the_contract(llama_dir, tmp_path):
     from reference_trainer.engine.trace import read_trace
 
     engine = make_engine(load_model(llama_dir), capacity=3)
-    seqs = engine.generate(prompts(5, seed=29), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    seqs = engine.generate(
+        prompts(5, seed=29), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    )
     engine.trace.write_jsonl(tmp_path / "trace.jsonl")
     events = read_trace(tmp_path / "trace.jsonl")
     assert {e["kind"] for e in events} == {"prefill", "decode"}
     for e in events:
-        assert {"step", "t_start", "t_end", "active_slots", "capacity", "tokens", "worker", "slots"} <= e.keys()
+        assert {
+            "step",
+            "t_start",
+            "t_end",
+            "active_slots",
+            "capacity",
+            "tokens",
+            "worker",
+            "slots",
+        } <= e.keys()
         assert e["capacity"] == 3 and 0 < e["active_slots"] == len(e["slots"]) <= 3
         assert e["t_end"] >= e["t_start"]
     assert sum(e["tokens"] for e in events) == sum(len(s.response_ids) for s in seqs)

@@ -1,4 +1,4 @@
-"""The engine: requests in, one scheduled forward per `step()`, tokens and log-probs out, a trace of it all."""
+"""The engine: requests in, one scheduled forward per `step()`, tokens and log-probs out, all traced."""
 
 from __future__ import annotations
 
@@ -36,7 +36,11 @@ class Engine:
         self.config = config or EngineConfig()
         self.model = model.eval().fuse_projections()
         device = next(model.parameters()).device
-        dtype = next(model.parameters()).dtype if self.config.dtype == "auto" else resolve_dtype(self.config.dtype, device)
+        dtype = (
+            next(model.parameters()).dtype
+            if self.config.dtype == "auto"
+            else resolve_dtype(self.config.dtype, device)
+        )
         max_len = min(self.config.max_model_len, model.config.max_position_embeddings)
         self.max_model_len = max_len
         self.slots = SlotManager(
@@ -71,8 +75,10 @@ class Engine:
         params = params or SamplingParams()
         response_ids = list(response_ids or [])
         if len(prompt_ids) + len(response_ids) >= self.max_model_len:
-            raise ValueError(f"request of {len(prompt_ids) + len(response_ids)} tokens does not fit "
-                             f"max_model_len {self.max_model_len}")
+            raise ValueError(
+                f"request of {len(prompt_ids) + len(response_ids)} tokens does not fit "
+                f"max_model_len {self.max_model_len}"
+            )
         if not prompt_ids:
             raise ValueError("empty prompt")
         seq = Sequence(
@@ -126,11 +132,15 @@ class Engine:
         t_start = self.trace.now()
         occupied = {slot: s.seq_id for slot, s in self.scheduler.running.items()}
         logits = self.runner.prefill(seqs) if kind == "prefill" else self.runner.decode(seqs)
-        batch = SamplingBatch.build([s.params for s in seqs], [self._generators.get(s.seq_id) for s in seqs],
-                                    self.device)
+        batch = SamplingBatch.build(
+            [s.params for s in seqs], [self._generators.get(s.seq_id) for s in seqs], self.device
+        )
         tokens, logprobs = sample(logits, batch)
-        finished = [s for s, t, lp in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True)
-                    if self._append(s, [t], [lp])]
+        finished = [
+            s
+            for s, t, lp in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True)
+            if self._append(s, [t], [lp])
+        ]
         self.trace.engine_step(kind, t_start, self.trace.now(), occupied, self.slots.capacity, len(seqs))
         return finished
 

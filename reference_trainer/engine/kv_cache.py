@@ -16,7 +16,9 @@ from reference_trainer.model import KVCache
 
 
 class SlotManager:
-    def __init__(self, config: ModelConfig, capacity: int, max_len: int, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self, config: ModelConfig, capacity: int, max_len: int, device: torch.device, dtype: torch.dtype
+    ):
         self.cache = KVCache(config, capacity, max_len, device, dtype)
         self.capacity = capacity
         self._free = list(range(capacity))

@@ -21,7 +21,9 @@ class ModelRunner:
 
     def _tensor(self, rows: list[list[int]]) -> torch.Tensor:
         width = max(len(r) for r in rows)
-        return torch.tensor([r + [PAD_ID] * (width - len(r)) for r in rows], dtype=torch.long, device=self.device)
+        return torch.tensor(
+            [r + [PAD_ID] * (width - len(r)) for r in rows], dtype=torch.long, device=self.device
+        )
 
     def _long(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -53,14 +55,19 @@ class ModelRunner:
             for seq in seqs:
                 tokens[seq.slot - lo], starts[seq.slot - lo] = seq.all_ids[-1], seq.length - 1
             logits = self.model.forward_cached(
-                self._long(tokens)[:, None], self._long(starts), self.slots.cache,
-                torch.arange(lo, hi, device=self.device), contiguous=True,
+                self._long(tokens)[:, None],
+                self._long(starts),
+                self.slots.cache,
+                torch.arange(lo, hi, device=self.device),
+                contiguous=True,
             )[:, 0]
             logits = logits[self._long([s - lo for s in slots])]
         else:
             logits = self.model.forward_cached(
-                self._long([s.all_ids[-1] for s in seqs])[:, None], self._long([s.length - 1 for s in seqs]),
-                self.slots.cache, self._long(slots),
+                self._long([s.all_ids[-1] for s in seqs])[:, None],
+                self._long([s.length - 1 for s in seqs]),
+                self.slots.cache,
+                self._long(slots),
             )[:, 0]
         for seq in seqs:
             seq.num_cached = seq.length

@@ -41,10 +41,14 @@ class SamplingBatch:
 
     def repeat(self, counts: list[int]) -> SamplingBatch:
         """Row i repeated counts[i] times (verification scores several positions per sequence)."""
-        index = torch.repeat_interleave(torch.arange(len(counts), device=self.temperature.device),
-                                        torch.tensor(counts, device=self.temperature.device))
+        index = torch.repeat_interleave(
+            torch.arange(len(counts), device=self.temperature.device),
+            torch.tensor(counts, device=self.temperature.device),
+        )
         gens = [g for g, c in zip(self.generators, counts, strict=True) for _ in range(c)]
-        return SamplingBatch(self.temperature[index], self.top_k[index], self.top_p[index], self.greedy[index], gens)
+        return SamplingBatch(
+            self.temperature[index], self.top_k[index], self.top_p[index], self.greedy[index], gens
+        )
 
 
 def scaled_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -59,7 +63,7 @@ def token_logprobs(logits: torch.Tensor, batch: SamplingBatch, tokens: torch.Ten
 
 
 def sampling_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """The distribution each row samples from: temperature, then top-k, then top-p; greedy rows are one-hot."""
+    """The distribution each row samples from: temperature, top-k, then top-p; greedy rows are one-hot."""
     logits = scaled_logits(logits, batch)
     vocab = logits.shape[-1]
     if bool((batch.top_k > 0).any()):

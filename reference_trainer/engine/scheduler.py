@@ -30,7 +30,7 @@ class Scheduler:
         return bool(self.running) or self.num_waiting > 0
 
     def schedule(self) -> tuple[str, list[Sequence]]:
-        """("prefill", newly admitted) when a waiting sequence fits in a free slot, else ("decode", running)."""
+        """("prefill", admitted) when a waiting sequence fits in a free slot, else ("decode", running)."""
         admitted: list[Sequence] = []
         longest = 0
         while self._waiting and self.slots.num_free > 0:

@@ -56,7 +56,9 @@ class Sequence:
 
     def trace_record(self) -> dict[str, Any]:
         """The trace contract's `sequence` event for this sequence."""
-        status = {SequenceStatus.FINISHED: "finished", SequenceStatus.ABORTED: "aborted"}.get(self.status, "cached")
+        status = {SequenceStatus.FINISHED: "finished", SequenceStatus.ABORTED: "aborted"}.get(
+            self.status, "cached"
+        )
         return {
             "kind": "sequence",
             "id": self.seq_id,

@@ -34,7 +34,14 @@ class Trace:
         self.events.append(event)
 
     def engine_step(
-        self, kind: str, t_start: float, t_end: float, slots: dict[int, str], capacity: int, tokens: int, **extra: Any
+        self,
+        kind: str,
+        t_start: float,
+        t_end: float,
+        slots: dict[int, str],
+        capacity: int,
+        tokens: int,
+        **extra: Any,
     ) -> None:
         self.add(
             {
@@ -51,13 +58,15 @@ class Trace:
         )
 
     @contextmanager
-    def phase(self, kind: str, **extra: Any) -> Iterator[None]:
-        """Record a rollout/reward/update/sync phase around a block."""
+    def phase(self, kind: str, **extra: Any) -> Iterator[dict[str, Any]]:
+        """Record a rollout/reward/update/sync phase around a block; the block may add fields to the
+        yielded dict (e.g. the reward phase's `reward_mean`)."""
         t_start = self.now()
+        fields: dict[str, Any] = dict(extra)
         try:
-            yield
+            yield fields
         finally:
-            self.add({"kind": kind, "t_start": t_start, "t_end": self.now(), **extra})
+            self.add({"kind": kind, "t_start": t_start, "t_end": self.now(), **fields})
 
     def flush_to(self, path: str | Path) -> None:
         """Append the events not yet written to a JSONL file (fsync'd, so a kill loses nothing written)."""

@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 
 _CSS = """
-body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1200px;color:#222}
+*{box-sizing:border-box}
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;padding:0 16px;
+  max-width:1200px;color:#222}
 h1{font-size:1.6em;margin-bottom:4px} h2{font-size:1.2em;margin-top:28px;border-bottom:1px solid #ddd}
 .sub{color:#666;margin-top:0} table{border-collapse:collapse;margin:8px 0}
 td,th{border:1px solid #ddd;padding:4px 10px;text-align:right} th{background:#f4f4f4}
-td:first-child,th:first-child{text-align:left} .note{background:#fff8e1;padding:8px 12px;border-left:4px solid #f0b400}
+td:first-child,th:first-child{text-align:left}
+.note{background:#fff8e1;padding:8px 12px;border-left:4px solid #f0b400}
 .kpis{display:flex;gap:16px;flex-wrap:wrap} .kpi{background:#f6f8fa;padding:10px 16px;border-radius:6px}
 .kpi b{display:block;font-size:1.5em}
 """
@@ -37,9 +40,11 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) 
 
 def kpis(items: dict[str, str]) -> str:
     """A row of headline numbers."""
-    return '<div class="kpis">' + "".join(
-        f'<div class="kpi">{html.escape(k)}<b>{html.escape(v)}</b></div>' for k, v in items.items()
-    ) + "</div>"
+    return (
+        '<div class="kpis">'
+        + "".join(f'<div class="kpi">{html.escape(k)}<b>{html.escape(v)}</b></div>' for k, v in items.items())
+        + "</div>"
+    )
 
 
 def render_page(title: str, sections: Sequence[tuple[str, Sequence[Any]]], subtitle: str = "") -> str:
@@ -57,8 +62,13 @@ def render_page(title: str, sections: Sequence[tuple[str, Sequence[Any]]], subti
             else:
                 n_fig += 1
                 body.append(
-                    pio.to_html(part, include_plotlyjs=False, full_html=False, div_id=f"fig{n_fig}",
-                                config={"displaylogo": False})
+                    pio.to_html(
+                        part,
+                        include_plotlyjs=False,
+                        full_html=False,
+                        div_id=f"fig{n_fig}",
+                        config={"displaylogo": False},
+                    )
                 )
     sub = f'<p class="sub">{html.escape(subtitle)}</p>' if subtitle else ""
     return (
@@ -68,7 +78,9 @@ def render_page(title: str, sections: Sequence[tuple[str, Sequence[Any]]], subti
     )
 
 
-def write_page(path: str | Path, title: str, sections: Sequence[tuple[str, Sequence[Any]]], subtitle: str = "") -> Path:
+def write_page(
+    path: str | Path, title: str, sections: Sequence[tuple[str, Sequence[Any]]], subtitle: str = ""
+) -> Path:
     """Render and write atomically."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")

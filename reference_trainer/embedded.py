@@ -1,0 +1,91 @@
+"""The embedded default model: a ~3M-parameter character-level decoder warm-started by SFT on the
+embedded tasks with the project's own training code. Built on first use (a few minutes on 2 CPU cores)
+and cached under a directory keyed by its config and recipe, so every later run starts at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from reference_trainer.config import ModelConfig
+from reference_trainer.sft import SFTConfig
+
+RECIPE_VERSION = 1
+MODEL_CONFIG = ModelConfig(
+    vocab_size=99,
+    hidden_size=192,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+SFT_CONFIG = SFTConfig(steps=300, batch_size=32, lr=3e-3, warmup=20, seed=0)
+# (task name, constructor kwargs, share of SFT examples); SFT prompts come from a seed RL never uses.
+SFT_MIX: list[tuple[str, dict, float]] = [("arith", {}, 0.5), ("kk", {"num_people": (2, 3)}, 0.5)]
+SFT_DATA_SEED = 1_000_000
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RLBENCH_CACHE_DIR", Path.home() / ".cache" / "rlbench"))
+
+
+def recipe_key() -> str:
+    recipe = {"model": asdict(MODEL_CONFIG), "sft": asdict(SFT_CONFIG), "mix": SFT_MIX, "v": RECIPE_VERSION}
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def default_model_dir(build: bool = True, on_step: Callable[[int, int, float], None] | None = None) -> Path:
+    """The cached embedded model's directory, warm-starting it first if it does not exist yet."""
+    path = cache_root() / f"embedded-{recipe_key()}"
+    if (path / "config.json").is_file() or not build:
+        return path
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    warm_start(tmp, on_step)
+    tmp.replace(path) if not path.exists() else shutil.rmtree(tmp)  # a concurrent builder may have won
+    return path
+
+
+def warm_start(out_dir: Path, on_step: Callable[[int, int, float], None] | None = None) -> Path:
+    import torch
+
+    from reference_trainer.loader import save_model
+    from reference_trainer.model import DecoderLM
+    from reference_trainer.prompting import encode_prompt, encode_response
+    from reference_trainer.sft import train_sft
+    from reference_trainer.tasks import get_task
+    from reference_trainer.tokenizer import CharTokenizer
+
+    tokenizer = CharTokenizer()
+    tasks = [(get_task(name, **kwargs), share) for name, kwargs, share in SFT_MIX]
+    counter = iter(range(10**9))
+
+    def sample_batch(rng: random.Random, n: int) -> list[tuple[list[int], list[int]]]:
+        rows = []
+        for _ in range(n):
+            task = rng.choices([t for t, _ in tasks], weights=[s for _, s in tasks])[0]
+            problem = task.problems(1, seed=SFT_DATA_SEED, start=next(counter))[0]
+            response = task.sft_response(problem, rng)
+            rows.append((encode_prompt(tokenizer, problem.prompt), encode_response(tokenizer, response)))
+        return rows
+
+    torch.manual_seed(SFT_CONFIG.seed)
+    model = DecoderLM(MODEL_CONFIG)
+    total = SFT_CONFIG.steps
+    train_sft(
+        model, sample_batch, SFT_CONFIG, None if on_step is None else lambda s, loss: on_step(s, total, loss)
+    )
+    save_model(model, out_dir)
+    tokenizer.save(out_dir)
+    return out_dir

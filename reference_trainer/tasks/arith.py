@@ -1,0 +1,126 @@
+"""Multi-step arithmetic with a heavy-tailed chain length: the long-tail workload rollout bubbles come from.
+
+A problem is a start value and a list of operations applied left to right (no precedence), e.g.
+
+    prompt:   "Start with 7, apply in order: +3 *2 -5 +4. Result?"
+    response: "7+3=10\\n10*2=20\\n20-5=15\\n15+4=19\\nanswer: 19"
+
+The number of operations k is drawn from a truncated discrete power law, P(k) ~ k^-alpha on
+[min_ops, max_ops]; the response is one short line per operation, so its length is ~8k chars and
+inherits the tail: most chains are a handful of steps, a few run to max_ops (longest ~10x the median).
+Operands are single digits and the exact running value stays in [0, 99], so a tiny char model can learn it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from reference_trainer.tasks.base import (
+    ANSWER_MARKER,
+    BaseTask,
+    Problem,
+    error_probability,
+    final_answer_section,
+    problem_rng,
+    prompt_id,
+)
+
+MAX_VALUE = 99
+
+
+def apply_op(value: int, op: str, k: int) -> int:
+    if op == "+":
+        return value + k
+    if op == "-":
+        return value - k
+    if op == "*":
+        return value * k
+    raise ValueError(f"unknown op {op!r}")
+
+
+class ArithTask(BaseTask):
+    """Left-to-right arithmetic chains.
+
+    SFT traces (`sft_response`) are deliberately imperfect: with probability
+    1 - (1 - sft_step_error)^k (so longer chains fail more often) exactly one step, chosen uniformly, writes
+    a result off by +-1 or +-2, and every later step is computed correctly from that wrong value. Since +, -
+    and *k (k >= 2) all keep a nonzero difference nonzero, a slipped trace always ends in a wrong answer:
+    SFT accuracy is exactly 1 - E[slip probability]. With sft_step_error=0 the traces are always correct.
+    """
+
+    name = "arith"
+
+    def __init__(
+        self,
+        min_ops: int = 2,
+        max_ops: int = 48,
+        tail_exponent: float = 1.6,
+        sft_step_error: float = 0.03,
+        format_reward: float = 0.0,
+    ) -> None:
+        super().__init__(format_reward)
+        if not 1 <= min_ops <= max_ops:
+            raise ValueError(f"need 1 <= min_ops <= max_ops, got {min_ops}, {max_ops}")
+        if tail_exponent <= 0:
+            raise ValueError(f"tail_exponent must be > 0, got {tail_exponent}")
+        self.min_ops, self.max_ops, self.tail_exponent = min_ops, max_ops, tail_exponent
+        self.sft_step_error = sft_step_error
+        self._op_counts = list(range(min_ops, max_ops + 1))
+        self._op_weights = [k**-tail_exponent for k in self._op_counts]
+
+    def problem(self, seed: int, index: int) -> Problem:
+        rng = problem_rng(self.name, seed, index)
+        num_ops = rng.choices(self._op_counts, weights=self._op_weights)[0]
+        value = start = rng.randint(1, 20)
+        ops: list[tuple[str, int]] = []
+        for _ in range(num_ops):
+            op, k = self._sample_op(rng, value)
+            ops.append((op, k))
+            value = apply_op(value, op, k)
+        ops_text = " ".join(f"{op}{k}" for op, k in ops)
+        return Problem(
+            prompt_id=prompt_id(self.name, seed, index),
+            prompt=f"Start with {start}, apply in order: {ops_text}. Result?",
+            answer=str(value),
+            meta={"num_ops": num_ops, "start": start, "ops": ops},
+        )
+
+    @staticmethod
+    def _sample_op(rng: random.Random, value: int) -> tuple[str, int]:
+        # Pick the operation type first so '*' is as common as '+'/'-' whenever it is allowed.
+        choices: dict[str, list[int]] = {
+            "+": [k for k in range(1, 10) if value + k <= MAX_VALUE],
+            "-": [k for k in range(1, 10) if value - k >= 0],
+            "*": [k for k in (2, 3) if 0 < value * k <= MAX_VALUE],
+        }
+        op = rng.choice([o for o, ks in choices.items() if ks])
+        return op, rng.choice(choices[op])
+
+    def gold(self, problem: Problem) -> int:
+        return int(problem.answer)
+
+    def parse(self, problem: Problem, response: str) -> int | None:
+        """The integer in the final answer section; None if missing or if anything else is there."""
+        section = final_answer_section(response)
+        if section is None:
+            return None
+        body = section[1:] if section.startswith("-") else section
+        if not body.isdigit() or not body.isascii():
+            return None
+        return int(section)
+
+    def sft_response(self, problem: Problem, rng: random.Random) -> str:
+        ops: list[tuple[str, int]] = [tuple(o) for o in problem.meta["ops"]]  # type: ignore[misc]
+        slip_at = -1
+        if rng.random() < error_probability(self.sft_step_error, len(ops)):
+            slip_at = rng.randrange(len(ops))
+        value = int(problem.meta["start"])
+        lines = []
+        for i, (op, k) in enumerate(ops):
+            new = apply_op(value, op, k)
+            if i == slip_at:
+                new += rng.choice((-2, -1, 1, 2))
+            lines.append(f"{value}{op}{k}={new}")
+            value = new
+        lines.append(f"{ANSWER_MARKER} {value}")
+        return "\n".join(lines)

@@ -1,0 +1,223 @@
+"""Tokenizers: a fixed character-level one for the project's own small models, and HF `tokenizers` ones.
+
+Both expose the same small interface (encode/decode, special ids, chat template, save) so the engine,
+trainer and eval never care which one a model directory holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+CHAR_TOKENIZER_FILE = "char_tokenizer.json"
+HF_TOKENIZER_FILE = "tokenizer.json"
+_SPECIALS = ("<pad>", "<bos>", "<eos>")
+_REPLACEMENT = "?"
+
+
+class CharTokenizer:
+    """Ids 0..2 are <pad>, <bos>, <eos>; then "\\n" and printable ASCII chr(32..126): 99 ids.
+
+    Characters outside the vocabulary map to '?' rather than failing: model outputs and eval prompts are
+    arbitrary text, and a lossy id is better than a crash mid-run.
+    """
+
+    def __init__(self, vocab: list[str] | None = None) -> None:
+        self.vocab: list[str] = (
+            list(vocab) if vocab is not None else [*_SPECIALS, "\n"] + [chr(c) for c in range(32, 127)]
+        )
+        if self.vocab[:3] != list(_SPECIALS):
+            raise ValueError(f"char tokenizer vocab must start with {list(_SPECIALS)}")
+        self._index = {tok: i for i, tok in enumerate(self.vocab) if i >= len(_SPECIALS)}
+        self._unk = self._index.get(_REPLACEMENT, len(_SPECIALS))
+        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+        self.eos_token_ids: set[int] = {self.eos_id}
+        self.has_chat_template = False
+        self.chat_template: str | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        ids = [self._index.get(ch, self._unk) for ch in text]
+        return [self.bos_id, *ids] if add_bos else ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        out = []
+        for i in ids:
+            i = int(i)
+            if i < 0 or i >= len(self.vocab):
+                out.append(_REPLACEMENT)  # ids past the vocab can come from a model with a padded embedding
+            elif i < len(_SPECIALS):
+                if not skip_special:
+                    out.append(self.vocab[i])
+            else:
+                out.append(self.vocab[i])
+        return "".join(out)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        raise ValueError("the char tokenizer has no chat template")
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / CHAR_TOKENIZER_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        special = {"pad": self.pad_id, "bos": self.bos_id, "eos": self.eos_id}
+        path.write_text(
+            json.dumps({"type": "char", "vocab": self.vocab, "special": special}, indent=1) + "\n"
+        )
+        return path
+
+    @classmethod
+    def load(cls, directory: str | Path) -> CharTokenizer:
+        raw = json.loads((Path(directory) / CHAR_TOKENIZER_FILE).read_text())
+        if raw.get("type") != "char":
+            raise ValueError(
+                f"{directory}/{CHAR_TOKENIZER_FILE}: type is {raw.get('type')!r}, expected 'char'"
+            )
+        return cls(raw["vocab"])
+
+
+def _token_content(value: Any) -> str | None:
+    """tokenizer_config.json stores special tokens either as strings or as AddedToken dicts."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _compile_chat_template(source: str) -> Any:
+    """Compile like transformers does, but in jinja2's immutable sandbox: templates are untrusted input."""
+    from datetime import datetime
+
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: Any = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
+        # HF overrides jinja's tojson, which HTML-escapes; templates expect plain JSON.
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(source)
+
+
+class HFTokenizer:
+    """A `tokenizers.Tokenizer` read from tokenizer.json plus the special tokens and chat template from
+    tokenizer_config.json (eos ids also from generation_config.json / config.json)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        from tokenizers import Tokenizer
+
+        directory = Path(directory)
+        self._tok = Tokenizer.from_file(str(directory / HF_TOKENIZER_FILE))
+        self._config = _read_json(directory / "tokenizer_config.json")
+        self.bos_token = _token_content(self._config.get("bos_token"))
+        self.eos_token = _token_content(self._config.get("eos_token"))
+        self.pad_token = _token_content(self._config.get("pad_token"))
+        self.bos_id = self._id(self.bos_token)
+        self.eos_id = self._id(self.eos_token)
+        self.pad_id = self._id(self.pad_token)
+        if self.pad_id is None:
+            self.pad_id = self.eos_id if self.eos_id is not None else 0
+        # Chat models often stop on several ids (e.g. <|im_end|> and <|endoftext|>): collect them all.
+        eos: set[int] = set() if self.eos_id is None else {self.eos_id}
+        for name in ("generation_config.json", "config.json"):
+            value = _read_json(directory / name).get("eos_token_id")
+            for v in value if isinstance(value, list) else [value]:
+                if isinstance(v, int):
+                    eos.add(v)
+        self.eos_token_ids: set[int] = eos
+        template = self._config.get("chat_template")
+        if isinstance(template, list):  # the older list-of-named-templates form
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default") or next(iter(named.values()), None)
+        jinja_file = directory / "chat_template.jinja"
+        if jinja_file.is_file():  # transformers >= 4.43 saves it beside the config; it wins there too
+            template = jinja_file.read_text()
+        self.chat_template: str | None = template or None
+        self._compiled: Any = None
+
+    def _id(self, token: str | None) -> int | None:
+        return None if token is None else self._tok.token_to_id(token)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.chat_template is not None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        # No post-processor specials: callers decide about bos explicitly, chat templates carry their own.
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        if self.chat_template is None:
+            raise ValueError("this tokenizer has no chat template")
+        if self._compiled is None:
+            self._compiled = _compile_chat_template(self.chat_template)
+        specials = {
+            k: _token_content(self._config.get(k))
+            for k in ("bos_token", "eos_token", "pad_token", "unk_token")
+            if _token_content(self._config.get(k)) is not None
+        }
+        plain = json.loads(json.dumps(messages))  # only plain JSON data reaches the template
+        return self._compiled.render(messages=plain, add_generation_prompt=add_generation_prompt, **specials)
+
+    def save(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(directory / HF_TOKENIZER_FILE))
+        config = dict(self._config)
+        if self.chat_template is not None:
+            config["chat_template"] = self.chat_template
+        (directory / "tokenizer_config.json").write_text(
+            json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+        )
+        return directory / HF_TOKENIZER_FILE
+
+
+def load_tokenizer(model_dir: str | Path) -> CharTokenizer | HFTokenizer:
+    """The tokenizer a model directory holds: char_tokenizer.json or tokenizer.json."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory not found: {model_dir}")
+    if (model_dir / CHAR_TOKENIZER_FILE).is_file():
+        return CharTokenizer.load(model_dir)
+    if (model_dir / HF_TOKENIZER_FILE).is_file():
+        return HFTokenizer(model_dir)
+    raise FileNotFoundError(
+        f"no tokenizer in {model_dir}: expected {CHAR_TOKENIZER_FILE} or {HF_TOKENIZER_FILE}"
+    )

@@ -1,0 +1,94 @@
+"""`rlbench eval` and `rlbench suites`: math / logic benchmarks with math-verify, avg@k / pass@k / maj@k."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlbench.errors import UserError
+from rlbench.options import DataDir, Device, ModelDir, OutDir, Seed
+
+
+def eval_command(
+    suite: Annotated[str, typer.Option("--suite", help="Suite name (see `rlbench suites`).")],
+    out: OutDir,
+    model: ModelDir = None,
+    samples: Annotated[int, typer.Option("--samples", "-k", help="Samples per problem (K).")] = 1,
+    data_dir: DataDir = None,
+    template: Annotated[
+        str,
+        typer.Option(
+            "--template", help="auto (model's chat template if any, else the suite's), chat, math, kk."
+        ),
+    ] = "auto",
+    engine: Annotated[str, typer.Option("--engine", help="reference or vllm.")] = "reference",
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Sampling temperature (0 = greedy).")
+    ] = 0.6,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 0.95,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Max response tokens.")] = 1024,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
+    device: Device = "auto",
+    seed: Seed = 0,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Discard earlier progress in --out.")
+    ] = False,
+) -> None:
+    """Evaluate a model on a suite; resumable (re-run the same command to continue)."""
+    from rlbench.eval import backends
+    from rlbench.eval.runner import REPORT_FILE, RESULTS_FILE, EvalConfig, run_eval
+
+    if model is None:
+        raise UserError("eval needs --model DIR (a model directory with config.json and a tokenizer)")
+    if not model.is_dir():
+        raise UserError(f"model directory not found: {model}")
+    if engine not in ("reference", "vllm"):
+        raise UserError(f"unknown engine {engine!r}; use reference or vllm")
+    cfg = EvalConfig(
+        suite=suite,
+        model=str(model.resolve()),
+        engine=engine,
+        samples=samples,
+        template=template,
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
+    results = run_eval(
+        cfg,
+        lambda: backends.make_backend(engine, model, device, seed),
+        out,
+        data_dir=data_dir,
+        limit=limit,
+        overwrite=overwrite,
+    )
+    k = results["samples"]
+    typer.echo(
+        f"{results['suite']}: {results['problems_evaluated']} problems, avg@{k} {results['accuracy']:.4f}, "
+        f"pass@{k} {results['pass_at_k'][str(k)]:.4f}, maj@{k} {results['maj_at_k'][str(k)]:.4f}"
+        + (f", {results['grading_failures']} grading failures" if results["grading_failures"] else "")
+    )
+    typer.echo(f"wrote {Path(out) / RESULTS_FILE} and {Path(out) / REPORT_FILE}")
+
+
+def suites_command(data_dir: DataDir = None) -> None:
+    """List the evaluation suites with their sizes and sources."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from rlbench.eval.suites import suite_sizes
+
+    if data_dir is not None and not data_dir.is_dir():
+        raise UserError(f"data dir not found: {data_dir}")
+    table = Table("suite", "title", "size", "grader", "source")
+    for row in suite_sizes(data_dir):
+        table.add_row(row["suite"], row["title"], str(row["size"]), row["grader"], row["source"])
+    Console(width=160).print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_command)
+    app.command("suites")(suites_command)

@@ -1,0 +1,52 @@
+"""`rlbench generate`: quick sampling from a model directory (or the embedded default)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from rlbench.options import Device, ModelDir, Seed
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("generate")
+    def generate(
+        prompt: Annotated[list[str], typer.Option("--prompt", help="Prompt text (repeat for a batch).")],
+        model: ModelDir = None,
+        device: Device = "cpu",
+        max_tokens: Annotated[int, typer.Option(min=1, help="Max new tokens.")] = 256,
+        temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
+        top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
+        top_k: Annotated[int, typer.Option(min=0)] = 0,
+        samples: Annotated[int, typer.Option(min=1, help="Samples per prompt.")] = 1,
+        seed: Seed = 0,
+    ) -> None:
+        """Generate from prompts with the reference engine (the model's chat template when it has one)."""
+        from reference_trainer.config import EngineConfig, SamplingParams
+        from reference_trainer.engine import Engine
+        from reference_trainer.prompting import encode_prompt
+        from rlbench.errors import UserError
+        from rlbench.runtime import load_model_and_tokenizer
+
+        lm, tokenizer = load_model_and_tokenizer(model, device=device)
+        ids = [encode_prompt(tokenizer, p) for p in prompt for _ in range(samples)]
+        limit = lm.config.max_position_embeddings
+        if max(map(len, ids)) + max_tokens > limit:
+            raise UserError(f"prompt + --max-tokens exceeds the model's context of {limit} tokens")
+        engine = Engine(
+            lm,
+            EngineConfig(max_num_seqs=min(64, len(ids)), max_model_len=limit, device=device),
+            eos_token_ids=tokenizer.eos_token_ids,
+            tokenizer=tokenizer,
+        )
+        params = [
+            SamplingParams(
+                temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed + i
+            )
+            for i in range(len(ids))
+        ]
+        for i, seq in enumerate(engine.generate(ids, params)):
+            header = f"--- prompt {i // samples}" + (f", sample {i % samples}" if samples > 1 else "")
+            typer.echo(f"{header} ({len(seq.response_ids)} tokens, {seq.finish_reason})")
+            typer.echo(tokenizer.decode(seq.response_ids))

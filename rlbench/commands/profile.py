@@ -1,0 +1,64 @@
+"""`rlbench profile`: profile the reference trainer in a mode, or wrap any training command after `--`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlbench.options import OutDir, Seed
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("profile")
+    def profile(
+        cmd: Annotated[
+            list[str] | None,
+            typer.Argument(
+                help="A command to profile instead of the reference trainer, after `--`.", show_default=False
+            ),
+        ] = None,
+        mode: Annotated[
+            str, typer.Option("--mode", help="baseline, sorted, sorted-partial, rhyme or sorted+rhyme.")
+        ] = "baseline",
+        task: Annotated[
+            str | None, typer.Option("--task", help="Embedded task (default: the trainer's).")
+        ] = None,
+        steps: Annotated[int, typer.Option("--steps", min=1, help="RL steps to run.")] = 2,
+        out: OutDir = Path("runs/profile"),
+        py_spy: Annotated[
+            bool, typer.Option("--py-spy/--no-py-spy", help="Also record a py-spy profile.")
+        ] = False,
+        seed: Seed = 0,
+        sample_hz: Annotated[
+            float, typer.Option("--sample-hz", min=0.1, help="NVML samples per second.")
+        ] = 10.0,
+    ) -> None:
+        """Profile a run: rollout bubbles, throughput, GPU timeline (NVML), CPU hot spots (py-spy).
+
+        Examples: `rlbench profile --mode sorted --steps 4 --out runs/sorted`;
+        `rlbench profile --py-spy --out runs/ext -- python train.py --lr 1e-6`.
+        """
+        if cmd:
+            from rlbench.profiling.wrap import wrap_command
+
+            code, doc = wrap_command(cmd, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz)
+            s = doc["summary"]
+            idle = "n/a" if s["gpu_idle_share"] is None else f"{100 * s['gpu_idle_share']:.1f}%"
+            why = f" ({s['gpu_note']})" if s["gpu_note"] else ""
+            typer.echo(f"wall {s['wall_time_s']:.2f} s, GPU idle {idle}{why}")
+            typer.echo(f"report: {out / 'report.html'}")
+            if code != 0:
+                typer.echo(f"command exited with {code}", err=True)
+                # sys.exit, not typer.Exit: the app runs with standalone_mode=False, which returns Exit codes
+                sys.exit(code if 0 < code < 256 else 1)
+            return
+        from rlbench.profiling.session import run_profile
+
+        doc = run_profile(mode, task, steps, out, seed=seed, py_spy=py_spy, sample_interval_s=1.0 / sample_hz)
+        s = doc["summary"]
+        br = "n/a" if s.get("bubble_ratio") is None else f"{100 * s['bubble_ratio']:.1f}%"
+        typer.echo(f"bubble ratio {br}, rollout {s.get('rollout_tokens_per_s') or 0:.1f} tok/s")
+        typer.echo(f"report: {out / 'report.html'}")

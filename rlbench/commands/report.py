@@ -1,0 +1,35 @@
+"""`rlbench report DIR [DIR...]`: re-render reports from saved JSON/JSONL, without re-running anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlbench.errors import UserError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report(
+        dirs: Annotated[
+            list[Path],
+            typer.Argument(help="Run directories (metrics.json) or compare directories (compare.json)."),
+        ],
+    ) -> None:
+        """Re-render report.html in each DIR: a compare report where compare.json exists, else a profile."""
+        for d in dirs:
+            if not d.is_dir():
+                raise UserError(f"{d}: not a directory")
+            if (d / "compare.json").exists():
+                from rlbench.report.compare_report import render_compare
+
+                path = render_compare(d)
+            elif (d / "metrics.json").exists():
+                from rlbench.report.profile_report import render_profile
+
+                path = render_profile(d)
+            else:
+                raise UserError(f"{d}: no metrics.json or compare.json to render")
+            typer.echo(f"report: {path}")

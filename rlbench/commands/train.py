@@ -1,0 +1,77 @@
+"""`rlbench train`: the reference GRPO trainer on an embedded task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlbench.errors import UserError
+from rlbench.options import Device, Mode, ModelDir, Seed, Task
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train(
+        task: Task = "arith",
+        mode: Mode = "baseline",
+        steps: Annotated[
+            int | None, typer.Option("--steps", min=1, help="Total RL steps (default 20).")
+        ] = None,
+        seed: Seed = 0,
+        out: Annotated[Path | None, typer.Option("--out", help="Run directory (new run).")] = None,
+        resume: Annotated[
+            Path | None,
+            typer.Option("--resume", help="Continue the run in this directory from its last checkpoint."),
+        ] = None,
+        model: ModelDir = None,
+        device: Device = "cpu",
+        prompts_per_step: Annotated[int | None, typer.Option(help="Complete groups per update.")] = None,
+        group_size: Annotated[int | None, typer.Option(help="Samples per prompt.")] = None,
+        max_tokens: Annotated[int | None, typer.Option(help="Max response tokens.")] = None,
+        lr: Annotated[float | None, typer.Option(help="Learning rate.")] = None,
+        kl_coef: Annotated[float | None, typer.Option(help="KL penalty to the initial model (k3).")] = None,
+        checkpoint_every: Annotated[int | None, typer.Option(help="Steps between checkpoints.")] = None,
+        overwrite: Annotated[bool, typer.Option(help="Replace an existing run in --out.")] = False,
+    ) -> None:
+        """Train with GRPO; writes metrics.jsonl, trace.jsonl and checkpoints/ to the run directory."""
+        from rlbench.training import build_config, run_training
+
+        if resume is not None:
+            from reference_trainer.trainer import load_run_config
+
+            try:
+                config = load_run_config(resume)
+            except (FileNotFoundError, ValueError) as err:
+                raise UserError(str(err)) from None
+            config.steps = steps or config.steps  # resuming may extend the run
+            out_dir = resume
+        else:
+            out_dir = out or Path("runs") / f"{task}-{mode}-s{seed}"
+            if (out_dir / "train_config.json").exists() and not overwrite:
+                raise UserError(
+                    f"{out_dir} already holds a run: --resume {out_dir} to continue, or --overwrite"
+                )
+            config = build_config(
+                task=task,
+                mode=mode,
+                steps=steps or 20,
+                seed=seed,
+                model=model,
+                device=device,
+                prompts_per_step=prompts_per_step,
+                group_size=group_size,
+                max_tokens=max_tokens,
+                lr=lr,
+                kl_coef=kl_coef,
+                checkpoint_every=checkpoint_every,
+            )
+        rows = run_training(config, out_dir, resume=resume is not None)
+        if rows:
+            first, last = rows[0], rows[-1]
+            typer.echo(
+                f"steps {first['step']}..{last['step']}: reward {first['reward_mean']:.3f} -> "
+                f"{last['reward_mean']:.3f}, accuracy {first['accuracy']:.3f} -> {last['accuracy']:.3f}"
+            )
+        typer.echo(f"run: {out_dir} (metrics.jsonl, trace.jsonl, checkpoints/)")

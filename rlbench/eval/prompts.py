@@ -1,0 +1,58 @@
+"""Prompt templates: boxed-answer math and Knights-and-Knaves, optionally in the model's chat template."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from rlbench.errors import UserError
+
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+KK_INSTRUCTION = (
+    "Think step by step about who is telling the truth. Then give your final answer after the line "
+    '"CONCLUSION:", one person per line, in the form "(1) Name is a knight" or "(2) Name is a knave".'
+)
+TEMPLATES = ("auto", "chat", "math", "kk")
+
+
+class ChatTokenizer(Protocol):
+    has_chat_template: bool
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str: ...
+
+
+def user_message(problem: str, kind: str) -> str:
+    """The suite-specific instruction around the problem text (`kind`: math | kk)."""
+    if kind == "kk":
+        return f"{problem}\n\n{KK_INSTRUCTION}"
+    if kind == "math":
+        return f"{problem}\n\n{MATH_INSTRUCTION}"
+    raise UserError(f"unknown prompt kind {kind!r}; use math or kk")
+
+
+def plain_prompt(problem: str, kind: str) -> str:
+    """For base models with no chat template: the instruction, then an open answer turn."""
+    return f"Question: {user_message(problem, kind)}\nAnswer: Let's think step by step."
+
+
+def resolve_template(template: str, suite_default: str, tokenizer: ChatTokenizer | None) -> str:
+    """`auto`: the model's chat template when it has one, else the suite's default; returns the concrete
+    choice recorded in results (chat | math | kk)."""
+    if template not in TEMPLATES:
+        raise UserError(f"unknown template {template!r}; choose from {', '.join(TEMPLATES)}")
+    has_chat = tokenizer is not None and bool(getattr(tokenizer, "has_chat_template", False))
+    if template == "auto":
+        return "chat" if has_chat else suite_default
+    if template == "chat" and not has_chat:
+        raise UserError("--template chat: the model directory has no chat template; use auto, math or kk")
+    return template
+
+
+def build_prompt(problem: str, template: str, suite_default: str, tokenizer: ChatTokenizer | None) -> str:
+    """The text sent to the engine. `template` is a resolved choice (chat | math | kk)."""
+    if template == "chat":
+        assert tokenizer is not None
+        messages = [{"role": "user", "content": user_message(problem, suite_default)}]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return plain_prompt(problem, template)

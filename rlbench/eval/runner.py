@@ -1,0 +1,278 @@
+"""The eval loop: prompts → backend → grading pool → one fsync'd JSONL row per finished problem → results.
+
+Resumable: `problems.jsonl` in the output dir is the source of truth. A re-run with the same settings
+skips the problems already there; one with different settings is refused unless `overwrite`.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from reference_trainer.atomic import append_jsonl, read_jsonl, write_json
+from rlbench.errors import UserError
+from rlbench.eval.backends import GenerationBackend
+from rlbench.eval.estimators import avg_at_k, majority_correct, pass_at_k, pass_ks
+from rlbench.eval.grading import GradeItem, GradingPool
+from rlbench.eval.prompts import build_prompt, resolve_template
+from rlbench.eval.suites import Problem, Suite, get_suite, load_problems
+
+PROGRESS_FILE = "problems.jsonl"
+CONFIG_FILE = "run_config.json"
+RESULTS_FILE = "results.json"
+REPORT_FILE = "report.html"
+GROUP_FIELDS = ("subject", "level", "exam", "n_people")
+
+
+@dataclass
+class EvalConfig:
+    suite: str
+    model: str
+    engine: str = "reference"
+    samples: int = 1
+    template: str = "auto"
+    temperature: float = 0.6
+    top_p: float = 0.95
+    max_tokens: int = 1024
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.samples < 1:
+            raise UserError("--samples must be at least 1")
+        if self.max_tokens < 1:
+            raise UserError("--max-tokens must be at least 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
+
+
+def sample_seed(seed: int, problem_id: str, sample: int) -> int:
+    """Per-request seed from the problem id, not its position: --limit and resume keep samples identical."""
+    return zlib.crc32(f"{seed}:{problem_id}:{sample}".encode()) & 0x7FFFFFFF
+
+
+def _check_stored_config(out: Path, cfg: EvalConfig, overwrite: bool) -> None:
+    path = out / CONFIG_FILE
+    progress = out / PROGRESS_FILE
+    if overwrite:
+        for name in (PROGRESS_FILE, RESULTS_FILE, REPORT_FILE, CONFIG_FILE):
+            (out / name).unlink(missing_ok=True)
+        return
+    if not path.is_file():
+        if progress.is_file() and progress.stat().st_size:
+            raise UserError(
+                f"{out} holds {PROGRESS_FILE} but no {CONFIG_FILE}; use --overwrite or another --out"
+            )
+        return
+    stored = json.loads(path.read_text()).get("config", {})
+    diff = [f"{k}: {stored.get(k)!r} -> {v!r}" for k, v in asdict(cfg).items() if stored.get(k) != v]
+    if diff:
+        raise UserError(
+            f"{out} holds a run with other settings ({'; '.join(diff)}); "
+            "pass --overwrite to start over, or use another --out"
+        )
+
+
+def _group_values(problem: Problem) -> dict[str, Any]:
+    return {k: problem.extra[k] for k in GROUP_FIELDS if problem.extra.get(k) is not None}
+
+
+def _problem_row(problem: Problem, responses: list[str], graded: list[Any], tokenizer: Any) -> dict[str, Any]:
+    correct = [bool(g.correct) for g in graded]
+    return {
+        "id": problem.id,
+        "gold": problem.answer,
+        **_group_values(problem),
+        "extracted": [g.extracted for g in graded],
+        "correct": correct,
+        "n_correct": sum(correct),
+        "avg": avg_at_k(correct),
+        "maj_correct": majority_correct([g.key for g in graded], correct),
+        "response_chars": [len(r) for r in responses],
+        "response_tokens": [len(tokenizer.encode(r)) for r in responses] if tokenizer is not None else None,
+        "grade_errors": [g.error for g in graded],
+        "responses": responses,
+    }
+
+
+def summarize(
+    suite: Suite,
+    cfg: EvalConfig,
+    template: str,
+    rows: list[dict[str, Any]],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """results.json: headline estimators, per-group accuracy, per-problem rows (without the responses)."""
+    k = cfg.samples
+    n = len(rows)
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for field in GROUP_FIELDS:
+        values = sorted({r[field] for r in rows if field in r}, key=str)
+        if len(values) > 1 or (values and field in suite.group_by):
+            by_group[field] = [
+                {field: v, "problems": len(sel), "accuracy": mean([r["avg"] for r in sel])}
+                for v in values
+                for sel in [[r for r in rows if r.get(field) == v]]
+            ]
+    return {
+        "suite": suite.name,
+        "title": suite.title,
+        "model": cfg.model,
+        "engine": cfg.engine,
+        "samples": k,
+        "template": template,
+        "template_requested": cfg.template,
+        "sampling": {
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "max_tokens": cfg.max_tokens,
+            "seed": cfg.seed,
+        },
+        "problems_evaluated": n,
+        "accuracy": mean([r["avg"] for r in rows]),
+        "pass_at_k": {str(kk): mean([pass_at_k(k, r["n_correct"], kk) for r in rows]) for kk in pass_ks(k)},
+        "maj_at_k": {str(k): mean([float(r["maj_correct"]) for r in rows])},
+        "grading_failures": sum(e is not None for r in rows for e in r["grade_errors"]),
+        "by_group": by_group,
+        **(extra or {}),
+        "problems": [{k2: v for k2, v in r.items() if k2 != "responses"} for r in rows],
+    }
+
+
+def run_eval(
+    cfg: EvalConfig,
+    backend_factory: Callable[[], GenerationBackend],
+    out: Path,
+    data_dir: Path | None = None,
+    limit: int | None = None,
+    overwrite: bool = False,
+    pool: GradingPool | None = None,
+    chunk_seqs: int = 64,
+    progress: bool = True,
+    report: bool = True,
+) -> dict[str, Any]:
+    """Evaluate `cfg.suite`, appending each finished problem to OUT/problems.jsonl; returns results."""
+    from reference_trainer.config import SamplingParams
+
+    cfg.check()
+    suite = get_suite(cfg.suite)
+    problems = load_problems(suite, data_dir)
+    if limit is not None:
+        if limit < 1:
+            raise UserError("--limit must be at least 1")
+        problems = problems[:limit]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_stored_config(out, cfg, overwrite)
+
+    progress_path = out / PROGRESS_FILE
+    selected = {p.id for p in problems}
+    done: dict[str, dict[str, Any]] = {}
+    if progress_path.is_file():
+        for row in read_jsonl(progress_path):
+            if row.get("id") in selected and len(row.get("correct", [])) == cfg.samples:
+                done[row["id"]] = row
+    todo = [p for p in problems if p.id not in done]
+
+    stored_cfg = out / CONFIG_FILE
+    template = json.loads(stored_cfg.read_text()).get("template") if stored_cfg.is_file() else None
+    backend = backend_factory() if todo else None
+    if backend is not None:
+        template = resolve_template(cfg.template, suite.template, backend.tokenizer)
+        write_json(stored_cfg, {"config": asdict(cfg), "template": template, "suite_title": suite.title})
+
+    own_pool = pool is None and bool(todo)
+    pool = GradingPool() if own_pool else pool
+    per_chunk = max(1, chunk_seqs // cfg.samples)
+    try:
+        if backend is not None and pool is not None:
+            _generate_and_grade(
+                todo,
+                per_chunk,
+                cfg,
+                suite,
+                template or suite.template,
+                backend,
+                pool,
+                progress_path,
+                done,
+                progress,
+                SamplingParams,
+                len(problems),
+            )
+    finally:
+        if own_pool and pool is not None:
+            pool.close()
+        if backend is not None:
+            backend.close()
+
+    rows = [done[p.id] for p in problems if p.id in done]
+    extra = {"truncated_prompts": getattr(backend, "truncated_prompts", 0)} if backend is not None else {}
+    results = summarize(suite, cfg, template or suite.template, rows, extra)
+    write_json(out / RESULTS_FILE, results)
+    if report:
+        from rlbench.eval.report import write_report
+
+        write_report(out / REPORT_FILE, results, rows)
+    return results
+
+
+def _generate_and_grade(
+    todo: list[Problem],
+    per_chunk: int,
+    cfg: EvalConfig,
+    suite: Suite,
+    template: str,
+    backend: GenerationBackend,
+    pool: GradingPool,
+    progress_path: Path,
+    done: dict[str, dict[str, Any]],
+    progress: bool,
+    sampling_cls: Any,
+    total: int,
+) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    k = cfg.samples
+    columns = (TextColumn(f"{suite.name}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, disable=not progress, transient=False) as bar:
+        task = bar.add_task("eval", total=total, completed=total - len(todo))
+        for start in range(0, len(todo), per_chunk):
+            chunk = todo[start : start + per_chunk]
+            prompts, params = [], []
+            for p in chunk:
+                prompt = build_prompt(p.problem, template, suite.template, backend.tokenizer)
+                for j in range(k):
+                    prompts.append(prompt)
+                    params.append(
+                        sampling_cls(
+                            temperature=cfg.temperature,
+                            top_p=cfg.top_p,
+                            max_tokens=cfg.max_tokens,
+                            seed=sample_seed(cfg.seed, p.id, j),
+                        )
+                    )
+            texts = backend.generate(prompts, params)
+            if len(texts) != len(prompts):
+                raise RuntimeError(
+                    f"backend {backend.name} returned {len(texts)} responses for {len(prompts)} prompts"
+                )
+            items = [
+                GradeItem(
+                    suite.grader, texts[i * k + j], p.answer, p.extra.get("names"), p.extra.get("solution")
+                )
+                for i, p in enumerate(chunk)
+                for j in range(k)
+            ]
+            graded = pool.grade(items)
+            for i, p in enumerate(chunk):
+                row = _problem_row(
+                    p, texts[i * k : (i + 1) * k], graded[i * k : (i + 1) * k], backend.tokenizer
+                )
+                append_jsonl(progress_path, row)  # durable before the next chunk starts
+                done[p.id] = row
+                bar.advance(task)

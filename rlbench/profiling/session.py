@@ -1,0 +1,150 @@
+"""A profiling session around the reference trainer: NVML timeline, optional py-spy, metrics and report.
+
+`run_profile` is what `rlbench profile` (without a command) calls. The trainer is invoked at exactly one
+place, through the `train_fn` hook:
+
+    train_fn(mode=..., task=..., steps=..., seed=..., trace=session.trace, out_dir=out, **train_kwargs)
+
+`trace` is a `reference_trainer.engine.trace.Trace` whose clock the NVML sampler shares; the trainer writes
+its engine, phase and sequence events into it (and may stream them with `trace.flush_to(out/"trace.jsonl")`).
+At exit the session flushes what is left to `trace.jsonl`, writes `metrics.json`
+(`{"run", "summary", "steps", "gpu", "pyspy"}`) and renders `report.html`, also when training failed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlbench.errors import UserError
+
+MODES = ("baseline", "sorted", "sorted-partial", "rhyme", "sorted+rhyme")
+
+
+def validate_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise UserError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+    return mode
+
+
+def available_tasks() -> list[str] | None:
+    """Task names from the trainer's registry (`reference_trainer.tasks.TASKS`); None until it exists."""
+    try:
+        from reference_trainer import tasks
+    except ImportError:
+        return None
+    names = getattr(tasks, "TASKS", None)
+    return sorted(names) if names else None
+
+
+def validate_task(task: str | None) -> str | None:
+    valid = available_tasks()
+    if task is not None and valid is not None and task not in valid:
+        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(valid)}")
+    return task
+
+
+def default_train_fn() -> Callable[..., Any]:
+    """The reference trainer's entry point (`reference_trainer.trainer.train`)."""
+    try:
+        from reference_trainer.trainer import train
+    except ImportError as err:
+        raise UserError(f"the reference trainer is not available ({err})") from err
+    return train
+
+
+class ProfileSession:
+    """Context manager: Trace + NVML sampler (+ py-spy on this process); results written on exit."""
+
+    def __init__(
+        self,
+        out: str | Path,
+        run: dict[str, Any] | None = None,
+        py_spy: bool = False,
+        sample_interval_s: float = 0.1,
+        nvml: Any = None,
+    ) -> None:
+        self.out = Path(out)
+        self.run = dict(run or {})
+        self.py_spy = py_spy
+        self.sample_interval_s = sample_interval_s
+        self._nvml = nvml
+        self.trace_path = self.out / "trace.jsonl"
+        self.doc: dict[str, Any] | None = None
+        self.report: Path | None = None
+
+    def __enter__(self) -> ProfileSession:
+        from reference_trainer.engine.trace import Trace
+        from rlbench.profiling.nvml import NvmlSampler
+        from rlbench.profiling.pyspy import PySpyRecorder
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        for name in ("trace.jsonl", "metrics.json", "report.html"):  # Trace.flush_to appends: start clean
+            (self.out / name).unlink(missing_ok=True)
+        self.trace = Trace()
+        self.sampler = NvmlSampler(
+            now=self.trace.now, interval_s=self.sample_interval_s, nvml=self._nvml
+        ).start()
+        self.pyspy = PySpyRecorder(self.out, pid=os.getpid()) if self.py_spy else None
+        if self.pyspy is not None:
+            self.pyspy.start()
+        self._wall0 = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        from reference_trainer.atomic import read_jsonl, write_json
+        from rlbench import metrics
+        from rlbench.report.profile_report import render_profile
+
+        wall = time.perf_counter() - self._wall0
+        pyspy = self.pyspy.stop() if self.pyspy is not None else None
+        gpu = self.sampler.stop()
+        self.trace.flush_to(self.trace_path)
+        events = read_jsonl(self.trace_path) if self.trace_path.exists() else []
+        doc = metrics.compute(events, gpu)
+        status = "ok" if exc_type is None else f"failed: {exc_type.__name__}: {exc}"
+        self.doc = {
+            "run": {**self.run, "status": status, "wall_time_s": wall},
+            **doc,
+            "gpu": gpu,
+            "pyspy": pyspy,
+        }
+        write_json(self.out / "metrics.json", self.doc)
+        self.report = render_profile(self.out, self.doc, events)
+        # never swallow the trainer's exception: the caller decides how to report it
+
+
+def run_profile(
+    mode: str,
+    task: str | None,
+    steps: int,
+    out: str | Path,
+    seed: int = 0,
+    py_spy: bool = False,
+    train_fn: Callable[..., Any] | None = None,
+    sample_interval_s: float = 0.1,
+    **train_kwargs: Any,
+) -> dict[str, Any]:
+    """Profile `steps` RL steps of the reference trainer in `mode`; returns the metrics document."""
+    validate_mode(mode)
+    validate_task(task)
+    if steps < 1:
+        raise UserError("--steps must be at least 1")
+    train = train_fn or default_train_fn()
+    run = {"mode": mode, "task": task, "steps": steps, "seed": seed}
+    with ProfileSession(out, run, py_spy=py_spy, sample_interval_s=sample_interval_s) as session:
+        # TRAINER HOOK: the single place the trainer runs.
+        train(
+            mode=mode,
+            task=task,
+            steps=steps,
+            seed=seed,
+            trace=session.trace,
+            out_dir=Path(out),
+            **train_kwargs,
+        )
+    assert session.doc is not None
+    return session.doc

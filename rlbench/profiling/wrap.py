@@ -1,0 +1,86 @@
+"""Profile another framework's training command: wall time, NVML timeline, optional py-spy, one report.
+
+The command runs as our child with the terminal inherited (its logs stay visible). There is no rlbench trace
+for it, so the report carries run-level numbers only: wall time, exit code and the GPU idle share
+(1 - mean NVML utilisation over the command's lifetime, all GPUs; null with "no GPU: ..." without NVML).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlbench.errors import UserError
+
+
+def wrap_command(
+    cmd: Sequence[str],
+    out: str | Path,
+    py_spy: bool = False,
+    sample_interval_s: float = 0.1,
+    nvml: Any = None,
+) -> tuple[int, dict[str, Any]]:
+    """Run `cmd`, write out/metrics.json and out/report.html; return (exit code, metrics document)."""
+    from reference_trainer.atomic import write_json
+    from rlbench.profiling.nvml import NvmlSampler, mean_util, no_gpu_note
+    from rlbench.profiling.pyspy import PySpyRecorder
+    from rlbench.report.profile_report import render_profile
+
+    if not cmd:
+        raise UserError("no command given after --")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+
+    def now() -> float:
+        return time.perf_counter() - t0
+
+    sampler = NvmlSampler(now=now, interval_s=sample_interval_s, nvml=nvml).start()
+    t_start = now()
+    try:
+        child = subprocess.Popen(list(cmd))
+    except OSError as err:  # not found, not executable
+        sampler.stop()
+        raise UserError(f"cannot run {cmd[0]!r}: {err.strerror or err}") from err
+    rec = PySpyRecorder(out, pid=child.pid, subprocesses=True) if py_spy else None
+    if rec is not None:
+        rec.start()
+    interrupted = False
+    try:
+        code = child.wait()
+    except KeyboardInterrupt:
+        # forward Ctrl-C and still write the report for what ran
+        interrupted = True
+        child.send_signal(signal.SIGINT)
+        try:
+            code = child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            code = child.wait()
+    t_end = now()
+    pyspy = rec.stop() if rec is not None else None
+    gpu = sampler.stop()
+    util = mean_util(gpu, t_start, t_end)
+    summary = {
+        "wall_time_s": t_end - t_start,
+        "exit_code": code,
+        "mean_gpu_util": util,
+        "gpu_idle_share": None if util is None else 1.0 - util / 100.0,
+        "gpu_note": None if util is not None else no_gpu_note(gpu),
+    }
+    doc = {
+        "run": {"kind": "wrap", "command": list(cmd), "status": "interrupted" if interrupted else "finished"},
+        "summary": summary,
+        "steps": [],
+        "gpu": gpu,
+        "pyspy": pyspy,
+    }
+    write_json(out / "metrics.json", doc)
+    render_profile(out, doc, [])
+    if interrupted:
+        raise KeyboardInterrupt
+    return code, doc

@@ -1,0 +1,114 @@
+"""The compare report: modes side by side, ratios against the baseline, overlaid per-step curves.
+
+Input (`compare.json`):
+    {"baseline": "baseline", "runs": [{"mode": "baseline", "summary": {...}, "steps": [...]}, ...],
+     "workload": {...optional, shown as the subtitle}}
+`runs` may also be a dict {mode: {"summary": ..., "steps": ...}}. Ratios are only against a baseline run
+from the same file (same process, prompts and seeds, per DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlbench.report.page import table, write_page
+from rlbench.report.profile_report import PALETTE, _fig, note, steps_axis
+
+CURVES = [
+    ("bubble_ratio", "Bubble ratio per step", "%", 100.0),
+    ("rollout_tokens_per_s", "Rollout throughput per step", "tokens/s", 1.0),
+    ("step_time_s", "Step time", "seconds", 1.0),
+    ("reward_mean", "Reward mean per step", "reward", 1.0),
+    ("accuracy", "Accuracy per step", "accuracy", 1.0),
+    ("acceptance_rate", "Draft acceptance per step", "%", 100.0),
+]
+
+
+def normalise(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    runs = doc.get("runs") or []
+    if isinstance(runs, dict):
+        runs = [{"mode": mode, **run} for mode, run in runs.items()]
+    return runs, str(doc.get("baseline", "baseline"))
+
+
+def _div(a: Any, b: Any) -> float | None:
+    return float(a) / float(b) if a is not None and b not in (None, 0) else None
+
+
+def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
+    """One row per mode: its summary and its ratios to the baseline (speed-up > 1 means faster)."""
+    base = next((r["summary"] for r in runs if r["mode"] == baseline), None)
+    rows = []
+    for r in runs:
+        s = r["summary"]
+        row: dict[str, Any] = {
+            "mode": r["mode"],
+            "step time (s)": s.get("step_time_s"),
+            "rollout tokens/s": s.get("rollout_tokens_per_s"),
+            "bubble ratio": s.get("bubble_ratio"),
+            "tail share": s.get("tail_time_share"),
+            "acceptance": s.get("acceptance_rate"),
+            "reward": s.get("reward_mean"),
+            "accuracy": s.get("accuracy"),
+        }
+        if base is not None:
+            row["speed-up (step time)"] = _div(base.get("step_time_s"), s.get("step_time_s"))
+            row["throughput ×"] = _div(s.get("rollout_tokens_per_s"), base.get("rollout_tokens_per_s"))
+            row["bubble ×"] = _div(s.get("bubble_ratio"), base.get("bubble_ratio"))
+            row["reward ×"] = _div(s.get("reward_mean"), base.get("reward_mean"))
+        rows.append(row)
+    return rows
+
+
+def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -> Path:
+    """Write compare_dir/report.html from compare.json (or the given doc)."""
+    import plotly.graph_objects as go
+
+    compare_dir = Path(compare_dir)
+    if doc is None:
+        doc = json.loads((compare_dir / "compare.json").read_text())
+    runs, baseline = normalise(doc)
+    rows = ratio_rows(runs, baseline)
+    intro: list[Any] = [table(rows)]
+    if not any(r["mode"] == baseline for r in runs):
+        intro.append(note(f"No '{baseline}' run in this comparison: ratios are not shown."))
+    else:
+        intro.append(
+            '<p class="sub">Ratios are against the baseline run of the same process, prompts and seeds. '
+            "speed-up = baseline step time / mode step time; throughput, bubble and reward: mode / baseline."
+            "</p>"
+        )
+        speed = _fig("Speed-up over baseline (end-to-end step time)", "mode", "×")
+        speed.add_trace(
+            go.Bar(
+                x=[r["mode"] for r in rows],
+                y=[r.get("speed-up (step time)") for r in rows],
+                marker_color=[PALETTE[i % len(PALETTE)] for i in range(len(rows))],
+            )
+        )
+        speed.add_hline(y=1.0, line_dash="dot", line_color="#888")
+        intro.append(speed)
+    curves: list[Any] = []
+    for key, title, unit, scale in CURVES:
+        fig = _fig(title, "step", unit)
+        for i, r in enumerate(runs):
+            steps = r.get("steps") or []
+            ys = [None if s.get(key) is None else scale * s[key] for s in steps]
+            if any(y is not None for y in ys):
+                fig.add_trace(
+                    go.Scatter(
+                        x=[s["step"] for s in steps],
+                        y=ys,
+                        name=r["mode"],
+                        mode="lines+markers",
+                        line={"color": PALETTE[i % len(PALETTE)]},
+                    )
+                )
+        if fig.data:
+            curves.append(steps_axis(fig, [s["step"] for r in runs for s in r.get("steps") or []]))
+    workload = doc.get("workload") or {}
+    subtitle = " · ".join(f"{k}: {v}" for k, v in workload.items() if not isinstance(v, (dict, list)))
+    sections = [("Modes side by side", intro), ("Per-step curves", curves or [note("No per-step data.")])]
+    return write_page(compare_dir / "report.html", "rlbench compare", sections, subtitle)

@@ -1,0 +1,431 @@
+"""The profile report: one offline page from a run directory's metrics.json (+ trace.jsonl when present).
+
+Reads only saved files, so `rlbench report DIR` re-renders without re-running anything. The slot-occupancy
+timeline merges consecutive engine steps in which a slot held the same sequence into one bar, so ~10^4
+engine events become about one bar per sequence; past `MAX_BARS` bars only the first steps are drawn (and
+the page says so).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlbench.report.page import kpis, table, write_page
+
+MAX_BARS = 20_000
+PALETTE = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+]
+PHASE_COLOURS = {"rollout": "#4c78a8", "reward": "#f58518", "update": "#54a24b", "sync": "#b279a2"}
+Event = dict[str, Any]
+
+
+def pct(v: Any) -> str:
+    return "n/a" if v is None else f"{100 * float(v):.1f}%"
+
+
+def num(v: Any, unit: str = "", digits: int = 3) -> str:
+    return "n/a" if v is None else f"{float(v):.{digits}g}{unit}"
+
+
+def note(text: str) -> str:
+    return f'<p class="note">{html.escape(text)}</p>'
+
+
+def _fig(title: str, xaxis: str, yaxis: str, height: int = 320) -> Any:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.update_layout(
+        title=title,
+        height=height,
+        margin={"l": 60, "r": 20, "t": 50, "b": 45},
+        xaxis_title=xaxis,
+        yaxis_title=yaxis,
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return fig
+
+
+def steps_axis(fig: Any, x: Sequence[int]) -> Any:
+    """Integer step ticks (plotly would put ticks at 0.2-step intervals on a short run)."""
+    fig.update_xaxes(tickmode="linear", tick0=min(x) if x else 0, dtick=max(1, -(-len(set(x)) // 12)))
+    return fig
+
+
+def slot_bars(events: Sequence[Event], max_bars: int = MAX_BARS) -> tuple[list[dict[str, Any]], str]:
+    """Merged (worker, slot, seq, start, end, step) bars from engine events; the note says what was cut."""
+    by_step: dict[int, list[Event]] = {}
+    for ev in events:
+        if ev.get("kind") in ("prefill", "decode", "verify") and ev.get("slots"):
+            by_step.setdefault(int(ev.get("step", 0)), []).append(ev)
+    bars: list[dict[str, Any]] = []
+    steps = sorted(by_step)
+    shown: list[int] = []
+    for step in steps:
+        step_bars: list[dict[str, Any]] = []
+        open_: dict[tuple[int, str], dict[str, Any]] = {}  # (worker, slot) -> bar being extended
+        for ev in sorted(by_step[step], key=lambda e: (int(e.get("worker", 0)), float(e["t_start"]))):
+            w = int(ev.get("worker", 0))
+            current = {(w, str(k)): v for k, v in ev["slots"].items()}
+            for key in [k for k in open_ if k[0] == w and current.get(k) != open_[k]["seq"]]:
+                step_bars.append(open_.pop(key))  # the slot was freed or handed to another sequence
+            for key, sid in current.items():
+                bar = open_.get(key)
+                if bar is None:
+                    open_[key] = {
+                        "worker": w,
+                        "slot": key[1],
+                        "seq": sid,
+                        "start": float(ev["t_start"]),
+                        "end": float(ev["t_end"]),
+                        "step": step,
+                    }
+                else:
+                    bar["end"] = float(ev["t_end"])
+        step_bars.extend(open_.values())
+        if bars and len(bars) + len(step_bars) > max_bars:
+            break
+        bars.extend(step_bars)
+        shown.append(step)
+    msg = (
+        ""
+        if len(shown) == len(steps)
+        else (f"Showing steps {shown[0]}–{shown[-1]} of {steps[0]}–{steps[-1]} (capped at {max_bars} bars).")
+    )
+    return bars, msg
+
+
+def slot_timeline(events: Sequence[Event]) -> list[Any]:
+    import plotly.graph_objects as go
+
+    bars, msg = slot_bars(events)
+    if not bars:
+        return [note("No engine events with slot maps in the trace: nothing to draw.")]
+    prompt_of = {e["id"]: str(e.get("prompt_id")) for e in events if e.get("kind") == "sequence"}
+    groups: dict[str, int] = {}
+    multi = len({b["worker"] for b in bars}) > 1
+    for b in bars:
+        b["prompt"] = prompt_of.get(b["seq"], "?")
+        groups.setdefault(b["prompt"], len(groups))
+        b["label"] = f"w{b['worker']} slot {b['slot']}" if multi else f"slot {b['slot']}"
+    labels = sorted(
+        {b["label"] for b in bars},
+        key=lambda s: [int(p) if p.isdigit() else p for p in s.replace("w", "").split()],
+    )
+    fig = _fig("Slot occupancy (bar = one sequence in one slot; colour = prompt group)", "time (s)", "")
+    fig.add_trace(
+        go.Bar(
+            orientation="h",
+            y=[b["label"] for b in bars],
+            x=[b["end"] - b["start"] for b in bars],
+            base=[b["start"] for b in bars],
+            marker={
+                "color": [PALETTE[groups[b["prompt"]] % len(PALETTE)] for b in bars],
+                "line": {"width": 0},
+            },
+            hovertext=[
+                f"seq {b['seq']}<br>prompt {b['prompt']}<br>step {b['step']}<br>"
+                f"{b['start']:.3f}–{b['end']:.3f} s"
+                for b in bars
+            ],
+            hoverinfo="text",
+            showlegend=False,
+        )
+    )
+    shown = {b["step"] for b in bars}
+    rollouts = [ev for ev in events if ev.get("kind") == "rollout" and int(ev.get("step", 0)) in shown]
+    for ev in events:  # shade the non-rollout phases so the gaps between rollouts read as what they are
+        if ev.get("kind") in ("reward", "update", "sync") and int(ev.get("step", 0)) in shown:
+            fig.add_vrect(
+                x0=ev["t_start"],
+                x1=ev["t_end"],
+                fillcolor=PHASE_COLOURS[ev["kind"]],
+                opacity=0.12,
+                line_width=0,
+            )
+    if len(rollouts) <= 20:  # label each rollout with its step; more labels than that would overlap
+        for ev in rollouts:
+            fig.add_vline(
+                x=ev["t_start"],
+                line_dash="dot",
+                line_color="#555",
+                line_width=1,
+                annotation_text=f"step {ev['step']}",
+                annotation_position="top right",
+                annotation_yanchor="bottom",
+            )
+    fig.update_layout(
+        height=min(1400, 140 + 14 * len(labels)),
+        bargap=0.15,
+        yaxis={"categoryorder": "array", "categoryarray": labels[::-1]},
+    )
+    parts: list[Any] = [fig]
+    legend = f"{len(bars)} bars, {len(groups)} prompt groups (colours repeat every {len(PALETTE)} groups)."
+    parts.append(f'<p class="sub">{html.escape(legend)} Shaded: reward / update / sync phases.</p>')
+    if msg:
+        parts.append(note(msg))
+    return parts
+
+
+def step_figures(steps: list[Event]) -> list[tuple[str, list[Any]]]:
+    import plotly.graph_objects as go
+
+    x = [s["step"] for s in steps]
+
+    def line(fig: Any, key: str, name: str, scale: float = 1.0) -> None:
+        ys = [None if s.get(key) is None else scale * s[key] for s in steps]
+        if any(y is not None for y in ys):
+            fig.add_trace(go.Scatter(x=x, y=ys, name=name, mode="lines+markers"))
+
+    bubble = _fig("Bubble ratio and tail-time share per step", "step", "%")
+    line(bubble, "bubble_ratio", "bubble ratio (slots)", 100)
+    line(bubble, "bubble_ratio_gpu", "bubble ratio (GPU, NVML)", 100)
+    line(bubble, "tail_time_share", "tail time share", 100)
+    bubble.update_yaxes(range=[0, 100])
+
+    split = _fig("Time per step by phase", "step", "seconds")
+    for key, name in (
+        ("timing_s/gen", "rollout"),
+        ("timing_s/reward", "reward"),
+        ("timing_s/update", "update"),
+        ("timing_s/sync", "sync"),
+    ):
+        split.add_trace(
+            go.Bar(x=x, y=[s.get(key) or 0.0 for s in steps], name=name, marker_color=PHASE_COLOURS[name])
+        )
+    split.update_layout(barmode="stack", legend_traceorder="normal")
+
+    thr = _fig("Rollout throughput per step (accepted tokens / rollout wall time)", "step", "tokens/s")
+    line(thr, "rollout_tokens_per_s", "tokens/s")
+
+    for fig in (bubble, split, thr):
+        steps_axis(fig, x)
+    sections: list[tuple[str, list[Any]]] = [
+        ("Bubbles", [bubble]),
+        ("Where the time goes", [split]),
+        ("Throughput", [thr]),
+    ]
+    if any(s.get("acceptance_rate") is not None for s in steps):
+        acc = _fig("Speculative decoding per step", "step", "%")
+        line(acc, "acceptance_rate", "acceptance rate", 100)
+        line(acc, "draft_coverage", "draft coverage", 100)
+        steps_axis(acc, x)
+        sections.append(("Speculative decoding", [acc]))
+    else:
+        sections.append(("Speculative decoding", [note("No draft tokens in this run: acceptance is n/a.")]))
+
+    if any(s.get("reward_mean") is not None or s.get("accuracy") is not None for s in steps):
+        rew = _fig("Reward and accuracy per step", "step", "")
+        line(rew, "reward_mean", "reward mean")
+        line(rew, "accuracy", "accuracy")
+        steps_axis(rew, x)
+        sections.append(("Learning", [rew]))
+
+    lens = _fig("Response lengths of each update batch", "step", "tokens")
+    for s in steps:
+        if s.get("update_batch_lengths"):
+            lens.add_trace(
+                go.Box(
+                    y=s["update_batch_lengths"],
+                    name=str(s["step"]),
+                    showlegend=False,
+                    boxpoints=False,
+                    marker_color=PALETTE[0],
+                )
+            )
+    lens.update_xaxes(type="category")
+    parts: list[Any] = [lens] if lens.data else [note("No finished sequences in the trace.")]
+    hist: dict[int, int] = {}
+    for s in steps:
+        for k, v in s.get("staleness", {}).items():
+            hist[int(k)] = hist.get(int(k), 0) + v
+    if hist and set(hist) != {0}:
+        st = _fig("Token staleness (policy versions behind the update)", "staleness", "tokens")
+        st.add_trace(go.Bar(x=sorted(hist), y=[hist[k] for k in sorted(hist)], marker_color=PALETTE[4]))
+        parts.append(st)
+    elif hist:
+        parts.append(note(f"All {sum(hist.values())} consumed tokens are on-policy (staleness 0)."))
+    sections.append(("Responses", parts))
+    return sections
+
+
+def gpu_section(gpu: dict[str, Any] | None, events: Sequence[Event]) -> list[Any]:
+    import plotly.graph_objects as go
+
+    from rlbench.profiling.nvml import no_gpu_note
+
+    samples = (gpu or {}).get("samples") or []
+    if not (gpu or {}).get("available") or not samples:
+        return [note(no_gpu_note(gpu))]
+    fig = _fig("GPU utilisation (NVML; shaded: rollout phases)", "time (s)", "utilisation %")
+    names = {d["index"]: d.get("name") or f"GPU {d['index']}" for d in gpu.get("devices", [])}
+    for idx in sorted({s["gpu"] for s in samples}):
+        pts = [s for s in samples if s["gpu"] == idx]
+        fig.add_trace(
+            go.Scatter(
+                x=[p["t"] for p in pts],
+                y=[p["util"] for p in pts],
+                mode="lines",
+                name=f"GPU {idx}: {names.get(idx, '')}",
+            )
+        )
+    for ev in events:
+        if ev.get("kind") == "rollout":
+            fig.add_vrect(
+                x0=ev["t_start"],
+                x1=ev["t_end"],
+                fillcolor=PHASE_COLOURS["rollout"],
+                opacity=0.1,
+                line_width=0,
+            )
+    fig.update_yaxes(range=[0, 105])
+    return [fig]
+
+
+def worker_section(events: Sequence[Event], summary: dict[str, Any]) -> list[Any]:
+    """Busy intervals per worker (back-to-back engine steps merged) and each worker's idle share."""
+    import plotly.graph_objects as go
+
+    busy: dict[int, list[list[float]]] = {}
+    for ev in sorted(
+        (e for e in events if e.get("kind") in ("prefill", "decode", "verify")),
+        key=lambda e: float(e["t_start"]),
+    ):
+        spans = busy.setdefault(int(ev.get("worker", 0)), [])
+        if spans and float(ev["t_start"]) - spans[-1][1] < 1e-3:
+            spans[-1][1] = max(spans[-1][1], float(ev["t_end"]))
+        else:
+            spans.append([float(ev["t_start"]), float(ev["t_end"])])
+    fig = _fig("Worker busy time (merged engine steps)", "time (s)", "", height=120 + 40 * len(busy))
+    for w, spans in sorted(busy.items()):
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                y=[f"worker {w}"] * len(spans),
+                x=[e - s for s, e in spans],
+                base=[s for s, _ in spans],
+                showlegend=False,
+                marker={"color": PALETTE[w % len(PALETTE)], "line": {"width": 0}},
+            )
+        )
+    idle = summary.get("worker_idle_share") or {}
+    rows = [{"worker": w, "idle share": v} for w, v in idle.items()]
+    caption = (
+        '<p class="sub">Idle share = 1 − busy time / the busiest worker\'s busy time, summed over steps '
+        "(0 for the slowest worker; higher means worse load balance).</p>"
+    )
+    return [fig, caption, table(rows)]
+
+
+def pyspy_links(pyspy: dict[str, Any] | None) -> list[Any]:
+    if not pyspy:
+        return []
+    if not pyspy.get("available"):
+        return [note(pyspy.get("reason") or "py-spy did not record.")]
+    svg, ss = html.escape(pyspy["svg"]), html.escape(pyspy["speedscope"])
+    return [
+        f"<p>{pyspy.get('samples', '?')} samples at {pyspy.get('rate_hz', '?')} Hz: "
+        f'<a href="{svg}">flame graph (SVG)</a> · <a href="{ss}">speedscope JSON</a> '
+        f'(open in <a href="https://www.speedscope.app/">speedscope.app</a>)</p>'
+    ]
+
+
+def headline(doc: dict[str, Any]) -> str:
+    s = doc.get("summary", {})
+    if not doc.get("steps"):  # a wrapped command: no trace, so no slot metrics
+        return kpis(
+            {
+                "wall time": num(s.get("wall_time_s"), " s"),
+                "exit code": str(s.get("exit_code", "n/a")),
+                "GPU idle share": pct(s.get("gpu_idle_share"))
+                if s.get("gpu_idle_share") is not None
+                else "n/a (no GPU)",
+            }
+        )
+    acc = s.get("acceptance_rate")
+    return kpis(
+        {
+            "bubble ratio": pct(s.get("bubble_ratio")),
+            "GPU bubble ratio": pct(s.get("bubble_ratio_gpu"))
+            if s.get("bubble_ratio_gpu") is not None
+            else "n/a (no GPU)",
+            "rollout tokens/s": num(s.get("rollout_tokens_per_s"), digits=4),
+            "mean step time": num(s.get("step_time_s"), " s"),
+            "tail time share": pct(s.get("tail_time_share")),
+            "acceptance": pct(acc) if acc is not None else "n/a (no drafts)",
+            "reward (mean)": num(s.get("reward_mean")),
+        }
+    )
+
+
+def summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for k, v in summary.items():
+        if isinstance(v, dict):
+            v = (
+                ", ".join(f"{a}: {b:.3g}" if isinstance(b, float) else f"{a}: {b}" for a, b in v.items())
+                or "—"
+            )
+        rows.append({"metric": k, "value": "n/a" if v is None else v})
+    return rows
+
+
+def render_profile(
+    run_dir: str | Path, doc: dict[str, Any] | None = None, events: Sequence[Event] | None = None
+) -> Path:
+    """Write run_dir/report.html from metrics.json (+ trace.jsonl), or from the given doc and events."""
+    run_dir = Path(run_dir)
+    if doc is None:
+        doc = json.loads((run_dir / "metrics.json").read_text())
+    if events is None:
+        trace = run_dir / "trace.jsonl"
+        events = (
+            [json.loads(ln) for ln in trace.read_text().splitlines() if ln.strip()] if trace.exists() else []
+        )
+    steps = doc.get("steps") or []
+    meta = doc.get("run") or {}
+    subtitle = " · ".join(
+        f"{k}: {v}" for k, v in meta.items() if v is not None and not isinstance(v, (dict, list))
+    )
+    top: list[Any] = [headline(doc)]
+    if meta.get("command"):
+        top.append(f"<p><code>{html.escape(shlex.join(meta['command']))}</code></p>")
+    sections: list[tuple[str, Sequence[Any]]] = [("Summary", top)]
+    if steps:
+        sections.append(("Slot occupancy", slot_timeline(events)))
+        sections.extend(step_figures(steps))
+    else:
+        sections.append(
+            (
+                "Per-step metrics",
+                [
+                    note(
+                        "No rlbench trace for this run: per-step rollout metrics "
+                        "(bubble ratio, throughput, acceptance) need one."
+                    )
+                ],
+            )
+        )
+    sections.append(("GPU", gpu_section(doc.get("gpu"), events)))
+    if len((doc.get("summary") or {}).get("worker_idle_share") or {}) > 1:
+        sections.append(("Rollout workers", worker_section(events, doc["summary"])))
+    if doc.get("pyspy"):
+        sections.append(("CPU profile (py-spy)", pyspy_links(doc["pyspy"])))
+    sections.append(("All summary metrics", [table(summary_rows(doc.get("summary") or {}))]))
+    title = f"rlbench profile — {meta['mode']}" if meta.get("mode") else "rlbench profile"
+    return write_page(run_dir / "report.html", title, sections, subtitle)

@@ -1,0 +1,103 @@
+"""Running the reference trainer from the CLI: validation, config building and a rich progress display.
+
+`train`, `profile` and `compare` all go through `run_training`, so they validate and report alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rlbench.errors import UserError
+
+
+def valid_modes() -> list[str]:
+    from reference_trainer.rollout import STRATEGIES
+
+    return list(STRATEGIES)
+
+
+def valid_tasks() -> list[str]:
+    from reference_trainer.tasks import TASKS
+
+    return sorted(TASKS)
+
+
+def check_mode_and_task(mode: str, task: str) -> None:
+    if mode not in valid_modes():
+        raise UserError(f"unknown mode {mode!r}; valid modes: {', '.join(valid_modes())}")
+    if task not in valid_tasks():
+        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(valid_tasks())}")
+
+
+def build_config(**options: Any) -> Any:
+    """A TrainConfig from CLI options; None values keep the defaults, `lr`/`kl_coef` go to GRPO."""
+    from reference_trainer.trainer import TrainConfig
+
+    options = {k: v for k, v in options.items() if v is not None}
+    check_mode_and_task(options.get("mode", "baseline"), options.get("task", "arith"))
+    config = TrainConfig()
+    grpo = {k: options.pop(k) for k in ("lr", "kl_coef") if k in options}
+    if "model" in options:
+        options["model"] = str(options["model"])
+    config = replace(config, **options)
+    config.grpo = replace(config.grpo, **grpo)
+    if config.task == "kk" and not config.task_options:
+        config.task_options = {"num_people": 3}
+    return config
+
+
+def ensure_default_model() -> Path:
+    """Build the embedded model (first use only) with a progress bar."""
+    from reference_trainer.embedded import default_model_dir
+
+    path = default_model_dir(build=False)
+    if (path / "config.json").is_file():
+        return path
+    from rich.progress import Progress
+
+    with Progress(transient=True) as progress:
+        bar = progress.add_task("warm-starting the embedded model (first use only)", total=None)
+
+        def on_step(step: int, total: int, loss: float) -> None:
+            progress.update(
+                bar, completed=step + 1, total=total, description=f"SFT warm start, loss {loss:.3f}"
+            )
+
+        return default_model_dir(build=True, on_step=on_step)
+
+
+def run_training(config: Any, out_dir: Path, trace: Any = None, resume: bool = False) -> list[dict[str, Any]]:
+    """Train with a progress bar; turns the trainer's input errors into one-line UserErrors."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from reference_trainer.loader import ModelLoadError
+    from reference_trainer.trainer import Trainer
+
+    if config.model is None:
+        ensure_default_model()
+    try:
+        trainer = Trainer(config, out_dir, trace=trace, resume=resume)
+    except (ModelLoadError, FileNotFoundError, ValueError) as err:
+        raise UserError(str(err).splitlines()[0]) from None
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+    )
+    with Progress(*columns) as progress:
+        bar = progress.add_task(
+            f"{config.mode} / {config.task}", total=config.steps, completed=trainer.step, info=""
+        )
+
+        def on_step(row: dict[str, Any]) -> None:
+            info = (
+                f"reward {row['reward_mean']:.3f}  acc {row['accuracy']:.3f}  "
+                f"len {row['response_len_mean']:.0f}  {row['step_time_s']:.1f}s/step"
+            )
+            progress.update(bar, completed=row["step"] + 1, info=info)
+
+        return trainer.run(on_step)

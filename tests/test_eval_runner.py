@@ -1,0 +1,278 @@
+"""The eval pipeline with a fake backend: results, resume after a crash, config checks, CLI and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlbench.errors import UserError
+from rlbench.eval.grading import GradingPool
+from rlbench.eval.runner import EvalConfig, run_eval
+
+REPO = Path(__file__).parents[1]
+GOLDS = {"fx-01": "204", "fx-02": "\\frac{1}{2}", "fx-03": "25", "fx-04": "(1,2)", "fx-05": "7"}
+
+
+def _write_suite(data_dir: Path) -> Path:
+    """A 5-problem fixture under aime24's file name, so the real manifest loads it."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {"id": pid, "problem": f"Problem {pid}: compute it.", "answer": a, "source": "test"}
+        for pid, a in GOLDS.items()
+    ]
+    (data_dir / "aime24.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data_dir
+
+
+class FakeBackend:
+    """Answers from the prompt's problem id: sample j of problem i is right unless (i + j) % 3 == 0."""
+
+    name = "fake"
+    model = "fake-model"
+    tokenizer = None
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.fail_after = fail_after
+        self.generated_ids: list[str] = []
+        self.calls = 0
+
+    def generate(self, prompts: list[str], params: list) -> list[str]:
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise RuntimeError("simulated crash")
+        out = []
+        for idx, prompt in enumerate(prompts):
+            pid = re.search(r"Problem (fx-\d+)", prompt).group(1)
+            self.generated_ids.append(pid)
+            i, j = int(pid[-2:]), idx % 2  # K=2 samples of a problem arrive consecutively
+            ans = GOLDS[pid] if (i + j) % 3 else "999"
+            out.append(f"Some reasoning about {pid}. The answer is $\\boxed{{{ans}}}$.")
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with GradingPool(workers=2) as p:
+        yield p
+
+
+def _cfg(**kw) -> EvalConfig:
+    return EvalConfig(
+        suite="aime24", model="fake-model", engine="reference", samples=2, temperature=0.7, **kw
+    )
+
+
+def test_pipeline_results(tmp_path: Path, pool: GradingPool) -> None:
+    data = _write_suite(tmp_path / "data")
+    backend = FakeBackend()
+    res = run_eval(
+        _cfg(), lambda: backend, tmp_path / "out", data_dir=data, pool=pool, progress=False, report=False
+    )
+    # expected correctness per problem i (samples j=0,1): right unless (i+j) % 3 == 0
+    expect = {pid: [(int(pid[-2:]) + j) % 3 != 0 for j in range(2)] for pid in GOLDS}
+    rows = {r["id"]: r for r in res["problems"]}
+    assert {pid: rows[pid]["correct"] for pid in GOLDS} == expect
+    n_correct = sum(sum(v) for v in expect.values())
+    assert res["accuracy"] == pytest.approx(n_correct / 10)
+    assert res["pass_at_k"]["2"] == pytest.approx(1.0)  # every problem has at least one right sample
+    assert set(res["pass_at_k"]) == {"1", "2"} and res["pass_at_k"]["1"] == pytest.approx(res["accuracy"])
+    assert rows["fx-02"]["extracted"][0] == "\\frac{1}{2}"
+    assert res["template"] == "math" and res["samples"] == 2 and res["grading_failures"] == 0
+    assert sorted(backend.generated_ids) == sorted([p for p in GOLDS for _ in range(2)])
+
+
+def test_resume_after_interrupt(tmp_path: Path, pool: GradingPool) -> None:
+    data = _write_suite(tmp_path / "data")
+    out = tmp_path / "out"
+    crashing = FakeBackend(fail_after=2)  # chunks of 1 problem (chunk_seqs=2, K=2): 2 finish, then a crash
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_eval(_cfg(), lambda: crashing, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False)
+    saved = [json.loads(line) for line in (out / "problems.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in saved] == ["fx-01", "fx-02"]
+    assert not (out / "results.json").exists()
+
+    resumed = FakeBackend()
+    res = run_eval(
+        _cfg(), lambda: resumed, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False, report=False
+    )
+    assert sorted(set(resumed.generated_ids)) == ["fx-03", "fx-04", "fx-05"]  # only the missing ones
+    assert [r["id"] for r in res["problems"]] == list(GOLDS)
+
+    # everything done: a third run generates nothing and builds no backend
+    res2 = run_eval(
+        _cfg(),
+        lambda: pytest.fail("backend must not be built"),
+        out,
+        data_dir=data,
+        pool=pool,
+        progress=False,
+        report=False,
+    )
+    assert res2["accuracy"] == res["accuracy"]
+
+    with pytest.raises(UserError, match=r"other settings \(samples: 2 -> 3"):
+        run_eval(
+            EvalConfig(suite="aime24", model="fake-model", samples=3, temperature=0.7),
+            FakeBackend,
+            out,
+            data_dir=data,
+            pool=pool,
+            progress=False,
+        )
+    fresh = FakeBackend()
+    res3 = run_eval(
+        EvalConfig(suite="aime24", model="fake-model", samples=1, temperature=0.7),
+        lambda: fresh,
+        out,
+        data_dir=data,
+        pool=pool,
+        overwrite=True,
+        progress=False,
+        report=False,
+    )
+    assert res3["samples"] == 1 and len(fresh.generated_ids) == 5
+
+
+def test_cli_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from rlbench.cli import app_
+    from rlbench.eval import backends
+
+    data = _write_suite(tmp_path / "data")
+    model = tmp_path / "model"
+    model.mkdir()
+    monkeypatch.setattr(backends, "make_backend", lambda *a, **kw: FakeBackend())
+    out = tmp_path / "out"
+    args = [
+        "eval",
+        "--suite",
+        "aime24",
+        "--model",
+        str(model),
+        "--samples",
+        "2",
+        "--out",
+        str(out),
+        "--data-dir",
+        str(data),
+        "--temperature",
+        "0.7",
+        "--limit",
+        "4",
+    ]
+    result = CliRunner().invoke(app_, args)
+    assert result.exit_code == 0, result.output
+    assert "aime24: 4 problems" in result.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["problems_evaluated"] == 4 and res["model"] == str(model.resolve())
+    assert set(res) >= {
+        "suite",
+        "model",
+        "engine",
+        "samples",
+        "template",
+        "accuracy",
+        "pass_at_k",
+        "maj_at_k",
+    }
+    page = (out / "report.html").read_text()
+    assert "Per-problem correctness" in page and "Response length" in page and "fx-04" in page
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rlbench.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+
+
+def _assert_one_line_error(proc: subprocess.CompletedProcess, pattern: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_bad_input_errors(tmp_path: Path) -> None:
+    data = _write_suite(tmp_path / "data")
+    model = tmp_path / "model"
+    model.mkdir()
+    base = ["eval", "--model", str(model), "--out", str(tmp_path / "o")]
+    _assert_one_line_error(
+        _cli(*base, "--suite", "nope", "--data-dir", str(data)),
+        r"unknown suite 'nope'; valid suites: .*aime24.*kk-ood.*math500",
+    )
+    _assert_one_line_error(
+        _cli(*base, "--suite", "aime24", "--data-dir", str(tmp_path / "missing")),
+        r"data dir not found: .*missing",
+    )
+    _assert_one_line_error(
+        _cli(*base, "--suite", "math500", "--data-dir", str(data)), r"needs math500\.jsonl in the data dir"
+    )
+    with open(data / "aime24.jsonl", "a") as fh:
+        fh.write('{"id": "x", "problem": "p", "answer": \n{"id": "y"}\n')
+    _assert_one_line_error(
+        _cli(*base, "--suite", "aime24", "--data-dir", str(data)), r"aime24\.jsonl:6: malformed JSON row"
+    )
+    _assert_one_line_error(
+        _cli(
+            "eval",
+            "--suite",
+            "aime24",
+            "--model",
+            str(tmp_path / "nomodel"),
+            "--out",
+            str(tmp_path / "o"),
+            "--data-dir",
+            str(data),
+        ),
+        r"model directory not found",
+    )
+    # no data dir and no network: one line pointing at --data-dir, at once
+    proc = _cli(*base, "--suite", "aime24", env={"HF_HUB_OFFLINE": "1", "RLBENCH_DATA_DIR": ""})
+    _assert_one_line_error(proc, r"cannot reach the HuggingFace hub.*--data-dir")
+
+
+def test_suites_command_lists_sizes(tmp_path: Path) -> None:
+    data = _write_suite(tmp_path / "data")
+    proc = _cli("suites", "--data-dir", str(data))
+    assert proc.returncode == 0, proc.stderr
+    cells = [line.split("│") for line in proc.stdout.splitlines() if line.count("│") > 3]
+    lines = {c[1].strip(): "│".join(c) for c in cells if c[1].strip()}  # wrapped continuation rows have none
+    assert set(lines) == {"aime24", "amc23", "olympiadbench", "math500", "kk", "kk-ood"}
+    assert " 5 " in lines["aime24"] and "500" in lines["math500"] and "not in data dir" in lines["math500"]
+
+
+def test_template_choice() -> None:
+    from rlbench.eval.prompts import MATH_INSTRUCTION, build_prompt, resolve_template
+
+    class ChatTok:
+        has_chat_template = True
+
+        def apply_chat_template(self, messages: list, add_generation_prompt: bool = True) -> str:
+            return f"<|im_start|>user\n{messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
+
+    assert resolve_template("auto", "kk", ChatTok()) == "chat"
+    assert resolve_template("auto", "kk", None) == "kk"
+    assert resolve_template("math", "kk", ChatTok()) == "math"
+    with pytest.raises(UserError, match="no chat template"):
+        resolve_template("chat", "math", None)
+    with pytest.raises(UserError, match="unknown template"):
+        resolve_template("fancy", "math", None)
+    chat = build_prompt("What is 1+1?", "chat", "math", ChatTok())
+    assert chat.startswith("<|im_start|>user\nWhat is 1+1?") and MATH_INSTRUCTION in chat
+    assert "CONCLUSION:" in build_prompt("Who is a knight?", "kk", "kk", None)

@@ -1,0 +1,378 @@
+"""Profile and compare reports: slot-bar merging, ratios, CLI re-render, headless-Chromium render check."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from rlbench import metrics
+from rlbench.report.compare_report import ratio_rows, render_compare
+from rlbench.report.profile_report import render_profile, slot_bars
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def synthetic_trace(
+    n_prompts: int = 8, group: int = 4, workers: int = 2, cap: int = 6, steps: int = 2
+) -> list[dict]:
+    """Continuous batching per worker: prefill admits into free slots, decode/verify steps emit tokens.
+
+    Step 1 speculates (verify events with drafts) so acceptance is drawn; lengths are long-tailed as in RL.
+    """
+    rng = random.Random(0)
+    events: list[dict] = []
+    t = 0.0
+    for step in range(steps):
+        seqs = [(f"s{step}-p{p}-{k}", f"p{p}") for p in range(n_prompts) for k in range(group)]
+        queues = [seqs[w::workers] for w in range(workers)]
+        rollout_start, ends = t, []
+        for w, queue in enumerate(queues):
+            tw, slots, remaining, admitted, lengths = t, {}, {}, {}, {}
+            queue = list(queue)
+            while queue or slots:
+                free = [s for s in range(cap) if s not in slots]
+                new = {}
+                while free and queue:
+                    sid, pid = queue.pop(0)
+                    slot = free.pop(0)
+                    slots[slot] = new[slot] = sid
+                    remaining[sid] = lengths[sid] = int(rng.lognormvariate(3.0, 0.6)) + 2
+                    admitted[sid] = (tw, pid)
+                if new:
+                    events.append(
+                        {
+                            "kind": "prefill",
+                            "step": step,
+                            "t_start": tw,
+                            "t_end": tw + 0.004,
+                            "active_slots": len(new),
+                            "capacity": cap,
+                            "tokens": len(new),
+                            "worker": w,
+                            "slots": {str(k): v for k, v in new.items()},
+                        }
+                    )
+                    tw += 0.004
+                    for sid in new.values():
+                        remaining[sid] -= 1
+                spec = step == 1 and len(events) % 2 == 0
+                emitted, drafted, accepted = {}, 0, 0
+                for sid in slots.values():
+                    if spec:
+                        acc = rng.randint(0, 3)
+                        drafted, accepted = drafted + 3, accepted + acc
+                        emitted[sid] = min(remaining[sid], acc + 1)
+                    else:
+                        emitted[sid] = min(remaining[sid], 1)
+                ev = {
+                    "kind": "verify" if spec else "decode",
+                    "step": step,
+                    "t_start": tw,
+                    "t_end": tw + 0.01,
+                    "active_slots": len(slots),
+                    "capacity": cap,
+                    "tokens": sum(emitted.values()),
+                    "worker": w,
+                    "slots": {str(k): v for k, v in slots.items()},
+                }
+                if spec:
+                    ev.update(drafted=drafted, accepted=accepted, draft_seqs=len(slots))
+                events.append(ev)
+                tw += 0.01 + 0.001  # scheduler overhead between steps is part of the bubble
+                for slot, sid in list(slots.items()):
+                    remaining[sid] -= emitted[sid]
+                    if remaining[sid] <= 0:
+                        del slots[slot]
+                        t_admit, pid = admitted[sid]
+                        n = lengths[sid]
+                        events.append(
+                            {
+                                "kind": "sequence",
+                                "step": step,
+                                "id": sid,
+                                "prompt_id": pid,
+                                "sample": int(sid.rsplit("-", 1)[1]),
+                                "prompt_tokens": 12,
+                                "response_tokens": n,
+                                "t_admit": t_admit,
+                                "t_finish": tw,
+                                "policy_versions": [step] * n,
+                                "drafted": 0,
+                                "accepted": 0,
+                                "status": "finished",
+                            }
+                        )
+            ends.append(tw)
+        t = max(ends) + 0.002
+        events.append(
+            {"kind": "rollout", "step": step, "t_start": rollout_start, "t_end": t, "policy_version": step}
+        )
+        events.append(
+            {
+                "kind": "reward",
+                "step": step,
+                "t_start": t,
+                "t_end": t + 0.05,
+                "reward_mean": 0.3 + 0.2 * step,
+                "accuracy": 0.25 + 0.25 * step,
+            }
+        )
+        events.append(
+            {
+                "kind": "update",
+                "step": step,
+                "t_start": t + 0.05,
+                "t_end": t + 0.3,
+                "policy_version": step,
+                "loss": 0.5 - 0.1 * step,
+            }
+        )
+        t += 0.3
+    return events
+
+
+def fake_gpu(events: list[dict]) -> dict:
+    end = max(e["t_end"] for e in events if "t_end" in e)
+    samples = [{"t": i * 0.1, "gpu": 0, "util": 80.0 if i % 4 else 20.0} for i in range(int(end / 0.1) + 1)]
+    return {
+        "available": True,
+        "reason": None,
+        "devices": [{"index": 0, "name": "Fake GPU"}],
+        "samples": samples,
+    }
+
+
+def write_run(run_dir: Path, gpu: dict | None = None) -> dict:
+    events = synthetic_trace()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "trace.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    gpu = (
+        gpu
+        if gpu is not None
+        else {
+            "available": False,
+            "reason": "NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+            "samples": [],
+        }
+    )
+    doc = {
+        "run": {"mode": "sorted+rhyme", "task": "synthetic", "steps": 2},
+        **metrics.compute(events, gpu),
+        "gpu": gpu,
+        "pyspy": {"available": False, "reason": "py-spy is not installed (pip install py-spy)"},
+    }
+    (run_dir / "metrics.json").write_text(json.dumps(doc))
+    return doc
+
+
+def test_slot_bars_merge_consecutive_steps():
+    ev = [
+        {
+            "kind": "decode",
+            "step": 0,
+            "t_start": 0.0,
+            "t_end": 1.0,
+            "worker": 0,
+            "slots": {"0": "a", "1": "b"},
+        },
+        {
+            "kind": "decode",
+            "step": 0,
+            "t_start": 1.0,
+            "t_end": 2.0,
+            "worker": 0,
+            "slots": {"0": "a", "1": "c"},
+        },
+        {"kind": "decode", "step": 0, "t_start": 2.0, "t_end": 3.0, "worker": 0, "slots": {"1": "c"}},
+        {
+            "kind": "decode",
+            "step": 0,
+            "t_start": 3.0,
+            "t_end": 4.0,
+            "worker": 0,
+            "slots": {"0": "a"},
+        },  # a returns
+        {"kind": "decode", "step": 1, "t_start": 9.0, "t_end": 10.0, "worker": 0, "slots": {"0": "d"}},
+    ]
+    bars, msg = slot_bars(ev)
+    got = sorted((b["slot"], b["seq"], b["start"], b["end"]) for b in bars)
+    assert got == [
+        ("0", "a", 0.0, 2.0),
+        ("0", "a", 3.0, 4.0),
+        ("0", "d", 9.0, 10.0),
+        ("1", "b", 0.0, 1.0),
+        ("1", "c", 1.0, 3.0),
+    ]
+    assert msg == ""
+    bars, msg = slot_bars(ev, max_bars=3)
+    assert len(bars) == 4 and "Showing steps 0–0 of 0–1" in msg  # the first step is always drawn whole
+
+
+def test_synthetic_trace_is_consistent():
+    events = synthetic_trace()
+    doc = metrics.compute(events)
+    s = doc["summary"]
+    assert s["steps"] == 2 and 0.0 < s["bubble_ratio"] < 1.0
+    assert s["acceptance_rate"] is not None and doc["steps"][0]["acceptance_rate"] is None
+    assert set(s["worker_idle_share"]) == {"0", "1"}
+
+
+def test_compare_ratios():
+    runs = [
+        {
+            "mode": "baseline",
+            "summary": {
+                "step_time_s": 2.0,
+                "rollout_tokens_per_s": 100.0,
+                "bubble_ratio": 0.5,
+                "reward_mean": 0.4,
+            },
+        },
+        {
+            "mode": "sorted",
+            "summary": {
+                "step_time_s": 1.0,
+                "rollout_tokens_per_s": 150.0,
+                "bubble_ratio": 0.1,
+                "reward_mean": 0.4,
+            },
+        },
+    ]
+    base, fast = ratio_rows(runs, "baseline")
+    assert base["speed-up (step time)"] == 1.0
+    assert fast["speed-up (step time)"] == 2.0 and fast["throughput ×"] == 1.5
+    assert fast["bubble ×"] == pytest.approx(0.2) and fast["reward ×"] == 1.0
+
+
+def test_cli_report_rerenders_profile_and_compare(tmp_path):
+    doc = write_run(tmp_path / "run")
+    cmp_dir = tmp_path / "cmp"
+    cmp_dir.mkdir()
+    (cmp_dir / "compare.json").write_text(
+        json.dumps({"baseline": "baseline", "runs": [{"mode": "baseline", **doc}, {"mode": "sorted", **doc}]})
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "rlbench.cli", "report", str(tmp_path / "run"), str(cmp_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"},
+    )
+    assert res.returncode == 0, res.stderr
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert page.count("<script type='text/javascript'>/**") == 1  # plotly inlined exactly once
+    assert "no GPU: NVML unavailable (NVMLError_LibraryNotFound" in page
+    assert "rlbench compare" in (cmp_dir / "report.html").read_text()
+    res = subprocess.run(
+        [sys.executable, "-m", "rlbench.cli", "report", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"},
+    )
+    assert (
+        res.returncode == 2
+        and res.stderr.count("\n") == 1
+        and "no metrics.json or compare.json" in res.stderr
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# headless Chromium: every figure drew, no JavaScript error
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+_HOOK = (
+    "<script>function __rec(x){var h=document.documentElement;"
+    "h.setAttribute('data-js-errors',(h.getAttribute('data-js-errors')||'')+x+';');}"
+    "window.onerror=function(m,s,l){__rec(m+' @'+l);};"
+    "window.addEventListener('unhandledrejection',function(e){__rec('rejection: '+e.reason);});</script>"
+)
+
+
+def render_in_chromium(page: Path, tmp_path: Path) -> str:
+    """The DOM after scripts ran, from a copy of `page` with an error hook ahead of every other script."""
+    hooked = tmp_path / f"hooked-{page.parent.name}.html"
+    hooked.write_text(page.read_text().replace("<head>", "<head>" + _HOOK, 1))
+    with tempfile.TemporaryDirectory() as profile:
+        res = subprocess.run(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                f"--user-data-dir={profile}",
+                "--virtual-time-budget=10000",
+                "--dump-dom",
+                hooked.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
+def check_all_figures_drew(page: Path, tmp_path: Path) -> int:
+    html_text = page.read_text()
+    n_figs = len(re.findall(r'<div id="fig\d+" class="plotly-graph-div"', html_text))
+    dom = render_in_chromium(page, tmp_path)
+    html_tag = re.search(r"<html[^>]*>", dom).group(0)
+    assert "data-js-errors" not in html_tag, html_tag
+    assert dom.count('class="plot-container plotly"') == n_figs
+    # every figure div got its SVG layers: the plotly-graph-div is followed by a main-svg before the next div
+    for i in range(1, n_figs + 1):
+        start = dom.index(f'id="fig{i}"')
+        nxt = dom.find('class="plotly-graph-div"', start + 10)
+        assert "main-svg" in dom[start : nxt if nxt > 0 else len(dom)], f"fig{i} drew nothing"
+    return n_figs
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_error_hook_catches_a_broken_page(tmp_path):
+    (tmp_path / "bad").mkdir()
+    page = tmp_path / "bad" / "report.html"
+    page.write_text(
+        "<!DOCTYPE html><html><head></head><body><script>notDefinedAnywhere()</script></body></html>"
+    )
+    dom = render_in_chromium(page, tmp_path)
+    assert "notDefinedAnywhere" in re.search(r"<html[^>]*>", dom).group(0)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_profile_report_renders_in_chromium(tmp_path):
+    run_dir = tmp_path / "run"
+    doc = write_run(run_dir, gpu=fake_gpu(synthetic_trace()))
+    page = render_profile(run_dir)
+    n = check_all_figures_drew(page, tmp_path)
+    # slots, bubbles, time split, throughput, acceptance, learning, lengths, GPU, workers
+    assert n == 9
+    assert doc["summary"]["bubble_ratio_gpu"] is not None
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_compare_report_renders_in_chromium(tmp_path):
+    doc = write_run(tmp_path / "run")
+    slow = json.loads(json.dumps(doc))
+    for s in slow["steps"]:
+        s["step_time_s"] *= 1.5
+    slow["summary"]["step_time_s"] *= 1.5
+    cmp_doc = {
+        "baseline": "baseline",
+        "runs": [{"mode": "baseline", **slow}, {"mode": "sorted+rhyme", **doc}],
+    }
+    page = render_compare(tmp_path / "run", cmp_doc)
+    assert check_all_figures_drew(page, tmp_path) >= 6
+    assert "1.5" in page.read_text()  # the speed-up of the faster mode appears in the table

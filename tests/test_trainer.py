@@ -1,0 +1,160 @@
+"""The GRPO loop end to end at tiny shapes: logs, trace, checkpoints and exact resume after a kill."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from reference_trainer.atomic import read_jsonl
+from reference_trainer.config import ModelConfig
+from reference_trainer.loader import load_model, save_model
+from reference_trainer.model import DecoderLM
+from reference_trainer.tokenizer import CharTokenizer
+from reference_trainer.trainer import TrainConfig, Trainer
+
+TIMING = (
+    "timing_s/gen",
+    "timing_s/reward",
+    "timing_s/update",
+    "timing_s/sync",
+    "step_time_s",
+    "rollout_tokens_per_s",
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=99,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    path = tmp_path_factory.mktemp("tiny")
+    save_model(DecoderLM(config), path)
+    CharTokenizer().save(path)
+    return path
+
+
+def tiny_config(model_dir, steps: int, **kw) -> TrainConfig:
+    kw.setdefault("task", "arith")
+    config = TrainConfig(
+        steps=steps,
+        model=str(model_dir),
+        prompts_per_step=2,
+        group_size=3,
+        max_tokens=16,
+        max_num_seqs=4,
+        max_model_len=256,
+        checkpoint_every=2,
+        **kw,
+    )
+    config.grpo.lr = 1e-2
+    config.grpo.micro_batch_size = 4
+    return config
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.fixture
+def toy_task(monkeypatch):
+    """arith prompts, rewarded by the parity of the number of distinct characters: rewards vary within
+    groups even for a random model, so updates really move the weights."""
+    from reference_trainer.tasks import TASKS
+    from reference_trainer.tasks.arith import ArithTask
+
+    class LongAnswer(ArithTask):
+        name = "toy"
+
+        def reward(self, problem, response):
+            return float(len(set(response)) % 2)
+
+    monkeypatch.setitem(TASKS, "toy", LongAnswer)
+    return "toy"
+
+
+def test_training_writes_logs_trace_and_checkpoints(tiny_model_dir, tmp_path):
+    rows = Trainer(tiny_config(tiny_model_dir, 3), tmp_path).run()
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    logged = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in logged] == [0, 1, 2]
+    for row in logged:
+        assert row["samples"] == 6 and 0.0 <= row["reward_mean"] <= 1.0
+        assert row["step_time_s"] >= row["timing_s/gen"] > 0
+        assert 1 <= row["response_len_mean"] <= row["response_len_max"] <= 16
+    events = read_jsonl(tmp_path / "trace.jsonl")
+    kinds = {e["kind"] for e in events}
+    assert {"rollout", "reward", "update", "sync", "prefill", "decode", "sequence"} <= kinds
+    assert sum(e["kind"] == "sequence" for e in events) == 18
+    for step in range(3):  # every engine step falls inside its step's rollout phase
+        rollout = next(e for e in events if e["kind"] == "rollout" and e["step"] == step)
+        for e in events:
+            if e["kind"] in ("prefill", "decode") and e["step"] == step:
+                assert rollout["t_start"] <= e["t_start"] <= e["t_end"] <= rollout["t_end"]
+    ckpt = tmp_path / "checkpoints" / (tmp_path / "checkpoints" / "latest").read_text().strip()
+    assert ckpt.name == "step-000003"
+    model = load_model(ckpt)  # a checkpoint is a usable model directory
+    initial = load_model(tiny_model_dir)
+    if all(r["reward_mean"] == 0 for r in logged):  # all groups equal: GRPO must not move the weights
+        assert torch.equal(model.lm_head.weight, initial.lm_head.weight)
+
+
+def test_updates_move_weights_and_sync_the_engine(tiny_model_dir, tmp_path, toy_task):
+    trainer = Trainer(tiny_config(tiny_model_dir, 2, task=toy_task), tmp_path)
+    rows = trainer.run()
+    assert any(0 < r["reward_mean"] < 1 for r in rows)
+    initial = load_model(tiny_model_dir)
+    assert not torch.equal(trainer.policy.lm_head.weight, initial.lm_head.weight)
+    engine_weights = trainer.engine.model.state_dict()
+    for name, value in trainer.policy.state_dict().items():
+        assert torch.equal(engine_weights[name], value), name
+    assert trainer.engine.policy_version == 2
+
+
+def test_resume_after_kill_reproduces_uninterrupted_run(tiny_model_dir, tmp_path, toy_task):
+    straight = Trainer(tiny_config(tiny_model_dir, 5, task=toy_task), tmp_path / "straight")
+    straight.run()
+
+    def kill_after_step_3(row):
+        if row["step"] == 3:
+            raise Killed  # after step 3 was logged, before its checkpoint (checkpoints at 2 and 4)
+
+    with pytest.raises(Killed):
+        Trainer(tiny_config(tiny_model_dir, 5, task=toy_task), tmp_path / "killed").run(kill_after_step_3)
+    assert len(read_jsonl(tmp_path / "killed" / "metrics.jsonl")) == 4
+    resumed = Trainer(tiny_config(tiny_model_dir, 5, task=toy_task), tmp_path / "killed", resume=True)
+    assert resumed.step == 2 and resumed.stream.next_index == 4
+    resumed.run()
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+    assert strip(read_jsonl(tmp_path / "killed" / "metrics.jsonl")) == strip(
+        read_jsonl(tmp_path / "straight" / "metrics.jsonl")
+    )
+    initial = load_model(tiny_model_dir)
+    assert not torch.equal(straight.policy.lm_head.weight, initial.lm_head.weight)
+    for name, param in straight.policy.state_dict().items():
+        assert torch.equal(param, resumed.policy.state_dict()[name]), name
+    trace_steps = [
+        e["step"] for e in read_jsonl(tmp_path / "killed" / "trace.jsonl") if e["kind"] == "rollout"
+    ]
+    assert trace_steps == [0, 1, 2, 3, 4]
+
+
+def test_run_config_round_trips(tiny_model_dir, tmp_path):
+    from reference_trainer.trainer import load_run_config
+
+    config = tiny_config(tiny_model_dir, 2, task_options={"max_ops": 6})
+    Trainer(config, tmp_path)
+    assert load_run_config(tmp_path) == config
+    assert json.loads((tmp_path / "train_config.json").read_text())["grpo"]["lr"] == 1e-2
