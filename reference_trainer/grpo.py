@@ -169,6 +169,9 @@ class GRPOConfig:
     temperature: float = 1.0  # must match the rollout's sampling temperature
     recompute_old_logprobs: bool = True  # False: use the rollout's sampling log-probs
     ppo_epochs: int = 1  # optimizer steps over the same batch
+    # Truncated importance sampling (TIS) for off-policy tokens: is_weight = min(pi_old / pi_sampling, cap),
+    # pi_old the recomputed log-probs, pi_sampling the batch's `old_logprobs`. None disables it.
+    tis_cap: float | None = None
     pad_id: int = 0
 
 
@@ -197,6 +200,18 @@ class _MicroBatch:
     old_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
     is_weights: Tensor | None = None
+    sampling_logprobs: Tensor | None = None  # the rollout's log-probs, for TIS
+
+
+def tis_weights(old_logprobs: Tensor, sampling_logprobs: Tensor, cap: float, mask: Tensor) -> Tensor:
+    """Truncated importance weights min(exp(old - sampling), cap) per token (Yao et al. 2025; IMPALA's
+    truncation): they correct tokens sampled by an older (or numerically different) policy towards the
+    policy the update starts from. 1 on padding and where the sampling log-prob is unknown (NaN)."""
+    if cap <= 0:
+        raise ValueError(f"tis_cap must be > 0, got {cap}")
+    old, sampling = old_logprobs.to(torch.float64), sampling_logprobs.to(torch.float64)
+    weights = torch.exp(old - sampling).clamp(max=cap)
+    return torch.where(mask & torch.isfinite(sampling), weights, torch.ones_like(weights))
 
 
 def _pad(rows: list[list[float]] | list[list[int]], width: int, value: float, dtype: torch.dtype) -> Tensor:
@@ -243,6 +258,10 @@ class GRPOUpdater:
                 mb.old_logprobs = _pad([batch.old_logprobs[i] for i in idx], width, 0.0, f64).to(dev)
             if batch.is_weights is not None:
                 mb.is_weights = _pad([batch.is_weights[i] for i in idx], width, 1.0, f64).to(dev)
+            if cfg.tis_cap is not None:
+                assert batch.old_logprobs is not None  # checked in prepare
+                sampling = [batch.old_logprobs[i] for i in idx]
+                mb.sampling_logprobs = _pad(sampling, width, math.nan, f64).to(dev)
             out.append(mb)
         return out
 
@@ -257,6 +276,8 @@ class GRPOUpdater:
             raise ValueError("prompt_ids, response_ids and rewards must have one entry per sample")
         if not cfg.recompute_old_logprobs and batch.old_logprobs is None:
             raise ValueError("recompute_old_logprobs=False needs the rollout's old_logprobs in the batch")
+        if cfg.tis_cap is not None and batch.old_logprobs is None:
+            raise ValueError("tis_cap needs the rollout's sampling log-probs (old_logprobs) in the batch")
         rewards = torch.as_tensor(batch.rewards, dtype=torch.float32)
         advantages = group_advantages(rewards, batch.group_size, cfg.scale_std)
         mbs = self._micro_batches(batch, advantages)
@@ -265,6 +286,10 @@ class GRPOUpdater:
                 mb.old_logprobs = self._logprobs_no_grad(self.model, mb)
             if self.ref_model is not None and cfg.kl_coef != 0.0:
                 mb.ref_logprobs = self._logprobs_no_grad(self.ref_model, mb)
+            if cfg.tis_cap is not None:
+                assert mb.sampling_logprobs is not None
+                tis = tis_weights(mb.old_logprobs, mb.sampling_logprobs, cfg.tis_cap, mb.mask)
+                mb.is_weights = tis if mb.is_weights is None else mb.is_weights * tis
         return mbs
 
     def compute_gradients(self, mbs: list[_MicroBatch]) -> dict[str, float]:
@@ -330,6 +355,10 @@ class GRPOUpdater:
             response_len_mean=stats["num_tokens"] / max(len(batch), 1),
             lr=float(self.optimizer.param_groups[0]["lr"]),
         )
+        if cfg.tis_cap is not None:  # how much off-policy correction this batch needed
+            w = torch.cat([mb.is_weights[mb.mask] for mb in mbs if mb.is_weights is not None])
+            stats["tis_weight_mean"] = float(w.mean()) if w.numel() else 1.0
+            stats["tis_clip_frac"] = float((w >= cfg.tis_cap).double().mean()) if w.numel() else 0.0
         return stats
 
     def state_dict(self) -> dict:

@@ -28,8 +28,9 @@ class Group:
 class PromptStream:
     """The task's problems in a fixed order; the position is part of the run's resumable state."""
 
-    def __init__(self, task: Task, seed: int) -> None:
+    def __init__(self, task: Task, seed: int, pool: int | None = None) -> None:
         self.task, self.seed, self.next_index = task, seed, 0
+        self.pool = pool  # cycle a fixed pool of this many problems: epochs repeat prompts
 
     def take(self) -> tuple[int, Problem]:
         index = self.next_index
@@ -37,7 +38,8 @@ class PromptStream:
         return index, self.problem(index)
 
     def problem(self, index: int) -> Problem:
-        return self.task.problems(1, seed=self.seed, start=index)[0]
+        start = index % self.pool if self.pool else index
+        return self.task.problems(1, seed=self.seed, start=start)[0]
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_index": self.next_index}
@@ -140,3 +142,7 @@ def make_strategy(mode: str, **options: Any) -> RolloutStrategy:
     if mode not in STRATEGIES:
         raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(STRATEGIES)}")
     return STRATEGIES[mode](**options)
+
+
+# SortedRL's controller builds on this module and registers "sorted" and "sorted-partial" in STRATEGIES.
+from reference_trainer import controller as _controller  # noqa: E402, F401

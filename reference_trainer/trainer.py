@@ -12,7 +12,7 @@ import json
 import math
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,9 @@ from reference_trainer.checkpoint import latest_checkpoint, load_checkpoint, sav
 from reference_trainer.config import EngineConfig, SamplingParams
 from reference_trainer.engine import Engine, Trace
 from reference_trainer.grpo import GRPOConfig, GRPOUpdater, RolloutBatch
-from reference_trainer.loader import load_model
+from reference_trainer.histospec import attach_histospec
+from reference_trainer.loader import load_model, resolve_dtype
+from reference_trainer.modes import get_mode
 from reference_trainer.rollout import Group, PromptStream, RolloutContext, make_strategy
 from reference_trainer.tasks import get_task
 from reference_trainer.tokenizer import load_tokenizer
@@ -46,8 +48,10 @@ class TrainConfig:
     top_p: float = 1.0
     max_num_seqs: int = 128  # engine slot capacity
     max_model_len: int = 1024
+    max_prefill_tokens: int = 8192  # engine tokens per batched prefill forward (padded)
     checkpoint_every: int = 5
-    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(lr=2e-4, micro_batch_size=32))
+    prompt_pool: int | None = None  # a fixed pool of this many prompts cycled per epoch; None = endless
+    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(lr=1e-4, micro_batch_size=32))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,6 +64,10 @@ class TrainConfig:
             grpo["betas"] = tuple(grpo["betas"])
         known = {f.name for f in fields(cls)}
         return cls(grpo=GRPOConfig(**grpo), **{k: v for k, v in raw.items() if k in known})
+
+
+# Updater stats copied into each metrics row (the tis_* ones only in modes with off-policy correction).
+ROW_STATS = ("loss", "grad_norm", "clip_frac", "kl", "entropy", "tis_weight_mean", "tis_clip_frac")
 
 
 class Trainer:
@@ -77,20 +85,32 @@ class Trainer:
         self.ref_model = None
         if config.grpo.kl_coef:
             self.ref_model = copy.deepcopy(self.policy).eval().requires_grad_(False)
-        self.updater = GRPOUpdater(self.policy, config.grpo, self.ref_model)
+        self.mode = get_mode(config.mode)
+        grpo = config.grpo
+        if grpo.tis_cap is None and self.mode.tis_cap is not None:  # the mode's off-policy correction
+            grpo = replace(grpo, tis_cap=self.mode.tis_cap)
+        self.updater = GRPOUpdater(self.policy, grpo, self.ref_model)
         self.trace = trace if trace is not None else Trace()
-        engine_model = copy.deepcopy(self.policy).requires_grad_(False)
+        # The policy trains in fp32; the rollout copy runs in the device's inference dtype (bf16 on CUDA).
+        device = self.policy.lm_head.weight.device
+        engine_model = copy.deepcopy(self.policy).requires_grad_(False).to(resolve_dtype("auto", device))
         self.engine = Engine(
             engine_model,
             EngineConfig(
-                max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, device=config.device
+                max_num_seqs=config.max_num_seqs,
+                max_model_len=config.max_model_len,
+                max_prefill_tokens=config.max_prefill_tokens,
+                device=config.device,
             ),
             eos_token_ids=self.tokenizer.eos_token_ids,
             tokenizer=self.tokenizer,
             trace=self.trace,
         )
-        self.stream = PromptStream(self.task, config.seed)
-        self.strategy = make_strategy(config.mode, **config.mode_options)
+        if self.mode.speculative:
+            attach_histospec(self.engine, **config.mode_options.get("histospec", {}))
+        self.stream = PromptStream(self.task, config.seed, config.prompt_pool)
+        strategy_options = {k: v for k, v in config.mode_options.items() if k != "histospec"}
+        self.strategy = make_strategy(self.mode.strategy, **strategy_options)
         self.ctx = RolloutContext(
             engine=self.engine,
             tokenizer=self.tokenizer,
@@ -221,7 +241,7 @@ class Trainer:
             "timing_s/sync": phases["sync"],
             "step_time_s": sum(phases.values()),
             "rollout_tokens_per_s": generated / phases["rollout"] if phases["rollout"] > 0 else math.nan,
-            **{k: stats[k] for k in ("loss", "grad_norm", "clip_frac", "kl", "entropy") if k in stats},
+            **{k: stats[k] for k in ROW_STATS if k in stats},
         }
 
 

@@ -14,12 +14,16 @@ events' `step` field. Definitions that the contract leaves open are fixed here:
 - `step_time_s`: from the first phase start to the last phase end of the step (rollout, reward, update,
   sync and the gaps between them). `timing_s/gen|reward|update|sync`: summed durations of those phases.
 - `tail_time_share`: let t90 be the time at which ceil(0.9 * n) of the step's n finished sequences
-  (sequence events with status "finished" and this step) had finished; tail = (end of the rollout phase -
-  t90) / rollout wall time, clipped to [0, 1]. Null when the step finished no sequence.
+  (sequence events with status "finished" and this step, whose t_finish lies in the step's rollout window:
+  samples a partial-rollout buffer carried over from an earlier step do not count) had finished; tail = (end
+  of the rollout phase - t90) / rollout wall time, clipped to [0, 1]. Null when the step finished none.
 - `acceptance_rate` = accepted / drafted draft tokens, from verify events' `drafted`/`accepted` when they
   carry them, else from the step's sequence events. Null when nothing was drafted.
 - `mean_accepted_len` = tokens emitted by verify events / sequences in them (sum of `active_slots`): tokens
-  per sequence per verification forward, bonus token included. Null without verify events.
+  per sequence per verification forward, bonus token included. Null without verify events. When a verify
+  event carries `draft_emitted` (tokens emitted by its sequences that had a draft), only those sequences
+  count (`draft_emitted` / `draft_seqs`): a sequence riding along with no draft emits 1 token and says
+  nothing about drafts.
 - `draft_coverage` = sequences that had a non-empty draft (verify events' `draft_seqs`, else all of a
   verify event's sequences) / sequence-steps of all decode and verify events. Null without decode events.
 - `worker_idle_share[w]` = 1 - busy_w / max_v busy_v, busy = summed engine-event time of a worker in the
@@ -105,10 +109,18 @@ def rollout_window(phases: Sequence[Event], engine: Sequence[Event]) -> tuple[fl
 
 
 def _tail_share(seqs: Sequence[Event], window: tuple[float, float, float] | None) -> float | None:
+    if window is None or window[2] <= 0:
+        return None
+    # Only finishes inside this rollout: a partial-rollout buffer hands the update samples that finished in
+    # an earlier step, and their old finish times say nothing about this step's tail.
     finishes = sorted(
-        float(s["t_finish"]) for s in seqs if s.get("status") == "finished" and s.get("t_finish") is not None
+        float(s["t_finish"])
+        for s in seqs
+        if s.get("status") == "finished"
+        and s.get("t_finish") is not None
+        and window[0] <= float(s["t_finish"]) <= window[1]
     )
-    if not finishes or window is None or window[2] <= 0:
+    if not finishes:
         return None
     t90 = finishes[math.ceil(0.9 * len(finishes)) - 1]
     return min(1.0, max(0.0, (window[1] - t90) / window[2]))
@@ -147,6 +159,14 @@ def _draft_counts(engine: Sequence[Event], seqs: Sequence[Event]) -> tuple[int, 
     return sum(int(s.get("drafted", 0)) for s in seqs), sum(int(s.get("accepted", 0)) for s in seqs)
 
 
+def _verify_num(ev: Event) -> int:
+    return int(ev["draft_emitted"]) if "draft_emitted" in ev else int(ev.get("tokens", 0))
+
+
+def _verify_den(ev: Event) -> int:
+    return int(ev.get("draft_seqs", 0)) if "draft_emitted" in ev else int(ev.get("active_slots", 0))
+
+
 def _step(
     step: int, engine: list[Event], phases: list[Event], seqs: list[Event], caps: dict[int, int]
 ) -> Event:
@@ -166,7 +186,8 @@ def _step(
     drafted, accepted = _draft_counts(engine, seqs)
     verify = [e for e in engine if e["kind"] == "verify"]
     decode_like = [e for e in engine if e["kind"] in ("decode", "verify")]
-    verify_seqs = sum(int(e.get("active_slots", 0)) for e in verify)
+    verify_seqs = sum(_verify_den(e) for e in verify)
+    verify_tokens = sum(_verify_num(e) for e in verify)
     drafted_seqs = sum(int(e.get("draft_seqs", e.get("active_slots", 0))) for e in verify)
     decode_seq_steps = sum(int(e.get("active_slots", 0)) for e in decode_like)
 
@@ -194,9 +215,7 @@ def _step(
         "drafted_tokens": drafted,
         "accepted_tokens": accepted,
         "acceptance_rate": _ratio(accepted, drafted),
-        "mean_accepted_len": _ratio(sum(int(e.get("tokens", 0)) for e in verify), verify_seqs)
-        if verify
-        else None,
+        "mean_accepted_len": _ratio(verify_tokens, verify_seqs) if verify else None,
         "draft_coverage": _ratio(drafted_seqs, decode_seq_steps),
         "worker_busy_s": {str(w): b for w, b in sorted(busy.items())},
         "worker_idle_share": {
@@ -218,7 +237,7 @@ def _step(
         "slot_time": slot_time,
         "capacity": capacity,
         "verify_seqs": verify_seqs,
-        "verify_tokens": sum(int(e.get("tokens", 0)) for e in verify),
+        "verify_tokens": verify_tokens,
         "drafted_seqs": drafted_seqs,
         "decode_seq_steps": decode_seq_steps,
     }

@@ -23,3 +23,6 @@ DataDir = Annotated[
 Mode = Annotated[str, typer.Option("--mode", help="Rollout mode: baseline (more as their issues land).")]
 Task = Annotated[str, typer.Option("--task", help="Embedded task: arith or kk.")]
 Steps = Annotated[int, typer.Option("--steps", min=1, help="RL steps.")]
+PromptsPerStep = Annotated[int | None, typer.Option("--prompts-per-step", help="Complete groups per update.")]
+GroupSize = Annotated[int | None, typer.Option("--group-size", help="Samples per prompt.")]
+MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Max response tokens.")]

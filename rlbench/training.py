@@ -13,9 +13,9 @@ from rlbench.errors import UserError
 
 
 def valid_modes() -> list[str]:
-    from reference_trainer.rollout import STRATEGIES
+    from reference_trainer.modes import MODES
 
-    return list(STRATEGIES)
+    return list(MODES)
 
 
 def valid_tasks() -> list[str]:

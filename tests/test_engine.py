@@ -201,3 +201,27 @@ def test_trace_events_follow_the_contract(llama_dir, tmp_path):
     assert sum(e["tokens"] for e in events) == sum(len(s.response_ids) for s in seqs)
     held = {sid for e in events for sid in e["slots"].values()}
     assert held == {s.seq_id for s in seqs}
+
+
+@pytest.mark.gpu
+def test_engine_on_cuda_bf16(llama_dir):
+    model = load_model(llama_dir, device="cuda")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    engine = Engine(model, EngineConfig(max_num_seqs=8, max_model_len=128, device="cuda"), eos_token_ids=[2])
+    batch = prompts(4, seed=31)
+    seqs = engine.generate(batch, SamplingParams(temperature=1.0, max_tokens=16, seed=0, ignore_eos=True))
+    for prompt, seq in zip(batch, seqs, strict=True):
+        ids = torch.tensor([prompt + seq.response_ids], device="cuda")
+        with torch.no_grad():
+            logits = model(ids)[0, len(prompt) - 1 : -1].float()
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(seq.response_ids, device="cuda")[:, None])
+        assert torch.allclose(torch.tensor(seq.logprobs), expected.squeeze(-1).cpu(), atol=5e-2)
+
+
+def test_cuda_request_on_cpu_machine_is_a_clear_error(llama_dir):
+    from reference_trainer.loader import ModelLoadError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ModelLoadError, match="CUDA is not available"):
+        load_model(llama_dir, device="cuda")

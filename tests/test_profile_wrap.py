@@ -12,10 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from reference_trainer.trainer import TrainConfig
 from rlbench.errors import UserError
 from rlbench.profiling.pyspy import find_py_spy
-from rlbench.profiling.session import MODES, run_profile
+from rlbench.profiling.session import run_profile
 from rlbench.profiling.wrap import wrap_command
+from rlbench.training import valid_modes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +64,7 @@ def test_cli_missing_command_is_one_line(tmp_path):
 def test_cli_unknown_mode_lists_valid_ones(tmp_path):
     res = cli("profile", "--mode", "fastest", "--out", str(tmp_path))
     assert res.returncode == 2
-    assert res.stderr.strip() == f"error: unknown mode 'fastest'; valid modes: {', '.join(MODES)}"
+    assert res.stderr.strip() == f"error: unknown mode 'fastest'; valid modes: {', '.join(valid_modes())}"
 
 
 @pytest.mark.skipif(find_py_spy() is None, reason="py-spy not installed")
@@ -123,9 +125,9 @@ def test_wrap_gpu_idle_share_from_timeline(tmp_path):
     assert "GPU utilisation (NVML" in (tmp_path / "report.html").read_text()
 
 
-def fake_trainer(*, mode, task, steps, seed, trace, out_dir):
+def fake_trainer(config, out_dir, trace):
     """Writes a contract-shaped trace: per step one rollout with 2 decode steps, reward and update."""
-    for step in range(steps):
+    for step in range(config.steps):
         trace.step = step
         with trace.phase("rollout", policy_version=step):
             # real clock readings, so engine steps lie inside the rollout phase as in a real engine
@@ -161,9 +163,9 @@ def fake_trainer(*, mode, task, steps, seed, trace, out_dir):
 
 
 def test_run_profile_with_trainer_hook(tmp_path):
-    doc = run_profile("sorted", None, 2, tmp_path, seed=1, train_fn=fake_trainer)
+    doc = run_profile(TrainConfig(mode="baseline", steps=2, seed=1), tmp_path, train_fn=fake_trainer)
     saved = json.loads((tmp_path / "metrics.json").read_text())
-    assert saved["run"]["mode"] == "sorted" and saved["run"]["status"] == "ok"
+    assert saved["run"]["mode"] == "baseline" and saved["run"]["status"] == "ok"
     assert [s["step"] for s in saved["steps"]] == [0, 1]
     assert saved["summary"]["rollout_tokens"] == 6  # 3 per step, no duplicated events from the stream
     assert saved["summary"]["staleness"] == {"0": 6}
@@ -175,18 +177,20 @@ def test_run_profile_with_trainer_hook(tmp_path):
 
 
 def test_run_profile_failure_still_writes_results(tmp_path):
-    def broken(**kw):
-        fake_trainer(**{**kw, "steps": 1})
+    def broken(config, out_dir, trace):
+        fake_trainer(TrainConfig(steps=1), out_dir, trace)
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
-        run_profile("baseline", None, 2, tmp_path, train_fn=broken)
+        run_profile(TrainConfig(steps=2), tmp_path, train_fn=broken)
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["run"]["status"] == "failed: RuntimeError: boom" and len(saved["steps"]) == 1
 
 
-def test_run_profile_validates_mode():
-    with pytest.raises(
-        UserError, match="valid modes: baseline, sorted, sorted-partial, rhyme, sorted\\+rhyme"
-    ):
-        run_profile("turbo", None, 1, "unused", train_fn=fake_trainer)
+def test_run_profile_validates_mode_and_task():
+    from rlbench.training import build_config
+
+    with pytest.raises(UserError, match="unknown mode 'turbo'; valid modes: baseline"):
+        build_config(mode="turbo", task="arith")
+    with pytest.raises(UserError, match="unknown task 'chess'; valid tasks: arith, kk"):
+        build_config(mode="baseline", task="chess")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,6 +17,9 @@ from reference_trainer.engine.sequence import Sequence, SequenceStatus
 from reference_trainer.engine.trace import Trace
 from reference_trainer.loader import resolve_dtype
 from reference_trainer.model import DecoderLM
+
+if TYPE_CHECKING:
+    from reference_trainer.engine.speculative import Speculator
 
 
 class Engine:
@@ -56,6 +60,8 @@ class Engine:
         self._ids = itertools.count()
         self._generators: dict[str, torch.Generator | None] = {}
         self.on_finish: Callable[[Sequence], None] | None = None
+        # Optional speculative decoder (engine/speculative.py); it takes over decode steps when attached.
+        self.speculator: Speculator | None = None
 
     # ---- requests ----------------------------------------------------------------------------------------
     def add_request(
@@ -113,6 +119,8 @@ class Engine:
             seq.finish_reason = "abort"
             seq.t_finish = self.trace.now()
             self._generators.pop(seq.seq_id, None)
+            if self.speculator is not None:
+                self.speculator.on_done(seq)
         return seq
 
     def has_unfinished(self) -> bool:
@@ -131,6 +139,8 @@ class Engine:
             return []
         t_start = self.trace.now()
         occupied = {slot: s.seq_id for slot, s in self.scheduler.running.items()}
+        if kind == "decode" and self.speculator is not None:
+            return self.speculator.step(seqs, t_start, occupied)
         logits = self.runner.prefill(seqs) if kind == "prefill" else self.runner.decode(seqs)
         batch = SamplingBatch.build(
             [s.params for s in seqs], [self._generators.get(s.seq_id) for s in seqs], self.device
@@ -176,6 +186,8 @@ class Engine:
         seq.finish_reason = reason
         seq.t_finish = self.trace.now()
         self._generators.pop(seq.seq_id, None)
+        if self.speculator is not None:  # before on_finish: a finished response is history at once
+            self.speculator.on_done(seq)
         if self.on_finish is not None:
             self.on_finish(seq)
 

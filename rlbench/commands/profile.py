@@ -8,7 +8,18 @@ from typing import Annotated
 
 import typer
 
-from rlbench.options import OutDir, Seed
+from rlbench.options import (
+    Device,
+    GroupSize,
+    MaxTokens,
+    Mode,
+    ModelDir,
+    OutDir,
+    PromptsPerStep,
+    Seed,
+    Steps,
+    Task,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -20,13 +31,14 @@ def register(app: typer.Typer) -> None:
                 help="A command to profile instead of the reference trainer, after `--`.", show_default=False
             ),
         ] = None,
-        mode: Annotated[
-            str, typer.Option("--mode", help="baseline, sorted, sorted-partial, rhyme or sorted+rhyme.")
-        ] = "baseline",
-        task: Annotated[
-            str | None, typer.Option("--task", help="Embedded task (default: the trainer's).")
-        ] = None,
-        steps: Annotated[int, typer.Option("--steps", min=1, help="RL steps to run.")] = 2,
+        mode: Mode = "baseline",
+        task: Task = "arith",
+        steps: Steps = 4,
+        model: ModelDir = None,
+        device: Device = "cpu",
+        prompts_per_step: PromptsPerStep = None,
+        group_size: GroupSize = None,
+        max_tokens: MaxTokens = None,
         out: OutDir = Path("runs/profile"),
         py_spy: Annotated[
             bool, typer.Option("--py-spy/--no-py-spy", help="Also record a py-spy profile.")
@@ -56,8 +68,20 @@ def register(app: typer.Typer) -> None:
                 sys.exit(code if 0 < code < 256 else 1)
             return
         from rlbench.profiling.session import run_profile
+        from rlbench.training import build_config
 
-        doc = run_profile(mode, task, steps, out, seed=seed, py_spy=py_spy, sample_interval_s=1.0 / sample_hz)
+        config = build_config(
+            mode=mode,
+            task=task,
+            steps=steps,
+            seed=seed,
+            model=model,
+            device=device,
+            prompts_per_step=prompts_per_step,
+            group_size=group_size,
+            max_tokens=max_tokens,
+        )
+        doc = run_profile(config, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz)
         s = doc["summary"]
         br = "n/a" if s.get("bubble_ratio") is None else f"{100 * s['bubble_ratio']:.1f}%"
         typer.echo(f"bubble ratio {br}, rollout {s.get('rollout_tokens_per_s') or 0:.1f} tok/s")

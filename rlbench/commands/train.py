@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from rlbench.errors import UserError
-from rlbench.options import Device, Mode, ModelDir, Seed, Task
+from rlbench.options import Device, GroupSize, MaxTokens, Mode, ModelDir, PromptsPerStep, Seed, Task
 
 
 def register(app: typer.Typer) -> None:
@@ -27,9 +27,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         model: ModelDir = None,
         device: Device = "cpu",
-        prompts_per_step: Annotated[int | None, typer.Option(help="Complete groups per update.")] = None,
-        group_size: Annotated[int | None, typer.Option(help="Samples per prompt.")] = None,
-        max_tokens: Annotated[int | None, typer.Option(help="Max response tokens.")] = None,
+        prompts_per_step: PromptsPerStep = None,
+        group_size: GroupSize = None,
+        max_tokens: MaxTokens = None,
         lr: Annotated[float | None, typer.Option(help="Learning rate.")] = None,
         kl_coef: Annotated[float | None, typer.Option(help="KL penalty to the initial model (k3).")] = None,
         checkpoint_every: Annotated[int | None, typer.Option(help="Steps between checkpoints.")] = None,

@@ -3,7 +3,7 @@
 `run_profile` is what `rlbench profile` (without a command) calls. The trainer is invoked at exactly one
 place, through the `train_fn` hook:
 
-    train_fn(mode=..., task=..., steps=..., seed=..., trace=session.trace, out_dir=out, **train_kwargs)
+    train_fn(config, out_dir, trace=session.trace)
 
 `trace` is a `reference_trainer.engine.trace.Trace` whose clock the NVML sampler shares; the trainer writes
 its engine, phase and sequence events into it (and may stream them with `trace.flush_to(out/"trace.jsonl")`).
@@ -19,41 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlbench.errors import UserError
-
-MODES = ("baseline", "sorted", "sorted-partial", "rhyme", "sorted+rhyme")
-
-
-def validate_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise UserError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
-    return mode
-
-
-def available_tasks() -> list[str] | None:
-    """Task names from the trainer's registry (`reference_trainer.tasks.TASKS`); None until it exists."""
-    try:
-        from reference_trainer import tasks
-    except ImportError:
-        return None
-    names = getattr(tasks, "TASKS", None)
-    return sorted(names) if names else None
-
-
-def validate_task(task: str | None) -> str | None:
-    valid = available_tasks()
-    if task is not None and valid is not None and task not in valid:
-        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(valid)}")
-    return task
-
 
 def default_train_fn() -> Callable[..., Any]:
-    """The reference trainer's entry point (`reference_trainer.trainer.train`)."""
-    try:
-        from reference_trainer.trainer import train
-    except ImportError as err:
-        raise UserError(f"the reference trainer is not available ({err})") from err
-    return train
+    """The reference trainer with its progress display (`rlbench.training.run_training`)."""
+    from rlbench.training import run_training
+
+    return run_training
 
 
 class ProfileSession:
@@ -118,33 +89,17 @@ class ProfileSession:
 
 
 def run_profile(
-    mode: str,
-    task: str | None,
-    steps: int,
+    config: Any,
     out: str | Path,
-    seed: int = 0,
     py_spy: bool = False,
     train_fn: Callable[..., Any] | None = None,
     sample_interval_s: float = 0.1,
-    **train_kwargs: Any,
 ) -> dict[str, Any]:
-    """Profile `steps` RL steps of the reference trainer in `mode`; returns the metrics document."""
-    validate_mode(mode)
-    validate_task(task)
-    if steps < 1:
-        raise UserError("--steps must be at least 1")
+    """Profile the reference trainer run that `config` (a TrainConfig) describes; returns the metrics doc."""
     train = train_fn or default_train_fn()
-    run = {"mode": mode, "task": task, "steps": steps, "seed": seed}
+    run = {"mode": config.mode, "task": config.task, "steps": config.steps, "seed": config.seed}
     with ProfileSession(out, run, py_spy=py_spy, sample_interval_s=sample_interval_s) as session:
         # TRAINER HOOK: the single place the trainer runs.
-        train(
-            mode=mode,
-            task=task,
-            steps=steps,
-            seed=seed,
-            trace=session.trace,
-            out_dir=Path(out),
-            **train_kwargs,
-        )
+        train(config, Path(out), trace=session.trace)
     assert session.doc is not None
     return session.doc

@@ -1,0 +1,161 @@
+"""HistoSpec benchmark: GRPO for several epochs over a fixed prompt pool, plain vs HistoSpec in one process.
+
+    PYTHONPATH=. python benchmarks/histospec.py [--model DIR] [--epochs 4] [--pool 8] [--group 8]
+
+Two trainers (`baseline` and `rhyme`) start from the same weights with the same seeds; each epoch runs the
+baseline's steps, then rhyme's, so both see the same machine load. Per epoch it prints rollout tokens/s of
+both (net: accepted tokens only), the speed-up, acceptance, tokens per verification, draft coverage and the
+reward of both runs (speculation is exact, so the curves must agree). Without --model it uses the embedded
+model when built, else a random model of the same shape (said in the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlbench.metrics import step_metrics
+
+
+def model_dir(arg: str | None, tmp: Path) -> tuple[Path, str]:
+    from reference_trainer.embedded import MODEL_CONFIG, default_model_dir
+
+    if arg:
+        return Path(arg), arg
+    path = default_model_dir(build=False)
+    if (path / "config.json").is_file():
+        return path, "embedded"
+    from reference_trainer.loader import save_model
+    from reference_trainer.model import DecoderLM
+    from reference_trainer.tokenizer import CharTokenizer
+
+    torch.manual_seed(0)
+    out = tmp / "random-model"
+    save_model(DecoderLM(MODEL_CONFIG), out)
+    CharTokenizer().save(out)
+    return out, "random (embedded shape; the embedded model is not built)"
+
+
+def epoch_metrics(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
+    rows = [m for m in step_metrics(events) if m["step"] in steps]
+    tokens = sum(m["rollout_tokens"] for m in rows)
+    wall = sum(m["timing_s/gen"] for m in rows)
+    drafted = sum(m["drafted_tokens"] for m in rows)
+    vseqs = sum(m["verify_seqs"] for m in rows)
+    dsteps = sum(m["decode_seq_steps"] for m in rows)
+    return {
+        "tokens_per_s": tokens / wall if wall else None,
+        "tokens": tokens,
+        "acceptance_rate": sum(m["accepted_tokens"] for m in rows) / drafted if drafted else None,
+        "mean_accepted_len": sum(m["verify_tokens"] for m in rows) / vseqs if vseqs else None,
+        "draft_coverage": sum(m["drafted_seqs"] for m in rows) / dsteps if dsteps else None,
+        "reward_mean": sum(m["reward_mean"] for m in rows) / len(rows),
+    }
+
+
+def fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--task", default="arith")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--pool", type=int, default=8, help="prompts in the fixed pool (one epoch)")
+    ap.add_argument("--prompts-per-step", type=int, default=4)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None, help="write the per-epoch rows here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from reference_trainer.trainer import TrainConfig, Trainer
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        mdir, source = model_dir(args.model, tmp)
+        steps_per_epoch = args.pool // args.prompts_per_step
+        trainers = {}
+        for mode in ("baseline", "rhyme"):
+            config = TrainConfig(
+                task=args.task,
+                mode=mode,
+                model=str(mdir),
+                seed=args.seed,
+                steps=steps_per_epoch * args.epochs,
+                prompts_per_step=args.prompts_per_step,
+                group_size=args.group,
+                max_tokens=args.max_tokens,
+                temperature=args.temperature,
+                max_num_seqs=args.prompts_per_step * args.group,
+                max_model_len=1024,
+                checkpoint_every=10**9,
+                prompt_pool=args.pool,
+            )
+            trainers[mode] = Trainer(config, tmp / mode)
+        spec = trainers["rhyme"].engine.speculator
+        print(
+            f"model: {source}; {args.epochs} epochs x {steps_per_epoch} steps; {args.pool} prompts x "
+            f"{args.group} samples; max_tokens {args.max_tokens}; T={args.temperature}"
+        )
+        print(
+            "cost table (ms per forward, batch x q):",
+            {f"{b}x{q}": round(t * 1e3, 2) for (b, q), t in spec.cost_model.table.items()},
+        )
+        header = (
+            f"{'epoch':>5} {'plain tok/s':>11} {'rhyme tok/s':>11} {'speed-up':>8} {'accept':>7} "
+            f"{'tok/verify':>10} {'coverage':>8} {'reward plain':>12} {'reward rhyme':>12} "
+            f"{'same lens':>11}"
+        )
+        print(header)
+        rows = []
+        for epoch in range(args.epochs):
+            steps = range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch)
+            same = True
+            for _ in steps:
+                trainers["baseline"].train_step()
+                trainers["rhyme"].train_step()
+            ev = {m: t.trace.events for m, t in trainers.items()}
+            seqs = {
+                m: {
+                    e["id"]: e["response_tokens"]
+                    for e in ev[m]
+                    if e["kind"] == "sequence" and e["step"] in steps
+                }
+                for m in ev
+            }
+            same = seqs["baseline"] == seqs["rhyme"]
+            plain, rhyme = epoch_metrics(ev["baseline"], steps), epoch_metrics(ev["rhyme"], steps)
+            speedup = rhyme["tokens_per_s"] / plain["tokens_per_s"]
+            row = {"epoch": epoch, "plain": plain, "rhyme": rhyme, "speedup": speedup, "same_lengths": same}
+            rows.append(row)
+            print(
+                f"{epoch:>5} {plain['tokens_per_s']:>11.0f} {rhyme['tokens_per_s']:>11.0f} {speedup:>7.2f}x "
+                f"{fmt(rhyme['acceptance_rate'], '.1%'):>7} {fmt(rhyme['mean_accepted_len'], '.2f'):>10} "
+                f"{fmt(rhyme['draft_coverage'], '.1%'):>8} {plain['reward_mean']:>12.3f} "
+                f"{rhyme['reward_mean']:>12.3f} {str(same):>11}",
+                flush=True,
+            )
+        print(
+            "history:",
+            spec.drafter.stats(),
+            "alpha:",
+            round(spec.alpha, 3),
+            "correction:",
+            {k: v and round(v, 2) for k, v in spec.correction.items()},
+        )
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

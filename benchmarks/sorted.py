@@ -1,0 +1,179 @@
+"""SortedRL vs the synchronous baseline: bubble ratio, rollout throughput, wall time and reward per sample.
+
+    python benchmarks/sorted.py [--steps 4] [--prompts-per-step 8] [--group-size 8] [--max-tokens 320]
+                                [--oversubscription 2] [--max-staleness 2] [--model DIR|random] [--threads 1]
+
+`baseline`, `sorted` and `sorted-partial` train from the same weights on the same heavy-tailed `arith` prompt
+stream with the same seeds, each for `--steps` updates of prompts_per_step x group_size samples, so every mode
+consumes the same number of trained samples. Engine capacity = prompts_per_step x group_size, so the baseline
+admits exactly one update's worth of samples and idles its slots while the longest sample of the step runs.
+The three trainers take their steps round-robin in one process, so a drift in machine load hits all alike.
+Every metric is recomputed by `rlbench.metrics` from each run's trace.jsonl. The model is the embedded default
+when it is built, else a random model of the same shape. Prints a table and writes
+benchmarks/results/sorted.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reference_trainer.atomic import read_jsonl, write_json  # noqa: E402
+from reference_trainer.embedded import MODEL_CONFIG, default_model_dir  # noqa: E402
+from reference_trainer.loader import save_model  # noqa: E402
+from reference_trainer.model import DecoderLM  # noqa: E402
+from reference_trainer.tokenizer import CharTokenizer  # noqa: E402
+from reference_trainer.trainer import TrainConfig, Trainer  # noqa: E402
+from rlbench import metrics  # noqa: E402
+
+MODES = ("baseline", "sorted", "sorted-partial")
+
+
+def model_dir(arg: str | None) -> tuple[Path, str]:
+    if arg and arg != "random":
+        return Path(arg), arg
+    embedded = default_model_dir(build=False)
+    if arg is None and (embedded / "config.json").is_file():
+        return embedded, f"embedded default model ({embedded.name})"
+    path = Path(tempfile.mkdtemp()) / "random"
+    torch.manual_seed(0)
+    save_model(DecoderLM(MODEL_CONFIG), path)
+    CharTokenizer().save(path)
+    why = "--model random" if arg else "embedded model not built yet"
+    return path, f"random model with the embedded shape ({why})"
+
+
+def config(args: argparse.Namespace, mode: str, model: Path) -> TrainConfig:
+    capacity = args.prompts_per_step * args.group_size
+    cfg = TrainConfig(
+        task="arith",
+        mode=mode,
+        mode_options={"oversubscription": args.oversubscription, "max_staleness": args.max_staleness}
+        if mode != "baseline"
+        else {},
+        steps=args.steps,
+        seed=args.seed,
+        model=str(model),
+        prompts_per_step=args.prompts_per_step,
+        group_size=args.group_size,
+        max_tokens=args.max_tokens,
+        max_num_seqs=capacity,
+        max_model_len=args.max_tokens + 256,
+        max_prefill_tokens=args.max_prefill_tokens or capacity * (args.max_tokens + 256),
+        checkpoint_every=10**9,
+    )
+    cfg.grpo.lr = args.lr
+    cfg.grpo.micro_batch_size = 16
+    return cfg
+
+
+def summarize(trainer: Trainer, out: Path) -> dict[str, Any]:
+    events = read_jsonl(out / "trace.jsonl")
+    doc = metrics.compute(events)
+    s = doc["summary"]
+    rows = read_jsonl(out / "metrics.jsonl")
+    samples = sum(r["samples"] for r in rows)
+    trained_tokens = sum(r["response_len_mean"] * r["samples"] for r in rows)
+    wall = sum(r["step_time_s"] for r in rows)
+    stats = getattr(trainer.strategy, "stats", {})
+    return {
+        "bubble_ratio": s["bubble_ratio"],
+        "bubble_ratio_per_step": [st["bubble_ratio"] for st in doc["steps"]],
+        "rollout_tokens_per_s": s["rollout_tokens_per_s"],
+        "trained_tokens_per_rollout_s": trained_tokens / sum(r["timing_s/gen"] for r in rows),
+        "generated_tokens": s["rollout_tokens"],
+        "trained_tokens": trained_tokens,
+        "trained_samples": samples,
+        "wall_time_s": wall,
+        "rollout_time_s": sum(r["timing_s/gen"] for r in rows),
+        "update_time_s": sum(r["timing_s/update"] for r in rows),
+        "tail_time_share": s["tail_time_share"],
+        "reward_per_sample": sum(r["reward_mean"] * r["samples"] for r in rows) / samples,
+        "accuracy": sum(r["accuracy"] * r["samples"] for r in rows) / samples,
+        "response_len_mean": s["response_len_mean"],
+        "update_batch_lengths": [st["update_batch_lengths"] for st in doc["steps"]],
+        "staleness": s["staleness"],
+        "staleness_mean": s["staleness_mean"],
+        "staleness_max": s["staleness_max"],
+        "tis_weight_mean": [r.get("tis_weight_mean") for r in rows],
+        "controller": stats,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="model dir, or 'random' (default: the embedded model when built)")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--prompts-per-step", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=320)
+    parser.add_argument("--oversubscription", type=float, default=2.0)
+    parser.add_argument("--max-staleness", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=None,
+        help="engine tokens per prefill forward (default capacity x max_model_len: a step's admissions "
+        "prefill in one forward, not in chunks that leave the other slots idle; 8192 is the engine's own)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 is steadiest on a shared box)"
+    )
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sorted.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    path, label = model_dir(args.model)
+    runs = Path(tempfile.mkdtemp(prefix="rlbench-sorted-"))
+    trainers = {m: Trainer(config(args, m, path), runs / m) for m in MODES}
+    start = time.perf_counter()
+    for step in range(args.steps):  # round-robin: one step of each mode in turn
+        for mode, trainer in trainers.items():
+            row = trainer.train_step()
+            print(
+                f"step {step} {mode:>14}: {row['step_time_s']:.1f}s, gen {row['timing_s/gen']:.1f}s, "
+                f"reward {row['reward_mean']:.3f}",
+                flush=True,
+            )
+    results = {m: summarize(t, runs / m) for m, t in trainers.items()}
+    base = results["baseline"]
+    for r in results.values():
+        r["speedup_wall"] = base["wall_time_s"] / r["wall_time_s"]
+        r["speedup_rollout_tokens_per_s"] = r["rollout_tokens_per_s"] / base["rollout_tokens_per_s"]
+    print(
+        f"\nmodel: {label}; arith, {args.steps} steps x {args.prompts_per_step} prompts x {args.group_size} "
+        f"samples, max_tokens {args.max_tokens}, engine capacity {args.prompts_per_step * args.group_size}, "
+        f"oversubscription {args.oversubscription}, max_staleness {args.max_staleness}, "
+        f"{args.threads} thread(s), {time.perf_counter() - start:.0f}s total"
+    )
+    print(
+        "| mode | bubble ratio | rollout tok/s | trained tok per rollout-s | wall to consume (s) | "
+        "speed-up (wall) | tail share | reward/sample | staleness mean/max |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for mode, r in results.items():
+        stale = f"{r['staleness_mean']:.2f}/{r['staleness_max']}" if r["staleness_max"] is not None else "-"
+        print(
+            f"| {mode} | {100 * r['bubble_ratio']:.1f}% | {r['rollout_tokens_per_s']:,.0f} "
+            f"({r['speedup_rollout_tokens_per_s']:.2f}x) | {r['trained_tokens_per_rollout_s']:,.0f} | "
+            f"{r['wall_time_s']:.1f} | {r['speedup_wall']:.2f}x | {r['tail_time_share']:.3f} | "
+            f"{r['reward_per_sample']:.4f} | {stale} |"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(
+        args.out, {"model": label, "args": {k: str(v) for k, v in vars(args).items()}, "runs": results}
+    )
+    print(f"results: {args.out}; traces: {runs}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""`rlbench compare`: several modes on the same prompts and seeds in one process, with ratios to baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlbench.errors import UserError
+from rlbench.options import Device, GroupSize, MaxTokens, ModelDir, OutDir, PromptsPerStep, Seed, Steps, Task
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("compare")
+    def compare(
+        modes: Annotated[
+            str, typer.Option("--modes", help="Comma-separated modes; baseline is the reference.")
+        ] = ("baseline,sorted"),
+        task: Task = "arith",
+        steps: Steps = 4,
+        seed: Seed = 0,
+        out: OutDir = Path("runs/compare"),
+        model: ModelDir = None,
+        device: Device = "cpu",
+        prompts_per_step: PromptsPerStep = None,
+        group_size: GroupSize = None,
+        max_tokens: MaxTokens = None,
+    ) -> None:
+        """Run each mode in turn (same prompts, seeds, model); write compare.json and a side-by-side page."""
+        from reference_trainer.atomic import write_json
+        from rlbench.profiling.session import run_profile
+        from rlbench.report.compare_report import ratio_rows, render_compare
+        from rlbench.training import build_config
+
+        names = [m.strip() for m in modes.split(",") if m.strip()]
+        if len(set(names)) != len(names) or not names:
+            raise UserError(f"--modes needs distinct mode names, got {modes!r}")
+        configs = [
+            build_config(
+                mode=m,
+                task=task,
+                steps=steps,
+                seed=seed,
+                model=model,
+                device=device,
+                prompts_per_step=prompts_per_step,
+                group_size=group_size,
+                max_tokens=max_tokens,
+            )
+            for m in names
+        ]  # validate every mode before running any
+        runs = []
+        for config in configs:
+            typer.echo(f"== {config.mode}")
+            doc = run_profile(config, out / config.mode)
+            runs.append({"mode": config.mode, "summary": doc["summary"], "steps": doc["steps"]})
+        baseline = "baseline" if "baseline" in names else names[0]
+        workload = {
+            "task": task,
+            "steps": steps,
+            "seed": seed,
+            "model": str(model or "embedded default"),
+            "prompts_per_step": configs[0].prompts_per_step,
+            "group_size": configs[0].group_size,
+            "max_tokens": configs[0].max_tokens,
+        }
+        write_json(
+            out / "compare.json",
+            {"baseline": baseline, "workload": workload, "runs": runs, "ratios": ratio_rows(runs, baseline)},
+        )
+        render_compare(out)
+        for row in ratio_rows(runs, baseline):
+            speedup = row.get("speed-up (step time)")
+            bubble = row.get("bubble ratio")
+            typer.echo(
+                f"{row['mode']:>16}: bubble {100 * bubble:5.1f}%  step-time speed-up "
+                f"{speedup:.2f}x  reward {row['reward']:.3f}"
+                if speedup and bubble is not None
+                else f"{row['mode']:>16}: {row}"
+            )
+        typer.echo(f"report: {out / 'report.html'}")

@@ -1,0 +1,147 @@
+"""`rlbench simulate`: what SortedRL / HistoSpec / HistoPipe would save on a cluster, from a length trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlbench.errors import UserError
+from rlbench.options import OutDir, Seed
+
+POLICY_HELP = "baseline, least-loaded, sorted, sorted-partial, histospec, histopipe, rhyme, sorted+rhyme"
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UserError(f"{what}: expected positive integers, got {text!r}")
+    return values
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("simulate")
+    def simulate(
+        out: OutDir = Path("simulate"),
+        trace: Annotated[
+            Path | None,
+            typer.Option(
+                help="Length trace JSONL (see rlbench.simulate.workload), a run's trace.jsonl or run dir."
+            ),
+        ] = None,
+        synthetic: Annotated[bool, typer.Option(help="Use the synthetic heavy-tailed workload.")] = False,
+        workers: Annotated[str, typer.Option(help="Worker counts, comma-separated.")] = "1,8,64,512,4096",
+        gpu: Annotated[str, typer.Option(help="GPU preset: h100 or h200.")] = "h100",
+        model_size: Annotated[str, typer.Option(help="Model preset: 1.5b, 7b or 32b.")] = "7b",
+        calibrate: Annotated[
+            Path | None, typer.Option(help="Fit the cost model to this run (dir or trace.jsonl) instead.")
+        ] = None,
+        policies: Annotated[str, typer.Option(help=f"Comma-separated: {POLICY_HELP}.")] = POLICY_HELP.replace(
+            " ", ""
+        ),
+        capacity: Annotated[
+            int | None, typer.Option(min=1, help="Slots per worker (default 256; a calibration run's own).")
+        ] = None,
+        steps: Annotated[int | None, typer.Option(min=1, help="RL steps (default: the trace's).")] = None,
+        groups_per_worker: Annotated[
+            int | None, typer.Option(min=1, help="Weak scaling: B = this x workers groups per step.")
+        ] = None,
+        oversub: Annotated[float, typer.Option(min=1.0, help="SortedRL oversubscription factor.")] = 2.0,
+        acceptance: Annotated[
+            float,
+            typer.Option(min=0.0, max=1.0, help="HistoSpec per-token acceptance where the trace has none."),
+        ] = 0.7,
+        rank_corr: Annotated[
+            float, typer.Option(min=-1.0, max=1.0, help="Epoch-to-epoch length rank correlation.")
+        ] = 0.8,
+        overlap: Annotated[
+            float, typer.Option(min=0.0, max=1.0, help="Synthetic: reusable token share.")
+        ] = 0.8,
+        prompts: Annotated[int, typer.Option(min=1, help="Synthetic: prompts per step.")] = 512,
+        group_size: Annotated[int, typer.Option(min=1, help="Synthetic: samples per prompt.")] = 8,
+        mean_tokens: Annotated[
+            float, typer.Option(min=1.0, help="Synthetic: mean response tokens.")
+        ] = 2000.0,
+        sigma: Annotated[
+            float, typer.Option(min=0.0, help="Synthetic: log-normal sigma (tail weight).")
+        ] = 1.0,
+        max_tokens: Annotated[int, typer.Option(min=1, help="Synthetic: response length cap.")] = 16384,
+        max_prefill_tokens: Annotated[int, typer.Option(min=1, help="Tokens per batched prefill.")] = 8192,
+        validate: Annotated[
+            Path | None, typer.Option(help="Replay this baseline run on a cost model fitted to it; compare.")
+        ] = None,
+        seed: Seed = 0,
+    ) -> None:
+        """Replay a length trace through the schedulers at 1..N workers: simulate.json + report.html."""
+        import json
+
+        from reference_trainer.atomic import write_json
+
+        out.mkdir(parents=True, exist_ok=True)
+        if validate is not None:
+            from rlbench.simulate.replay import validate as run_validation
+
+            doc = run_validation(validate)
+            write_json(out / "validation.json", doc)
+            typer.echo(json.dumps({k: doc[k] for k in ("measured_bubble", "simulated_bubble")}))
+            typer.echo(f"validation: {out / 'validation.json'}")
+            return
+        from rlbench.simulate import simulate as run_sim
+        from rlbench.simulate import workload
+        from rlbench.simulate.cost import calibrate as fit
+        from rlbench.simulate.cost import preset
+        from rlbench.simulate.replay import read_events
+        from rlbench.simulate.report import render
+
+        if (trace is None) == (not synthetic):
+            raise UserError("give exactly one of --trace FILE or --synthetic")
+        worker_counts = _ints(workers, "--workers")
+        names = [p.strip() for p in policies.split(",") if p.strip()]
+        if calibrate is not None:
+            events = read_events(calibrate)
+            cost = fit(events, source=str(calibrate))
+            caps = [int(e.get("capacity", 0)) for e in events if e.get("kind") in ("prefill", "decode")]
+            capacity = capacity or max(caps, default=256)
+        else:
+            cost = preset(gpu, model_size)
+        if synthetic:
+            lt = workload.synthetic(
+                steps=steps or 10,
+                prompts=max(prompts, (groups_per_worker or 0) * max(worker_counts)),
+                group_size=group_size,
+                mean_tokens=mean_tokens,
+                sigma=sigma,
+                max_tokens=max_tokens,
+                rank_corr=rank_corr,
+                overlap=overlap,
+                seed=seed,
+            )
+        else:
+            lt = workload.load(trace)  # type: ignore[arg-type]
+        doc = run_sim(
+            lt,
+            cost,
+            worker_counts,
+            names,
+            capacity or 256,
+            steps=steps,
+            groups_per_worker=groups_per_worker,
+            oversub=oversub,
+            acceptance=acceptance,
+            rank_corr=rank_corr,
+            max_prefill_tokens=max_prefill_tokens,
+            seed=seed,
+        )
+        write_json(out / "simulate.json", doc)
+        page = render(doc, out)
+        for r in doc["results"]:
+            typer.echo(
+                f"W={r['workers']:>5} {r['policy']:<15} speed-up {r['speedup']:.2f}x  "
+                f"bubble {r['bubble_ratio']:.1%}  idle {r['worker_idle_share']:.1%}  "
+                f"step {r['step_time_s']:.1f}s"
+            )
+        typer.echo(f"simulated in {doc['elapsed_s']:.1f} s: {out / 'simulate.json'}, {page}")

@@ -1,0 +1,70 @@
+"""Trace-driven cluster simulator: SortedRL / HistoSpec / HistoPipe at 1 to thousands of rollout workers.
+
+workload.py  length traces (JSONL format, conversion from a run's trace.jsonl, synthetic generator)
+cost.py      GPU roofline cost model (H100/H200 x 1.5B/7B/32B presets) and calibration from a run
+engine.py    continuous batching over slots, event-driven per worker, vectorised across workers
+policies.py  the schedulers, step by step, and the metrics of each step
+replay.py    validation: a measured run replayed on a cost model calibrated from itself
+report.py    simulate.json -> report.html
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from rlbench.simulate.cost import CostModel
+from rlbench.simulate.policies import get_policies, simulate_policy
+from rlbench.simulate.workload import LengthTrace, fill_predictions
+
+
+def simulate(
+    trace: LengthTrace,
+    cost: CostModel,
+    workers: list[int],
+    policies: list[str],
+    capacity: int,
+    steps: int | None = None,
+    groups_per_worker: int | None = None,
+    oversub: float = 2.0,
+    acceptance: float = 0.7,
+    rank_corr: float = 0.8,
+    max_prefill_tokens: float = 8192,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Every (policy, worker count); `groups_per_worker` set = weak scaling (B = groups_per_worker * W)."""
+    t0 = time.perf_counter()
+    pred = fill_predictions(trace, rank_corr, seed)
+    acc = np.where(np.isnan(trace.acceptance), acceptance, trace.acceptance)
+    steps = steps or len(trace.steps)
+    results = []
+    for w in workers:
+        base: dict[str, Any] | None = None
+        for p in get_policies(policies, oversub):
+            b = groups_per_worker * w if groups_per_worker else None
+            r = simulate_policy(p, trace, pred, acc, cost, w, capacity, steps, b, max_prefill_tokens)
+            base = base or r
+            r["speedup"] = base["step_time_s"] / r["step_time_s"] if r["step_time_s"] else None
+            r["rollout_speedup"] = base["rollout_s"] / r["rollout_s"] if r["rollout_s"] else None
+            results.append(r)
+    return {
+        "workload": {
+            **trace.summary(),
+            "steps_simulated": steps,
+            "scaling": "weak" if groups_per_worker else "strong",
+            "groups_per_worker": groups_per_worker,
+            "predicted_lengths": "trace" if not np.isnan(trace.predicted).all() else f"rank_corr={rank_corr}",
+            "acceptance_mean": float(acc.mean()),
+        },
+        "cluster": {
+            "workers": workers,
+            "capacity_per_worker": capacity,
+            "max_prefill_tokens": max_prefill_tokens,
+        },
+        "cost_model": {"name": cost.name, **cost.describe()},
+        "policies": {"oversub": oversub},
+        "results": results,
+        "elapsed_s": time.perf_counter() - t0,
+    }

@@ -1,0 +1,289 @@
+"""GPU cost model of one rollout worker: prefill, decode step, k-draft verify and update times.
+
+Roofline: a forward's time is the larger of (bytes moved / memory bandwidth) and (FLOPs / peak), each at an
+achievable fraction of the datasheet, plus a fixed per-forward overhead (launch/scheduling). Decoding
+reads every weight once per forward and the KV cache of every live token, so at RL batch sizes it is
+memory-bound and its time grows with the batch's total context, not with the batch size. Verifying k
+drafted tokens per sequence is one forward over (k+1) tokens per sequence: the same bytes, (k+1)x FLOPs.
+
+`Calibrated` replaces the roofline by a least-squares fit of a `profile`/`train` run's own engine events
+(time vs live slots and context), which is how a replay is checked against a measured run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from rlbench.errors import UserError
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    mem_bw: float  # bytes/s, datasheet
+    flops: float  # dense bf16 FLOP/s, datasheet
+    mem_bytes: float
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    params: float
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def kv_bytes_per_token(self) -> float:  # K and V, every layer, bf16
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * 2.0
+
+    @property
+    def weight_bytes(self) -> float:
+        return 2.0 * self.params
+
+
+GPUS = {
+    "h100": GPU("H100 SXM", mem_bw=3.35e12, flops=989e12, mem_bytes=80e9),
+    "h200": GPU("H200 SXM", mem_bw=4.8e12, flops=989e12, mem_bytes=141e9),
+}
+# Qwen2.5 shapes (config.json of the released checkpoints)
+MODELS = {
+    "1.5b": ModelShape("1.5B (Qwen2.5-1.5B shape)", 1.54e9, 28, 1536, 12, 2, 128),
+    "7b": ModelShape("7B (Qwen2.5-7B shape)", 7.62e9, 28, 3584, 28, 4, 128),
+    "32b": ModelShape("32B (Qwen2.5-32B shape)", 32.8e9, 64, 5120, 40, 8, 128),
+}
+
+
+class CostModel:
+    """Vectorised over workers: every method takes numpy arrays (one entry per worker) and returns seconds.
+
+    `gap` is time per forward in which slots hold sequences but the engine does no work for them
+    (scheduling, sampling on the host): it counts in the rollout wall time but not in busy slot-time.
+    """
+
+    name = "cost model"
+    gap: float = 0.0
+    rollout_fixed: float = 0.0  # per RL step, inside the rollout phase but outside engine forwards
+
+    def decode(self, batch: np.ndarray, ctx: np.ndarray, q: float = 1.0) -> np.ndarray:
+        """One forward over `batch` sequences of total context `ctx`, `q` query tokens per sequence."""
+        raise NotImplementedError
+
+    def prefill(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
+        """One batched prefill of `n_seqs` sequences, `tokens` in all, sum of squared lengths `tokens_sq`."""
+        raise NotImplementedError
+
+    def update(self, tokens: float, workers: int) -> float:
+        """Update (old log-probs + forward + backward + optimizer) over `tokens`, data parallel."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass
+class Roofline(CostModel):
+    gpu: GPU
+    model: ModelShape
+    bw_eff: float = 0.8  # achievable share of datasheet bandwidth (decode kernels reach ~75-85%)
+    flop_eff: float = 0.6  # achievable share of peak for large GEMMs in prefill/verify
+    train_mfu: float = 0.4  # model FLOPs utilisation of the update
+    overhead: float = 3e-4  # per forward: launches/CUDA-graph replay and sampling
+    update_flops_per_token: float = 8.0  # 6P forward+backward, 2P for the old policy's log-probs
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"{self.gpu.name}, {self.model.name}"
+
+    def decode(self, batch: np.ndarray, ctx: np.ndarray, q: float = 1.0) -> np.ndarray:
+        m = self.model
+        mem = (m.weight_bytes + m.kv_bytes_per_token * ctx) / (self.gpu.mem_bw * self.bw_eff)
+        attn = 4.0 * m.layers * m.heads * m.head_dim * ctx * q
+        flops = (2.0 * m.params * batch * q + attn) / (self.gpu.flops * self.flop_eff)
+        return np.where(batch > 0, self.overhead + np.maximum(mem, flops), 0.0)
+
+    def prefill(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
+        m = self.model
+        mem = (m.weight_bytes + m.kv_bytes_per_token * tokens) / (self.gpu.mem_bw * self.bw_eff)
+        flops = (2.0 * m.params * tokens + 2.0 * m.layers * m.heads * m.head_dim * tokens_sq) / (
+            self.gpu.flops * self.flop_eff
+        )
+        return np.where(n_seqs > 0, self.overhead + np.maximum(mem, flops), 0.0)
+
+    def update(self, tokens: float, workers: int) -> float:
+        flops = self.update_flops_per_token * self.model.params * tokens
+        return flops / (max(1, workers) * self.gpu.flops * self.train_mfu)
+
+    def kv_capacity_tokens(self) -> float:
+        """KV tokens that fit beside the weights in 90% of GPU memory (a capacity sanity check)."""
+        free = 0.9 * self.gpu.mem_bytes - self.model.weight_bytes
+        return max(0.0, free / self.model.kv_bytes_per_token)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "roofline",
+            "gpu": asdict(self.gpu),
+            "model": {**asdict(self.model), "kv_bytes_per_token": self.model.kv_bytes_per_token},
+            "bw_eff": self.bw_eff,
+            "flop_eff": self.flop_eff,
+            "train_mfu": self.train_mfu,
+            "overhead_s": self.overhead,
+            "kv_capacity_tokens": self.kv_capacity_tokens(),
+        }
+
+
+def preset(gpu: str, model: str, **kw: Any) -> Roofline:
+    if gpu.lower() not in GPUS:
+        raise UserError(f"unknown GPU preset {gpu!r}; valid: {', '.join(GPUS)}")
+    if model.lower() not in MODELS:
+        raise UserError(f"unknown model size {model!r}; valid: {', '.join(MODELS)}")
+    return Roofline(GPUS[gpu.lower()], MODELS[model.lower()], **kw)
+
+
+@dataclass
+class Calibrated(CostModel):
+    """Linear fits of a measured run: decode = a + b*live + c*context; prefill = a + b*seqs + c*tokens."""
+
+    decode_coef: tuple[float, float, float]
+    prefill_coef: tuple[float, float, float]
+    update_per_token: float
+    gap: float = 0.0
+    rollout_fixed: float = 0.0
+    source: str = ""
+    fit_r2: float | None = None
+
+    name = "calibrated"
+
+    def decode(self, batch: np.ndarray, ctx: np.ndarray, q: float = 1.0) -> np.ndarray:
+        a, b, c = self.decode_coef
+        # verify work scales with the query tokens on a host-bound engine; context reads do not
+        return np.where(batch > 0, np.maximum(0.0, a + b * batch * q + c * ctx), 0.0)
+
+    def prefill(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
+        a, b, c = self.prefill_coef
+        return np.where(n_seqs > 0, np.maximum(0.0, a + b * n_seqs + c * tokens), 0.0)
+
+    def update(self, tokens: float, workers: int) -> float:
+        return self.update_per_token * tokens / max(1, workers)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "calibrated",
+            "source": self.source,
+            "decode_s": dict(
+                zip(("per_forward", "per_live_seq", "per_context_token"), self.decode_coef, strict=True)
+            ),
+            "prefill_s": dict(zip(("per_forward", "per_seq", "per_token"), self.prefill_coef, strict=True)),
+            "update_s_per_token": self.update_per_token,
+            "gap_s": self.gap,
+            "rollout_fixed_s": self.rollout_fixed,
+            "decode_fit_r2": self.fit_r2,
+        }
+
+
+def _lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float | None]:
+    """Least squares with non-negative coefficients (a negative per-token cost is noise, not physics).
+
+    Stalls of a shared machine are kept: they are part of the measured time a replay must reproduce, and
+    they hit every batch size alike, so they raise the fixed cost and leave the slopes unbiased. Only points
+    beyond 50 MADs (a GC pause, a descheduled process) are dropped and the fit redone."""
+    keep_rows = np.ones(y.size, dtype=bool)
+    coef = np.zeros(x.shape[1])
+    for _ in range(3):
+        xs, ys = x[keep_rows], y[keep_rows]
+        coef, *_ = np.linalg.lstsq(xs, ys, rcond=None)
+        for j in range(1, x.shape[1]):
+            if coef[j] < 0:  # refit without that column
+                cols = [i for i in range(x.shape[1]) if i != j and (i == 0 or coef[i] >= 0)]
+                sub, *_ = np.linalg.lstsq(xs[:, cols], ys, rcond=None)
+                coef = np.zeros(x.shape[1])
+                coef[cols] = sub
+        if coef[0] < 0:  # a negative fixed cost per forward: refit through the origin
+            cols = [i for i in range(1, x.shape[1]) if coef[i] > 0] or [1]
+            sub, *_ = np.linalg.lstsq(xs[:, cols], ys, rcond=None)
+            coef = np.zeros(x.shape[1])
+            coef[cols] = np.maximum(sub, 0.0)
+        resid = y - x @ coef
+        mad = float(np.median(np.abs(resid - np.median(resid)))) or 1e-12
+        keep_rows = resid < np.median(resid) + 50.0 * 1.4826 * mad
+    ys = y[keep_rows]
+    resid = ys - x[keep_rows] @ coef
+    var = float(((ys - ys.mean()) ** 2).sum())
+    return coef, (1.0 - float((resid**2).sum()) / var) if var > 0 else None
+
+
+def calibrate(events: list[dict[str, Any]], source: str = "") -> Calibrated:
+    """Fit a `Calibrated` model to a run's trace events (engine steps, phases and sequences)."""
+    prompt_len = {e["id"]: int(e.get("prompt_tokens", 0)) for e in events if e.get("kind") == "sequence"}
+    engine = sorted(
+        (e for e in events if e.get("kind") in ("prefill", "decode", "verify")),
+        key=lambda e: (int(e.get("worker", 0)), float(e["t_start"])),
+    )
+    if not any(e["kind"] == "decode" for e in engine):
+        raise UserError(f"{source or 'trace'}: no decode events to calibrate a cost model from")
+    dec_x, dec_y, pre_x, pre_y, gaps = [], [], [], [], []
+    ctx: dict[str, int] = {}  # live sequence -> tokens in its KV cache
+    prev: dict[int, dict[str, Any]] = {}
+    for e in engine:
+        w = int(e.get("worker", 0))
+        slots = {str(k): str(v) for k, v in (e.get("slots") or {}).items()}
+        if w in prev and prev[w]["step"] == e["step"]:
+            gaps.append(float(e["t_start"]) - float(prev[w]["t_end"]))
+        prev[w] = e
+        dur = float(e["t_end"]) - float(e["t_start"])
+        live = set(slots.values())
+        for sid in list(ctx):
+            if sid not in live:
+                del ctx[sid]
+        if e["kind"] == "prefill":
+            new = [s for s in live if s not in ctx]
+            toks = sum(prompt_len.get(s, 0) for s in new)
+            pre_x.append((1.0, float(len(new)), float(toks)))
+            pre_y.append(dur)
+            for s in new:
+                ctx[s] = prompt_len.get(s, 0) + 1
+        else:
+            dec_x.append((1.0, float(len(live)), float(sum(ctx.get(s, 0) for s in live))))
+            dec_y.append(dur)
+            for s in live:
+                ctx[s] = ctx.get(s, 0) + 1
+    dcoef, r2 = _lstsq(np.asarray(dec_x), np.asarray(dec_y))
+    if pre_x:
+        pcoef, _ = _lstsq(np.asarray(pre_x), np.asarray(pre_y))
+    else:
+        pcoef = dcoef.copy()
+
+    # the rollout phase's time outside engine forwards and the gaps between them: host work per RL step
+    by_step: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for e in events:
+        if e.get("kind") == "rollout":
+            by_step[int(e["step"])][0] += float(e["t_end"]) - float(e["t_start"])
+    for e in engine:
+        by_step[int(e["step"])][1] += float(e["t_end"]) - float(e["t_start"])
+    gap = float(np.mean(gaps)) if gaps else 0.0
+    n_fwd = defaultdict(int)
+    for e in engine:
+        n_fwd[int(e["step"])] += 1
+    fixed = [max(0.0, r - busy - gap * n_fwd[s]) for s, (r, busy) in by_step.items() if r > 0]
+
+    upd_time = sum(float(e["t_end"]) - float(e["t_start"]) for e in events if e.get("kind") == "update")
+    upd_tokens = sum(
+        int(e.get("prompt_tokens", 0)) + int(e.get("response_tokens", 0))
+        for e in events
+        if e.get("kind") == "sequence" and e.get("status") == "finished"
+    )
+    return Calibrated(
+        decode_coef=tuple(float(v) for v in dcoef),  # type: ignore[arg-type]
+        prefill_coef=tuple(float(v) for v in pcoef),  # type: ignore[arg-type]
+        update_per_token=upd_time / upd_tokens if upd_tokens else 0.0,
+        gap=gap,
+        rollout_fixed=float(np.mean(fixed)) if fixed else 0.0,
+        source=source,
+        fit_r2=r2,
+    )

@@ -1,0 +1,160 @@
+"""Continuous batching on W workers at once: event-driven per worker, vectorised across workers.
+
+Each worker mirrors the reference engine's scheduler: when a slot is free and work is queued, the next
+forward is a prefill that admits queued sequences in order (the running ones wait, their slots stay
+occupied) and emits each one's first token; otherwise it is a decode (or k-draft verify) of every live
+sequence. A sequence that emits `e` tokens per forward (1, or the expected accepted length under
+speculation) needs ceil((length - 1) / e) forwards after its prefill.
+
+Between two events of a worker (an admission or a finish) its batch is fixed, so a whole run of decode
+forwards is one "round": its time is the per-forward cost at the run's mid-point context times its
+length (exact when the cost is linear in context, which the roofline is on either side of its knee).
+All workers advance one round per loop iteration, so the Python loop runs (events per worker) times,
+not (events x workers) times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlbench.simulate.cost import CostModel
+
+INF = np.iinfo(np.int64).max // 4
+
+
+@dataclass
+class Queues:
+    """Per-worker work in admission order, padded to (W, Q); `length` marks the real entries."""
+
+    tokens: np.ndarray  # response tokens still to generate (>= 1)
+    ctx0: np.ndarray  # tokens the prefill processes: prompt (+ tokens kept from an earlier step)
+    rate: np.ndarray  # tokens emitted per decode/verify forward
+    length: np.ndarray  # (W,) queue lengths
+
+
+@dataclass
+class Rounds:
+    """What happened: (R, W) arrays, one row per round; `busy` excludes the per-forward host gap."""
+
+    t0: np.ndarray
+    busy: np.ndarray
+    gap: np.ndarray
+    occupied: np.ndarray
+    it0: np.ndarray  # forwards done before the round (decode/verify forwards only)
+    k: np.ndarray  # decode forwards in the round (0 for a prefill)
+
+    def upto(self, horizon: np.ndarray | float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per worker, up to `horizon`: busy time, busy slot-time, and decode forwards completed."""
+        span = self.busy + self.gap
+        frac = np.clip((horizon - self.t0) / np.where(span > 0, span, 1.0), 0.0, 1.0)
+        frac = np.where(span > 0, frac, (self.t0 < horizon).astype(float))
+        busy = (self.busy * frac).sum(axis=0)
+        slot_time = (self.busy * self.occupied * frac).sum(axis=0)
+        forwards = np.floor(self.k * frac + 1e-9).sum(axis=0)
+        return busy, slot_time, forwards
+
+
+@dataclass
+class Result:
+    admit_t: np.ndarray  # (W, Q) start of the prefill that admitted it; inf if never
+    admit_it: np.ndarray  # (W, Q) the worker's forward count at admission
+    finish_t: np.ndarray  # (W, Q)
+    end_t: np.ndarray  # (W,) when the worker ran out of work
+    rounds: Rounds
+
+
+def run(
+    queues: Queues, capacity: int, cost: CostModel, q: float = 1.0, max_prefill_tokens: float = np.inf
+) -> Result:
+    """Simulate every worker until its queue is empty; `q` = query tokens per sequence per forward.
+
+    A prefill admits the longest prefix of the waiting queue with (longest prompt x count) within
+    `max_prefill_tokens`, at least one sequence (the reference scheduler's rule)."""
+    n_w, n_q = queues.tokens.shape
+    cap = int(capacity)
+    width = min(cap, n_q)  # a worker never holds more sequences than its queue: narrower slot arrays
+    cols = np.arange(width)
+    need = np.where(
+        np.arange(n_q)[None, :] < queues.length[:, None],
+        np.ceil(np.maximum(queues.tokens - 1, 0) / queues.rate).astype(np.int64),
+        0,
+    )
+    s_idx = np.full((n_w, width), -1, dtype=np.int64)
+    s_target = np.full((n_w, width), INF, dtype=np.int64)  # forward count at which the slot's sequence ends
+    s_ctx = np.zeros((n_w, width))  # context at admission (after the first token)
+    s_rate = np.zeros((n_w, width))
+    s_admit = np.zeros((n_w, width), dtype=np.int64)
+    live = np.zeros(n_w, dtype=np.int64)
+    qptr = np.zeros(n_w, dtype=np.int64)
+    it = np.zeros(n_w, dtype=np.int64)
+    t = np.zeros(n_w)
+    admit_t = np.full((n_w, n_q), np.inf)
+    admit_it = np.zeros((n_w, n_q), dtype=np.int64)
+    finish_t = np.full((n_w, n_q), np.inf)
+    rec: dict[str, list[np.ndarray]] = {k: [] for k in ("t0", "busy", "gap", "occupied", "it0", "k")}
+
+    while True:
+        waiting = queues.length - qptr
+        admit = (live < cap) & (waiting > 0)
+        decode = ~admit & (live > 0)
+        if not (admit.any() or decode.any()):
+            break
+        busy = np.zeros(n_w)
+        k = np.zeros(n_w, dtype=np.int64)
+        occupied = live.copy()
+        if admit.any():
+            m = np.where(admit, np.minimum(cap - live, waiting), 0)
+            if np.isfinite(max_prefill_tokens):
+                cand = np.take_along_axis(queues.ctx0, np.minimum(qptr[:, None] + cols, n_q - 1), axis=1)
+                fits = (np.maximum.accumulate(cand, axis=1) * (cols + 1) <= max_prefill_tokens) | (cols == 0)
+                m = np.minimum(m, fits.sum(axis=1))
+            free = s_idx < 0
+            rank = np.cumsum(free, axis=1)
+            take = free & (rank <= m[:, None])
+            qi = np.where(take, qptr[:, None] + rank - 1, 0)
+            ctx0 = np.take_along_axis(queues.ctx0, qi, axis=1)
+            s_idx = np.where(take, qi, s_idx)
+            s_target = np.where(take, it[:, None] + np.take_along_axis(need, qi, axis=1), s_target)
+            s_ctx = np.where(take, ctx0 + 1.0, s_ctx)
+            s_rate = np.where(take, np.take_along_axis(queues.rate, qi, axis=1), s_rate)
+            s_admit = np.where(take, it[:, None], s_admit)
+            w_take, c_take = np.nonzero(take)
+            admit_t[w_take, qi[w_take, c_take]] = t[w_take]
+            admit_it[w_take, qi[w_take, c_take]] = it[w_take]
+            tok = np.where(take, ctx0, 0.0)
+            busy += np.where(admit, cost.prefill(m, tok.sum(axis=1), (tok * tok).sum(axis=1)), 0.0)
+            qptr += m
+            live += m
+            occupied = live.copy()
+        if decode.any():
+            active = s_idx >= 0
+            k = np.where(decode, np.min(s_target, axis=1) - it, 0)
+            k = np.maximum(k, 0)
+            ctx_now = np.where(active, s_ctx + s_rate * (it[:, None] - s_admit), 0.0).sum(axis=1)
+            grow = np.where(active, s_rate, 0.0).sum(axis=1)
+            mid = ctx_now + grow * np.maximum(k - 1, 0) / 2.0
+            busy += np.where(decode, k * cost.decode(live.astype(float), mid, q), 0.0)
+        n_fwd = np.where(admit, 1, k)
+        gap = n_fwd * cost.gap
+        for key, val in (("t0", t.copy()), ("busy", busy), ("gap", gap), ("occupied", occupied)):
+            rec[key].append(val)
+        rec["it0"].append(it.copy())
+        rec["k"].append(k)
+        t = t + busy + gap
+        it = it + k
+        done = (s_idx >= 0) & (s_target <= it[:, None]) & (admit | decode)[:, None]
+        if done.any():
+            w_d, c_d = np.nonzero(done)
+            finish_t[w_d, s_idx[w_d, c_d]] = t[w_d]
+            s_idx[done] = -1
+            s_target[done] = INF
+            live -= done.sum(axis=1)
+    rounds = Rounds(
+        **{
+            key: np.stack(v) if v else np.zeros((0, n_w), dtype=np.int64 if key in ("it0", "k") else float)
+            for key, v in rec.items()
+        }
+    )
+    return Result(admit_t, admit_it, finish_t, t, rounds)

@@ -1,0 +1,439 @@
+"""The schedulers, replayed step by step over a stream of groups on W simulated workers.
+
+A step trains on B complete groups (all samples of a prompt; a group always runs on one worker, as prefix
+caching wants). Synchronous policies (baseline, placements, HistoSpec, HistoPipe) roll out exactly the
+step's B groups and wait for the last. SortedRL keeps ceil(oversub * B) groups outstanding and fires the
+update when B groups are complete (the first B to complete: shortest first); on-policy mode drops the
+rest and regenerates them from scratch later, partial mode keeps their progress on the worker (resumed
+with a prefill of prompt + kept tokens under the new policy) and admits new prompts only behind them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from rlbench.errors import UserError
+from rlbench.simulate import engine
+from rlbench.simulate.cost import CostModel
+from rlbench.simulate.workload import LengthTrace
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    placement: str = "round-robin"  # round-robin | least-loaded | lpt (predicted lengths)
+    order: str = "fifo"  # fifo | alternate (short->long on even steps, long->short on odd)
+    migrate: bool = False  # move not-started work off predicted stragglers
+    spec: bool = False  # HistoSpec speculative decoding
+    oversub: float = 1.0  # > 1: SortedRL early termination
+    partial: bool = False
+
+
+POLICIES = {
+    p.name: p
+    for p in (
+        Policy("baseline"),
+        Policy("least-loaded", placement="least-loaded"),
+        Policy("sorted", oversub=2.0),
+        Policy("sorted-partial", oversub=2.0, partial=True),
+        Policy("histospec", spec=True),
+        Policy("histopipe", placement="lpt", order="alternate", migrate=True),
+        Policy("rhyme", placement="lpt", order="alternate", migrate=True, spec=True),
+        Policy("sorted+rhyme", placement="lpt", oversub=2.0, partial=True, spec=True),
+    )
+}
+
+
+def get_policies(names: list[str], oversub: float) -> list[Policy]:
+    out = []
+    for n in names:
+        if n not in POLICIES:
+            raise UserError(f"unknown policy {n!r}; valid: {', '.join(POLICIES)}")
+        p = POLICIES[n]
+        out.append(replace(p, oversub=oversub) if p.oversub > 1.0 else p)
+    if "baseline" not in [p.name for p in out]:
+        out.insert(0, POLICIES["baseline"])  # speed-ups are ratios against it
+    return out
+
+
+@dataclass
+class Stream:
+    """The trace's groups in submission order (cycled: a second pass is the next epoch). Group g's trace
+    rows are rows[bounds[g]:bounds[g + 1]]."""
+
+    rows: np.ndarray
+    bounds: np.ndarray
+    step_groups: list[int]  # groups per step of the trace
+
+    @classmethod
+    def of(cls, trace: LengthTrace) -> Stream:
+        key = trace.step * (int(trace.prompt.max()) + 1) + trace.prompt
+        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        g = rank[inv]
+        rows = np.argsort(g, kind="stable")
+        bounds = np.searchsorted(g[rows], np.arange(order.size + 1))
+        steps = trace.step[rows[bounds[:-1]]]
+        return cls(rows, bounds, np.unique(steps, return_counts=True)[1].tolist())
+
+    @property
+    def n_groups(self) -> int:
+        return self.bounds.size - 1
+
+    def expand(self, uids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(trace row, index into uids) of every sequence of the groups `uids`."""
+        g = uids % self.n_groups
+        sizes = self.bounds[g + 1] - self.bounds[g]
+        which = np.repeat(np.arange(uids.size), sizes)
+        offs = np.arange(which.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        return self.rows[self.bounds[g][which] + offs], which
+
+
+@dataclass
+class Jobs:
+    """Outstanding sequences of a step, one entry per sequence (columns)."""
+
+    row: np.ndarray  # trace row
+    uid: np.ndarray  # stream position of its group
+    worker: np.ndarray
+    tokens: np.ndarray  # still to generate
+    ctx0: np.ndarray  # prefill context
+    done: np.ndarray  # finished in an earlier step, waiting for its group (partial mode)
+
+    @classmethod
+    def empty(cls) -> Jobs:
+        z = np.zeros(0, dtype=np.int64)
+        return cls(z, z, z, z, z, np.zeros(0, dtype=bool))
+
+    def __len__(self) -> int:
+        return int(self.row.size)
+
+    def take(self, mask: np.ndarray) -> Jobs:
+        return Jobs(*(getattr(self, f)[mask] for f in ("row", "uid", "worker", "tokens", "ctx0", "done")))
+
+    @staticmethod
+    def cat(a: Jobs, b: Jobs) -> Jobs:
+        f = ("row", "uid", "worker", "tokens", "ctx0", "done")
+        return Jobs(*(np.concatenate([getattr(a, x), getattr(b, x)]) for x in f))
+
+
+def spec_rate(acc: np.ndarray, k: int) -> np.ndarray:
+    """Expected tokens per verify forward with k drafted tokens, i.i.d. per-token acceptance (plus bonus)."""
+    acc = np.clip(acc, 0.0, 0.999999)
+    return (1.0 - acc ** (k + 1)) / (1.0 - acc)
+
+
+def choose_draft_len(cost: CostModel, acc: float, batch: int, ctx: float) -> int:
+    """Draft length with the most tokens per second at a full batch (cost-aware, as on a CPU it is 0)."""
+    best, best_k = 1.0 / float(cost.decode(np.array([batch]), np.array([ctx]))[0]), 0
+    for k in range(1, 9):
+        rate = float(spec_rate(np.array([acc]), k)[0])
+        t = float(cost.decode(np.array([batch]), np.array([ctx]), q=k + 1)[0])
+        if rate / t > best * 1.001:
+            best, best_k = rate / t, k
+    return best_k
+
+
+def _place(policy: Policy, loads: np.ndarray, n_w: int, quota: np.ndarray) -> np.ndarray:
+    """A worker per new group. `loads` = the key the placement balances (prompt or predicted tokens)."""
+    n = loads.size
+    if policy.placement == "round-robin":
+        if not np.isfinite(quota).all():
+            return np.arange(n) % n_w
+        # deal in turns to the workers still under quota: turn r serves every worker with quota > r
+        turns = np.minimum(quota.astype(np.int64), n)
+        w = np.repeat(np.arange(n_w), turns)
+        r = np.arange(w.size) - np.repeat(np.cumsum(turns) - turns, turns)
+        return w[np.lexsort((w, r))][:n]
+    order = np.argsort(-loads, kind="stable") if policy.placement == "lpt" else np.arange(n)
+    heap = [(0.0, w) for w in range(n_w) if quota[w] > 0]
+    left = quota.astype(np.int64) if np.isfinite(quota).all() else None
+    out = np.zeros(n, dtype=np.int64)
+    for j in order.tolist():
+        load, w = heapq.heappop(heap)
+        out[j] = w
+        if left is not None:
+            left[w] -= 1
+            if left[w] <= 0:
+                continue
+        heapq.heappush(heap, (load + float(loads[j]), w))
+    return out
+
+
+def _queues(jobs: Jobs, keys: np.ndarray, rate: np.ndarray, n_w: int) -> tuple[engine.Queues, np.ndarray]:
+    """Pad jobs into per-worker queues ordered by `keys`; returns the queues and each job's position
+    (-1 for jobs already done)."""
+    w = jobs.worker
+    order = np.lexsort((keys, w))
+    order = order[~jobs.done[order]]
+    counts = np.bincount(w[order], minlength=n_w)
+    starts = np.cumsum(counts) - counts
+    pos = np.full(len(jobs), -1, dtype=np.int64)
+    pos[order] = np.arange(order.size) - starts[w[order]]
+    q = max(1, int(counts.max()) if counts.size else 1)
+    tokens = np.ones((n_w, q), dtype=np.int64)
+    ctx0 = np.zeros((n_w, q))
+    rates = np.ones((n_w, q))
+    wo, po = w[order], pos[order]
+    tokens[wo, po] = jobs.tokens[order]
+    ctx0[wo, po] = jobs.ctx0[order]
+    rates[wo, po] = rate[order]
+    return engine.Queues(tokens, ctx0, rates, counts), pos
+
+
+def simulate_policy(
+    policy: Policy,
+    trace: LengthTrace,
+    predicted: np.ndarray,
+    acceptance: np.ndarray,
+    cost: CostModel,
+    workers: int,
+    capacity: int,
+    steps: int,
+    groups_per_step: int | None = None,
+    max_prefill_tokens: float = 8192,
+) -> dict:
+    """Run `steps` RL steps of `policy` on `workers`; per-step dicts and run totals (ratios of sums)."""
+    stream = Stream.of(trace)
+    n_w = workers
+    k = 0
+    if policy.spec:
+        ctx = float(trace.prompt_tokens.mean() + trace.response_tokens.mean() / 2.0)
+        k = choose_draft_len(cost, float(np.nanmean(acceptance)), capacity, capacity * ctx)
+    rate_of = spec_rate(acceptance, k) if k else np.ones(len(trace))
+    box = Box(n_w, capacity, cost, k, max_prefill_tokens)
+    pos, front, carried = 0, np.zeros(0, dtype=np.int64), Jobs.empty()  # front: groups to redo first
+    per_step = []
+    for s in range(steps):
+        b = groups_per_step or stream.step_groups[s % len(stream.step_groups)]
+        held = np.unique(carried.uid)
+        want = max(b, math.ceil(policy.oversub * b)) - held.size
+        fresh = max(0, want - front.size)
+        new_uids = np.concatenate([front[:want], np.arange(pos, pos + fresh)])
+        front, pos = front[want:], pos + fresh
+        rows, which = stream.expand(new_uids)
+        pred_load = np.bincount(which, weights=predicted[rows], minlength=new_uids.size)
+        prompt_load = np.bincount(which, weights=trace.prompt_tokens[rows], minlength=new_uids.size)
+        quota = np.full(n_w, np.inf)
+        if policy.oversub > 1.0:  # each worker holds at most its share of the outstanding groups
+            per_w = math.ceil(max(b, math.ceil(policy.oversub * b)) / n_w)
+            _, first = np.unique(carried.uid, return_index=True)
+            have = np.bincount(carried.worker[first], minlength=n_w)
+            quota = np.maximum(0, per_w - have).astype(float)
+            if quota.sum() < new_uids.size:
+                quota += math.ceil((new_uids.size - quota.sum()) / n_w)
+        wk = _place(policy, pred_load if policy.placement == "lpt" else prompt_load, n_w, quota)
+        new = Jobs(
+            rows,
+            new_uids[which],
+            wk[which],
+            trace.response_tokens[rows],
+            trace.prompt_tokens[rows],
+            np.zeros(rows.size, dtype=bool),
+        )
+        jobs = Jobs.cat(carried, new)
+        keys = np.arange(len(jobs), dtype=float)
+        if policy.order == "alternate":  # carried work first, then new work by predicted length
+            sign = 1.0 if s % 2 == 0 else -1.0
+            keys = np.where(keys < len(carried), -1e18 + keys, sign * predicted[jobs.row])
+        rate = rate_of[jobs.row]
+        res, qpos = box.run(jobs, keys, rate)
+        if policy.migrate and n_w > 1:
+            res, qpos = _migrate(box, jobs, keys, rate, res, qpos)
+        row, trained, horizon = _account(policy, jobs, qpos, res, trace, b, box, rate)
+        per_step.append(row)
+        carried, redo = _carry(policy, jobs, qpos, res, trained, horizon, rate)
+        front = np.concatenate([redo, front])
+    return {
+        "policy": policy.name,
+        "workers": n_w,
+        "draft_len": k,
+        **_totals(per_step, n_w),
+        "steps": per_step,
+    }
+
+
+@dataclass(frozen=True)
+class Box:
+    """The simulated cluster of one run: workers, slots per worker, cost, draft length, prefill limit."""
+
+    n_w: int
+    capacity: int
+    cost: CostModel
+    k: int
+    max_prefill_tokens: float
+
+    def run(self, jobs: Jobs, keys: np.ndarray, rate: np.ndarray) -> tuple[engine.Result, np.ndarray]:
+        queues, qpos = _queues(jobs, keys, rate, self.n_w)
+        q = float(self.k + 1)
+        return engine.run(queues, self.capacity, self.cost, q, self.max_prefill_tokens), qpos
+
+
+def _migrate(
+    box: Box,
+    jobs: Jobs,
+    keys: np.ndarray,
+    rate: np.ndarray,
+    res: engine.Result,
+    qpos: np.ndarray,
+    passes: int = 3,
+) -> tuple[engine.Result, np.ndarray]:
+    """Straggler migration: work the slowest workers had not started by the time the fastest went idle
+    moves to the fastest (half of it, from the queue's tail); kept only when the makespan drops."""
+    n_w = box.n_w
+    for _ in range(passes):
+        end = res.end_t
+        order = np.argsort(end, kind="stable")
+        pairs = max(1, n_w // 4)
+        fast, slow = order[:pairs], order[::-1][:pairs]
+        ok = end[slow] > end[fast]
+        target = np.full(n_w, -1)
+        target[slow[ok]] = fast[ok]
+        deadline = np.full(n_w, np.inf)
+        deadline[slow[ok]] = end[fast[ok]]
+        w = jobs.worker
+        admit = np.where(qpos >= 0, res.admit_t[w, np.maximum(qpos, 0)], -np.inf)
+        late = (target[w] >= 0) & (admit > deadline[w])
+        n_late = np.bincount(w[late], minlength=n_w)
+        # of each slow worker's late jobs, the back half of its queue moves
+        rank_from_end = np.where(late, _rank_desc(w, qpos, late), -1)
+        move = late & (rank_from_end < n_late[w] // 2)
+        if not move.any():
+            break
+        new_w = np.where(move, target[w], w)
+        new_keys = np.where(move, 1e18 + keys, keys)
+        cand, cpos = box.run(
+            Jobs(jobs.row, jobs.uid, new_w, jobs.tokens, jobs.ctx0, jobs.done), new_keys, rate
+        )
+        if cand.end_t.max() >= res.end_t.max():
+            break
+        jobs.worker[:] = new_w
+        keys, res, qpos = new_keys, cand, cpos
+    return res, qpos
+
+
+def _rank_desc(w: np.ndarray, qpos: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per worker, the rank of each masked job counted from the back of its queue (0 = last)."""
+    idx = np.nonzero(mask)[0]
+    order = idx[np.lexsort((-qpos[idx], w[idx]))]
+    counts = np.bincount(w[order], minlength=int(w.max()) + 1 if w.size else 1)
+    starts = np.cumsum(counts) - counts
+    out = np.full(w.size, -1)
+    out[order] = np.arange(order.size) - starts[w[order]]
+    return out
+
+
+def _progress(
+    jobs: Jobs, qpos: np.ndarray, res: engine.Result, horizon: float, rate: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens each job has generated by `horizon` (this step) and whether it finished."""
+    w, p, ok = jobs.worker, np.maximum(qpos, 0), qpos >= 0
+    fin = ok & (res.finish_t[w, p] <= horizon + 1e-12)
+    started = ok & (res.admit_t[w, p] < horizon)
+    _, _, fwd = res.rounds.upto(horizon)
+    tot = jobs.tokens.astype(float)
+    run_tok = np.minimum(tot - 1, 1.0 + rate * (fwd[w] - res.admit_it[w, p]))
+    return np.floor(np.where(fin, tot, np.where(started, np.maximum(1.0, run_tok), 0.0))), fin
+
+
+def _account(
+    policy: Policy,
+    jobs: Jobs,
+    qpos: np.ndarray,
+    res: engine.Result,
+    trace: LengthTrace,
+    b: int,
+    box: Box,
+    rate: np.ndarray,
+) -> tuple[dict, np.ndarray, float]:
+    """The step's metrics, the groups it trains on, and the time the update fires."""
+    w = jobs.worker
+    fin_t = np.where(qpos >= 0, res.finish_t[w, np.maximum(qpos, 0)], -np.inf)  # carried done: earlier
+    uids, inv = np.unique(jobs.uid, return_inverse=True)
+    g_done = np.full(uids.size, -np.inf)
+    np.maximum.at(g_done, inv, fin_t)
+    if policy.oversub > 1.0 and uids.size > b:  # early termination: the first b complete groups
+        chosen = np.argsort(g_done, kind="stable")[:b]
+        horizon = float(g_done[chosen].max())
+    else:
+        chosen = np.arange(uids.size)
+        horizon = float(res.end_t.max())
+    horizon = max(horizon, 0.0)
+    trained = uids[chosen]
+    busy, slot_time, _ = res.rounds.upto(horizon)
+    done, _ = _progress(jobs, qpos, res, horizon, rate)
+    in_trained = np.isin(jobs.uid, trained)
+    train_tokens = float((trace.prompt_tokens[jobs.row] + trace.response_tokens[jobs.row])[in_trained].sum())
+    wall = horizon + box.cost.rollout_fixed
+    update = box.cost.update(train_tokens, box.n_w)
+    slowest = float(busy.max()) if busy.size else 0.0
+    idle = 1.0 - busy / slowest if slowest > 0 else np.zeros(box.n_w)
+    cap = float(box.capacity * box.n_w * wall)
+    row = {
+        "rollout_s": wall,
+        "update_s": update,
+        "step_time_s": wall + update,
+        "slot_time": float(slot_time.sum()),
+        "slot_capacity": cap,
+        "bubble_ratio": 1.0 - float(slot_time.sum()) / cap if cap > 0 else None,
+        "busy_sum": float(busy.sum()),
+        "busy_max": slowest,
+        "worker_idle_share_mean": float(idle.mean()),
+        "worker_idle_share_max": float(idle.max()),
+        "generated_tokens": float(done[qpos >= 0].sum()),
+        "wasted_tokens": 0.0 if policy.partial else float(done[~in_trained].sum()),
+        "trained_tokens": train_tokens,
+        "trained_groups": int(trained.size),
+    }
+    return row, trained, horizon
+
+
+def _carry(
+    policy: Policy,
+    jobs: Jobs,
+    qpos: np.ndarray,
+    res: engine.Result,
+    trained: np.ndarray,
+    horizon: float,
+    rate: np.ndarray,
+) -> tuple[Jobs, np.ndarray]:
+    """What outlives the update: nothing (synchronous), groups to redo (on-policy SortedRL), or the
+    untrained groups' sequences with their progress, on their worker (partial SortedRL)."""
+    if policy.oversub <= 1.0:
+        return Jobs.empty(), np.zeros(0, dtype=np.int64)
+    rest = ~np.isin(jobs.uid, trained)
+    if not policy.partial:
+        return Jobs.empty(), np.unique(jobs.uid[rest])
+    done, fin = _progress(jobs, qpos, res, horizon, rate)
+    kept = jobs.take(rest)
+    got = done[rest].astype(np.int64)
+    finished = kept.done | fin[rest]
+    kept.tokens = np.where(finished, kept.tokens, kept.tokens - got)
+    kept.ctx0 = np.where(finished, kept.ctx0, kept.ctx0 + got)  # resumed: prefill prompt + kept tokens
+    kept.done = finished
+    return kept, np.zeros(0, dtype=np.int64)
+
+
+def _totals(steps: list[dict], n_w: int) -> dict:
+    sum_ = lambda k: sum(s[k] for s in steps)  # noqa: E731
+    n = len(steps)
+    rollout = sum_("rollout_s")
+    return {
+        "bubble_ratio": 1.0 - sum_("slot_time") / sum_("slot_capacity") if sum_("slot_capacity") else None,
+        "worker_idle_share": 1.0 - sum_("busy_sum") / (sum_("busy_max") * n_w) if sum_("busy_max") else 0.0,
+        "worker_idle_share_max": max(s["worker_idle_share_max"] for s in steps),
+        "step_time_s": sum_("step_time_s") / n,
+        "rollout_s": rollout / n,
+        "update_s": sum_("update_s") / n,
+        "rollout_tokens_per_s": sum_("generated_tokens") / rollout if rollout else None,
+        "trained_tokens_per_s": sum_("trained_tokens") / sum_("step_time_s"),
+        "wasted_token_share": sum_("wasted_tokens") / sum_("generated_tokens")
+        if sum_("generated_tokens")
+        else 0.0,
+    }

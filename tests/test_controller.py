@@ -1,0 +1,437 @@
+"""SortedRL's controller against a fake engine (property-based), then tiny real-trainer runs of both modes."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reference_trainer.atomic import read_jsonl
+from reference_trainer.config import EngineConfig, ModelConfig, SamplingParams
+from reference_trainer.controller import NEW, REQUEUED, SortedController, SortedPartialController
+from reference_trainer.engine import Sequence, SequenceStatus, Trace
+from reference_trainer.loader import save_model
+from reference_trainer.model import DecoderLM
+from reference_trainer.modes import MODES
+from reference_trainer.rollout import STRATEGIES, PromptStream, RolloutContext
+from reference_trainer.tasks.arith import ArithTask
+from reference_trainer.tokenizer import CharTokenizer
+from reference_trainer.trainer import TrainConfig, Trainer
+from rlbench import metrics
+
+TIMING = (
+    "timing_s/gen",
+    "timing_s/reward",
+    "timing_s/update",
+    "timing_s/sync",
+    "step_time_s",
+    "rollout_tokens_per_s",
+)
+
+
+class FakeEngine:
+    """The Engine API the controller uses. A request finishes after a length drawn per (prompt, sample,
+    attempt) via its seed, so a resumed request continues to the same target. Checks the invariants the
+    controller must keep as it goes."""
+
+    def __init__(self, capacity: int, lengths: list[int]) -> None:
+        self.config = EngineConfig(max_num_seqs=capacity)
+        self.trace = Trace()
+        self.policy_version = 0
+        self.lengths = lengths
+        self.controller: SortedController | None = None
+        self.ctx: RolloutContext | None = None
+        self.idle_slot_steps = 0
+        self._waiting: list[tuple[int, int, Sequence]] = []
+        self._running: list[Sequence] = []
+        self._arrival = itertools.count()
+
+    def target(self, seq: Sequence) -> int:
+        return self.lengths[seq.params.seed % len(self.lengths)]
+
+    def _queued(self) -> list[Sequence]:
+        return [s for *_, s in self._waiting if s.status == SequenceStatus.WAITING]
+
+    def add_request(
+        self,
+        prompt_ids,
+        params,
+        *,
+        seq_id,
+        response_ids=None,
+        logprobs=None,
+        policy_versions=None,
+        priority=0,
+        meta=None,
+    ) -> Sequence:
+        if priority == NEW:  # no new prompt while re-queued work cannot all start at the next step,
+            requeued = sum(s.priority == REQUEUED for s in self._queued())
+            assert requeued <= self.config.max_num_seqs - len(self._running)
+            # nor beyond the oversubscription bound (regenerations may exceed it: they are not admissions)
+            assert self.controller is not None and self.ctx is not None
+            assert self.controller.unfinished() <= self.controller.max_unfinished(self.ctx)
+        response_ids = list(response_ids or [])
+        assert len(logprobs or []) == len(policy_versions or []) == len(response_ids)
+        assert len(response_ids) < self.target_of(params)
+        seq = Sequence(
+            seq_id,
+            list(prompt_ids),
+            params,
+            response_ids,
+            list(logprobs or []),
+            list(policy_versions or []),
+            priority=priority,
+            meta=dict(meta or {}),
+        )
+        seq.t_admit = self.trace.now()
+        heapq.heappush(self._waiting, (priority, next(self._arrival), seq))
+        return seq
+
+    def target_of(self, params: SamplingParams) -> int:
+        return self.lengths[params.seed % len(self.lengths)]
+
+    def abort(self, seq: Sequence) -> Sequence:
+        if seq in self._running:
+            self._running.remove(seq)
+        if not seq.is_finished:
+            seq.status, seq.finish_reason, seq.t_finish = SequenceStatus.ABORTED, "abort", self.trace.now()
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return bool(self._running) or bool(self._queued())
+
+    @property
+    def running(self) -> list[Sequence]:
+        return list(self._running)
+
+    def step(self) -> list[Sequence]:
+        t_start = self.trace.now()
+        while self._waiting and len(self._running) < self.config.max_num_seqs:
+            seq = heapq.heappop(self._waiting)[2]
+            if seq.status == SequenceStatus.WAITING:
+                seq.status = SequenceStatus.RUNNING
+                self._running.append(seq)
+        capacity = self.config.max_num_seqs
+        assert len(self._running) <= capacity
+        ctrl, ctx = self.controller, self.ctx
+        assert ctrl is not None and ctx is not None
+        if len(self._running) < capacity:  # an idle slot only when the oversubscription bound is reached
+            self.idle_slot_steps += 1
+            assert ctrl.unfinished() + ctx.group_size > ctrl.max_unfinished(ctx)
+        occupied = {i: s.seq_id for i, s in enumerate(self._running)}
+        finished = []
+        for seq in list(self._running):
+            seq.response_ids.append(7)
+            seq.logprobs.append(-0.5)
+            seq.policy_versions.append(self.policy_version)
+            if len(seq.response_ids) >= self.target(seq):
+                seq.status, seq.finish_reason, seq.t_finish = SequenceStatus.FINISHED, "eos", self.trace.now()
+                self._running.remove(seq)
+                finished.append(seq)
+        self.trace.engine_step("decode", t_start, self.trace.now(), occupied, capacity, len(occupied))
+        return finished
+
+
+def make_ctx(engine: FakeEngine, group_size: int, update_batch: int, seed: int = 0) -> RolloutContext:
+    return RolloutContext(
+        engine=engine,  # type: ignore[arg-type]
+        tokenizer=CharTokenizer(),
+        stream=PromptStream(ArithTask(), seed),
+        group_size=group_size,
+        update_batch=update_batch,
+        params=SamplingParams(max_tokens=10_000),
+        seed=seed,
+    )
+
+
+def drive(cls, options, ctx, steps: int, checkpoint_at: int | None = None):
+    """The trainer loop with a fake update (a version bump); optionally a checkpoint round trip mid-run.
+    Returns the controller and, per step, (version, consumed groups as plain data)."""
+    engine = ctx.engine
+    ctrl = cls(**options)
+    engine.controller, engine.ctx = ctrl, ctx
+    log = []
+    for step in range(steps):
+        engine.trace.step = step
+        version = engine.policy_version
+        groups = ctrl.collect(ctx)
+        assert not engine.has_unfinished()  # nothing survives a collect inside the engine
+        log.append(
+            (
+                version,
+                [
+                    (
+                        g.index,
+                        [
+                            (
+                                s.meta["sample"],
+                                s.finish_reason,
+                                list(s.response_ids),
+                                list(s.logprobs),
+                                list(s.policy_versions),
+                            )
+                            for s in g.samples
+                        ],
+                    )
+                    for g in groups
+                ],
+            )
+        )
+        engine.policy_version += 1
+        if step == checkpoint_at:
+            state = json.loads(json.dumps({"ctrl": ctrl.state_dict(), "stream": ctx.stream.state_dict()}))
+            ctrl = cls(**options)
+            ctrl.load_state_dict(state["ctrl"])
+            ctx.stream = PromptStream(ctx.stream.task, ctx.stream.seed)
+            ctx.stream.load_state_dict(state["stream"])
+            engine.controller = ctrl
+    return ctrl, log
+
+
+workloads = st.fixed_dictionaries(
+    {
+        "partial": st.booleans(),
+        "group_size": st.integers(1, 4),
+        "update_batch": st.integers(1, 4),
+        "capacity": st.integers(1, 12),
+        "oversubscription": st.sampled_from([1.0, 1.5, 2.0, 3.0]),
+        "max_staleness": st.integers(0, 3),
+        "max_attempts": st.none() | st.integers(1, 3),
+        "lengths": st.lists(st.integers(1, 30), min_size=1, max_size=24),
+        "steps": st.integers(1, 6),
+    }
+)
+
+
+def split(w: dict):
+    cls = SortedPartialController if w["partial"] else SortedController
+    options = {k: w[k] for k in ("oversubscription", "max_staleness", "max_attempts")}
+    return cls, options
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads)
+def test_controller_invariants(w):
+    cls, options = split(w)
+    engine = FakeEngine(w["capacity"], w["lengths"])
+    ctx = make_ctx(engine, w["group_size"], w["update_batch"])
+    ctrl, log = drive(cls, options, ctx, w["steps"])
+    trained: list[int] = []
+    for version, groups in log:
+        assert len(groups) == w["update_batch"]  # the update fires on exactly update_batch groups
+        for index, samples in groups:
+            trained.append(index)
+            assert [s[0] for s in samples] == list(range(w["group_size"]))  # complete groups only
+            for _, reason, tokens, logprobs, versions in samples:
+                assert reason == "eos" and len(tokens) == len(logprobs) == len(versions) >= 1
+                staleness = [version - v for v in versions]
+                assert min(staleness) >= 0
+                bound = w["max_staleness"] if w["partial"] else 0
+                assert max(staleness) <= bound
+        lengths = [sum(len(s[2]) for s in samples) for _, samples in groups]
+        assert len(lengths) == len(set(trained[-len(groups) :]))
+    # Every admitted prompt is trained (once), dropped (only with max_attempts), or still in the buffer.
+    active = [p.index for p in ctrl.active]
+    assert len(trained) == len(set(trained))
+    assert sorted(trained + ctrl.dropped + active) == list(range(ctx.stream.next_index))
+    assert not ctrl.dropped or w["max_attempts"] is not None
+    assert ctrl.stats["admitted"] == ctx.stream.next_index
+    if w["partial"]:
+        assert ctrl.stats["aborted"] == 0 and not ctrl.dropped
+
+
+@settings(max_examples=60, deadline=None)
+@given(workloads, st.data())
+def test_checkpoint_round_trip_replays_the_run(w, data):
+    cls, options = split(w)
+    steps = w["steps"] + 1
+    at = data.draw(st.integers(0, steps - 2))
+    straight = drive(
+        cls,
+        options,
+        make_ctx(FakeEngine(w["capacity"], w["lengths"]), w["group_size"], w["update_batch"]),
+        steps,
+    )[1]
+    resumed = drive(
+        cls,
+        options,
+        make_ctx(FakeEngine(w["capacity"], w["lengths"]), w["group_size"], w["update_batch"]),
+        steps,
+        checkpoint_at=at,
+    )[1]
+    assert resumed == straight
+
+
+def test_shortest_groups_first_and_partial_resume():
+    # Two samples per prompt, room for all of them: prompt lengths come from the seeds, so compare the
+    # consumed groups with the fake's own targets.
+    engine = FakeEngine(capacity=8, lengths=[3, 25, 4, 9, 2, 30, 5])
+    ctx = make_ctx(engine, group_size=2, update_batch=1)
+    ctrl, log = drive(SortedPartialController, {"oversubscription": 4.0, "max_staleness": 5}, ctx, 3)
+    first = log[0][1][0][1]
+    # The update fires on the first group to complete: no later than the shortest-longest sample of the 4
+    # prompts admitted at the start (later admissions start later, so only a shorter one can beat it).
+    longest = [max(engine.lengths[_seed(ctx, i, k) % 7] for k in range(2)) for i in range(4)]
+    assert max(len(s[2]) for s in first) <= min(longest)
+    assert ctrl.stats["cached"] > 0  # the rest was cached and resumed, not restarted
+    resumed = [s for _, groups in log[1:] for _, samples in groups for s in samples if len(set(s[4])) > 1]
+    assert resumed, "some consumed sample must carry tokens of two policy versions"
+
+
+def _seed(ctx: RolloutContext, index: int, sample: int) -> int:
+    from reference_trainer.rollout import request_seed
+
+    return request_seed(ctx.seed, index, sample)
+
+
+def test_sorted_regenerates_with_a_new_attempt():
+    engine = FakeEngine(capacity=4, lengths=[2, 40, 3, 35, 2, 50])
+    ctx = make_ctx(engine, group_size=2, update_batch=1)
+    ctrl, _ = drive(SortedController, {"oversubscription": 3.0}, ctx, 2)
+    assert ctrl.stats["regenerated"] > 0 and ctrl.stats["aborted"] > 0
+    attempts = [s.attempt for p in ctrl.active for s in p.samples]
+    assert max(attempts) >= 1
+    aborted = [e for e in engine.trace.events if e.get("kind") == "sequence" and e["status"] == "aborted"]
+    assert aborted and all(e["step"] in (0, 1) for e in aborted)
+
+
+def test_registries_and_options():
+    assert {"sorted", "sorted-partial"} <= set(MODES) and MODES["sorted-partial"].tis_cap == 2.0
+    assert (
+        STRATEGIES["sorted"] is SortedController and STRATEGIES["sorted-partial"] is SortedPartialController
+    )
+    with pytest.raises(ValueError):
+        SortedController(oversubscription=0.5)
+    with pytest.raises(ValueError):
+        SortedController(max_staleness=-1)
+
+
+# ---- the real trainer at tiny shapes -------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny shapes gain nothing from a second intra-op thread, and on a shared 2-core box two spinning
+    OpenMP threads make these runs ~10x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=99,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    path = tmp_path_factory.mktemp("tiny")
+    save_model(DecoderLM(config), path)
+    CharTokenizer().save(path)
+    return path
+
+
+@pytest.fixture
+def toy_task(monkeypatch):
+    """arith prompts, rewarded by the parity of the number of distinct characters: rewards vary within
+    groups even for a random model, so updates really move the weights (as in test_trainer.py)."""
+    from reference_trainer.tasks import TASKS
+    from reference_trainer.tasks.arith import ArithTask as Base
+
+    class Toy(Base):
+        name = "toy"
+
+        def reward(self, problem, response):
+            return float(len(set(response)) % 2)
+
+    monkeypatch.setitem(TASKS, "toy", Toy)
+    return "toy"
+
+
+def tiny_config(model_dir, mode: str, steps: int, **kw) -> TrainConfig:
+    config = TrainConfig(
+        steps=steps,
+        model=str(model_dir),
+        mode=mode,
+        prompts_per_step=2,
+        group_size=3,
+        max_tokens=16,
+        max_num_seqs=6,
+        max_model_len=256,
+        checkpoint_every=2,
+        mode_options={"oversubscription": 2.0, "max_staleness": 2},
+        **kw,
+    )
+    config.grpo.lr = 1e-2
+    config.grpo.micro_batch_size = 4
+    return config
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("mode", ["sorted", "sorted-partial"])
+def test_trainer_resume_reproduces_uninterrupted_run(tiny_model_dir, tmp_path, toy_task, mode, one_thread):
+    straight = Trainer(tiny_config(tiny_model_dir, mode, 4, task=toy_task), tmp_path / "straight")
+    straight.run()
+
+    def kill_after_step_2(row):
+        if row["step"] == 2:
+            raise Killed  # after step 2 was logged, before its checkpoint (checkpoints at 2 and 4)
+
+    with pytest.raises(Killed):
+        Trainer(tiny_config(tiny_model_dir, mode, 4, task=toy_task), tmp_path / "killed").run(
+            kill_after_step_2
+        )
+    resumed = Trainer(tiny_config(tiny_model_dir, mode, 4, task=toy_task), tmp_path / "killed", resume=True)
+    assert resumed.step == 2
+    assert resumed.strategy.state_dict() == json.loads(json.dumps(resumed.strategy.state_dict()))
+    resumed.run()
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+    rows = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
+    assert strip(read_jsonl(tmp_path / "killed" / "metrics.jsonl")) == strip(rows)
+    assert all(r["samples"] == 6 for r in rows)
+    assert ("tis_weight_mean" in rows[0]) == (mode == "sorted-partial")
+    for name, param in straight.policy.state_dict().items():
+        assert torch.equal(param, resumed.policy.state_dict()[name]), name
+
+    # The bubble ratio recomputed by hand from trace.jsonl equals what rlbench.metrics reports.
+    events = read_jsonl(tmp_path / "straight" / "trace.jsonl")
+    report = metrics.compute(straight.trace.events)
+    slot_time = capacity_time = 0.0
+    for step in range(4):
+        rollout = next(e for e in events if e["kind"] == "rollout" and e["step"] == step)
+        wall = rollout["t_end"] - rollout["t_start"]
+        engine = [e for e in events if e["kind"] in ("prefill", "decode") and e["step"] == step]
+        busy = sum(e["active_slots"] * (e["t_end"] - e["t_start"]) for e in engine)
+        assert all(rollout["t_start"] <= e["t_start"] <= e["t_end"] <= rollout["t_end"] for e in engine)
+        assert report["steps"][step]["bubble_ratio"] == pytest.approx(1 - busy / (6 * wall), abs=1e-12)
+        slot_time, capacity_time = slot_time + busy, capacity_time + 6 * wall
+        consumed = [
+            e for e in events if e["kind"] == "sequence" and e["step"] == step and e["status"] == "finished"
+        ]
+        assert len(consumed) == 6 and report["steps"][step]["update_batch_lengths"] == sorted(
+            e["response_tokens"] for e in consumed
+        )
+    assert report["summary"]["bubble_ratio"] == pytest.approx(1 - slot_time / capacity_time, abs=1e-12)
+    staleness = report["summary"]["staleness"]
+    assert mode == "sorted-partial" or set(staleness) == {"0"}
+    assert max(int(k) for k in staleness) <= 2
+    assert not math.isnan(report["summary"]["rollout_tokens_per_s"])

@@ -1,0 +1,254 @@
+"""Exact speculative verification: same distribution, same greedy output, rolled-back cache, cost-aware."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+from scipy import stats
+
+from reference_trainer.config import EngineConfig, ModelConfig, SamplingParams
+from reference_trainer.engine import Engine
+from reference_trainer.engine.speculative import CostModel, Speculator, coupled_accept
+from reference_trainer.histospec import HistoryDrafter, attach_histospec
+from reference_trainer.model import DecoderLM
+from rlbench.metrics import step_metrics
+
+PROMPT = [5, 6, 7, 8]
+EOS = 2
+CHEAP = CostModel({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})  # verifying is free
+
+
+@pytest.fixture(scope="module")
+def model() -> DecoderLM:
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=32,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    m = DecoderLM(cfg)
+    with torch.no_grad():  # a peaked (low-entropy) model, like a trained one: drafts get accepted
+        m.lm_head.weight.mul_(6.0)
+        m.lm_head.weight[EOS] = m.lm_head.weight[30]  # EOS as likely as a common token: lengths vary
+    return m.eval()
+
+
+def make_engine(model: DecoderLM, capacity: int = 64, **spec) -> tuple[Engine, Speculator | None]:
+    engine = Engine(model, EngineConfig(max_num_seqs=capacity, max_model_len=96), eos_token_ids=[EOS])
+    return engine, (attach_histospec(engine, **spec) if spec else None)
+
+
+def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list:
+    return engine.generate(prompts, params)
+
+
+def sampling(seeds: range, max_tokens: int = 12, **kw) -> list[SamplingParams]:
+    return [SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=s, **kw) for s in seeds]
+
+
+def test_greedy_and_seeded_outputs_identical_with_drafts(model):
+    prompts = [PROMPT, [9, 10], [11, 12, 13, 14, 15], PROMPT] * 3
+    for params in (
+        [SamplingParams(temperature=0.0, max_tokens=30)] * len(prompts),
+        sampling(range(len(prompts)), max_tokens=30, top_k=8, top_p=0.9),
+    ):
+        plain = run(make_engine(model)[0], prompts, params)
+        engine, spec = make_engine(model, cost_model=CHEAP)
+        assert spec is not None
+        for p in {tuple(p) for p in prompts}:  # history: other samples of the same prompts
+            for s in run(make_engine(model)[0], [list(p)] * 4, sampling(range(100, 104), max_tokens=30)):
+                spec.drafter.add_response(list(p), s.response_ids)
+        out = run(engine, prompts, params)
+        assert [s.response_ids for s in out] == [s.response_ids for s in plain]
+        assert [s.finish_reason for s in out] == [s.finish_reason for s in plain]
+        for a, b in zip(out, plain, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)  # the target model's log-probs
+        verify = [e for e in engine.trace.events if e["kind"] == "verify"]
+        drafted, accepted = sum(e["drafted"] for e in verify), sum(e["accepted"] for e in verify)
+        assert 0 < accepted < drafted  # drafts were verified, some rejected and rolled back
+        assert sum(s.drafted for s in out) == drafted and sum(s.accepted for s in out) == accepted
+        assert sum(e["tokens"] for e in engine.trace.events) == sum(len(s.response_ids) for s in out)
+        m = step_metrics(engine.trace.events)[0]
+        assert m["acceptance_rate"] == pytest.approx(accepted / drafted)
+        assert m["mean_accepted_len"] > 1.0 and 0 < m["draft_coverage"] <= 1.0
+
+
+def test_stop_conditions_apply_inside_an_accepted_run(model):
+    greedy = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    plain = run(make_engine(model)[0], [PROMPT], [greedy])[0]
+    ids = plain.response_ids
+    stop_at = ids[max(i for i in range(len(ids)) if ids[i] not in ids[:i])]  # its first use, mid-run
+    for params in (
+        replace(greedy, max_tokens=7),
+        replace(greedy, stop_token_ids=[stop_at]),
+        replace(greedy, ignore_eos=False),
+    ):
+        engine, spec = make_engine(model, cost_model=CHEAP, init_draft=8, max_draft=15)
+        spec.drafter.add_response(PROMPT, plain.response_ids)  # the exact answer: everything is accepted
+        out = run(engine, [PROMPT], [params])[0]
+        expected = run(make_engine(model)[0], [PROMPT], [params])[0]
+        assert out.response_ids == expected.response_ids and out.finish_reason == expected.finish_reason
+        assert any(e["kind"] == "verify" for e in engine.trace.events)
+
+
+def test_rollback_leaves_the_cache_equal_to_a_fresh_prefill(model):
+    engine, spec = make_engine(model, capacity=4, cost_model=CHEAP)
+    history = run(make_engine(model)[0], [PROMPT] * 3, sampling(range(3), max_tokens=40))
+    for s in history:
+        spec.drafter.add_response(PROMPT, s.response_ids)
+    seqs = [engine.add_request(PROMPT, p) for p in sampling(range(10, 14), max_tokens=40)]
+    for _ in range(6):
+        engine.step()
+    assert any(e["kind"] == "verify" and e["accepted"] < e["drafted"] for e in engine.trace.events)
+    for seq in seqs:
+        if seq.is_finished:
+            continue
+        n = seq.num_cached
+        assert n == seq.length - 1
+        fresh = Engine(model, EngineConfig(max_num_seqs=1, max_model_len=96))
+        fresh.add_request(seq.all_ids[:n], SamplingParams(max_tokens=1))
+        fresh.step()  # prefill writes positions [0, n)
+        for layer in range(model.config.num_hidden_layers):
+            for ours, ref in (
+                (engine.slots.cache.k, fresh.slots.cache.k),
+                (engine.slots.cache.v, fresh.slots.cache.v),
+            ):
+                torch.testing.assert_close(
+                    ours[layer][seq.slot, :, :n], ref[layer][0, :, :n], atol=1e-5, rtol=1e-4
+                )
+
+
+def _samples(model: DecoderLM, seeds: range, rule=None) -> list[list[int]]:
+    if rule is None:
+        engine, _ = make_engine(model)
+    else:
+        engine, spec = make_engine(model, cost_model=CHEAP)
+        spec.accept_rule = rule
+        for s in run(make_engine(model)[0], [PROMPT] * 8, sampling(range(900_000, 900_008))):
+            spec.drafter.add_response(PROMPT, s.response_ids)
+    out = run(engine, [PROMPT] * len(seeds), sampling(seeds, ignore_eos=False))
+    if rule is not None:
+        assert sum(e.get("accepted", 0) for e in engine.trace.events) > 100  # drafts really were used
+    return [s.response_ids for s in out]
+
+
+def _p_values(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
+    """Chi-square over (position, token) counts of the first 4 positions; KS over response lengths."""
+
+    def counts(samples: list[list[int]]) -> Counter:
+        return Counter((i, t) for s in samples for i, t in enumerate(s[:4]))
+
+    ca, cb = counts(a), counts(b)
+    keys = sorted(set(ca) | set(cb))
+    common = [k for k in keys if ca[k] + cb[k] >= 10]  # rare cells pooled per position
+    table = [[ca[k] for k in common], [cb[k] for k in common]]
+    for i in range(4):
+        rare = [k for k in keys if k[0] == i and k not in common]
+        if rare:
+            table[0].append(sum(ca[k] for k in rare))
+            table[1].append(sum(cb[k] for k in rare))
+    chi = stats.chi2_contingency(table).pvalue
+    ks = stats.ks_2samp([len(s) for s in a], [len(s) for s in b]).pvalue
+    return chi, ks
+
+
+def test_sampling_distribution_is_unchanged_and_a_wrong_rule_is_detected(model):
+    n = 300
+    plain = _samples(model, range(n))
+    exact = _samples(model, range(10_000, 10_000 + n), coupled_accept)  # other seeds: independent samples
+    chi, ks = _p_values(plain, exact)
+    assert chi > 0.01 and ks > 0.01
+
+    gen = torch.Generator().manual_seed(0)
+
+    def too_generous(probs, plain_draws, drafts):
+        # A plausible bug: accept d with probability min(1, 2 p(d)) instead of p(d).
+        p_d = probs.gather(-1, drafts.clamp(min=0)[:, None]).squeeze(-1)
+        return torch.rand(p_d.shape, generator=gen) < (2 * p_d).clamp(max=1.0)
+
+    wrong = _samples(model, range(10_000, 10_000 + n), too_generous)
+    chi_w, ks_w = _p_values(plain, wrong)
+    assert min(chi_w, ks_w) < 0.01
+
+
+def test_cost_model_interpolates_and_chooser_respects_cost():
+    table = {(b, q): 0.001 * b * q for b in (1, 8) for q in (1, 4, 8)}
+    cm = CostModel(table)
+    assert cm.cost(4, 2) == pytest.approx(0.001 * 4 * 2)
+    assert cm.cost(16, 8) == pytest.approx(0.001 * 16 * 8)  # linear extrapolation beyond the grid
+
+    expensive = Speculator(HistoryDrafter(), cost_model=cm, prior_acceptance=0.9)
+    assert expensive.choose_width([8] * 8) == 0  # q+1 tokens cost q+1 decode steps: never worth it
+    flat = CostModel({(b, q): 0.01 for b in (1, 64) for q in (1, 16)})
+    cheap = Speculator(HistoryDrafter(), cost_model=flat, prior_acceptance=0.5)
+    assert cheap.choose_width([8, 3, 0]) == 8  # free verification: verify every draft token
+    assert cheap.choose_width([0, 0]) == 0  # nothing to verify
+    # Verification costing 2x a decode: worth it at high acceptance, not at low.
+    double = CostModel({(1, 1): 1.0, (1, 2): 2.0, (1, 16): 2.0, (64, 1): 1.0, (64, 2): 2.0, (64, 16): 2.0})
+    assert Speculator(HistoryDrafter(), cost_model=double, prior_acceptance=0.95).choose_width([8]) > 0
+    assert Speculator(HistoryDrafter(), cost_model=double, prior_acceptance=0.3).choose_width([8]) == 0
+
+
+def test_measured_cost_model_and_plain_steps_when_verification_is_expensive(model):
+    engine, spec = make_engine(model, capacity=8, cost_batches=(1, 8), cost_qs=(1, 4), cost_repeats=1)
+    assert spec.cost_model is not None and set(spec.cost_model.table) == {(1, 1), (1, 4), (8, 1), (8, 4)}
+    assert all(t > 0 for t in spec.cost_model.table.values())
+    spec.cost_model = CostModel({(b, q): 0.001 * q for b in (1, 8) for q in (1, 16)})
+    spec.drafter.add_response(PROMPT, list(range(10, 30)))
+    run(engine, [PROMPT] * 4, sampling(range(4)))
+    kinds = Counter(e["kind"] for e in engine.trace.events)
+    assert kinds["verify"] == 0 and kinds["decode"] > 0  # falls back to plain decode steps
+
+
+def test_rhyme_mode_attaches_histospec_and_matches_baseline(tmp_path):
+    from reference_trainer.loader import save_model
+    from reference_trainer.tokenizer import CharTokenizer
+    from reference_trainer.trainer import TrainConfig, Trainer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=99,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    save_model(DecoderLM(cfg), tmp_path / "m")
+    CharTokenizer().save(tmp_path / "m")
+    rows, seqs = {}, {}
+    for mode in ("baseline", "rhyme"):
+        config = TrainConfig(
+            mode=mode,
+            model=str(tmp_path / "m"),
+            steps=2,
+            prompts_per_step=2,
+            group_size=3,
+            max_tokens=12,
+            max_num_seqs=6,
+            max_model_len=256,
+            prompt_pool=2,
+            mode_options={
+                "histospec": {"cost_model": [[1, 1, 1.0], [64, 1, 1.0], [1, 16, 1.0], [64, 16, 1.0]]}
+            }
+            if mode == "rhyme"
+            else {},
+        )
+        trainer = Trainer(config, tmp_path / mode)
+        assert (trainer.engine.speculator is not None) == (mode == "rhyme")
+        rows[mode] = [trainer.train_step() for _ in range(2)]
+        seqs[mode] = [
+            (e["id"], e["response_tokens"]) for e in trainer.trace.events if e["kind"] == "sequence"
+        ]
+    assert seqs["rhyme"] == seqs["baseline"]  # the pool repeats prompts; exact speculation, same samples
+    assert [r["reward_mean"] for r in rows["rhyme"]] == [r["reward_mean"] for r in rows["baseline"]]
+    assert len({sid for sid, _ in seqs["rhyme"]}) == 6  # 2 prompts x 3 samples, seen in both epochs
