@@ -1,6 +1,6 @@
 """HistoSpec benchmark: GRPO for several epochs over a fixed prompt pool, plain vs HistoSpec in one process.
 
-    PYTHONPATH=. python benchmarks/histospec.py [--model DIR] [--epochs 4] [--pool 8] [--group 8]
+    python benchmarks/histospec.py [--model DIR] [--epochs 4] [--pool 8] [--group 8]
 
 Two trainers (`baseline` and `rhyme`) start from the same weights with the same seeds; each epoch runs the
 baseline's steps, then rhyme's, so both see the same machine load. Per epoch it prints rollout tokens/s of
@@ -13,32 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlbench.metrics import step_metrics
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import resolve_model  # noqa: E402
 
-def model_dir(arg: str | None, tmp: Path) -> tuple[Path, str]:
-    from reference_trainer.embedded import MODEL_CONFIG, default_model_dir
-
-    if arg:
-        return Path(arg), arg
-    path = default_model_dir(build=False)
-    if (path / "config.json").is_file():
-        return path, "embedded"
-    from reference_trainer.loader import save_model
-    from reference_trainer.model import DecoderLM
-    from reference_trainer.tokenizer import CharTokenizer
-
-    torch.manual_seed(0)
-    out = tmp / "random-model"
-    save_model(DecoderLM(MODEL_CONFIG), out)
-    CharTokenizer().save(out)
-    return out, "random (embedded shape; the embedded model is not built)"
+from rlbench.metrics import step_metrics  # noqa: E402
 
 
 def epoch_metrics(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
@@ -82,7 +68,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        mdir, source = model_dir(args.model, tmp)
+        mdir, source = resolve_model(args.model)
         steps_per_epoch = args.pool // args.prompts_per_step
         trainers = {}
         for mode in ("baseline", "rhyme"):

@@ -24,31 +24,15 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import resolve_model  # noqa: E402
 
 from reference_trainer.atomic import read_jsonl, write_json  # noqa: E402
-from reference_trainer.embedded import MODEL_CONFIG, default_model_dir  # noqa: E402
-from reference_trainer.loader import save_model  # noqa: E402
-from reference_trainer.model import DecoderLM  # noqa: E402
-from reference_trainer.tokenizer import CharTokenizer  # noqa: E402
 from reference_trainer.trainer import TrainConfig, Trainer  # noqa: E402
 from rlbench import metrics  # noqa: E402
 
 MODES = ("baseline", "sorted", "sorted-partial")
-
-
-def model_dir(arg: str | None) -> tuple[Path, str]:
-    if arg and arg != "random":
-        return Path(arg), arg
-    embedded = default_model_dir(build=False)
-    if arg is None and (embedded / "config.json").is_file():
-        return embedded, f"embedded default model ({embedded.name})"
-    path = Path(tempfile.mkdtemp()) / "random"
-    torch.manual_seed(0)
-    save_model(DecoderLM(MODEL_CONFIG), path)
-    CharTokenizer().save(path)
-    why = "--model random" if arg else "embedded model not built yet"
-    return path, f"random model with the embedded shape ({why})"
 
 
 def config(args: argparse.Namespace, mode: str, model: Path) -> TrainConfig:
@@ -132,7 +116,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sorted.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    path, label = model_dir(args.model)
+    path, label = resolve_model(args.model)
     runs = Path(tempfile.mkdtemp(prefix="rlbench-sorted-"))
     trainers = {m: Trainer(config(args, m, path), runs / m) for m in MODES}
     start = time.perf_counter()

@@ -5,7 +5,8 @@ and cached under a directory keyed by its config and recipe, so every later run 
 Why this small: a 5-minute CPU budget buys ~1M training tokens, and copying (the operand of the next step,
 the next name of a puzzle) only emerges after enough optimizer steps. At d=256 (3.2M params) or d=192 the
 same wall time gave 300 slow steps and ~2% arith accuracy; d=128 gets 900 steps and ~17% (greedy).
-SFT sees arith chains of at most 8 operations; RL then meets the full heavy tail (up to 48).
+SFT sees the full heavy tail of arith chains (up to 48 operations), so rollouts of the embedded model have
+the long tail that makes bubbles; an SFT capped at 8 operations gave responses of at most ~75 tokens.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ MODEL_CONFIG = ModelConfig(
 )
 SFT_CONFIG = SFTConfig(steps=900, batch_size=16, lr=4e-3, warmup=30, seed=0)
 # (task name, constructor kwargs, share of SFT examples); SFT prompts come from a seed RL never uses.
-SFT_MIX: list[tuple[str, dict, float]] = [("arith", {"max_ops": 8}, 0.5), ("kk", {"num_people": (2, 3)}, 0.5)]
+SFT_MIX: list[tuple[str, dict, float]] = [("arith", {}, 0.5), ("kk", {"num_people": (2, 3)}, 0.5)]
 SFT_DATA_SEED = 1_000_000
 
 

@@ -93,12 +93,20 @@ class CachedBatch:
         self.bias = torch.zeros(self.mask.shape, device=device).masked_fill(~self.mask, float("-inf"))
 
 
+SMALL_Q = 32  # up to this many queries per row (decode, verification), attention is two plain matmuls
+
+
 def _cached_attention(q, keys, values, batch: CachedBatch, gqa: bool) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    if q.shape[2] == 1 and not gqa:
-        # One query per row (decode): two small batched matmuls beat SDPA's masked kernel on CPU.
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * (q.shape[-1] ** -0.5) + batch.bias
-        return torch.matmul(torch.softmax(scores, dim=-1), values)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, enable_gqa=gqa)
+    bsz, heads, num_q, dim = q.shape
+    if num_q > SMALL_Q:  # prefill: SDPA's fused kernel wins
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, enable_gqa=gqa)
+    # Few queries per row: two small batched matmuls beat SDPA's masked kernel on CPU. With GQA, the query
+    # heads sharing a KV head are folded into the query axis, so each K/V row is read once.
+    group = heads // keys.shape[1]
+    q = q.reshape(bsz, keys.shape[1], group * num_q, dim)
+    bias = batch.bias if group == 1 else batch.bias.repeat(1, 1, group, 1)
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * dim**-0.5 + bias.to(q.dtype)
+    return torch.matmul(torch.softmax(scores, dim=-1), values).reshape(bsz, heads, num_q, dim)
 
 
 class Attention(nn.Module):
@@ -149,8 +157,9 @@ class Attention(nn.Module):
                 lo, hi = batch.slot_range
                 keys, values = k_cache[lo:hi, :, : batch.key_len], v_cache[lo:hi, :, : batch.key_len]
             else:
-                keys = k_cache.index_select(0, batch.slots)[:, :, : batch.key_len]
-                values = v_cache.index_select(0, batch.slots)[:, :, : batch.key_len]
+                # slice before gathering: copy only the positions attended to, not whole slots
+                keys = k_cache[:, :, : batch.key_len].index_select(0, batch.slots)
+                values = v_cache[:, :, : batch.key_len].index_select(0, batch.slots)
             out = _cached_attention(q, keys.to(q.dtype), values.to(q.dtype), batch, gqa)
         return self.o_proj(out.transpose(1, 2).reshape(bsz, seq, self.num_heads * self.head_dim))
 

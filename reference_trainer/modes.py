@@ -7,12 +7,22 @@ Issues add modes by adding entries here; the trainer loop never branches on a mo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from reference_trainer.controller import SortedController, SortedPartialController
+from reference_trainer.rollout import RolloutStrategy, SynchronousRollout
+
+STRATEGIES: dict[str, type] = {
+    "baseline": SynchronousRollout,
+    "sorted": SortedController,
+    "sorted-partial": SortedPartialController,
+}
 
 
 @dataclass(frozen=True)
 class Mode:
     name: str
-    strategy: str  # a key of reference_trainer.rollout.STRATEGIES
+    strategy: str  # a key of STRATEGIES
     speculative: bool = False  # attach HistoSpec drafting to the engine
     # Truncated-importance-sampling cap for modes that train on tokens of older policies (GRPOConfig.tis_cap
     # takes it when the run's config leaves that None); None = no off-policy correction.
@@ -32,3 +42,9 @@ def get_mode(name: str) -> Mode:
     if name not in MODES:
         raise ValueError(f"unknown mode {name!r}; valid: {', '.join(MODES)}")
     return MODES[name]
+
+
+def make_strategy(name: str, **options: Any) -> RolloutStrategy:
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}")
+    return STRATEGIES[name](**options)

@@ -133,16 +133,3 @@ class SynchronousRollout:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
-
-
-STRATEGIES: dict[str, type] = {"baseline": SynchronousRollout}
-
-
-def make_strategy(mode: str, **options: Any) -> RolloutStrategy:
-    if mode not in STRATEGIES:
-        raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(STRATEGIES)}")
-    return STRATEGIES[mode](**options)
-
-
-# SortedRL's controller builds on this module and registers "sorted" and "sorted-partial" in STRATEGIES.
-from reference_trainer import controller as _controller  # noqa: E402, F401

@@ -25,8 +25,8 @@ from reference_trainer.engine import Engine, Trace
 from reference_trainer.grpo import GRPOConfig, GRPOUpdater, RolloutBatch
 from reference_trainer.histospec import attach_histospec
 from reference_trainer.loader import load_model, resolve_dtype
-from reference_trainer.modes import get_mode
-from reference_trainer.rollout import Group, PromptStream, RolloutContext, make_strategy
+from reference_trainer.modes import get_mode, make_strategy
+from reference_trainer.rollout import Group, PromptStream, RolloutContext
 from reference_trainer.tasks import get_task
 from reference_trainer.tokenizer import load_tokenizer
 
@@ -48,7 +48,9 @@ class TrainConfig:
     top_p: float = 1.0
     max_num_seqs: int = 128  # engine slot capacity
     max_model_len: int = 1024
-    max_prefill_tokens: int = 8192  # engine tokens per batched prefill forward (padded)
+    max_prefill_tokens: int = (
+        32768  # engine tokens per batched prefill forward (padded): a step's admissions in one go
+    )
     checkpoint_every: int = 5
     prompt_pool: int | None = None  # a fixed pool of this many prompts cycled per epoch; None = endless
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(lr=1e-4, micro_batch_size=32))

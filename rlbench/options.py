@@ -20,7 +20,7 @@ DataDir = Annotated[
     Path | None,
     typer.Option("--data-dir", envvar="RLBENCH_DATA_DIR", help="Directory of offline suite JSONL files."),
 ]
-Mode = Annotated[str, typer.Option("--mode", help="Rollout mode: baseline (more as their issues land).")]
+Mode = Annotated[str, typer.Option("--mode", help="baseline, sorted, sorted-partial, rhyme or sorted+rhyme.")]
 Task = Annotated[str, typer.Option("--task", help="Embedded task: arith or kk.")]
 Steps = Annotated[int, typer.Option("--steps", min=1, help="RL steps.")]
 PromptsPerStep = Annotated[int | None, typer.Option("--prompts-per-step", help="Complete groups per update.")]

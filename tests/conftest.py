@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+
 def pytest_collection_modifyitems(config, items):
     """GPU-marked tests skip cleanly on machines without CUDA (CI has none)."""
     if torch.cuda.is_available():
@@ -68,3 +69,48 @@ def qwen2_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory) -> Path:
     return write_hf_checkpoint(tmp_path_factory.mktemp("llama"), "llama")
+
+
+def write_tiny_char_model(path: Path, seed: int = 0) -> Path:
+    """A random 2-layer char-level model directory (the embedded model's format at toy size)."""
+    from reference_trainer.config import ModelConfig
+    from reference_trainer.loader import save_model
+    from reference_trainer.model import DecoderLM
+    from reference_trainer.tokenizer import CharTokenizer
+
+    torch.manual_seed(seed)
+    config = ModelConfig(
+        vocab_size=99,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    save_model(DecoderLM(config), path)
+    CharTokenizer().save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return write_tiny_char_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def toy_task(monkeypatch) -> str:
+    """arith prompts, rewarded by the parity of the number of distinct characters: rewards vary within
+    groups even for a random model, so updates really move the weights."""
+    from reference_trainer.tasks import TASKS
+    from reference_trainer.tasks.arith import ArithTask
+
+    class Toy(ArithTask):
+        name = "toy"
+
+        def reward(self, problem, response):
+            return float(len(set(response)) % 2)
+
+    monkeypatch.setitem(TASKS, "toy", Toy)
+    return "toy"

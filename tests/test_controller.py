@@ -13,13 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reference_trainer.atomic import read_jsonl
-from reference_trainer.config import EngineConfig, ModelConfig, SamplingParams
+from reference_trainer.config import EngineConfig, SamplingParams
 from reference_trainer.controller import NEW, REQUEUED, SortedController, SortedPartialController
 from reference_trainer.engine import Sequence, SequenceStatus, Trace
-from reference_trainer.loader import save_model
-from reference_trainer.model import DecoderLM
-from reference_trainer.modes import MODES
-from reference_trainer.rollout import STRATEGIES, PromptStream, RolloutContext
+from reference_trainer.modes import MODES, STRATEGIES
+from reference_trainer.rollout import PromptStream, RolloutContext
 from reference_trainer.tasks.arith import ArithTask
 from reference_trainer.tokenizer import CharTokenizer
 from reference_trainer.trainer import TrainConfig, Trainer
@@ -323,42 +321,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=99,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    path = tmp_path_factory.mktemp("tiny")
-    save_model(DecoderLM(config), path)
-    CharTokenizer().save(path)
-    return path
-
-
-@pytest.fixture
-def toy_task(monkeypatch):
-    """arith prompts, rewarded by the parity of the number of distinct characters: rewards vary within
-    groups even for a random model, so updates really move the weights (as in test_trainer.py)."""
-    from reference_trainer.tasks import TASKS
-    from reference_trainer.tasks.arith import ArithTask as Base
-
-    class Toy(Base):
-        name = "toy"
-
-        def reward(self, problem, response):
-            return float(len(set(response)) % 2)
-
-    monkeypatch.setitem(TASKS, "toy", Toy)
-    return "toy"
 
 
 def tiny_config(model_dir, mode: str, steps: int, **kw) -> TrainConfig:

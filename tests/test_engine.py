@@ -214,7 +214,9 @@ def test_engine_on_cuda_bf16(llama_dir):
         ids = torch.tensor([prompt + seq.response_ids], device="cuda")
         with torch.no_grad():
             logits = model(ids)[0, len(prompt) - 1 : -1].float()
-        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(seq.response_ids, device="cuda")[:, None])
+        expected = torch.log_softmax(logits, -1).gather(
+            -1, torch.tensor(seq.response_ids, device="cuda")[:, None]
+        )
         assert torch.allclose(torch.tensor(seq.logprobs), expected.squeeze(-1).cpu(), atol=5e-2)
 
 

@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import write_tiny_char_model
 
-from reference_trainer.config import ModelConfig
-from reference_trainer.loader import save_model
-from reference_trainer.model import DecoderLM
-from reference_trainer.tokenizer import CharTokenizer
 from reference_trainer.trainer import TrainConfig, Trainer
 from rlbench.simulate.replay import validate
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
-    config = ModelConfig(vocab_size=99, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, **shape)
-    model = tmp_path_factory.mktemp("model")
-    save_model(DecoderLM(config), model)
-    CharTokenizer().save(model)
+    model = write_tiny_char_model(tmp_path_factory.mktemp("model"))
     out = tmp_path_factory.mktemp("run")
     # 24 sequences on 8 slots with random-model (geometric, capped) lengths: queueing and a tail
     train = TrainConfig(task="arith", steps=2, model=str(model), prompts_per_step=6, group_size=4,

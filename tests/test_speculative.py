@@ -207,29 +207,14 @@ def test_measured_cost_model_and_plain_steps_when_verification_is_expensive(mode
     assert kinds["verify"] == 0 and kinds["decode"] > 0  # falls back to plain decode steps
 
 
-def test_rhyme_mode_attaches_histospec_and_matches_baseline(tmp_path):
-    from reference_trainer.loader import save_model
-    from reference_trainer.tokenizer import CharTokenizer
+def test_rhyme_mode_attaches_histospec_and_matches_baseline(tmp_path, tiny_model_dir):
     from reference_trainer.trainer import TrainConfig, Trainer
 
-    torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=99,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    save_model(DecoderLM(cfg), tmp_path / "m")
-    CharTokenizer().save(tmp_path / "m")
     rows, seqs = {}, {}
     for mode in ("baseline", "rhyme"):
         config = TrainConfig(
             mode=mode,
-            model=str(tmp_path / "m"),
+            model=str(tiny_model_dir),
             steps=2,
             prompts_per_step=2,
             group_size=3,

@@ -8,10 +8,7 @@ import pytest
 import torch
 
 from reference_trainer.atomic import read_jsonl
-from reference_trainer.config import ModelConfig
-from reference_trainer.loader import load_model, save_model
-from reference_trainer.model import DecoderLM
-from reference_trainer.tokenizer import CharTokenizer
+from reference_trainer.loader import load_model
 from reference_trainer.trainer import TrainConfig, Trainer
 
 TIMING = (
@@ -22,25 +19,6 @@ TIMING = (
     "step_time_s",
     "rollout_tokens_per_s",
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=99,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    path = tmp_path_factory.mktemp("tiny")
-    save_model(DecoderLM(config), path)
-    CharTokenizer().save(path)
-    return path
 
 
 def tiny_config(model_dir, steps: int, **kw) -> TrainConfig:
@@ -63,23 +41,6 @@ def tiny_config(model_dir, steps: int, **kw) -> TrainConfig:
 
 class Killed(Exception):
     pass
-
-
-@pytest.fixture
-def toy_task(monkeypatch):
-    """arith prompts, rewarded by the parity of the number of distinct characters: rewards vary within
-    groups even for a random model, so updates really move the weights."""
-    from reference_trainer.tasks import TASKS
-    from reference_trainer.tasks.arith import ArithTask
-
-    class LongAnswer(ArithTask):
-        name = "toy"
-
-        def reward(self, problem, response):
-            return float(len(set(response)) % 2)
-
-    monkeypatch.setitem(TASKS, "toy", LongAnswer)
-    return "toy"
 
 
 def test_training_writes_logs_trace_and_checkpoints(tiny_model_dir, tmp_path):

@@ -44,34 +44,35 @@ class ModelRunner:
             seq.num_cached = seq.length
         return logits[:, 0]
 
+    def _forward_rows(self, seqs: list[Sequence], rows: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """One forward continuing each sequence's row at its start position: [B, Qmax, V] in `seqs` order."""
+        slots = [s.slot for s in seqs]
+        lo, hi = min(slots), max(slots) + 1
+        if len(seqs) * 2 < hi - lo:  # sparse slots: gather just their cache rows
+            return self.model.forward_cached(
+                self._tensor(rows), self._long(starts), self.slots.cache, self._long(slots)
+            )
+        # Packed slots (the allocator keeps them low): run the slot range as a view of the cache; idle
+        # slots in it get a dummy row, written where nothing live reads it.
+        packed_rows, packed_starts = [[PAD_ID]] * (hi - lo), [0] * (hi - lo)
+        for slot, row, start in zip(slots, rows, starts, strict=True):
+            packed_rows[slot - lo], packed_starts[slot - lo] = row, start
+        logits = self.model.forward_cached(
+            self._tensor(packed_rows),
+            self._long(packed_starts),
+            self.slots.cache,
+            torch.arange(lo, hi, device=self.device),
+            contiguous=True,
+        )
+        return logits[self._long([s - lo for s in slots])]
+
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Feed each sequence's newest token: [B, V] logits, rows in the order of `seqs` (sorted by slot)."""
-        slots = [s.slot for s in seqs]
-        lo, hi = slots[0], slots[-1] + 1
-        if len(seqs) * 2 >= hi - lo:
-            # Packed slots: run the whole slot range as a view of the cache; idle slots get a dummy token.
-            tokens, starts = [PAD_ID] * (hi - lo), [0] * (hi - lo)
-            for seq in seqs:
-                tokens[seq.slot - lo], starts[seq.slot - lo] = seq.all_ids[-1], seq.length - 1
-            logits = self.model.forward_cached(
-                self._long(tokens)[:, None],
-                self._long(starts),
-                self.slots.cache,
-                torch.arange(lo, hi, device=self.device),
-                contiguous=True,
-            )[:, 0]
-            logits = logits[self._long([s - lo for s in slots])]
-        else:
-            logits = self.model.forward_cached(
-                self._long([s.all_ids[-1] for s in seqs])[:, None],
-                self._long([s.length - 1 for s in seqs]),
-                self.slots.cache,
-                self._long(slots),
-            )[:, 0]
+        """Feed each sequence's newest token: [B, V] logits, rows in the order of `seqs`."""
+        logits = self._forward_rows(seqs, [[s.all_ids[-1]] for s in seqs], [s.length - 1 for s in seqs])
         for seq in seqs:
             seq.num_cached = seq.length
-        return logits
+        return logits[:, 0]
 
     @torch.inference_mode()
     def extend(self, seqs: list[Sequence], new_tokens: list[list[int]]) -> torch.Tensor:
@@ -80,9 +81,4 @@ class ModelRunner:
         The tokens are written into the cache but `num_cached` is left to the caller, who rolls back
         rejected positions simply by not counting them.
         """
-        return self.model.forward_cached(
-            self._tensor(new_tokens),
-            self._long([s.num_cached for s in seqs]),
-            self.slots.cache,
-            self._long([s.slot for s in seqs]),
-        )
+        return self._forward_rows(seqs, new_tokens, [s.num_cached for s in seqs])

@@ -79,8 +79,8 @@ def measure_cost_model(
     context: int = 64,
     repeats: int = 3,
 ) -> CostModel:
-    """Time the runner's forwards on free slots (the fastest of `repeats`); q = 1 the way decode runs it
-    (a contiguous slot view), q > 1 the way verification does (gathered slots)."""
+    """Time the runner's forwards on free slots (the fastest of `repeats`), the way decode and verification
+    run them: over a packed (contiguous) slot range."""
     if engine.scheduler.running:
         raise RuntimeError("measure the cost model before any request runs: it writes into free slots")
     cap = engine.slots.capacity
@@ -98,7 +98,7 @@ def measure_cost_model(
             times = []
             for _ in range(repeats + 1):  # the first run warms up
                 t0 = time.perf_counter()
-                model.forward_cached(ids, starts, cache, slots, contiguous=q == 1)
+                model.forward_cached(ids, starts, cache, slots, contiguous=True)
                 times.append(time.perf_counter() - t0)
             table[b, q] = min(times[1:])  # the least disturbed run: other load only ever adds time
     # A forward over more rows or more tokens never costs less: smooth out timing noise.

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
     def compare(
         modes: Annotated[
             str, typer.Option("--modes", help="Comma-separated modes; baseline is the reference.")
-        ] = ("baseline,sorted"),
+        ] = "baseline,sorted,sorted-partial,rhyme",
         task: Task = "arith",
         steps: Steps = 4,
         seed: Seed = 0,

@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         mode: Mode = "baseline",
         task: Task = "arith",
-        steps: Steps = 4,
+        steps: Steps = 8,
         model: ModelDir = None,
         device: Device = "cpu",
         prompts_per_step: PromptsPerStep = None,

@@ -400,7 +400,9 @@ def render_profile(
     steps = doc.get("steps") or []
     meta = doc.get("run") or {}
     subtitle = " · ".join(
-        f"{k}: {v}" for k, v in meta.items() if v is not None and not isinstance(v, (dict, list))
+        f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}"
+        for k, v in meta.items()
+        if v is not None and not isinstance(v, (dict, list))
     )
     top: list[Any] = [headline(doc)]
     if meta.get("command"):
