@@ -40,8 +40,10 @@ def eval_command(
     from rlbench.eval import backends
     from rlbench.eval.runner import REPORT_FILE, RESULTS_FILE, EvalConfig, run_eval
 
-    if model is None:
-        raise UserError("eval needs --model DIR (a model directory with config.json and a tokenizer)")
+    if model is None:  # the embedded default model, built on first use
+        from rlbench.runtime import resolve_model_dir
+
+        model = resolve_model_dir(None)
     if not model.is_dir():
         raise UserError(f"model directory not found: {model}")
     if engine not in ("reference", "vllm"):
