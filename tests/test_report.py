@@ -15,7 +15,8 @@ import pytest
 
 from rlbench import metrics
 from rlbench.report.compare_report import ratio_rows, render_compare
-from rlbench.report.profile_report import render_profile, slot_bars
+from rlbench.report.profile_report import render_profile
+from rlbench.report.timeline import slot_bars
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rlbench.report.figures import PALETTE, _fig, note, steps_axis
 from rlbench.report.page import table, write_page
-from rlbench.report.profile_report import PALETTE, _fig, note, steps_axis
 
 CURVES = [
     ("bubble_ratio", "Bubble ratio per step", "%", 100.0),

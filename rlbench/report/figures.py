@@ -1,0 +1,55 @@
+"""Plot helpers shared by the report pages: colours, number formatting, figure scaffolding."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+PALETTE = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+]
+PHASE_COLOURS = {"rollout": "#4c78a8", "reward": "#f58518", "update": "#54a24b", "sync": "#b279a2"}
+Event = dict[str, Any]
+
+
+def pct(v: Any) -> str:
+    return "n/a" if v is None else f"{100 * float(v):.1f}%"
+
+
+def num(v: Any, unit: str = "", digits: int = 3) -> str:
+    return "n/a" if v is None else f"{float(v):.{digits}g}{unit}"
+
+
+def note(text: str) -> str:
+    return f'<p class="note">{html.escape(text)}</p>'
+
+
+def _fig(title: str, xaxis: str, yaxis: str, height: int = 320) -> Any:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.update_layout(
+        title=title,
+        height=height,
+        margin={"l": 60, "r": 20, "t": 50, "b": 45},
+        xaxis_title=xaxis,
+        yaxis_title=yaxis,
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return fig
+
+
+def steps_axis(fig: Any, x: Sequence[int]) -> Any:
+    """Integer step ticks (plotly would put ticks at 0.2-step intervals on a short run)."""
+    fig.update_xaxes(tickmode="linear", tick0=min(x) if x else 0, dtick=max(1, -(-len(set(x)) // 12)))
+    return fig

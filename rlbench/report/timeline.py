@@ -1,0 +1,130 @@
+"""The slot-occupancy timeline: which sequence held which engine slot when, coloured by prompt group.
+
+Consecutive engine steps in which a slot held the same sequence merge into one bar, so ~10^4 engine events
+become about one bar per sequence; past `MAX_BARS` bars only the first steps are drawn (the page says so).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+from rlbench.report.figures import PALETTE, PHASE_COLOURS, Event, _fig, note
+
+MAX_BARS = 20_000
+
+
+def slot_bars(events: Sequence[Event], max_bars: int = MAX_BARS) -> tuple[list[dict[str, Any]], str]:
+    """Merged (worker, slot, seq, start, end, step) bars from engine events; the note says what was cut."""
+    by_step: dict[int, list[Event]] = {}
+    for ev in events:
+        if ev.get("kind") in ("prefill", "decode", "verify") and ev.get("slots"):
+            by_step.setdefault(int(ev.get("step", 0)), []).append(ev)
+    bars: list[dict[str, Any]] = []
+    steps = sorted(by_step)
+    shown: list[int] = []
+    for step in steps:
+        step_bars: list[dict[str, Any]] = []
+        open_: dict[tuple[int, str], dict[str, Any]] = {}  # (worker, slot) -> bar being extended
+        for ev in sorted(by_step[step], key=lambda e: (int(e.get("worker", 0)), float(e["t_start"]))):
+            w = int(ev.get("worker", 0))
+            current = {(w, str(k)): v for k, v in ev["slots"].items()}
+            for key in [k for k in open_ if k[0] == w and current.get(k) != open_[k]["seq"]]:
+                step_bars.append(open_.pop(key))  # the slot was freed or handed to another sequence
+            for key, sid in current.items():
+                bar = open_.get(key)
+                if bar is None:
+                    open_[key] = {
+                        "worker": w,
+                        "slot": key[1],
+                        "seq": sid,
+                        "start": float(ev["t_start"]),
+                        "end": float(ev["t_end"]),
+                        "step": step,
+                    }
+                else:
+                    bar["end"] = float(ev["t_end"])
+        step_bars.extend(open_.values())
+        if bars and len(bars) + len(step_bars) > max_bars:
+            break
+        bars.extend(step_bars)
+        shown.append(step)
+    msg = (
+        ""
+        if len(shown) == len(steps)
+        else (f"Showing steps {shown[0]}–{shown[-1]} of {steps[0]}–{steps[-1]} (capped at {max_bars} bars).")
+    )
+    return bars, msg
+
+
+def slot_timeline(events: Sequence[Event]) -> list[Any]:
+    import plotly.graph_objects as go
+
+    bars, msg = slot_bars(events)
+    if not bars:
+        return [note("No engine events with slot maps in the trace: nothing to draw.")]
+    prompt_of = {e["id"]: str(e.get("prompt_id")) for e in events if e.get("kind") == "sequence"}
+    groups: dict[str, int] = {}
+    multi = len({b["worker"] for b in bars}) > 1
+    for b in bars:
+        b["prompt"] = prompt_of.get(b["seq"], "?")
+        groups.setdefault(b["prompt"], len(groups))
+        b["label"] = f"w{b['worker']} slot {b['slot']}" if multi else f"slot {b['slot']}"
+    labels = sorted(
+        {b["label"] for b in bars},
+        key=lambda s: [int(p) if p.isdigit() else p for p in s.replace("w", "").split()],
+    )
+    fig = _fig("Slot occupancy (bar = one sequence in one slot; colour = prompt group)", "time (s)", "")
+    fig.add_trace(
+        go.Bar(
+            orientation="h",
+            y=[b["label"] for b in bars],
+            x=[b["end"] - b["start"] for b in bars],
+            base=[b["start"] for b in bars],
+            marker={
+                "color": [PALETTE[groups[b["prompt"]] % len(PALETTE)] for b in bars],
+                "line": {"width": 0},
+            },
+            hovertext=[
+                f"seq {b['seq']}<br>prompt {b['prompt']}<br>step {b['step']}<br>"
+                f"{b['start']:.3f}–{b['end']:.3f} s"
+                for b in bars
+            ],
+            hoverinfo="text",
+            showlegend=False,
+        )
+    )
+    shown = {b["step"] for b in bars}
+    rollouts = [ev for ev in events if ev.get("kind") == "rollout" and int(ev.get("step", 0)) in shown]
+    for ev in events:  # shade the non-rollout phases so the gaps between rollouts read as what they are
+        if ev.get("kind") in ("reward", "update", "sync") and int(ev.get("step", 0)) in shown:
+            fig.add_vrect(
+                x0=ev["t_start"],
+                x1=ev["t_end"],
+                fillcolor=PHASE_COLOURS[ev["kind"]],
+                opacity=0.12,
+                line_width=0,
+            )
+    if len(rollouts) <= 20:  # label each rollout with its step; more labels than that would overlap
+        for ev in rollouts:
+            fig.add_vline(
+                x=ev["t_start"],
+                line_dash="dot",
+                line_color="#555",
+                line_width=1,
+                annotation_text=f"step {ev['step']}",
+                annotation_position="top right",
+                annotation_yanchor="bottom",
+            )
+    fig.update_layout(
+        height=min(1400, 140 + 14 * len(labels)),
+        bargap=0.15,
+        yaxis={"categoryorder": "array", "categoryarray": labels[::-1]},
+    )
+    parts: list[Any] = [fig]
+    legend = f"{len(bars)} bars, {len(groups)} prompt groups (colours repeat every {len(PALETTE)} groups)."
+    parts.append(f'<p class="sub">{html.escape(legend)} Shaded: reward / update / sync phases.</p>')
+    if msg:
+        parts.append(note(msg))
+    return parts
