@@ -26,3 +26,11 @@ Steps = Annotated[int, typer.Option("--steps", min=1, help="RL steps.")]
 PromptsPerStep = Annotated[int | None, typer.Option("--prompts-per-step", help="Complete groups per update.")]
 GroupSize = Annotated[int | None, typer.Option("--group-size", help="Samples per prompt.")]
 MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Max response tokens.")]
+ModeOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--mode-option",
+        help="KEY=VALUE for the mode (repeatable), e.g. oversubscription=3, max_staleness=2, "
+        "histospec.max_draft=8. Values are JSON where they parse, else strings.",
+    ),
+]

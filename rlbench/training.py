@@ -31,11 +31,52 @@ def check_mode_and_task(mode: str, task: str) -> None:
         raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(valid_tasks())}")
 
 
+def parse_mode_options(pairs: list[str]) -> dict[str, Any]:
+    """["oversubscription=3", "histospec.max_draft=8"] -> {"oversubscription": 3, "histospec": {...}}."""
+    import json
+
+    parsed: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"--mode-option needs KEY=VALUE, got {pair!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        head, _, sub = key.partition(".")
+        if sub:
+            parsed.setdefault(head, {})[sub] = value
+        else:
+            parsed[key] = value
+    return parsed
+
+
+def accepted_mode_options(mode_name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The subset of `options` that mode `mode_name` takes: its strategy's constructor arguments, and
+    `histospec` when the mode drafts."""
+    import inspect
+
+    from reference_trainer.modes import STRATEGIES, get_mode
+
+    mode = get_mode(mode_name)
+    params = inspect.signature(STRATEGIES[mode.strategy].__init__).parameters
+    return {k: v for k, v in options.items() if k in params or (k == "histospec" and mode.speculative)}
+
+
 def build_config(**options: Any) -> Any:
-    """A TrainConfig from CLI options; None values keep the defaults, `lr`/`kl_coef` go to GRPO."""
+    """A TrainConfig from CLI options; None values keep the defaults, `lr`/`kl_coef` go to GRPO and
+    `mode_option` (KEY=VALUE strings) becomes `mode_options`."""
     from reference_trainer.trainer import TrainConfig
 
     options = {k: v for k, v in options.items() if v is not None}
+    if "mode_option" in options:
+        wanted = parse_mode_options(options.pop("mode_option"))
+        mode = options.get("mode", "baseline")
+        check_mode_and_task(mode, options.get("task", "arith"))
+        options["mode_options"] = accepted_mode_options(mode, wanted)
+        if unknown := sorted(wanted.keys() - options["mode_options"].keys()):
+            raise UserError(f"mode {mode!r} takes no option {', '.join(unknown)}")
     check_mode_and_task(options.get("mode", "baseline"), options.get("task", "arith"))
     config = TrainConfig()
     grpo = {k: options.pop(k) for k in ("lr", "kl_coef") if k in options}

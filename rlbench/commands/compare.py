@@ -8,7 +8,18 @@ from typing import Annotated
 import typer
 
 from rlbench.errors import UserError
-from rlbench.options import Device, GroupSize, MaxTokens, ModelDir, OutDir, PromptsPerStep, Seed, Steps, Task
+from rlbench.options import (
+    Device,
+    GroupSize,
+    MaxTokens,
+    ModelDir,
+    ModeOption,
+    OutDir,
+    PromptsPerStep,
+    Seed,
+    Steps,
+    Task,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -26,16 +37,30 @@ def register(app: typer.Typer) -> None:
         prompts_per_step: PromptsPerStep = None,
         group_size: GroupSize = None,
         max_tokens: MaxTokens = None,
+        mode_option: ModeOption = None,
     ) -> None:
         """Run each mode in turn (same prompts, seeds, model); write compare.json and a side-by-side page."""
+        import json
+
         from reference_trainer.atomic import write_json
         from rlbench.profiling.session import run_profile
         from rlbench.report.compare_report import ratio_rows, render_compare
-        from rlbench.training import build_config
+        from rlbench.training import (
+            accepted_mode_options,
+            build_config,
+            check_mode_and_task,
+            parse_mode_options,
+        )
 
         names = [m.strip() for m in modes.split(",") if m.strip()]
         if len(set(names)) != len(names) or not names:
             raise UserError(f"--modes needs distinct mode names, got {modes!r}")
+        for m in names:  # validate every mode before running any
+            check_mode_and_task(m, task)
+        wanted = parse_mode_options(mode_option or [])
+        per_mode = {m: accepted_mode_options(m, wanted) for m in names}
+        if unknown := sorted(wanted.keys() - {k for opts in per_mode.values() for k in opts}):
+            raise UserError(f"no selected mode takes option {', '.join(unknown)}")
         configs = [
             build_config(
                 mode=m,
@@ -47,9 +72,10 @@ def register(app: typer.Typer) -> None:
                 prompts_per_step=prompts_per_step,
                 group_size=group_size,
                 max_tokens=max_tokens,
+                mode_option=[f"{k}={json.dumps(v)}" for k, v in per_mode[m].items()] or None,
             )
             for m in names
-        ]  # validate every mode before running any
+        ]
         runs = []
         for config in configs:
             typer.echo(f"== {config.mode}")

@@ -14,6 +14,7 @@ from rlbench.options import (
     MaxTokens,
     Mode,
     ModelDir,
+    ModeOption,
     OutDir,
     PromptsPerStep,
     Seed,
@@ -39,6 +40,7 @@ def register(app: typer.Typer) -> None:
         prompts_per_step: PromptsPerStep = None,
         group_size: GroupSize = None,
         max_tokens: MaxTokens = None,
+        mode_option: ModeOption = None,
         out: OutDir = Path("runs/profile"),
         py_spy: Annotated[
             bool, typer.Option("--py-spy/--no-py-spy", help="Also record a py-spy profile.")
@@ -80,6 +82,7 @@ def register(app: typer.Typer) -> None:
             prompts_per_step=prompts_per_step,
             group_size=group_size,
             max_tokens=max_tokens,
+            mode_option=mode_option,
         )
         doc = run_profile(config, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz)
         s = doc["summary"]

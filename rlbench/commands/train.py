@@ -8,7 +8,17 @@ from typing import Annotated
 import typer
 
 from rlbench.errors import UserError
-from rlbench.options import Device, GroupSize, MaxTokens, Mode, ModelDir, PromptsPerStep, Seed, Task
+from rlbench.options import (
+    Device,
+    GroupSize,
+    MaxTokens,
+    Mode,
+    ModelDir,
+    ModeOption,
+    PromptsPerStep,
+    Seed,
+    Task,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -30,6 +40,7 @@ def register(app: typer.Typer) -> None:
         prompts_per_step: PromptsPerStep = None,
         group_size: GroupSize = None,
         max_tokens: MaxTokens = None,
+        mode_option: ModeOption = None,
         lr: Annotated[float | None, typer.Option(help="Learning rate.")] = None,
         kl_coef: Annotated[float | None, typer.Option(help="KL penalty to the initial model (k3).")] = None,
         checkpoint_every: Annotated[int | None, typer.Option(help="Steps between checkpoints.")] = None,
@@ -63,6 +74,7 @@ def register(app: typer.Typer) -> None:
                 prompts_per_step=prompts_per_step,
                 group_size=group_size,
                 max_tokens=max_tokens,
+                mode_option=mode_option,
                 lr=lr,
                 kl_coef=kl_coef,
                 checkpoint_every=checkpoint_every,

@@ -1,0 +1,134 @@
+"""The CLI as a user meets it: fast help, doctor, generate, train/resume, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reference_trainer.atomic import read_jsonl
+from rlbench.errors import UserError
+from rlbench.training import parse_mode_options
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, tmp: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if tmp is not None:
+        env["RLBENCH_CACHE_DIR"] = str(tmp / "cache")  # never build the embedded model in tests
+    return subprocess.run(
+        [sys.executable, "-m", "rlbench.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp or ROOT,
+        timeout=300,
+    )
+
+
+def assert_one_line_error(res: subprocess.CompletedProcess, text: str) -> None:
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("error: ") and text in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+
+
+def test_help_lists_commands_without_importing_torch():
+    res = cli("--help")
+    assert res.returncode == 0
+    for command in ("profile", "compare", "train", "eval", "simulate", "doctor", "generate", "report"):
+        assert command in res.stdout
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, rlbench.cli; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert probe.stdout.strip() == "False"
+
+
+def test_doctor_reports_the_machine(tmp_path):
+    res = cli("doctor", "--json", tmp=tmp_path)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    for key in ("torch", "cuda_available", "device", "nvml", "vllm", "ray", "data_dir", "embedded_model"):
+        assert key in report
+    assert "built on first use" in report["embedded_model"]  # doctor never builds it
+
+
+def test_generate_and_its_errors(tiny_model_dir, tmp_path):
+    res = cli(
+        "generate",
+        "--model",
+        str(tiny_model_dir),
+        "--prompt",
+        "Start with 3",
+        "--max-tokens",
+        "5",
+        tmp=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    header = res.stdout.splitlines()[0]
+    assert re.fullmatch(r"--- prompt 0 \(([1-5]) tokens, (eos|length)\)", header), header
+    assert_one_line_error(
+        cli("generate", "--model", str(tmp_path / "nope"), "--prompt", "x", tmp=tmp_path),
+        "model directory not found",
+    )
+    if not __import__("torch").cuda.is_available():
+        res = cli(
+            "generate", "--model", str(tiny_model_dir), "--prompt", "x", "--device", "cuda", tmp=tmp_path
+        )
+        assert_one_line_error(res, "CUDA is not available")
+
+
+def test_train_then_resume_through_the_cli(tiny_model_dir, tmp_path):
+    common = (
+        "--model",
+        str(tiny_model_dir),
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "8",
+    )
+    res = cli("train", "--task", "arith", "--steps", "1", "--out", "run", *common, tmp=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert len(read_jsonl(tmp_path / "run" / "metrics.jsonl")) == 1
+    assert_one_line_error(
+        cli("train", "--steps", "1", "--out", "run", *common, tmp=tmp_path), "already holds a run"
+    )
+    res = cli("train", "--resume", "run", "--steps", "2", tmp=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (("train", "--task", "chess"), "unknown task 'chess'; valid tasks: arith, kk"),
+        (("train", "--mode", "turbo"), "unknown mode 'turbo'; valid modes: baseline, sorted"),
+        (("train", "--mode", "sorted", "--mode-option", "bogus=1"), "mode 'sorted' takes no option bogus"),
+        (("train", "--mode", "sorted", "--mode-option", "oversubscription"), "needs KEY=VALUE"),
+        (
+            ("compare", "--modes", "baseline,sorted", "--mode-option", "histospec.max_draft=4"),
+            "no selected mode takes option histospec",
+        ),
+        (("train", "--resume", "nowhere"), "holds no training run"),
+    ],
+)
+def test_bad_input_is_one_line(args, text, tmp_path):
+    assert_one_line_error(cli(*args, tmp=tmp_path), text)
+
+
+def test_parse_mode_options():
+    assert parse_mode_options(
+        ["oversubscription=3", "max_staleness=2", "histospec.max_draft=8", "x=abc"]
+    ) == {"oversubscription": 3, "max_staleness": 2, "histospec": {"max_draft": 8}, "x": "abc"}
+    with pytest.raises(UserError):
+        parse_mode_options(["=3"])
