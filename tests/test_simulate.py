@@ -122,7 +122,7 @@ def test_length_trace_io_and_errors(tmp_path):
     with pytest.raises(UserError, match="no such trace file"):
         workload.load(tmp_path / "missing.jsonl")
     (tmp_path / "bad.jsonl").write_text('{"step": 0}\nnot json\n')
-    with pytest.raises(UserError, match="bad.jsonl:2: not JSON"):
+    with pytest.raises(UserError, match="bad.jsonl:2: malformed JSON row"):
         workload.load(tmp_path / "bad.jsonl")
     (tmp_path / "short.jsonl").write_text('{"step": 0, "prompt_id": "a"}\n')
     with pytest.raises(UserError, match="lacks sample, prompt_tokens, response_tokens"):

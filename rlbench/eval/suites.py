@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from rlbench.errors import UserError
+from rlbench.jsonl import read_objects
 
 # Extra fields kept from data rows: report grouping and the K&K grader need them.
 EXTRA_FIELDS = ("subject", "level", "exam", "names", "solution", "n_people", "answer_type")
@@ -126,22 +127,7 @@ def read_data_file(path: Path) -> list[dict[str, Any]]:
     (datasets' JSON builder reports neither, and would merge per-row dict keys such as K&K's
     `assignment` into one struct of every name; the rows are small, so plain JSON is the faithful path.)
     """
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{lineno}: malformed JSON row ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{path}:{lineno}: row is not a JSON object")
-            missing = [k for k in ("id", "problem", "answer") if k not in row]
-            if missing:
-                raise UserError(f"{path}:{lineno}: row lacks field(s) {', '.join(missing)}")
-            rows.append(row)
-    return rows
+    return read_objects(path, required=("id", "problem", "answer"))
 
 
 def load_problems(suite: Suite, data_dir: Path | None) -> list[Problem]:

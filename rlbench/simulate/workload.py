@@ -32,6 +32,7 @@ from statistics import NormalDist
 import numpy as np
 
 from rlbench.errors import UserError
+from rlbench.jsonl import read_objects
 
 REQUIRED = ("step", "prompt_id", "sample", "prompt_tokens", "response_tokens")
 
@@ -107,19 +108,7 @@ def _from_rows(rows: list[dict], source: str) -> LengthTrace:
 def _read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         raise UserError(f"{path}: no such trace file")
-    rows = []
-    with open(path) as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{n}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{path}:{n}: expected a JSON object")
-            rows.append(row)
-    return rows
+    return read_objects(path)
 
 
 def load(path: str | Path) -> LengthTrace:
