@@ -142,17 +142,22 @@ class Engine:
         if kind == "decode" and self.speculator is not None:
             return self.speculator.step(seqs, t_start, occupied)
         logits = self.runner.prefill(seqs) if kind == "prefill" else self.runner.decode(seqs)
+        finished = self.emit(seqs, logits)
+        self.trace.engine_step(kind, t_start, self.trace.now(), occupied, self.slots.capacity, len(seqs))
+        return finished
+
+    def emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Sequence]:
+        """Sample one token per sequence from its next-token logits ([B, V]) and append it; returns the
+        sequences that finished."""
         batch = SamplingBatch.build(
             [s.params for s in seqs], [self._generators.get(s.seq_id) for s in seqs], self.device
         )
         tokens, logprobs = sample(logits, batch)
-        finished = [
+        return [
             s
             for s, t, lp in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True)
             if self._append(s, [t], [lp])
         ]
-        self.trace.engine_step(kind, t_start, self.trace.now(), occupied, self.slots.capacity, len(seqs))
-        return finished
 
     def _append(self, seq: Sequence, tokens: list[int], logprobs: list[float]) -> bool:
         """Append accepted tokens, applying stop conditions; returns True when the sequence finished."""

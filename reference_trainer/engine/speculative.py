@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from reference_trainer.engine.sampler import SamplingBatch, draw, sample, sampling_probs, token_logprobs
+from reference_trainer.engine.sampler import SamplingBatch, draw, sampling_probs, token_logprobs
 from reference_trainer.engine.sequence import Sequence
 
 # accept[i] for each flat verify row: (probs, plain draws x, draft tokens with -1 where none) -> bool [N].
@@ -207,16 +207,7 @@ class Speculator:
     def _plain(self, seqs: list[Sequence], t_start: float, occupied: dict[int, str]) -> list[Sequence]:
         engine = self.engine
         t0 = time.perf_counter()
-        logits = engine.runner.decode(seqs)
-        batch = SamplingBatch.build(
-            [s.params for s in seqs], [engine._generators.get(s.seq_id) for s in seqs], engine.device
-        )
-        tokens, logprobs = sample(logits, batch)
-        finished = [
-            s
-            for s, t, lp in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True)
-            if engine._append(s, [t], [lp])
-        ]
+        finished = engine.emit(seqs, engine.runner.decode(seqs))
         self._observe_time("decode", len(seqs), 1, time.perf_counter() - t0)
         engine.trace.engine_step(
             "decode", t_start, engine.trace.now(), occupied, engine.slots.capacity, len(seqs)

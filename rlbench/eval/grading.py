@@ -17,6 +17,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
+from reference_trainer.tasks.kk import format_assignment
+
 log = logging.getLogger("rlbench.eval")
 
 MAX_RESPONSE_CHARS = 20_000  # only the tail can hold the final answer; bounds regex and parser work
@@ -130,7 +132,9 @@ def parse_kk_assignment(text: str, names: Sequence[str]) -> dict[str, bool] | No
     """{name: is_knight} from statements like "(1) Zoey is a knave" / "Oliver is a knight"; the last
     statement about each name wins. None unless every name gets a role.
 
-    (The eval's own parser; reference_trainer/tasks/kk.py has one for training rewards: unify them.)
+    Deliberately more lenient than the training reward's parser (reference_trainer/tasks/kk.py): it grades
+    arbitrary models' free-form answers ("Zoey must be a knight", "Zoey: knave", <answer> blocks), where
+    the training reward only reads the embedded format and rejects hedged answers outright.
     """
     region = _kk_region(text[-MAX_RESPONSE_CHARS:])
     result: dict[str, bool] = {}
@@ -153,9 +157,7 @@ def kk_gold(answer: str, names: Sequence[str], solution: Sequence[bool] | None) 
 
 
 def format_kk_assignment(assignment: dict[str, bool]) -> str:
-    return "\n".join(
-        f"({i}) {n} is a {'knight' if k else 'knave'}" for i, (n, k) in enumerate(assignment.items(), 1)
-    )
+    return format_assignment(list(assignment), list(assignment.values()))
 
 
 # ----------------------------------------------------------------------------- items and the pool
