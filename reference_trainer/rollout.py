@@ -14,6 +14,7 @@ from reference_trainer.config import SamplingParams
 from reference_trainer.engine import Engine, Sequence
 from reference_trainer.prompting import encode_prompt
 from reference_trainer.tasks.base import Problem, Task
+from reference_trainer.workers import Request
 
 
 @dataclass
@@ -58,7 +59,7 @@ def request_seed(run_seed: int, index: int, sample: int, attempt: int = 0) -> in
 class RolloutContext:
     """What a strategy needs from the run: the engine, the prompt stream and the sampling settings."""
 
-    engine: Engine
+    engine: Engine  # a WorkerPool (workers.py) for strategies with multi_worker = True
     tokenizer: Any
     stream: PromptStream
     group_size: int
@@ -72,25 +73,34 @@ class RolloutContext:
             self._prompt_ids[index] = encode_prompt(self.tokenizer, problem.prompt)
         return self._prompt_ids[index]
 
-    def submit(
-        self, index: int, problem: Problem, sample: int, attempt: int = 0, priority: int = 0, **resume: Any
-    ) -> Sequence:
-        """Queue one sample; `resume` (response_ids, logprobs, policy_versions) continues a partial one."""
+    def request(
+        self, index: int, problem: Problem, sample: int, attempt: int = 0, priority: int = 0
+    ) -> Request:
+        """One sample's request: its seed depends only on (run seed, prompt position, sample, attempt)."""
         suffix = f"#{attempt}" if attempt else ""
-        return self.engine.add_request(
+        return Request(
             self.prompt_ids(index, problem),
             replace(self.params, seed=request_seed(self.seed, index, sample, attempt)),
             seq_id=f"{problem.prompt_id}/{sample}{suffix}",
             priority=priority,
             meta={"prompt_id": problem.prompt_id, "sample": sample, "index": index},
-            **resume,
         )
 
-    def record(self, seq: Sequence, status: str | None = None) -> None:
+    def submit(
+        self, index: int, problem: Problem, sample: int, attempt: int = 0, priority: int = 0, **resume: Any
+    ) -> Sequence:
+        """Queue one sample; `resume` (response_ids, logprobs, policy_versions) continues a partial one."""
+        r = self.request(index, problem, sample, attempt, priority)
+        return self.engine.add_request(
+            r.prompt_ids, r.params, seq_id=r.seq_id, priority=r.priority, meta=r.meta, **resume
+        )
+
+    def record(self, seq: Sequence, status: str | None = None, **extra: Any) -> None:
         """Append the sequence's trace event (status overrides: e.g. 'cached' for a kept partial)."""
         record = seq.trace_record()
         if status is not None:
             record["status"] = status
+        record.update(extra)
         self.engine.trace.add(record)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -25,10 +26,11 @@ from reference_trainer.engine import Engine, Trace
 from reference_trainer.grpo import GRPOConfig, GRPOUpdater, RolloutBatch
 from reference_trainer.histospec import attach_histospec
 from reference_trainer.loader import load_model, resolve_dtype
-from reference_trainer.modes import get_mode, make_strategy
+from reference_trainer.modes import get_mode, make_mode_strategy
 from reference_trainer.rollout import Group, PromptStream, RolloutContext
 from reference_trainer.tasks import get_task
 from reference_trainer.tokenizer import load_tokenizer
+from reference_trainer.workers import WorkerPool, WorkerSpec, make_worker_pool
 
 
 @dataclass
@@ -41,6 +43,7 @@ class TrainConfig:
     seed: int = 0
     model: str | None = None  # a model directory; None = the embedded default model
     device: str = "cpu"
+    engine: str = "reference"  # rollout engine: "reference" or "vllm" (reference_trainer/vllm_engine.py)
     prompts_per_step: int = 16  # complete groups per update
     group_size: int = 8
     max_tokens: int = 400
@@ -53,6 +56,9 @@ class TrainConfig:
     )
     checkpoint_every: int = 5
     prompt_pool: int | None = None  # a fixed pool of this many prompts cycled per epoch; None = endless
+    workers: int = 1  # rollout engine replicas; > 1 runs them as Ray actors (multiworker.py)
+    worker_backend: str = "ray"  # "ray", or "local": in-process, one after another (tests, debugging)
+    ray_address: str | None = None  # an existing Ray cluster; None = start a local one
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(lr=1e-4, micro_batch_size=32))
 
     def to_json(self) -> dict[str, Any]:
@@ -93,26 +99,10 @@ class Trainer:
             grpo = replace(grpo, tis_cap=self.mode.tis_cap)
         self.updater = GRPOUpdater(self.policy, grpo, self.ref_model)
         self.trace = trace if trace is not None else Trace()
-        # The policy trains in fp32; the rollout copy runs in the device's inference dtype (bf16 on CUDA).
-        device = self.policy.lm_head.weight.device
-        engine_model = copy.deepcopy(self.policy).requires_grad_(False).to(resolve_dtype("auto", device))
-        self.engine = Engine(
-            engine_model,
-            EngineConfig(
-                max_num_seqs=config.max_num_seqs,
-                max_model_len=config.max_model_len,
-                max_prefill_tokens=config.max_prefill_tokens,
-                device=config.device,
-            ),
-            eos_token_ids=self.tokenizer.eos_token_ids,
-            tokenizer=self.tokenizer,
-            trace=self.trace,
-        )
-        if self.mode.speculative:
-            attach_histospec(self.engine, **config.mode_options.get("histospec", {}))
+        self.engine = self._rollout_engine()
         self.stream = PromptStream(self.task, config.seed, config.prompt_pool)
         strategy_options = {k: v for k, v in config.mode_options.items() if k != "histospec"}
-        self.strategy = make_strategy(self.mode.strategy, **strategy_options)
+        self.strategy = make_mode_strategy(self.mode, config.workers, strategy_options)
         self.ctx = RolloutContext(
             engine=self.engine,
             tokenizer=self.tokenizer,
@@ -129,6 +119,72 @@ class Trainer:
             self._resume()
         else:
             self._start_fresh()
+
+    def _rollout_engine(self) -> Engine | WorkerPool | Any:
+        """The rollout side: one in-process engine (reference, or a VLLMEngine with the same interface), or
+        a pool of `workers` reference-engine replicas on Ray."""
+        config = self.config
+        engine_config = EngineConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len,
+            max_prefill_tokens=config.max_prefill_tokens,
+            device=config.device,
+        )
+        histospec = config.mode_options.get("histospec", {}) if self.mode.speculative else None
+        if config.engine != "reference":  # vLLM: its own n-gram/suffix drafting stands in for HistoSpec
+            if config.workers > 1:
+                raise ValueError(f"--workers needs --engine reference (got --engine {config.engine})")
+            from reference_trainer.vllm_engine import build_engine
+
+            return build_engine(
+                config.engine,
+                None,
+                self.model_dir,
+                engine_config,
+                self.tokenizer,
+                self.trace,
+                seed=config.seed,
+                speculative=histospec,
+            )
+        if config.workers > 1:
+            self.mode.strategy_for(config.workers)  # fail before starting workers for a one-engine mode
+            spec = WorkerSpec(
+                self.policy.config,
+                engine_config,
+                sorted(self.tokenizer.eos_token_ids),
+                self.tokenizer,
+                histospec,
+                threads=max(1, (os.cpu_count() or 1) // config.workers),
+            )
+            pool = make_worker_pool(
+                spec,
+                self.policy.state_dict(),
+                config.workers,
+                self.trace,
+                config.worker_backend,
+                config.ray_address,
+            )
+            pool.drafts = histospec is not None  # type: ignore[attr-defined]
+            return pool
+        # The policy trains in fp32; the rollout copy runs in the device's inference dtype (bf16 on CUDA).
+        device = self.policy.lm_head.weight.device
+        engine_model = copy.deepcopy(self.policy).requires_grad_(False).to(resolve_dtype("auto", device))
+        engine = Engine(
+            engine_model,
+            engine_config,
+            self.tokenizer.eos_token_ids,
+            tokenizer=self.tokenizer,
+            trace=self.trace,
+        )
+        if histospec is not None:
+            attach_histospec(engine, **histospec)
+        return engine
+
+    def close(self) -> None:
+        """Stop rollout workers (a no-op for the in-process engine)."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
     # ---- state -------------------------------------------------------------------------------------------
     def _start_fresh(self) -> None:

@@ -20,7 +20,9 @@ DataDir = Annotated[
     Path | None,
     typer.Option("--data-dir", envvar="RLBENCH_DATA_DIR", help="Directory of offline suite JSONL files."),
 ]
-Mode = Annotated[str, typer.Option("--mode", help="baseline, sorted, sorted-partial, rhyme or sorted+rhyme.")]
+Mode = Annotated[
+    str, typer.Option("--mode", help="baseline, sorted, sorted-partial, histopipe, rhyme or sorted+rhyme.")
+]
 Task = Annotated[str, typer.Option("--task", help="Embedded task: arith or kk.")]
 Steps = Annotated[int, typer.Option("--steps", min=1, help="RL steps.")]
 PromptsPerStep = Annotated[int | None, typer.Option("--prompts-per-step", help="Complete groups per update.")]
@@ -32,5 +34,25 @@ ModeOption = Annotated[
         "--mode-option",
         help="KEY=VALUE for the mode (repeatable), e.g. oversubscription=3, max_staleness=2, "
         "histospec.max_draft=8. Values are JSON where they parse, else strings.",
+    ),
+]
+Workers = Annotated[
+    int,
+    typer.Option(
+        "--workers",
+        min=1,
+        help="Rollout workers: engine replicas as Ray actors (pip install 'rlbench\\[ray]'); 1 = in-process.",
+    ),
+]
+RayAddress = Annotated[
+    str | None,
+    typer.Option("--ray-address", help="Join this Ray cluster instead of starting a local one."),
+]
+Engine = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="Rollout/generation engine: reference, or vllm (needs vLLM; HistoSpec modes then use vLLM's "
+        "n-gram speculative decoding).",
     ),
 ]

@@ -31,6 +31,44 @@ def check_mode_and_task(mode: str, task: str) -> None:
         raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(valid_tasks())}")
 
 
+def check_engine(engine: str) -> None:
+    """A known engine, installed: a one-line error before any model is loaded."""
+    if engine not in ("reference", "vllm"):
+        raise UserError(f"unknown engine {engine!r}; use reference or vllm")
+    if engine == "vllm":
+        from reference_trainer.vllm_engine import INSTALL_HINT, vllm_available
+
+        if not vllm_available():
+            raise UserError(INSTALL_HINT)
+
+
+def check_workers(mode_name: str, workers: int) -> None:
+    """--workers > 1: a mode that can spread over workers, and Ray installed."""
+    from reference_trainer.modes import get_mode
+
+    if workers <= 1:
+        return
+    try:
+        get_mode(mode_name).strategy_for(workers)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UserError(f"--workers {workers} needs Ray: pip install 'rlbench[ray]'") from None
+
+
+def check_strategy_options(mode_name: str, workers: int, mode_options: dict[str, Any]) -> None:
+    """Build the mode's strategy once (cheap) so a bad option value fails before any model is loaded."""
+    from reference_trainer.modes import get_mode, make_mode_strategy
+
+    strategy_options = {k: v for k, v in mode_options.items() if k != "histospec"}
+    try:
+        make_mode_strategy(get_mode(mode_name), workers, strategy_options)
+    except (ValueError, TypeError) as err:
+        raise UserError(f"mode {mode_name!r}: {str(err).splitlines()[0]}") from None
+
+
 def parse_mode_options(pairs: list[str]) -> dict[str, Any]:
     """["oversubscription=3", "histospec.max_draft=8"] -> {"oversubscription": 3, "histospec": {...}}."""
     import json
@@ -52,15 +90,19 @@ def parse_mode_options(pairs: list[str]) -> dict[str, Any]:
     return parsed
 
 
-def accepted_mode_options(mode_name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The subset of `options` that mode `mode_name` takes: its strategy's constructor arguments, and
-    `histospec` when the mode drafts."""
+def accepted_mode_options(mode_name: str, options: dict[str, Any], workers: int = 1) -> dict[str, Any]:
+    """The subset of `options` that mode `mode_name` takes on `workers` rollout workers: its strategy's
+    constructor arguments, and `histospec` when the mode drafts."""
     import inspect
 
     from reference_trainer.modes import STRATEGIES, get_mode
 
     mode = get_mode(mode_name)
-    params = inspect.signature(STRATEGIES[mode.strategy].__init__).parameters
+    try:
+        strategy = mode.strategy_for(workers)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    params = inspect.signature(STRATEGIES[strategy].__init__).parameters
     return {k: v for k, v in options.items() if k in params or (k == "histospec" and mode.speculative)}
 
 
@@ -74,10 +116,13 @@ def build_config(**options: Any) -> Any:
         wanted = parse_mode_options(options.pop("mode_option"))
         mode = options.get("mode", "baseline")
         check_mode_and_task(mode, options.get("task", "arith"))
-        options["mode_options"] = accepted_mode_options(mode, wanted)
+        options["mode_options"] = accepted_mode_options(mode, wanted, options.get("workers", 1))
         if unknown := sorted(wanted.keys() - options["mode_options"].keys()):
             raise UserError(f"mode {mode!r} takes no option {', '.join(unknown)}")
+        check_strategy_options(mode, options.get("workers", 1), options["mode_options"])
     check_mode_and_task(options.get("mode", "baseline"), options.get("task", "arith"))
+    check_engine(options.get("engine", "reference"))
+    check_workers(options.get("mode", "baseline"), options.get("workers", 1))
     config = TrainConfig()
     grpo = {k: options.pop(k) for k in ("lr", "kl_coef") if k in options}
     if "model" in options:
@@ -141,4 +186,7 @@ def run_training(config: Any, out_dir: Path, trace: Any = None, resume: bool = F
             )
             progress.update(bar, completed=row["step"] + 1, info=info)
 
-        return trainer.run(on_step)
+        try:
+            return trainer.run(on_step)
+        finally:
+            trainer.close()

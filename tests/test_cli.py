@@ -120,6 +120,11 @@ def test_train_then_resume_through_the_cli(tiny_model_dir, tmp_path):
             "no selected mode takes option histospec",
         ),
         (("train", "--resume", "nowhere"), "holds no training run"),
+        (("train", "--mode", "sorted", "--workers", "2"), "mode 'sorted' runs on one engine; --workers > 1"),
+        (
+            ("profile", "--mode", "histopipe", "--workers", "2", "--mode-option", "placement=fifo"),
+            "mode 'histopipe': unknown placement 'fifo'; valid: round-robin, least-outstanding, histopipe",
+        ),
     ],
 )
 def test_bad_input_is_one_line(args, text, tmp_path):

