@@ -61,7 +61,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None, help="write the per-epoch rows here")
+    ap.add_argument(
+        "--histospec",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="HistoSpec option (repeatable), e.g. min_confidence=0.5 max_draft=8",
+    )
     args = ap.parse_args()
+    histospec = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.histospec)}
     torch.set_num_threads(args.threads)
 
     from reference_trainer.trainer import TrainConfig, Trainer
@@ -86,12 +94,13 @@ def main() -> None:
                 max_model_len=1024,
                 checkpoint_every=10**9,
                 prompt_pool=args.pool,
+                mode_options={"histospec": histospec} if mode == "rhyme" else {},
             )
             trainers[mode] = Trainer(config, tmp / mode)
         spec = trainers["rhyme"].engine.speculator
         print(
             f"model: {source}; {args.epochs} epochs x {steps_per_epoch} steps; {args.pool} prompts x "
-            f"{args.group} samples; max_tokens {args.max_tokens}; T={args.temperature}"
+            f"{args.group} samples; max_tokens {args.max_tokens}; T={args.temperature}; histospec {histospec}"
         )
         print(
             "cost table (ms per forward, batch x q):",

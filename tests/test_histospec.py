@@ -57,6 +57,21 @@ def test_draft_proposes_the_most_frequent_continuation():
     assert sam.draft(*match(sam, [1, 2, 3, 5]), 4, 1) == []  # nothing ever followed "...3 5"
 
 
+def test_draft_stops_when_the_continuations_share_falls_below_min_confidence():
+    sam = SuffixAutomaton()
+    for s in ([1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 5], [1, 2, 6]):
+        sam.add_string(s)
+    state, length = match(sam, [1, 2])
+    # 2 -> 3 has share 3/4; then 3 -> 5 has 2/3: cumulative 1/2
+    assert sam.draft(state, length, 3, 1, min_confidence=0.5) == [3, 5]
+    assert sam.draft(state, length, 3, 1, min_confidence=0.6) == [3]
+    assert sam.draft(state, length, 3, 1, min_confidence=0.8) == []
+    drafter = HistoryDrafter(min_confidence=0.6)
+    for s in ([1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 5], [1, 2, 6]):
+        drafter.add_response(PROMPT, s)
+    assert drafter.draft(seq([1, 2]), 4) == [3]
+
+
 def test_match_falls_back_to_shorter_suffixes():
     sam = SuffixAutomaton()
     sam.add_string([1, 2, 3])  # "1 2 3" only ends a response...
@@ -70,7 +85,7 @@ def test_match_falls_back_to_shorter_suffixes():
 
 
 def test_drafter_uses_siblings_and_follows_growing_responses():
-    drafter = HistoryDrafter(init_draft=4, max_draft=8)
+    drafter = HistoryDrafter(init_draft=4, max_draft=8, min_confidence=0.0)  # every match drafts
     s = seq([])
     assert drafter.draft(s, 8) == []  # no history yet
     sibling = seq([10, 11, 12, 13, 14, 15, 2])
@@ -104,7 +119,7 @@ def test_adaptive_draft_length_stays_in_bounds():
 
 
 def test_memory_is_bounded_lru_prompts_responses_epochs():
-    drafter = HistoryDrafter(max_prompts=3, max_responses=4, max_epochs=2)
+    drafter = HistoryDrafter(max_prompts=3, max_responses=4, max_epochs=2, min_confidence=0.0)
     for p in range(5):
         drafter.add_response([p], [1, 2, 3])
     assert list(drafter.prompts) == [(2,), (3,), (4,)]  # least recently used prompts evicted
