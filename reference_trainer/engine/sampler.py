@@ -88,8 +88,15 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch
     """One token per row, each row from its own generator (so a request's samples do not depend on its
     batch neighbours). Exponential race: argmax(p / E), E ~ Exp(1), is an exact draw from p."""
     noise = torch.empty_like(probs)
-    for row, gen in enumerate(generators):
-        noise[row].exponential_(generator=gen)
+    row = 0
+    while row < len(generators):
+        # Consecutive rows of one generator (a verified sequence's positions) fill in one call: the same
+        # stream, drawn in the same order, as one row at a time.
+        end = row + 1
+        while end < len(generators) and generators[end] is generators[row] and generators[row] is not None:
+            end += 1
+        noise[row:end].exponential_(generator=generators[row])
+        row = end
     return (probs / noise).argmax(-1)
 
 
