@@ -66,3 +66,17 @@ def test_eval_with_reference_engine(tmp_path: Path) -> None:
     lines_a = (tmp_path / "a" / "problems.jsonl").read_text().splitlines()
     lines_b = (tmp_path / "b" / "problems.jsonl").read_text().splitlines()
     assert [json.loads(x)["responses"] for x in lines_a] == [json.loads(x)["responses"] for x in lines_b]
+
+
+def test_a_response_budget_beyond_the_context_is_capped(tmp_path: Path) -> None:
+    from reference_trainer.config import SamplingParams
+    from rlbench.eval.backends import ReferenceBackend
+
+    backend = ReferenceBackend(_tiny_model(tmp_path / "model"))  # a 512-token context
+    prompts = ["What is 1 + 1?", "x" * 400]  # the second must be cut to leave the response room
+    params = [SamplingParams(temperature=1.0, max_tokens=1024, seed=i, ignore_eos=True) for i in range(2)]
+    outs = backend.generate(prompts, params)
+    # Responses run to the context's end: far past half of it for the short prompt, and for the long one
+    # exactly the half the cut prompt left (decoded chars <= tokens: special ids decode to nothing).
+    assert 400 < len(outs[0]) <= 512 - len("What is 1 + 1?")
+    assert 200 < len(outs[1]) <= 256 and backend.truncated_prompts == 1

@@ -76,12 +76,9 @@ class ReferenceBackend:
         max_tokens = max(p.max_tokens for p in params)
         ids = [self.tokenizer.encode(p, add_bos=not self.tokenizer.has_chat_template) for p in prompts]
         engine = self._engine_for(max(len(i) for i in ids) + max_tokens)
-        room = self._engine_len - max_tokens
-        if room <= 0:
-            raise UserError(
-                f"--max-tokens {max_tokens} leaves no room for a prompt in the model's "
-                f"{self._engine_len}-token context"
-            )
+        # A response budget the context cannot hold is capped, as vLLM caps max_tokens: prompts keep at most
+        # half the context and responses stop at the context's end (finish reason "length").
+        room = self._engine_len - min(max_tokens, self._engine_len // 2)
         for i, seq in enumerate(ids):
             if len(seq) > room:  # keep the end: it holds the question and the answer cue
                 ids[i] = seq[-room:]
