@@ -134,7 +134,7 @@ class Trainer:
         if config.engine != "reference":  # vLLM: its own n-gram/suffix drafting stands in for HistoSpec
             if config.workers > 1:
                 raise ValueError(f"--workers needs --engine reference (got --engine {config.engine})")
-            from reference_trainer.vllm_engine import build_engine
+            from reference_trainer.engines import build_engine
 
             return build_engine(
                 config.engine,

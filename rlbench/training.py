@@ -36,7 +36,7 @@ def check_engine(engine: str) -> None:
     if engine not in ("reference", "vllm"):
         raise UserError(f"unknown engine {engine!r}; use reference or vllm")
     if engine == "vllm":
-        from reference_trainer.vllm_engine import INSTALL_HINT, vllm_available
+        from reference_trainer.engines import INSTALL_HINT, vllm_available
 
         if not vllm_available():
             raise UserError(INSTALL_HINT)

@@ -98,7 +98,7 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, model_dir: Path, device: str = "auto", seed: int = 0, max_num_seqs: int = 64) -> None:
-        from reference_trainer.vllm_engine import INSTALL_HINT, vllm_available
+        from reference_trainer.engines import INSTALL_HINT, vllm_available
 
         if not vllm_available():
             raise UserError(INSTALL_HINT)

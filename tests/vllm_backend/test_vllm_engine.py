@@ -24,9 +24,10 @@ from vllm_checkpoint import write_tiny_char_llama, write_tiny_llama  # noqa: E40
 from reference_trainer.config import EngineConfig, SamplingParams  # noqa: E402
 from reference_trainer.engine import Engine, Trace  # noqa: E402
 from reference_trainer.engine.sequence import SequenceStatus  # noqa: E402
+from reference_trainer.engines import build_engine  # noqa: E402
 from reference_trainer.loader import load_model  # noqa: E402
 from reference_trainer.tokenizer import load_tokenizer  # noqa: E402
-from reference_trainer.vllm_engine import VLLMEngine, build_engine  # noqa: E402
+from reference_trainer.vllm_engine import VLLMEngine  # noqa: E402
 
 CFG = EngineConfig(max_num_seqs=8, max_model_len=256, max_prefill_tokens=512)
 PROMPTS = [[1, 4, 5, 6, 7], [1, 9, 9, 30, 31, 32, 33], [1, 100, 3, 50]]
