@@ -259,18 +259,17 @@ def calibrate(events: list[dict[str, Any]], source: str = "") -> Calibrated:
     else:
         pcoef = dcoef.copy()
 
-    # the rollout phase's time outside engine forwards and the gaps between them: host work per RL step
-    by_step: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    # The rollout phase's time outside the slowest worker's forwards and the gaps between them: host work
+    # per RL step (workers run in parallel, so it is measured against the busiest one, not their sum).
+    rollout: dict[int, float] = defaultdict(float)
     for e in events:
         if e.get("kind") == "rollout":
-            by_step[int(e["step"])][0] += float(e["t_end"]) - float(e["t_start"])
-    for e in engine:
-        by_step[int(e["step"])][1] += float(e["t_end"]) - float(e["t_start"])
+            rollout[int(e["step"])] += float(e["t_end"]) - float(e["t_start"])
     gap = float(np.mean(gaps)) if gaps else 0.0
-    n_fwd = defaultdict(int)
+    worker_time: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for e in engine:
-        n_fwd[int(e["step"])] += 1
-    fixed = [max(0.0, r - busy - gap * n_fwd[s]) for s, (r, busy) in by_step.items() if r > 0]
+        worker_time[int(e["step"])][int(e.get("worker", 0))] += float(e["t_end"]) - float(e["t_start"]) + gap
+    fixed = [max(0.0, r - max(worker_time[s].values(), default=0.0)) for s, r in rollout.items() if r > 0]
 
     upd_time = sum(float(e["t_end"]) - float(e["t_start"]) for e in events if e.get("kind") == "update")
     upd_tokens = sum(
