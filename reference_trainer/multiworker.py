@@ -27,7 +27,6 @@ class PlacedRollout:
     ) -> None:
         """`migrate` (straggler migration) and `order` (placement.reorder) default to the placement's own:
         on for histopipe with its alternating order, off and in stream order for the baselines."""
-        self.placement = placement
         self.place = get_placement(placement)
         self.migrate = placement == "histopipe" if migrate is None else bool(migrate)
         self.order = order
@@ -64,7 +63,7 @@ class PlacedRollout:
             self.history.record(
                 group.problem.prompt_id, len(prompt), [len(s.response_ids) for s in group.samples]
             )
-        if getattr(pool, "drafts", False):  # HistoSpec: every worker sees every prompt's new responses
+        if pool.drafts:  # HistoSpec: every worker sees every prompt's new responses
             for w in range(pool.size):
                 pool.add_history(
                     w,
@@ -159,7 +158,7 @@ class _Run:
             return False
         taken = self.pool.take_unstarted(donor, chosen)
         taken_ids = {r.seq_id for r in taken}
-        self.waiting[donor] = [i for i in self.waiting[donor] if i not in taken_ids and i not in chosen]
+        self.waiting[donor] = [i for i in self.waiting[donor] if i not in chosen]  # taken, or started
         if not taken:
             return False
         self.outstanding[donor] -= taken_ids

@@ -156,7 +156,7 @@ class Trainer:
                 histospec,
                 threads=max(1, (os.cpu_count() or 1) // config.workers),
             )
-            pool = make_worker_pool(
+            return make_worker_pool(
                 spec,
                 self.policy.state_dict(),
                 config.workers,
@@ -164,8 +164,6 @@ class Trainer:
                 config.worker_backend,
                 config.ray_address,
             )
-            pool.drafts = histospec is not None  # type: ignore[attr-defined]
-            return pool
         # The policy trains in fp32; the rollout copy runs in the device's inference dtype (bf16 on CUDA).
         device = self.policy.lm_head.weight.device
         engine_model = copy.deepcopy(self.policy).requires_grad_(False).to(resolve_dtype("auto", device))

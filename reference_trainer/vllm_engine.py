@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.config import EngineConfig, SamplingParams
-from reference_trainer.engine.sequence import Sequence, SequenceStatus
+from reference_trainer.engine.sequence import Sequence, SequenceStatus, resume_seed
 from reference_trainer.engine.trace import Trace
 from reference_trainer.engines import INSTALL_HINT, speculative_config, vllm_available
 
@@ -109,26 +109,19 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         params = params or SamplingParams()
-        response_ids = list(response_ids or [])
-        total = len(prompt_ids) + len(response_ids)
-        if total >= self.max_model_len:
-            raise ValueError(f"request of {total} tokens does not fit max_model_len {self.max_model_len}")
-        if not prompt_ids:
-            raise ValueError("empty prompt")
-        seq = Sequence(
-            seq_id=seq_id or f"seq-{next(self._ids)}",
-            prompt_ids=list(prompt_ids),
-            params=params,
+        seq = Sequence.for_request(
+            seq_id or f"seq-{next(self._ids)}",
+            prompt_ids,
+            params,
+            max_model_len=self.max_model_len,
+            policy_version=self.policy_version,
             response_ids=response_ids,
-            logprobs=list(logprobs or [float("nan")] * len(response_ids)),
-            policy_versions=list(policy_versions or [self.policy_version] * len(response_ids)),
+            logprobs=logprobs,
+            policy_versions=policy_versions,
             priority=priority,
-            meta=dict(meta or {}),
-            resumed_tokens=len(response_ids),
+            meta=meta,
         )
-        if len(seq.logprobs) != len(response_ids) or len(seq.policy_versions) != len(response_ids):
-            raise ValueError("logprobs and policy_versions must have one entry per response token")
-        remaining = min(params.max_tokens - len(response_ids), self.max_model_len - total)
+        remaining = min(params.max_tokens - seq.resumed_tokens, self.max_model_len - seq.length)
         seq.t_admit = self.trace.now()
         if remaining <= 0:  # nothing left to generate: finished as it came in
             self._finish(seq, "length")
@@ -151,8 +144,8 @@ class VLLMEngine:
         if not params.ignore_eos:
             stop_ids += sorted(self.eos_token_ids)
         seed = None
-        if params.seed is not None:  # offset by the resumed length, as the reference engine does
-            seed = (params.seed * 1_000_003 + len(seq.response_ids)) % (2**63)
+        if params.seed is not None:
+            seed = resume_seed(params.seed, len(seq.response_ids)) % (2**63)
         return VParams(
             temperature=max(params.temperature, 0.0),
             top_p=params.top_p,

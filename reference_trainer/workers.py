@@ -128,14 +128,14 @@ class RolloutWorker:
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self.engine.update_weights(state_dict, version=version)
 
-    def speculation_stats(self) -> dict[str, Any]:
-        spec = self.engine.speculator
-        return spec.drafter.stats() if spec is not None else {}
+    def ready(self) -> int:
+        return self.worker
 
 
 class WorkerPool(Protocol):
     size: int
     capacity: int  # slots per worker
+    drafts: bool  # workers run HistoSpec: finished responses are shared as history
     trace: Trace  # the driver's trace: phases, sequences, and every worker's engine events
     policy_version: int
 
@@ -174,6 +174,7 @@ class LocalWorkerPool:
         slice_steps: int = 4,
     ) -> None:
         self.size, self.capacity, self.trace = workers, spec.engine_config.max_num_seqs, trace
+        self.drafts = spec.histospec is not None
         self.slice_steps = slice_steps
         self.policy_version = 0
         self.workers = [RolloutWorker(spec, state_dict, w, trace.t0, 0) for w in range(workers)]
@@ -238,13 +239,14 @@ class RayWorkerPool:
             budget_s,
         )
         self.policy_version, self.device = 0, spec.engine_config.device
+        self.drafts = spec.histospec is not None
         gpu = self.device.startswith("cuda")
         actor = ray.remote(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0)(RolloutWorker)
         weights = ray.put(_inference_state(state_dict, spec.engine_config.device))
         # Actors are on the same clock as the driver (perf_counter is system-wide on Linux): traces align.
         self.actors = [actor.remote(spec, weights, w, trace.t0, 0) for w in range(workers)]
         # Wait for every actor to be built, so start-up is not billed to the first rollout.
-        ray.get([a.speculation_stats.remote() for a in self.actors])
+        ray.get([a.ready.remote() for a in self.actors])
         self._inflight: dict[Any, int] = {}
 
     def submit(self, worker: int, requests: list[Request]) -> None:
@@ -275,6 +277,17 @@ class RayWorkerPool:
         self.actors = []
 
 
+def require_ray(workers: int) -> None:
+    """ValueError with the install line when Ray is missing."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            f"--workers {workers} runs rollout workers on Ray, which is not installed: "
+            "pip install 'rlbench[ray]'"
+        ) from None
+
+
 def make_worker_pool(
     spec: WorkerSpec,
     state_dict: Mapping[str, torch.Tensor],
@@ -285,11 +298,5 @@ def make_worker_pool(
 ) -> WorkerPool:
     if backend == "local":
         return LocalWorkerPool(spec, _inference_state(state_dict, spec.engine_config.device), workers, trace)
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise ValueError(
-            f"--workers {workers} runs rollout workers on Ray, which is not installed: "
-            "pip install 'rlbench[ray]'"
-        ) from None
+    require_ray(workers)
     return RayWorkerPool(spec, state_dict, workers, trace, address=address)

@@ -34,14 +34,17 @@ def app() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
-    except Exception as err:  # click's usage errors arrive here in standalone_mode=False
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
-            err.show()
-            sys.exit(err.exit_code)
-        if isinstance(err, click.exceptions.Exit):
-            sys.exit(err.exit_code)
+    except Exception as err:
+        # Usage errors (bad option values, unknown options) come from click, or from the copy of click
+        # that newer typer versions vendor, so they are recognised by shape rather than by class.
+        format_message = getattr(err, "format_message", None)
+        exit_code = getattr(err, "exit_code", None)
+        if callable(format_message) and isinstance(exit_code, int):
+            if message := format_message():  # empty after no-args help, which is already printed
+                typer.echo(f"error: {message}", err=True)
+            sys.exit(exit_code)
+        if isinstance(exit_code, int):  # click/typer Exit
+            sys.exit(exit_code)
         raise
     if isinstance(rc, int) and rc != 0:
         sys.exit(rc)

@@ -52,10 +52,12 @@ def check_workers(mode_name: str, workers: int) -> None:
         get_mode(mode_name).strategy_for(workers)
     except ValueError as err:
         raise UserError(str(err)) from None
+    from reference_trainer.workers import require_ray
+
     try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise UserError(f"--workers {workers} needs Ray: pip install 'rlbench[ray]'") from None
+        require_ray(workers)
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
 def check_strategy_options(mode_name: str, workers: int, mode_options: dict[str, Any]) -> None:

@@ -71,25 +71,24 @@ def llama_dir(tmp_path_factory) -> Path:
     return write_hf_checkpoint(tmp_path_factory.mktemp("llama"), "llama")
 
 
-def write_tiny_char_model(path: Path, seed: int = 0) -> Path:
-    """A random 2-layer char-level model directory (the embedded model's format at toy size)."""
+def write_tiny_char_model(path: Path, seed: int = 0, eos_weight: float | None = None, **overrides) -> Path:
+    """A random 2-layer char-level model directory (the embedded model's format at toy size). `overrides`
+    change the ModelConfig; `eos_weight` sets the EOS row of the LM head (a constant row makes the EOS logit
+    swing with the hidden state, so response lengths vary)."""
     from reference_trainer.config import ModelConfig
     from reference_trainer.loader import save_model
     from reference_trainer.model import DecoderLM
     from reference_trainer.tokenizer import CharTokenizer
 
     torch.manual_seed(seed)
-    config = ModelConfig(
-        vocab_size=99,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    save_model(DecoderLM(config), path)
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    shape.update({"max_position_embeddings": 256, **overrides})
+    config = ModelConfig(vocab_size=99, bos_token_id=1, eos_token_id=2, **shape)
+    model = DecoderLM(config)
+    if eos_weight is not None:
+        with torch.no_grad():
+            model.lm_head.weight[config.eos_token_id] = eos_weight
+    save_model(model, path)
     CharTokenizer().save(path)
     return path
 

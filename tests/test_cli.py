@@ -121,6 +121,7 @@ def test_train_then_resume_through_the_cli(tiny_model_dir, tmp_path):
         ),
         (("train", "--resume", "nowhere"), "holds no training run"),
         (("train", "--mode", "sorted", "--workers", "2"), "mode 'sorted' runs on one engine; --workers > 1"),
+        (("train", "--workers", "0"), "Invalid value for '--workers': Input should be greater than or equal"),
         (
             ("profile", "--mode", "histopipe", "--workers", "2", "--mode-option", "placement=fifo"),
             "mode 'histopipe': unknown placement 'fifo'; valid: round-robin, least-outstanding, histopipe",

@@ -13,7 +13,7 @@ from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.runner import ModelRunner
 from reference_trainer.engine.sampler import SamplingBatch, sample
 from reference_trainer.engine.scheduler import Scheduler
-from reference_trainer.engine.sequence import Sequence, SequenceStatus
+from reference_trainer.engine.sequence import Sequence, SequenceStatus, resume_seed
 from reference_trainer.engine.trace import Trace
 from reference_trainer.loader import resolve_dtype
 from reference_trainer.model import DecoderLM
@@ -79,32 +79,22 @@ class Engine:
         """Queue a request. Passing `response_ids` (with their log-probs and policy versions) resumes a
         partial rollout: the engine prefills prompt + response and continues after it."""
         params = params or SamplingParams()
-        response_ids = list(response_ids or [])
-        if len(prompt_ids) + len(response_ids) >= self.max_model_len:
-            raise ValueError(
-                f"request of {len(prompt_ids) + len(response_ids)} tokens does not fit "
-                f"max_model_len {self.max_model_len}"
-            )
-        if not prompt_ids:
-            raise ValueError("empty prompt")
-        seq = Sequence(
-            seq_id=seq_id or f"seq-{next(self._ids)}",
-            prompt_ids=list(prompt_ids),
-            params=params,
+        seq = Sequence.for_request(
+            seq_id or f"seq-{next(self._ids)}",
+            prompt_ids,
+            params,
+            max_model_len=self.max_model_len,
+            policy_version=self.policy_version,
             response_ids=response_ids,
-            logprobs=list(logprobs or [float("nan")] * len(response_ids)),
-            policy_versions=list(policy_versions or [self.policy_version] * len(response_ids)),
+            logprobs=logprobs,
+            policy_versions=policy_versions,
             priority=priority,
-            meta=dict(meta or {}),
-            resumed_tokens=len(response_ids),
+            meta=meta,
         )
-        if len(seq.logprobs) != len(response_ids) or len(seq.policy_versions) != len(response_ids):
-            raise ValueError("logprobs and policy_versions must have one entry per response token")
         seq.t_admit = self.trace.now()
         if params.seed is not None:
-            # Offset by the resumed length so a resumed request does not replay its first draws.
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(params.seed * 1_000_003 + len(response_ids))
+            gen.manual_seed(resume_seed(params.seed, seq.resumed_tokens))
             self._generators[seq.seq_id] = gen
         else:
             self._generators[seq.seq_id] = None

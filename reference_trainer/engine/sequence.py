@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from reference_trainer.config import SamplingParams
+
+
+def resume_seed(seed: int, resumed_tokens: int) -> int:
+    """A seeded request's generator seed, offset by the tokens it resumes with so that a resumed request
+    does not replay its first draws (the same rule in every engine)."""
+    return seed * 1_000_003 + resumed_tokens
 
 
 class SequenceStatus(enum.Enum):
@@ -41,6 +48,45 @@ class Sequence:
     drafted: int = 0
     accepted: int = 0
     resumed_tokens: int = 0  # response tokens that came in with the request (not generated here)
+
+    @classmethod
+    def for_request(
+        cls,
+        seq_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        max_model_len: int,
+        policy_version: int,
+        response_ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        policy_versions: list[int] | None = None,
+        priority: int = 0,
+        meta: Mapping[str, object] | None = None,
+    ) -> Sequence:
+        """A new request, validated: it fits `max_model_len`, has a prompt, and a resumed response
+        (`response_ids`) comes with one log-prob and one policy version per token (defaults: NaN and
+        `policy_version`)."""
+        response_ids = list(response_ids or [])
+        total = len(prompt_ids) + len(response_ids)
+        if total >= max_model_len:
+            raise ValueError(f"request of {total} tokens does not fit max_model_len {max_model_len}")
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        seq = cls(
+            seq_id=seq_id,
+            prompt_ids=list(prompt_ids),
+            params=params,
+            response_ids=response_ids,
+            logprobs=list(logprobs or [float("nan")] * len(response_ids)),
+            policy_versions=list(policy_versions or [policy_version] * len(response_ids)),
+            priority=priority,
+            meta=dict(meta or {}),
+            resumed_tokens=len(response_ids),
+        )
+        if len(seq.logprobs) != len(response_ids) or len(seq.policy_versions) != len(response_ids):
+            raise ValueError("logprobs and policy_versions must have one entry per response token")
+        return seq
 
     @property
     def all_ids(self) -> list[int]:

@@ -57,27 +57,8 @@ def write_tiny_llama(path: Path, seed: int = 0) -> Path:
 def write_tiny_char_llama(path: Path, seed: int = 0) -> Path:
     """A random char-level model in the embedded model's format (reference_trainer's save_model and char
     tokenizer), at head_dim 32: what `rlbench train --engine vllm` runs on without a real checkpoint."""
-    import torch
+    from conftest import write_tiny_char_model
 
-    from reference_trainer.config import ModelConfig
-    from reference_trainer.loader import save_model
-    from reference_trainer.model import DecoderLM
-    from reference_trainer.tokenizer import CharTokenizer
-
-    torch.manual_seed(seed)
-    config = ModelConfig(
-        vocab_size=99,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
+    return write_tiny_char_model(
+        path, seed, eos_weight=0.3, hidden_size=64, intermediate_size=128, max_position_embeddings=512
     )
-    model = DecoderLM(config)
-    with torch.no_grad():  # an EOS logit that swings with the hidden state: response lengths vary
-        model.lm_head.weight[config.eos_token_id] = 0.3
-    save_model(model, path)
-    CharTokenizer().save(path)
-    return path
