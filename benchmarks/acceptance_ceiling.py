@@ -21,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import resolve_model  # noqa: E402
 
-from reference_trainer.config import EngineConfig, SamplingParams  # noqa: E402
 from reference_trainer.engine import Engine  # noqa: E402
-from reference_trainer.loader import load_model  # noqa: E402
-from reference_trainer.prompting import encode_prompt  # noqa: E402
+from reference_trainer.engine.config import EngineConfig, SamplingParams  # noqa: E402
+from reference_trainer.model.loader import load_model  # noqa: E402
+from reference_trainer.model.prompting import encode_prompt  # noqa: E402
+from reference_trainer.model.tokenizer import load_tokenizer  # noqa: E402
 from reference_trainer.tasks import get_task  # noqa: E402
-from reference_trainer.tokenizer import load_tokenizer  # noqa: E402
 
 
 def main() -> None:

@@ -14,10 +14,10 @@ def resolve_model(arg: str | None) -> tuple[Path, str]:
     of the embedded shape. Returns the directory and a label saying which."""
     import torch
 
-    from reference_trainer.embedded import MODEL_CONFIG, default_model_dir
-    from reference_trainer.loader import save_model
-    from reference_trainer.model import DecoderLM
-    from reference_trainer.tokenizer import CharTokenizer
+    from reference_trainer.model.decoder import DecoderLM
+    from reference_trainer.model.embedded import MODEL_CONFIG, default_model_dir
+    from reference_trainer.model.loader import save_model
+    from reference_trainer.model.tokenizer import CharTokenizer
 
     if arg and arg != "random":
         return Path(arg), arg

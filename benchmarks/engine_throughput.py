@@ -26,13 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import resolve_model  # noqa: E402
 
-from reference_trainer.atomic import write_json  # noqa: E402
-from reference_trainer.config import EngineConfig, SamplingParams  # noqa: E402
 from reference_trainer.engine import Engine  # noqa: E402
-from reference_trainer.loader import load_model  # noqa: E402
-from reference_trainer.prompting import encode_prompt  # noqa: E402
+from reference_trainer.engine.config import EngineConfig, SamplingParams  # noqa: E402
+from reference_trainer.model.loader import load_model  # noqa: E402
+from reference_trainer.model.prompting import encode_prompt  # noqa: E402
+from reference_trainer.model.tokenizer import CharTokenizer  # noqa: E402
 from reference_trainer.tasks import get_task  # noqa: E402
-from reference_trainer.tokenizer import CharTokenizer  # noqa: E402
+from rlbench.records import write_json  # noqa: E402
 
 
 def run_rlbench(path: Path, prompts: list[list[int]], max_tokens: int, eos: bool) -> float:

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import resolve_model  # noqa: E402
 
-from reference_trainer.atomic import read_jsonl, write_json  # noqa: E402
-from reference_trainer.trainer import TrainConfig, Trainer  # noqa: E402
+from reference_trainer.train.trainer import TrainConfig, Trainer  # noqa: E402
 from rlbench import metrics  # noqa: E402
+from rlbench.records import read_jsonl, write_json  # noqa: E402
 
 # name -> PlacedRollout options. histopipe is RhymeRL's (alternating order + migration); histopipe-lpt keeps
 # the balanced placement and migration but orders every worker's queue longest-first on every step.

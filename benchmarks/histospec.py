@@ -72,7 +72,7 @@ def main() -> None:
     histospec = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.histospec)}
     torch.set_num_threads(args.threads)
 
-    from reference_trainer.trainer import TrainConfig, Trainer
+    from reference_trainer.train.trainer import TrainConfig, Trainer
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

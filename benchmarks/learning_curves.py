@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reference_trainer.atomic import write_json  # noqa: E402
-from reference_trainer.trainer import Trainer  # noqa: E402
+from reference_trainer.train.trainer import Trainer  # noqa: E402
+from rlbench.records import write_json  # noqa: E402
 from rlbench.training import build_config, ensure_default_model  # noqa: E402
 
 
@@ -33,9 +33,9 @@ HELD_OUT_SEED = 999  # never used for training prompts
 def held_out_accuracy(trainer: Trainer, n: int = 256) -> float:
     """Greedy accuracy on fresh problems, with a separate engine over the trainer's rollout weights (so the
     training trace stays clean)."""
-    from reference_trainer.config import EngineConfig, SamplingParams
     from reference_trainer.engine import Engine
-    from reference_trainer.prompting import encode_prompt
+    from reference_trainer.engine.config import EngineConfig, SamplingParams
+    from reference_trainer.model.prompting import encode_prompt
 
     problems = trainer.task.problems(n, seed=HELD_OUT_SEED)
     engine = Engine(

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from reference_trainer.controller import SortedController, SortedPartialController
-from reference_trainer.multiworker import PlacedRollout
-from reference_trainer.rollout import RolloutStrategy, SynchronousRollout
+from reference_trainer.rollout.base import RolloutStrategy, SynchronousRollout
+from reference_trainer.rollout.placed import PlacedRollout
+from reference_trainer.rollout.sorted import SortedController, SortedPartialController
 
 STRATEGIES: dict[str, type] = {
     "baseline": SynchronousRollout,

@@ -20,8 +20,8 @@ def resolve_model_dir(model_dir: Path | None) -> Path:
 def load_model_and_tokenizer(
     model_dir: Path | None, device: str = "cpu", dtype: str = "auto"
 ) -> tuple[Any, Any]:
-    from reference_trainer.loader import ModelLoadError, load_model
-    from reference_trainer.tokenizer import load_tokenizer
+    from reference_trainer.model.loader import ModelLoadError, load_model
+    from reference_trainer.model.tokenizer import load_tokenizer
 
     path = resolve_model_dir(model_dir)
     try:

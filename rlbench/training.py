@@ -36,7 +36,7 @@ def check_engine(engine: str) -> None:
     if engine not in ("reference", "vllm"):
         raise UserError(f"unknown engine {engine!r}; use reference or vllm")
     if engine == "vllm":
-        from reference_trainer.engines import INSTALL_HINT, vllm_available
+        from reference_trainer.engine.factory import INSTALL_HINT, vllm_available
 
         if not vllm_available():
             raise UserError(INSTALL_HINT)
@@ -52,7 +52,7 @@ def check_workers(mode_name: str, workers: int) -> None:
         get_mode(mode_name).strategy_for(workers)
     except ValueError as err:
         raise UserError(str(err)) from None
-    from reference_trainer.workers import require_ray
+    from reference_trainer.rollout.workers import require_ray
 
     try:
         require_ray(workers)
@@ -111,7 +111,7 @@ def accepted_mode_options(mode_name: str, options: dict[str, Any], workers: int 
 def build_config(**options: Any) -> Any:
     """A TrainConfig from CLI options; None values keep the defaults, `lr`/`kl_coef` go to GRPO and
     `mode_option` (KEY=VALUE strings) becomes `mode_options`."""
-    from reference_trainer.trainer import TrainConfig
+    from reference_trainer.train.trainer import TrainConfig
 
     options = {k: v for k, v in options.items() if v is not None}
     if "mode_option" in options:
@@ -138,7 +138,7 @@ def build_config(**options: Any) -> Any:
 
 def ensure_default_model() -> Path:
     """Build the embedded model (first use only) with a progress bar."""
-    from reference_trainer.embedded import default_model_dir
+    from reference_trainer.model.embedded import default_model_dir
 
     path = default_model_dir(build=False)
     if (path / "config.json").is_file():
@@ -160,8 +160,8 @@ def run_training(config: Any, out_dir: Path, trace: Any = None, resume: bool = F
     """Train with a progress bar; turns the trainer's input errors into one-line UserErrors."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from reference_trainer.loader import ModelLoadError
-    from reference_trainer.trainer import Trainer
+    from reference_trainer.model.loader import ModelLoadError
+    from reference_trainer.train.trainer import Trainer
 
     if config.model is None:
         ensure_default_model()

@@ -75,10 +75,10 @@ def write_tiny_char_model(path: Path, seed: int = 0, eos_weight: float | None = 
     """A random 2-layer char-level model directory (the embedded model's format at toy size). `overrides`
     change the ModelConfig; `eos_weight` sets the EOS row of the LM head (a constant row makes the EOS logit
     swing with the hidden state, so response lengths vary)."""
-    from reference_trainer.config import ModelConfig
-    from reference_trainer.loader import save_model
-    from reference_trainer.model import DecoderLM
-    from reference_trainer.tokenizer import CharTokenizer
+    from reference_trainer.model.config import ModelConfig
+    from reference_trainer.model.decoder import DecoderLM
+    from reference_trainer.model.loader import save_model
+    from reference_trainer.model.tokenizer import CharTokenizer
 
     torch.manual_seed(seed)
     shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)

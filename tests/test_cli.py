@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from reference_trainer.atomic import read_jsonl
 from rlbench.errors import UserError
+from rlbench.records import read_jsonl
 from rlbench.training import parse_mode_options
 
 ROOT = Path(__file__).resolve().parents[1]

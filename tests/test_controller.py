@@ -12,16 +12,16 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reference_trainer.atomic import read_jsonl
-from reference_trainer.config import EngineConfig, SamplingParams
-from reference_trainer.controller import NEW, REQUEUED, SortedController, SortedPartialController
 from reference_trainer.engine import Sequence, SequenceStatus, Trace
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.model.tokenizer import CharTokenizer
 from reference_trainer.modes import MODES, STRATEGIES
-from reference_trainer.rollout import PromptStream, RolloutContext
+from reference_trainer.rollout.base import PromptStream, RolloutContext
+from reference_trainer.rollout.sorted import NEW, REQUEUED, SortedController, SortedPartialController
 from reference_trainer.tasks.arith import ArithTask
-from reference_trainer.tokenizer import CharTokenizer
-from reference_trainer.trainer import TrainConfig, Trainer
+from reference_trainer.train.trainer import TrainConfig, Trainer
 from rlbench import metrics
+from rlbench.records import read_jsonl
 
 TIMING = (
     "timing_s/gen",
@@ -283,7 +283,7 @@ def test_shortest_groups_first_and_partial_resume():
 
 
 def _seed(ctx: RolloutContext, index: int, sample: int) -> int:
-    from reference_trainer.rollout import request_seed
+    from reference_trainer.rollout.base import request_seed
 
     return request_seed(ctx.seed, index, sample)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference_trainer.config import EngineConfig, SamplingParams
 from reference_trainer.engine import Engine
-from reference_trainer.loader import load_model
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.model.loader import load_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
@@ -221,7 +221,7 @@ def test_engine_on_cuda_bf16(llama_dir):
 
 
 def test_cuda_request_on_cpu_machine_is_a_clear_error(llama_dir):
-    from reference_trainer.loader import ModelLoadError
+    from reference_trainer.model.loader import ModelLoadError
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

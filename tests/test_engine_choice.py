@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from test_cli import assert_one_line_error, cli
 
-from reference_trainer.config import EngineConfig, SamplingParams
 from reference_trainer.engine import Engine, Trace
-from reference_trainer.engines import build_engine, speculative_config
-from reference_trainer.loader import load_model
-from reference_trainer.tokenizer import load_tokenizer
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.factory import build_engine, speculative_config
+from reference_trainer.model.loader import load_model
+from reference_trainer.model.tokenizer import load_tokenizer
 
 NO_VLLM = importlib.util.find_spec("vllm") is None
 

@@ -13,10 +13,10 @@ pytest.importorskip("reference_trainer.engine.engine")
 def _tiny_model(model_dir: Path) -> Path:
     import torch
 
-    from reference_trainer.config import ModelConfig
-    from reference_trainer.loader import save_model
-    from reference_trainer.model import DecoderLM
-    from reference_trainer.tokenizer import CharTokenizer
+    from reference_trainer.model.config import ModelConfig
+    from reference_trainer.model.decoder import DecoderLM
+    from reference_trainer.model.loader import save_model
+    from reference_trainer.model.tokenizer import CharTokenizer
 
     tok = CharTokenizer()
     torch.manual_seed(0)
@@ -69,7 +69,7 @@ def test_eval_with_reference_engine(tmp_path: Path) -> None:
 
 
 def test_a_response_budget_beyond_the_context_is_capped(tmp_path: Path) -> None:
-    from reference_trainer.config import SamplingParams
+    from reference_trainer.engine.config import SamplingParams
     from rlbench.eval.backends import ReferenceBackend
 
     backend = ReferenceBackend(_tiny_model(tmp_path / "model"))  # a 512-token context

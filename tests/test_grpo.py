@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_trainer.grpo import (
+from reference_trainer.train.grpo import (
     GRPOConfig,
     GRPOUpdater,
     RolloutBatch,

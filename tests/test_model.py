@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from reference_trainer.loader import ModelLoadError, load_model, save_model
+from reference_trainer.model.loader import ModelLoadError, load_model, save_model
 
 
 def hf_model(model_dir):
@@ -32,7 +32,7 @@ def test_logits_match_transformers(family, request):
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_cached_forward_matches_full_forward(family, request):
     """Prefill in two chunks through the KV cache gives the full forward's logits."""
-    from reference_trainer.model import KVCache
+    from reference_trainer.model.decoder import KVCache
 
     model = load_model(request.getfixturevalue(f"{family}_dir"))
     ids = torch.randint(3, 98, (2, 20), generator=torch.Generator().manual_seed(2))

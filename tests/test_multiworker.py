@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from reference_trainer.engine import Trace
-from reference_trainer.multiworker import PlacedRollout
-from reference_trainer.rollout import PromptStream, RolloutContext
-from reference_trainer.trainer import TrainConfig, Trainer
-from reference_trainer.workers import LocalWorkerPool, WorkerSpec
+from reference_trainer.rollout.base import PromptStream, RolloutContext
+from reference_trainer.rollout.placed import PlacedRollout
+from reference_trainer.rollout.workers import LocalWorkerPool, WorkerSpec
+from reference_trainer.train.trainer import TrainConfig, Trainer
 from rlbench.metrics import compute
 
 

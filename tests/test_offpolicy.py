@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from reference_trainer.config import ModelConfig
-from reference_trainer.grpo import GRPOConfig, GRPOUpdater, RolloutBatch, tis_weights, token_logprobs
-from reference_trainer.model import DecoderLM
+from reference_trainer.model.config import ModelConfig
+from reference_trainer.model.decoder import DecoderLM
+from reference_trainer.train.grpo import GRPOConfig, GRPOUpdater, RolloutBatch, tis_weights, token_logprobs
 
 
 def test_tis_weights_by_hand():
@@ -108,9 +108,9 @@ def test_update_reports_tis_stats_and_needs_sampling_logprobs(model):
 
 
 def test_modes_set_the_cap_and_the_config_overrides_it(tmp_path):
-    from reference_trainer.loader import save_model
-    from reference_trainer.tokenizer import CharTokenizer
-    from reference_trainer.trainer import TrainConfig, Trainer
+    from reference_trainer.model.loader import save_model
+    from reference_trainer.model.tokenizer import CharTokenizer
+    from reference_trainer.train.trainer import TrainConfig, Trainer
 
     config = ModelConfig(
         vocab_size=99,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_trainer.placement import (
+from reference_trainer.rollout.placement import (
     PLACEMENTS,
     LengthHistory,
     Unit,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import write_tiny_char_model
 
-from reference_trainer.trainer import TrainConfig, Trainer
+from reference_trainer.train.trainer import TrainConfig, Trainer
 from rlbench.simulate.replay import validate
 
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 from scipy import stats
 
-from reference_trainer.config import EngineConfig, ModelConfig, SamplingParams
 from reference_trainer.engine import Engine
+from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.speculative import CostModel, Speculator, coupled_accept
-from reference_trainer.histospec import HistoryDrafter, attach_histospec
-from reference_trainer.model import DecoderLM
+from reference_trainer.model.config import ModelConfig
+from reference_trainer.model.decoder import DecoderLM
+from reference_trainer.rollout.histospec import HistoryDrafter, attach_histospec
 from rlbench.metrics import step_metrics
 
 PROMPT = [5, 6, 7, 8]
@@ -208,7 +209,7 @@ def test_measured_cost_model_and_plain_steps_when_verification_is_expensive(mode
 
 
 def test_rhyme_mode_attaches_histospec_and_matches_baseline(tmp_path, tiny_model_dir):
-    from reference_trainer.trainer import TrainConfig, Trainer
+    from reference_trainer.train.trainer import TrainConfig, Trainer
 
     rows, seqs = {}, {}
     for mode in ("baseline", "rhyme"):

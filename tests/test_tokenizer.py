@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reference_trainer.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
+from reference_trainer.model.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 
 QWEN_TEMPLATE = (
     "{%- for message in messages %}"

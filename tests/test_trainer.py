@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from reference_trainer.atomic import read_jsonl
-from reference_trainer.loader import load_model
-from reference_trainer.trainer import TrainConfig, Trainer
+from reference_trainer.model.loader import load_model
+from reference_trainer.train.trainer import TrainConfig, Trainer
+from rlbench.records import read_jsonl
 
 TIMING = (
     "timing_s/gen",
@@ -113,7 +113,7 @@ def test_resume_after_kill_reproduces_uninterrupted_run(tiny_model_dir, tmp_path
 
 
 def test_run_config_round_trips(tiny_model_dir, tmp_path):
-    from reference_trainer.trainer import load_run_config
+    from reference_trainer.train.trainer import load_run_config
 
     config = tiny_config(tiny_model_dir, 2, task_options={"max_ops": 6})
     Trainer(config, tmp_path)

@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from reference_trainer.config import EngineConfig, SamplingParams
+from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.runner import ModelRunner
 from reference_trainer.engine.sampler import SamplingBatch, sample
 from reference_trainer.engine.scheduler import Scheduler
 from reference_trainer.engine.sequence import Sequence, SequenceStatus, resume_seed
 from reference_trainer.engine.trace import Trace
-from reference_trainer.loader import resolve_dtype
-from reference_trainer.model import DecoderLM
+from reference_trainer.model.decoder import DecoderLM
+from reference_trainer.model.loader import resolve_dtype
 
 if TYPE_CHECKING:
     from reference_trainer.engine.speculative import Speculator

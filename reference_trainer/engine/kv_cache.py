@@ -11,8 +11,8 @@ import heapq
 
 import torch
 
-from reference_trainer.config import ModelConfig
-from reference_trainer.model import KVCache
+from reference_trainer.model.config import ModelConfig
+from reference_trainer.model.decoder import KVCache
 
 
 class SlotManager:

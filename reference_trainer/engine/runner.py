@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from reference_trainer.config import EngineConfig
+from reference_trainer.engine.config import EngineConfig
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.sequence import Sequence
-from reference_trainer.model import DecoderLM
+from reference_trainer.model.decoder import DecoderLM
 
 PAD_ID = 0  # any valid id: padded positions are never read
 

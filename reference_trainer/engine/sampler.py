@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference_trainer.config import SamplingParams
+from reference_trainer.engine.config import SamplingParams
 
 
 @dataclass

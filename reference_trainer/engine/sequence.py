@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reference_trainer.config import SamplingParams
+from reference_trainer.engine.config import SamplingParams
 
 
 def resume_seed(seed: int, resumed_tokens: int) -> int:

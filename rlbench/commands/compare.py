@@ -48,8 +48,8 @@ def register(app: typer.Typer) -> None:
         """Run each mode in turn (same prompts, seeds, model); write compare.json and a side-by-side page."""
         import json
 
-        from reference_trainer.atomic import write_json
         from rlbench.profiling.session import run_profile
+        from rlbench.records import write_json
         from rlbench.report.compare_report import ratio_rows, render_compare
         from rlbench.training import (
             accepted_mode_options,

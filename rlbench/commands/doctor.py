@@ -49,7 +49,7 @@ def _probe() -> dict[str, Any]:
     report["data_dir"] = data_dir or "unset (RLBENCH_DATA_DIR / --data-dir; else the HF hub)"
     if data_dir:
         report["data_files"] = sorted(p.name for p in Path(data_dir).glob("*.jsonl"))
-    from reference_trainer.embedded import default_model_dir
+    from reference_trainer.model.embedded import default_model_dir
 
     model = default_model_dir(build=False)
     report["embedded_model"] = (

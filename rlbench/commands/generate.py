@@ -23,9 +23,9 @@ def register(app: typer.Typer) -> None:
         seed: Seed = 0,
     ) -> None:
         """Generate from prompts with the reference engine (the model's chat template when it has one)."""
-        from reference_trainer.config import EngineConfig, SamplingParams
         from reference_trainer.engine import Engine
-        from reference_trainer.prompting import encode_prompt
+        from reference_trainer.engine.config import EngineConfig, SamplingParams
+        from reference_trainer.model.prompting import encode_prompt
         from rlbench.errors import UserError
         from rlbench.runtime import load_model_and_tokenizer
 

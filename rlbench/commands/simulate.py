@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         """Replay a length trace through the schedulers at 1..N workers: simulate.json + report.html."""
         import json
 
-        from reference_trainer.atomic import write_json
+        from rlbench.records import write_json
 
         out.mkdir(parents=True, exist_ok=True)
         if validate is not None:

@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         from rlbench.training import build_config, run_training
 
         if resume is not None:
-            from reference_trainer.trainer import load_run_config
+            from reference_trainer.train.trainer import load_run_config
 
             try:
                 config = load_run_config(resume)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rlbench.errors import UserError
 
 if TYPE_CHECKING:
-    from reference_trainer.config import SamplingParams
+    from reference_trainer.engine.config import SamplingParams
 
 
 class GenerationBackend(Protocol):
@@ -57,8 +57,8 @@ class ReferenceBackend:
         self.truncated_prompts = 0
 
     def _engine_for(self, needed: int) -> Any:
-        from reference_trainer.config import EngineConfig
         from reference_trainer.engine import Engine
+        from reference_trainer.engine.config import EngineConfig
 
         limit = int(self._lm.config.max_position_embeddings)
         needed = min(limit, -(-needed // 256) * 256)  # round up so a few longer prompts don't rebuild it
@@ -98,15 +98,15 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, model_dir: Path, device: str = "auto", seed: int = 0, max_num_seqs: int = 64) -> None:
-        from reference_trainer.engines import INSTALL_HINT, vllm_available
+        from reference_trainer.engine.factory import INSTALL_HINT, vllm_available
 
         if not vllm_available():
             raise UserError(INSTALL_HINT)
         import json
 
-        from reference_trainer.config import EngineConfig
-        from reference_trainer.tokenizer import load_tokenizer
-        from reference_trainer.vllm_engine import VLLMEngine
+        from reference_trainer.engine.config import EngineConfig
+        from reference_trainer.engine.vllm_engine import VLLMEngine
+        from reference_trainer.model.tokenizer import load_tokenizer
 
         self.model = str(check_model_dir(Path(model_dir)))
         try:

@@ -13,13 +13,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.atomic import append_jsonl, read_jsonl, write_json
 from rlbench.errors import UserError
 from rlbench.eval.backends import GenerationBackend
 from rlbench.eval.estimators import avg_at_k, majority_correct, pass_at_k, pass_ks
 from rlbench.eval.grading import GradeItem, GradingPool
 from rlbench.eval.prompts import build_prompt, resolve_template
 from rlbench.eval.suites import Problem, Suite, get_suite, load_problems
+from rlbench.records import append_jsonl, read_jsonl, write_json
 
 PROGRESS_FILE = "problems.jsonl"
 CONFIG_FILE = "run_config.json"
@@ -156,7 +156,7 @@ def run_eval(
     report: bool = True,
 ) -> dict[str, Any]:
     """Evaluate `cfg.suite`, appending each finished problem to OUT/problems.jsonl; returns results."""
-    from reference_trainer.config import SamplingParams
+    from reference_trainer.engine.config import SamplingParams
 
     cfg.check()
     suite = get_suite(cfg.suite)

@@ -66,8 +66,8 @@ class ProfileSession:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        from reference_trainer.atomic import read_jsonl, write_json
         from rlbench import metrics
+        from rlbench.records import read_jsonl, write_json
         from rlbench.report.profile_report import render_profile
 
         wall = time.perf_counter() - self._wall0

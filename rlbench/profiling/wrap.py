@@ -25,9 +25,9 @@ def wrap_command(
     nvml: Any = None,
 ) -> tuple[int, dict[str, Any]]:
     """Run `cmd`, write out/metrics.json and out/report.html; return (exit code, metrics document)."""
-    from reference_trainer.atomic import write_json
     from rlbench.profiling.nvml import NvmlSampler, mean_util, no_gpu_note
     from rlbench.profiling.pyspy import PySpyRecorder
+    from rlbench.records import write_json
     from rlbench.report.profile_report import render_profile
 
     if not cmd:

@@ -138,7 +138,7 @@ def from_run_trace(events: list[dict], source: str = "trace.jsonl") -> LengthTra
 
 def write(trace: LengthTrace, path: str | Path) -> Path:
     """Write a trace in the JSONL length-trace format (so a converted or synthetic trace can be reused)."""
-    from reference_trainer.atomic import write_text
+    from rlbench.records import write_text
 
     lines = []
     for i in range(len(trace)):

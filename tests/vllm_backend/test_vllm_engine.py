@@ -21,13 +21,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import torch  # noqa: E402
 from vllm_checkpoint import write_tiny_char_llama, write_tiny_llama  # noqa: E402
 
-from reference_trainer.config import EngineConfig, SamplingParams  # noqa: E402
 from reference_trainer.engine import Engine, Trace  # noqa: E402
+from reference_trainer.engine.config import EngineConfig, SamplingParams  # noqa: E402
+from reference_trainer.engine.factory import build_engine  # noqa: E402
 from reference_trainer.engine.sequence import SequenceStatus  # noqa: E402
-from reference_trainer.engines import build_engine  # noqa: E402
-from reference_trainer.loader import load_model  # noqa: E402
-from reference_trainer.tokenizer import load_tokenizer  # noqa: E402
-from reference_trainer.vllm_engine import VLLMEngine  # noqa: E402
+from reference_trainer.engine.vllm_engine import VLLMEngine  # noqa: E402
+from reference_trainer.model.loader import load_model  # noqa: E402
+from reference_trainer.model.tokenizer import load_tokenizer  # noqa: E402
 
 CFG = EngineConfig(max_num_seqs=8, max_model_len=256, max_prefill_tokens=512)
 PROMPTS = [[1, 4, 5, 6, 7], [1, 9, 9, 30, 31, 32, 33], [1, 100, 3, 50]]
@@ -261,7 +261,7 @@ def test_build_engine_rejects_unknown_kind(model_dir: Path) -> None:
 def test_training_steps_on_vllm(tmp_path: Path, toy_task: str) -> None:
     """Two SortedRL partial-rollout steps with the vLLM engine: aborts, resumes, priorities and the weight
     sync all go through it, and the trace yields the bubble metrics."""
-    from reference_trainer.trainer import TrainConfig, Trainer
+    from reference_trainer.train.trainer import TrainConfig, Trainer
     from rlbench.metrics import compute
 
     model = write_tiny_char_llama(tmp_path / "char-model")

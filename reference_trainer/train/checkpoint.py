@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from reference_trainer.atomic import write_json, write_text
-from reference_trainer.loader import save_model
-from reference_trainer.model import DecoderLM
+from reference_trainer.model.decoder import DecoderLM
+from reference_trainer.model.loader import save_model
+from rlbench.records import write_json, write_text
 
 KEEP = 2  # checkpoints kept on disk
 

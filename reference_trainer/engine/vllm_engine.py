@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.config import EngineConfig, SamplingParams
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.factory import INSTALL_HINT, speculative_config, vllm_available
 from reference_trainer.engine.sequence import Sequence, SequenceStatus, resume_seed
 from reference_trainer.engine.trace import Trace
-from reference_trainer.engines import INSTALL_HINT, speculative_config, vllm_available
 
 SPEC_METRICS = {
     "vllm:spec_decode_num_drafts": "drafts",

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.config import EngineConfig
+from reference_trainer.engine.config import EngineConfig
 from reference_trainer.engine.trace import Trace
 
 INSTALL_HINT = (
@@ -62,7 +62,7 @@ def build_engine(
             raise ValueError("speculative options are for --engine vllm; the reference engine uses HistoSpec")
         return Engine(model, config, eos_token_ids=tokenizer.eos_token_ids, tokenizer=tokenizer, trace=trace)
     if kind == "vllm":
-        from reference_trainer.vllm_engine import VLLMEngine
+        from reference_trainer.engine.vllm_engine import VLLMEngine
 
         return VLLMEngine(
             model_dir,

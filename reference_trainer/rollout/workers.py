@@ -18,8 +18,9 @@ from typing import Any, Protocol
 
 import torch
 
-from reference_trainer.config import EngineConfig, ModelConfig, SamplingParams
 from reference_trainer.engine import Engine, Sequence, Trace
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.model.config import ModelConfig
 
 
 @dataclass
@@ -65,8 +66,8 @@ class RolloutWorker:
     def __init__(
         self, spec: WorkerSpec, state_dict: Mapping[str, torch.Tensor], worker: int, t0: float, version: int
     ) -> None:
-        from reference_trainer.loader import resolve_device, resolve_dtype
-        from reference_trainer.model import DecoderLM
+        from reference_trainer.model.decoder import DecoderLM
+        from reference_trainer.model.loader import resolve_device, resolve_dtype
 
         torch.set_num_threads(spec.threads)
         device = resolve_device(spec.engine_config.device)
@@ -78,7 +79,7 @@ class RolloutWorker:
         self.engine = Engine(model, spec.engine_config, spec.eos_token_ids, spec.tokenizer, self.trace)
         self.engine.policy_version = version
         if spec.histospec is not None:
-            from reference_trainer.histospec import attach_histospec
+            from reference_trainer.rollout.histospec import attach_histospec
 
             attach_histospec(self.engine, **spec.histospec)
         self._queued: dict[str, Sequence] = {}
@@ -155,7 +156,7 @@ class WorkerPool(Protocol):
 
 
 def _inference_state(state_dict: Mapping[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
-    from reference_trainer.loader import resolve_device, resolve_dtype
+    from reference_trainer.model.loader import resolve_device, resolve_dtype
 
     dtype = resolve_dtype("auto", resolve_device(device))
     return {k: v.detach().to("cpu", dtype=dtype) for k, v in state_dict.items()}

@@ -19,18 +19,18 @@ from typing import Any
 
 import torch
 
-from reference_trainer.atomic import append_jsonl, read_jsonl, write_json, write_text
-from reference_trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from reference_trainer.config import EngineConfig, SamplingParams
 from reference_trainer.engine import Engine, Trace
-from reference_trainer.grpo import GRPOConfig, GRPOUpdater, RolloutBatch
-from reference_trainer.histospec import attach_histospec
-from reference_trainer.loader import load_model, resolve_dtype
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.model.loader import load_model, resolve_dtype
+from reference_trainer.model.tokenizer import load_tokenizer
 from reference_trainer.modes import get_mode, make_mode_strategy
-from reference_trainer.rollout import Group, PromptStream, RolloutContext
+from reference_trainer.rollout.base import Group, PromptStream, RolloutContext
+from reference_trainer.rollout.histospec import attach_histospec
+from reference_trainer.rollout.workers import WorkerPool, WorkerSpec, make_worker_pool
 from reference_trainer.tasks import get_task
-from reference_trainer.tokenizer import load_tokenizer
-from reference_trainer.workers import WorkerPool, WorkerSpec, make_worker_pool
+from reference_trainer.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from reference_trainer.train.grpo import GRPOConfig, GRPOUpdater, RolloutBatch
+from rlbench.records import append_jsonl, read_jsonl, write_json, write_text
 
 
 @dataclass
@@ -43,7 +43,9 @@ class TrainConfig:
     seed: int = 0
     model: str | None = None  # a model directory; None = the embedded default model
     device: str = "cpu"
-    engine: str = "reference"  # rollout engine: "reference" or "vllm" (reference_trainer/vllm_engine.py)
+    engine: str = (
+        "reference"  # rollout engine: "reference" or "vllm" (reference_trainer/engine/vllm_engine.py)
+    )
     prompts_per_step: int = 16  # complete groups per update
     group_size: int = 8
     max_tokens: int = 400
@@ -82,7 +84,7 @@ class Trainer:
     def __init__(
         self, config: TrainConfig, out_dir: Path, trace: Trace | None = None, resume: bool = False
     ) -> None:
-        from reference_trainer.embedded import default_model_dir
+        from reference_trainer.model.embedded import default_model_dir
 
         self.config, self.out_dir = config, Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +136,7 @@ class Trainer:
         if config.engine != "reference":  # vLLM: its own n-gram/suffix drafting stands in for HistoSpec
             if config.workers > 1:
                 raise ValueError(f"--workers needs --engine reference (got --engine {config.engine})")
-            from reference_trainer.engines import build_engine
+            from reference_trainer.engine.factory import build_engine
 
             return build_engine(
                 config.engine,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from reference_trainer.atomic import write_json
-from reference_trainer.config import ModelConfig
-from reference_trainer.model import DecoderLM
+from reference_trainer.model.config import ModelConfig
+from reference_trainer.model.decoder import DecoderLM
+from rlbench.records import write_json
 
 
 class ModelLoadError(ValueError):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from reference_trainer.model import DecoderLM
+from reference_trainer.model.decoder import DecoderLM
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_trainer.config import ModelConfig
+from reference_trainer.model.config import ModelConfig
 
 
 class RMSNorm(nn.Module):

@@ -31,7 +31,7 @@ from typing import Any
 
 from reference_trainer.engine import Sequence
 from reference_trainer.engine.sequence import SequenceStatus
-from reference_trainer.rollout import Group, RolloutContext
+from reference_trainer.rollout.base import Group, RolloutContext
 
 REQUEUED, NEW = 0, 1  # engine priorities: lower is admitted first
 

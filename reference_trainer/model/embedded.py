@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from reference_trainer.config import ModelConfig
-from reference_trainer.sft import SFTConfig
+from reference_trainer.model.config import ModelConfig
+from reference_trainer.train.sft import SFTConfig
 
 RECIPE_VERSION = 1
 MODEL_CONFIG = ModelConfig(
@@ -66,12 +66,12 @@ def default_model_dir(build: bool = True, on_step: Callable[[int, int, float], N
 def warm_start(out_dir: Path, on_step: Callable[[int, int, float], None] | None = None) -> Path:
     import torch
 
-    from reference_trainer.loader import save_model
-    from reference_trainer.model import DecoderLM
-    from reference_trainer.prompting import encode_prompt, encode_response
-    from reference_trainer.sft import train_sft
+    from reference_trainer.model.decoder import DecoderLM
+    from reference_trainer.model.loader import save_model
+    from reference_trainer.model.prompting import encode_prompt, encode_response
+    from reference_trainer.model.tokenizer import CharTokenizer
     from reference_trainer.tasks import get_task
-    from reference_trainer.tokenizer import CharTokenizer
+    from reference_trainer.train.sft import train_sft
 
     tokenizer = CharTokenizer()
     tasks = [(get_task(name, **kwargs), share) for name, kwargs, share in SFT_MIX]

@@ -13,9 +13,9 @@ from dataclasses import replace
 from typing import Any
 
 from reference_trainer.engine import Sequence
-from reference_trainer.placement import LengthHistory, Unit, get_placement, reorder
-from reference_trainer.rollout import Group, RolloutContext
-from reference_trainer.workers import Request, WorkerPool, WorkerReport
+from reference_trainer.rollout.base import Group, RolloutContext
+from reference_trainer.rollout.placement import LengthHistory, Unit, get_placement, reorder
+from reference_trainer.rollout.workers import Request, WorkerPool, WorkerReport
 
 
 class PlacedRollout:

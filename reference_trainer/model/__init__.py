@@ -1,0 +1,1 @@
+"""The policy model: architecture config, decoder, tokenizers, loading and the embedded model."""

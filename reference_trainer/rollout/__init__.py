@@ -1,0 +1,1 @@
+"""Rollout strategies: synchronous, SortedRL controllers, placement over workers, HistoSpec history."""

@@ -1,0 +1,1 @@
+"""Training: GRPO loss and updater, the loop, checkpoints, SFT warm start."""
