@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import resolve_model  # noqa: E402
 
-from reference_trainer.train.trainer import TrainConfig, Trainer  # noqa: E402
+from reference_trainer.train.config import TrainConfig  # noqa: E402
+from reference_trainer.train.trainer import Trainer  # noqa: E402
 from rlbench import metrics  # noqa: E402
 from rlbench.records import read_jsonl, write_json  # noqa: E402
 

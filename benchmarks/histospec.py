@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import resolve_model  # noqa: E402
 
 from rlbench.metrics import step_metrics  # noqa: E402
+from rlbench.records import write_json  # noqa: E402
 
 
 def epoch_metrics(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
@@ -72,7 +73,8 @@ def main() -> None:
     histospec = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.histospec)}
     torch.set_num_threads(args.threads)
 
-    from reference_trainer.train.trainer import TrainConfig, Trainer
+    from reference_trainer.train.config import TrainConfig
+    from reference_trainer.train.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -149,7 +151,7 @@ def main() -> None:
             {k: v and round(v, 2) for k, v in spec.correction.items()},
         )
         if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1))
+            write_json(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Every metric of DESIGN.md's metrics contract, computed from trace events alone (one place).
+"""Every metric of the metrics contract (docs/metrics.md), computed from trace events alone (one place).
 
 Inputs are the dicts of `trace.jsonl` (engine steps, phases, sequences). Per-step values are grouped by the
 events' `step` field. Definitions that the contract leaves open are fixed here:
@@ -243,10 +243,12 @@ def _step(
     }
 
 
-def step_metrics(events: Sequence[Event]) -> list[Event]:
-    """One dict per RL step (sorted by step) with every per-step metric of the contract."""
+def step_metrics(events: Sequence[Event], capacities: dict[int, int] | None = None) -> list[Event]:
+    """One dict per RL step (sorted by step) with every per-step metric of the contract. `capacities`
+    (per-worker slot capacity) defaults to what the events show; a caller that sees only part of a run
+    (the trainer, one step at a time) passes the run's so every worker counts in every step."""
     engine, phases, seqs = _split(events)
-    caps = worker_capacities(events)
+    caps = worker_capacities(events) if capacities is None else capacities
     steps = sorted(set(engine) | set(phases) | set(seqs))
     return [_step(s, engine.get(s, []), phases.get(s, []), seqs.get(s, []), caps) for s in steps]
 

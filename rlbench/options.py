@@ -1,11 +1,18 @@
-"""Option types shared by several commands, defined once."""
+"""Options shared by several commands, defined once: Annotated option types, and `RunOptions`, the run
+options that `train`, `profile` and `compare` share (one field = one option on all three)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, get_type_hints
 
 import typer
+
+from reference_trainer.modes import MODES  # the registry alone: no torch
 
 ModelDir = Annotated[
     Path | None,
@@ -21,7 +28,10 @@ DataDir = Annotated[
     typer.Option("--data-dir", envvar="RLBENCH_DATA_DIR", help="Directory of offline suite JSONL files."),
 ]
 Mode = Annotated[
-    str, typer.Option("--mode", help="baseline, sorted, sorted-partial, histopipe, rhyme or sorted+rhyme.")
+    str,
+    typer.Option(
+        "--mode", help=f"{', '.join(MODES)}: `rlbench modes` says what each runs and which options it takes."
+    ),
 ]
 Task = Annotated[str, typer.Option("--task", help="Embedded task: arith or kk.")]
 Steps = Annotated[int, typer.Option("--steps", min=1, help="RL steps.")]
@@ -56,3 +66,62 @@ Engine = Annotated[
         "n-gram speculative decoding).",
     ),
 ]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options of a reference-trainer run that `train`, `profile` and `compare` all take.
+
+    Each field is one CLI option on all three commands: its Annotated type gives the flag and help, its
+    default the CLI default. A new shared option is one new field here; `config_kwargs` passes it on to
+    `rlbench.training.build_config`, whose TrainConfig field of the same name receives it. Options whose
+    default or meaning differs per command (`--mode`/`--modes`, `--steps`, `--out`) stay in the commands.
+    """
+
+    task: Task = "arith"
+    seed: Seed = 0
+    model: ModelDir = None
+    device: Device = "cpu"
+    engine: Engine = "reference"
+    workers: Workers = 1
+    ray_address: RayAddress = None
+    prompts_per_step: PromptsPerStep = None
+    group_size: GroupSize = None
+    max_tokens: MaxTokens = None
+    mode_option: ModeOption = None
+
+    def config_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """`build_config` keyword arguments: every field, then the command's own values (mode, steps, ...)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, **overrides}
+
+
+def with_run_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a Typer command whose signature has a `run: RunOptions` parameter: in the signature Typer
+    reads, that parameter becomes one option per RunOptions field (in its place, so --help keeps the order),
+    and the command is called with the collected values as one RunOptions."""
+    hints = get_type_hints(RunOptions, include_extras=True)  # the Annotated types, not bare str/int
+    shared = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name], default=f.default)
+        for f in fields(RunOptions)
+    ]
+    own = inspect.signature(func, eval_str=True).parameters
+    if "run" not in own:
+        raise TypeError(f"{func.__name__} has no `run: RunOptions` parameter")
+    params: list[inspect.Parameter] = []
+    # Typer calls commands with keyword arguments only, so every parameter can be keyword-only; that lets the
+    # shared ones sit anywhere without breaking the positional-before-keyword rule of a Signature.
+    for p in own.values():
+        if p.name == "run":
+            params.extend(shared)
+        else:
+            params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+
+    @functools.wraps(func)
+    def command(**kwargs: Any) -> Any:
+        run = RunOptions(**{f.name: kwargs.pop(f.name) for f in fields(RunOptions)})
+        return func(run=run, **kwargs)
+
+    # Typer reads __signature__ and resolves hints from __annotations__: both describe the expanded command.
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command

@@ -1,51 +1,239 @@
-"""Atomic file writes and durable appends: an interrupted run never leaves a half-written result."""
+"""Every JSON/JSONL record rlbench writes or reads goes through here, so a killed run never leaves a file
+that a later command chokes on.
+
+Writers: `write_text`/`write_bytes`/`write_json`/`write_jsonl` replace a file atomically (temp file
+beside it, fsync, rename, fsync the directory); `atomic_path` gives the temp path to a library that
+writes files itself (safetensors). `append_jsonl`/`extend_jsonl` add rows durably. `replace_dir`
+publishes a directory built aside (checkpoints, the embedded model).
+
+Reader: `read_jsonl` returns the rows as dicts. A kill mid-append leaves at most an unterminated last
+line; that one is dropped with a one-line note on stderr. Anything else malformed is a `UserError`
+naming the file and line, which the CLI prints as one line. `read_json` does the same for whole files.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
+import stat
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from rlbench.errors import UserError
+
+_BLOCK = 1 << 16
+_noted: set[tuple[str, str, int]] = set()  # one note per file, message and size in a process
+
+
+# --- writing ---------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temp path beside `path` to write; on a clean exit it is fsync'd and renamed over `path`.
+
+    The temp file is created with mode 0o666 so the umask applies exactly as for `open(path, "w")` (a
+    mkstemp file would stay 0600); replacing an existing file keeps that file's permission bits.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        try:
+            if path.exists():
+                os.fchmod(fd, stat.S_IMODE(path.stat().st_mode))
+        finally:
+            os.close(fd)
+        yield tmp
+        _fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def write_text(path: str | Path, text: str) -> None:
-    """Write to a temp file beside `path`, fsync, then rename over it."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path: str | Path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
 
 
+def write_jsonl(path: str | Path, rows: Iterable[Any]) -> None:
+    """Replace `path` with these rows, one JSON object per line."""
+    write_text(path, "".join(_line(row) for row in rows))
+
+
 def append_jsonl(path: str | Path, obj: Any) -> None:
-    """Append one JSON line and fsync: once this returns, the row survives a kill."""
-    with open(path, "a") as fh:
-        fh.write(json.dumps(obj, default=_json_default) + "\n")
+    """Append one row durably: once this returns, the row survives a kill."""
+    extend_jsonl(path, [obj])
+
+
+def extend_jsonl(path: str | Path, rows: Iterable[Any]) -> None:
+    """Append rows with one write and one fsync. A torn last line left by an earlier kill is cut off
+    first, so a new row is never glued onto a fragment."""
+    payload = "".join(_line(row) for row in rows).encode("utf-8")
+    if not payload:
+        return
+    path = Path(path)
+    created = not path.exists()
+    if not created:
+        trim_torn_tail(path)
+    with open(path, "ab") as fh:
+        fh.write(payload)
         fh.flush()
         os.fsync(fh.fileno())
+    if created:  # the new directory entry must reach the disk too
+        _fsync_dir(path.parent)
 
 
-def read_jsonl(path: str | Path) -> list[Any]:
-    """Read JSONL, ignoring a torn last line left by a kill mid-write."""
-    rows = []
-    with open(path) as fh:
-        lines = fh.read().split("\n")
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i >= len(lines) - 2:  # only the final line may be torn
-                break
-            raise
+def trim_torn_tail(path: str | Path) -> bool:
+    """Make `path` end in a newline: an unterminated last line that parses as a row gets its newline, a
+    fragment is cut off (said once on stderr). True when the file changed."""
+    path = Path(path)
+    with open(path, "r+b") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size == 0:
+            return False
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return False
+        start = _last_line_start(fh, size)
+        fh.seek(start)
+        fragment = fh.read()
+        if _parse(fragment)[0] is not None:  # a whole row that only lacks its newline
+            fh.write(b"\n")
+        else:
+            fh.truncate(start)
+            if fragment.strip():
+                _note(path, "cut a torn last line before appending (kill mid-write?)", size)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return True
+
+
+def replace_dir(tmp: str | Path, final: str | Path) -> Path:
+    """Publish directory `tmp` as `final` (replacing an older one): its files are fsync'd first, so the
+    renamed directory never holds data that a power cut could still lose."""
+    tmp, final = Path(tmp), Path(final)
+    for file in (p for p in tmp.rglob("*") if p.is_file()):
+        _fsync_path(file)
+    if final.exists():  # rename cannot replace a non-empty directory
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    return final
+
+
+# --- reading ---------------------------------------------------------------------------------------------
+
+
+def read_jsonl(
+    path: str | Path, required: Sequence[str] = (), *, torn_tail: bool = True
+) -> list[dict[str, Any]]:
+    """The JSON object on every non-blank line of `path`, each holding the `required` fields.
+
+    An unterminated last line that does not parse is what a kill mid-append leaves: with `torn_tail` it
+    is dropped and one note names the file on stderr; without (user-supplied data) it is an error. Any
+    other bad line raises UserError("FILE:LINE: why"), one line for the CLI.
+    """
+    path = Path(path)
+    rows: list[dict[str, Any]] = []
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            row, why = _parse(raw)
+            if row is None:
+                if torn_tail and not raw.endswith(b"\n"):  # only the last line can lack its newline
+                    _note(path, "dropped a torn last line (kill mid-write?)", os.fstat(fh.fileno()).st_size)
+                    break
+                raise UserError(f"{path}:{lineno}: {why}")
+            if missing := [k for k in required if k not in row]:
+                raise UserError(f"{path}:{lineno}: row lacks field(s) {', '.join(missing)}")
+            rows.append(row)
     return rows
+
+
+def read_json(path: str | Path) -> Any:
+    """A whole JSON file; a missing or malformed one is a one-line UserError naming it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from None
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
+
+
+def _line(obj: Any) -> str:
+    return json.dumps(obj, default=_json_default) + "\n"  # json.dumps escapes newlines: one row, one line
+
+
+def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    try:
+        value = json.loads(raw)
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    except json.JSONDecodeError as err:
+        return None, f"malformed JSON row ({err.msg})"
+    if not isinstance(value, dict):
+        return None, "row is not a JSON object"
+    return value, ""
+
+
+def _last_line_start(fh: BinaryIO, size: int) -> int:
+    """Offset just after the last newline (0 when there is none), reading back in blocks."""
+    end = size
+    while end > 0:
+        start = max(0, end - _BLOCK)
+        fh.seek(start)
+        at = fh.read(end - start).rfind(b"\n")
+        if at >= 0:
+            return start + at + 1
+        end = start
+    return 0
+
+
+def _note(path: Path, message: str, size: int) -> None:
+    """One line on stderr, once per file state: resume and report both read the same torn file."""
+    key = (str(path.resolve()), message, size)
+    if key not in _noted:
+        _noted.add(key)
+        print(f"note: {path}: {message}", file=sys.stderr, flush=True)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Not every filesystem (or OS) can fsync a directory; the rename itself is still atomic.
+    with suppress(OSError):
+        _fsync_path(directory)
 
 
 def _json_default(obj: Any) -> Any:

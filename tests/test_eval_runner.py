@@ -276,3 +276,46 @@ def test_template_choice() -> None:
     chat = build_prompt("What is 1+1?", "chat", "math", ChatTok())
     assert chat.startswith("<|im_start|>user\nWhat is 1+1?") and MATH_INSTRUCTION in chat
     assert "CONCLUSION:" in build_prompt("Who is a knight?", "kk", "kk", None)
+
+
+def _tear_last_line(path: Path) -> str:
+    """Cut the last row in half, as a kill mid-append leaves it; returns the torn row's id."""
+    data = path.read_bytes()
+    start = data.rstrip(b"\n").rfind(b"\n") + 1
+    torn_id = json.loads(data[start:])["id"]
+    path.write_bytes(data[: start + (len(data) - start) // 2])
+    return torn_id
+
+
+def test_resume_over_a_torn_progress_line_repeatedly(
+    tmp_path: Path, pool: GradingPool, capsys: pytest.CaptureFixture
+) -> None:
+    """Each rerun drops the torn row with a note, regenerates only it and the missing problems, and
+    rewrites it whole: repeated kills never corrupt problems.jsonl nor regenerate a finished problem."""
+    data = _write_suite(tmp_path / "data")
+    out = tmp_path / "out"
+    progress = out / "problems.jsonl"
+
+    def run(backend: FakeBackend) -> dict:
+        return run_eval(
+            _cfg(), lambda: backend, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False, report=False
+        )
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(FakeBackend(fail_after=2))  # fx-01, fx-02 finished
+    for done_before in (["fx-01"], ["fx-01", "fx-02"]):
+        torn = _tear_last_line(progress)
+        assert torn not in done_before
+        crashing = FakeBackend(fail_after=2)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            run(crashing)
+        assert sorted(set(crashing.generated_ids))[0] == torn  # the torn row is redone first ...
+        assert not set(crashing.generated_ids) & set(done_before)  # ... finished ones never are
+        assert f"note: {progress}: cut a torn last line" in capsys.readouterr().err
+    final = FakeBackend()
+    res = run(final)
+    assert set(final.generated_ids) == {"fx-05"}
+    lines = progress.read_bytes().split(b"\n")
+    assert lines[-1] == b""  # every row whole and newline-terminated
+    assert [json.loads(x)["id"] for x in lines[:-1]] == list(GOLDS)
+    assert [r["id"] for r in res["problems"]] == list(GOLDS)

@@ -13,7 +13,8 @@ from reference_trainer.engine import Trace
 from reference_trainer.rollout.base import PromptStream, RolloutContext
 from reference_trainer.rollout.placed import PlacedRollout
 from reference_trainer.rollout.workers import LocalWorkerPool, WorkerSpec
-from reference_trainer.train.trainer import TrainConfig, Trainer
+from reference_trainer.train.config import TrainConfig
+from reference_trainer.train.trainer import Trainer
 from rlbench.metrics import compute
 
 

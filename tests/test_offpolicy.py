@@ -110,7 +110,8 @@ def test_update_reports_tis_stats_and_needs_sampling_logprobs(model):
 def test_modes_set_the_cap_and_the_config_overrides_it(tmp_path):
     from reference_trainer.model.loader import save_model
     from reference_trainer.model.tokenizer import CharTokenizer
-    from reference_trainer.train.trainer import TrainConfig, Trainer
+    from reference_trainer.train.config import TrainConfig
+    from reference_trainer.train.trainer import Trainer
 
     config = ModelConfig(
         vocab_size=99,

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from reference_trainer.train.trainer import TrainConfig
+from reference_trainer.train.config import TrainConfig
 from rlbench.errors import UserError
 from rlbench.profiling.pyspy import find_py_spy
 from rlbench.profiling.session import run_profile

@@ -286,6 +286,54 @@ def test_cli_report_rerenders_profile_and_compare(tmp_path):
     )
 
 
+def _report_cli(run_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rlbench.cli", "report", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"},
+        timeout=120,
+    )
+
+
+def _cut_mid_last_line(path: Path) -> None:
+    data = path.read_bytes()
+    start = data.rstrip(b"\n").rfind(b"\n") + 1
+    path.write_bytes(data[: start + (len(data) - start) // 2])
+
+
+def test_cli_report_on_a_killed_train_run(tiny_model_dir, tmp_path):
+    """A real (tiny) train run whose metrics.jsonl and trace.jsonl end in half a line, as a kill leaves
+    them: the report renders (exit 0) with one note per torn file; a bad middle line is file:line."""
+    from reference_trainer.train.config import TrainConfig
+    from reference_trainer.train.trainer import Trainer
+
+    run_dir = tmp_path / "run"
+    config = TrainConfig(
+        steps=2, model=str(tiny_model_dir), prompts_per_step=2, group_size=2, max_tokens=8, max_num_seqs=4
+    )
+    Trainer(config, run_dir).run()
+    assert not (run_dir / "metrics.json").exists()  # a train run: only the JSONL logs
+    for name in ("metrics.jsonl", "trace.jsonl"):
+        _cut_mid_last_line(run_dir / name)
+    res = _report_cli(run_dir)
+    assert res.returncode == 0, res.stderr
+    notes = [line for line in res.stderr.splitlines() if line.startswith("note: ")]
+    assert sorted(notes) == [
+        f"note: {run_dir / name}: dropped a torn last line (kill mid-write?)"
+        for name in ("metrics.jsonl", "trace.jsonl")
+    ]
+    page = (run_dir / "report.html").read_text()
+    assert "Slot occupancy" in page and "rlbench profile — baseline" in page
+
+    lines = (run_dir / "trace.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "trace.jsonl").write_text(lines[0] + '{"kind": "decode", "t_start"\n' + "".join(lines[1:]))
+    res = _report_cli(run_dir)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(f"error: {run_dir / 'trace.jsonl'}:2: malformed JSON row")
+
+
 # --------------------------------------------------------------------------------------------------------
 # headless Chromium: every figure drew, no JavaScript error
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from conftest import write_tiny_char_model
 
-from reference_trainer.train.trainer import TrainConfig, Trainer
+from reference_trainer.train.config import TrainConfig
+from reference_trainer.train.trainer import Trainer
 from rlbench.simulate.replay import validate
 
 

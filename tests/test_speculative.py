@@ -209,7 +209,8 @@ def test_measured_cost_model_and_plain_steps_when_verification_is_expensive(mode
 
 
 def test_rhyme_mode_attaches_histospec_and_matches_baseline(tmp_path, tiny_model_dir):
-    from reference_trainer.train.trainer import TrainConfig, Trainer
+    from reference_trainer.train.config import TrainConfig
+    from reference_trainer.train.trainer import Trainer
 
     rows, seqs = {}, {}
     for mode in ("baseline", "rhyme"):

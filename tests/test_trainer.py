@@ -8,17 +8,10 @@ import pytest
 import torch
 
 from reference_trainer.model.loader import load_model
-from reference_trainer.train.trainer import TrainConfig, Trainer
+from reference_trainer.train.config import TrainConfig
+from reference_trainer.train.rows import TIMING_FIELDS
+from reference_trainer.train.trainer import Trainer
 from rlbench.records import read_jsonl
-
-TIMING = (
-    "timing_s/gen",
-    "timing_s/reward",
-    "timing_s/update",
-    "timing_s/sync",
-    "step_time_s",
-    "rollout_tokens_per_s",
-)
 
 
 def tiny_config(model_dir, steps: int, **kw) -> TrainConfig:
@@ -97,7 +90,7 @@ def test_resume_after_kill_reproduces_uninterrupted_run(tiny_model_dir, tmp_path
     resumed.run()
 
     def strip(rows):
-        return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+        return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rows]
 
     assert strip(read_jsonl(tmp_path / "killed" / "metrics.jsonl")) == strip(
         read_jsonl(tmp_path / "straight" / "metrics.jsonl")
@@ -113,9 +106,92 @@ def test_resume_after_kill_reproduces_uninterrupted_run(tiny_model_dir, tmp_path
 
 
 def test_run_config_round_trips(tiny_model_dir, tmp_path):
-    from reference_trainer.train.trainer import load_run_config
+    from reference_trainer.train.config import load_run_config
 
     config = tiny_config(tiny_model_dir, 2, task_options={"max_ops": 6})
     Trainer(config, tmp_path)
     assert load_run_config(tmp_path) == config
     assert json.loads((tmp_path / "train_config.json").read_text())["grpo"]["lr"] == 1e-2
+
+
+# ---- one source of truth for the sampling distribution (temperature, top-p) ------------------------------
+
+
+def test_update_scores_tokens_at_the_rollout_temperature(tiny_model_dir, tmp_path):
+    """At T = 0.6 the recomputed old log-probs of freshly sampled tokens are the engine's sampling
+    log-probs, so the first PPO ratio is exactly 1 (before the fix the update scored them at T = 1)."""
+    trainer = Trainer(tiny_config(tiny_model_dir, 1, temperature=0.6), tmp_path)
+    assert trainer.updater.temperature == 0.6
+    batch, _ = trainer._score(trainer.strategy.collect(trainer.ctx))
+    micro_batches = trainer.updater.prepare(batch)
+    recomputed = [
+        row[: int(n)].tolist()
+        for mb in micro_batches
+        for row, n in zip(mb.old_logprobs, mb.response_lens, strict=True)
+    ]
+    assert sum(map(len, recomputed)) > 10
+    for ours, engine in zip(recomputed, batch.old_logprobs, strict=True):
+        assert ours == pytest.approx(engine, abs=1e-4)
+    stats = trainer.updater.compute_gradients(micro_batches)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-8)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"temperature": 0.6, "grpo_temperature": 1.0}, "differs from the rollout temperature"),
+        ({"temperature": 0.0}, "temperature > 0"),
+        ({"top_p": 0.9}, "top_p 0.9 is not supported for training"),
+    ],
+)
+def test_config_refuses_a_sampling_distribution_the_update_does_not_score(
+    tiny_model_dir, tmp_path, changes, message
+):
+    grpo_temperature = changes.pop("grpo_temperature", None)
+    config = tiny_config(tiny_model_dir, 1, **changes)
+    config.grpo.temperature = grpo_temperature
+    with pytest.raises(ValueError, match=message):
+        Trainer(config, tmp_path)
+
+
+def test_cli_refuses_top_p_for_training_in_one_line():
+    from rlbench.errors import UserError
+    from rlbench.training import build_config
+
+    with pytest.raises(UserError, match="top_p"):
+        build_config(mode="baseline", task="arith", top_p=0.5)
+
+
+# ---- the metrics.jsonl row ------------------------------------------------------------------------------
+
+
+def test_every_row_field_appears_in_a_real_row(tiny_model_dir, tmp_path, toy_task):
+    """Each name of the row schema is in a real row: unconditional ones always, the KL-to-reference and
+    TIS ones when their condition holds (kl_coef > 0, an off-policy mode)."""
+    from reference_trainer.train.rows import CONDITIONAL_FIELDS, ROW_FIELDS
+
+    plain = Trainer(tiny_config(tiny_model_dir, 1, task=toy_task), tmp_path / "plain").run()[0]
+    assert set(ROW_FIELDS) - set(plain) == set(CONDITIONAL_FIELDS)
+    config = tiny_config(tiny_model_dir, 2, task=toy_task, mode="sorted-partial")
+    config.grpo.kl_coef = 0.01
+    rows = Trainer(config, tmp_path / "all").run()
+    assert set(ROW_FIELDS) <= set(rows[-1])
+    assert all(isinstance(r["actor/ppo_kl"], float) and r["actor/kl_loss"] >= 0 for r in rows)
+    assert set(read_jsonl(tmp_path / "all" / "metrics.jsonl")[-1]) == set(rows[-1])
+
+
+def test_row_metrics_are_the_profile_metrics_of_the_trace(tiny_model_dir, tmp_path, toy_task):
+    """The trace-derived fields of metrics.jsonl equal what rlbench.metrics computes from trace.jsonl
+    (the numbers `rlbench profile` and `rlbench report` show), and the update consumed what they count."""
+    from rlbench import metrics
+
+    rows = Trainer(tiny_config(tiny_model_dir, 2, task=toy_task, mode="sorted"), tmp_path).run()
+    steps = metrics.compute(read_jsonl(tmp_path / "trace.jsonl"))["steps"]
+    keys = ("bubble_ratio", "rollout_tokens_per_s", "step_time_s", "tail_time_share", "acceptance_rate")
+    for row, step in zip(rows, steps, strict=True):
+        assert row["bubble_ratio"] is not None and 0.0 <= row["bubble_ratio"] < 1.0
+        for key in keys:
+            assert row[key] == step[key], key
+        assert row["samples"] == len(step["update_batch_lengths"]) == 6
+        assert row["response_len_mean"] == sum(step["update_batch_lengths"]) / 6

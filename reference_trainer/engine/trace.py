@@ -1,14 +1,14 @@
-"""The run trace: engine steps, phases and sequences, as DESIGN.md's trace contract names them."""
+"""The run trace: engine steps, phases and sequences, named as the trace contract in docs/metrics.md."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from rlbench.records import extend_jsonl, write_jsonl
 
 
 class Trace:
@@ -73,21 +73,8 @@ class Trace:
         new = self.events[self._flushed :]
         if not new:
             return
-        with open(path, "a") as fh:
-            for event in new:
-                fh.write(json.dumps(event) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        extend_jsonl(path, new)
         self._flushed = len(self.events)
 
     def write_jsonl(self, path: str | Path) -> None:
-        tmp = Path(str(path) + ".tmp")
-        with open(tmp, "w") as fh:
-            for event in self.events:
-                fh.write(json.dumps(event) + "\n")
-        os.replace(tmp, path)
-
-
-def read_trace(path: str | Path) -> list[dict[str, Any]]:
-    with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        write_jsonl(path, self.events)

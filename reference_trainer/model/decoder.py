@@ -73,9 +73,6 @@ class KVCache:
         self.capacity = capacity
         self.max_len = max_len
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
 
 class CachedBatch:
     """Per-forward indexing shared by all layers: where each row writes and what it may attend to."""
@@ -263,9 +260,6 @@ class DecoderLM(nn.Module):
             )
             mlp.gate_up = _fuse([mlp.gate_proj.weight, mlp.up_proj.weight])
         return self
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
 
 def _fuse(params: list[torch.Tensor]) -> torch.Tensor:

@@ -16,12 +16,14 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.train.sft import SFTConfig
+from rlbench.records import replace_dir
 
 RECIPE_VERSION = 1
 MODEL_CONFIG = ModelConfig(
@@ -51,16 +53,69 @@ def recipe_key() -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def default_model_dir(build: bool = True, on_step: Callable[[int, int, float], None] | None = None) -> Path:
-    """The cached embedded model's directory, warm-starting it first if it does not exist yet."""
+def default_model_dir(
+    build: bool = True,
+    on_step: Callable[[int, int, float], None] | None = None,
+    on_wait: Callable[[], None] | None = None,
+) -> Path:
+    """The cached embedded model's directory, warm-starting it first if it does not exist yet.
+
+    Processes started together on a fresh cache build it once: the first takes the cache's lock and
+    builds, the others wait (`on_wait` is called when they start to) and then load what it built.
+    """
     path = cache_root() / f"embedded-{recipe_key()}"
-    if (path / "config.json").is_file() or not build:
+    if not build:
         return path
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    warm_start(tmp, on_step)
-    tmp.replace(path) if not path.exists() else shutil.rmtree(tmp)  # a concurrent builder may have won
+    return build_once(path, lambda tmp: warm_start(tmp, on_step), _is_built, on_wait)
+
+
+def _is_built(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def build_once(
+    path: Path,
+    build: Callable[[Path], object],
+    ready: Callable[[Path], bool],
+    on_wait: Callable[[], None] | None = None,
+) -> Path:
+    """Build directory `path` unless `ready(path)`, under an exclusive lock on `path`.lock, so concurrent
+    callers build it once. The build goes into a temp directory published by rename, so a builder killed
+    midway leaves no half directory behind (the lock dies with its process)."""
+    if ready(path):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(path.with_name(path.name + ".lock"), on_wait):
+        if not ready(path):  # checked again: the holder we waited for has usually built it
+            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                build(tmp)
+                replace_dir(tmp, path)  # also replaces an incomplete directory left by older versions
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+@contextmanager
+def _exclusive_lock(lock_path: Path, on_wait: Callable[[], None] | None) -> Iterator[None]:
+    """fcntl.flock on a lock file (stdlib, released by the OS if the holder dies); no lock without fcntl."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: builders may race, and the rename still keeps the result whole
+        yield
+        return
+    with open(lock_path, "a") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def warm_start(out_dir: Path, on_step: Callable[[int, int, float], None] | None = None) -> Path:

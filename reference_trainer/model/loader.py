@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
-from rlbench.records import write_json
+from rlbench.records import atomic_path, write_json
 
 
 class ModelLoadError(ValueError):
@@ -105,8 +104,7 @@ def save_model(model: DecoderLM, model_dir: str | Path) -> Path:
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    tmp = model_dir / f".model.safetensors.tmp{os.getpid()}"
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, model_dir / "model.safetensors")
+    with atomic_path(model_dir / "model.safetensors") as tmp:  # safetensors writes the temp file itself
+        save_file(state, str(tmp), metadata={"format": "pt"})
     write_json(model_dir / "config.json", model.config.to_hf_dict())
     return model_dir

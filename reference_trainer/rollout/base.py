@@ -10,8 +10,9 @@ import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from reference_trainer.engine import Engine, Sequence
+from reference_trainer.engine import Sequence
 from reference_trainer.engine.config import SamplingParams
+from reference_trainer.engine.protocol import RequestEngine
 from reference_trainer.model.prompting import encode_prompt
 from reference_trainer.rollout.workers import Request
 from reference_trainer.tasks.base import Problem, Task
@@ -59,7 +60,7 @@ def request_seed(run_seed: int, index: int, sample: int, attempt: int = 0) -> in
 class RolloutContext:
     """What a strategy needs from the run: the engine, the prompt stream and the sampling settings."""
 
-    engine: Engine  # a WorkerPool (workers.py) for strategies with multi_worker = True
+    engine: RequestEngine  # a WorkerPool (workers.py) for PlacedRollout (placed.py)
     tokenizer: Any
     stream: PromptStream
     group_size: int
@@ -114,7 +115,7 @@ class RolloutStrategy(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def run_to_completion(engine: Engine) -> None:
+def run_to_completion(engine: RequestEngine) -> None:
     while engine.has_unfinished():
         engine.step()
 

@@ -20,7 +20,6 @@ from reference_trainer.rollout.workers import Request, WorkerPool, WorkerReport
 
 class PlacedRollout:
     name = "placed"
-    multi_worker = True
 
     def __init__(
         self, placement: str = "round-robin", migrate: bool | None = None, order: str | None = None

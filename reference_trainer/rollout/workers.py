@@ -2,7 +2,7 @@
 
 A `RolloutWorker` wraps one `Engine` and knows nothing of RL. A pool runs W of them: `RayWorkerPool` as Ray
 actors (local `ray.init` or an existing cluster), `LocalWorkerPool` in-process one after another (for tests
-and debugging; its timings are not parallel). The driver (multiworker.py) places requests, advances every
+and debugging; its timings are not parallel). The driver (placed.py) places requests, advances every
 worker a slice at a time, gathers finished sequences and trace events (each tagged with its worker id), and
 may move not-yet-started requests from a busy worker to an idle one.
 """
@@ -20,6 +20,7 @@ import torch
 
 from reference_trainer.engine import Engine, Sequence, Trace
 from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.protocol import RolloutEngine
 from reference_trainer.model.config import ModelConfig
 
 
@@ -43,10 +44,6 @@ class WorkerReport:
     events: list[dict[str, Any]]
     waiting: list[str]  # ids of requests not yet admitted, in admission order
     running: int
-
-    @property
-    def idle(self) -> bool:
-        return not self.waiting and not self.running
 
 
 @dataclass
@@ -133,12 +130,14 @@ class RolloutWorker:
         return self.worker
 
 
-class WorkerPool(Protocol):
+class WorkerPool(RolloutEngine, Protocol):
+    """W engine replicas behind the `RolloutEngine` the trainer sees (trace, policy_version,
+    update_weights, close), driven by PlacedRollout (placed.py) through the methods below."""
+
     size: int
     capacity: int  # slots per worker
     drafts: bool  # workers run HistoSpec: finished responses are shared as history
     trace: Trace  # the driver's trace: phases, sequences, and every worker's engine events
-    policy_version: int
 
     def submit(self, worker: int, requests: list[Request]) -> None: ...
 
@@ -149,10 +148,6 @@ class WorkerPool(Protocol):
     def take_unstarted(self, worker: int, seq_ids: list[str]) -> list[Request]: ...
 
     def add_history(self, worker: int, responses: list[tuple[list[int], list[int]]]) -> None: ...
-
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def _inference_state(state_dict: Mapping[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:

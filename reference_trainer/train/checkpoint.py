@@ -9,7 +9,6 @@ kill at any moment leaves the previous checkpoint intact. Nothing is pickled.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch
 
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import save_model
-from rlbench.records import write_json, write_text
+from rlbench.records import read_json, replace_dir, write_json, write_text
 
 KEEP = 2  # checkpoints kept on disk
 
@@ -67,9 +66,7 @@ def save_checkpoint(
     save_file(tensors, str(tmp / "trainer" / "optimizer.safetensors"))
     write_json(tmp / "trainer" / "optimizer.json", scalars)
     write_json(tmp / "trainer" / "trainer_state.json", {"step": step, **trainer_state})
-    if final.exists():  # a step redone after a resume
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    replace_dir(tmp, final)  # replaces the step's older copy when a step is redone after a resume
     write_text(root / "latest", final.name + "\n")
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
@@ -91,6 +88,6 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     state_dir = path / "trainer"
     optimizer = optimizer_state(
         load_file(str(state_dir / "optimizer.safetensors")),
-        json.loads((state_dir / "optimizer.json").read_text()),
+        read_json(state_dir / "optimizer.json"),
     )
-    return optimizer, json.loads((state_dir / "trainer_state.json").read_text())
+    return optimizer, read_json(state_dir / "trainer_state.json")

@@ -166,7 +166,9 @@ class GRPOConfig:
     aggregation: Aggregation = "token-mean"
     kl_coef: float = 0.0
     scale_std: bool = False
-    temperature: float = 1.0  # must match the rollout's sampling temperature
+    # The rollout's sampling temperature: the trainer sets it from TrainConfig.temperature (and refuses a
+    # different value here); None in an updater used on its own means 1.0.
+    temperature: float | None = None
     recompute_old_logprobs: bool = True  # False: use the rollout's sampling log-probs
     ppo_epochs: int = 1  # optimizer steps over the same batch
     # Truncated importance sampling (TIS) for off-policy tokens: is_weight = min(pi_old / pi_sampling, cap),
@@ -233,6 +235,10 @@ class GRPOUpdater:
         )
 
     @property
+    def temperature(self) -> float:
+        return 1.0 if self.config.temperature is None else self.config.temperature
+
+    @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
@@ -267,7 +273,7 @@ class GRPOUpdater:
 
     @torch.no_grad()
     def _logprobs_no_grad(self, model: nn.Module, mb: _MicroBatch) -> Tensor:
-        return token_logprobs(model, mb.input_ids, mb.prompt_lens, mb.response_lens, self.config.temperature)
+        return token_logprobs(model, mb.input_ids, mb.prompt_lens, mb.response_lens, self.temperature)
 
     def prepare(self, batch: RolloutBatch) -> list[_MicroBatch]:
         """Advantages, micro-batches, old log-probs (recomputed or from the rollout) and ref log-probs."""
@@ -306,7 +312,7 @@ class GRPOUpdater:
         for mb in mbs:
             logits = self.model(mb.input_ids)
             logp, entropy = logprobs_from_logits(
-                logits, mb.input_ids, mb.prompt_lens, mb.response_lens, cfg.temperature
+                logits, mb.input_ids, mb.prompt_lens, mb.response_lens, self.temperature
             )
             assert mb.old_logprobs is not None
             loss, stats = policy_loss(

@@ -8,42 +8,20 @@ from typing import Annotated
 import typer
 
 from rlbench.errors import UserError
-from rlbench.options import (
-    Device,
-    Engine,
-    GroupSize,
-    MaxTokens,
-    ModelDir,
-    ModeOption,
-    OutDir,
-    PromptsPerStep,
-    RayAddress,
-    Seed,
-    Steps,
-    Task,
-    Workers,
-)
+from rlbench.options import OutDir, RunOptions, Steps, with_run_options
 
 
 def register(app: typer.Typer) -> None:
     @app.command("compare")
+    @with_run_options
     def compare(
+        *,
         modes: Annotated[
             str, typer.Option("--modes", help="Comma-separated modes; baseline is the reference.")
         ] = "baseline,sorted,sorted-partial,rhyme",
-        task: Task = "arith",
+        run: RunOptions,
         steps: Steps = 4,
-        seed: Seed = 0,
         out: OutDir = Path("runs/compare"),
-        model: ModelDir = None,
-        device: Device = "cpu",
-        engine: Engine = "reference",
-        workers: Workers = 1,
-        ray_address: RayAddress = None,
-        prompts_per_step: PromptsPerStep = None,
-        group_size: GroupSize = None,
-        max_tokens: MaxTokens = None,
-        mode_option: ModeOption = None,
     ) -> None:
         """Run each mode in turn (same prompts, seeds, model); write compare.json and a side-by-side page."""
         import json
@@ -58,6 +36,7 @@ def register(app: typer.Typer) -> None:
             parse_mode_options,
         )
 
+        task, workers, mode_option = run.task, run.workers, run.mode_option
         names = [m.strip() for m in modes.split(",") if m.strip()]
         if len(set(names)) != len(names) or not names:
             raise UserError(f"--modes needs distinct mode names, got {modes!r}")
@@ -69,19 +48,12 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"no selected mode takes option {', '.join(unknown)}")
         configs = [
             build_config(
-                mode=m,
-                task=task,
-                steps=steps,
-                seed=seed,
-                model=model,
-                device=device,
-                engine=engine,
-                workers=workers,
-                ray_address=ray_address,
-                prompts_per_step=prompts_per_step,
-                group_size=group_size,
-                max_tokens=max_tokens,
-                mode_option=[f"{k}={json.dumps(v)}" for k, v in per_mode[m].items()] or None,
+                **run.config_kwargs(
+                    mode=m,
+                    steps=steps,
+                    # only the options this mode takes (validated above), back in KEY=VALUE form
+                    mode_option=[f"{k}={json.dumps(v)}" for k, v in per_mode[m].items()] or None,
+                )
             )
             for m in names
         ]
@@ -94,9 +66,9 @@ def register(app: typer.Typer) -> None:
         workload = {
             "task": task,
             "steps": steps,
-            "seed": seed,
-            "model": str(model or "embedded default"),
-            "engine": engine,
+            "seed": run.seed,
+            "model": str(run.model or "embedded default"),
+            "engine": run.engine,
             "workers": workers,
             "prompts_per_step": configs[0].prompts_per_step,
             "group_size": configs[0].group_size,

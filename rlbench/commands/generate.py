@@ -23,8 +23,8 @@ def register(app: typer.Typer) -> None:
         seed: Seed = 0,
     ) -> None:
         """Generate from prompts with the reference engine (the model's chat template when it has one)."""
-        from reference_trainer.engine import Engine
         from reference_trainer.engine.config import EngineConfig, SamplingParams
+        from reference_trainer.engine.factory import build_rollout_engine
         from reference_trainer.model.prompting import encode_prompt
         from rlbench.errors import UserError
         from rlbench.runtime import load_model_and_tokenizer
@@ -34,12 +34,8 @@ def register(app: typer.Typer) -> None:
         limit = lm.config.max_position_embeddings
         if max(map(len, ids)) + max_tokens > limit:
             raise UserError(f"prompt + --max-tokens exceeds the model's context of {limit} tokens")
-        engine = Engine(
-            lm,
-            EngineConfig(max_num_seqs=min(64, len(ids)), max_model_len=limit, device=device),
-            eos_token_ids=tokenizer.eos_token_ids,
-            tokenizer=tokenizer,
-        )
+        config = EngineConfig(max_num_seqs=min(64, len(ids)), max_model_len=limit, device=device)
+        engine = build_rollout_engine("reference", config, tokenizer, model=lm)
         params = [
             SamplingParams(
                 temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed + i

@@ -8,26 +8,12 @@ from typing import Annotated
 
 import typer
 
-from rlbench.options import (
-    Device,
-    Engine,
-    GroupSize,
-    MaxTokens,
-    Mode,
-    ModelDir,
-    ModeOption,
-    OutDir,
-    PromptsPerStep,
-    RayAddress,
-    Seed,
-    Steps,
-    Task,
-    Workers,
-)
+from rlbench.options import Mode, OutDir, RunOptions, Steps, with_run_options
 
 
 def register(app: typer.Typer) -> None:
     @app.command("profile")
+    @with_run_options
     def profile(
         cmd: Annotated[
             list[str] | None,
@@ -35,23 +21,14 @@ def register(app: typer.Typer) -> None:
                 help="A command to profile instead of the reference trainer, after `--`.", show_default=False
             ),
         ] = None,
+        *,
         mode: Mode = "baseline",
-        task: Task = "arith",
         steps: Steps = 8,
-        model: ModelDir = None,
-        device: Device = "cpu",
-        engine: Engine = "reference",
-        workers: Workers = 1,
-        ray_address: RayAddress = None,
-        prompts_per_step: PromptsPerStep = None,
-        group_size: GroupSize = None,
-        max_tokens: MaxTokens = None,
-        mode_option: ModeOption = None,
+        run: RunOptions,
         out: OutDir = Path("runs/profile"),
         py_spy: Annotated[
             bool, typer.Option("--py-spy/--no-py-spy", help="Also record a py-spy profile.")
         ] = False,
-        seed: Seed = 0,
         sample_hz: Annotated[
             float, typer.Option("--sample-hz", min=0.1, help="NVML samples per second.")
         ] = 10.0,
@@ -78,21 +55,7 @@ def register(app: typer.Typer) -> None:
         from rlbench.profiling.session import run_profile
         from rlbench.training import build_config
 
-        config = build_config(
-            mode=mode,
-            task=task,
-            steps=steps,
-            seed=seed,
-            model=model,
-            device=device,
-            engine=engine,
-            workers=workers,
-            ray_address=ray_address,
-            prompts_per_step=prompts_per_step,
-            group_size=group_size,
-            max_tokens=max_tokens,
-            mode_option=mode_option,
-        )
+        config = build_config(**run.config_kwargs(mode=mode, steps=steps))
         doc = run_profile(config, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz)
         s = doc["summary"]
         br = "n/a" if s.get("bubble_ratio") is None else f"{100 * s['bubble_ratio']:.1f}%"

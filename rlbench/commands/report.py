@@ -9,13 +9,18 @@ import typer
 
 from rlbench.errors import UserError
 
+# What a run directory holds: `profile` writes metrics.json; a `train` run only the JSONL logs.
+RUN_FILES = ("metrics.json", "trace.jsonl", "metrics.jsonl")
+
 
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
         dirs: Annotated[
             list[Path],
-            typer.Argument(help="Run directories (metrics.json) or compare directories (compare.json)."),
+            typer.Argument(
+                help="Run directories (profile or train runs) or compare directories (compare.json)."
+            ),
         ],
     ) -> None:
         """Re-render report.html in each DIR: a compare report where compare.json exists, else a profile."""
@@ -26,10 +31,12 @@ def register(app: typer.Typer) -> None:
                 from rlbench.report.compare_report import render_compare
 
                 path = render_compare(d)
-            elif (d / "metrics.json").exists():
+            elif any((d / name).exists() for name in RUN_FILES):
                 from rlbench.report.profile_report import render_profile
 
                 path = render_profile(d)
             else:
-                raise UserError(f"{d}: no metrics.json or compare.json to render")
+                raise UserError(
+                    f"{d}: no metrics.json or compare.json to render (nor a train run's JSONL logs)"
+                )
             typer.echo(f"report: {path}")

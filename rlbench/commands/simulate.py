@@ -8,9 +8,13 @@ from typing import Annotated
 import typer
 
 from rlbench.errors import UserError
-from rlbench.options import OutDir, Seed
+from rlbench.options import ModeOption, OutDir, Seed
 
-POLICY_HELP = "baseline, least-loaded, sorted, sorted-partial, histospec, histopipe, rhyme, sorted+rhyme"
+
+def _all_modes() -> str:
+    from reference_trainer.modes import MODES  # the registry only: no torch
+
+    return ",".join(MODES)
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -40,9 +44,17 @@ def register(app: typer.Typer) -> None:
         calibrate: Annotated[
             Path | None, typer.Option(help="Fit the cost model to this run (dir or trace.jsonl) instead.")
         ] = None,
-        policies: Annotated[str, typer.Option(help=f"Comma-separated: {POLICY_HELP}.")] = POLICY_HELP.replace(
-            " ", ""
-        ),
+        modes: Annotated[
+            str | None,
+            typer.Option(
+                "--modes",
+                "--policies",
+                help="Comma-separated modes, as train's --mode takes them (rlbench modes lists them; "
+                "default: all). An entry may carry its own options: NAME:KEY=VALUE[:KEY=VALUE], e.g. "
+                "baseline:placement=least-outstanding. --policies is a deprecated alias.",
+            ),
+        ] = None,
+        mode_option: ModeOption = None,
         capacity: Annotated[
             int | None, typer.Option(min=1, help="Slots per worker (default 256; a calibration run's own).")
         ] = None,
@@ -50,7 +62,6 @@ def register(app: typer.Typer) -> None:
         groups_per_worker: Annotated[
             int | None, typer.Option(min=1, help="Weak scaling: B = this x workers groups per step.")
         ] = None,
-        oversub: Annotated[float, typer.Option(min=1.0, help="SortedRL oversubscription factor.")] = 2.0,
         acceptance: Annotated[
             float,
             typer.Option(min=0.0, max=1.0, help="HistoSpec per-token acceptance where the trace has none."),
@@ -94,13 +105,17 @@ def register(app: typer.Typer) -> None:
         from rlbench.simulate import workload
         from rlbench.simulate.cost import calibrate as fit
         from rlbench.simulate.cost import preset
+        from rlbench.simulate.modes import get_policies
         from rlbench.simulate.replay import read_events
         from rlbench.simulate.report import render
+        from rlbench.training import parse_mode_options
 
+        names = [m.strip() for m in (modes or _all_modes()).split(",") if m.strip()]
+        options = parse_mode_options(mode_option or [])
+        get_policies(names, options)  # a bad name or option fails before the workload is built
         if (trace is None) == (not synthetic):
             raise UserError("give exactly one of --trace FILE or --synthetic")
         worker_counts = _ints(workers, "--workers")
-        names = [p.strip() for p in policies.split(",") if p.strip()]
         if calibrate is not None:
             events = read_events(calibrate)
             cost = fit(events, source=str(calibrate))
@@ -130,7 +145,7 @@ def register(app: typer.Typer) -> None:
             capacity or 256,
             steps=steps,
             groups_per_worker=groups_per_worker,
-            oversub=oversub,
+            mode_options=options,
             acceptance=acceptance,
             rank_corr=rank_corr,
             max_prefill_tokens=max_prefill_tokens,
@@ -140,7 +155,7 @@ def register(app: typer.Typer) -> None:
         page = render(doc, out)
         for r in doc["results"]:
             typer.echo(
-                f"W={r['workers']:>5} {r['policy']:<15} speed-up {r['speedup']:.2f}x  "
+                f"W={r['workers']:>5} {r['policy']:<16} speed-up {r['speedup']:.2f}x  "
                 f"bubble {r['bubble_ratio']:.1%}  idle {r['worker_idle_share']:.1%}  "
                 f"step {r['step_time_s']:.1f}s"
             )

@@ -8,45 +8,23 @@ from typing import Annotated
 import typer
 
 from rlbench.errors import UserError
-from rlbench.options import (
-    Device,
-    Engine,
-    GroupSize,
-    MaxTokens,
-    Mode,
-    ModelDir,
-    ModeOption,
-    PromptsPerStep,
-    RayAddress,
-    Seed,
-    Task,
-    Workers,
-)
+from rlbench.options import Mode, RunOptions, with_run_options
 
 
 def register(app: typer.Typer) -> None:
     @app.command("train")
+    @with_run_options
     def train(
-        task: Task = "arith",
+        run: RunOptions,
         mode: Mode = "baseline",
         steps: Annotated[
             int | None, typer.Option("--steps", min=1, help="Total RL steps (default 20).")
         ] = None,
-        seed: Seed = 0,
         out: Annotated[Path | None, typer.Option("--out", help="Run directory (new run).")] = None,
         resume: Annotated[
             Path | None,
             typer.Option("--resume", help="Continue the run in this directory from its last checkpoint."),
         ] = None,
-        model: ModelDir = None,
-        device: Device = "cpu",
-        engine: Engine = "reference",
-        workers: Workers = 1,
-        ray_address: RayAddress = None,
-        prompts_per_step: PromptsPerStep = None,
-        group_size: GroupSize = None,
-        max_tokens: MaxTokens = None,
-        mode_option: ModeOption = None,
         lr: Annotated[float | None, typer.Option(help="Learning rate.")] = None,
         kl_coef: Annotated[float | None, typer.Option(help="KL penalty to the initial model (k3).")] = None,
         checkpoint_every: Annotated[int | None, typer.Option(help="Steps between checkpoints.")] = None,
@@ -56,7 +34,7 @@ def register(app: typer.Typer) -> None:
         from rlbench.training import build_config, run_training
 
         if resume is not None:
-            from reference_trainer.train.trainer import load_run_config
+            from reference_trainer.train.config import load_run_config
 
             try:
                 config = load_run_config(resume)
@@ -65,28 +43,15 @@ def register(app: typer.Typer) -> None:
             config.steps = steps or config.steps  # resuming may extend the run
             out_dir = resume
         else:
-            out_dir = out or Path("runs") / f"{task}-{mode}-s{seed}"
+            out_dir = out or Path("runs") / f"{run.task}-{mode}-s{run.seed}"
             if (out_dir / "train_config.json").exists() and not overwrite:
                 raise UserError(
                     f"{out_dir} already holds a run: --resume {out_dir} to continue, or --overwrite"
                 )
             config = build_config(
-                task=task,
-                mode=mode,
-                steps=steps or 20,
-                seed=seed,
-                model=model,
-                device=device,
-                engine=engine,
-                workers=workers,
-                ray_address=ray_address,
-                prompts_per_step=prompts_per_step,
-                group_size=group_size,
-                max_tokens=max_tokens,
-                mode_option=mode_option,
-                lr=lr,
-                kl_coef=kl_coef,
-                checkpoint_every=checkpoint_every,
+                **run.config_kwargs(
+                    mode=mode, steps=steps or 20, lr=lr, kl_coef=kl_coef, checkpoint_every=checkpoint_every
+                )
             )
         rows = run_training(config, out_dir, resume=resume is not None)
         if rows:

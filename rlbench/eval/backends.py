@@ -57,16 +57,14 @@ class ReferenceBackend:
         self.truncated_prompts = 0
 
     def _engine_for(self, needed: int) -> Any:
-        from reference_trainer.engine import Engine
         from reference_trainer.engine.config import EngineConfig
+        from reference_trainer.engine.factory import build_rollout_engine
 
         limit = int(self._lm.config.max_position_embeddings)
         needed = min(limit, -(-needed // 256) * 256)  # round up so a few longer prompts don't rebuild it
         if self._engine is None or needed > self._engine_len:
             cfg = EngineConfig(max_num_seqs=self._max_num_seqs, max_model_len=needed, device=self.device)
-            self._engine = Engine(
-                self._lm, cfg, eos_token_ids=self.tokenizer.eos_token_ids, tokenizer=self.tokenizer
-            )
+            self._engine = build_rollout_engine("reference", cfg, self.tokenizer, model=self._lm)
             self._engine_len = needed
         return self._engine
 
@@ -87,6 +85,8 @@ class ReferenceBackend:
         return [self.tokenizer.decode(s.response_ids) for s in seqs]
 
     def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
         self._engine = None
 
 
@@ -98,16 +98,14 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, model_dir: Path, device: str = "auto", seed: int = 0, max_num_seqs: int = 64) -> None:
-        from reference_trainer.engine.factory import INSTALL_HINT, vllm_available
-
-        if not vllm_available():
-            raise UserError(INSTALL_HINT)
         import json
 
         from reference_trainer.engine.config import EngineConfig
-        from reference_trainer.engine.vllm_engine import VLLMEngine
+        from reference_trainer.engine.factory import build_rollout_engine
         from reference_trainer.model.tokenizer import load_tokenizer
+        from rlbench.training import check_engine
 
+        check_engine("vllm")  # the install line before the model directory is read
         self.model = str(check_model_dir(Path(model_dir)))
         try:
             self.tokenizer: Any = load_tokenizer(model_dir)
@@ -118,9 +116,7 @@ class VLLMBackend:
         cfg = EngineConfig(
             max_num_seqs=max_num_seqs, max_model_len=self._max_len, device=resolve_device(device)
         )
-        self._engine: Any = VLLMEngine(
-            model_dir, cfg, eos_token_ids=self.tokenizer.eos_token_ids, tokenizer=self.tokenizer, seed=seed
-        )
+        self._engine: Any = build_rollout_engine("vllm", cfg, self.tokenizer, model_dir=model_dir, seed=seed)
         self.truncated_prompts = 0
 
     def generate(self, prompts: list[str], params: list[SamplingParams]) -> list[str]:
@@ -146,8 +142,9 @@ class VLLMBackend:
 
 
 def make_backend(engine: str, model_dir: Path, device: str, seed: int) -> GenerationBackend:
-    if engine == "reference":
-        return ReferenceBackend(model_dir, device=device)
+    from rlbench.training import check_engine
+
+    check_engine(engine)
     if engine == "vllm":
         return VLLMBackend(model_dir, device=device, seed=seed)
-    raise UserError(f"unknown engine {engine!r}; use reference or vllm")
+    return ReferenceBackend(model_dir, device=device)

@@ -6,7 +6,6 @@ skips the problems already there; one with different settings is refused unless 
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -19,7 +18,7 @@ from rlbench.eval.estimators import avg_at_k, majority_correct, pass_at_k, pass_
 from rlbench.eval.grading import GradeItem, GradingPool
 from rlbench.eval.prompts import build_prompt, resolve_template
 from rlbench.eval.suites import Problem, Suite, get_suite, load_problems
-from rlbench.records import append_jsonl, read_jsonl, write_json
+from rlbench.records import append_jsonl, read_json, read_jsonl, trim_torn_tail, write_json
 
 PROGRESS_FILE = "problems.jsonl"
 CONFIG_FILE = "run_config.json"
@@ -67,7 +66,7 @@ def _check_stored_config(out: Path, cfg: EvalConfig, overwrite: bool) -> None:
                 f"{out} holds {PROGRESS_FILE} but no {CONFIG_FILE}; use --overwrite or another --out"
             )
         return
-    stored = json.loads(path.read_text()).get("config", {})
+    stored = read_json(path).get("config", {})
     diff = [f"{k}: {stored.get(k)!r} -> {v!r}" for k, v in asdict(cfg).items() if stored.get(k) != v]
     if diff:
         raise UserError(
@@ -173,13 +172,16 @@ def run_eval(
     selected = {p.id for p in problems}
     done: dict[str, dict[str, Any]] = {}
     if progress_path.is_file():
+        # A kill mid-append leaves a torn last row: cut it now (one note), so the file stays valid JSONL
+        # and its problem is simply generated again below.
+        trim_torn_tail(progress_path)
         for row in read_jsonl(progress_path):
             if row.get("id") in selected and len(row.get("correct", [])) == cfg.samples:
                 done[row["id"]] = row
     todo = [p for p in problems if p.id not in done]
 
     stored_cfg = out / CONFIG_FILE
-    template = json.loads(stored_cfg.read_text()).get("template") if stored_cfg.is_file() else None
+    template = read_json(stored_cfg).get("template") if stored_cfg.is_file() else None
     backend = backend_factory() if todo else None
     if backend is not None:
         template = resolve_template(cfg.template, suite.template, backend.tokenizer)

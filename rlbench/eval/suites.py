@@ -1,12 +1,12 @@
 """Suite manifests (`suites/<name>.json`) and loading their problems from a data dir or the HF hub.
 
-A data dir holds JSONL in the schema of ../shared/data (id, problem, answer + extras); the hub path maps
-each dataset's own field names onto that schema with the manifest's `hub.fields`.
+A data dir holds one JSONL file per suite (the manifest's `data_file`), one problem per line with `id`,
+`problem`, `answer` and suite-specific extras (e.g. K&K's `names`); the hub path maps each dataset's own
+field names onto that schema with the manifest's `hub.fields`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from rlbench.errors import UserError
-from rlbench.jsonl import read_objects
+from rlbench.records import read_json, read_jsonl
 
 # Extra fields kept from data rows: report grouping and the K&K grader need them.
 EXTRA_FIELDS = ("subject", "level", "exam", "names", "solution", "n_people", "answer_type")
@@ -80,7 +80,7 @@ def get_suite(name: str) -> Suite:
         raise UserError(
             f"unknown suite {name!r}; valid suites: {', '.join(sorted(suites)) or '(none found)'}"
         )
-    raw = json.loads(suites[name].read_text())
+    raw = read_json(suites[name])
     keys = Suite.__dataclass_fields__
     return Suite(**{k: v for k, v in raw.items() if k in keys})
 
@@ -127,7 +127,9 @@ def read_data_file(path: Path) -> list[dict[str, Any]]:
     (datasets' JSON builder reports neither, and would merge per-row dict keys such as K&K's
     `assignment` into one struct of every name; the rows are small, so plain JSON is the faithful path.)
     """
-    return read_objects(path, required=("id", "problem", "answer"))
+    # torn_tail=False: user data is not appended by a process that can be killed, so a bad last line is
+    # an error like any other rather than a silently smaller suite.
+    return read_jsonl(path, required=("id", "problem", "answer"), torn_tail=False)
 
 
 def load_problems(suite: Suite, data_dir: Path | None) -> list[Problem]:

@@ -4,15 +4,16 @@ Input (`compare.json`):
     {"baseline": "baseline", "runs": [{"mode": "baseline", "summary": {...}, "steps": [...]}, ...],
      "workload": {...optional, shown as the subtitle}}
 `runs` may also be a dict {mode: {"summary": ..., "steps": ...}}. Ratios are only against a baseline run
-from the same file (same process, prompts and seeds, per DESIGN.md).
+from the same file (same process, prompts and seeds): ratios across processes or machines would mix
+noise and hardware into the speed-up.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from rlbench.records import read_json
 from rlbench.report.figures import PALETTE, _fig, note, steps_axis
 from rlbench.report.page import table, write_page
 
@@ -68,7 +69,7 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
 
     compare_dir = Path(compare_dir)
     if doc is None:
-        doc = json.loads((compare_dir / "compare.json").read_text())
+        doc = read_json(compare_dir / "compare.json")
     runs, baseline = normalise(doc)
     rows = ratio_rows(runs, baseline)
     intro: list[Any] = [table(rows)]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import html
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from rlbench.records import write_text
 
 _CSS = """
 *{box-sizing:border-box}
@@ -83,7 +84,5 @@ def write_page(
 ) -> Path:
     """Render and write atomically."""
     path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(render_page(title, sections, subtitle))
-    os.replace(tmp, path)
+    write_text(path, render_page(title, sections, subtitle))
     return path

@@ -7,7 +7,6 @@ timeline is built in timeline.py; shared plot helpers live in figures.py.
 from __future__ import annotations
 
 import html
-import json
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -221,18 +220,42 @@ def summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def load_run(run_dir: Path) -> tuple[dict[str, Any], list[Event]]:
+    """A run directory's metrics doc and trace events, through rlbench.records (a torn last line left by a
+    killed run is dropped with a note). A `train` run has no metrics.json: its doc is computed from
+    trace.jsonl as `profile` does, each step completed by its metrics.jsonl row (loss, entropy, ...)."""
+    from rlbench.records import read_json, read_jsonl
+
+    trace = run_dir / "trace.jsonl"
+    events = read_jsonl(trace) if trace.is_file() else []
+    if (run_dir / "metrics.json").is_file():
+        return read_json(run_dir / "metrics.json"), events
+    from rlbench import metrics
+
+    rows_path = run_dir / "metrics.jsonl"
+    rows = {r.get("step"): r for r in read_jsonl(rows_path)} if rows_path.is_file() else {}
+    doc: dict[str, Any] = dict(metrics.compute(events)) if events else {"summary": {}, "steps": []}
+    if not doc["steps"]:
+        doc["steps"] = list(rows.values())
+    for step in doc["steps"]:
+        for key, value in rows.get(step.get("step"), {}).items():
+            step.setdefault(key, value)
+    config_path = run_dir / "train_config.json"
+    config = read_json(config_path) if config_path.is_file() else {}
+    doc["run"] = {k: config[k] for k in ("mode", "task", "steps", "seed") if k in config}
+    doc["gpu"] = {"available": False, "reason": "a train run records no GPU timeline; use rlbench profile"}
+    return doc, events
+
+
 def render_profile(
     run_dir: str | Path, doc: dict[str, Any] | None = None, events: Sequence[Event] | None = None
 ) -> Path:
     """Write run_dir/report.html from metrics.json (+ trace.jsonl), or from the given doc and events."""
     run_dir = Path(run_dir)
-    if doc is None:
-        doc = json.loads((run_dir / "metrics.json").read_text())
-    if events is None:
-        trace = run_dir / "trace.jsonl"
-        events = (
-            [json.loads(ln) for ln in trace.read_text().splitlines() if ln.strip()] if trace.exists() else []
-        )
+    if doc is None or events is None:
+        loaded_doc, loaded_events = load_run(run_dir)
+        doc = loaded_doc if doc is None else doc
+        events = loaded_events if events is None else events
     steps = doc.get("steps") or []
     meta = doc.get("run") or {}
     subtitle = " · ".join(

@@ -3,6 +3,8 @@
 workload.py  length traces (JSONL format, conversion from a run's trace.jsonl, synthetic generator)
 cost.py      GPU roofline cost model (H100/H200 x 1.5B/7B/32B presets) and calibration from a run
 engine.py    continuous batching over slots, event-driven per worker, vectorised across workers
+modes.py     the trainer's modes (reference_trainer/modes.py) + options -> simulator policies
+jobs.py      the trace's groups as a stream; a step's outstanding sequences
 policies.py  the schedulers, step by step, and the metrics of each step
 replay.py    validation: a measured run replayed on a cost model calibrated from itself
 report.py    simulate.json -> report.html
@@ -24,25 +26,28 @@ def simulate(
     trace: LengthTrace,
     cost: CostModel,
     workers: list[int],
-    policies: list[str],
+    modes: list[str],
     capacity: int,
     steps: int | None = None,
     groups_per_worker: int | None = None,
-    oversub: float = 2.0,
+    mode_options: dict[str, Any] | None = None,
     acceptance: float = 0.7,
     rank_corr: float = 0.8,
     max_prefill_tokens: float = 8192,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Every (policy, worker count); `groups_per_worker` set = weak scaling (B = groups_per_worker * W)."""
+    """Every (mode, worker count). `modes` are registry names, optionally with options of their own
+    (NAME:KEY=VALUE...); `mode_options` go to every mode that takes them. `groups_per_worker` set = weak
+    scaling (B = groups_per_worker * W)."""
     t0 = time.perf_counter()
+    policies = get_policies(modes, mode_options)
     pred = fill_predictions(trace, rank_corr, seed)
     acc = np.where(np.isnan(trace.acceptance), acceptance, trace.acceptance)
     steps = steps or len(trace.steps)
     results = []
     for w in workers:
         base: dict[str, Any] | None = None
-        for p in get_policies(policies, oversub):
+        for p in policies:
             b = groups_per_worker * w if groups_per_worker else None
             r = simulate_policy(p, trace, pred, acc, cost, w, capacity, steps, b, max_prefill_tokens)
             base = base or r
@@ -64,7 +69,7 @@ def simulate(
             "max_prefill_tokens": max_prefill_tokens,
         },
         "cost_model": {"name": cost.name, **cost.describe()},
-        "policies": {"oversub": oversub},
+        "modes": {p.name: {"mode": p.mode, "options": dict(p.options)} for p in policies},
         "results": results,
         "elapsed_s": time.perf_counter() - t0,
     }

@@ -1,11 +1,14 @@
-"""The schedulers, replayed step by step over a stream of groups on W simulated workers.
+"""The modes' schedulers (policies built from the mode registry: modes.py), replayed step by step over a
+stream of groups on W simulated workers.
 
-A step trains on B complete groups (all samples of a prompt; a group always runs on one worker, as prefix
-caching wants). Synchronous policies (baseline, placements, HistoSpec, HistoPipe) roll out exactly the
-step's B groups and wait for the last. SortedRL keeps ceil(oversub * B) groups outstanding and fires the
-update when B groups are complete (the first B to complete: shortest first); on-policy mode drops the
-rest and regenerates them from scratch later, partial mode keeps their progress on the worker (resumed
-with a prefill of prompt + kept tokens under the new policy) and admits new prompts only behind them.
+A step trains on B complete groups (all samples of a prompt). A group runs on one worker, as prefix caching
+wants, except under least-outstanding placement, which places each request as the trainer's does.
+Synchronous modes (baseline, histopipe, rhyme) roll out exactly the step's B groups and wait for the last.
+SortedRL keeps ceil(oversub * B) groups outstanding and fires the update when B groups are complete (the
+first B to complete: shortest first); on-policy mode drops the rest and regenerates them from scratch
+later, partial mode keeps their progress on the worker (resumed with a prefill of prompt + kept tokens
+under the new policy), regenerates work older than max_staleness policy versions, and admits new prompts
+only behind the kept work.
 """
 
 from __future__ import annotations
@@ -16,111 +19,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from rlbench.errors import UserError
 from rlbench.simulate import engine
 from rlbench.simulate.cost import CostModel
+from rlbench.simulate.jobs import Jobs, Stream
+from rlbench.simulate.modes import POLICIES, Policy, get_policies, policy_for
 from rlbench.simulate.workload import LengthTrace
 
-
-@dataclass(frozen=True)
-class Policy:
-    name: str
-    placement: str = "round-robin"  # round-robin | least-loaded | lpt (predicted lengths)
-    order: str = "fifo"  # fifo | alternate (long->short on even steps, short->long on odd: placement.py)
-    migrate: bool = False  # move not-started work off predicted stragglers
-    spec: bool = False  # HistoSpec speculative decoding
-    oversub: float = 1.0  # > 1: SortedRL early termination
-    partial: bool = False
-
-
-POLICIES = {
-    p.name: p
-    for p in (
-        Policy("baseline"),
-        Policy("least-loaded", placement="least-loaded"),
-        Policy("sorted", oversub=2.0),
-        Policy("sorted-partial", oversub=2.0, partial=True),
-        Policy("histospec", spec=True),
-        Policy("histopipe", placement="lpt", order="alternate", migrate=True),
-        Policy("rhyme", placement="lpt", order="alternate", migrate=True, spec=True),
-        Policy("sorted+rhyme", placement="lpt", oversub=2.0, partial=True, spec=True),
-    )
-}
-
-
-def get_policies(names: list[str], oversub: float) -> list[Policy]:
-    out = []
-    for n in names:
-        if n not in POLICIES:
-            raise UserError(f"unknown policy {n!r}; valid: {', '.join(POLICIES)}")
-        p = POLICIES[n]
-        out.append(replace(p, oversub=oversub) if p.oversub > 1.0 else p)
-    if "baseline" not in [p.name for p in out]:
-        out.insert(0, POLICIES["baseline"])  # speed-ups are ratios against it
-    return out
-
-
-@dataclass
-class Stream:
-    """The trace's groups in submission order (cycled: a second pass is the next epoch). Group g's trace
-    rows are rows[bounds[g]:bounds[g + 1]]."""
-
-    rows: np.ndarray
-    bounds: np.ndarray
-    step_groups: list[int]  # groups per step of the trace
-
-    @classmethod
-    def of(cls, trace: LengthTrace) -> Stream:
-        key = trace.step * (int(trace.prompt.max()) + 1) + trace.prompt
-        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        order = np.argsort(first, kind="stable")
-        rank = np.empty_like(order)
-        rank[order] = np.arange(order.size)
-        g = rank[inv]
-        rows = np.argsort(g, kind="stable")
-        bounds = np.searchsorted(g[rows], np.arange(order.size + 1))
-        steps = trace.step[rows[bounds[:-1]]]
-        return cls(rows, bounds, np.unique(steps, return_counts=True)[1].tolist())
-
-    @property
-    def n_groups(self) -> int:
-        return self.bounds.size - 1
-
-    def expand(self, uids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(trace row, index into uids) of every sequence of the groups `uids`."""
-        g = uids % self.n_groups
-        sizes = self.bounds[g + 1] - self.bounds[g]
-        which = np.repeat(np.arange(uids.size), sizes)
-        offs = np.arange(which.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        return self.rows[self.bounds[g][which] + offs], which
-
-
-@dataclass
-class Jobs:
-    """Outstanding sequences of a step, one entry per sequence (columns)."""
-
-    row: np.ndarray  # trace row
-    uid: np.ndarray  # stream position of its group
-    worker: np.ndarray
-    tokens: np.ndarray  # still to generate
-    ctx0: np.ndarray  # prefill context
-    done: np.ndarray  # finished in an earlier step, waiting for its group (partial mode)
-
-    @classmethod
-    def empty(cls) -> Jobs:
-        z = np.zeros(0, dtype=np.int64)
-        return cls(z, z, z, z, z, np.zeros(0, dtype=bool))
-
-    def __len__(self) -> int:
-        return int(self.row.size)
-
-    def take(self, mask: np.ndarray) -> Jobs:
-        return Jobs(*(getattr(self, f)[mask] for f in ("row", "uid", "worker", "tokens", "ctx0", "done")))
-
-    @staticmethod
-    def cat(a: Jobs, b: Jobs) -> Jobs:
-        f = ("row", "uid", "worker", "tokens", "ctx0", "done")
-        return Jobs(*(np.concatenate([getattr(a, x), getattr(b, x)]) for x in f))
+__all__ = ["POLICIES", "Policy", "get_policies", "policy_for", "simulate_policy", "spec_rate"]
 
 
 def spec_rate(acc: np.ndarray, k: int) -> np.ndarray:
@@ -129,10 +34,11 @@ def spec_rate(acc: np.ndarray, k: int) -> np.ndarray:
     return (1.0 - acc ** (k + 1)) / (1.0 - acc)
 
 
-def choose_draft_len(cost: CostModel, acc: float, batch: int, ctx: float) -> int:
-    """Draft length with the most tokens per second at a full batch (cost-aware, as on a CPU it is 0)."""
+def choose_draft_len(cost: CostModel, acc: float, batch: int, ctx: float, max_k: int = 8) -> int:
+    """Draft length (at most max_k) with the most tokens per second at a full batch (cost-aware: it is 0
+    where verifying costs more than it saves, as on a CPU)."""
     best, best_k = 1.0 / float(cost.decode(np.array([batch]), np.array([ctx]))[0]), 0
-    for k in range(1, 9):
+    for k in range(1, max_k + 1):
         rate = float(spec_rate(np.array([acc]), k)[0])
         t = float(cost.decode(np.array([batch]), np.array([ctx]), q=k + 1)[0])
         if rate / t > best * 1.001:
@@ -141,7 +47,8 @@ def choose_draft_len(cost: CostModel, acc: float, batch: int, ctx: float) -> int
 
 
 def _place(policy: Policy, loads: np.ndarray, n_w: int, quota: np.ndarray) -> np.ndarray:
-    """A worker per new group. `loads` = the key the placement balances (prompt or predicted tokens)."""
+    """A worker per new group: round-robin (within each worker's quota), or histopipe's LPT over `loads`
+    (predicted tokens)."""
     n = loads.size
     if policy.placement == "round-robin":
         if not np.isfinite(quota).all():
@@ -151,7 +58,7 @@ def _place(policy: Policy, loads: np.ndarray, n_w: int, quota: np.ndarray) -> np
         w = np.repeat(np.arange(n_w), turns)
         r = np.arange(w.size) - np.repeat(np.cumsum(turns) - turns, turns)
         return w[np.lexsort((w, r))][:n]
-    order = np.argsort(-loads, kind="stable") if policy.placement == "lpt" else np.arange(n)
+    order = np.argsort(-loads, kind="stable") if policy.placement == "histopipe" else np.arange(n)
     heap = [(0.0, w) for w in range(n_w) if quota[w] > 0]
     left = quota.astype(np.int64) if np.isfinite(quota).all() else None
     out = np.zeros(n, dtype=np.int64)
@@ -202,16 +109,19 @@ def simulate_policy(
     """Run `steps` RL steps of `policy` on `workers`; per-step dicts and run totals (ratios of sums)."""
     stream = Stream.of(trace)
     n_w = workers
+    if n_w == 1:  # as in the trainer, where one worker runs the mode's one-engine strategy: nothing to place
+        policy = replace(policy, placement="round-robin", order="fifo", migrate=False)
     k = 0
     if policy.spec:
         ctx = float(trace.prompt_tokens.mean() + trace.response_tokens.mean() / 2.0)
-        k = choose_draft_len(cost, float(np.nanmean(acceptance)), capacity, capacity * ctx)
+        k = choose_draft_len(cost, float(np.nanmean(acceptance)), capacity, capacity * ctx, policy.max_draft)
     rate_of = spec_rate(acceptance, k) if k else np.ones(len(trace))
     box = Box(n_w, capacity, cost, k, max_prefill_tokens)
     pos, front, carried = 0, np.zeros(0, dtype=np.int64), Jobs.empty()  # front: groups to redo first
     per_step = []
     for s in range(steps):
         b = groups_per_step or stream.step_groups[s % len(stream.step_groups)]
+        carried, stale_waste = _expire_stale(policy, carried, trace, s)
         held = np.unique(carried.uid)
         want = max(b, math.ceil(policy.oversub * b)) - held.size
         fresh = max(0, want - front.size)
@@ -219,7 +129,6 @@ def simulate_policy(
         front, pos = front[want:], pos + fresh
         rows, which = stream.expand(new_uids)
         pred_load = np.bincount(which, weights=predicted[rows], minlength=new_uids.size)
-        prompt_load = np.bincount(which, weights=trace.prompt_tokens[rows], minlength=new_uids.size)
         quota = np.full(n_w, np.inf)
         if policy.oversub > 1.0:  # each worker holds at most its share of the outstanding groups
             per_w = math.ceil(max(b, math.ceil(policy.oversub * b)) / n_w)
@@ -228,30 +137,38 @@ def simulate_policy(
             quota = np.maximum(0, per_w - have).astype(float)
             if quota.sum() < new_uids.size:
                 quota += math.ceil((new_uids.size - quota.sum()) / n_w)
-        wk = _place(policy, pred_load if policy.placement == "lpt" else prompt_load, n_w, quota)
+        if policy.placement == "least-outstanding" and policy.oversub <= 1.0:
+            # each request to the worker with the fewest outstanding: all start empty, so a count deal
+            seq_worker = np.arange(rows.size) % n_w
+        else:
+            seq_worker = _place(policy, pred_load, n_w, quota)[which]
         new = Jobs(
             rows,
             new_uids[which],
-            wk[which],
+            seq_worker,
             trace.response_tokens[rows],
             trace.prompt_tokens[rows],
             np.zeros(rows.size, dtype=bool),
+            np.full(rows.size, -1, dtype=np.int64),
         )
         jobs = Jobs.cat(carried, new)
         keys = np.arange(len(jobs), dtype=float)
-        if policy.order == "alternate":  # carried work first, then new work by predicted length
-            sign = -1.0 if s % 2 == 0 else 1.0
+        if policy.order != "fifo":  # carried work first, then new work by predicted length
+            sign = -1.0 if policy.order == "long-first" or s % 2 == 0 else 1.0
             keys = np.where(keys < len(carried), -1e18 + keys, sign * predicted[jobs.row])
         rate = rate_of[jobs.row]
         res, qpos = box.run(jobs, keys, rate)
         if policy.migrate and n_w > 1:
             res, qpos = _migrate(box, jobs, keys, rate, res, qpos)
         row, trained, horizon = _account(policy, jobs, qpos, res, trace, b, box, rate)
+        row["wasted_tokens"] += stale_waste
         per_step.append(row)
-        carried, redo = _carry(policy, jobs, qpos, res, trained, horizon, rate)
+        carried, redo = _carry(policy, jobs, qpos, res, trained, horizon, rate, s)
         front = np.concatenate([redo, front])
     return {
         "policy": policy.name,
+        "mode": policy.mode,
+        "mode_options": dict(policy.options),
         "workers": n_w,
         "draft_len": k,
         **_totals(per_step, n_w),
@@ -308,9 +225,7 @@ def _migrate(
             break
         new_w = np.where(move, target[w], w)
         new_keys = np.where(move, 1e18 + keys, keys)
-        cand, cpos = box.run(
-            Jobs(jobs.row, jobs.uid, new_w, jobs.tokens, jobs.ctx0, jobs.done), new_keys, rate
-        )
+        cand, cpos = box.run(replace(jobs, worker=new_w), new_keys, rate)
         if cand.end_t.max() >= res.end_t.max():
             break
         jobs.worker[:] = new_w
@@ -402,6 +317,7 @@ def _carry(
     trained: np.ndarray,
     horizon: float,
     rate: np.ndarray,
+    step: int,
 ) -> tuple[Jobs, np.ndarray]:
     """What outlives the update: nothing (synchronous), groups to redo (on-policy SortedRL), or the
     untrained groups' sequences with their progress, on their worker (partial SortedRL)."""
@@ -417,7 +333,23 @@ def _carry(
     kept.tokens = np.where(finished, kept.tokens, kept.tokens - got)
     kept.ctx0 = np.where(finished, kept.ctx0, kept.ctx0 + got)  # resumed: prefill prompt + kept tokens
     kept.done = finished
+    kept.born = np.where((kept.born < 0) & ((got > 0) | finished), step, kept.born)
     return kept, np.zeros(0, dtype=np.int64)
+
+
+def _expire_stale(policy: Policy, carried: Jobs, trace: LengthTrace, step: int) -> tuple[Jobs, float]:
+    """Partial mode at the start of `step`: kept work whose oldest token is more than max_staleness policy
+    versions old starts over (SortedController._expire_stale); returns the jobs and the tokens thrown away."""
+    stale = (carried.born >= 0) & (step - carried.born > policy.max_staleness)
+    if not stale.any():
+        return carried, 0.0
+    full = trace.response_tokens[carried.row]
+    waste = float((full - np.where(carried.done, 0, carried.tokens))[stale].sum())
+    carried.tokens = np.where(stale, full, carried.tokens)
+    carried.ctx0 = np.where(stale, trace.prompt_tokens[carried.row], carried.ctx0)
+    carried.done = carried.done & ~stale
+    carried.born = np.where(stale, -1, carried.born)
+    return carried, waste
 
 
 def _totals(steps: list[dict], n_w: int) -> dict:

@@ -23,7 +23,7 @@ def read_events(run: str | Path) -> list[dict[str, Any]]:
     path = path / "trace.jsonl" if path.is_dir() else path
     if not path.is_file():
         raise UserError(f"{path}: no such trace file")
-    return workload._read_jsonl(path)
+    return workload.read_rows(path)
 
 
 def validate(run: str | Path) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from statistics import NormalDist
 import numpy as np
 
 from rlbench.errors import UserError
-from rlbench.jsonl import read_objects
+from rlbench.records import read_jsonl, write_text
 
 REQUIRED = ("step", "prompt_id", "sample", "prompt_tokens", "response_tokens")
 
@@ -105,10 +105,11 @@ def _from_rows(rows: list[dict], source: str) -> LengthTrace:
     return trace
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_rows(path: Path) -> list[dict]:
+    """A length trace's or run trace's rows; a run killed mid-flush leaves a torn last line, dropped."""
     if not path.is_file():
         raise UserError(f"{path}: no such trace file")
-    return read_objects(path)
+    return read_jsonl(path)
 
 
 def load(path: str | Path) -> LengthTrace:
@@ -116,7 +117,7 @@ def load(path: str | Path) -> LengthTrace:
     path = Path(path)
     if path.is_dir():
         path = path / "trace.jsonl"
-    rows = _read_jsonl(path)
+    rows = read_rows(path)
     if any(r.get("kind") is not None for r in rows):  # an rlbench run trace, not a length trace
         return from_run_trace(rows, str(path))
     for n, row in enumerate(rows, 1):
@@ -138,8 +139,6 @@ def from_run_trace(events: list[dict], source: str = "trace.jsonl") -> LengthTra
 
 def write(trace: LengthTrace, path: str | Path) -> Path:
     """Write a trace in the JSONL length-trace format (so a converted or synthetic trace can be reused)."""
-    from rlbench.records import write_text
-
     lines = []
     for i in range(len(trace)):
         row: dict[str, object] = {

@@ -21,9 +21,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import torch  # noqa: E402
 from vllm_checkpoint import write_tiny_char_llama, write_tiny_llama  # noqa: E402
 
-from reference_trainer.engine import Engine, Trace  # noqa: E402
+from reference_trainer.engine import Engine, RequestEngine, RolloutEngine, Trace  # noqa: E402
 from reference_trainer.engine.config import EngineConfig, SamplingParams  # noqa: E402
-from reference_trainer.engine.factory import build_engine  # noqa: E402
+from reference_trainer.engine.factory import build_rollout_engine  # noqa: E402
 from reference_trainer.engine.sequence import SequenceStatus  # noqa: E402
 from reference_trainer.engine.vllm_engine import VLLMEngine  # noqa: E402
 from reference_trainer.model.loader import load_model  # noqa: E402
@@ -118,6 +118,7 @@ def test_priority_admits_lower_value_first(engine: VLLMEngine) -> None:
     assert len(engine.running) == CFG.max_num_seqs
     late = [engine.add_request(PROMPTS[2], greedy(4), priority=1) for _ in range(2)]
     urgent = [engine.add_request(PROMPTS[2], greedy(4), priority=0) for _ in range(2)]
+    assert engine.waiting == urgent + late  # admission order: priority, then arrival
     for seq in long[:2]:
         engine.abort(seq)
     engine.step()
@@ -253,15 +254,19 @@ def test_eval_backend_generates(model_dir: Path) -> None:
         gc.collect()
 
 
-def test_build_engine_rejects_unknown_kind(model_dir: Path) -> None:
+def test_engine_satisfies_the_protocols(engine: VLLMEngine, model_dir: Path) -> None:
+    assert isinstance(engine, RequestEngine) and isinstance(engine, RolloutEngine)
     with pytest.raises(ValueError, match="unknown engine"):
-        build_engine("tgi", None, model_dir, CFG, load_tokenizer(model_dir))
+        build_rollout_engine("tgi", CFG, load_tokenizer(model_dir), model_dir=model_dir)
+    with pytest.raises(ValueError, match="--workers needs --engine reference"):
+        build_rollout_engine("vllm", CFG, load_tokenizer(model_dir), model_dir=model_dir, workers=2)
 
 
 def test_training_steps_on_vllm(tmp_path: Path, toy_task: str) -> None:
     """Two SortedRL partial-rollout steps with the vLLM engine: aborts, resumes, priorities and the weight
     sync all go through it, and the trace yields the bubble metrics."""
-    from reference_trainer.train.trainer import TrainConfig, Trainer
+    from reference_trainer.train.config import TrainConfig
+    from reference_trainer.train.trainer import Trainer
     from rlbench.metrics import compute
 
     model = write_tiny_char_llama(tmp_path / "char-model")

@@ -1,0 +1,101 @@
+"""Assemble a training run from its config, in one place: task, tokenizer, policy (and reference) model,
+updater, mode, rollout engine or worker pool (with HistoSpec drafting when the mode speculates), prompt
+stream, strategy and rollout context. The Trainer receives these parts and never reads the config to
+build anything."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reference_trainer.engine import Trace
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.factory import build_rollout_engine
+from reference_trainer.engine.protocol import RolloutEngine
+from reference_trainer.model.decoder import DecoderLM
+from reference_trainer.model.loader import load_model
+from reference_trainer.model.tokenizer import load_tokenizer
+from reference_trainer.modes import ModeSpec, get_mode, make_mode_strategy
+from reference_trainer.rollout.base import PromptStream, RolloutContext, RolloutStrategy
+from reference_trainer.tasks import Task, get_task
+from reference_trainer.train.config import TrainConfig
+from reference_trainer.train.grpo import GRPOUpdater
+
+
+@dataclass
+class RunParts:
+    model_dir: Path
+    task: Task
+    tokenizer: Any
+    policy: DecoderLM  # trains in fp32
+    updater: GRPOUpdater
+    mode: ModeSpec
+    trace: Trace
+    engine: RolloutEngine  # an engine, or a pool of engine replicas
+    stream: PromptStream
+    strategy: RolloutStrategy
+    ctx: RolloutContext
+
+
+def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
+    """Every part of a run, built from `config` (checked first: a bad config fails before any model
+    loads)."""
+    from reference_trainer.model.embedded import default_model_dir
+
+    mode = get_mode(config.mode)
+    grpo = config.update_config(mode.tis_cap)
+    if config.workers > 1 and config.engine == "reference":
+        mode.strategy_for(config.workers)  # fail before starting workers for a one-engine mode
+    model_dir = Path(config.model) if config.model else default_model_dir()
+    task = get_task(config.task, **config.task_options)
+    tokenizer = load_tokenizer(model_dir)
+    policy = load_model(model_dir, device=config.device, dtype="float32")
+    ref_model = copy.deepcopy(policy).eval().requires_grad_(False) if grpo.kl_coef else None
+    trace = trace if trace is not None else Trace()
+    engine = build_rollout_engine(
+        config.engine,
+        EngineConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len,
+            max_prefill_tokens=config.max_prefill_tokens,
+            device=config.device,
+        ),
+        tokenizer,
+        model=policy,
+        model_dir=model_dir,
+        trace=trace,
+        seed=config.seed,
+        histospec=config.mode_options.get("histospec", {}) if mode.speculative else None,
+        workers=config.workers,
+        worker_backend=config.worker_backend,
+        ray_address=config.ray_address,
+        rollout_copy=True,  # the policy trains in fp32; the engine runs a copy in the inference dtype
+    )
+    stream = PromptStream(task, config.seed, config.prompt_pool)
+    strategy_options = {k: v for k, v in config.mode_options.items() if k != "histospec"}
+    ctx = RolloutContext(
+        engine=engine,
+        tokenizer=tokenizer,
+        stream=stream,
+        group_size=config.group_size,
+        update_batch=config.prompts_per_step,
+        params=SamplingParams(
+            temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
+        ),
+        seed=config.seed,
+    )
+    return RunParts(
+        model_dir=model_dir,
+        task=task,
+        tokenizer=tokenizer,
+        policy=policy,
+        updater=GRPOUpdater(policy, grpo, ref_model),
+        mode=mode,
+        trace=trace,
+        engine=engine,
+        stream=stream,
+        strategy=make_mode_strategy(mode, config.workers, strategy_options),
+        ctx=ctx,
+    )

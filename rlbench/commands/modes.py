@@ -1,0 +1,123 @@
+"""`rlbench modes`: the mode registry (reference_trainer/modes.py), as train, profile, compare and simulate
+read it."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Annotated, Any
+
+import typer
+
+WIDTH = 110
+
+
+def registry_doc() -> dict[str, Any]:
+    """The registry as JSON: every mode, and every option with the modes that take it."""
+    from reference_trainer.modes import MODES, STRATEGY_TITLES, VLLM_HISTOSPEC_OPTIONS, Option
+
+    def option(o: Option) -> dict[str, Any]:
+        return {
+            "type": o.type + (" | null" if o.nullable else ""),
+            "default": o.default,
+            "choices": list(o.choices) or None,
+            "minimum": o.minimum,
+            "workers_gt_1_only": o.multi_worker,
+            "simulated": o.simulated,
+            "description": o.help,
+        }
+
+    modes = {}
+    for m in MODES.values():
+        modes[m.name] = {
+            "description": m.description,
+            "strategy": m.strategy,
+            "strategy_title": STRATEGY_TITLES[m.strategy],
+            "speculation": m.speculation,
+            "placement": m.placement,
+            "multi_worker": m.placement is not None,
+            "tis_cap": m.tis_cap,
+            "options": {name: option(o) for name, o in m.options().items()},
+            "vllm_histospec_options": {o.name: option(o) for o in VLLM_HISTOSPEC_OPTIONS}
+            if m.speculative
+            else None,
+            "simulator_note": m.simulator_note,
+        }
+    return {"modes": modes}
+
+
+def _wrap(label: str, text: str) -> list[str]:
+    lead = f"  {label}: "
+    return textwrap.wrap(
+        text, WIDTH, initial_indent=lead, subsequent_indent=" " * len(lead), break_on_hyphens=False
+    )
+
+
+def render_table() -> str:
+    from reference_trainer.modes import MODES, STRATEGY_TITLES
+
+    cols = ("MODE", "STRATEGY", "SPECULATION", "PLACEMENT (W>1)", "OFF-POLICY CORRECTION")
+    rows = [
+        (
+            m.name,
+            STRATEGY_TITLES[m.strategy],
+            "HistoSpec" if m.speculative else "none",
+            m.placement or "one engine only",
+            f"TIS, cap {m.tis_cap:g}" if m.tis_cap is not None else "none",
+        )
+        for m in MODES.values()
+    ]
+    widths = [max(len(r[i]) for r in (cols, *rows)) + 2 for i in range(len(cols))]
+    line = lambda r: "".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()  # noqa: E731
+    out = [line(cols)]
+    for m, row in zip(MODES.values(), rows, strict=True):
+        opts = m.options()
+        plain = [o for o in opts.values() if not o.name.startswith("histospec.")]
+        shown = [f"{o.name}={o.shown_default()}{' (W>1)' * o.multi_worker}" for o in plain]
+        if m.speculative:
+            shown.append(f"histospec.* ({len(opts) - len(plain)} keys, below)")
+        out += ["", line(row)]
+        out += _wrap("what", m.description)
+        out += _wrap("options", ", ".join(shown) or "none")
+        out += _wrap("simulator", m.simulator_note)
+    return "\n".join(out)
+
+
+def render_options() -> str:
+    """Every option once: type, default, the modes that take it, and whether the simulator models it."""
+    from reference_trainer.modes import MODES, VLLM_HISTOSPEC_OPTIONS
+
+    takers: dict[str, list[str]] = {}
+    options = {}
+    for m in MODES.values():
+        for name, o in m.options().items():
+            takers.setdefault(name, []).append(m.name)
+            options.setdefault(name, o)
+    out = ["OPTIONS (--mode-option KEY=VALUE on train, profile, compare and simulate)"]
+    for name, o in options.items():
+        low = f" >= {o.minimum:g}" if o.minimum is not None else ""
+        kind = o.type + ("|null" if o.nullable else "") + low
+        default = "per mode" if name == "placement" else o.shown_default()
+        sim = "simulated" if o.simulated else "trainer only"
+        out += ["", f"{name}  [{kind}; default {default}; {sim}; modes: {', '.join(takers[name])}]"]
+        out += _wrap("", o.help + (f" (choices: {', '.join(o.choices)})" if o.choices else ""))
+    vllm = ", ".join(f"{o.name}={o.shown_default()}" for o in VLLM_HISTOSPEC_OPTIONS)
+    vllm_line = f"With --engine vllm the histospec keys are instead: {vllm}."
+    out += ["", *textwrap.wrap(vllm_line, WIDTH, break_on_hyphens=False)]
+    return "\n".join(line.replace("  : ", "    ", 1) if line.startswith("  : ") else line for line in out)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("modes")
+    def modes(
+        json_out: Annotated[bool, typer.Option("--json", help="Print the registry as JSON.")] = False,
+    ) -> None:
+        """List the modes train/profile/compare/simulate accept: strategy, speculation, placement,
+        off-policy correction, options with defaults, and how the simulator models each."""
+        if json_out:
+            import json
+
+            typer.echo(json.dumps(registry_doc(), indent=2))
+            return
+        typer.echo(render_table())
+        typer.echo("")
+        typer.echo(render_options())

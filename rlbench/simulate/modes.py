@@ -1,0 +1,118 @@
+"""The trainer's modes as the simulator runs them: a registry mode (reference_trainer/modes.py) plus its
+options becomes a `Policy`, the handful of knobs policies.py steps through.
+
+So `rlbench simulate --modes X` accepts exactly the names `rlbench train --mode X` does, with the same
+meaning; `--mode-option KEY=VALUE` works as on train, and an option the simulator cannot model is a
+one-line error. A `--modes` entry may carry options of its own, `NAME:KEY=VALUE[:KEY=VALUE...]`, so one
+run can compare variants of a mode (e.g. `baseline,baseline:placement=least-outstanding`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from reference_trainer.modes import MODES, ModeSpec, get_mode
+from rlbench.errors import UserError
+
+# The simulator's former policy names that were not modes, and what they are now.
+RENAMED = {
+    "least-loaded": "baseline:placement=least-outstanding",
+    "histospec": "rhyme:placement=round-robin",
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A mode with its options resolved to what the simulator models."""
+
+    name: str  # the label in results: the --modes entry as written ("rhyme", "baseline:placement=...")
+    mode: str = "baseline"  # the registry mode
+    options: tuple[tuple[str, Any], ...] = ()  # the options given (flat keys), sorted
+    placement: str = "round-robin"  # the trainer's placements: round-robin | least-outstanding | histopipe
+    order: str = "fifo"  # fifo | alternate | long-first (rollout/placement.py reorder)
+    migrate: bool = False  # straggler migration
+    spec: bool = False  # HistoSpec speculative decoding
+    max_draft: int = 8  # longest draft the cost-aware chooser may pick
+    oversub: float = 1.0  # > 1: SortedRL early termination over this many times the update's groups
+    partial: bool = False  # SortedRL keeps unfinished work (sorted-partial)
+    max_staleness: int = 1  # partial: kept work older than this many policy versions is regenerated
+
+
+def _lookup(name: str) -> ModeSpec:
+    try:
+        return get_mode(name)
+    except ValueError as err:
+        hint = f" (the simulator's old {name!r} is now {RENAMED[name]})" if name in RENAMED else ""
+        raise UserError(f"{err}{hint}") from None
+
+
+def policy_for(name: str, options: dict[str, Any] | None = None, label: str | None = None) -> Policy:
+    """Mode `name` with `options` (flat or nested histospec keys) as a simulator policy."""
+    mode = _lookup(name)
+    try:
+        given = mode.check_options(options or {})
+    except ValueError as err:
+        raise UserError(f"mode {name!r}: {err}") from None
+    accepted = mode.options()
+    for key in given:
+        if not accepted[key].simulated:
+            raise UserError(
+                f"rlbench simulate cannot model option {key} of mode {name!r} (it runs on the trainer only; "
+                "see rlbench modes)"
+            )
+    opts = {k: o.default for k, o in accepted.items()} | given
+    placement = opts.get("placement") or "round-robin"
+    order = opts.get("order") or ("alternate" if placement == "histopipe" else "fifo")
+    migrate = opts.get("migrate")
+    sortedrl = mode.strategy in ("sorted", "sorted-partial")
+    return Policy(
+        name=label or name,
+        mode=name,
+        options=tuple(sorted(given.items())),
+        placement=placement,
+        order=order,
+        migrate=placement == "histopipe" if migrate is None else bool(migrate),
+        spec=mode.speculative,
+        max_draft=int(opts.get("histospec.max_draft", 8)),
+        oversub=float(opts["oversubscription"]) if sortedrl else 1.0,
+        partial=mode.strategy == "sorted-partial",
+        max_staleness=int(opts.get("max_staleness", 1)),
+    )
+
+
+def parse_entry(entry: str) -> tuple[str, dict[str, Any]]:
+    """ "rhyme:placement=round-robin:histospec.max_draft=4" -> ("rhyme", flat options)."""
+    from reference_trainer.modes import flatten_options
+    from rlbench.training import parse_mode_options
+
+    name, *pairs = (part.strip() for part in entry.split(":"))
+    return name, flatten_options(parse_mode_options(pairs))
+
+
+def get_policies(entries: list[str], options: dict[str, Any] | None = None) -> list[Policy]:
+    """The policies of `--modes` entries; `options` (from --mode-option) go to every entry whose mode takes
+    them, an entry's own options override them. A plain `baseline` is put first when no entry is exactly
+    `baseline`: speed-ups are ratios against it."""
+    from reference_trainer.modes import flatten_options
+
+    common = flatten_options(options or {})
+    out, used = [], set()
+    for entry in entries:
+        name, own = parse_entry(entry)
+        takes = _lookup(name).options()
+        shared = {k: v for k, v in common.items() if k in takes}
+        used |= shared.keys()
+        out.append(policy_for(name, {**shared, **own}, label=entry.strip()))
+    if unknown := sorted(common.keys() - used):
+        raise UserError(f"no selected mode takes option {', '.join(unknown)}")
+    labels = [p.name for p in out]
+    if len(set(labels)) != len(labels):
+        raise UserError(f"--modes lists an entry twice: {', '.join(labels)}")
+    if "baseline" not in labels:
+        out.insert(0, policy_for("baseline"))
+    return out
+
+
+# Every mode with its defaults, by name.
+POLICIES: dict[str, Policy] = {name: policy_for(name) for name in MODES}

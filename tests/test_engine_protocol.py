@@ -1,0 +1,151 @@
+"""Every rollout side satisfies the protocol its callers rely on (engine/protocol.py): runtime isinstance
+where an instance is cheap, and a signature comparison (names, kinds, defaults) that isinstance skips. The
+shared stop rules (engine/requests.py) are checked once here for both engines."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reference_trainer.engine import Engine, RequestEngine, RolloutEngine, Sequence, Trace
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.requests import STOP_TAIL_TOKENS, stop_reason
+from reference_trainer.engine.sequence import SequenceStatus
+from reference_trainer.engine.vllm_engine import VLLMEngine
+from reference_trainer.model.loader import load_model
+from reference_trainer.rollout.workers import LocalWorkerPool, RayWorkerPool, WorkerPool, WorkerSpec
+
+
+def protocol_members(proto: type) -> dict[str, Any]:
+    """name -> the protocol's definition (a function, a property, or None for a data member)."""
+    members: dict[str, Any] = {}
+    for base in reversed(proto.__mro__):
+        if base is object or not getattr(base, "_is_protocol", False) or base.__module__ == "typing":
+            continue
+        members.update(dict.fromkeys(getattr(base, "__annotations__", {})))
+        for name, value in vars(base).items():
+            if not name.startswith("_"):  # typing's own (_is_protocol, _abc_impl, ...)
+                members[name] = value
+    return members
+
+
+def mismatches(cls: type, proto: type) -> list[str]:
+    """How `cls` differs from `proto`'s methods and properties: a missing member, a method that is not one,
+    or parameters (name, kind, default) that differ. Annotations are not compared: implementations narrow
+    them (torch.Tensor for Any)."""
+    found = []
+    for name, spec in protocol_members(proto).items():
+        if spec is None:  # a data member: an instance attribute, checked by isinstance
+            continue
+        impl = inspect.getattr_static(cls, name, None)
+        if impl is None:
+            found.append(f"{name}: missing")
+        elif isinstance(spec, property):
+            if not isinstance(impl, property):
+                found.append(f"{name}: not a property")
+        elif not callable(impl):
+            found.append(f"{name}: not a method")
+        else:
+            want = [(p.name, p.kind, p.default) for p in inspect.signature(spec).parameters.values()]
+            got = [(p.name, p.kind, p.default) for p in inspect.signature(impl).parameters.values()]
+            if want != got:
+                found.append(f"{name}: {got} != {want}")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("cls", "proto"),
+    [
+        (Engine, RequestEngine),
+        (VLLMEngine, RequestEngine),
+        (LocalWorkerPool, WorkerPool),
+        (RayWorkerPool, WorkerPool),
+        (LocalWorkerPool, RolloutEngine),
+    ],
+)
+def test_signatures_match_the_protocol(cls: type, proto: type) -> None:
+    assert protocol_members(proto)  # the comparison sees the members (it would pass vacuously otherwise)
+    assert mismatches(cls, proto) == []
+
+
+def test_the_check_catches_a_wrong_engine() -> None:
+    class Sloppy:
+        trace = Trace()
+        policy_version = 0
+
+        def update_weights(self, state_dict: Any) -> None: ...  # no version
+
+        running: list[Sequence] = []  # an attribute where a property is expected
+
+    assert isinstance(Sloppy(), RolloutEngine) is False  # no close
+    problems = mismatches(Sloppy, RequestEngine)
+    assert any(p.startswith("update_weights:") for p in problems)
+    assert "close: missing" in problems and "add_request: missing" in problems
+    assert "running: not a property" in problems
+
+
+def test_instances_satisfy_their_protocols(tiny_model_dir: Path) -> None:
+    model = load_model(tiny_model_dir)
+    engine = Engine(model, EngineConfig(max_num_seqs=2, max_model_len=64), eos_token_ids=[2])
+    assert isinstance(engine, RequestEngine) and isinstance(engine, RolloutEngine)
+    spec = WorkerSpec(model.config, EngineConfig(max_num_seqs=2, max_model_len=64), [2])
+    pool = LocalWorkerPool(spec, model.state_dict(), 1, Trace())
+    assert isinstance(pool, WorkerPool) and isinstance(pool, RolloutEngine)
+    assert not isinstance(pool, RequestEngine)  # a pool takes requests per worker, not add_request
+    # VLLMEngine needs vLLM to start (tests/vllm_backend checks a real one); its data members come from
+    # the RequestBook both engines share, set up here without vLLM (isinstance reads the properties too).
+    bare = VLLMEngine.__new__(VLLMEngine)
+    bare._init_book(EngineConfig(), 64, [2], None, None)
+    bare._live = {}
+    assert isinstance(bare, RequestEngine)
+
+
+def test_close_aborts_unfinished_requests(tiny_model_dir: Path) -> None:
+    engine = Engine(load_model(tiny_model_dir), EngineConfig(max_num_seqs=1, max_model_len=64))
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    first, second = engine.add_request([1, 5], params), engine.add_request([1, 6], params)
+    engine.step()  # the first is admitted to the only slot; the second waits
+    assert engine.running == [first] and engine.waiting == [second]
+    engine.close()
+    assert not engine.has_unfinished()
+    assert [s.status for s in (first, second)] == [SequenceStatus.ABORTED] * 2
+    assert len(first.response_ids) == 1 and first.finish_reason == "abort"
+
+
+class Chars:
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(97 + i) for i in ids)
+
+
+def seq_with(response: list[int], **params: Any) -> Sequence:
+    return Sequence("s", [0, 0], SamplingParams(**params), response_ids=list(response))
+
+
+@pytest.mark.parametrize(
+    ("response", "params", "max_model_len", "reason"),
+    [
+        ([3, 2], {}, 100, "eos"),
+        ([3, 2], {"ignore_eos": True}, 100, None),
+        ([3, 7], {"stop_token_ids": [7]}, 100, "stop"),
+        ([3, 7], {"stop_token_ids": [7], "ignore_eos": True}, 100, "stop"),
+        ([0, 1, 3], {"stop": ["bd"]}, 100, "stop"),  # "abd" holds "bd"
+        ([0, 1, 4], {"stop": ["bd"]}, 100, None),
+        ([5, 6, *[0] * STOP_TAIL_TOKENS], {"stop": ["fg"]}, 1000, None),  # only in the decoded tail
+        ([5, 6, *[0] * (STOP_TAIL_TOKENS - 2)], {"stop": ["fg"]}, 1000, "stop"),
+        ([3, 4, 5], {"max_tokens": 3}, 100, "length"),
+        ([3, 4, 5], {}, 5, "length"),  # prompt 2 + 3 reaches the context's end
+        ([3, 4, 5], {}, 6, None),
+    ],
+)
+def test_stop_rules(response: list[int], params: dict[str, Any], max_model_len: int, reason: str | None):
+    seq = seq_with(response, **params)
+    assert stop_reason(seq, response[-1], {2}, Chars(), max_model_len) == reason
+
+
+def test_stop_strings_need_a_tokenizer() -> None:
+    seq = seq_with([0, 1], stop=["ab"])
+    assert stop_reason(seq, 1, {2}, None, 100) is None
+    assert stop_reason(seq, 1, {2}, Chars(), 100) == "stop"

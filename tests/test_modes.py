@@ -1,0 +1,252 @@
+"""One definition of a mode: the registry agrees with the strategies it builds, and train and simulate
+accept the same names and options with the same meaning."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_simulate import UnitCost, heavy, run_policy
+
+from reference_trainer.modes import (
+    HISTOSPEC_OPTIONS,
+    MODES,
+    STRATEGIES,
+    STRATEGY_OPTIONS,
+    VLLM_HISTOSPEC_OPTIONS,
+    get_mode,
+    make_mode_strategy,
+)
+from rlbench.errors import UserError
+from rlbench.simulate import workload
+from rlbench.simulate.modes import get_policies, policy_for
+from rlbench.simulate.policies import simulate_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, tmp: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RLBENCH_CACHE_DIR": str(tmp / "cache")}
+    return subprocess.run(
+        [sys.executable, "-m", "rlbench.cli", *args], capture_output=True, text=True, env=env, cwd=tmp
+    )
+
+
+def one_line_error(res: subprocess.CompletedProcess) -> str:
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr
+    return res.stderr
+
+
+def _params(cls: type, drop: tuple[str, ...] = ()) -> dict[str, object]:
+    if cls.__init__ is object.__init__:  # no constructor of its own: takes nothing
+        return {}
+    sig = inspect.signature(cls.__init__).parameters
+    return {k: p.default for k, p in sig.items() if k != "self" and k not in drop}
+
+
+def _speculative_config():
+    """The histospec -> vLLM speculative_config mapping, wherever the engine package keeps it."""
+    import importlib
+
+    for module in ("reference_trainer.engine.vllm_engine", "reference_trainer.engine.factory"):
+        if fn := getattr(importlib.import_module(module), "speculative_config", None):
+            return fn
+    raise AssertionError("speculative_config not found")
+
+
+# ---- the registry and the strategies -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGY_OPTIONS))
+def test_registry_options_are_the_strategy_constructor_arguments(strategy):
+    params = _params(STRATEGIES[strategy])
+    options = {o.name: o.default for o in STRATEGY_OPTIONS[strategy]}
+    assert options == params  # the same names, and the same defaults
+
+
+def test_histospec_options_are_attach_histospec_arguments():
+    from reference_trainer.engine.speculative import Speculator
+    from reference_trainer.rollout.histospec import HistoryDrafter
+
+    # accept_rule is a callable, no command-line option; drafter is built by attach_histospec itself
+    params = {**_params(HistoryDrafter), **_params(Speculator, drop=("drafter", "accept_rule"))}
+    options = {o.name.removeprefix("histospec."): o.default for o in HISTOSPEC_OPTIONS}
+    assert options.keys() == params.keys()
+    for name, default in params.items():
+        assert options[name] == (list(default) if isinstance(default, tuple) else default), name
+    speculative_config = _speculative_config()
+    for o in VLLM_HISTOSPEC_OPTIONS:  # every vLLM key is one the vLLM engine maps, with its default
+        key = o.name.removeprefix("histospec.")
+        speculative_config({key: o.default})
+        assert key in speculative_config.__doc__ or key == "max_draft"
+    with pytest.raises(ValueError):
+        speculative_config({"min_confidence": 0.5})
+
+
+def test_modes_build_their_strategies():
+    for mode in MODES.values():
+        strategy = make_mode_strategy(mode, 1, {})
+        assert type(strategy) is STRATEGIES[mode.strategy]
+        if mode.placement is None:
+            with pytest.raises(ValueError, match="runs on one engine"):
+                mode.strategy_for(2)
+        else:
+            placed = make_mode_strategy(mode, 2, {})
+            assert placed.migrate == (mode.placement == "histopipe")
+    assert MODES["sorted+rhyme"].strategy == "sorted" and MODES["sorted+rhyme"].speculative
+    assert MODES["sorted-partial"].tis_cap == 2.0 and MODES["sorted"].tis_cap is None
+
+
+def test_option_types_and_values_are_checked_from_the_registry():
+    sorted_mode, rhyme = get_mode("sorted"), get_mode("rhyme")
+    assert sorted_mode.check_options({"oversubscription": 3, "max_attempts": None}) == {
+        "oversubscription": 3.0,
+        "max_attempts": None,
+    }
+    for options, message in (
+        ({"oversubscription": "abc"}, "option oversubscription must be a number, got 'abc'"),
+        ({"oversubscription": 0.5}, "option oversubscription must be >= 1"),
+        ({"max_staleness": 1.5}, "option max_staleness must be an integer"),
+        ({"max_staleness": True}, "option max_staleness must be an integer"),
+        ({"placement": "histopipe"}, "unknown option placement"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            sorted_mode.check_options(options)
+    with pytest.raises(ValueError, match="unknown placement 'fifo'; valid: round-robin"):
+        rhyme.check_options({"placement": "fifo"})
+    with pytest.raises(ValueError, match="unknown option histospec.bogus"):
+        rhyme.check_options({"histospec": {"bogus": 1}})
+    assert rhyme.check_options({"histospec": {"max_draft": 4}}) == {"histospec.max_draft": 4}
+    # the engine picks the histospec keys: vLLM's n-gram method is no reference-engine option
+    assert rhyme.check_options({"histospec": {"method": "ngram"}}, 1, "vllm")
+    with pytest.raises(ValueError, match="unknown option histospec.method"):
+        rhyme.check_options({"histospec": {"method": "ngram"}})
+    # placement options exist only where there is something to place
+    baseline = get_mode("baseline")
+    assert "placement" not in baseline.options(1) and "placement" in baseline.options(2)
+
+
+def test_the_registry_imports_no_torch():
+    code = "import sys, reference_trainer.modes, rlbench.simulate.modes; print('torch' in sys.modules)"
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert probe.stdout.strip() == "False", probe.stderr
+
+
+# ---- the simulator builds its policies from the registry --------------------------------------------------
+
+
+def test_simulator_policies_follow_the_registry():
+    for name, mode in MODES.items():
+        p = policy_for(name)
+        assert p.spec == mode.speculative
+        assert p.partial == (mode.strategy == "sorted-partial")
+        assert (p.oversub > 1.0) == (mode.strategy in ("sorted", "sorted-partial"))
+        assert p.placement == (mode.placement or "round-robin")
+    # sorted+rhyme is the trainer's: on-policy SortedRL (nothing kept) with HistoSpec, not partial + LPT
+    p = policy_for("sorted+rhyme")
+    assert (p.partial, p.spec, p.oversub, p.placement) == (False, True, 2.0, "round-robin")
+    # the simulator's former extra policies are options of modes now
+    assert policy_for("baseline", {"placement": "least-outstanding"}).placement == "least-outstanding"
+    old_histospec = policy_for("rhyme", {"placement": "round-robin"})
+    assert (old_histospec.spec, old_histospec.migrate, old_histospec.order) == (True, False, "fifo")
+
+
+def test_simulator_option_errors_are_one_line_user_errors():
+    for entries, options, message in (
+        (["turbo"], {}, "unknown mode 'turbo'; valid modes: baseline, sorted"),
+        (["least-loaded"], {}, "now baseline:placement=least-outstanding"),
+        (["sorted"], {"max_attempts": 3}, "cannot model option max_attempts of mode 'sorted'"),
+        (["rhyme"], {"histospec": {"min_draft": 2}}, "cannot model option histospec.min_draft"),
+        (["sorted"], {"oversubscription": "x"}, "mode 'sorted': option oversubscription must be a number"),
+        (["baseline", "rhyme"], {"max_staleness": 2}, "no selected mode takes option max_staleness"),
+        (["rhyme", "rhyme"], {}, "lists an entry twice"),
+    ):
+        with pytest.raises(UserError, match=message):
+            get_policies(entries, options)
+    labels = [p.name for p in get_policies(["rhyme:placement=round-robin", "sorted"], {"max_staleness": 0})]
+    assert labels == ["baseline", "rhyme:placement=round-robin", "sorted"]  # plain baseline is the reference
+
+
+def test_sorted_rhyme_now_discards_like_sorted_and_drafts():
+    tr = heavy(steps=3, prompts=32)
+    srt, both = run_policy("sorted", tr), run_policy("sorted+rhyme", tr)
+    assert both["draft_len"] > 0 and srt["draft_len"] == 0
+    # on-policy: the untrained groups' tokens are thrown away, as in the trainer's sorted strategy, where
+    # the former meaning (partial rollouts kept without a staleness cap) wasted nothing
+    assert both["wasted_token_share"] > 0.05 and srt["wasted_token_share"] > 0.05
+    assert both["rollout_s"] < srt["rollout_s"]
+
+
+def test_max_staleness_regenerates_old_partials():
+    tr = heavy(steps=4, prompts=32)
+    pred = workload.fill_predictions(tr, 0.9)
+    acc = np.full(len(tr), 0.7)
+
+    def run(staleness: int) -> dict:
+        p = policy_for("sorted-partial", {"max_staleness": staleness})
+        return simulate_policy(p, tr, pred, acc, UnitCost(), 1, 64, 4)
+
+    fresh, forever = run(0), run(1000)
+    assert forever["wasted_token_share"] == 0.0 < fresh["wasted_token_share"]
+    assert fresh["rollout_s"] > forever["rollout_s"]  # regenerating costs forwards
+
+
+def test_placements_at_one_and_two_workers():
+    # one group of two 50-token samples, one slot per worker
+    tr = workload.LengthTrace(*(np.array(v) for v in ([0, 0], [0, 0], [0, 1], [4, 4], [50, 50])),
+                              acceptance=np.full(2, np.nan), predicted=np.full(2, np.nan))  # fmt: skip
+    pred = np.full(2, 50.0)
+
+    def rollout(name: str, options: dict, workers: int) -> float:
+        p = policy_for(name, options)
+        return simulate_policy(p, tr, pred, pred, UnitCost(), workers, 1, 1)["rollout_s"]
+
+    # round-robin keeps the group on one worker; least-outstanding deals each request, as the trainer does
+    assert (
+        rollout("baseline", {}, 2)
+        == rollout("baseline", {}, 1)
+        > 1.9 * rollout("baseline", {"placement": "least-outstanding"}, 2)
+    )
+    # on one worker a placement has nothing to place: histopipe is the baseline there, as in the trainer
+    tr2 = heavy(steps=2, prompts=16)
+    assert run_policy("histopipe", tr2)["step_time_s"] == run_policy("baseline", tr2)["step_time_s"]
+
+
+# ---- the command line: the same names for train and simulate, and `rlbench modes` ------------------------
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_simulate_accepts_every_mode(mode, tmp_path):
+    args = ("--synthetic", "--steps", "1", "--prompts", "4", "--group-size", "2", "--workers", "1,2")
+    res = cli("simulate", *args, "--modes", mode, "--out", "sim", tmp=tmp_path)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "sim" / "simulate.json").read_text())
+    assert {(r["mode"], r["workers"]) for r in doc["results"]} >= {(mode, 1), (mode, 2)}
+
+
+def test_unknown_mode_is_the_same_one_line_error_for_train_and_simulate(tmp_path):
+    train = one_line_error(cli("train", "--mode", "turbo", tmp=tmp_path))
+    sim = one_line_error(cli("simulate", "--synthetic", "--modes", "turbo", "--out", "o", tmp=tmp_path))
+    assert train == sim == f"error: unknown mode 'turbo'; valid modes: {', '.join(MODES)}\n"
+    bad = one_line_error(cli("simulate", "--synthetic", "--mode-option", "oversubscription=x", tmp=tmp_path))
+    assert "mode 'sorted': option oversubscription must be a number, got 'x'" in bad
+
+
+def test_modes_command_lists_every_mode(tmp_path):
+    res = cli("modes", tmp=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rows = [line.split()[0] for line in res.stdout.splitlines() if line and not line.startswith(" ")]
+    assert [r for r in rows if r in MODES] == list(MODES)
+    assert "simulator:" in res.stdout and "histospec.max_draft" in res.stdout
+    doc = json.loads(cli("modes", "--json", tmp=tmp_path).stdout)
+    assert list(doc["modes"]) == list(MODES)
+    assert doc["modes"]["sorted-partial"]["tis_cap"] == 2.0
+    assert doc["modes"]["sorted"]["options"]["oversubscription"]["default"] == 2.0
+    assert doc["modes"]["rhyme"]["options"]["placement"]["default"] == "histopipe"
