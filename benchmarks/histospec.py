@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--json", default=None, help="write the per-epoch rows here")
     ap.add_argument(
         "--histospec",
@@ -95,6 +96,7 @@ def main() -> None:
                 max_num_seqs=args.prompts_per_step * args.group,
                 max_model_len=1024,
                 checkpoint_every=10**9,
+                device=args.device,
                 prompt_pool=args.pool,
                 mode_options={"histospec": histospec} if mode == "rhyme" else {},
             )

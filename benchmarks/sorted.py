@@ -54,6 +54,7 @@ def config(args: argparse.Namespace, mode: str, model: Path) -> TrainConfig:
         max_model_len=args.max_tokens + 256,
         max_prefill_tokens=args.max_prefill_tokens or capacity * (args.max_tokens + 256),
         checkpoint_every=10**9,
+        device=args.device,
     )
     cfg.grpo.lr = args.lr
     cfg.grpo.micro_batch_size = 16
@@ -111,6 +112,7 @@ def main() -> None:
         "prefill in one forward, not in chunks that leave the other slots idle; 8192 is the engine's own)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1 is steadiest on a shared box)"
     )

@@ -99,8 +99,10 @@ def measure_cost_model(
             ids = torch.full((b, q), 3, dtype=torch.long, device=dev)
             times = []
             for _ in range(repeats + 1):  # the first run warms up
+                _synchronize(dev)  # CUDA runs kernels asynchronously: time the work, not its launch
                 t0 = time.perf_counter()
                 model.forward_cached(ids, starts, cache, slots, contiguous=True)
+                _synchronize(dev)
                 times.append(time.perf_counter() - t0)
             table[b, q] = min(times[1:])  # the least disturbed run: other load only ever adds time
     # A forward over more rows or more tokens never costs less: smooth out timing noise.
@@ -110,6 +112,11 @@ def measure_cost_model(
             left = [table[b, qs[j - 1]]] if j else []
             table[b, q] = max([table[b, q], *below, *left])
     return CostModel(table)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class Speculator:
