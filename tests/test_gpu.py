@@ -71,11 +71,12 @@ def test_nvml_samples_the_gpu_at_the_requested_rate():
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < 1.5:
         x = (x @ x).tanh_()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()  # keep the GPU busy for 1.5 s of wall time, not 1.5 s of launches
     result = sampler.stop()
+    elapsed = time.perf_counter() - t0
     assert result["available"], result
     samples = [s for s in result["samples"] if s["gpu"] == 0]
-    assert 40 <= len(samples) <= 90  # 1.5 s at 50 Hz, allowing for start-up and scheduling
+    assert 0.7 * elapsed / 0.02 <= len(samples) <= 1.3 * elapsed / 0.02 + 2
     gaps = [b["t"] - a["t"] for a, b in zip(samples[:-2], samples[1:-1], strict=True)]
     assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.02, abs=0.005)  # median period
     busy = [s["util"] for s in samples if s["util"] is not None]
