@@ -99,7 +99,17 @@ def step_figures(steps: list[Event]) -> list[tuple[str, list[Any]]]:
     return sections
 
 
+# NVML fields plotted, one figure each: (sample key, title, y-axis label, scale).
+GPU_PANELS = (
+    ("util", "GPU utilisation", "utilisation %", 1.0),
+    ("mem_used_mib", "GPU memory used", "GiB", 1 / 1024),
+    ("power_w", "GPU power", "watts", 1.0),
+)
+
+
 def gpu_section(gpu: dict[str, Any] | None, events: Sequence[Event]) -> list[Any]:
+    """NVML utilisation, memory and power on the trace's clock, with rollout and update phases shaded, so
+    a reader sees what the GPU did in each phase. A field the GPU does not report is left out."""
     import plotly.graph_objects as go
 
     from rlbench.profiling.nvml import no_gpu_note
@@ -107,29 +117,35 @@ def gpu_section(gpu: dict[str, Any] | None, events: Sequence[Event]) -> list[Any
     samples = (gpu or {}).get("samples") or []
     if not (gpu or {}).get("available") or not samples:
         return [note(no_gpu_note(gpu))]
-    fig = _fig("GPU utilisation (NVML; shaded: rollout phases)", "time (s)", "utilisation %")
     names = {d["index"]: d.get("name") or f"GPU {d['index']}" for d in gpu.get("devices", [])}
-    for idx in sorted({s["gpu"] for s in samples}):
-        pts = [s for s in samples if s["gpu"] == idx]
-        fig.add_trace(
-            go.Scatter(
-                x=[p["t"] for p in pts],
-                y=[p["util"] for p in pts],
-                mode="lines",
-                name=f"GPU {idx}: {names.get(idx, '')}",
+    figures = []
+    for key, title, unit, scale in GPU_PANELS:
+        if all(s.get(key) is None for s in samples):
+            continue
+        fig = _fig(f"{title} (NVML; shaded: rollout, update phases)", "time (s)", unit, height=260)
+        for idx in sorted({s["gpu"] for s in samples}):
+            pts = [s for s in samples if s["gpu"] == idx and s.get(key) is not None]
+            fig.add_trace(
+                go.Scatter(
+                    x=[p["t"] for p in pts],
+                    y=[p[key] * scale for p in pts],
+                    mode="lines",
+                    name=f"GPU {idx}: {names.get(idx, '')}",
+                )
             )
-        )
-    for ev in events:
-        if ev.get("kind") == "rollout":
-            fig.add_vrect(
-                x0=ev["t_start"],
-                x1=ev["t_end"],
-                fillcolor=PHASE_COLOURS["rollout"],
-                opacity=0.1,
-                line_width=0,
-            )
-    fig.update_yaxes(range=[0, 105])
-    return [fig]
+        for ev in events:
+            if ev.get("kind") in ("rollout", "update"):
+                fig.add_vrect(
+                    x0=ev["t_start"],
+                    x1=ev["t_end"],
+                    fillcolor=PHASE_COLOURS[ev["kind"]],
+                    opacity=0.12,
+                    line_width=0,
+                )
+        if key == "util":
+            fig.update_yaxes(range=[0, 105])
+        figures.append(fig)
+    return figures
 
 
 def worker_section(events: Sequence[Event], summary: dict[str, Any]) -> list[Any]:
