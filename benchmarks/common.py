@@ -10,8 +10,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def resolve_model(arg: str | None) -> tuple[Path, str]:
-    """`arg` as a model dir; None: the embedded default when built, else (or with "random") a random model
-    of the embedded shape. Returns the directory and a label saying which."""
+    """`arg` as a model dir or name (`rlbench models list`); None: the embedded default when built, else
+    (or with "random") a random model of the embedded shape. Returns the directory and a label saying
+    which."""
     import torch
 
     from reference_trainer.model.decoder import DecoderLM
@@ -20,7 +21,9 @@ def resolve_model(arg: str | None) -> tuple[Path, str]:
     from reference_trainer.model.tokenizer import CharTokenizer
 
     if arg and arg != "random":
-        return Path(arg), arg
+        from rlbench.models import resolve_model as resolve_name  # a directory or a model name
+
+        return resolve_name(arg), arg
     embedded = default_model_dir(build=False)
     if arg is None and (embedded / "config.json").is_file():
         return embedded, f"embedded default model ({embedded.name})"

@@ -1,21 +1,37 @@
-"""rlbench's engine vs transformers' generate: same weights, same 64 prompts, sampling, equal max tokens.
+"""rlbench's engine vs transformers' generate: same weights, same prompts, equal max tokens.
 
-    python benchmarks/engine_throughput.py [--model DIR] [--prompts 64] [--max-tokens 256] [--repeats 3]
+    python benchmarks/engine_throughput.py [--model NAME|DIR] [--prompts 64] [--max-tokens 256] [--repeats 3]
+    python benchmarks/engine_throughput.py --model smollm2-135m-instruct [--batches 1,8,32] [--max-tokens 256]
+                                           [--temperature 0] [--dtype float32|bfloat16]
+                                           [--engine-path OLD_CHECKOUT]
 
-Two settings, each the median of --repeats interleaved runs:
+Without --batches (the default, on the embedded model), two settings, each the median of --repeats
+interleaved runs in this process:
 - fixed length: EOS ignored, both sides generate exactly max_tokens per prompt (raw decode speed);
 - rollout: generation stops at EOS (as in RL rollouts); tokens/s counts tokens up to and including each
   row's EOS. transformers' static batch keeps computing finished rows until the longest is done;
   continuous batching drops them. Samples differ between engines (different RNG streams), so token counts
   differ slightly; each side's own count is used.
-The model is the embedded default when it is built, else a random model of the same shape. Prints a table
-and writes benchmarks/results/engine_throughput.json.
+The model is the embedded default when it is built, else a random model of the same shape.
+
+With --batches (the default when --model has a chat template): EOS-stopping rollouts at each batch size B,
+on the first max(B, 4) prompts (32 fixed chat prompts, through the model's chat template), B at a time,
+greedy by default (both sides then generate the same tokens in fp32, so they do the same work), in
+--dtype on both sides:
+the engine with B slots and max_model_len = the model's context, transformers with static batches of B.
+Every run is a fresh process (rollout_runs.py), so each reports its own peak RSS; runs are interleaved
+(engine, transformers, for each B, --repeats times) and the median is reported. --engine-path adds a third
+side: the engine imported from another checkout, for before/after numbers from the same run.
+Prints a table and writes benchmarks/results/engine_throughput[_NAME].json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -88,14 +104,105 @@ def run_transformers(path: Path, prompts: list[list[int]], max_tokens: int, eos:
     return sum(lengths) / elapsed
 
 
+def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
+    """EOS-stopping rollouts at several batch sizes, each run in its own process (see the docstring)."""
+    batches = [int(b) for b in args.batches.split(",")]
+    sides = ["engine", "transformers"] + (["engine (before)"] if args.engine_path else [])
+    runs: dict[tuple[int, str], list[dict]] = {(b, side): [] for b in batches for side in sides}
+    script = Path(__file__).with_name("rollout_runs.py")
+    for _ in range(args.repeats):  # interleaved, so drifting machine load hits every side alike
+        for b in batches:
+            for side in sides:
+                spec = {
+                    "side": "transformers" if side == "transformers" else "engine",
+                    "model": str(path),
+                    "batch": b,
+                    "prompts": max(b, 4),
+                    "max_tokens": args.max_tokens,
+                    "temperature": args.temperature,
+                    "dtype": args.dtype,
+                    "threads": args.threads,
+                    "engine_path": args.engine_path if side == "engine (before)" else None,
+                }
+                out = subprocess.run(
+                    [sys.executable, str(script), json.dumps(spec)],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                if out.returncode != 0:
+                    raise SystemExit(f"{side} at batch {b} failed:\n{out.stderr[-2000:]}")
+                runs[b, side].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                print(f"  batch {b} {side}: {runs[b, side][-1]['tokens_per_s']:.1f} tok/s", file=sys.stderr)
+    print(
+        f"model: {label}; EOS-stopping rollouts, T={args.temperature}, {args.dtype}, "
+        f"max {args.max_tokens} new tokens, "
+        f"torch {torch.__version__}, {args.threads or torch.get_num_threads()} threads, "
+        f"median of {args.repeats}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
+    head = (
+        "| batch | prompts | engine tok/s | transformers tok/s | ratio | engine peak RSS "
+        "| transformers peak RSS |"
+    )
+    extra = " engine before tok/s | before peak RSS |" if args.engine_path else ""
+    print(head + extra + "\n|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if extra else ""))
+    summary = {}
+    for b in batches:
+        med = {side: statistics.median(r["tokens_per_s"] for r in runs[b, side]) for side in sides}
+        rss = {side: max(r["peak_rss_gb"] for r in runs[b, side]) for side in sides}
+        ratio = med["engine"] / med["transformers"]
+        summary[str(b)] = {"median_tokens_per_s": med, "peak_rss_gb": rss, "ratio": ratio}
+        summary[str(b)]["runs"] = {side: runs[b, side] for side in sides}
+        row = (
+            f"| {b} | {max(b, 4)} | {med['engine']:,.1f} | {med['transformers']:,.1f} | {ratio:.2f}x "
+            f"| {rss['engine']:.2f} GB | {rss['transformers']:.2f} GB |"
+        )
+        if args.engine_path:
+            row += f" {med['engine (before)']:,.1f} | {rss['engine (before)']:.2f} GB |"
+        print(row)
+    out_dir = Path(__file__).parent / "results"
+    out_dir.mkdir(exist_ok=True)
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(str(args.model)).name)
+    name += "" if args.dtype == "float32" else f"_{args.dtype}"
+    write_json(
+        out_dir / f"engine_throughput_{name}.json",
+        {
+            "model": label,
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "dtype": args.dtype,
+            "load_average": os.getloadavg(),
+            "batches": summary,
+        },
+    )
+
+
+def has_chat_template(path: Path) -> bool:
+    from reference_trainer.model.tokenizer import load_tokenizer
+
+    return bool(getattr(load_tokenizer(path), "has_chat_template", False))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model")
+    parser.add_argument("--model", help="a model name (rlbench models list), a directory, or random")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batches", help="comma-separated batch sizes: the per-process rollout sweep")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sweep only; 0 = greedy")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="sweep only; both sides"
+    )
+    parser.add_argument("--threads", type=int, default=0, help="sweep only; torch threads (0 = default)")
+    parser.add_argument("--engine-path", help="sweep only; also run the engine from this checkout")
     args = parser.parse_args()
     path, label = resolve_model(args.model)
+    if args.batches is None and args.model not in (None, "random") and has_chat_template(path):
+        args.batches = "1,8,32"
+    if args.batches:
+        sweep(args, path, label)
+        return
     tokenizer = CharTokenizer()
     task = get_task("arith")
     prompts = [encode_prompt(tokenizer, p.prompt) for p in task.problems(args.prompts, seed=123)]

@@ -17,7 +17,9 @@ from reference_trainer.modes import MODES  # the registry alone: no torch
 ModelDir = Annotated[
     Path | None,
     typer.Option(
-        "--model", help="Model directory (config.json + *.safetensors). Default: the embedded model."
+        "--model",
+        help="Model directory (config.json + *.safetensors) or a name from `rlbench models list` "
+        "(e.g. smollm2-135m-instruct). Default: the embedded model.",
     ),
 ]
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or auto.")]

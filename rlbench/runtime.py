@@ -8,17 +8,16 @@ from typing import Any
 from rlbench.errors import UserError
 
 
-def resolve_model_dir(model_dir: Path | None) -> Path:
-    """The given directory, or the embedded default model (built on first use)."""
-    if model_dir is not None:
-        return Path(model_dir)
-    from rlbench.training import ensure_default_model
+def resolve_model_dir(model_dir: str | Path | None) -> Path:
+    """What `--model` names (rlbench.models.resolve_model): a directory, a model name, or None for the
+    embedded default model (built on first use)."""
+    from rlbench.models import resolve_model
 
-    return ensure_default_model()
+    return resolve_model(model_dir)
 
 
 def load_model_and_tokenizer(
-    model_dir: Path | None, device: str = "cpu", dtype: str = "auto"
+    model_dir: str | Path | None, device: str = "cpu", dtype: str = "auto"
 ) -> tuple[Any, Any]:
     from reference_trainer.model.loader import ModelLoadError, load_model
     from reference_trainer.model.tokenizer import load_tokenizer

@@ -143,8 +143,10 @@ def build_config(**options: Any) -> Any:
     check_workers(options.get("mode", "baseline"), options.get("workers", 1))
     config = TrainConfig()
     grpo = {k: options.pop(k) for k in ("lr", "kl_coef") if k in options}
-    if "model" in options:
-        options["model"] = str(options["model"])
+    if "model" in options:  # a directory or a model name (rlbench models list), resolved once here
+        from rlbench.models import resolve_model
+
+        options["model"] = str(resolve_model(options["model"]))
     config = replace(config, **options)
     config.grpo = replace(config.grpo, **grpo)
     if config.task == "kk" and not config.task_options:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rlbench.eval.estimators import avg_at_k, majority_correct, pass_at_k, pass_ks
+from rlbench.eval.estimators import avg_at_k, majority_correct, majority_vote, pass_at_k, pass_ks
 
 
 def _brute_pass_at_k(n: int, c: int, k: int) -> float:
@@ -44,14 +44,17 @@ def test_avg_and_ks() -> None:
 
 
 def test_majority_vote() -> None:
-    # correct answers written differently still vote together (equivalence via the grade)
+    """Votes are over answer classes, right or wrong alike; ties go to the class seen first."""
+    # classes [7], [0.5, 1/2, \frac12]: the three wrong answers outvote the right one
     assert (
-        majority_correct(["1/2", "0.5", "3", "3"], [True, True, False, False]) is True
-    )  # tie: seen first wins
-    assert majority_correct(["3", "3", "1/2", "0.5"], [False, False, True, True]) is False
-    assert majority_correct(["3", "3", "1/2", "0.5", "\\frac12"], [False, False, True, True, True]) is True
-    assert (
-        majority_correct(["7", "8", "9", "2"], [False, False, False, True]) is False
-    )  # 7 seen first wins tie
-    assert majority_correct([None, None, "2"], [False, False, True]) is True  # no answer does not vote
-    assert majority_correct([None, None], [False, False]) is False
+        majority_vote([0, 1, 1, 1]) == 1
+        and majority_correct([0, 1, 1, 1], [True, False, False, False]) is False
+    )
+    assert majority_vote([0, 1, 0, 1]) == 0  # tie: the class seen first, represented by its first sample
+    assert majority_correct([0, 1, 0, 1], [True, False, True, False]) is True
+    assert majority_correct([1, 0, 1, 0], [False, True, False, True]) is False  # labels need not be ordered
+    assert majority_vote([5, 3, 4, 2]) == 0  # all different: the first answer
+    assert majority_vote([None, None, 0]) == 2 and majority_correct([None, None, 0], [False, False, True])
+    assert majority_vote([None, None]) is None and majority_correct([None, None], [False, False]) is False
+    with pytest.raises(ValueError):
+        majority_correct([0], [True, False])

@@ -1,32 +1,35 @@
-"""Answer extraction, math-verify grading of every suite's golds, K&K parsing, and bounded grading."""
+"""Answer extraction (math-verify's, in priority order), grading, answer classes, K&K parsing, and the
+bounded grading pool with its one-line failure logs."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from rlbench.eval import grading
+from rlbench.eval.estimators import majority_correct
 from rlbench.eval.grading import (
     GradeItem,
     GradeResult,
-    GradingPool,
-    extract_answer,
+    VoteItem,
+    answer_classes,
+    delimit_final_answer,
     format_kk_assignment,
     grade_item,
-    last_boxed,
     parse_kk_assignment,
+    prose_start,
 )
+from rlbench.eval.pool import GradingPool
 
-DATA = Path(__file__).parents[1].parent / "shared" / "data"
-MATH_SUITES = ["aime24.jsonl", "amc23.jsonl", "math500.jsonl", "olympiadbench.jsonl"]
+DATA = Path(os.environ.get("RLBENCH_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
 KK_SUITES = ["kk_logic.jsonl", "kk_logic_ood.jsonl"]
-# Grading every gold of MATH-500 and OlympiadBench (twice) takes ~20 s on 2 cores; sample unless asked.
-FULL = os.environ.get("RLBENCH_FULL_GOLD") == "1"
-SAMPLE = 120
 
 
 def _rows(name: str) -> list[dict]:
@@ -36,55 +39,93 @@ def _rows(name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_extraction_fallbacks() -> None:
-    assert last_boxed("a \\boxed{\\frac{1}{2}} then \\boxed{x^{2}+1}") == "x^{2}+1"
-    assert last_boxed("\\boxed{1} and an unclosed \\boxed{2") == "1"
-    assert extract_answer("so $\\fbox{12}$") == "12"
-    assert extract_answer("The final answer is $\\frac{3}{4}$. I hope it is correct.") == "\\frac{3}{4}"
-    assert extract_answer("blah\nAnswer: 42\n") == "42"
-    assert extract_answer("we get 3 apples, then 1,250 pears") == "1250"
-    assert extract_answer("no digits here") is None
-    assert extract_answer("x" * 100_000 + "\\boxed{7}") == "7"  # long responses: only the tail is read
+def _grade(response: str, gold: str) -> GradeResult:
+    return grade_item(GradeItem("math", response, gold))
+
+
+def test_unboxed_answers_are_read_whole() -> None:
+    """Issue #18: unboxed answers were cut at the first "."."""
+    assert _grade("Final answer: 4.9", "4").extracted == "4.9"
+    assert not _grade("Final answer: 4.9", "4").correct
+    qwen = "The final answer is $2.5$. I hope it is correct."
+    assert not _grade(qwen, "2").correct and _grade(qwen, "2.5").correct
+    assert _grade("The final answer is 2.5. I hope it is correct.", "2.5").extracted == "2.5"
+    # the golds that used to miss: 62.5% -> 62, 1.25 -> 1, 18.90 -> 18
+    assert _grade("Final answer: 62.5%", "62.5%").correct and not _grade("Final answer: 62", "62.5%").correct
+    assert _grade("Final answer: 1.25", "1.25").correct and not _grade("Final answer: 1", "1.25").correct
+    assert _grade("Final answer: \\$18.90", "\\$18.90").correct
+    assert not _grade("Final answer: 18", "\\$18.90").correct
+
+
+def test_extraction_priority() -> None:
+    # the last boxed answer wins over an earlier one and over a later "final answer" phrase
+    first_try = "First I got \\boxed{\\frac{1}{2}} but that misses the second case entirely. Redone: "
+    assert _grade(first_try + "\\boxed{x^{2}+1}", "x^2+1").extracted == "x^{2}+1"
+    assert _grade("\\boxed{1}, \\boxed{3}", "1, 3").correct  # boxes side by side: one answer (math-verify)
+    assert _grade("We get \\boxed{3}. The final answer is 4.", "3").correct
+    assert _grade("**Final Answer**\n\\[\n\\boxed{5}\n\\]", "5").correct  # Qwen's markdown heading
+    assert _grade("**Final Answer:** 7", "7").correct
+    assert _grade("so $\\fbox{12}$", "12").correct
+    assert _grade("blah\nAnswer: 42\n", "42").correct
+    assert _grade("we get 3 apples, then 1,250 pears", "1250").correct  # the last expression
+    assert _grade("So the final answer is 5 apples.", "5").correct
+    assert _grade("no digits here", "1").extracted is None
+    assert _grade("x" * 100_000 + "\\boxed{7}", "7").correct  # long responses: only the tail is read
+
+
+def test_final_answer_sentences_get_math_delimiters() -> None:
+    assert delimit_final_answer("Final answer: \\frac{3}{4}") == "Final answer: $\\frac{3}{4}$"
+    assert delimit_final_answer("Final answer: 4.9.") == "Final answer: $4.9$."
+    assert delimit_final_answer("The final answer is 2.5. I hope it is correct.") == (
+        "The final answer is $2.5$. I hope it is correct."
+    )
+    assert delimit_final_answer("Final answer: 5 apples") == "Final answer: $5$ apples"
+    assert delimit_final_answer("Final answer: \\$36") == "Final answer: $\\$36$"  # \$ is a dollar sign
+    for untouched in ("Final answer: $x$", "final answer: the value is 5", "**Final Answer**", "no anchor"):
+        assert delimit_final_answer(untouched) == untouched
+    assert prose_start("\\text{even}") is None and prose_start("2k+2") is None
+    assert prose_start("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}") is None
+    assert prose_start("f(x)=ax+b, where b is odd") == len("f(x)=ax+b, ")
 
 
 def test_grade_math_equivalences() -> None:
     def ok(response: str, gold: str) -> bool:
-        return grade_item(GradeItem("math", response, gold)).correct
+        return _grade(response, gold).correct
 
     assert ok("\\boxed{0.5}", "\\frac{1}{2}")
     assert ok("\\boxed{\\dfrac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}")
     assert ok("\\boxed{(3, \\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)")
     assert ok("\\boxed{\\text{Evelyn}}", "\\text{Evelyn}")
-    assert ok("so N = \\boxed{N=n}", "N=n") and not ok("\\boxed{N=n+1}", "N=n")  # case-folded Eq(n, n) trap
+    # math-verify folds case: gold "N=n" would parse as Eq(n, n) and match N=n+1 too; its right side counts
+    assert ok("so N = \\boxed{N=n}", "N=n") and ok("\\boxed{n}", "N=n") and not ok("\\boxed{N=n+1}", "N=n")
+    assert ok("\\boxed{62.5}", "62.5\\%") and ok("\\boxed{0.625}", "62.5\\%")  # a percentage, or its number
+    prose = "f(x)=a x+b, where b is an arbitrary integer, and a is a positive integer with \\mho(a)=0"
+    assert ok("\\boxed{f(x)=ax+b}", prose) and not ok("\\boxed{0}", prose)  # not the parse of "\mho(a)=0"
     assert not ok("\\boxed{205}", "204")
     assert not ok("I don't know", "204")
     # untrusted text is parsed, never executed
     assert not ok("\\boxed{__import__('os').system('echo pwned')}", "0")
 
 
-def _perturb(gold: str) -> str:
-    # comma lists are sets to math-verify ("1,3, 1" == {1, 3}): add a new element rather than a duplicate
-    return f"{gold}+1" if "," not in gold and "=" not in gold else f"{gold}, 9999"
+def _votes(answers: list[str]) -> list[int | None]:
+    responses = [f"\\boxed{{{a}}}" for a in answers]
+    keys = [grade_item(GradeItem("math", r, "0")).key for r in responses]
+    return answer_classes(VoteItem("math", keys, responses))
 
 
-@pytest.mark.parametrize("name", MATH_SUITES)
-def test_math_golds_self_verify(name: str) -> None:
-    rows = _rows(name)
-    if not FULL and len(rows) > SAMPLE:
-        rows = random.Random(0).sample(rows, SAMPLE)
-    right = [GradeItem("math", f"Thus the answer is $\\boxed{{{r['answer']}}}$.", r["answer"]) for r in rows]
-    wrong = [
-        GradeItem("math", f"Thus the answer is $\\boxed{{{_perturb(r['answer'])}}}$.", r["answer"])
-        for r in rows
-    ]
-    with GradingPool(workers=2, chunk_size=16, timeout=20) as pool:
-        results = pool.grade(right + wrong)
-    n = len(rows)
-    not_self = [(rows[i]["id"], rows[i]["answer"]) for i in range(n) if not results[i].correct]
-    perturbed_ok = [(rows[i]["id"], rows[i]["answer"]) for i in range(n) if results[n + i].correct]
-    assert not_self == [], f"golds that do not verify against themselves: {not_self}"
-    assert perturbed_ok == [], f"perturbed answers graded correct: {perturbed_ok}"
-    assert pool.failures == 0
+def test_majority_vote_groups_wrong_answers_by_equivalence_too() -> None:
+    """Issue #18: correct answers were merged by equivalence and wrong ones only by text."""
+    answers = ["7", "0.5", "1/2", "\\frac{1}{2}"]
+    classes = _votes(answers)
+    assert classes == [0, 1, 1, 1]
+    correct = [_grade(f"\\boxed{{{a}}}", "7").correct for a in answers]
+    assert correct == [True, False, False, False]
+    assert majority_correct(classes, correct) is False  # three votes for 1/2 beat one for 7
+    assert _votes(["0.5", "3", "1/2", "3.0"]) == [0, 1, 0, 1]  # a tie; the first class (0.5) wins
+    assert majority_correct([0, 1, 0, 1], [True, False, True, False]) is True
+    assert majority_correct([0, 1, 0, 1], [False, True, False, True]) is False
+    kk = answer_classes(VoteItem("kk", ["(1) A is a knight", None, "(1) A is a knight"], ["", "", ""]))
+    assert kk == [0, None, 0]
 
 
 @pytest.mark.parametrize("name", KK_SUITES)
@@ -144,3 +185,48 @@ def test_hanging_and_crashing_graders_are_bounded() -> None:
     assert results[3].error is None  # an ordinary wrong answer is not a failure
     assert pool.failures == 3
     assert elapsed < 15, elapsed  # bounded: chunk limit + one solo retry per item of the bad chunks
+
+
+def test_a_math_verify_timeout_is_one_quiet_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """math-verify logs a timeout with the whole unparsed answer; the run logs one line naming the item."""
+    answer = "\\frac{" * 700  # ~4 KB
+
+    def timing_out_parse(response: str) -> list:
+        logging.getLogger("math_verify.parser").warning(f"Timeout during parsing: {response}")
+        return []
+
+    monkeypatch.setattr(grading, "parse_answer", timing_out_parse)  # inherited by the forked workers
+    caplog.set_level(logging.WARNING, logger="rlbench.eval")
+    with GradingPool(workers=1) as pool:
+        results = pool.grade([GradeItem("math", answer, "1", id="olympiadbench-1606#3")])
+    assert results[0].error == "math-verify timed out" and not results[0].correct
+    lines = [r.getMessage() for r in caplog.records if r.name == "rlbench.eval"]
+    assert lines == ["olympiadbench-1606#3: math-verify timed out; counted wrong"]
+    # math-verify's own warning reaches no stderr (pytest hooks every logger, so look from a fresh process)
+    code = (
+        "import logging, rlbench.eval.grading as g; "
+        f"logging.getLogger('math_verify.parser').warning('Timeout during parsing: ' + {answer!r}); "
+        "print(g._timeouts.count)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "1" and proc.stderr == "", proc.stderr[-500:]
+
+
+def test_answer_classes_fall_back_to_exact_text(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Comparing a problem's answers that hangs ends at the pool's limit: that problem votes by exact text."""
+
+    def hanging_parse(response: str) -> list:
+        time.sleep(600)
+        return []
+
+    monkeypatch.setattr(grading, "parse_answer", hanging_parse)  # inherited by the forked workers
+    caplog.set_level(logging.WARNING, logger="rlbench.eval")
+    votes = [VoteItem("math", ["0.5", "\\frac{1}{2}", "0.5"], ["", "", ""], id="math500-algebra/1")]
+    with GradingPool(workers=1, timeout=0.5) as pool:
+        assert pool.classes(votes) == [[0, 1, 0]]
+    lines = [r.getMessage() for r in caplog.records if r.name == "rlbench.eval"]
+    assert lines == ["math500-algebra/1: grading timed out after 0.5s; majority vote by exact answer text"]

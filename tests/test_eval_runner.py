@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlbench.errors import UserError
-from rlbench.eval.grading import GradingPool
+from rlbench.eval.pool import GradingPool
 from rlbench.eval.runner import EvalConfig, run_eval
 
 REPO = Path(__file__).parents[1]
@@ -186,7 +186,9 @@ def test_cli_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         "maj_at_k",
     }
     page = (out / "report.html").read_text()
-    assert "Per-problem correctness" in page and "Response length" in page and "fx-04" in page
+    assert (
+        "Per-problem results" in page and "Response length" in page and "pass@k" in page and "fx-04" in page
+    )
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -223,11 +225,6 @@ def test_bad_input_errors(tmp_path: Path) -> None:
     _assert_one_line_error(
         _cli(*base, "--suite", "math500", "--data-dir", str(data)), r"needs math500\.jsonl in the data dir"
     )
-    with open(data / "aime24.jsonl", "a") as fh:
-        fh.write('{"id": "x", "problem": "p", "answer": \n{"id": "y"}\n')
-    _assert_one_line_error(
-        _cli(*base, "--suite", "aime24", "--data-dir", str(data)), r"aime24\.jsonl:6: malformed JSON row"
-    )
     _assert_one_line_error(
         _cli(
             "eval",
@@ -241,6 +238,11 @@ def test_bad_input_errors(tmp_path: Path) -> None:
             str(data),
         ),
         r"model directory not found",
+    )
+    with open(data / "aime24.jsonl", "a") as fh:
+        fh.write('{"id": "x", "problem": "p", "answer": \n{"id": "y"}\n')
+    _assert_one_line_error(
+        _cli(*base, "--suite", "aime24", "--data-dir", str(data)), r"aime24\.jsonl:6: malformed JSON row"
     )
     # no data dir and no network: one line pointing at --data-dir, at once
     proc = _cli(*base, "--suite", "aime24", env={"HF_HUB_OFFLINE": "1", "RLBENCH_DATA_DIR": ""})
@@ -319,3 +321,26 @@ def test_resume_over_a_torn_progress_line_repeatedly(
     assert lines[-1] == b""  # every row whole and newline-terminated
     assert [json.loads(x)["id"] for x in lines[:-1]] == list(GOLDS)
     assert [r["id"] for r in res["problems"]] == list(GOLDS)
+
+
+class VotingBackend(FakeBackend):
+    """Four samples per problem: the gold 7, then 1/2 written three ways."""
+
+    def generate(self, prompts: list[str], params: list) -> list[str]:
+        answers = ["7", "0.5", "1/2", "\\frac{1}{2}"]
+        return [f"So the answer is $\\boxed{{{answers[i % 4]}}}$." for i in range(len(prompts))]
+
+
+def test_majority_vote_runs_over_equivalence_classes(tmp_path: Path, pool: GradingPool) -> None:
+    data = _write_suite(tmp_path / "data")
+    cfg = EvalConfig(suite="aime24", model="fake-model", samples=4, temperature=0.7)
+    res = run_eval(
+        cfg, VotingBackend, tmp_path / "out", data_dir=data, pool=pool, progress=False, report=False
+    )
+    row = {r["id"]: r for r in res["problems"]}["fx-05"]  # gold 7
+    assert row["correct"] == [True, False, False, False] and row["answer_classes"] == [0, 1, 1, 1]
+    # three votes for 1/2 beat one for 7 (the answer as math-verify normalises it: 0.5 -> \frac{1}{2})
+    assert row["maj_correct"] is False and row["maj_answer"] == "\\frac{1}{2}"
+    half = {r["id"]: r for r in res["problems"]}["fx-02"]  # gold 1/2: the same vote is right there
+    assert half["maj_correct"] is True and half["n_correct"] == 3
+    assert res["maj_at_k"]["4"] == pytest.approx(1 / 5)

@@ -31,18 +31,72 @@ def test_logits_match_transformers(family, request):
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_cached_forward_matches_full_forward(family, request):
-    """Prefill in two chunks through the KV cache gives the full forward's logits."""
-    from reference_trainer.model.decoder import KVCache
+    """Prefill in two chunks through the paged KV cache gives the full forward's logits, with the rows'
+    blocks scattered over the pool in different orders."""
+    from reference_trainer.model.attention import PagedKVCache
 
     model = load_model(request.getfixturevalue(f"{family}_dir"))
     ids = torch.randint(3, 98, (2, 20), generator=torch.Generator().manual_seed(2))
-    cache = KVCache(model.config, capacity=4, max_len=32, device=torch.device("cpu"), dtype=torch.float32)
-    slots = torch.tensor([3, 1])
+    cache = PagedKVCache(model.config, 10, 4, torch.device("cpu"), torch.float32)  # 10 blocks of 4
+    tables = torch.tensor([[7, 2, 5, 0, 3], [1, 6, 4, 9, 8]])
     with torch.no_grad():
         full = model(ids)
-        first = model.forward_cached(ids[:, :12], torch.tensor([0, 0]), cache, slots)
-        rest = model.forward_cached(ids[:, 12:], torch.tensor([12, 12]), cache, slots)
+        first = model.forward_cached(ids[:, :12], torch.tensor([0, 0]), cache, tables[:, :3])
+        rest = model.forward_cached(ids[:, 12:], torch.tensor([12, 12]), cache, tables)
     assert torch.allclose(torch.cat([first, rest], 1), full, atol=1e-5)
+
+
+def test_cached_forward_ragged_rows(llama_dir):
+    """Rows with fewer real tokens than the batch width (num_new) store only those, so padding never
+    overwrites another row's blocks; `select` picks each row's last real position."""
+    from reference_trainer.model.attention import PagedKVCache
+
+    model = load_model(llama_dir)
+    ids = torch.randint(3, 98, (2, 9), generator=torch.Generator().manual_seed(3))
+    cache = PagedKVCache(model.config, 6, 4, torch.device("cpu"), torch.float32)
+    tables = torch.tensor([[1, 2, 3], [4, 5, 0]])  # row 1 owns two blocks: its padding must not touch 0..3
+    with torch.no_grad():
+        full = model(ids)
+        got = model.forward_cached(
+            ids,
+            torch.tensor([0, 0]),
+            cache,
+            tables,
+            num_new=torch.tensor([9, 6]),
+            select=torch.tensor([8, 5]),
+        )
+        after = model.forward_cached(ids[:1, :1], torch.tensor([9]), cache, tables[:1])
+    assert torch.allclose(got[0, 0], full[0, 8], atol=1e-5)
+    assert torch.allclose(got[1, 0], full[1, 5], atol=1e-5)
+    # row 0's cache is intact: continuing it matches a full forward over the 10 tokens
+    expected = model(torch.cat([ids[:1], ids[:1, :1]], 1))[0, 9]
+    assert torch.allclose(after[0, 0], expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_slot_cache_forward_matches_full_forward(family, request):
+    """The contiguous layout: chunked prefill into slots [3, 1], then decode steps over the slot range read
+    as a view (contiguous=True) and over gathered slots, all equal to the full forward."""
+    from reference_trainer.model.attention import SlotKVCache
+
+    model = load_model(request.getfixturevalue(f"{family}_dir"))
+    ids = torch.randint(3, 98, (2, 20), generator=torch.Generator().manual_seed(2))
+    cache = SlotKVCache(model.config, capacity=4, max_len=32, device=torch.device("cpu"), dtype=torch.float32)
+    with torch.no_grad():
+        full = model(ids)
+        first = model.forward_cached(ids[:, :12], torch.tensor([0, 0]), cache, torch.tensor([3, 1]))
+        mid = model.forward_cached(ids[:, 12:16], torch.tensor([12, 12]), cache, torch.tensor([3, 1]))
+        # slots 1..3 as one view; slot 2 is idle and gets a dummy row at position 0
+        view = model.forward_cached(
+            torch.stack([ids[1, 16:], torch.zeros(4, dtype=torch.long), ids[0, 16:]]),
+            torch.tensor([16, 0, 16]),
+            cache,
+            torch.arange(1, 4),
+            num_new=torch.tensor([4, 1, 4]),
+            contiguous=True,
+        )
+    got = torch.cat([first, mid, torch.stack([view[2], view[0]])], 1)
+    assert torch.allclose(got, full, atol=1e-5)
 
 
 def test_config_fields_read(qwen2_dir, llama_dir):

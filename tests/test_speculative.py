@@ -12,6 +12,7 @@ from scipy import stats
 from reference_trainer.engine import Engine
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.speculative import CostModel, Speculator, coupled_accept
+from reference_trainer.model.attention import PagedKVCache
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.rollout.histospec import HistoryDrafter, attach_histospec
@@ -113,17 +114,18 @@ def test_rollback_leaves_the_cache_equal_to_a_fresh_prefill(model):
             continue
         n = seq.num_cached
         assert n == seq.length - 1
-        fresh = Engine(model, EngineConfig(max_num_seqs=1, max_model_len=96))
-        fresh.add_request(seq.all_ids[:n], SamplingParams(max_tokens=1))
-        fresh.step()  # prefill writes positions [0, n)
+        # A fresh prefill of the kept tokens into a cache of its own: blocks 0, 1, ... in order.
+        fresh = PagedKVCache(model.config, 8, engine.slots.block_size, torch.device("cpu"), torch.float32)
+        blocks = list(range(-(-n // engine.slots.block_size)))
+        with torch.no_grad():
+            model.forward_cached(
+                torch.tensor([seq.all_ids[:n]]), torch.tensor([0]), fresh, torch.tensor([blocks])
+            )
         for layer in range(model.config.num_hidden_layers):
-            for ours, ref in (
-                (engine.slots.cache.k, fresh.slots.cache.k),
-                (engine.slots.cache.v, fresh.slots.cache.v),
+            for ours, ref in zip(
+                engine.slots.read(seq.slot, layer, n), fresh.read(layer, blocks, n), strict=True
             ):
-                torch.testing.assert_close(
-                    ours[layer][seq.slot, :, :n], ref[layer][0, :, :n], atol=1e-5, rtol=1e-4
-                )
+                torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-4)
 
 
 def _samples(model: DecoderLM, seeds: range, rule=None) -> list[list[int]]:

@@ -136,4 +136,5 @@ class Engine(RequestBook):
         for name, value in state_dict.items():
             if name in own:
                 own[name].copy_(value)
+        self.model.repack()  # the CPU matmuls run over packed copies of the weights (model/packed.py)
         self.policy_version = self.policy_version + 1 if version is None else version

@@ -1,8 +1,17 @@
-"""Slots of the preallocated KV cache: which sequence lives where.
+"""Slots and KV memory: which sequence runs where, and where its K/V live (model/attention.py).
 
-Every sequence owns one slot (max_model_len positions) from admission to finish. The lowest free slot is
-handed out first so live slots stay packed at the bottom, which lets a decode step read the cache as one
-contiguous view instead of gathering rows.
+A slot is a place in the running batch (the trace's occupancy unit; `max_num_seqs` of them). Two layouts:
+
+* paged (when slots x max_len would not fit CONTIGUOUS_KV_BYTES): K/V in blocks of `block_size` positions;
+  a running sequence has a block table, blocks come from a free list as it grows and go back when it ends,
+  as in nano-vllm's BlockManager, and the pool itself grows on demand (by half, up to every slot at full
+  length). KV memory follows the tokens in flight, not slots x max_model_len. Attention gathers the blocks.
+* contiguous (small models, short contexts): every slot preallocated at full length (at most
+  CONTIGUOUS_KV_BYTES). A decode over a packed range of slots reads the cache as a view with no gather, and
+  for a small model that read is most of a step.
+
+Block tables are kept in both layouts (in the contiguous one a slot's blocks are its own fixed run), so the
+accounting is the same. The pool never shrinks: a later batch of the same size reuses it.
 """
 
 from __future__ import annotations
@@ -11,27 +20,106 @@ import heapq
 
 import torch
 
+from reference_trainer.model.attention import PagedKVCache, SlotKVCache, bytes_per_token
 from reference_trainer.model.config import ModelConfig
-from reference_trainer.model.decoder import KVCache
+
+BLOCK_SIZE = 16  # positions per block (vLLM's default): small enough that the last block wastes little
+INITIAL_BLOCKS_PER_SLOT = 4  # a paged pool starts at 64 positions per slot and grows from there
+CONTIGUOUS_KV_BYTES = 512 * 2**20  # up to this, preallocate every slot at full length (contiguous layout)
 
 
 class SlotManager:
     def __init__(
-        self, config: ModelConfig, capacity: int, max_len: int, device: torch.device, dtype: torch.dtype
-    ):
-        self.cache = KVCache(config, capacity, max_len, device, dtype)
+        self,
+        config: ModelConfig,
+        capacity: int,
+        max_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        block_size: int = BLOCK_SIZE,
+        contiguous: bool | None = None,
+    ) -> None:
         self.capacity = capacity
+        self.max_len = max_len
+        self.block_size = block_size
+        self.blocks_per_slot = -(-max_len // block_size)
+        self.max_blocks = capacity * self.blocks_per_slot  # every slot at full length
+        if contiguous is None:
+            contiguous = self.max_blocks * block_size * bytes_per_token(config, dtype) <= CONTIGUOUS_KV_BYTES
+        self.contiguous = contiguous
+        self.cache: PagedKVCache | SlotKVCache
+        if contiguous:
+            self.cache = SlotKVCache(config, capacity, max_len, device, dtype)
+            initial = 0
+        else:
+            initial = min(self.max_blocks, capacity * INITIAL_BLOCKS_PER_SLOT)
+            self.cache = PagedKVCache(config, initial, block_size, device, dtype)
+        self.device = device
         self._free = list(range(capacity))
         heapq.heapify(self._free)
+        self._free_blocks = list(range(initial - 1, -1, -1))  # popped from the end: low blocks first
+        self.tables: dict[int, list[int]] = {}
 
     @property
     def num_free(self) -> int:
         return len(self._free)
 
+    @property
+    def blocks_in_use(self) -> int:
+        return sum(len(t) for t in self.tables.values())
+
     def allocate(self) -> int:
         if not self._free:
-            raise RuntimeError("no free KV-cache slot")
-        return heapq.heappop(self._free)
+            raise RuntimeError("no free slot")
+        slot = heapq.heappop(self._free)
+        self.tables[slot] = []
+        return slot
 
     def release(self, slot: int) -> None:
+        blocks = self.tables.pop(slot, [])
+        if not self.contiguous:
+            self._free_blocks.extend(reversed(blocks))
         heapq.heappush(self._free, slot)
+
+    def reserve(self, slot: int, num_tokens: int) -> None:
+        """Give `slot` blocks for positions [0, num_tokens); growing the pool when the free list runs out."""
+        if num_tokens > self.max_len:
+            raise ValueError(f"{num_tokens} positions exceed the cache's {self.max_len} per sequence")
+        table = self.tables[slot]
+        need = -(-num_tokens // self.block_size) - len(table)
+        if need <= 0:
+            return
+        if self.contiguous:  # the slot's own run of blocks
+            base = slot * self.blocks_per_slot + len(table)
+            table.extend(range(base, base + need))
+            return
+        if need > len(self._free_blocks):
+            self._grow(need - len(self._free_blocks))
+        table.extend(self._free_blocks.pop() for _ in range(need))
+
+    def _grow(self, at_least: int) -> None:
+        assert isinstance(self.cache, PagedKVCache)
+        old = self.cache.num_blocks
+        # x1.5: a few copies over a run, while the pool overshoots what is in flight by at most half.
+        new = min(self.max_blocks, max(old + old // 2, old + at_least))
+        if new - old < at_least:  # cannot happen while every slot stays within max_len
+            raise RuntimeError("KV cache exhausted")
+        self.cache.grow(new)
+        self._free_blocks[:0] = range(new - 1, old - 1, -1)  # below the old free ones: reused last
+
+    def read(self, slot: int, layer: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K/V cached for `slot`'s positions [0, num_tokens) in `layer`: [kv_head, n, head_dim] each."""
+        if isinstance(self.cache, SlotKVCache):
+            return self.cache.read(layer, slot, num_tokens)
+        return self.cache.read(layer, self.tables[slot], num_tokens)
+
+    def rows(self, slots: list[int]) -> torch.Tensor:
+        """Where these slots' K/V live, as forward_cached takes it: the slots themselves in the contiguous
+        layout; block tables ([B, widest], short ones padded with block 0, read but masked) in the paged."""
+        if self.contiguous:
+            return torch.tensor(slots, dtype=torch.long, device=self.device)
+        tables = [self.tables[s] for s in slots]
+        width = max(1, max(len(t) for t in tables))
+        return torch.tensor(
+            [t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=self.device
+        )

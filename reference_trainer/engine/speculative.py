@@ -82,7 +82,7 @@ def measure_cost_model(
     repeats: int = 3,
 ) -> CostModel:
     """Time the runner's forwards on free slots (the fastest of `repeats`), the way decode and verification
-    run them: over a packed (contiguous) slot range."""
+    run them: each row continues a `context`-token sequence in its own cache blocks."""
     if engine.scheduler.running:
         raise RuntimeError("measure the cost model before any request runs: it writes into free slots")
     cap = engine.slots.capacity
@@ -90,10 +90,13 @@ def measure_cost_model(
     batches = sorted({min(b, cap) for b in batches})
     qs = sorted({min(q, q_max) for q in qs} | {1})
     context = min(context, engine.max_model_len - 1)
-    model, cache, dev = engine.model, engine.slots.cache, engine.device
+    model, slot_mgr, dev = engine.model, engine.slots, engine.device
     table: dict[tuple[int, int], float] = {}
     for b in batches:
-        slots = torch.arange(b, device=dev)
+        slots = [slot_mgr.allocate() for _ in range(b)]
+        for slot in slots:
+            slot_mgr.reserve(slot, context + max(qs))
+        rows = slot_mgr.rows(slots)
         starts = torch.full((b,), context, dtype=torch.long, device=dev)
         for q in qs:
             ids = torch.full((b, q), 3, dtype=torch.long, device=dev)
@@ -101,10 +104,12 @@ def measure_cost_model(
             for _ in range(repeats + 1):  # the first run warms up
                 _synchronize(dev)  # CUDA runs kernels asynchronously: time the work, not its launch
                 t0 = time.perf_counter()
-                model.forward_cached(ids, starts, cache, slots, contiguous=True)
+                model.forward_cached(ids, starts, slot_mgr.cache, rows, contiguous=slot_mgr.contiguous)
                 _synchronize(dev)
                 times.append(time.perf_counter() - t0)
             table[b, q] = min(times[1:])  # the least disturbed run: other load only ever adds time
+        for slot in slots:
+            slot_mgr.release(slot)
     # A forward over more rows or more tokens never costs less: smooth out timing noise.
     for i, b in enumerate(batches):
         for j, q in enumerate(qs):

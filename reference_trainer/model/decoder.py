@@ -4,9 +4,10 @@ RMSNorm, rotary embeddings (the config's theta, HF's rotate-half layout), groupe
 optional QKV bias and optional tied embeddings. Two entry points:
 
 * `forward(input_ids)` — plain causal forward over right-padded rows (training, log-prob recomputation);
-* `forward_cached(input_ids, start_pos, cache, slots)` — the engine's path: each row continues its own
-  sequence at `start_pos`, reading and writing K/V in the cache slot `slots[b]`. With Q > 1 this is prefill,
-  resume or multi-token verification; with Q == 1 it is a decode step.
+* `forward_cached(input_ids, start_pos, cache, rows)` — the engine's path: each row continues its own
+  sequence at `start_pos`, reading and writing K/V in its blocks of a paged cache or its slot of a slot
+  cache (attention.py). With Q > 1 this is prefill, resume or multi-token verification; with Q == 1 it is a
+  decode step.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reference_trainer.model.attention import CachedBatch, PagedKVCache, SlotKVCache, write_and_attend
 from reference_trainer.model.config import ModelConfig
+from reference_trainer.model.packed import InferenceLinear
 
 
 class RMSNorm(nn.Module):
@@ -27,10 +30,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # HF's order (normalise in fp32, cast back, then scale); F.rms_norm's fp32 result is bit-identical to
+        # x * rsqrt(mean(x^2) + eps) and one fused op instead of six.
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -55,55 +57,10 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Apply RoPE in HF's rotate-half layout. x: [B, H, T, D]; cos/sin: [B, 1, T, D]."""
+    """Apply RoPE in HF's rotate-half layout. x: [B, T, H, D]; cos/sin: [B, T, 1, D]."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
-
-
-class KVCache:
-    """Preallocated K/V for `capacity` slots of `max_len` positions, per layer: [slot, kv_head, pos, dim]."""
-
-    def __init__(
-        self, config: ModelConfig, capacity: int, max_len: int, device: torch.device, dtype: torch.dtype
-    ):
-        shape = (capacity, config.num_key_value_heads, max_len, config.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
-        self.capacity = capacity
-        self.max_len = max_len
-
-
-class CachedBatch:
-    """Per-forward indexing shared by all layers: where each row writes and what it may attend to."""
-
-    def __init__(self, start_pos: torch.Tensor, num_new: int, slots: torch.Tensor, contiguous: bool) -> None:
-        device = start_pos.device
-        offsets = torch.arange(num_new, device=device)
-        self.positions = start_pos[:, None] + offsets[None, :]  # [B, Q]
-        self.key_len = int(self.positions.max().item()) + 1
-        self.slots = slots
-        # A contiguous slot range is read as a view of the cache; otherwise the rows are gathered.
-        self.slot_range = (int(slots[0]), int(slots[-1]) + 1) if contiguous else None
-        keys = torch.arange(self.key_len, device=device)
-        self.mask = (keys[None, None, :] <= self.positions[:, :, None])[:, None]  # [B, 1, Q, K]
-        self.bias = torch.zeros(self.mask.shape, device=device).masked_fill(~self.mask, float("-inf"))
-
-
-SMALL_Q = 32  # up to this many queries per row (decode, verification), attention is two plain matmuls
-
-
-def _cached_attention(q, keys, values, batch: CachedBatch, gqa: bool) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    bsz, heads, num_q, dim = q.shape
-    if num_q > SMALL_Q:  # prefill: SDPA's fused kernel wins
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, enable_gqa=gqa)
-    # Few queries per row: two small batched matmuls beat SDPA's masked kernel on CPU. With GQA, the query
-    # heads sharing a KV head are folded into the query axis, so each K/V row is read once.
-    group = heads // keys.shape[1]
-    q = q.reshape(bsz, keys.shape[1], group * num_q, dim)
-    bias = batch.bias if group == 1 else batch.bias.repeat(1, 1, group, 1)
-    scores = torch.matmul(q, keys.transpose(-1, -2)) * dim**-0.5 + bias.to(q.dtype)
-    return torch.matmul(torch.softmax(scores, dim=-1), values).reshape(bsz, heads, num_q, dim)
 
 
 class Attention(nn.Module):
@@ -119,46 +76,42 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
-        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
-
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.qkv is None or torch.is_grad_enabled():
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        qkv = F.linear(x, *self.qkv)
-        nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return qkv[..., :nq], qkv[..., nq : nq + nkv], qkv[..., nq + nkv :]
+        # Inference-only matmuls (fuse_projections): q/k/v fused into one, o_proj; None until then.
+        self.qkv: InferenceLinear | None = None
+        self.out: InferenceLinear | None = None
 
     def forward(
         self,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache: KVCache | None = None,
+        cache: PagedKVCache | SlotKVCache | None = None,
         batch: CachedBatch | None = None,
     ) -> torch.Tensor:
         bsz, seq, _ = x.shape
-        q, k, v = self.project(x)
-        q = q.reshape(bsz, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.reshape(bsz, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.reshape(bsz, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        gqa = self.num_kv_heads != self.num_heads
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv is None or torch.is_grad_enabled():
+            q = rotate(self.q_proj(x).view(bsz, seq, heads, dim), cos, sin)
+            k = rotate(self.k_proj(x).view(bsz, seq, kv_heads, dim), cos, sin)
+            v = self.v_proj(x).view(bsz, seq, kv_heads, dim)
+        else:  # inference: one matmul for q/k/v and one RoPE for q and k together
+            qkv = self.qkv(x).view(bsz, seq, heads + 2 * kv_heads, dim)
+            qk = rotate(qkv[:, :, : heads + kv_heads], cos, sin)
+            q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :]
         if cache is None or batch is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                is_causal=True,
+                enable_gqa=kv_heads != heads,
+            )
+            out = out.transpose(1, 2).reshape(bsz, seq, heads * dim)
         else:
-            k_cache, v_cache = cache.k[self.layer_idx], cache.v[self.layer_idx]
-            rows, pos = batch.slots[:, None], batch.positions
-            k_cache[rows, :, pos] = k.transpose(1, 2).to(k_cache.dtype)
-            v_cache[rows, :, pos] = v.transpose(1, 2).to(v_cache.dtype)
-            if batch.slot_range is not None:
-                lo, hi = batch.slot_range
-                keys, values = k_cache[lo:hi, :, : batch.key_len], v_cache[lo:hi, :, : batch.key_len]
-            else:
-                # slice before gathering: copy only the positions attended to, not whole slots
-                keys = k_cache[:, :, : batch.key_len].index_select(0, batch.slots)
-                values = v_cache[:, :, : batch.key_len].index_select(0, batch.slots)
-            out = _cached_attention(q, keys.to(q.dtype), values.to(q.dtype), batch, gqa)
-        return self.o_proj(out.transpose(1, 2).reshape(bsz, seq, self.num_heads * self.head_dim))
+            out = write_and_attend(q, k, v, cache.k[self.layer_idx], cache.v[self.layer_idx], batch)
+        if self.out is None or torch.is_grad_enabled():
+            return self.o_proj(out)
+        return self.out(out)
 
 
 class MLP(nn.Module):
@@ -167,13 +120,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.gate_up: torch.Tensor | None = None
+        self.gate_up: InferenceLinear | None = None  # inference only (fuse_projections)
+        self.down: InferenceLinear | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is None or torch.is_grad_enabled():
+        if self.gate_up is None or self.down is None or torch.is_grad_enabled():
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -208,10 +162,11 @@ class DecoderLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        self.head: InferenceLinear | None = None  # inference only (fuse_projections)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * self.inv_freq.float()
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None]  # [B, T, 1, D]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def _run(self, input_ids, positions, cache=None, batch=None, select=None):  # type: ignore[no-untyped-def]
@@ -221,7 +176,10 @@ class DecoderLM(nn.Module):
             x = layer(x, cos, sin, cache, batch)
         if select is not None:  # only these positions need logits: [B] -> [B, 1, H]
             x = x[torch.arange(x.shape[0], device=x.device), select][:, None]
-        return self.lm_head(self.model.norm(x))
+        x = self.model.norm(x)
+        if self.head is None or torch.is_grad_enabled():
+            return self.lm_head(x)
+        return self.head(x)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Causal forward over right-padded rows: [B, T] token ids -> [B, T, V] logits."""
@@ -232,34 +190,51 @@ class DecoderLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         start_pos: torch.Tensor,
-        cache: KVCache,
-        slots: torch.Tensor,
-        contiguous: bool = False,
+        cache: PagedKVCache | SlotKVCache,
+        rows: torch.Tensor,
+        num_new: torch.Tensor | None = None,
         select: torch.Tensor | None = None,
+        contiguous: bool = False,
     ) -> torch.Tensor:
-        """Continue each row's sequence at start_pos[b] in cache slot slots[b]: [B, Q] ids -> [B, Q, V].
+        """Continue each row's sequence at start_pos[b], its K/V at rows[b] of the cache (its block table
+        for a paged cache, its slot for a slot cache; attention.py): [B, Q] ids -> [B, Q, V] logits.
 
-        Rows shorter than Q are right-padded; their padded positions write K/V past the sequence's end,
-        which nothing reads before it is overwritten. `select[b]` limits the logits to one position per
-        row ([B, 1, V]), as prefill needs.
+        Rows with fewer than Q real tokens (num_new[b]; default all Q) are right-padded; padded columns
+        are computed but never stored. `select[b]` limits the logits to one position per row ([B, 1, V]),
+        as prefill needs. `contiguous`: the slots are a consecutive range, read as a view of the cache.
         """
-        batch = CachedBatch(start_pos, input_ids.shape[1], slots, contiguous)
-        return self._run(input_ids, batch.positions, cache, batch, select)
+        batch = CachedBatch(start_pos, input_ids.shape[1], cache, rows, num_new, contiguous)
+        # Sampling works on fp32 logits whatever the model's dtype (one upcast here, a no-op for fp32).
+        return self._run(input_ids, batch.positions, cache, batch, select).float()
 
     @torch.no_grad()
-    def fuse_projections(self) -> DecoderLM:
-        """Make q/k/v and gate/up weights views into one fused matrix each, so inference runs one matmul
-        where HF's layout has three (or two). Parameters keep their names and identity: an in-place update
-        of `q_proj.weight` (e.g. Engine.update_weights) writes straight into the fused matrix."""
+    def fuse_projections(self, pack: bool = True) -> DecoderLM:
+        """Set up the inference path's matmuls: q/k/v and gate/up weights become views into one fused
+        matrix each, so inference runs one matmul where HF's layout has three (or two), and on CPU every
+        matmul runs over a pre-packed copy (packed.py). Parameters keep their names and identity: an in-place
+        update of `q_proj.weight` writes straight into the fused matrix; call `repack` after one."""
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-            attn.qkv = (
+            attn.qkv = InferenceLinear(
                 _fuse([p.weight for p in projs]),
                 _fuse([p.bias for p in projs]) if attn.q_proj.bias is not None else None,
+                pack,
             )
-            mlp.gate_up = _fuse([mlp.gate_proj.weight, mlp.up_proj.weight])
+            attn.out = InferenceLinear(attn.o_proj.weight, None, pack)
+            mlp.gate_up = InferenceLinear(_fuse([mlp.gate_proj.weight, mlp.up_proj.weight]), None, pack)
+            mlp.down = InferenceLinear(mlp.down_proj.weight, None, pack)
+        self.head = InferenceLinear(self.lm_head.weight, None, pack)
         return self
+
+    def repack(self) -> None:
+        """Refresh the packed copies after the weights changed in place (no-op where nothing is packed)."""
+        for layer in self.model.layers:
+            for linear in (layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up, layer.mlp.down):
+                if linear is not None:
+                    linear.repack()
+        if self.head is not None:
+            self.head.repack()
 
 
 def _fuse(params: list[torch.Tensor]) -> torch.Tensor:

