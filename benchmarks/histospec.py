@@ -84,6 +84,7 @@ def main() -> None:
         trainers = {}
         for mode in ("baseline", "rhyme"):
             config = TrainConfig(
+                eval_every=0,
                 task=args.task,
                 mode=mode,
                 model=str(mdir),

@@ -39,6 +39,7 @@ MODES = ("baseline", "sorted", "sorted-partial")
 def config(args: argparse.Namespace, mode: str, model: Path) -> TrainConfig:
     capacity = args.prompts_per_step * args.group_size
     cfg = TrainConfig(
+        eval_every=0,
         task="arith",
         mode=mode,
         mode_options={"oversubscription": args.oversubscription, "max_staleness": args.max_staleness}

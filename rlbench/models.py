@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,9 +51,11 @@ PACKAGED: dict[str, PackagedModel] = {
 }
 
 
-def imports_root() -> Path:
-    from reference_trainer.model.embedded import cache_root
+def cache_root() -> Path:
+    return Path(os.environ.get("RLBENCH_CACHE_DIR", Path.home() / ".cache" / "rlbench"))
 
+
+def imports_root() -> Path:
     return cache_root() / "models"
 
 
@@ -75,8 +78,8 @@ def packaged_file(model: PackagedModel) -> Path | None:
 def import_packaged(name: str, force: bool = False, on_phase: Callable[[str], None] | None = None) -> Path:
     """Import packaged model `name` into the cache (once; `force` redoes it) and return its directory.
     Concurrent callers import it once: the others wait on the cache's lock and load the result."""
-    from reference_trainer.model.embedded import build_once
     from rlbench.gguf_import import GGUFImportError, build_directory, inspect_gguf
+    from rlbench.records import build_once
 
     model = PACKAGED[name]
     target = imports_root() / name
@@ -168,15 +171,17 @@ def _has_chat_template(path: Path) -> bool:
 def list_models(paths: Sequence[Path] = ()) -> list[dict[str, str]]:
     """One row per model `--model` can name: the embedded model, the packaged ones, the imported ones, and
     the directories in `paths`."""
-    from reference_trainer.model.embedded import default_model_dir
+    from reference_trainer.model.embedded import shipped_dir
+    from reference_trainer.model.recipe import RECIPE
 
-    embedded = default_model_dir(build=False)
+    embedded = shipped_dir()
+    shape = f"{RECIPE.model.num_hidden_layers} layers x {RECIPE.model.hidden_size} wide"
     rows = [
         {
             "name": EMBEDDED,
             "kind": "embedded",
-            "status": f"cached at {embedded}" if is_model_dir(embedded) else "built on first use",
-            "about": "0.9M-param char-level decoder, SFT on the embedded tasks",
+            "status": f"shipped at {embedded}",
+            "about": f"char-level decoder, {shape}, SFT on the embedded tasks (model/recipe.py)",
         }
     ]
     for model in PACKAGED.values():

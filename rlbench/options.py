@@ -40,6 +40,18 @@ Steps = Annotated[int, typer.Option("--steps", min=1, help="RL steps.")]
 PromptsPerStep = Annotated[int | None, typer.Option("--prompts-per-step", help="Complete groups per update.")]
 GroupSize = Annotated[int | None, typer.Option("--group-size", help="Samples per prompt.")]
 MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Max response tokens.")]
+EvalEvery = Annotated[
+    int | None,
+    typer.Option(
+        "--eval-every",
+        min=0,
+        help="Held-out evaluation (greedy accuracy, pass@1) at step 0 and every N steps; 0 turns it off.",
+    ),
+]
+PromptPool = Annotated[
+    int | None,
+    typer.Option("--prompt-pool", min=1, help="Training prompts, cycled per epoch (default 512)."),
+]
 ModeOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -90,6 +102,8 @@ class RunOptions:
     prompts_per_step: PromptsPerStep = None
     group_size: GroupSize = None
     max_tokens: MaxTokens = None
+    eval_every: EvalEvery = None
+    prompt_pool: PromptPool = None
     mode_option: ModeOption = None
 
     def config_kwargs(self, **overrides: Any) -> dict[str, Any]:

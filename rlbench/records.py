@@ -4,7 +4,7 @@ that a later command chokes on.
 Writers: `write_text`/`write_bytes`/`write_json`/`write_jsonl` replace a file atomically (temp file
 beside it, fsync, rename, fsync the directory); `atomic_path` gives the temp path to a library that
 writes files itself (safetensors). `append_jsonl`/`extend_jsonl` add rows durably. `replace_dir`
-publishes a directory built aside (checkpoints, the embedded model).
+publishes a directory built aside (checkpoints, imported models); `build_once` builds one under a lock.
 
 Reader: `read_jsonl` returns the rows as dicts. A kill mid-append leaves at most an unterminated last
 line; that one is dropped with a one-line note on stderr. Anything else malformed is a `UserError`
@@ -19,7 +19,7 @@ import secrets
 import shutil
 import stat
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -242,3 +242,48 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def build_once(
+    path: Path,
+    build: Callable[[Path], object],
+    ready: Callable[[Path], bool],
+    on_wait: Callable[[], None] | None = None,
+) -> Path:
+    """Build directory `path` unless `ready(path)`, under an exclusive lock on `path`.lock, so concurrent
+    callers build it once. The build goes into a temp directory published by rename, so a builder killed
+    midway leaves no half directory behind (the lock dies with its process)."""
+    if ready(path):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(path.with_name(path.name + ".lock"), on_wait):
+        if not ready(path):  # checked again: the holder we waited for has usually built it
+            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                build(tmp)
+                replace_dir(tmp, path)  # also replaces an incomplete directory left by older versions
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+@contextmanager
+def _exclusive_lock(lock_path: Path, on_wait: Callable[[], None] | None) -> Iterator[None]:
+    """fcntl.flock on a lock file (stdlib, released by the OS if the holder dies); no lock without fcntl."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: builders may race, and the rename still keeps the result whole
+        yield
+        return
+    with open(lock_path, "a") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)

@@ -159,26 +159,14 @@ def build_config(**options: Any) -> Any:
 
 
 def ensure_default_model() -> Path:
-    """Build the embedded model (first use only) with a progress bar."""
+    """The shipped embedded model's directory, checked against its SHA-256 sums (one-line error if not)."""
     from reference_trainer.model.embedded import default_model_dir
+    from reference_trainer.model.loader import ModelLoadError
 
-    path = default_model_dir(build=False)
-    if (path / "config.json").is_file():
-        return path
-    from rich.progress import Progress
-
-    with Progress(transient=True) as progress:
-        bar = progress.add_task("warm-starting the embedded model (first use only)", total=None)
-
-        def on_step(step: int, total: int, loss: float) -> None:
-            progress.update(
-                bar, completed=step + 1, total=total, description=f"SFT warm start, loss {loss:.3f}"
-            )
-
-        def on_wait() -> None:  # another process holds the cache lock: it builds, this one loads
-            progress.update(bar, description="waiting for another process to build the embedded model")
-
-        return default_model_dir(build=True, on_step=on_step, on_wait=on_wait)
+    try:
+        return default_model_dir()
+    except ModelLoadError as err:
+        raise UserError(str(err)) from None
 
 
 def run_training(config: Any, out_dir: Path, trace: Any = None, resume: bool = False) -> list[dict[str, Any]]:

@@ -59,7 +59,7 @@ def test_doctor_reports_the_machine(tmp_path):
     report = json.loads(res.stdout)
     for key in ("torch", "cuda_available", "device", "nvml", "vllm", "ray", "data_dir", "embedded_model"):
         assert key in report
-    assert "built on first use" in report["embedded_model"]  # doctor never builds it
+    assert "SHA-256 verified" in report["embedded_model"]
 
 
 def test_generate_and_its_errors(tiny_model_dir, tmp_path):

@@ -318,6 +318,7 @@ def one_thread():
 
 def tiny_config(model_dir, mode: str, steps: int, **kw) -> TrainConfig:
     config = TrainConfig(
+        eval_every=0,
         steps=steps,
         model=str(model_dir),
         mode=mode,

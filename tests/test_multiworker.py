@@ -22,6 +22,7 @@ def config(
     model_dir, task, mode="histopipe", workers=2, steps=2, worker_backend="local", **kw
 ) -> TrainConfig:
     cfg = TrainConfig(
+        eval_every=0,
         steps=steps,
         model=str(model_dir),
         task=task,

@@ -127,7 +127,7 @@ def test_modes_set_the_cap_and_the_config_overrides_it(tmp_path):
     CharTokenizer().save(tmp_path / "m")
 
     def cap(mode: str, **grpo) -> float | None:
-        cfg = TrainConfig(mode=mode, model=str(tmp_path / "m"), max_model_len=128)
+        cfg = TrainConfig(eval_every=0, mode=mode, model=str(tmp_path / "m"), max_model_len=128)
         for k, v in grpo.items():
             setattr(cfg.grpo, k, v)
         return Trainer(cfg, tmp_path / mode).updater.config.tis_cap

@@ -163,7 +163,9 @@ def fake_trainer(config, out_dir, trace):
 
 
 def test_run_profile_with_trainer_hook(tmp_path):
-    doc = run_profile(TrainConfig(mode="baseline", steps=2, seed=1), tmp_path, train_fn=fake_trainer)
+    doc = run_profile(
+        TrainConfig(eval_every=0, mode="baseline", steps=2, seed=1), tmp_path, train_fn=fake_trainer
+    )
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["run"]["mode"] == "baseline" and saved["run"]["status"] == "ok"
     assert [s["step"] for s in saved["steps"]] == [0, 1]
@@ -178,11 +180,11 @@ def test_run_profile_with_trainer_hook(tmp_path):
 
 def test_run_profile_failure_still_writes_results(tmp_path):
     def broken(config, out_dir, trace):
-        fake_trainer(TrainConfig(steps=1), out_dir, trace)
+        fake_trainer(TrainConfig(eval_every=0, steps=1), out_dir, trace)
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
-        run_profile(TrainConfig(steps=2), tmp_path, train_fn=broken)
+        run_profile(TrainConfig(eval_every=0, steps=2), tmp_path, train_fn=broken)
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["run"]["status"] == "failed: RuntimeError: boom" and len(saved["steps"]) == 1
 

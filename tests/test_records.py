@@ -144,42 +144,38 @@ def test_replace_dir_replaces_an_older_copy(tmp_path):
     assert not (tmp_path / "final" / "stale.txt").exists()
 
 
-# --- the embedded model's build lock --------------------------------------------------------------------
+# --- build_once: one builder, the others wait ---------------------------------------------------------
 
 
-def _build_in_child(log: Path, building) -> None:
-    """One process asking for the embedded model; warm_start is faked (the real one takes minutes)."""
-    from reference_trainer.model import embedded
+def _build_in_child(log: Path, building, target: Path) -> None:
+    """One process asking for a directory that `build_once` builds (a slow fake build)."""
+    from rlbench.records import build_once
 
-    def fake_warm_start(out_dir: Path, on_step=None) -> Path:
+    def build(out_dir: Path) -> Path:
         out_dir.mkdir(parents=True)
         (out_dir / "model.safetensors").write_bytes(b"weights")
-        (out_dir / "config.json").write_text("{}")
         with open(log, "a") as fh:
             fh.write(f"built {os.getpid()}\n")
         building.set()
         time.sleep(1.0)  # long enough that the second process surely meets the lock
         return out_dir
 
-    embedded.warm_start = fake_warm_start
-
     def on_wait() -> None:
         with open(log, "a") as fh:
             fh.write(f"waited {os.getpid()}\n")
 
-    path = embedded.default_model_dir(build=True, on_wait=on_wait)
+    path = build_once(target, build, lambda p: (p / "model.safetensors").is_file(), on_wait)
     with open(log, "a") as fh:
         fh.write(f"loaded {os.getpid()} {(path / 'model.safetensors').read_bytes().decode()}\n")
 
 
-def test_two_processes_on_a_fresh_cache_build_the_model_once(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLBENCH_CACHE_DIR", str(tmp_path / "cache"))
-    ctx = multiprocessing.get_context("fork")  # the children inherit the env; nothing to pickle
-    log, building = tmp_path / "log", ctx.Event()
-    first = ctx.Process(target=_build_in_child, args=(log, building))
+def test_two_processes_on_a_fresh_cache_build_the_model_once(tmp_path):
+    ctx = multiprocessing.get_context("fork")  # nothing to pickle
+    log, building, target = tmp_path / "log", ctx.Event(), tmp_path / "cache" / "model"
+    first = ctx.Process(target=_build_in_child, args=(log, building, target))
     first.start()
     assert building.wait(30), "the first process never started building"
-    second = ctx.Process(target=_build_in_child, args=(log, building))
+    second = ctx.Process(target=_build_in_child, args=(log, building, target))
     second.start()
     for proc in (first, second):
         proc.join(60)
@@ -190,7 +186,5 @@ def test_two_processes_on_a_fresh_cache_build_the_model_once(tmp_path, monkeypat
     assert sorted(x for x in lines if x.startswith("loaded")) == sorted(
         f"loaded {p.pid} weights" for p in (first, second)
     )
-    from reference_trainer.model.embedded import recipe_key
-
     names = sorted(p.name for p in (tmp_path / "cache").iterdir())
-    assert names == [f"embedded-{recipe_key()}", f"embedded-{recipe_key()}.lock"]  # no temp dir left
+    assert names == ["model", "model.lock"]  # no temp dir left

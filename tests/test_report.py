@@ -311,9 +311,18 @@ def test_cli_report_on_a_killed_train_run(tiny_model_dir, tmp_path):
 
     run_dir = tmp_path / "run"
     config = TrainConfig(
-        steps=2, model=str(tiny_model_dir), prompts_per_step=2, group_size=2, max_tokens=8, max_num_seqs=4
+        eval_every=1,
+        eval_problems=4,
+        eval_samples=2,
+        steps=2,
+        model=str(tiny_model_dir),
+        prompts_per_step=2,
+        group_size=2,
+        max_tokens=8,
+        max_num_seqs=4,
     )
     Trainer(config, run_dir).run()
+    assert [p["samples"] for p in json.loads((run_dir / "heldout.json").read_text())["curve"]] == [0, 4, 8]
     assert not (run_dir / "metrics.json").exists()  # a train run: only the JSONL logs
     for name in ("metrics.jsonl", "trace.jsonl"):
         _cut_mid_last_line(run_dir / name)
@@ -326,6 +335,7 @@ def test_cli_report_on_a_killed_train_run(tiny_model_dir, tmp_path):
     ]
     page = (run_dir / "report.html").read_text()
     assert "Slot occupancy" in page and "rlbench profile — baseline" in page
+    assert "Reward and held-out accuracy against samples consumed" in page
 
     lines = (run_dir / "trace.jsonl").read_text().splitlines(keepends=True)
     (run_dir / "trace.jsonl").write_text(lines[0] + '{"kind": "decode", "t_start"\n' + "".join(lines[1:]))

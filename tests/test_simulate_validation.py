@@ -18,7 +18,8 @@ def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     # 24 sequences on 8 slots with random-model (geometric, capped) lengths: queueing and a tail
     train = TrainConfig(task="arith", steps=2, model=str(model), prompts_per_step=6, group_size=4,
-                        max_tokens=96, max_num_seqs=8, max_model_len=256, checkpoint_every=100)  # fmt: skip
+                        eval_every=0, max_tokens=96, max_num_seqs=8, max_model_len=256,
+                        checkpoint_every=100)  # fmt: skip
     train.grpo.micro_batch_size = 8
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: a shared 2-core machine stalls multi-threaded forwards at random
@@ -48,7 +49,7 @@ def two_worker_run_dir(tmp_path_factory):
     model = write_tiny_char_model(tmp_path_factory.mktemp("model2"))
     out = tmp_path_factory.mktemp("run2")
     train = TrainConfig(task="arith", steps=4, model=str(model), prompts_per_step=8, group_size=4,
-                        max_tokens=128, max_num_seqs=4, max_model_len=256, checkpoint_every=100,
+                        eval_every=0, max_tokens=128, max_num_seqs=4, max_model_len=256, checkpoint_every=100,
                         workers=2)  # fmt: skip
     train.grpo.micro_batch_size = 8
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RLBENCH_RAY_TMPDIR")}

@@ -217,6 +217,7 @@ def test_rhyme_mode_attaches_histospec_and_matches_baseline(tmp_path, tiny_model
     rows, seqs = {}, {}
     for mode in ("baseline", "rhyme"):
         config = TrainConfig(
+            eval_every=0,
             mode=mode,
             model=str(tiny_model_dir),
             steps=2,

@@ -16,6 +16,7 @@ from rlbench.records import read_jsonl
 
 def tiny_config(model_dir, steps: int, **kw) -> TrainConfig:
     kw.setdefault("task", "arith")
+    kw.setdefault("eval_every", 0)
     config = TrainConfig(
         steps=steps,
         model=str(model_dir),
@@ -173,12 +174,52 @@ def test_every_row_field_appears_in_a_real_row(tiny_model_dir, tmp_path, toy_tas
 
     plain = Trainer(tiny_config(tiny_model_dir, 1, task=toy_task), tmp_path / "plain").run()[0]
     assert set(ROW_FIELDS) - set(plain) == set(CONDITIONAL_FIELDS)
-    config = tiny_config(tiny_model_dir, 2, task=toy_task, mode="sorted-partial")
+    config = tiny_config(tiny_model_dir, 2, task=toy_task, mode="sorted-partial", eval_every=1)
+    config.eval_problems, config.eval_samples = 4, 2
     config.grpo.kl_coef = 0.01
     rows = Trainer(config, tmp_path / "all").run()
     assert set(ROW_FIELDS) <= set(rows[-1])
     assert all(isinstance(r["actor/ppo_kl"], float) and r["actor/kl_loss"] >= 0 for r in rows)
     assert set(read_jsonl(tmp_path / "all" / "metrics.jsonl")[-1]) == set(rows[-1])
+
+
+def test_held_out_evaluation_at_step_0_and_every_k_steps(tiny_model_dir, tmp_path):
+    """val/* fields measure the policy before the step's rollout at steps 0, K, 2K; heldout.json adds the
+    final policy and the samples consumed. The greedy accuracy is that of an independent decode of the same
+    weights (the checkpoint) on the same problems."""
+    from reference_trainer.model.tokenizer import load_tokenizer
+    from reference_trainer.tasks import get_task
+    from reference_trainer.train.heldout import HeldOut, held_out_problems
+
+    config = tiny_config(tiny_model_dir, 3, eval_every=2)
+    config.eval_problems, config.eval_samples, config.checkpoint_every, config.max_tokens = 6, 2, 3, 24
+    rows = Trainer(config, tmp_path).run()
+    assert ["val/heldout_greedy_acc" in r for r in rows] == [True, False, True]
+    curve = json.loads((tmp_path / "heldout.json").read_text())["curve"]
+    assert [(c["step"], c["samples"]) for c in curve] == [(0, 0), (2, 12), (3, 18)]
+    for point, row in zip(curve, (rows[0], rows[2]), strict=False):
+        assert point["greedy_acc"] == row["val/heldout_greedy_acc"]
+        assert point["pass1"] == row["val/heldout_pass1"]
+    final = load_model(tmp_path / "checkpoints" / "step-000003")
+    task = get_task("arith")
+    training = [p.prompt for p in task.problems(config.prompt_pool, seed=config.seed)]
+    problems = held_out_problems(task, 6, training)
+    again = HeldOut(final, load_tokenizer(tiny_model_dir), task, problems, max_tokens=24).decode(0.0)
+    assert curve[-1]["greedy_acc"] == sum(again.correct) / 6
+
+
+def test_a_held_out_set_that_overlaps_training_is_refused(tiny_model_dir, tmp_path):
+    from reference_trainer.tasks import get_task
+    from reference_trainer.train.heldout import check_disjoint, held_out_problems
+
+    with pytest.raises(ValueError, match="held-out set would be training prompts"):
+        Trainer(tiny_config(tiny_model_dir, 1, eval_every=1, heldout_seed=0), tmp_path)
+    task = get_task("arith", min_ops=1, max_ops=1)  # few distinct prompts: seeds collide
+    training = [p.prompt for p in task.problems(400, seed=0)]
+    with pytest.raises(ValueError, match="shares"):
+        check_disjoint(task.problems(50, seed=1), training)
+    problems = held_out_problems(task, 50, training, seed=1)
+    assert len(problems) == 50 and not {p.prompt for p in problems} & set(training)
 
 
 def test_row_metrics_are_the_profile_metrics_of_the_trace(tiny_model_dir, tmp_path, toy_task):

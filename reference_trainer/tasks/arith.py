@@ -3,12 +3,14 @@
 A problem is a start value and a list of operations applied left to right (no precedence), e.g.
 
     prompt:   "Start with 7, apply in order: +3 *2 -5 +4. Result?"
-    response: "7+3=10\\n10*2=20\\n20-5=15\\n15+4=19\\nanswer: 19"
+    response: "7 +3*2-5+4\\n10 *2-5+4\\n20 -5+4\\n15 +4\\n19\\nanswer: 19"
 
 The number of operations k is drawn from a truncated discrete power law, P(k) ~ k^-alpha on
-[min_ops, max_ops]; the response is one short line per operation, so its length is ~8k chars and
-inherits the tail: most chains are a handful of steps, a few run to max_ops (longest ~10x the median).
-Operands are single digits and the exact running value stays in [0, 99], so a tiny char model can learn it.
+[min_ops, max_ops]. The response carries the state from line to line: the running value and the
+operations still to apply, so a step reads only the line above it (no counting into the prompt, which a
+tiny char model cannot learn in minutes). Its length grows as ~k^2, which makes the tail heavier still:
+with the defaults the median response is 37 chars and the p99 345 (9x). Operands are single digits and
+the exact running value stays in [0, 99].
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from reference_trainer.tasks.base import (
     prompt_id,
 )
 
-MAX_VALUE = 99
+MAX_VALUE = 19  # the running value stays in [0, 19]: an arithmetic table a tiny model learns in minutes
 
 
 def apply_op(value: int, op: str, k: int) -> int:
@@ -43,7 +45,7 @@ class ArithTask(BaseTask):
 
     SFT traces (`sft_response`) are deliberately imperfect: with probability
     1 - (1 - sft_step_error)^k (so longer chains fail more often) exactly one step, chosen uniformly, writes
-    a result off by +-1 or +-2, and every later step is computed correctly from that wrong value. Since +, -
+    a value off by +-1 or +-2, and every later step is computed correctly from that wrong value. Since +, -
     and *k (k >= 2) all keep a nonzero difference nonzero, a slipped trace always ends in a wrong answer:
     SFT accuracy is exactly 1 - E[slip probability]. With sft_step_error=0 the traces are always correct.
     """
@@ -53,7 +55,7 @@ class ArithTask(BaseTask):
     def __init__(
         self,
         min_ops: int = 2,
-        max_ops: int = 48,
+        max_ops: int = 16,
         tail_exponent: float = 1.6,
         sft_step_error: float = 0.03,
         format_reward: float = 0.0,
@@ -71,7 +73,7 @@ class ArithTask(BaseTask):
     def problem(self, seed: int, index: int) -> Problem:
         rng = problem_rng(self.name, seed, index)
         num_ops = rng.choices(self._op_counts, weights=self._op_weights)[0]
-        value = start = rng.randint(1, 20)
+        value = start = rng.randint(1, MAX_VALUE)
         ops: list[tuple[str, int]] = []
         for _ in range(num_ops):
             op, k = self._sample_op(rng, value)
@@ -110,17 +112,22 @@ class ArithTask(BaseTask):
         return int(section)
 
     def sft_response(self, problem: Problem, rng: random.Random) -> str:
+        """One line per state: the running value, then the operations still to apply. Each line applies the
+        first operation of the line before and copies the rest, so every step reads only its neighbour."""
         ops: list[tuple[str, int]] = [tuple(o) for o in problem.meta["ops"]]  # type: ignore[misc]
         slip_at = -1
         if rng.random() < error_probability(self.sft_step_error, len(ops)):
             slip_at = rng.randrange(len(ops))
         value = int(problem.meta["start"])
-        lines = []
+        lines = [f"{value} {_ops_text(ops)}"]
         for i, (op, k) in enumerate(ops):
-            new = apply_op(value, op, k)
+            value = apply_op(value, op, k)
             if i == slip_at:
-                new += rng.choice((-2, -1, 1, 2))
-            lines.append(f"{value}{op}{k}={new}")
-            value = new
+                value += rng.choice((-2, -1, 1, 2))
+            lines.append(f"{value} {_ops_text(ops[i + 1 :])}".rstrip())
         lines.append(f"{ANSWER_MARKER} {value}")
         return "\n".join(lines)
+
+
+def _ops_text(ops: list[tuple[str, int]]) -> str:
+    return "".join(f"{op}{k}" for op, k in ops)

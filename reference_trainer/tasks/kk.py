@@ -7,14 +7,19 @@ notation (0-based person indices): ('telling-truth', i), ('lying', i), ('not', a
 (J is a knight) == atom. A puzzle is kept only if brute force over all 2^n assignments finds exactly one
 consistent assignment; otherwise its statements are redrawn.
 
-The response is a short check of every claim under the chosen roles, then the answer in the public
-format:
+For up to 3 people the response searches the assignments in order, checking each claim under the line's
+roles (t/f: the claim's truth; ok/no: consistent with the speaker's role) until one passes, then gives the
+answer in the public format. For 'Nora says, "Eva is a knave." Eva says, "Nora is a knave if and only if
+Eva is a knight."':
 
-    Zoe: knave, claim false
-    Max: knight, claim true
+    Nora T Eva T: Nora f no
+    Nora T Eva F: Nora t ok Eva t no
+    Nora F Eva T: Nora f ok Eva t ok
     answer:
-    (1) Zoe is a knave
-    (2) Max is a knight
+    (1) Nora is a knave
+    (2) Eva is a knight
+
+The search is the solver a small model can run; its length varies with where the solution lies.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ NAMES = (
     "Jack", "Lily", "Owen", "Ruby", "Noah", "Emma", "Liam", "Luke", "Kate", "Nora", "Finn", "Jade",
 )  # fmt: skip
 
+SEARCH_MAX_PEOPLE = 3  # above this, a search trace would not fit the char model's context
 _FORMS = ("truth", "lie", "not", "and", "or", "->", "<=>", "says")
 _FORM_WEIGHTS = (2, 2, 1, 2, 2, 2, 2, 1)
 _MAX_TRIES = 100_000
@@ -153,11 +159,9 @@ def format_assignment(names: Sequence[str], knights: Sequence[bool]) -> str:
 class KKTask(BaseTask):
     """Knights and Knaves with 2..8 people (`num_people`: an int, or an inclusive (lo, hi) range).
 
-    SFT traces (`sft_response`) are deliberately imperfect: with probability
-    1 - (1 - sft_person_error)^n (more people, more slips) the trace commits to the wrong role for one
-    person chosen uniformly; the claim checks are then written for that wrong assignment (so at least one
-    line is visibly inconsistent) and the answer states it. Because the solution is unique, a slipped
-    trace is always graded wrong: SFT accuracy is exactly 1 - E[slip probability]. With
+    SFT traces (`sft_response`) are a search over assignments up to SEARCH_MAX_PEOPLE people, and a
+    checked statement of the solution above; both are deliberately imperfect (see `sft_response`). Because
+    the solution is unique, a trace that stops at another assignment is graded wrong. With
     sft_person_error=0 the traces are always correct.
     """
 
@@ -216,13 +220,38 @@ class KKTask(BaseTask):
         return parse_kk_assignment(section, list(problem.meta["names"]))
 
     def sft_response(self, problem: Problem, rng: random.Random) -> str:
+        """Up to SEARCH_MAX_PEOPLE people, a search: each line tries one assignment (knights first, in
+        binary order) and checks the claims in turn, `t`/`f` for the claim's truth and `ok`/`no` for its
+        consistency with the speaker's role, stopping at the first `no`; the first line without one is the
+        answer. Each check reads the roles on its own line and one statement of the prompt. With
+        probability `sft_person_error` a failed check is read as `ok`, so the search can stop at a wrong
+        assignment. Larger puzzles (a search would not fit the context) state the roles of the answer
+        and check every claim under them; with probability 1 - (1 - sft_person_error)^n one role is
+        flipped and the checks follow it."""
         names: list[str] = problem.meta["names"]
-        knights = list(problem.meta["solution"])
-        if rng.random() < error_probability(self.sft_person_error, len(names)):
-            wrong = rng.randrange(len(names))
-            knights[wrong] = not knights[wrong]
-        checks = []
-        for name, knight, stmt in zip(names, knights, problem.meta["statements"], strict=True):
-            role = "knight" if knight else "knave"
-            checks.append(f"{name}: {role}, claim {'true' if evaluate(stmt, knights) else 'false'}")
-        return "\n".join([*checks, ANSWER_MARKER, format_assignment(names, knights)])
+        statements = problem.meta["statements"]
+        if len(names) > SEARCH_MAX_PEOPLE:
+            knights = list(problem.meta["solution"])
+            if rng.random() < error_probability(self.sft_person_error, len(names)):
+                wrong = rng.randrange(len(names))
+                knights[wrong] = not knights[wrong]
+            checks = [
+                f"{name}: {'knight' if k else 'knave'}, claim {'true' if evaluate(s, knights) else 'false'}"
+                for name, k, s in zip(names, knights, statements, strict=True)
+            ]
+            return "\n".join([*checks, ANSWER_MARKER, format_assignment(names, knights)])
+        lines = []
+        for candidate in itertools.product((True, False), repeat=len(names)):
+            knights, checks, accepted = list(candidate), [], True
+            for name, knight, stmt in zip(names, knights, statements, strict=True):
+                truth = evaluate(stmt, knights)
+                ok = knight == truth or rng.random() < self.sft_person_error
+                checks.append(f"{name} {'t' if truth else 'f'} {'ok' if ok else 'no'}")
+                if not ok:
+                    accepted = False
+                    break
+            roles = " ".join(f"{name} {'T' if k else 'F'}" for name, k in zip(names, knights, strict=True))
+            lines.append(f"{roles}: {' '.join(checks)}")
+            if accepted:
+                break
+        return "\n".join([*lines, ANSWER_MARKER, format_assignment(names, knights)])

@@ -9,6 +9,8 @@ from typing import Any
 from reference_trainer.train.grpo import GRPOConfig
 from rlbench.records import read_json
 
+HELD_OUT_SEED = 999_999  # the held-out set's default problem seed (train/heldout.py)
+
 
 @dataclass
 class TrainConfig:
@@ -32,7 +34,13 @@ class TrainConfig:
         32768  # engine tokens per batched prefill forward (padded): a step's admissions in one go
     )
     checkpoint_every: int = 5
-    prompt_pool: int | None = None  # a fixed pool of this many prompts cycled per epoch; None = endless
+    # A fixed pool of this many prompts cycled per epoch (None = endless): large enough not to be memorised,
+    # small enough that every prompt comes back over a run, as RhymeRL's history needs.
+    prompt_pool: int | None = 512
+    eval_every: int = 10  # held-out evaluation at step 0 and every this many steps (0: never)
+    eval_problems: int = 128  # the held-out set's size
+    eval_samples: int = 4  # draws per held-out problem for val/heldout_pass1
+    heldout_seed: int = HELD_OUT_SEED  # the held-out set's problem seed; never the training seed
     workers: int = 1  # rollout engine replicas; > 1 runs them as Ray actors (rollout/workers.py)
     worker_backend: str = "ray"  # "ray", or "local": in-process, one after another (tests, debugging)
     ray_address: str | None = None  # an existing Ray cluster; None = start a local one
@@ -47,6 +55,11 @@ class TrainConfig:
                 f"grpo.temperature {self.grpo.temperature} differs from the rollout temperature "
                 f"{self.temperature}; the update must score tokens under the distribution that sampled them "
                 "(leave grpo.temperature unset: it follows the rollout's)"
+            )
+        if self.eval_every > 0 and self.heldout_seed == self.seed:
+            raise ValueError(
+                f"heldout_seed {self.heldout_seed} is the training seed: the held-out set would be training "
+                "prompts"
             )
         if self.top_p != 1.0:
             # The engine would sample from the top-p truncated distribution while the update's ratios,

@@ -31,6 +31,8 @@ CONDITIONAL_FIELDS: dict[str, str] = {
     "actor/kl_loss": "kl_coef > 0",
     "tis_weight_mean": "off-policy correction (a tis_cap, e.g. mode sorted-partial)",
     "tis_clip_frac": "off-policy correction (a tis_cap, e.g. mode sorted-partial)",
+    "val/heldout_greedy_acc": "held-out evaluation steps: step 0 and every eval_every",
+    "val/heldout_pass1": "held-out evaluation steps: step 0 and every eval_every",
 }
 
 # Trace-derived fields dropped from the row: the full length list belongs to the trace, not a log line.
@@ -42,7 +44,8 @@ TRACE_FIELDS: tuple[str, ...] = tuple(
     for k in metrics.step_metrics([{"kind": "rollout", "t_start": 0.0, "t_end": 0.0}])[0]
     if k not in _DROPPED
 )
-ROW_FIELDS: tuple[str, ...] = (*TRACE_FIELDS, "samples", *UPDATER_FIELDS.values())
+VAL_FIELDS: tuple[str, ...] = ("val/heldout_greedy_acc", "val/heldout_pass1")  # train/heldout.py
+ROW_FIELDS: tuple[str, ...] = (*TRACE_FIELDS, "samples", *UPDATER_FIELDS.values(), *VAL_FIELDS)
 
 # Fields that depend on the wall clock: two runs with the same seed agree on every other field.
 TIMING_FIELDS = frozenset(

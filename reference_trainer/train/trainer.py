@@ -23,6 +23,7 @@ from reference_trainer.train.assemble import RunParts, assemble
 from reference_trainer.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.grpo import RolloutBatch
+from reference_trainer.train.heldout import HeldOut, check_disjoint, held_out_problems
 from reference_trainer.train.rows import step_row
 from rlbench.metrics import worker_capacities
 from rlbench.records import append_jsonl, read_jsonl, write_json, write_text
@@ -46,6 +47,7 @@ class Trainer:
         self.updater, self.trace, self.engine = parts.updater, parts.trace, parts.engine
         self.stream, self.strategy, self.ctx = parts.stream, parts.strategy, parts.ctx
         self.step = 0
+        self.heldout = self._heldout() if config.eval_every > 0 else None
         if resume:
             self._resume()
         else:
@@ -54,6 +56,25 @@ class Trainer:
     def close(self) -> None:
         """Stop rollout workers or the vLLM engine (the reference engine just drops unfinished requests)."""
         self.engine.close()
+
+    def _heldout(self) -> HeldOut:
+        pool = self.config.prompt_pool
+        training = [self.stream.problem(i).prompt for i in range(pool)] if pool else []
+        problems = held_out_problems(self.task, self.config.eval_problems, training, self.config.heldout_seed)
+        check_disjoint(problems, training)
+        return HeldOut(
+            self.policy,
+            self.tokenizer,
+            self.task,
+            problems,
+            self.config.max_tokens,
+            self.config.max_model_len,
+        )
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out greedy accuracy and pass@1 at the rollout temperature of the current policy."""
+        assert self.heldout is not None
+        return self.heldout.evaluate(self.config.temperature, self.config.eval_samples, seed=self.config.seed)
 
     # ---- state -------------------------------------------------------------------------------------------
     def _start_fresh(self) -> None:
@@ -107,11 +128,29 @@ class Trainer:
                 on_step(row)
             if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
                 self._checkpoint()
+        if self.heldout is not None and rows:
+            self.write_heldout_summary()
         return rows
+
+    def write_heldout_summary(self) -> None:
+        """heldout.json: the held-out curve against samples consumed, ending with the final policy's
+        evaluation (metrics.jsonl rows carry the evaluations made before their step's rollout)."""
+        curve, samples = [], 0
+        for row in read_jsonl(self.out_dir / "metrics.jsonl"):
+            if "val/heldout_greedy_acc" in row:
+                curve.append({"step": row["step"], "samples": samples, **_val(row)})
+            samples += row["samples"]
+        if not curve or curve[-1]["step"] != self.step:
+            curve.append({"step": self.step, "samples": samples, **_val(self.evaluate())})
+        write_json(
+            self.out_dir / "heldout.json",
+            {"task": self.config.task, "problems": len(self.heldout.problems), "curve": curve},
+        )
 
     def train_step(self) -> dict[str, Any]:
         trace, step = self.trace, self.step
         trace.step = step
+        val = self.evaluate() if self.heldout is not None and step % self.config.eval_every == 0 else {}
         first_event = len(trace.events)
         with trace.phase("rollout", policy_version=self.engine.policy_version) as rollout:
             groups = self.strategy.collect(self.ctx)
@@ -127,6 +166,7 @@ class Trainer:
             self.engine.update_weights(self.policy.state_dict())
         self.step += 1
         row = step_row(trace.events[first_event:], worker_capacities(trace.events), len(batch), stats)
+        row.update(val)
         append_jsonl(self.out_dir / "metrics.jsonl", row)
         trace.flush_to(self.out_dir / "trace.jsonl")
         return row
@@ -143,3 +183,9 @@ class Trainer:
                 correct.append(self.task.is_correct(group.problem, text))
         batch = RolloutBatch(prompts, responses, rewards, self.config.group_size, old_logprobs=logprobs)
         return batch, correct
+
+
+def _val(values: dict[str, Any]) -> dict[str, float]:
+    return {
+        k.removeprefix("val/heldout_"): values[k] for k in ("val/heldout_greedy_acc", "val/heldout_pass1")
+    }

@@ -49,12 +49,13 @@ def _probe() -> dict[str, Any]:
     report["data_dir"] = data_dir or "unset (RLBENCH_DATA_DIR / --data-dir; else the HF hub)"
     if data_dir:
         report["data_files"] = sorted(p.name for p in Path(data_dir).glob("*.jsonl"))
-    from reference_trainer.model.embedded import default_model_dir
+    from reference_trainer.model.embedded import shipped_dir, verify
+    from reference_trainer.model.loader import ModelLoadError
 
-    model = default_model_dir(build=False)
-    report["embedded_model"] = (
-        f"{model} ({'cached' if (model / 'config.json').is_file() else 'built on first use'})"
-    )
+    try:
+        report["embedded_model"] = f"{verify(shipped_dir())} (SHA-256 verified)"
+    except ModelLoadError as err:
+        report["embedded_model"] = f"unusable: {err}"
     return report
 
 

@@ -12,12 +12,35 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlbench.records import read_json
 from rlbench.report.figures import PALETTE, PHASE_COLOURS, Event, _fig, note, num, pct, steps_axis
 from rlbench.report.page import kpis, table, write_page
 from rlbench.report.timeline import slot_timeline
 
 
-def step_figures(steps: list[Event]) -> list[tuple[str, list[Any]]]:
+def learning_figure(steps: list[Event], heldout: dict[str, Any] | None) -> Any:
+    """Training reward and held-out accuracy against samples consumed (heldout.json's curve)."""
+    import plotly.graph_objects as go
+
+    fig = _fig("Reward and held-out accuracy against samples consumed", "samples consumed", "")
+    consumed, xs, rewards = 0, [], []
+    for s in steps:
+        consumed += s.get("samples") or len(s.get("update_batch_lengths") or [])
+        xs.append(consumed)
+        rewards.append(s.get("reward_mean"))
+    fig.add_trace(go.Scatter(x=xs, y=rewards, name="training reward (batch mean)", mode="lines"))
+    curve = (heldout or {}).get("curve") or []
+    for key, name in (("greedy_acc", "held-out greedy accuracy"), ("pass1", "held-out pass@1")):
+        fig.add_trace(
+            go.Scatter(
+                x=[p["samples"] for p in curve], y=[p[key] for p in curve], name=name, mode="lines+markers"
+            )
+        )
+    fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
+def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> list[tuple[str, list[Any]]]:
     import plotly.graph_objects as go
 
     x = [s["step"] for s in steps]
@@ -69,7 +92,8 @@ def step_figures(steps: list[Event]) -> list[tuple[str, list[Any]]]:
         line(rew, "reward_mean", "reward mean")
         line(rew, "accuracy", "accuracy")
         steps_axis(rew, x)
-        sections.append(("Learning", [rew]))
+        learning = [rew, learning_figure(steps, heldout)] if heldout else [rew]
+        sections.append(("Learning", learning))
 
     lens = _fig("Response lengths of each update batch", "step", "tokens")
     for s in steps:
@@ -285,7 +309,9 @@ def render_profile(
     sections: list[tuple[str, Sequence[Any]]] = [("Summary", top)]
     if steps:
         sections.append(("Slot occupancy", slot_timeline(events)))
-        sections.extend(step_figures(steps))
+        heldout_path = run_dir / "heldout.json"
+        heldout = read_json(heldout_path) if heldout_path.is_file() else None
+        sections.extend(step_figures(steps, heldout))
     else:
         sections.append(
             (

@@ -1,0 +1,122 @@
+"""The embedded model's recipe: architecture, SFT data and schedule. `rlbench embedded build` runs it.
+
+The SFT data mixes two demonstrators, so that RL has something to find:
+- a careful one writes the work (arith: one line per operation; kk: every claim checked under the roles)
+  and then the answer; its traces slip now and then (tasks/*.py `sft_response`), so per-step errors are
+  in the policy's distribution too;
+- a lazy one answers at once with a guess (a random number; random roles).
+
+How often the lazy one speaks grows with the problem's size (arith: operations; kk: people), as a model
+that gives up on long problems. The SFT model therefore works greedily on small problems and guesses on
+large ones, while sampling at T = 1 still works often enough on large ones to be right: correct answers
+are in the distribution, and a correctness reward teaches the policy to work. Held-out accuracy rises, and
+responses grow longer under RL, as they do for reasoning models. Apart from the decision to work or guess,
+the work is near-deterministic text, so most tokens have a top probability near 1.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reference_trainer.model.config import ModelConfig
+from reference_trainer.tasks.arith import MAX_VALUE
+from reference_trainer.tasks.base import ANSWER_MARKER, Problem
+from reference_trainer.train.sft import SFTConfig
+
+RECIPE_VERSION = 2
+
+
+@dataclass(frozen=True)
+class Recipe:
+    model: ModelConfig
+    sft: SFTConfig
+    # (task name, constructor kwargs, share of SFT examples)
+    mix: tuple[tuple[str, tuple[tuple[str, object], ...], float], ...]
+    # lazy share by problem size: {task: (size at which it starts, growth per unit of size, cap)}
+    lazy: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    data_seed: int = 1_000_000  # SFT prompts come from a seed no RL run or held-out set uses
+
+
+RECIPE = Recipe(
+    model=ModelConfig(
+        vocab_size=99,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    sft=SFTConfig(steps=4500, batch_size=16, lr=4e-3, warmup=50, seed=0),
+    mix=(("arith", (), 0.5), ("kk", (("num_people", (2, 3)),), 0.5)),
+    lazy={"arith": (2, 0.2, 0.8), "kk": (2, 0.45, 0.6)},
+)
+
+
+def problem_size(task_name: str, problem: Problem) -> int:
+    return int(problem.meta["num_ops"] if task_name == "arith" else problem.meta["num_people"])
+
+
+def lazy_share(recipe: Recipe, task_name: str, problem: Problem) -> float:
+    start, growth, cap = recipe.lazy[task_name]
+    return min(cap, 0.1 + growth * (problem_size(task_name, problem) - start))
+
+
+def guess_response(task_name: str, problem: Problem, rng: random.Random) -> str:
+    if task_name == "arith":
+        return f"{ANSWER_MARKER} {rng.randint(0, MAX_VALUE)}"
+    from reference_trainer.tasks.kk import format_assignment
+
+    names = problem.meta["names"]
+    return "\n".join([ANSWER_MARKER, format_assignment(names, [rng.random() < 0.5 for _ in names])])
+
+
+def build(
+    out_dir: Path,
+    recipe: Recipe = RECIPE,
+    steps: int | None = None,
+    on_step: Callable[[int, int, float], None] | None = None,
+) -> Path:
+    """Train the embedded model from scratch by the recipe and save it (config, safetensors, tokenizer)."""
+    import dataclasses
+
+    import torch
+
+    from reference_trainer.model.decoder import DecoderLM
+    from reference_trainer.model.loader import save_model
+    from reference_trainer.model.prompting import encode_prompt, encode_response
+    from reference_trainer.model.tokenizer import CharTokenizer
+    from reference_trainer.tasks import get_task
+    from reference_trainer.train.sft import train_sft
+
+    sft = recipe.sft if steps is None else dataclasses.replace(recipe.sft, steps=steps)
+    tokenizer = CharTokenizer()
+    tasks = [(name, get_task(name, **dict(kwargs)), share) for name, kwargs, share in recipe.mix]
+    counter = iter(range(10**9))
+
+    def sample_batch(rng: random.Random, n: int) -> list[tuple[list[int], list[int]]]:
+        rows = []
+        for _ in range(n):
+            name, task, _ = rng.choices(tasks, weights=[s for _, _, s in tasks])[0]
+            problem = task.problems(1, seed=recipe.data_seed, start=next(counter))[0]
+            if rng.random() < lazy_share(recipe, name, problem):
+                response = guess_response(name, problem, rng)
+            else:
+                response = task.sft_response(problem, rng)
+            rows.append((encode_prompt(tokenizer, problem.prompt), encode_response(tokenizer, response)))
+        return rows
+
+    torch.manual_seed(sft.seed)
+    model = DecoderLM(recipe.model)
+    train_sft(
+        model, sample_batch, sft, None if on_step is None else lambda s, loss: on_step(s, sft.steps, loss)
+    )
+    save_model(model, out_dir)
+    tokenizer.save(out_dir)
+    return out_dir

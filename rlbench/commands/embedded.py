@@ -1,0 +1,100 @@
+"""`rlbench embedded`: the shipped embedded model: show it, check it, rebuild it from its recipe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+CARD_TASKS = (("arith", {}), ("kk", {"num_people": 3}))  # the tasks and settings RL runs use by default
+
+
+def measure_card(model_dir: Path, problems: int = 128) -> dict[str, Any]:
+    """The recipe's targets, measured on held-out problems of each task (train/heldout.py policy_card)."""
+    from reference_trainer.model.loader import load_model
+    from reference_trainer.model.tokenizer import load_tokenizer
+    from reference_trainer.tasks import get_task
+    from reference_trainer.train.heldout import policy_card
+
+    model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
+    return {
+        name: policy_card(model, tokenizer, get_task(name, **options), n=problems)
+        for name, options in CARD_TASKS
+    }
+
+
+def build_command(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the model to.")] = Path(
+        "embedded-build"
+    ),
+    steps: Annotated[
+        int | None, typer.Option("--steps", min=1, help="SFT steps (default: the recipe's).")
+    ] = None,
+    card: Annotated[
+        bool, typer.Option("--card/--no-card", help="Measure the recipe's targets after training.")
+    ] = True,
+    install: Annotated[
+        bool,
+        typer.Option("--install", help="Also replace the shipped weights in this source tree (development)."),
+    ] = False,
+) -> None:
+    """Train the embedded model from scratch by its recipe (reference_trainer/model/recipe.py): about 30
+    minutes on 2 CPU cores. Deterministic for a given torch build and thread count."""
+    import shutil
+    import time
+
+    from rich.progress import Progress
+
+    from reference_trainer.model import embedded, recipe
+    from rlbench.errors import UserError
+    from rlbench.records import write_json
+
+    if out.exists() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise UserError(f"{out} exists and is not a model directory; refusing to write into it")
+    start = time.perf_counter()
+    with Progress(transient=True) as progress:
+        bar = progress.add_task("SFT", total=steps or recipe.RECIPE.sft.steps)
+
+        def on_step(step: int, total: int, loss: float) -> None:
+            progress.update(bar, completed=step + 1, description=f"SFT, loss {loss:.3f}")
+
+        recipe.build(out, steps=steps, on_step=on_step)
+    embedded.write_checksums(out)
+    typer.echo(f"wrote {out} in {time.perf_counter() - start:.0f} s")
+    if card:
+        measured = measure_card(out)
+        write_json(out / embedded.CARD, {"recipe_version": recipe.RECIPE_VERSION, "tasks": measured})
+        typer.echo(json.dumps(measured, indent=1))
+    if install:
+        target = embedded.shipped_dir()
+        for name in (*embedded.FILES, embedded.CHECKSUMS, *([embedded.CARD] if card else [])):
+            shutil.copyfile(out / name, target / name)
+        typer.echo(f"installed into {target}")
+
+
+def show_command() -> None:
+    """Where the shipped model is, whether its files match their SHA-256 sums, and its measured card."""
+    from reference_trainer.model import embedded
+    from reference_trainer.model.loader import ModelLoadError
+    from rlbench.errors import UserError
+
+    directory = embedded.shipped_dir()
+    try:
+        embedded.verify(directory)
+    except ModelLoadError as err:
+        raise UserError(str(err)) from None
+    typer.echo(f"{directory}: SHA-256 verified")
+    card = directory / embedded.CARD
+    if card.is_file():
+        typer.echo(card.read_text())
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(
+        help="The shipped embedded model: show and verify it, rebuild it.", no_args_is_help=True
+    )
+    group.command("show")(show_command)
+    group.command("build")(build_command)
+    app.add_typer(group, name="embedded")

@@ -1,0 +1,84 @@
+"""The shipped embedded model: verified by SHA-256 on every load, rebuilt by its recipe, and the recipe's
+lazy demonstrator behaving as documented."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from reference_trainer.model import embedded
+from reference_trainer.model.loader import ModelLoadError, load_model
+from rlbench.cli import app_
+
+
+def test_the_shipped_model_is_small_verified_and_loads():
+    directory = embedded.default_model_dir()
+    size = sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
+    assert size <= 8 * 2**20
+    model = load_model(directory)
+    assert model.config.vocab_size == 99
+
+
+@pytest.fixture
+def corrupted(tmp_path, monkeypatch) -> Path:
+    copy = tmp_path / "weights"
+    shutil.copytree(embedded.shipped_dir(), copy)
+    raw = bytearray((copy / "model.safetensors").read_bytes())
+    raw[-1] ^= 0xFF  # one flipped bit pattern in the last weight
+    (copy / "model.safetensors").write_bytes(bytes(raw))
+    monkeypatch.setattr(embedded, "shipped_dir", lambda: copy)
+    return copy
+
+
+def test_a_corrupted_weight_file_is_an_error_naming_it(corrupted):
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors does not match its SHA-256"):
+        embedded.default_model_dir()
+    (corrupted / "SHA256SUMS").unlink()
+    with pytest.raises(ModelLoadError, match="SHA256SUMS is missing"):
+        embedded.default_model_dir()
+
+
+def test_the_cli_refuses_a_corrupted_model_in_one_line(corrupted, tmp_path, monkeypatch, capsys):
+    from rlbench.cli import app
+
+    monkeypatch.setattr("sys.argv", ["rlbench", "train", "--steps", "1", "--out", str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as exc:
+        app()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "model.safetensors" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # no training on a model that failed its check
+
+
+def test_embedded_build_makes_a_loadable_verified_model(tmp_path):
+    out = tmp_path / "built"
+    res = CliRunner().invoke(app_, ["embedded", "build", "--steps", "2", "--no-card", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert embedded.verify(out) == out
+    model = load_model(out)
+    assert model.config == load_model(embedded.shipped_dir()).config  # the recipe's architecture
+
+
+def test_the_lazy_demonstrator_guesses_more_on_larger_problems():
+    from reference_trainer.model.recipe import RECIPE, guess_response, lazy_share
+    from reference_trainer.tasks import get_task
+
+    arith, kk = get_task("arith"), get_task("kk", num_people=(2, 3))
+    shares = {}
+    for p in arith.problems(400, seed=5):
+        shares.setdefault(p.meta["num_ops"], lazy_share(RECIPE, "arith", p))
+    assert shares[2] < shares[4] < shares[6] <= shares[max(shares)] <= 0.8
+    rng = random.Random(0)
+    for task, name in ((arith, "arith"), (kk, "kk")):
+        problems = task.problems(200, seed=6)
+        guesses = [guess_response(name, p, rng) for p in problems]
+        assert all(
+            task.parse(p, g) is not None for p, g in zip(problems, guesses, strict=True)
+        )  # well formed
+        right = sum(task.is_correct(p, g) for p, g in zip(problems, guesses, strict=True)) / len(problems)
+        assert right < 0.35  # a guess is right only by chance (kk: 1 in 4 or 8; arith: 1 in 100)

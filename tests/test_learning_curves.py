@@ -1,0 +1,47 @@
+"""The learning-curve benchmark's arithmetic: accuracy at equal samples, samples to a target, the table."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import learning_curves as lc  # noqa: E402
+
+CURVE = [
+    {"step": 0, "samples": 0, "greedy_acc": 0.2, "pass1": 0.1},
+    {"step": 10, "samples": 1000, "greedy_acc": 0.4, "pass1": 0.3},
+    {"step": 20, "samples": 2000, "greedy_acc": 0.5, "pass1": 0.4},
+]
+
+
+def test_accuracy_at_interpolates_between_evaluations():
+    assert lc.accuracy_at(CURVE, 0) == 0.2
+    assert lc.accuracy_at(CURVE, 500) == pytest.approx(0.3)
+    assert lc.accuracy_at(CURVE, 1500) == pytest.approx(0.45)
+    assert lc.accuracy_at(CURVE, 5000) == 0.5  # past the end: the last evaluation
+
+
+def test_samples_to_reach_is_the_first_evaluation_at_or_above_the_target():
+    assert lc.samples_to_reach(CURVE, 0.4) == 1000
+    assert lc.samples_to_reach(CURVE, 0.45) == 2000
+    assert lc.samples_to_reach(CURVE, 0.9) is None
+
+
+def test_the_parity_table_compares_modes_at_the_samples_every_run_reached():
+    def run(mode, seed, final_samples, acc):
+        curve = [{"step": 0, "samples": 0, "greedy_acc": 0.2, "pass1": 0.1},
+                 {"step": 9, "samples": final_samples, "greedy_acc": acc, "pass1": acc}]  # fmt: skip
+        return {"task": "kk", "mode": mode, "seed": seed, "steps": 9, "samples": final_samples,
+                "wall_s": 60.0, "held_out_greedy_accuracy": {"before": 0.2, "after": acc},
+                "curve": curve}  # fmt: skip
+
+    runs = [run("baseline", 0, 1000, 0.6), run("baseline", 1, 1000, 0.4), run("sorted", 0, 2000, 0.8)]
+    table = lc.summarise(runs, target=0.5)
+    assert "kk parity at 1000 samples" in table  # every task with two or more modes gets a table
+    assert "| baseline | 2 | 0.500 ± 0.141 | 1000 (1/2 reached) |" in table
+    # sorted reached 0.8 at 2000 samples; at 1000 it is halfway between 0.2 and 0.8
+    assert "| sorted | 1 | 0.500 ± 0.000 | 2000 (1/1 reached) |" in table
