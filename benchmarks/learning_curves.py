@@ -167,7 +167,12 @@ def main() -> None:
     parser.add_argument("--parity-task", default="kk", help="the task of the parity runs")
     parser.add_argument("--target", type=float, default=0.40, help="held-out accuracy for samples-to-target")
     parser.add_argument("--force", action="store_true", help="rerun curves already in the results")
+    parser.add_argument("--summary", action="store_true", help="print the tables of the saved curves only")
     args = parser.parse_args()
+    results = args.out / "learning_curves.json"
+    if args.summary:
+        print(summarise(read_json(results)["runs"], args.target) if results.is_file() else f"no {results}")
+        return
     plan = [(*key, args.lift_minutes) for key in LIFT] + [
         (*key, args.parity_minutes) for key in parity_plan(args.parity_task)
     ]
@@ -178,7 +183,6 @@ def main() -> None:
     ]
     if not plan:  # a curve outside the table, e.g. --task arith --mode sorted
         plan = [(args.task or "kk", args.mode or "baseline", args.seed or 0, args.parity_minutes)]
-    results = args.out / "learning_curves.json"
     runs = read_json(results)["runs"] if results.is_file() else []
     for task, mode, seed, minutes in plan:
         key = (task, mode, seed)
