@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def cli(*args: str, tmp: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if tmp is not None:
-        env["RLBENCH_CACHE_DIR"] = str(tmp / "cache")  # never build the embedded model in tests
+        env["RLBENCH_CACHE_DIR"] = str(tmp / "cache")  # imported models go to a temporary cache
     return subprocess.run(
         [sys.executable, "-m", "rlbench.cli", *args],
         capture_output=True,

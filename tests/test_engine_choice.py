@@ -113,4 +113,4 @@ def test_cli_engine_errors_are_one_line(tmp_path: Path) -> None:
             assert_one_line_error(res, "--engine vllm needs vLLM")
         res = cli("eval", "--suite", "aime24", "--engine", "vllm", "--out", str(tmp_path / "e"), tmp=tmp_path)
         assert_one_line_error(res, "--engine vllm needs vLLM")
-        assert not (tmp_path / "cache").exists()  # failed before building the embedded model
+        assert not (tmp_path / "cache").exists()  # failed before touching the model or the cache

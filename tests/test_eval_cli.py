@@ -28,7 +28,7 @@ SUBJECTS = {
 
 @pytest.fixture
 def no_model(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Model resolution (which builds the embedded model on a fresh cache) made to fail if reached."""
+    """Model resolution (loading and checking a model) made to fail if reached."""
     import rlbench.runtime
     import rlbench.training
 
