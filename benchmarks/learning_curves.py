@@ -20,7 +20,6 @@ they share the results file under a lock.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import time
@@ -66,12 +65,9 @@ def run_curve(
         if time.perf_counter() - start > minutes * 60:
             raise Budget
 
-    with contextlib.suppress(Budget):  # the budget ends the run; finished steps are kept
+    try:
         trainer.run(on_step)
-    if (
-        not (out / "heldout.json").is_file()
-        or read_json(out / "heldout.json")["curve"][-1]["step"] != trainer.step
-    ):
+    except Budget:  # the budget ends the run; finished steps are kept, and the final policy is evaluated
         trainer.write_heldout_summary()
     curve = read_json(out / "heldout.json")["curve"]
     rows = read_jsonl(out / "metrics.jsonl")

@@ -11,6 +11,7 @@ import copy
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import comb
 from typing import Any
 
 import torch
@@ -108,8 +109,6 @@ class HeldOut:
 
 def pass_at_k(correct: list[bool], samples: int, k: int) -> float:
     """Unbiased pass@k (Chen et al., 2021) averaged over problems, from `samples` draws per problem."""
-    from math import comb
-
     total = 0.0
     groups = [correct[i : i + samples] for i in range(0, len(correct), samples)]
     for group in groups:

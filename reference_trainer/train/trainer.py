@@ -79,7 +79,7 @@ class Trainer:
     # ---- state -------------------------------------------------------------------------------------------
     def _start_fresh(self) -> None:
         shutil.rmtree(self.out_dir / "checkpoints", ignore_errors=True)
-        for name in ("metrics.jsonl", "trace.jsonl"):
+        for name in ("metrics.jsonl", "trace.jsonl", "heldout.json"):
             (self.out_dir / name).unlink(missing_ok=True)
         write_json(self.out_dir / "train_config.json", self.config.to_json())
 
