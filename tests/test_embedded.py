@@ -62,6 +62,13 @@ def test_embedded_build_makes_a_loadable_verified_model(tmp_path):
     assert embedded.verify(out) == out
     model = load_model(out)
     assert model.config == load_model(embedded.shipped_dir()).config  # the recipe's architecture
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["built"]  # no temp directory left beside it
+    (tmp_path / "notes.txt").write_text("mine")
+    res = CliRunner().invoke(
+        app_, ["embedded", "build", "--steps", "1", "--no-card", "--out", str(tmp_path / "notes.txt")]
+    )
+    assert res.exit_code != 0 and "not a model directory" in str(res.exception)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def test_the_lazy_demonstrator_guesses_more_on_larger_problems():

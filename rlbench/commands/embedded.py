@@ -42,6 +42,7 @@ def build_command(
 ) -> None:
     """Train the embedded model from scratch by its recipe (reference_trainer/model/recipe.py): about 30
     minutes on 2 CPU cores. Deterministic for a given torch build and thread count."""
+    import os
     import shutil
     import time
 
@@ -49,10 +50,10 @@ def build_command(
 
     from reference_trainer.model import embedded, recipe
     from rlbench.errors import UserError
-    from rlbench.records import write_json
+    from rlbench.records import replace_dir, write_json
 
-    if out.exists() and any(out.iterdir()) and not (out / "config.json").is_file():
-        raise UserError(f"{out} exists and is not a model directory; refusing to write into it")
+    if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / "config.json").is_file())):
+        raise UserError(f"{out} exists and is not a model directory; refusing to replace it")
     start = time.perf_counter()
     with Progress(transient=True) as progress:
         bar = progress.add_task("SFT", total=steps or recipe.RECIPE.sft.steps)
@@ -60,8 +61,15 @@ def build_command(
         def on_step(step: int, total: int, loss: float) -> None:
             progress.update(bar, completed=step + 1, description=f"SFT, loss {loss:.3f}")
 
-        recipe.build(out, steps=steps, on_step=on_step)
-    embedded.write_checksums(out)
+        # built aside and renamed into place: a killed build leaves no half-written model at `out`
+        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            recipe.build(tmp, steps=steps, on_step=on_step)
+            embedded.write_checksums(tmp)
+            replace_dir(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     typer.echo(f"wrote {out} in {time.perf_counter() - start:.0f} s")
     if card:
         measured = measure_card(out)
