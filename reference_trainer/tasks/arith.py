@@ -21,6 +21,7 @@ from reference_trainer.tasks.base import (
     ANSWER_MARKER,
     BaseTask,
     Problem,
+    chat_prompt,
     error_probability,
     final_answer_section,
     problem_rng,
@@ -59,8 +60,9 @@ class ArithTask(BaseTask):
         tail_exponent: float = 1.6,
         sft_step_error: float = 0.03,
         format_reward: float = 0.0,
+        style: str = "compact",
     ) -> None:
-        super().__init__(format_reward)
+        super().__init__(format_reward, style)
         if not 1 <= min_ops <= max_ops:
             raise ValueError(f"need 1 <= min_ops <= max_ops, got {min_ops}, {max_ops}")
         if tail_exponent <= 0:
@@ -79,12 +81,21 @@ class ArithTask(BaseTask):
             op, k = self._sample_op(rng, value)
             ops.append((op, k))
             value = apply_op(value, op, k)
-        ops_text = " ".join(f"{op}{k}" for op, k in ops)
         return Problem(
             prompt_id=prompt_id(self.name, seed, index),
-            prompt=f"Start with {start}, apply in order: {ops_text}. Result?",
+            prompt=self._prompt(start, ops),
             answer=str(value),
             meta={"num_ops": num_ops, "start": start, "ops": ops},
+        )
+
+    def _prompt(self, start: int, ops: list[tuple[str, int]]) -> str:
+        if self.style == "compact":
+            return f"Start with {start}, apply in order: {' '.join(f'{op}{k}' for op, k in ops)}. Result?"
+        steps = ", then ".join(f"{_OP_WORDS[op]} {k}" for op, k in ops)
+        return chat_prompt(
+            f"Start with {start}. Apply these operations in order, left to right: {steps}. "
+            "What is the result?",
+            "math",
         )
 
     @staticmethod
@@ -111,6 +122,13 @@ class ArithTask(BaseTask):
             return None
         return int(section)
 
+    def grade(self, problem: Problem, response: str) -> tuple[bool, bool]:
+        if self.style == "compact":
+            return super().grade(problem, response)
+        from rlbench.eval.grading import grade_math
+
+        return "\\boxed{" in response, grade_math(response, problem.answer)[1]
+
     def sft_response(self, problem: Problem, rng: random.Random) -> str:
         """One line per state: the running value, then the operations still to apply. Each line applies the
         first operation of the line before and copies the rest, so every step reads only its neighbour."""
@@ -125,8 +143,12 @@ class ArithTask(BaseTask):
             if i == slip_at:
                 value += rng.choice((-2, -1, 1, 2))
             lines.append(f"{value} {_ops_text(ops[i + 1 :])}".rstrip())
-        lines.append(f"{ANSWER_MARKER} {value}")
+        chat = f"The result is \\boxed{{{value}}}."
+        lines.append(f"{ANSWER_MARKER} {value}" if self.style == "compact" else chat)
         return "\n".join(lines)
+
+
+_OP_WORDS = {"+": "add", "-": "subtract", "*": "multiply by"}
 
 
 def _ops_text(ops: list[tuple[str, int]]) -> str:

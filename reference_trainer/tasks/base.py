@@ -1,8 +1,12 @@
 """The task interface: problems (prompt + gold answer), a reward on responses, and SFT traces.
 
-A response is a short chain of thought followed by a final answer section that starts on a line of its
-own with `answer:` (e.g. `answer: 42`). Only that section is graded, so reasoning text that happens to
-look like an answer never counts.
+Each task renders its problems in one of two styles:
+- `compact`, the embedded char model's: a terse prompt, and a response that is a short chain of thought
+  followed by a final answer section on a line of its own starting with `answer:` (e.g. `answer: 42`).
+  Only that section is graded, so reasoning text that happens to look like an answer never counts.
+- `chat`, for pretrained instruct models (any tokenizer with a chat template): a natural-language prompt
+  that asks for the answer in `\\boxed{}` (arith) or as one "(1) Name is a knight" line per person (kk),
+  graded as `rlbench eval` grades (math-verify; the lenient K&K parser).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 ANSWER_MARKER = "answer:"
+STYLES = ("compact", "chat")
 _MARKER_RE = re.compile(r"^[ \t]*answer:", re.IGNORECASE | re.MULTILINE)
 
 
@@ -33,6 +38,10 @@ class Task(Protocol):
     def reward(self, problem: Problem, response: str) -> float: ...
 
     def is_correct(self, problem: Problem, response: str) -> bool: ...
+
+    def grade(self, problem: Problem, response: str) -> tuple[bool, bool]: ...
+
+    def reward_of(self, answered: bool, correct: bool) -> float: ...
 
     def sft_response(self, problem: Problem, rng: random.Random) -> str: ...
 
@@ -60,24 +69,35 @@ def final_answer_section(response: str) -> str | None:
     return response[matches[-1].end() :].strip() if matches else None
 
 
+def chat_prompt(text: str, kind: str) -> str:
+    """A chat-style prompt: the problem text with `rlbench eval`'s instruction for its kind (math | kk)."""
+    from rlbench.eval.prompts import user_message
+
+    return user_message(text, kind)
+
+
 def error_probability(per_step: float, steps: int, cap: float = 0.95) -> float:
     """Chance that a trace of `steps` steps contains at least one slip, each step slipping with `per_step`."""
     return min(cap, 1.0 - (1.0 - per_step) ** steps)
 
 
 class BaseTask:
-    """Shared reward logic. Subclasses implement `parse` (response -> answer or None) and `gold`.
+    """Shared reward logic. Subclasses implement `parse` (response -> answer or None) and `gold`; a chat
+    style task overrides `grade`.
 
-    reward = 1.0 if the final answer is correct; otherwise `format_reward` if the answer section is present
-    and well formed; otherwise 0.0. `format_reward` is 0 by default, so the reward is plain accuracy.
+    reward = 1.0 if the final answer is correct; otherwise `format_reward` if an answer in the requested
+    format is present; otherwise 0.0. `format_reward` is 0 by default, so the reward is plain accuracy.
     """
 
     name: str = ""
 
-    def __init__(self, format_reward: float = 0.0) -> None:
+    def __init__(self, format_reward: float = 0.0, style: str = "compact") -> None:
         if not 0.0 <= format_reward < 1.0:
             raise ValueError(f"format_reward must be in [0, 1), got {format_reward}")
+        if style not in STYLES:
+            raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
         self.format_reward = format_reward
+        self.style = style
 
     def parse(self, problem: Problem, response: str) -> Any | None:
         raise NotImplementedError
@@ -85,15 +105,19 @@ class BaseTask:
     def gold(self, problem: Problem) -> Any:
         raise NotImplementedError
 
-    def is_correct(self, problem: Problem, response: str) -> bool:
+    def grade(self, problem: Problem, response: str) -> tuple[bool, bool]:
+        """(an answer in the requested format is present, it is correct)."""
         parsed = self.parse(problem, response)
-        return parsed is not None and parsed == self.gold(problem)
+        return parsed is not None, parsed is not None and parsed == self.gold(problem)
+
+    def is_correct(self, problem: Problem, response: str) -> bool:
+        return self.grade(problem, response)[1]
+
+    def reward_of(self, answered: bool, correct: bool) -> float:
+        return 1.0 if correct else self.format_reward if answered else 0.0
 
     def reward(self, problem: Problem, response: str) -> float:
-        parsed = self.parse(problem, response)
-        if parsed is None:
-            return 0.0
-        return 1.0 if parsed == self.gold(problem) else self.format_reward
+        return self.reward_of(*self.grade(problem, response))
 
     def problems(self, n: int, seed: int, start: int = 0) -> list[Problem]:
         return [self.problem(seed, i) for i in range(start, start + n)]

@@ -34,6 +34,7 @@ from reference_trainer.tasks.base import (
     ANSWER_MARKER,
     BaseTask,
     Problem,
+    chat_prompt,
     error_probability,
     final_answer_section,
     problem_rng,
@@ -172,8 +173,9 @@ class KKTask(BaseTask):
         num_people: int | tuple[int, int] = (3, 7),
         sft_person_error: float = 0.06,
         format_reward: float = 0.0,
+        style: str = "compact",
     ) -> None:
-        super().__init__(format_reward)
+        super().__init__(format_reward, style)
         lo, hi = (num_people, num_people) if isinstance(num_people, int) else num_people
         if not 2 <= lo <= hi <= 8:
             raise ValueError(f"num_people must lie in 2..8, got {num_people}")
@@ -199,21 +201,25 @@ class KKTask(BaseTask):
             meta={"num_people": n, "names": list(names), "solution": list(knights), "statements": statements},
         )
 
-    @staticmethod
-    def _prompt(names: Sequence[str], statements: Sequence[Statement]) -> str:
+    def _prompt(self, names: Sequence[str], statements: Sequence[Statement]) -> str:
         listing = ", ".join(names[:-1]) + f", and {names[-1]}"
         claims = " ".join(
             f'{name} says, "{render(s, names)}."' for name, s in zip(names, statements, strict=True)
         )
-        return (
+        text = (
             "Knights always tell the truth, and knaves always lie. "
             f"You meet {len(names)} inhabitants: {listing}. {claims} So who is a knight and who is a knave?"
         )
+        return text if self.style == "compact" else chat_prompt(text, "kk")
 
     def gold(self, problem: Problem) -> dict[str, bool]:
         return dict(zip(problem.meta["names"], problem.meta["solution"], strict=True))
 
     def parse(self, problem: Problem, response: str) -> dict[str, bool] | None:
+        if self.style == "chat":  # free-form answers, read as `rlbench eval` reads them
+            from rlbench.eval.grading import parse_kk_assignment as parse_free_form
+
+            return parse_free_form(response, problem.meta["names"])
         section = final_answer_section(response)
         if section is None:
             return None
@@ -239,7 +245,7 @@ class KKTask(BaseTask):
                 f"{name}: {'knight' if k else 'knave'}, claim {'true' if evaluate(s, knights) else 'false'}"
                 for name, k, s in zip(names, knights, statements, strict=True)
             ]
-            return "\n".join([*checks, ANSWER_MARKER, format_assignment(names, knights)])
+            return "\n".join([*checks, self._answer_header(), format_assignment(names, knights)])
         lines = []
         for candidate in itertools.product((True, False), repeat=len(names)):
             knights, checks, accepted = list(candidate), [], True
@@ -254,4 +260,7 @@ class KKTask(BaseTask):
             lines.append(f"{roles}: {' '.join(checks)}")
             if accepted:
                 break
-        return "\n".join([*lines, ANSWER_MARKER, format_assignment(names, knights)])
+        return "\n".join([*lines, self._answer_header(), format_assignment(names, knights)])
+
+    def _answer_header(self) -> str:
+        return ANSWER_MARKER if self.style == "compact" else "CONCLUSION:"

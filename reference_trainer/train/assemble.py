@@ -39,6 +39,13 @@ class RunParts:
     ctx: RolloutContext
 
 
+def styled_task_options(config: TrainConfig, tokenizer: Any) -> dict[str, Any]:
+    """The task's options; a model with a chat template gets the task's chat style (natural-language prompt,
+    `rlbench eval`'s grading) unless the options name a style."""
+    style = "chat" if getattr(tokenizer, "has_chat_template", False) else "compact"
+    return {"style": style, **config.task_options}
+
+
 def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
     """Every part of a run, built from `config` (checked first: a bad config fails before any model
     loads)."""
@@ -49,8 +56,8 @@ def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
     if config.workers > 1 and config.engine == "reference":
         mode.strategy_for(config.workers)  # fail before starting workers for a one-engine mode
     model_dir = Path(config.model) if config.model else default_model_dir()
-    task = get_task(config.task, **config.task_options)
     tokenizer = load_tokenizer(model_dir)
+    task = get_task(config.task, **styled_task_options(config, tokenizer))
     policy = load_model(model_dir, device=config.device, dtype="float32")
     ref_model = copy.deepcopy(policy).eval().requires_grad_(False) if grpo.kl_coef else None
     trace = trace if trace is not None else Trace()

@@ -156,9 +156,10 @@ class Trainer:
             groups = self.strategy.collect(self.ctx)
             rollout["groups"] = len(groups)
         with trace.phase("reward") as reward:
-            batch, correct = self._score(groups)
+            batch, correct, formatted = self._score(groups)
             reward["reward_mean"] = sum(batch.rewards) / len(batch.rewards)
             reward["accuracy"] = sum(correct) / len(correct)
+            reward["answer_rate"] = sum(formatted) / len(formatted)
         with trace.phase("update", policy_version=self.engine.policy_version) as update:
             stats = self.updater.update(batch)
             update["loss"] = stats["loss"]
@@ -171,18 +172,20 @@ class Trainer:
         trace.flush_to(self.out_dir / "trace.jsonl")
         return row
 
-    def _score(self, groups: list[Group]) -> tuple[RolloutBatch, list[bool]]:
-        prompts, responses, rewards, logprobs, correct = [], [], [], [], []
+    def _score(self, groups: list[Group]) -> tuple[RolloutBatch, list[bool], list[bool]]:
+        prompts, responses, rewards, logprobs, correct, formatted = [], [], [], [], [], []
         for group in groups:
             for seq in group.samples:
                 text = self.tokenizer.decode(seq.response_ids)
                 prompts.append(seq.prompt_ids)
                 responses.append(seq.response_ids)
                 logprobs.append(seq.logprobs)
-                rewards.append(self.task.reward(group.problem, text))
-                correct.append(self.task.is_correct(group.problem, text))
+                answered, is_correct = self.task.grade(group.problem, text)
+                rewards.append(self.task.reward_of(answered, is_correct))
+                correct.append(is_correct)
+                formatted.append(answered)
         batch = RolloutBatch(prompts, responses, rewards, self.config.group_size, old_logprobs=logprobs)
-        return batch, correct
+        return batch, correct, formatted
 
 
 def _val(values: dict[str, Any]) -> dict[str, float]:
