@@ -198,6 +198,34 @@ def test_micro_batch_accumulation_equals_full_batch(aggregation: str) -> None:
     assert full.abs().max() > 1e-3
 
 
+def test_logits_budget_splits_micro_batches_and_keeps_the_gradient() -> None:
+    """A micro-batch holds at most `max_logits_mib` of logits (sequences x longest x vocab x 4 bytes); the
+    split changes memory only, not the accumulated gradient."""
+    from types import SimpleNamespace
+
+    batch = make_batch([1.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.0, 0.2, 0.9, 0.1], group_size=5, seed=3)
+    longest = max(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True))
+    two_rows = 2 * longest * VOCAB * 4 / 2**20  # MiB: room for two sequences of the longest length
+
+    def grad_and_sizes(**cfg: object) -> tuple[torch.Tensor, list[int]]:
+        model = make_model()
+        model.config = SimpleNamespace(vocab_size=VOCAB)
+        updater = GRPOUpdater(model, GRPOConfig(**cfg))  # type: ignore[arg-type]
+        mbs = updater.prepare(batch)
+        updater.compute_gradients(mbs)
+        for mb in mbs:  # each micro-batch's padded logits fit the budget, or it is a single sequence
+            fits = mb.input_ids.numel() * VOCAB * 4 <= cfg["max_logits_mib"] * 2**20  # type: ignore[operator]
+            assert fits or mb.input_ids.shape[0] == 1
+        return grads(model), [mb.input_ids.shape[0] for mb in mbs]
+
+    full, sizes = grad_and_sizes(micro_batch_size=len(batch), max_logits_mib=1e9)
+    assert sizes == [len(batch)]
+    for budget in (two_rows, 1e-9):  # two sequences at most; one each
+        split, sizes = grad_and_sizes(micro_batch_size=len(batch), max_logits_mib=budget)
+        assert sum(sizes) == len(batch) and max(sizes) <= (2 if budget == two_rows else 1)
+        assert torch.allclose(split, full, rtol=0, atol=1e-6)
+
+
 def test_rollout_logprobs_used_when_not_recomputing() -> None:
     batch = make_batch([1.0, 0.0, 0.0, 1.0], group_size=2, seed=4)
     model = make_model()

@@ -161,6 +161,10 @@ class GRPOConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0  # <= 0 disables clipping
     micro_batch_size: int = 16
+    # A micro-batch also holds at most this many MiB of fp32 logits (sequences x width x vocab x 4 bytes):
+    # at a 49k vocabulary 16 sequences of 300 tokens would be 0.9 GB of logits, several times over in the
+    # log-softmax and its backward. The embedded model's 99-token vocabulary never reaches it.
+    max_logits_mib: float = 256.0
     clip_low: float = 0.2
     clip_high: float = 0.2  # DAPO's clip-higher uses 0.28
     aggregation: Aggregation = "token-mean"
@@ -242,12 +246,29 @@ class GRPOUpdater:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def _partition(self, batch: RolloutBatch) -> list[range]:
+        """Consecutive index ranges of at most `micro_batch_size` sequences whose logits (padded to the
+        range's longest sequence) fit in `max_logits_mib`; one sequence per range at least."""
+        cfg = self.config
+        vocab = int(getattr(getattr(self.model, "config", None), "vocab_size", 0))  # 0: no logits cap
+        budget = cfg.max_logits_mib * 2**20
+        ranges, lo, longest = [], 0, 0
+        for i in range(len(batch)):
+            length = len(batch.prompt_ids[i]) + len(batch.response_ids[i])
+            wider = max(longest, length)
+            full = i - lo >= cfg.micro_batch_size or (i - lo + 1) * wider * vocab * 4 > budget
+            if i > lo and full:
+                ranges.append(range(lo, i))
+                lo, wider = i, length
+            longest = wider
+        return [*ranges, range(lo, len(batch))] if len(batch) else []
+
     def _micro_batches(self, batch: RolloutBatch, advantages: Tensor) -> list[_MicroBatch]:
         """Right-padded micro-batches, each only as wide as its own longest sequence."""
-        cfg, dev, n = self.config, self.device, len(batch)
+        cfg, dev = self.config, self.device
         out = []
-        for lo in range(0, n, cfg.micro_batch_size):
-            idx = range(lo, min(lo + cfg.micro_batch_size, n))
+        for idx in self._partition(batch):
+            lo = idx.start
             seqs = [batch.prompt_ids[i] + batch.response_ids[i] for i in idx]
             resp_lens = torch.tensor([len(batch.response_ids[i]) for i in idx], device=dev)
             width = max(int(resp_lens.max()), 1)
