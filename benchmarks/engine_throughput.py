@@ -133,7 +133,7 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
                     capture_output=True,
                     text=True,
                     check=False,
-                    env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+                    env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"},
                 )
                 if out.returncode != 0:
                     raise SystemExit(f"{side} at batch {b} failed:\n{out.stderr[-2000:]}")

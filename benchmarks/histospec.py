@@ -42,6 +42,35 @@ def epoch_metrics(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
         "mean_accepted_len": sum(m["verify_tokens"] for m in rows) / vseqs if vseqs else None,
         "draft_coverage": sum(m["drafted_seqs"] for m in rows) / dsteps if dsteps else None,
         "reward_mean": sum(m["reward_mean"] for m in rows) / len(rows),
+        **undrafted(events, steps),
+    }
+
+
+def undrafted(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
+    """Where HistoSpec cannot help: engine-step time spent in plain `decode` steps (no sequence in flight
+    had a draft), overall and in the step's tail (its last 25% of rollout time, where few sequences are
+    left), and the longest response of the epoch with the share of its tokens that came from drafts."""
+    engine = [e for e in events if e["kind"] in ("prefill", "decode", "verify") and e["step"] in steps]
+    plain, tail_plain, tail_all = 0.0, 0.0, 0.0
+    for step in steps:
+        mine = [e for e in engine if e["step"] == step]
+        if not mine:
+            continue
+        t0, t1 = min(e["t_start"] for e in mine), max(e["t_end"] for e in mine)
+        cut = t1 - 0.25 * (t1 - t0)
+        for e in mine:
+            took = e["t_end"] - e["t_start"]
+            plain += took * (e["kind"] == "decode")
+            if e["t_start"] >= cut:
+                tail_all += took
+                tail_plain += took * (e["kind"] == "decode")
+    total = sum(e["t_end"] - e["t_start"] for e in engine)
+    seqs = [e for e in events if e["kind"] == "sequence" and e["step"] in steps]
+    longest = max(seqs, key=lambda e: e["response_tokens"], default=None)
+    return {
+        "plain_decode_time_share": plain / total if total else None,
+        "tail_plain_decode_time_share": tail_plain / tail_all if tail_all else None,
+        "longest_response": longest["response_tokens"] if longest else None,
     }
 
 
@@ -114,7 +143,7 @@ def main() -> None:
         header = (
             f"{'epoch':>5} {'plain tok/s':>11} {'rhyme tok/s':>11} {'speed-up':>8} {'accept':>7} "
             f"{'tok/verify':>10} {'coverage':>8} {'reward plain':>12} {'reward rhyme':>12} "
-            f"{'same lens':>11}"
+            f"{'same lens':>11} {'undrafted time':>14} {'in tail':>8} {'longest':>7}"
         )
         print(header)
         rows = []
@@ -142,7 +171,9 @@ def main() -> None:
                 f"{epoch:>5} {plain['tokens_per_s']:>11.0f} {rhyme['tokens_per_s']:>11.0f} {speedup:>7.2f}x "
                 f"{fmt(rhyme['acceptance_rate'], '.1%'):>7} {fmt(rhyme['mean_accepted_len'], '.2f'):>10} "
                 f"{fmt(rhyme['draft_coverage'], '.1%'):>8} {plain['reward_mean']:>12.3f} "
-                f"{rhyme['reward_mean']:>12.3f} {str(same):>11}",
+                f"{rhyme['reward_mean']:>12.3f} {str(same):>11} "
+                f"{fmt(rhyme['plain_decode_time_share'], '.1%'):>14} "
+                f"{fmt(rhyme['tail_plain_decode_time_share'], '.1%'):>8} {rhyme['longest_response']:>7}",
                 flush=True,
             )
         print(

@@ -57,6 +57,21 @@ def test_unboxed_answers_are_read_whole() -> None:
     assert not _grade("Final answer: 18", "\\$18.90").correct
 
 
+def test_a_value_from_another_match_is_not_the_answer() -> None:
+    """A real SmolLM2 response: math-verify matched the last formula (which does not parse) and took its
+    value, 2, from "a power of 2" earlier on; graded against gold 2 that was a false positive."""
+    response = (
+        "This means that all integers $x_{1}, x_{2}, \\ldots, x_{k+1}$ are zeros of the polynomial "
+        "$P(x_{1})+P(x_{2})+..+P(x_{k+1})$, but this only happens when $P(n+1)=n$, which is impossible for "
+        "$n$ to be a power of 2.\n\nTherefore, there are only finitely many integers $x_{1}, x_{2}, \\ldots, "
+        "x_{k+1}$ that satisfy this equation."
+    )
+    graded = _grade(response, "2")
+    assert graded.extracted == "x_{1}, x_{2},  , x_{k+1}" and not graded.correct
+    assert _grade("so $n$ is a power of 2.", "2").correct  # a value of the matched text itself still counts
+    assert _grade("The answer is $\\frac{1}{2}$.", "0.5").correct
+
+
 def test_extraction_priority() -> None:
     # the last boxed answer wins over an earlier one and over a later "final answer" phrase
     first_try = "First I got \\boxed{\\frac{1}{2}} but that misses the second case entirely. Redone: "

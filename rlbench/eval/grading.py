@@ -119,7 +119,15 @@ def parse_answer(response: str) -> list[Any]:
     from math_verify import parse
 
     text = delimit_final_answer(response[-MAX_RESPONSE_CHARS:])
-    return parse(text, _configs(), parsing_timeout=_VERIFY_TIMEOUT_S)
+    parsed = parse(text, _configs(), parsing_timeout=_VERIFY_TIMEOUT_S)
+    if len(parsed) == 2 and not isinstance(parsed[0], str) and isinstance(parsed[1], str):
+        # math-verify keeps the text of the best match even when that text does not parse, and then takes
+        # its value from a lower-ranked match: "... a power of 2. ... integers $x_1, x_2, \ldots$ ..." gave
+        # [2, 'x_{1}, x_{2}, ...']. The answer is the matched text; it keeps a value only if it has one.
+        alone = parse(f"${parsed[1]}$", _configs(), parsing_timeout=_VERIFY_TIMEOUT_S)
+        if not alone or isinstance(alone[0], str):
+            return [parsed[1]]
+    return parsed
 
 
 def answer_text(parsed: Sequence[Any]) -> str | None:
