@@ -24,10 +24,11 @@ def test_every_shared_option_is_on_every_run_command(command):
 
 
 def test_every_shared_option_reaches_the_trainer_config():
-    # build_config passes options on by name (lr/kl_coef aside), so each field must name a TrainConfig field.
+    # build_config passes options on by name (lr/kl_coef aside), so each field must name a TrainConfig field;
+    # the KEY=VALUE lists become mode_options and task_options.
     from reference_trainer.train.trainer import TrainConfig
 
-    train_fields = {f.name for f in fields(TrainConfig)} | {"mode_option"}
+    train_fields = {f.name for f in fields(TrainConfig)} | {"mode_option", "task_option"}
     assert {f.name for f in fields(RunOptions)} <= train_fields
 
 
