@@ -435,3 +435,11 @@ def test_compare_report_renders_in_chromium(tmp_path):
     page = render_compare(tmp_path / "run", cmp_doc)
     assert check_all_figures_drew(page, tmp_path) >= 6
     assert "1.5" in page.read_text()  # the speed-up of the faster mode appears in the table
+
+
+def test_table_cells_never_show_e_notation() -> None:
+    from rlbench.report.page import table
+
+    html = table([{"tiny": 1.149e-05, "neg": -2e-5, "zero": 0.0, "ratio": 0.8986, "big": 123456.7, "n": 3}])
+    cells = html.split("<td>")[1:]
+    assert [c.split("</td>")[0] for c in cells] == ["&lt;0.001", "-&lt;0.001", "0", "0.8986", "123,457", "3"]

@@ -24,14 +24,18 @@ td:first-child,th:first-child{text-align:left}
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """An HTML table from dict rows; floats shown with 4 significant digits."""
+    """An HTML table from dict rows; floats shown with 4 significant digits, from 10,000 up as whole numbers
+    with separators, and a nonzero float under 0.001 as "<0.001" (e-notation reads badly in a table; the
+    JSON beside the page keeps the exact value)."""
     if not rows:
         return "<p><i>no rows</i></p>"
     columns = list(columns or rows[0].keys())
 
     def cell(value: Any) -> str:
         if isinstance(value, float):
-            return f"{value:.4g}"
+            if 0 < abs(value) < 1e-3:
+                return html.escape("-<0.001" if value < 0 else "<0.001")
+            return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
         return html.escape("" if value is None else str(value))
 
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
