@@ -47,11 +47,7 @@ def median_time(fn, repeats: int) -> float:
 
 def matmul_floor(model, batch: int, dtype: torch.dtype, repeats: int) -> tuple[float, float]:
     """Seconds for one decode step's matmuls at `batch` rows: (packed, F.linear)."""
-    linears = [
-        m
-        for layer in model.model.layers
-        for m in (layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up, layer.mlp.down)
-    ] + [model.head]
+    linears = model.inference_linears()
     inputs = [torch.randn(batch, m.weight.shape[1], dtype=dtype) for m in linears]
 
     def packed() -> None:

@@ -124,12 +124,17 @@ def reject_unknown_mode_options(mode_name: str, wanted: dict[str, Any], accepted
     raise UserError(f"mode {mode_name!r} takes no option {', '.join(unknown)}")
 
 
+# What a run's task is when --task-option says nothing else: kk puzzles of 3 people (the embedded model's
+# search traces cover up to 3). The embedded model's card is measured on the same settings.
+DEFAULT_TASK_OPTIONS: dict[str, dict[str, Any]] = {"arith": {}, "kk": {"num_people": 3}}
+
+
 def task_options(task: str, pairs: list[str]) -> dict[str, Any]:
-    """The task's constructor options from --task-option KEY=VALUE pairs (kk defaults to 3 people), checked
-    by building the task once, so a typo fails before any model loads."""
+    """The task's constructor options: DEFAULT_TASK_OPTIONS, then --task-option KEY=VALUE pairs, checked by
+    building the task once, so a typo fails before any model loads."""
     from reference_trainer.tasks import get_task
 
-    options = {**({"num_people": 3} if task == "kk" else {}), **parse_mode_options(pairs, "--task-option")}
+    options = {**DEFAULT_TASK_OPTIONS.get(task, {}), **parse_mode_options(pairs, "--task-option")}
     try:
         get_task(task, **options)
     except TypeError as err:

@@ -227,14 +227,19 @@ class DecoderLM(nn.Module):
         self.head = InferenceLinear(self.lm_head.weight, None, pack)
         return self
 
+    def inference_linears(self) -> list[InferenceLinear]:
+        """The inference path's matmuls in the order a decode step runs them (empty before
+        fuse_projections)."""
+        per_layer = (
+            (layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up, layer.mlp.down)
+            for layer in self.model.layers
+        )
+        return [m for m in (*(m for ms in per_layer for m in ms), self.head) if m is not None]
+
     def repack(self) -> None:
         """Refresh the packed copies after the weights changed in place (no-op where nothing is packed)."""
-        for layer in self.model.layers:
-            for linear in (layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up, layer.mlp.down):
-                if linear is not None:
-                    linear.repack()
-        if self.head is not None:
-            self.head.repack()
+        for linear in self.inference_linears():
+            linear.repack()
 
 
 def _fuse(params: list[torch.Tensor]) -> torch.Tensor:

@@ -252,15 +252,14 @@ class GRPOUpdater:
         cfg = self.config
         vocab = int(getattr(getattr(self.model, "config", None), "vocab_size", 0))  # 0: no logits cap
         budget = cfg.max_logits_mib * 2**20
-        ranges, lo, longest = [], 0, 0
+        ranges, lo, width = [], 0, 0
         for i in range(len(batch)):
             length = len(batch.prompt_ids[i]) + len(batch.response_ids[i])
-            wider = max(longest, length)
-            full = i - lo >= cfg.micro_batch_size or (i - lo + 1) * wider * vocab * 4 > budget
+            full = i - lo >= cfg.micro_batch_size or (i - lo + 1) * max(width, length) * vocab * 4 > budget
             if i > lo and full:
                 ranges.append(range(lo, i))
-                lo, wider = i, length
-            longest = wider
+                lo, width = i, 0
+            width = max(width, length)
         return [*ranges, range(lo, len(batch))] if len(batch) else []
 
     def _micro_batches(self, batch: RolloutBatch, advantages: Tensor) -> list[_MicroBatch]:
@@ -268,7 +267,6 @@ class GRPOUpdater:
         cfg, dev = self.config, self.device
         out = []
         for idx in self._partition(batch):
-            lo = idx.start
             seqs = [batch.prompt_ids[i] + batch.response_ids[i] for i in idx]
             resp_lens = torch.tensor([len(batch.response_ids[i]) for i in idx], device=dev)
             width = max(int(resp_lens.max()), 1)
@@ -277,7 +275,7 @@ class GRPOUpdater:
                 prompt_lens=torch.tensor([len(batch.prompt_ids[i]) for i in idx], device=dev),
                 response_lens=resp_lens,
                 mask=response_mask(resp_lens, width),
-                advantages=advantages[lo : lo + len(idx)].to(dev),
+                advantages=advantages[idx.start : idx.stop].to(dev),
             )
             # float64 keeps the rollout's Python floats exact; they are cast to the log-probs' dtype at use.
             f64 = torch.float64

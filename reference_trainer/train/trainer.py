@@ -24,7 +24,7 @@ from reference_trainer.train.checkpoint import latest_checkpoint, load_checkpoin
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.grpo import RolloutBatch
 from reference_trainer.train.heldout import HeldOut, check_disjoint, held_out_problems
-from reference_trainer.train.rows import step_row
+from reference_trainer.train.rows import VAL_FIELDS, step_row
 from rlbench.metrics import worker_capacities
 from rlbench.records import append_jsonl, read_jsonl, write_json, write_text
 
@@ -137,7 +137,7 @@ class Trainer:
         evaluation (metrics.jsonl rows carry the evaluations made before their step's rollout)."""
         curve, samples = [], 0
         for row in read_jsonl(self.out_dir / "metrics.jsonl"):
-            if "val/heldout_greedy_acc" in row:
+            if VAL_FIELDS[0] in row:
                 curve.append({"step": row["step"], "samples": samples, **_val(row)})
             samples += row["samples"]
         if not curve or curve[-1]["step"] != self.step:
@@ -189,6 +189,4 @@ class Trainer:
 
 
 def _val(values: dict[str, Any]) -> dict[str, float]:
-    return {
-        k.removeprefix("val/heldout_"): values[k] for k in ("val/heldout_greedy_acc", "val/heldout_pass1")
-    }
+    return {k.removeprefix("val/heldout_"): values[k] for k in VAL_FIELDS}

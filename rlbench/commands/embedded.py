@@ -8,8 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-CARD_TASKS = (("arith", {}), ("kk", {"num_people": 3}))  # the tasks and settings RL runs use by default
-
 
 def measure_card(model_dir: Path, problems: int = 128) -> dict[str, Any]:
     """The recipe's targets, measured on held-out problems of each task (train/heldout.py policy_card)."""
@@ -17,11 +15,12 @@ def measure_card(model_dir: Path, problems: int = 128) -> dict[str, Any]:
     from reference_trainer.model.tokenizer import load_tokenizer
     from reference_trainer.tasks import get_task
     from reference_trainer.train.heldout import policy_card
+    from rlbench.training import DEFAULT_TASK_OPTIONS  # the tasks and settings RL runs use by default
 
     model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
     return {
         name: policy_card(model, tokenizer, get_task(name, **options), n=problems)
-        for name, options in CARD_TASKS
+        for name, options in DEFAULT_TASK_OPTIONS.items()
     }
 
 
