@@ -19,6 +19,9 @@ on the first max(B, 4) prompts (32 fixed chat prompts, through the model's chat 
 greedy by default (both sides then generate the same tokens in fp32, so they do the same work), in
 --dtype on both sides:
 the engine with B slots and max_model_len = the model's context, transformers with static batches of B.
+--rounds K queues K x max(B, 4) requests instead (the 32 chat prompts cycled: each comes back K times at
+batch 32), as an RL rollout queues prompts x samples: the engine and vLLM refill a slot as soon as its row
+ends, transformers runs K static batches, each until its longest row ends.
 Every run is a fresh process (rollout_runs.py), so each reports its own peak RSS; runs are interleaved
 (engine, transformers, for each B, --repeats times) and the median is reported. --engine-path adds a
 side: the engine imported from another checkout, for before/after numbers from the same run. --vllm-python
@@ -120,7 +123,7 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
                     "side": side if side in ("transformers", "vllm") else "engine",
                     "model": str(path),
                     "batch": b,
-                    "prompts": max(b, 4),
+                    "prompts": max(b, 4) * args.rounds,
                     "max_tokens": args.max_tokens,
                     "temperature": args.temperature,
                     "dtype": args.dtype,
@@ -160,7 +163,8 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
         summary[str(b)] = {"median_tokens_per_s": med, "peak_rss_gb": rss, "ratio": ratio}
         summary[str(b)]["runs"] = {side: runs[b, side] for side in sides}
         row = (
-            f"| {b} | {max(b, 4)} | {med['engine']:,.1f} | {med['transformers']:,.1f} | {ratio:.2f}x "
+            f"| {b} | {max(b, 4) * args.rounds} | {med['engine']:,.1f} | {med['transformers']:,.1f} "
+            f"| {ratio:.2f}x "
             f"| {rss['engine']:.2f} GB | {rss['transformers']:.2f} GB |"
         )
         if args.engine_path:
@@ -172,6 +176,7 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
     out_dir.mkdir(exist_ok=True)
     name = "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(str(args.model)).name)
     name += "" if args.dtype == "float32" else f"_{args.dtype}"
+    name += "" if args.rounds == 1 else f"_rounds{args.rounds}"
     write_json(
         out_dir / f"engine_throughput_{name}.json",
         {
@@ -179,6 +184,7 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,
             "dtype": args.dtype,
+            "rounds": args.rounds,
             "load_average": os.getloadavg(),
             "batches": summary,
         },
@@ -201,6 +207,13 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="sweep only; 0 = greedy")
     parser.add_argument(
         "--dtype", default="float32", choices=["float32", "bfloat16"], help="sweep only; both sides"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="sweep only; requests = rounds x max(B, 4) (prompts cycled), B at a time: with rounds > 1 the "
+        "engine refills slots as rows finish, transformers runs that many static batches",
     )
     parser.add_argument("--threads", type=int, default=0, help="sweep only; torch threads (0 = default)")
     parser.add_argument("--engine-path", help="sweep only; also run the engine from this checkout")
