@@ -115,6 +115,7 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
     sides = ["engine", "transformers"] + (["engine (before)"] if args.engine_path else [])
     sides += ["vllm"] if args.vllm_python else []
     runs: dict[tuple[int, str], list[dict]] = {(b, side): [] for b in batches for side in sides}
+    requests = {b: max(b, 4) * args.rounds for b in batches}
     script = Path(__file__).with_name("rollout_runs.py")
     for _ in range(args.repeats):  # interleaved, so drifting machine load hits every side alike
         for b in batches:
@@ -123,7 +124,7 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
                     "side": side if side in ("transformers", "vllm") else "engine",
                     "model": str(path),
                     "batch": b,
-                    "prompts": max(b, 4) * args.rounds,
+                    "prompts": requests[b],
                     "max_tokens": args.max_tokens,
                     "temperature": args.temperature,
                     "dtype": args.dtype,
@@ -163,7 +164,7 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
         summary[str(b)] = {"median_tokens_per_s": med, "peak_rss_gb": rss, "ratio": ratio}
         summary[str(b)]["runs"] = {side: runs[b, side] for side in sides}
         row = (
-            f"| {b} | {max(b, 4) * args.rounds} | {med['engine']:,.1f} | {med['transformers']:,.1f} "
+            f"| {b} | {requests[b]} | {med['engine']:,.1f} | {med['transformers']:,.1f} "
             f"| {ratio:.2f}x "
             f"| {rss['engine']:.2f} GB | {rss['transformers']:.2f} GB |"
         )
@@ -221,6 +222,8 @@ def main() -> None:
         "--vllm-python", help="sweep only; also run vLLM with this interpreter (e.g. .venv-vllm/bin/python)"
     )
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     path, label = resolve_model(args.model)
     if args.batches is None and args.model not in (None, "random") and has_chat_template(path):
         args.batches = "1,8,32"

@@ -137,7 +137,7 @@ class CachedBatch:
         batch-32 SmolLM2 decode step the gathers took 38 ms that way and take 26 ms this way."""
         heads, _, size, dim = pool.shape
         buffer = self._buffers.get(which)
-        if buffer is None or buffer.dtype != pool.dtype:
+        if buffer is None:
             buffer = torch.empty(
                 (heads, len(self.flat_tables), size, dim), dtype=pool.dtype, device=pool.device
             )
