@@ -1,13 +1,14 @@
-"""Where the embedded model's K&K search breaks: per-claim accuracy under teacher forcing.
+"""Where the embedded model's K&K search breaks: per-check accuracy under teacher forcing.
 
     python benchmarks/kk_claims.py [--model DIR] [--problems 100]
 
 Feeds the model error-free search traces (sft_person_error = 0) of held-out puzzles with 2 and 3 people
-and reads its greedy prediction at every check: the claim's truth (`t`/`f`, which needs the speaker's
-statement from the prompt and the roles of the line) and the verdict (`ok`/`no`, which compares that with
-the speaker's role). Accuracy is per statement form, beside the share of the majority answer (what always
-writing the form's more common truth value would score). Prints a table and writes
-benchmarks/results/kk_claims.json.
+and reads its greedy prediction at every token of every check that is a decision (tasks/kk.py shows the
+format): the role each atom of the claim names (copied from the speaker's statement in the prompt), the
+role that person has on the candidate line (a lookup), the atom's truth, the claim's truth and the verdict
+(ok/no: the claim's truth against the speaker's role). Accuracy is per statement form, beside the share of
+the majority claim truth (what always writing the form's more common value would score). Prints a table
+and writes benchmarks/results/kk_claims.json.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ from reference_trainer.tasks import get_task  # noqa: E402
 from reference_trainer.train.heldout import held_out_problems  # noqa: E402
 from rlbench.records import write_json  # noqa: E402
 
-CHECK = re.compile(r"(\w+) ([tf]) (ok|no)")
+CHECK = re.compile(r" (\w+) ([TF]): (.*) = ([tf]) (ok|no)")
+ATOM = re.compile(r"(\w+)=([TF]):([TF]) ([tf])")
+SAYS = re.compile(r"(\w+):([TF]) says")
+WHAT = ("claimed role", "actual role", "atom truth", "claim truth", "verdict")
 
 
 def main() -> None:
@@ -54,39 +58,42 @@ def main() -> None:
             names, statements = problem.meta["names"], problem.meta["statements"]
             offset = 0
             for line in response.split("\n"):
-                roles, sep, checks = line.partition(": ")
-                for match in CHECK.finditer(checks) if sep else ():
-                    form = statements[names.index(match.group(1))][0]
-                    for group, what in ((2, "truth"), (3, "verdict")):
-                        at = len(prompt) + offset + len(roles) + len(sep) + match.start(group)
+                check = CHECK.fullmatch(line)
+                if check is not None:
+                    form = statements[names.index(check.group(1))][0]
+                    claim_at = check.start(3)
+                    scored = [
+                        (claim_at + m.start(g), w)
+                        for m in ATOM.finditer(check.group(3))
+                        for g, w in ((2, "claimed role"), (3, "actual role"), (4, "atom truth"))
+                    ]
+                    scored += [(claim_at + m.start(2), "actual role") for m in SAYS.finditer(check.group(3))]
+                    scored += [(check.start(4), "claim truth"), (check.start(5), "verdict")]
+                    for pos, what in scored:
+                        at = len(prompt) + offset + pos
                         got = tokenizer.decode([predicted[at - 1]])  # the prediction of token `at`
                         cell = hits[people, form, what]
-                        cell[0] += got == match.group(group)[0]
+                        cell[0] += got == line[pos]
                         cell[1] += 1
-                    hits[people, form, "true"][0] += match.group(2) == "t"
+                    hits[people, form, "true"][0] += check.group(4) == "t"
                 offset += len(line) + 1
     print(f"model: {label}; {args.problems} held-out puzzles per people count, teacher-forced correct traces")
     print(
-        "| people | statement form | checks | claim truth (t/f) | majority answer | verdict (ok/no) |\n"
-        "|---:|---|---:|---:|---:|---:|"
+        "| people | statement form | checks | " + " | ".join(WHAT) + " | majority claim truth |\n"
+        "|---:|---|---:|" + "---:|" * (len(WHAT) + 1)
     )
     table = []
     for people, form in sorted({(p, f) for p, f, _ in hits}):
-        truth, verdict = hits[people, form, "truth"], hits[people, form, "verdict"]
-        true_share = hits[people, form, "true"][0] / truth[1]
-        row = {
-            "people": people,
-            "form": form,
-            "checks": truth[1],
-            "truth_accuracy": truth[0] / truth[1],
-            "majority_share": max(true_share, 1 - true_share),
-            "verdict_accuracy": verdict[0] / verdict[1],
-        }
+        checks = hits[people, form, "verdict"][1]
+        row: dict[str, object] = {"people": people, "form": form, "checks": checks}
+        for what in WHAT:
+            right, total = hits[people, form, what]
+            row[what.replace(" ", "_") + "_accuracy"] = right / total
+        true_share = hits[people, form, "true"][0] / checks
+        row["majority_share"] = max(true_share, 1 - true_share)
         table.append(row)
-        print(
-            f"| {people} | {form} | {truth[1]} | {row['truth_accuracy']:.0%} | {row['majority_share']:.0%} "
-            f"| {row['verdict_accuracy']:.0%} |"
-        )
+        cells = " | ".join(f"{row[w.replace(' ', '_') + '_accuracy']:.0%}" for w in WHAT)
+        print(f"| {people} | {form} | {checks} | {cells} | {row['majority_share']:.0%} |")
     write_json(Path(__file__).parent / "results" / "kk_claims.json", {"model": label, "rows": table})
 
 

@@ -223,9 +223,11 @@ def test_kk_statement_forms_and_prompt_phrasing(kk_problems: list[Problem]) -> N
 
 def test_kk_people_range_and_context_budget() -> None:
     assert {p.meta["num_people"] for p in KKTask(num_people=(3, 5)).problems(60, seed=0)} == {3, 4, 5}
-    task, rng = KKTask(num_people=8), random.Random(0)
-    for p in task.problems(20, seed=0):
-        assert len(p.prompt) + len(task.sft_response(p, rng)) < 1000  # char model context is ~1024
+    # the embedded model's context is 1536 characters: 8-person checks and 3-person searches fit in it
+    for people, budget in ((8, 1000), (3, 1400)):
+        task, rng = KKTask(num_people=people), random.Random(0)
+        for p in task.problems(200, seed=0):
+            assert len(p.prompt) + len(task.sft_response(p, rng)) < budget
     for bad in (1, 9, (1, 3), (5, 4)):
         with pytest.raises(ValueError):
             KKTask(num_people=bad)
@@ -266,35 +268,51 @@ def test_kk_reward() -> None:
     assert KKTask(format_reward=0.2).reward(p, "answer:\n" + wrong_text) == 0.2
 
 
-def test_kk_sft_search_traces_check_claims_and_stop_at_the_first_pass() -> None:
-    """Up to 3 people: lines try assignments in binary order; each check's t/f is the claim's truth under
-    the line's roles, ok/no its consistency (a no ends the line); the answer is the first line without a
-    no. A slip is an inconsistent check read as ok; on the accepted line it makes the answer wrong."""
-    from reference_trainer.tasks.kk import evaluate
-
+def test_kk_sft_search_traces_write_each_lookup_and_stop_at_the_first_pass() -> None:
+    """Up to 3 people: candidates in binary order, a roles line each, then one line per claim checked under
+    those roles. Each atom names the person, the role the claim gives them, their role on the candidate
+    and the atom's truth; the claim's truth follows, then ok/no (its consistency with the speaker's role).
+    A candidate ends at its first no; the answer is the first candidate without one. A slip is an
+    inconsistent check read as ok; on the accepted candidate it makes the answer wrong. Checked against
+    this file's own evaluator, not the module's."""
     task, rng = KKTask(num_people=(2, 3)), random.Random(0)
     problems = task.problems(300, seed=2)
+    check_line = re.compile(r" (\w+) ([TF]): (.*) = ([tf]) (ok|no)")
+    atom = re.compile(r"(\w+)=([TF]):([TF]) ([tf])")
     correct = 0
     for p in problems:
         names, statements = p.meta["names"], p.meta["statements"]
         lines = task.sft_response(p, rng).split("\n")
-        tries = lines[: lines.index("answer:")]
-        for i, line in enumerate(tries):
-            slipped = False  # a slip decides the answer only on the accepted (last) line
-            roles_text, checks_text = line.split(": ")
-            roles = roles_text.split()
+        body = lines[: lines.index("answer:")]
+        starts = [i for i, line in enumerate(body) if not line.startswith(" ")]
+        assert starts[0] == 0
+        for c, start in enumerate(starts):
+            roles = body[start].split()
             assert roles[0::2] == names
-            knights = [r == "T" for r in roles[1::2]]
-            assert knights == list(list(itertools.product((True, False), repeat=len(names)))[i])
-            checks = checks_text.split()
-            for j in range(0, len(checks), 3):
-                name, truth, verdict = checks[j : j + 3]
-                idx = names.index(name)
-                assert truth == ("t" if evaluate(statements[idx], knights) else "f")
-                consistent = knights[idx] == (truth == "t")
+            knights = tuple(r == "T" for r in roles[1::2])
+            assert knights == list(itertools.product((True, False), repeat=len(names)))[c]
+            checks = body[start + 1 : starts[c + 1] if c + 1 < len(starts) else len(body)]
+            accepted = c == len(starts) - 1
+            slipped = False  # a slip decides the answer only on the accepted candidate
+            for j, line in enumerate(checks):
+                match = check_line.fullmatch(line)
+                assert match is not None, line
+                speaker, role, claim, truth, verdict = match.groups()
+                assert (speaker, role) == (names[j], roles[2 * j + 1])
+                atoms = atom.findall(claim)
+                stmt = statements[j]
+                assert len(atoms) == (2 if stmt[0] in ("and", "or", "->", "<=>") else 1)
+                for name, claimed, actual, value in atoms:
+                    assert actual == roles[2 * names.index(name) + 1]
+                    assert value == ("t" if claimed == actual else "f")
+                expected = _independent_eval(stmt, knights)
+                assert truth == ("t" if expected else "f")
+                consistent = knights[j] == expected
                 assert verdict == "ok" or not consistent
                 slipped |= verdict == "ok" and not consistent
-            assert (checks[-1] == "no") == (i < len(tries) - 1)
+            verdicts = [line.endswith(" no") for line in checks]
+            assert verdicts == [False] * (len(checks) - 1) + [not accepted]
+            assert not accepted or len(checks) == len(names)
         ok = task.is_correct(p, "\n".join(lines))
         assert ok == (not slipped)
         correct += ok

@@ -32,6 +32,7 @@ class Problem:
 @runtime_checkable
 class Task(Protocol):
     name: str
+    max_response_tokens: int
 
     def problems(self, n: int, seed: int, start: int = 0) -> list[Problem]: ...
 
@@ -90,6 +91,8 @@ class BaseTask:
     """
 
     name: str = ""
+    # Response budget when a run sets none (train --max-tokens, the card): room for the longest SFT trace.
+    max_response_tokens: int = 400
 
     def __init__(self, format_reward: float = 0.0, style: str = "compact") -> None:
         if not 0.0 <= format_reward < 1.0:

@@ -7,18 +7,29 @@ notation (0-based person indices): ('telling-truth', i), ('lying', i), ('not', a
 (J is a knight) == atom. A puzzle is kept only if brute force over all 2^n assignments finds exactly one
 consistent assignment; otherwise its statements are redrawn.
 
-For up to 3 people the response searches the assignments in order, checking each claim under the line's
-roles (t/f: the claim's truth; ok/no: consistent with the speaker's role) until one passes, then gives the
-answer in the public format. For 'Nora says, "Eva is a knave." Eva says, "Nora is a knave if and only if
-Eva is a knight."':
+For up to 3 people the response searches the assignments in order (knights first). Each candidate gets a
+line of roles, then one line per claim checked under them, stopping at the first claim that contradicts its
+speaker; the first candidate with none is the answer, given in the public format. A check writes out every
+lookup it needs: the speaker and role, the claim restated from the prompt with each mentioned person's
+claimed role (T/F), actual role on this candidate, and the atom's truth (t/f), then the claim's truth and
+whether it fits the speaker (ok/no). For 'Nora says, "Eva is a knave." Eva says, "Nora is a knave if and
+only if Eva is a knight."':
 
-    Nora T Eva T: Nora f no
-    Nora T Eva F: Nora t ok Eva t no
-    Nora F Eva T: Nora f ok Eva t ok
+    Nora T Eva T
+     Nora T: Eva=F:T f = f no
+    Nora T Eva F
+     Nora T: Eva=F:F t = t ok
+     Eva F: Nora=F:T f <=> Eva=T:F f = t no
+    Nora F Eva T
+     Nora F: Eva=F:T f = f ok
+     Eva T: Nora=F:F t <=> Eva=T:T t = t ok
     answer:
     (1) Nora is a knave
     (2) Eva is a knight
 
+Every token of a check reads one thing: a name or role in the prompt's statement, a role on the candidate
+line, or two truth values just written (an earlier format left the claim's truth to a single token, and a
+4-layer model never learned it: benchmarks/kk_claims.py).
 The search is the solver a small model can run; its length varies with where the solution lies.
 """
 
@@ -157,6 +168,34 @@ def format_assignment(names: Sequence[str], knights: Sequence[bool]) -> str:
     return "\n".join(f"({i + 1}) {n} is a {r}" for i, (n, r) in enumerate(zip(names, roles, strict=True)))
 
 
+def _role(knight: bool) -> str:
+    return "T" if knight else "F"
+
+
+def _truth(value: bool) -> str:
+    return "t" if value else "f"
+
+
+def _explain_atom(atom: Statement, names: Sequence[str], knights: Sequence[bool]) -> str:
+    """'Eva=F:T f': Eva is claimed a knave (F), is a knight on this line (T), so the atom is false."""
+    claimed_knight = atom[0] == "telling-truth"
+    actual = knights[atom[1]]
+    return f"{names[atom[1]]}={_role(claimed_knight)}:{_role(actual)} {_truth(actual == claimed_knight)}"
+
+
+def explain(stmt: Statement, names: Sequence[str], knights: Sequence[bool]) -> str:
+    """A statement restated with every lookup its truth needs under `knights` (the search trace's check)."""
+    op = stmt[0]
+    if op in ("telling-truth", "lying"):
+        return _explain_atom(stmt, names, knights)
+    if op == "not":
+        return f"not {_explain_atom(stmt[1], names, knights)}"
+    if op == "says":
+        return f"{names[stmt[1]]}:{_role(knights[stmt[1]])} says {_explain_atom(stmt[2], names, knights)}"
+    symbol = {"and": "&", "or": "|", "->": "=>", "<=>": "<=>"}[op]
+    return f"{_explain_atom(stmt[1], names, knights)} {symbol} {_explain_atom(stmt[2], names, knights)}"
+
+
 class KKTask(BaseTask):
     """Knights and Knaves with 2..8 people (`num_people`: an int, or an inclusive (lo, hi) range).
 
@@ -167,6 +206,7 @@ class KKTask(BaseTask):
     """
 
     name = "kk"
+    max_response_tokens = 1000  # a 3-person search is up to about 860 characters
 
     def __init__(
         self,
@@ -248,16 +288,18 @@ class KKTask(BaseTask):
             return "\n".join([*checks, self._answer_header(), format_assignment(names, knights)])
         lines = []
         for candidate in itertools.product((True, False), repeat=len(names)):
-            knights, checks, accepted = list(candidate), [], True
+            knights, accepted = list(candidate), True
+            lines.append(" ".join(f"{name} {_role(k)}" for name, k in zip(names, knights, strict=True)))
             for name, knight, stmt in zip(names, knights, statements, strict=True):
                 truth = evaluate(stmt, knights)
                 ok = knight == truth or rng.random() < self.sft_person_error
-                checks.append(f"{name} {'t' if truth else 'f'} {'ok' if ok else 'no'}")
+                lines.append(
+                    f" {name} {_role(knight)}: {explain(stmt, names, knights)} = {_truth(truth)} "
+                    f"{'ok' if ok else 'no'}"
+                )
                 if not ok:
                     accepted = False
                     break
-            roles = " ".join(f"{name} {'T' if k else 'F'}" for name, k in zip(names, knights, strict=True))
-            lines.append(f"{roles}: {' '.join(checks)}")
             if accepted:
                 break
         return "\n".join([*lines, self._answer_header(), format_assignment(names, knights)])

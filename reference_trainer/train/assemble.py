@@ -89,7 +89,7 @@ def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
         group_size=config.group_size,
         update_batch=config.prompts_per_step,
         params=SamplingParams(
-            temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
+            temperature=config.temperature, top_p=config.top_p, max_tokens=config.response_tokens
         ),
         seed=config.seed,
     )

@@ -25,11 +25,11 @@ class TrainConfig:
     engine: str = "reference"  # rollout engine: "reference" or "vllm" (engine/factory.py decides)
     prompts_per_step: int = 16  # complete groups per update
     group_size: int = 8
-    max_tokens: int = 400
+    max_tokens: int | None = None  # None: the task's response budget (tasks: max_response_tokens)
     temperature: float = 1.0
     top_p: float = 1.0
     max_num_seqs: int = 128  # engine slot capacity
-    max_model_len: int = 1024
+    max_model_len: int = 2048  # capped by the model's context
     max_prefill_tokens: int = (
         32768  # engine tokens per batched prefill forward (padded): a step's admissions in one go
     )
@@ -45,6 +45,13 @@ class TrainConfig:
     worker_backend: str = "ray"  # "ray", or "local": in-process, one after another (tests, debugging)
     ray_address: str | None = None  # an existing Ray cluster; None = start a local one
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(lr=1e-4, micro_batch_size=32))
+
+    @property
+    def response_tokens(self) -> int:
+        """The response budget: max_tokens, or when unset the task's (tasks: max_response_tokens)."""
+        from reference_trainer.tasks import TASKS
+
+        return self.max_tokens or TASKS[self.task].max_response_tokens
 
     def check(self) -> None:
         """Refuse settings under which the update would not be the policy gradient of what was sampled."""

@@ -61,7 +61,7 @@ class HeldOut:
         task: Task,
         problems: list[Problem],
         max_tokens: int,
-        max_model_len: int = 1024,
+        max_model_len: int = 2048,  # capped by the model's context
         max_num_seqs: int = 128,
     ) -> None:
         self.policy, self.tokenizer, self.task, self.problems = policy, tokenizer, task, problems
@@ -131,11 +131,19 @@ def top_token_probs(model: DecoderLM, prompts: list[list[int]], responses: list[
 
 
 def policy_card(
-    policy: DecoderLM, tokenizer: Any, task: Task, n: int = 128, samples: int = 8, max_tokens: int = 400
+    policy: DecoderLM,
+    tokenizer: Any,
+    task: Task,
+    n: int = 128,
+    samples: int = 8,
+    max_tokens: int | None = None,
 ) -> dict[str, float]:
     """The recipe's targets on held-out problems: greedy accuracy, pass@1 and pass@k at T = 1, response
-    length quantiles at T = 1, and the median per-token top probability at T = 1."""
-    held = HeldOut(policy, tokenizer, task, held_out_problems(task, n), max_tokens)
+    length quantiles at T = 1, and the median per-token top probability at T = 1. max_tokens defaults to
+    the task's response budget."""
+    held = HeldOut(
+        policy, tokenizer, task, held_out_problems(task, n), max_tokens or task.max_response_tokens
+    )
     greedy = held.decode(0.0)
     sampled = held.decode(1.0, samples)
     lengths = sorted(len(r) for r in sampled.response_ids)

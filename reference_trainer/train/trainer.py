@@ -67,7 +67,7 @@ class Trainer:
             self.tokenizer,
             self.task,
             problems,
-            self.config.max_tokens,
+            self.config.response_tokens,
             self.config.max_model_len,
         )
 

@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
             "workers": workers,
             "prompts_per_step": configs[0].prompts_per_step,
             "group_size": configs[0].group_size,
-            "max_tokens": configs[0].max_tokens,
+            "max_tokens": configs[0].response_tokens,
         }
         write_json(
             out / "compare.json",

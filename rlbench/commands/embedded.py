@@ -39,7 +39,7 @@ def build_command(
         typer.Option("--install", help="Also replace the shipped weights in this source tree (development)."),
     ] = False,
 ) -> None:
-    """Train the embedded model from scratch by its recipe (reference_trainer/model/recipe.py): about 30
+    """Train the embedded model from scratch by its recipe (reference_trainer/model/recipe.py): about 45
     minutes on 2 CPU cores. Deterministic for a given torch build and thread count."""
     import os
     import shutil
