@@ -255,3 +255,15 @@ def test_a_chat_model_gets_the_chat_style_of_its_task() -> None:
     assert styled_task_options(config, CharTokenizer())["style"] == "compact"
     pinned = replace(config, task_options={"style": "compact"})
     assert styled_task_options(pinned, ChatTokenizer())["style"] == "compact"
+
+
+def test_the_response_budget_is_the_tasks_unless_set_and_at_least_one_token():
+    from rlbench.errors import UserError
+    from rlbench.training import build_config
+
+    assert build_config(mode="baseline", task="kk").response_tokens == 1000  # a 3-person search fits
+    assert build_config(mode="baseline", task="arith").response_tokens == 400
+    assert build_config(mode="baseline", task="kk", max_tokens=7).response_tokens == 7
+    for bad in (0, -5):
+        with pytest.raises(UserError, match="--max-tokens must be at least 1"):
+            build_config(mode="baseline", task="kk", max_tokens=bad)

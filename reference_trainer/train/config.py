@@ -51,12 +51,14 @@ class TrainConfig:
         """The response budget: max_tokens, or when unset the task's (tasks: max_response_tokens)."""
         from reference_trainer.tasks import TASKS
 
-        return self.max_tokens or TASKS[self.task].max_response_tokens
+        return TASKS[self.task].max_response_tokens if self.max_tokens is None else self.max_tokens
 
     def check(self) -> None:
         """Refuse settings under which the update would not be the policy gradient of what was sampled."""
         if self.temperature <= 0:
             raise ValueError("training samples at --temperature > 0 (greedy rollouts have no log-probs)")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"--max-tokens must be at least 1, got {self.max_tokens}")
         if self.grpo.temperature is not None and self.grpo.temperature != self.temperature:
             raise ValueError(
                 f"grpo.temperature {self.grpo.temperature} differs from the rollout temperature "
