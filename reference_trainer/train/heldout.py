@@ -141,9 +141,8 @@ def policy_card(
     """The recipe's targets on held-out problems: greedy accuracy, pass@1 and pass@k at T = 1, response
     length quantiles at T = 1, and the median per-token top probability at T = 1. max_tokens defaults to
     the task's response budget."""
-    held = HeldOut(
-        policy, tokenizer, task, held_out_problems(task, n), max_tokens or task.max_response_tokens
-    )
+    budget = task.max_response_tokens if max_tokens is None else max_tokens
+    held = HeldOut(policy, tokenizer, task, held_out_problems(task, n), budget)
     greedy = held.decode(0.0)
     sampled = held.decode(1.0, samples)
     lengths = sorted(len(r) for r in sampled.response_ids)
