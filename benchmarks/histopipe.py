@@ -3,11 +3,12 @@
     python benchmarks/histopipe.py [--workers 2] [--epochs 4] [--pool 32] [--prompts-per-step 8]
                                    [--group-size 8] [--max-tokens 400] [--slots 32] [--model DIR|random]
 
-Four trainers (round-robin, least-outstanding, histopipe, histopipe-lpt; see VARIANTS) train from the same
-weights on the same heavy-tailed `arith` pool of `--pool` prompts, cycled for `--epochs` epochs, with the
-same per-request seeds, so they generate the same samples (checked per step; a warning if not). Each worker
-is a Ray actor with one CPU thread and `--slots` KV slots. The trainers take their steps round-robin, so a
-drift in machine load hits all alike.
+Four trainers (round-robin, least-outstanding, histopipe, histopipe-lpt; see VARIANTS in
+rlbench/reproduce/histopipe.py, which holds the workload's code and is also `rlbench reproduce
+histopipe-balance`) train from the same weights on the same heavy-tailed `arith` pool of `--pool` prompts,
+cycled for `--epochs` epochs, with the same per-request seeds, so they generate the same samples (checked per
+step; a warning if not). Each worker is a Ray actor with one CPU thread and `--slots` KV slots. The trainers
+take their steps round-robin, so a drift in machine load hits all alike.
 
 Per step, from the trace (rlbench.metrics): `worker_idle_share[w]` = 1 - busy_w / busiest worker's busy time;
 the table's idle share is its mean over workers, averaged over the epoch's steps. Rollout time is the
@@ -17,74 +18,17 @@ rollout phase's wall time. Prints a table per epoch and writes benchmarks/result
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import resolve_model  # noqa: E402
 
-from reference_trainer.train.config import TrainConfig  # noqa: E402
-from reference_trainer.train.trainer import Trainer  # noqa: E402
-from rlbench import metrics  # noqa: E402
-from rlbench.records import read_jsonl, write_json  # noqa: E402
-
-# name -> PlacedRollout options. histopipe is RhymeRL's (alternating order + migration); histopipe-lpt keeps
-# the balanced placement and migration but orders every worker's queue longest-first on every step.
-VARIANTS: dict[str, dict[str, str]] = {
-    "round-robin": {"placement": "round-robin"},
-    "least-outstanding": {"placement": "least-outstanding"},
-    "histopipe": {"placement": "histopipe"},
-    "histopipe-lpt": {"placement": "histopipe", "order": "long-first"},
-}
-PLACEMENTS = tuple(VARIANTS)
-
-
-def config(args: argparse.Namespace, placement: str, model: Path) -> TrainConfig:
-    cfg = TrainConfig(
-        eval_every=0,
-        task="arith",
-        mode="histopipe" if placement.startswith("histopipe") else "baseline",
-        mode_options=VARIANTS[placement],
-        steps=args.epochs * (args.pool // args.prompts_per_step),
-        seed=args.seed,
-        model=str(model),
-        prompts_per_step=args.prompts_per_step,
-        group_size=args.group_size,
-        max_tokens=args.max_tokens,
-        max_num_seqs=args.slots,
-        max_model_len=args.max_tokens + 256,
-        prompt_pool=args.pool,
-        checkpoint_every=10**9,
-        workers=args.workers,
-    )
-    cfg.grpo.lr = args.lr
-    cfg.grpo.micro_batch_size = 32
-    return cfg
-
-
-def per_epoch(out: Path, steps_per_epoch: int) -> list[dict[str, Any]]:
-    steps = metrics.compute(read_jsonl(out / "trace.jsonl"))["steps"]
-    epochs = []
-    for e in range(0, len(steps), steps_per_epoch):
-        chunk = steps[e : e + steps_per_epoch]
-        idle = [sum(s["worker_idle_share"].values()) / len(s["worker_idle_share"]) for s in chunk]
-        epochs.append(
-            {
-                "epoch": e // steps_per_epoch + 1,
-                "idle_share": sum(idle) / len(idle),
-                "idle_share_per_step": idle,
-                "worker_idle_share_per_step": [s["worker_idle_share"] for s in chunk],
-                "rollout_s": sum(s["timing_s/gen"] for s in chunk) / len(chunk),
-                "step_time_s": sum(s["step_time_s"] for s in chunk) / len(chunk),
-                "bubble_ratio": sum(s["bubble_ratio"] for s in chunk) / len(chunk),
-            }
-        )
-    return epochs
+from rlbench.records import write_json  # noqa: E402
+from rlbench.reproduce.histopipe import PLACEMENTS, Workload, ray_session, run_placements  # noqa: E402
 
 
 def main() -> None:
@@ -103,39 +47,24 @@ def main() -> None:
     args = parser.parse_args()
     if args.pool % args.prompts_per_step:
         parser.error("--pool must be a multiple of --prompts-per-step")
-
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(
-        num_cpus=args.workers * len(PLACEMENTS),
-        include_dashboard=False,
-        log_to_driver=False,
-        _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+    w = Workload(
+        workers=args.workers,
+        epochs=args.epochs,
+        pool=args.pool,
+        prompts_per_step=args.prompts_per_step,
+        group_size=args.group_size,
+        max_tokens=args.max_tokens,
+        slots=args.slots,
+        lr=args.lr,
+        seed=args.seed,
+        placements=PLACEMENTS,
     )
+
     path, label = resolve_model(args.model)
     runs = Path(tempfile.mkdtemp(prefix="rlbench-histopipe-"))
-    trainers = {p: Trainer(config(args, p, path), runs / p) for p in PLACEMENTS}
     start = time.perf_counter()
-    total = next(iter(trainers.values())).config.steps
-    try:
-        for step in range(total):
-            lengths = {}
-            for placement, trainer in trainers.items():
-                row = trainer.train_step()
-                lengths[placement] = row["response_len_mean"]
-                print(
-                    f"step {step} {placement:>17}: gen {row['timing_s/gen']:.2f}s, "
-                    f"len {row['response_len_mean']:.1f}, reward {row['reward_mean']:.3f}",
-                    flush=True,
-                )
-            if len(set(lengths.values())) != 1:
-                print(f"warning: placements generated different samples at step {step}: {lengths}")
-    finally:
-        for trainer in trainers.values():
-            trainer.close()
-    spe = args.pool // args.prompts_per_step
-    results = {p: per_epoch(runs / p, spe) for p in PLACEMENTS}
+    with ray_session(w.workers * len(PLACEMENTS)):
+        results, _ = run_placements(w, str(path), runs, progress=lambda line: print(line, flush=True))
     print(
         f"\nmodel: {label}; arith, {args.workers} Ray workers x {args.slots} slots, "
         f"pool {args.pool} prompts, {args.prompts_per_step} prompts x {args.group_size} samples per step, "

@@ -24,26 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import resolve_model  # noqa: E402
 
-from rlbench.metrics import step_metrics  # noqa: E402
 from rlbench.records import write_json  # noqa: E402
+from rlbench.reproduce.histospec import epoch_metrics as history_epoch_metrics  # noqa: E402
 
 
 def epoch_metrics(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
-    rows = [m for m in step_metrics(events) if m["step"] in steps]
-    tokens = sum(m["rollout_tokens"] for m in rows)
-    wall = sum(m["timing_s/gen"] for m in rows)
-    drafted = sum(m["drafted_tokens"] for m in rows)
-    vseqs = sum(m["verify_seqs"] for m in rows)
-    dsteps = sum(m["decode_seq_steps"] for m in rows)
-    return {
-        "tokens_per_s": tokens / wall if wall else None,
-        "tokens": tokens,
-        "acceptance_rate": sum(m["accepted_tokens"] for m in rows) / drafted if drafted else None,
-        "mean_accepted_len": sum(m["verify_tokens"] for m in rows) / vseqs if vseqs else None,
-        "draft_coverage": sum(m["drafted_seqs"] for m in rows) / dsteps if dsteps else None,
-        "reward_mean": sum(m["reward_mean"] for m in rows) / len(rows),
-        **undrafted(events, steps),
-    }
+    return {**history_epoch_metrics(events, steps), **undrafted(events, steps)}
 
 
 def undrafted(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:

@@ -28,70 +28,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import resolve_model  # noqa: E402
 
-from reference_trainer.train.config import TrainConfig  # noqa: E402
 from reference_trainer.train.trainer import Trainer  # noqa: E402
-from rlbench import metrics  # noqa: E402
 from rlbench.records import read_jsonl, write_json  # noqa: E402
+from rlbench.reproduce.sortedrl import MODES, Workload, mode_config  # noqa: E402
+from rlbench.reproduce.sortedrl import summarize as trace_summary  # noqa: E402
 
-MODES = ("baseline", "sorted", "sorted-partial")
 
-
-def config(args: argparse.Namespace, mode: str, model: Path) -> TrainConfig:
-    capacity = args.prompts_per_step * args.group_size
-    cfg = TrainConfig(
-        eval_every=0,
-        task="arith",
-        mode=mode,
-        mode_options={"oversubscription": args.oversubscription, "max_staleness": args.max_staleness}
-        if mode != "baseline"
-        else {},
-        steps=args.steps,
-        seed=args.seed,
-        model=str(model),
-        prompts_per_step=args.prompts_per_step,
-        group_size=args.group_size,
-        max_tokens=args.max_tokens,
-        max_num_seqs=capacity,
-        max_model_len=args.max_tokens + 256,
-        max_prefill_tokens=args.max_prefill_tokens or capacity * (args.max_tokens + 256),
-        checkpoint_every=10**9,
-        device=args.device,
-    )
-    cfg.grpo.lr = args.lr
-    cfg.grpo.micro_batch_size = 16
+def config(args: argparse.Namespace, mode: str, model: Path) -> Any:
+    """The reproduction's configuration (rlbench/reproduce/sortedrl.py) with this script's sizes."""
+    w = Workload(steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
+                 max_tokens=args.max_tokens, oversubscription=args.oversubscription,
+                 max_staleness=args.max_staleness, lr=args.lr, seed=args.seed)  # fmt: skip
+    cfg = mode_config(w, mode, str(model), args.device)
+    if args.max_prefill_tokens:
+        cfg.max_prefill_tokens = args.max_prefill_tokens
     return cfg
 
 
 def summarize(trainer: Trainer, out: Path) -> dict[str, Any]:
-    events = read_jsonl(out / "trace.jsonl")
-    doc = metrics.compute(events)
-    s = doc["summary"]
+    """The reproduction's figures of merit plus trained-token throughput, update time and the controller."""
     rows = read_jsonl(out / "metrics.jsonl")
-    samples = sum(r["samples"] for r in rows)
     trained_tokens = sum(r["response_len_mean"] * r["samples"] for r in rows)
-    wall = sum(r["step_time_s"] for r in rows)
-    stats = getattr(trainer.strategy, "stats", {})
+    base = trace_summary(out)
     return {
-        "bubble_ratio": s["bubble_ratio"],
-        "bubble_ratio_per_step": [st["bubble_ratio"] for st in doc["steps"]],
-        "rollout_tokens_per_s": s["rollout_tokens_per_s"],
-        "trained_tokens_per_rollout_s": trained_tokens / sum(r["timing_s/gen"] for r in rows),
-        "generated_tokens": s["rollout_tokens"],
+        **base,
+        "trained_tokens_per_rollout_s": trained_tokens / base["rollout_time_s"],
         "trained_tokens": trained_tokens,
-        "trained_samples": samples,
-        "wall_time_s": wall,
-        "rollout_time_s": sum(r["timing_s/gen"] for r in rows),
         "update_time_s": sum(r["timing_s/update"] for r in rows),
-        "tail_time_share": s["tail_time_share"],
-        "reward_per_sample": sum(r["reward_mean"] * r["samples"] for r in rows) / samples,
-        "accuracy": sum(r["accuracy"] * r["samples"] for r in rows) / samples,
-        "response_len_mean": s["response_len_mean"],
-        "update_batch_lengths": [st["update_batch_lengths"] for st in doc["steps"]],
-        "staleness": s["staleness"],
-        "staleness_mean": s["staleness_mean"],
-        "staleness_max": s["staleness_max"],
+        "accuracy": sum(r["accuracy"] * r["samples"] for r in rows) / base["trained_samples"],
         "tis_weight_mean": [r.get("tis_weight_mean") for r in rows],
-        "controller": stats,
+        "controller": getattr(trainer.strategy, "stats", {}),
     }
 
 
@@ -145,11 +111,11 @@ def main() -> None:
     )
     print(
         "| mode | bubble ratio | rollout tok/s | trained tok per rollout-s | wall to consume (s) | "
-        "speed-up (wall) | tail share | reward/sample | staleness mean/max |"
+        "speed-up (wall) | tail share | reward/sample | staleness mean |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mode, r in results.items():
-        stale = f"{r['staleness_mean']:.2f}/{r['staleness_max']}" if r["staleness_max"] is not None else "-"
+        stale = f"{r['staleness_mean']:.2f}" if r["staleness_mean"] is not None else "-"
         print(
             f"| {mode} | {100 * r['bubble_ratio']:.1f}% | {r['rollout_tokens_per_s']:,.0f} "
             f"({r['speedup_rollout_tokens_per_s']:.2f}x) | {r['trained_tokens_per_rollout_s']:,.0f} | "

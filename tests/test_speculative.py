@@ -17,6 +17,7 @@ from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.rollout.histospec import HistoryDrafter, attach_histospec
 from rlbench.metrics import step_metrics
+from rlbench.reproduce.lossless import generous_accept, homogeneity_test, sample_responses
 
 PROMPT = [5, 6, 7, 8]
 EOS = 2
@@ -128,55 +129,29 @@ def test_rollback_leaves_the_cache_equal_to_a_fresh_prefill(model):
                 torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-4)
 
 
-def _samples(model: DecoderLM, seeds: range, rule=None) -> list[list[int]]:
-    if rule is None:
-        engine, _ = make_engine(model)
-    else:
-        engine, spec = make_engine(model, cost_model=CHEAP)
-        spec.accept_rule = rule
-        for s in run(make_engine(model)[0], [PROMPT] * 8, sampling(range(900_000, 900_008))):
-            spec.drafter.add_response(PROMPT, s.response_ids)
-    out = run(engine, [PROMPT] * len(seeds), sampling(seeds, ignore_eos=False))
+def _samples(model: DecoderLM, first_seed: int, n: int, rule=None) -> list[tuple[int, ...]]:
+    history = [sample_responses(model, [PROMPT], 8, 900_000, [EOS], 12).responses[0]] if rule else []
+    out = sample_responses(model, [PROMPT], n, first_seed, [EOS], 12, rule=rule, history=history)
     if rule is not None:
-        assert sum(e.get("accepted", 0) for e in engine.trace.events) > 100  # drafts really were used
-    return [s.response_ids for s in out]
+        assert out.accepted > 100  # drafts really were used
+    return out.responses[0]
 
 
-def _p_values(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
-    """Chi-square over (position, token) counts of the first 4 positions; KS over response lengths."""
-
-    def counts(samples: list[list[int]]) -> Counter:
-        return Counter((i, t) for s in samples for i, t in enumerate(s[:4]))
-
-    ca, cb = counts(a), counts(b)
-    keys = sorted(set(ca) | set(cb))
-    common = [k for k in keys if ca[k] + cb[k] >= 10]  # rare cells pooled per position
-    table = [[ca[k] for k in common], [cb[k] for k in common]]
-    for i in range(4):
-        rare = [k for k in keys if k[0] == i and k not in common]
-        if rare:
-            table[0].append(sum(ca[k] for k in rare))
-            table[1].append(sum(cb[k] for k in rare))
-    chi = stats.chi2_contingency(table).pvalue
+def _p_values(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> tuple[float, float]:
+    """Chi-square over the first 4 tokens (one outcome per sample); KS over response lengths."""
+    chi = homogeneity_test([[s[:4] for s in a]], [[s[:4] for s in b]])["p_value"]
     ks = stats.ks_2samp([len(s) for s in a], [len(s) for s in b]).pvalue
     return chi, ks
 
 
 def test_sampling_distribution_is_unchanged_and_a_wrong_rule_is_detected(model):
     n = 300
-    plain = _samples(model, range(n))
-    exact = _samples(model, range(10_000, 10_000 + n), coupled_accept)  # other seeds: independent samples
+    plain = _samples(model, 0, n)
+    exact = _samples(model, 10_000, n, coupled_accept)  # other seeds: independent samples
     chi, ks = _p_values(plain, exact)
     assert chi > 0.01 and ks > 0.01
-
-    gen = torch.Generator().manual_seed(0)
-
-    def too_generous(probs, plain_draws, drafts):
-        # A plausible bug: accept d with probability min(1, 2 p(d)) instead of p(d).
-        p_d = probs.gather(-1, drafts.clamp(min=0)[:, None]).squeeze(-1)
-        return torch.rand(p_d.shape, generator=gen) < (2 * p_d).clamp(max=1.0)
-
-    wrong = _samples(model, range(10_000, 10_000 + n), too_generous)
+    # A plausible bug: accept d with probability min(1, 2 p(d)) instead of p(d).
+    wrong = _samples(model, 10_000, n, generous_accept(0))
     chi_w, ks_w = _p_values(plain, wrong)
     assert min(chi_w, ks_w) < 0.01
 

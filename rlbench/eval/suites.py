@@ -51,19 +51,9 @@ class Suite:
 
 def _manifest_dirs() -> list[Path]:
     """`suites/` beside the package in a source checkout, else the copy installed as package data."""
-    dirs = []
-    checkout = Path(__file__).resolve().parents[2] / "suites"
-    if checkout.is_dir():
-        dirs.append(checkout)
-    try:
-        from importlib.resources import files
+    from rlbench.shipped import shipped_dirs
 
-        installed = Path(str(files("rlbench._suites")))
-        if installed.is_dir():
-            dirs.append(installed)
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return dirs
+    return shipped_dirs("suites", "rlbench._suites")
 
 
 def available_suites() -> dict[str, Path]:

@@ -52,8 +52,14 @@ def kpis(items: dict[str, str]) -> str:
     )
 
 
-def render_page(title: str, sections: Sequence[tuple[str, Sequence[Any]]], subtitle: str = "") -> str:
-    """Sections are (heading, parts); a part is an HTML string or a plotly Figure."""
+def render_page(
+    title: str,
+    sections: Sequence[tuple[str, Sequence[Any]]],
+    subtitle: str = "",
+    plotly_src: str | None = None,
+) -> str:
+    """Sections are (heading, parts); a part is an HTML string or a plotly Figure. plotly.js is inlined,
+    or with `plotly_src` loaded from that (relative) path, so that many pages can share one copy."""
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
@@ -76,17 +82,26 @@ def render_page(title: str, sections: Sequence[tuple[str, Sequence[Any]]], subti
                     )
                 )
     sub = f'<p class="sub">{html.escape(subtitle)}</p>' if subtitle else ""
+    script = (
+        f"<script type='text/javascript' src='{html.escape(plotly_src)}'></script>"
+        if plotly_src
+        else f"<script type='text/javascript'>{get_plotlyjs()}</script>"
+    )
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{_CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head>"
+        f"<style>{_CSS}</style>{script}</head>"
         f"<body><h1>{html.escape(title)}</h1>{sub}{''.join(body)}</body></html>"
     )
 
 
 def write_page(
-    path: str | Path, title: str, sections: Sequence[tuple[str, Sequence[Any]]], subtitle: str = ""
+    path: str | Path,
+    title: str,
+    sections: Sequence[tuple[str, Sequence[Any]]],
+    subtitle: str = "",
+    plotly_src: str | None = None,
 ) -> Path:
     """Render and write atomically."""
     path = Path(path)
-    write_text(path, render_page(title, sections, subtitle))
+    write_text(path, render_page(title, sections, subtitle, plotly_src))
     return path

@@ -1,0 +1,36 @@
+"""What a reproduction runner receives (Context) and returns (Outcome)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Context:
+    device: str  # "cpu" or "cuda"
+    quick: bool  # the CPU-sized version (every reproduction's `--quick`)
+    model: str | None  # a model dir or name; None: the embedded default model
+    work_dir: Path  # this reproduction's scratch: runs and traces, kept so a killed run resumes
+    seed: int = 0
+    progress: Callable[[str], None] = print
+
+    def pick(self, full: Any, quick: Any) -> Any:
+        """The full-size setting, or the quick one under --quick."""
+        return quick if self.quick else full
+
+
+@dataclass
+class Outcome:
+    # Numbers the verdict rule reads (spec.toml [verdict] names them) and the page shows; flat keys.
+    measured: dict[str, Any]
+    config: dict[str, Any]  # the workload as run: enough to repeat it
+    seeds: list[int]
+    # HTML sections: (heading, parts), a part being an HTML string or a plotly figure
+    sections: list[tuple[str, list[Any]]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what a reader must know to interpret the numbers
+    data: dict[str, Any] = field(
+        default_factory=dict
+    )  # the raw numbers behind the plots (small), kept in result.json

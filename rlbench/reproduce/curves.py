@@ -1,0 +1,145 @@
+"""Held-out learning curves: one GRPO run evaluated as it trains, and the arithmetic of comparing them.
+
+`run_curve` trains from the embedded model (or --model) with `rlbench train`'s defaults plus the given
+options, evaluating held-out greedy accuracy and pass@1 at step 0 and every eval_every steps
+(train/heldout.py), until `steps` or a wall-clock budget. Curves of several runs are compared at equal
+samples consumed (`accuracy_at`) and by the samples needed to reach a target accuracy (`samples_to_reach`).
+benchmarks/learning_curves.py and the sortedrl-accuracy reproduction both build on these.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlbench.records import read_json, read_jsonl, write_json
+
+
+def parity_plan(task: str) -> list[tuple[str, str, int]]:
+    """SortedRL's accuracy comparison: 3 seeds of the length-aware modes and baseline, 1 of HistoSpec's."""
+    return [
+        *[(task, m, s) for m in ("baseline", "sorted", "sorted-partial") for s in (0, 1, 2)],
+        (task, "rhyme", 0),
+        (task, "sorted+rhyme", 0),
+    ]
+
+
+class _Budget(Exception):
+    pass
+
+
+def run_curve(
+    out: Path,
+    minutes: float = float("inf"),
+    progress: Callable[[str], None] = print,
+    **options: Any,
+) -> dict[str, Any]:
+    """Train one run (`options`: TrainConfig fields as `rlbench train` takes them: task, mode, seed, steps,
+    eval_every, ...) into `out`; its held-out curve with the training reward and response length over the
+    steps since each evaluation."""
+    from reference_trainer.train.trainer import Trainer
+    from rlbench.training import build_config
+
+    config = build_config(**options)
+    trainer = Trainer(config, out)
+    start = time.perf_counter()
+    label = f"{config.task} {config.mode} s{config.seed}"
+
+    def on_step(row: dict[str, Any]) -> None:
+        val = f" held-out {row['val/heldout_greedy_acc']:.3f}" if "val/heldout_greedy_acc" in row else ""
+        progress(
+            f"{label} step {row['step']:3d} reward {row['reward_mean']:.3f} "
+            f"len {row['response_len_mean']:.0f} {row['step_time_s']:.1f}s{val}"
+        )
+        if time.perf_counter() - start > minutes * 60:
+            raise _Budget
+
+    try:
+        trainer.run(on_step)
+    except _Budget:  # the budget ends the run; finished steps are kept, and the final policy is evaluated
+        trainer.write_heldout_summary()
+    curve = read_json(out / "heldout.json")["curve"]
+    rows = read_jsonl(out / "metrics.jsonl")
+    for point in curve:  # training reward and response length over the steps since the previous point
+        window = [r for r in rows if r["step"] < point["step"]][-config.eval_every :]
+        point["train_reward"] = statistics.fmean(r["reward_mean"] for r in window) if window else None
+        point["response_len"] = statistics.fmean(r["response_len_mean"] for r in window) if window else None
+    trainer.close()
+    return {
+        "task": config.task,
+        "mode": config.mode,
+        "seed": config.seed,
+        "steps": trainer.step,
+        "samples": curve[-1]["samples"],
+        "wall_s": round(time.perf_counter() - start, 1),
+        "held_out_greedy_accuracy": {"before": curve[0]["greedy_acc"], "after": curve[-1]["greedy_acc"]},
+        "held_out_pass1": {"before": curve[0]["pass1"], "after": curve[-1]["pass1"]},
+        "curve": curve,
+    }
+
+
+def save_run(results: Path, run: dict[str, Any], target: float) -> list[dict[str, Any]]:
+    """Merge `run` into the results file under a lock: several invocations may run curves in parallel."""
+    import fcntl
+
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with open(results.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        runs = read_json(results)["runs"] if results.is_file() else []
+        key = (run["task"], run["mode"], run["seed"])
+        runs = [r for r in runs if (r["task"], r["mode"], r["seed"]) != key] + [run]
+        write_json(results, {"target": target, "runs": runs})
+    return runs
+
+
+def accuracy_at(curve: list[dict[str, Any]], samples: float) -> float:
+    """Held-out greedy accuracy at `samples` consumed, linear between evaluations."""
+    for a, b in zip(curve, curve[1:], strict=False):
+        if a["samples"] <= samples <= b["samples"]:
+            w = (samples - a["samples"]) / max(1, b["samples"] - a["samples"])
+            return a["greedy_acc"] + w * (b["greedy_acc"] - a["greedy_acc"])
+    return curve[-1]["greedy_acc"]
+
+
+def samples_to_reach(curve: list[dict[str, Any]], target: float) -> float | None:
+    """Samples consumed when held-out greedy accuracy first reaches `target`, linear between evaluations."""
+    if curve[0]["greedy_acc"] >= target:
+        return 0.0
+    for a, b in zip(curve, curve[1:], strict=False):
+        if b["greedy_acc"] >= target:
+            return a["samples"] + (target - a["greedy_acc"]) / (b["greedy_acc"] - a["greedy_acc"]) * (
+                b["samples"] - a["samples"]
+            )
+    return None
+
+
+def parity(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    """Per mode: accuracy at the samples every run reached (mean, sd, difference to baseline), and samples
+    to `target` (mean over the runs that reached it; against baseline only where every run of both did: a
+    mean over the runs that got there would flatter the mode whose slow seeds never did)."""
+    common = min(r["samples"] for r in runs)
+    modes: dict[str, dict[str, Any]] = {}
+    for mode in dict.fromkeys(r["mode"] for r in runs):
+        mine = [r for r in runs if r["mode"] == mode]
+        accs = [accuracy_at(r["curve"], common) for r in mine]
+        reach = [samples_to_reach(r["curve"], target) for r in mine]
+        reached = [x for x in reach if x is not None]
+        modes[mode] = {
+            "seeds": [r["seed"] for r in mine],
+            "accuracy": statistics.fmean(accs),
+            "accuracy_sd": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+            "samples_to_target": statistics.fmean(reached) if reached else None,
+            "reached": len(reached),
+            "all_reached": len(reached) == len(reach),
+        }
+    base = modes.get("baseline")
+    for row in modes.values():
+        row["accuracy_vs_baseline"] = row["accuracy"] - base["accuracy"] if base else None
+        both = base and base["all_reached"] and row["all_reached"] and base["samples_to_target"]
+        row["fewer_samples_share"] = (
+            1 - row["samples_to_target"] / base["samples_to_target"] if both else None
+        )
+    return {"samples": common, "target": target, "modes": modes}

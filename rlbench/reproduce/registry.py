@@ -1,0 +1,28 @@
+"""Which function reproduces which claim: `name -> "module:function"`, imported only when run.
+
+The names match the folders of reports/ (their spec.toml); tests check the two agree.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from rlbench.reproduce.base import Context, Outcome
+
+RUNNERS = {
+    "sortedrl-bubble": "rlbench.reproduce.sortedrl:bubble",
+    "sortedrl-throughput": "rlbench.reproduce.sortedrl:throughput",
+    "sortedrl-accuracy": "rlbench.reproduce.accuracy:accuracy",
+    "rhymerl-length-stability": "rlbench.reproduce.history:length_stability",
+    "rhymerl-reuse": "rlbench.reproduce.history:reuse",
+    "histospec-lossless": "rlbench.reproduce.lossless:lossless",
+    "histospec-speedup": "rlbench.reproduce.histospec:speedup",
+    "histopipe-balance": "rlbench.reproduce.histopipe:balance",
+    "simulator-scale": "rlbench.reproduce.scale:scale",
+}
+
+
+def runner(name: str) -> Callable[[Context], Outcome]:
+    module, function = RUNNERS[name].split(":")
+    return getattr(importlib.import_module(module), function)

@@ -1,0 +1,109 @@
+"""Run one reproduction: its runner, the verdict from its spec, result.json and report.html, atomically.
+
+`<out>/<name>/<cpu|gpu>/result.json` is written only when the runner finishes, so a killed run leaves the
+previous result intact; the runner's own scratch (`work/` beside it) lets long runners resume.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from rlbench.errors import UserError
+from rlbench.records import write_json
+from rlbench.reproduce.base import Context, Outcome
+from rlbench.reproduce.registry import RUNNERS, runner
+from rlbench.reproduce.spec import Spec, load_specs
+
+
+def device_folder(device: str) -> str:
+    return "gpu" if device.startswith("cuda") else "cpu"
+
+
+def describe_device(device: str) -> str:
+    """The machine in words: the GPU's name, or the CPU model and core count."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(0)
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def source_commit() -> str | None:
+    """The checkout's commit (with "+dirty" for uncommitted changes), or None outside a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)  # fmt: skip
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def check_names(names: list[str]) -> dict[str, Spec]:
+    specs = load_specs()
+    for name in names:
+        if name not in RUNNERS or name not in specs:
+            raise UserError(f"no reproduction named {name!r}; `rlbench reproduce --list` shows them")
+    return specs
+
+
+def reproduce(
+    name: str, spec: Spec, out: Path, device: str, quick: bool, model: str | None, seed: int = 0
+) -> dict[str, Any]:
+    """Run `name` and write its result.json and report.html; returns the result."""
+    import torch
+
+    from rlbench.reproduce.page import write_report
+
+    folder = out / name / device_folder(device)
+    folder.mkdir(parents=True, exist_ok=True)
+    ctx = Context(device=device, quick=quick, model=model, work_dir=folder / "work", seed=seed,
+                  progress=lambda line: print(f"[{name}] {line}", flush=True))  # fmt: skip
+    start = time.perf_counter()
+    outcome: Outcome = runner(name)(ctx)
+    wall = time.perf_counter() - start
+    verdict, reasons = spec.verdict(outcome.measured)
+    result = {
+        "name": name,
+        "claim": {"source": spec.source, "text": spec.claim, "value": spec.paper_value},
+        "measured": outcome.measured,
+        "metric": spec.metric,
+        "verdict": verdict,
+        "rule": spec.rule,
+        "reasons": reasons,
+        "notes": outcome.notes,
+        "device": describe_device(device),
+        "torch": torch.__version__,
+        "commit": source_commit(),
+        "date": datetime.date.today().isoformat(),
+        "command": "rlbench reproduce "
+        + name
+        + (" --quick" if quick else "")
+        + (f" --device {device}" if device != "cpu" else "")
+        + (f" --model {model}" if model else ""),
+        "quick": quick,
+        "config": outcome.config,
+        "seeds": outcome.seeds,
+        "wall_s": round(wall, 1),
+        "data": outcome.data,
+    }
+    write_json(folder / "result.json", result)
+    write_report(folder / "report.html", result, outcome.sections)
+    return result

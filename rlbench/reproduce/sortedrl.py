@@ -1,0 +1,256 @@
+"""SortedRL's bubble and throughput claims: baseline, sorted and sorted-partial on one heavy-tailed workload.
+
+The three trainers start from the same weights on the same `arith` prompt stream with the same seeds and
+take their steps round-robin in one process (a drift in machine load hits all alike); every mode consumes
+the same trained samples. Engine capacity = one update's samples, so the baseline idles its slots while
+the longest sample of a step runs. Metrics come from each run's trace (rlbench.metrics). The throughput
+claim adds the simulator: the same lengths replayed on a cost model calibrated from the baseline's own
+trace (what the CPU measurement should be) and on the H100 roofline (what a GPU would see).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rlbench.records import read_json, read_jsonl, write_json
+from rlbench.reproduce.base import Context, Outcome
+
+MODES = ("baseline", "sorted", "sorted-partial")
+
+
+@dataclass(frozen=True)
+class Workload:
+    steps: int = 6
+    prompts_per_step: int = 8
+    group_size: int = 8
+    max_tokens: int = 320
+    oversubscription: float = 2.0
+    max_staleness: int = 2
+    lr: float = 1e-5
+    seed: int = 0
+
+    @classmethod
+    def for_context(cls, ctx: Context) -> Workload:
+        return cls(steps=ctx.pick(6, 2), seed=ctx.seed)
+
+
+def mode_config(w: Workload, mode: str, model: str, device: str) -> Any:
+    from reference_trainer.train.config import TrainConfig
+
+    capacity = w.prompts_per_step * w.group_size
+    options = {"oversubscription": w.oversubscription, "max_staleness": w.max_staleness}
+    config = TrainConfig(
+        task="arith",
+        mode=mode,
+        mode_options=options if mode != "baseline" else {},
+        steps=w.steps,
+        seed=w.seed,
+        model=model,
+        prompts_per_step=w.prompts_per_step,
+        group_size=w.group_size,
+        max_tokens=w.max_tokens,
+        max_num_seqs=capacity,
+        max_model_len=w.max_tokens + 256,
+        # a step's admissions prefill in one forward, not in chunks that leave the other slots idle
+        max_prefill_tokens=capacity * (w.max_tokens + 256),
+        eval_every=0,
+        checkpoint_every=10**9,
+        device=device,
+    )
+    config.grpo.lr = w.lr
+    config.grpo.micro_batch_size = 16
+    return config
+
+
+def summarize(out: Path) -> dict[str, Any]:
+    """One run's figures of merit, from its trace (rlbench.metrics) and its metrics.jsonl."""
+    from rlbench import metrics
+
+    doc = metrics.compute(read_jsonl(out / "trace.jsonl"))
+    s = doc["summary"]
+    rows = read_jsonl(out / "metrics.jsonl")
+    samples = sum(r["samples"] for r in rows)
+    rollout_s = sum(r["timing_s/gen"] for r in rows)
+    return {
+        "bubble_ratio": s["bubble_ratio"],
+        "bubble_ratio_per_step": [st["bubble_ratio"] for st in doc["steps"]],
+        "tail_time_share": s["tail_time_share"],
+        "rollout_tokens_per_s": s["rollout_tokens_per_s"],
+        "generated_tokens": s["rollout_tokens"],
+        "trained_samples": samples,
+        "rollout_time_s": rollout_s,
+        "wall_time_s": sum(r["step_time_s"] for r in rows),
+        "reward_per_sample": sum(r["reward_mean"] * r["samples"] for r in rows) / samples,
+        "staleness_mean": s["staleness_mean"],
+    }
+
+
+def run_modes(ctx: Context, w: Workload) -> dict[str, dict[str, Any]]:
+    """Train every mode for w.steps, interleaved; the summaries (kept in work_dir: a rerun reuses them)."""
+    import torch
+
+    from reference_trainer.train.trainer import Trainer
+    from rlbench.models import resolve_model
+
+    done = ctx.work_dir / "modes.json"
+    if done.is_file() and read_json(done)["workload"] == asdict(w):
+        ctx.progress(f"reusing the finished runs in {ctx.work_dir}")
+        return read_json(done)["runs"]
+    torch.manual_seed(w.seed)
+    model = str(resolve_model(ctx.model))
+    trainers = {m: Trainer(mode_config(w, m, model, ctx.device), ctx.work_dir / m) for m in MODES}
+    for step in range(w.steps):
+        for mode, trainer in trainers.items():
+            row = trainer.train_step()
+            ctx.progress(f"step {step + 1}/{w.steps} {mode}: {row['step_time_s']:.1f} s")
+    for trainer in trainers.values():
+        trainer.close()
+    runs = {m: summarize(ctx.work_dir / m) for m in MODES}
+    write_json(done, {"workload": asdict(w), "runs": runs})
+    return runs
+
+
+def _bubble_figure(runs: dict[str, dict[str, Any]]) -> Any:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for mode, r in runs.items():
+        per_step = r["bubble_ratio_per_step"]
+        fig.add_trace(go.Bar(name=mode, x=[f"step {i + 1}" for i in range(len(per_step))], y=per_step))
+    fig.update_layout(title="Bubble ratio per step", yaxis_title="bubble ratio", yaxis_tickformat=".0%",
+                      barmode="group", height=340)  # fmt: skip
+    return fig
+
+
+def _timelines(ctx: Context) -> list[Any]:
+    from rlbench.report.timeline import slot_timeline
+
+    parts: list[Any] = []
+    for mode in MODES:
+        trace = ctx.work_dir / mode / "trace.jsonl"
+        if trace.is_file():
+            figs = slot_timeline(read_jsonl(trace))
+            for fig in figs:
+                if hasattr(fig, "update_layout"):
+                    fig.update_layout(title=f"{mode}: slot occupancy")
+            parts.extend(figs)
+    return parts
+
+
+def _table(runs: dict[str, dict[str, Any]], keys: list[str]) -> str:
+    from rlbench.report.page import table
+
+    return table([{"mode": m, **{k: r[k] for k in keys}} for m, r in runs.items()])
+
+
+def bubble(ctx: Context) -> Outcome:
+    w = Workload.for_context(ctx)
+    runs = run_modes(ctx, w)
+    base = runs["baseline"]["bubble_ratio"]
+    measured: dict[str, Any] = {
+        "headline": " → ".join(f"{100 * runs[m]['bubble_ratio']:.1f}%" for m in MODES) + " (baseline → sorted"
+        " → sorted-partial)",
+    }
+    for mode, r in runs.items():
+        measured[f"bubble_ratio.{mode}"] = r["bubble_ratio"]
+        measured[f"bubble_ratio_vs_baseline.{mode}"] = r["bubble_ratio"] / base if base else None
+        measured[f"tail_time_share.{mode}"] = r["tail_time_share"]
+    return Outcome(
+        measured=measured,
+        config={"task": "arith", "model": ctx.model or "embedded default", **asdict(w)},
+        seeds=[w.seed],
+        sections=[
+            (
+                "Bubble ratio",
+                [_table(runs, ["bubble_ratio", "tail_time_share", "trained_samples"]), _bubble_figure(runs)],
+            ),  # fmt: skip
+            ("Where the slots idle", _timelines(ctx)),
+        ],
+        notes=[
+            "The embedded 0.9M-parameter model on CPU: bubble ratio is a property of the schedule and the "
+            "length distribution, so it transfers; absolute times do not.",
+        ],
+        data={"runs": runs},
+    )
+
+
+def _simulated_ratios(ctx: Context, w: Workload) -> dict[str, dict[str, float]]:
+    """Rollout tokens/s of each mode over baseline's, simulated on the lengths the baseline generated: on a
+    cost model calibrated from the baseline's own trace (this CPU) and on the H100 roofline (1.5B shape)."""
+    from rlbench.simulate import simulate, workload
+    from rlbench.simulate.cost import calibrate, preset
+
+    events = read_jsonl(ctx.work_dir / "baseline" / "trace.jsonl")
+    trace = workload.from_run_trace(events, "baseline trace")
+    capacity = w.prompts_per_step * w.group_size
+    options = {"oversubscription": w.oversubscription, "max_staleness": w.max_staleness}
+    out: dict[str, dict[str, float]] = {}
+    for label, cost in (
+        ("cpu (calibrated)", calibrate(events, "baseline trace")),
+        ("h100", preset("h100", "1.5b")),
+    ):
+        doc = simulate(trace, cost, [1], list(MODES), capacity, steps=w.steps, mode_options=options)
+        by_mode = {r["policy"]: r for r in doc["results"]}
+        base = by_mode["baseline"]["rollout_tokens_per_s"]
+        out[label] = {m: by_mode[m]["rollout_tokens_per_s"] / base for m in MODES}
+        out[label].update({f"bubble.{m}": by_mode[m]["bubble_ratio"] for m in MODES})
+    return out
+
+
+def throughput(ctx: Context) -> Outcome:
+    w = Workload.for_context(ctx)
+    runs = run_modes(ctx, w)
+    base = runs["baseline"]["rollout_tokens_per_s"]
+    sim = _simulated_ratios(ctx, w)
+    measured: dict[str, Any] = {}
+    for mode, r in runs.items():
+        measured[f"rollout_tokens_per_s.{mode}"] = r["rollout_tokens_per_s"]
+        measured[f"throughput_gain.{mode}"] = r["rollout_tokens_per_s"] / base - 1
+        for label, ratios in sim.items():
+            measured[f"simulated_gain.{label.split()[0]}.{mode}"] = ratios[mode] - 1
+            measured[f"simulated_bubble.{label.split()[0]}.{mode}"] = ratios[f"bubble.{mode}"]
+    measured["headline"] = (
+        f"{measured['throughput_gain.sorted']:+.1%} / {measured['throughput_gain.sorted-partial']:+.1%} "
+        f"(H100 simulated: {measured['simulated_gain.h100.sorted']:+.1%} / "
+        f"{measured['simulated_gain.h100.sorted-partial']:+.1%})"
+    )
+    rows = [
+        {"mode": m, "measured": measured[f"throughput_gain.{m}"],
+         "simulated, CPU cost model": measured[f"simulated_gain.cpu.{m}"],
+         "simulated, H100 1.5B": measured[f"simulated_gain.h100.{m}"],
+         "measured bubble": runs[m]["bubble_ratio"],
+         "simulated bubble, CPU": measured[f"simulated_bubble.cpu.{m}"],
+         "simulated bubble, H100": measured[f"simulated_bubble.h100.{m}"]}
+        for m in MODES
+    ]  # fmt: skip
+    from rlbench.report.page import table
+
+    return Outcome(
+        measured=measured,
+        config={"task": "arith", "model": ctx.model or "embedded default", **asdict(w)},
+        seeds=[w.seed],
+        sections=[
+            (
+                "Rollout throughput (generated tokens / rollout wall time) against baseline",
+                [
+                    _table(
+                        runs, ["rollout_tokens_per_s", "generated_tokens", "rollout_time_s", "bubble_ratio"]
+                    ),
+                    table(rows),
+                ],
+            ),  # fmt: skip
+            ("Where the slots idle", _timelines(ctx)),
+        ],
+        notes=[
+            "Throughput counts every generated token, including those sorted discards and regenerates; the "
+            "paper's +7.57% / +39.48% are on GPUs, where a decode step's cost barely grows with the batch, "
+            "so filling idle slots is nearly free. On this CPU a step's cost grows with the batch, which "
+            "the calibrated cost model captures; the H100 column replays the same lengths on the roofline.",
+            "The bubble is weighted by step time: on the CPU the tail's small-batch steps are cheap, on the "
+            "H100 they cost a full weight read each, so the same lengths leave far more of the H100 idle and "
+            "the simulated gain there is larger than the paper's (its baseline is not this tail-heavy).",
+        ],
+        data={"runs": runs, "simulated": sim},
+    )

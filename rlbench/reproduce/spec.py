@@ -1,0 +1,118 @@
+"""A reproduction's spec (`reports/<name>/spec.toml`) and the rule that turns measurements into a verdict.
+
+[verdict] holds `checks` (each {metric, op, value}): all pass → "reproduced", any fails → "not reproduced".
+`requires` are preconditions on the workload (e.g. the baseline has a bubble to remove); a failed one, or a
+metric missing from the measurement, makes the verdict "inconclusive". No result at all: "not run".
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not run")
+OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+
+
+@dataclass(frozen=True)
+class Check:
+    metric: str
+    op: str
+    value: float
+
+    def text(self) -> str:
+        return f"{self.metric} {self.op} {self.value:g}"
+
+    def holds(self, measured: dict[str, Any]) -> bool | None:
+        """True/False, or None when the measurement lacks the metric."""
+        got = measured.get(self.metric)
+        return None if got is None else bool(OPS[self.op](float(got), self.value))
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    claim: str  # the claim in one sentence
+    source: str  # paper, arXiv id, section or table
+    paper_value: str  # the paper's number, as the paper gives it
+    workload: str
+    modes: list[str]
+    metric: str  # the metric that decides
+    rule: str  # the verdict rule in words
+    checks: list[Check] = field(default_factory=list)
+    requires: list[Check] = field(default_factory=list)
+
+    def verdict(self, measured: dict[str, Any] | None) -> tuple[str, list[str]]:
+        """The verdict and the reasons behind it, one line per check."""
+        if measured is None:
+            return "not run", []
+        reasons, inconclusive = [], False
+        for check in self.requires:
+            ok = check.holds(measured)
+            reasons.append(f"precondition {check.text()}: {_word(ok, measured.get(check.metric))}")
+            inconclusive |= ok is not True
+        results = []
+        for check in self.checks:
+            ok = check.holds(measured)
+            reasons.append(f"{check.text()}: {_word(ok, measured.get(check.metric))}")
+            results.append(ok)
+        if inconclusive or any(ok is None for ok in results):
+            return "inconclusive", reasons
+        return ("reproduced" if all(results) else "not reproduced"), reasons
+
+
+def _word(ok: bool | None, got: Any) -> str:
+    if ok is None:
+        return "not measured"
+    return f"{'holds' if ok else 'fails'} ({got:.4g})"
+
+
+def _checks(raw: list[dict[str, Any]], where: str) -> list[Check]:
+    out = []
+    for item in raw:
+        if item.get("op") not in OPS:
+            raise ValueError(f"{where}: op must be one of {', '.join(OPS)}, got {item.get('op')!r}")
+        out.append(Check(str(item["metric"]), item["op"], float(item["value"])))
+    return out
+
+
+def parse_spec(name: str, text: str) -> Spec:
+    raw = tomllib.loads(text)
+    verdict = raw.get("verdict", {})
+    where = f"reports/{name}/spec.toml"
+    missing = [k for k in ("claim", "source", "paper_value", "workload", "metric") if k not in raw]
+    if missing or "rule" not in verdict:
+        raise ValueError(
+            f"{where} lacks {', '.join(missing + ([] if 'rule' in verdict else ['verdict.rule']))}"
+        )
+    return Spec(
+        name=name,
+        claim=raw["claim"],
+        source=raw["source"],
+        paper_value=raw["paper_value"],
+        workload=raw["workload"],
+        modes=list(raw.get("modes", [])),
+        metric=raw["metric"],
+        rule=verdict["rule"],
+        checks=_checks(verdict.get("checks", []), where),
+        requires=_checks(verdict.get("requires", []), where),
+    )
+
+
+def load_specs() -> dict[str, Spec]:
+    """Every spec of the top-level reports/ folder (installed as rlbench._reports), by name."""
+    from rlbench.shipped import shipped_dirs
+
+    specs: dict[str, Spec] = {}
+    for root in shipped_dirs("reports", "rlbench._reports"):
+        for spec_file in sorted(root.glob("*/spec.toml")):
+            name = spec_file.parent.name
+            specs.setdefault(name, parse_spec(name, spec_file.read_text(encoding="utf-8")))
+    return dict(sorted(specs.items()))

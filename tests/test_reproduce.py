@@ -1,0 +1,139 @@
+"""`rlbench reproduce`: specs and registry agree, the verdict rule, result.json and its page, the index, and
+one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+from test_cli import assert_one_line_error, cli
+
+from rlbench.records import read_json, write_json
+from rlbench.reproduce import registry
+from rlbench.reproduce.base import Context, Outcome
+from rlbench.reproduce.index import index_text
+from rlbench.reproduce.runner import reproduce
+from rlbench.reproduce.spec import load_specs, parse_spec
+
+SPEC = """
+claim = "X halves Y."
+source = "Paper, arXiv 0000.00000, Table 1"
+paper_value = "50%"
+workload = "a toy"
+modes = ["baseline", "x"]
+metric = "y"
+
+[verdict]
+rule = "Reproduced when y falls by half or more, given a baseline y of at least 0.3."
+requires = [{ metric = "y.baseline", op = ">=", value = 0.3 }]
+checks = [{ metric = "y_vs_baseline.x", op = "<=", value = 0.5 }]
+"""
+
+
+def test_every_spec_has_a_runner_and_every_runner_a_spec():
+    assert set(load_specs()) == set(registry.RUNNERS)
+
+
+def test_the_verdict_follows_the_rule():
+    spec = parse_spec("toy", SPEC)
+    assert spec.verdict(None) == ("not run", [])
+    assert spec.verdict({"y.baseline": 0.6, "y_vs_baseline.x": 0.4})[0] == "reproduced"
+    verdict, reasons = spec.verdict({"y.baseline": 0.6, "y_vs_baseline.x": 0.7})
+    assert verdict == "not reproduced"
+    assert reasons == ["precondition y.baseline >= 0.3: holds (0.6)", "y_vs_baseline.x <= 0.5: fails (0.7)"]
+    # a failed precondition, or a metric the run did not measure, decides nothing
+    assert spec.verdict({"y.baseline": 0.1, "y_vs_baseline.x": 0.4})[0] == "inconclusive"
+    assert spec.verdict({"y.baseline": 0.6, "y_vs_baseline.x": None})[0] == "inconclusive"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (SPEC.replace('op = "<="', 'op = "=="'), "op must be one of"),
+        (SPEC.replace('claim = "X halves Y."', ""), "lacks claim"),
+        (SPEC.replace('rule = "Reproduced', 'rules = "Reproduced'), "lacks verdict.rule"),
+    ],
+)
+def test_a_malformed_spec_is_refused_with_its_path(text, error):
+    with pytest.raises(ValueError, match=error) as err:
+        parse_spec("toy", text)
+    assert "reports/toy/spec.toml" in str(err.value)
+
+
+def fake_runner(ctx: Context) -> Outcome:
+    return Outcome(
+        measured={"headline": "0.6 → 0.2", "y.baseline": 0.6, "y_vs_baseline.x": 1 / 3},
+        config={"quick": ctx.quick},
+        seeds=[ctx.seed],
+        sections=[("Plot", ["<p>a part</p>"])],
+        notes=["a caveat"],
+        data={"raw": [1, 2]},
+    )
+
+
+def test_a_run_writes_result_json_and_a_page_and_the_index_reads_them(tmp_path, monkeypatch):
+    monkeypatch.setitem(registry.RUNNERS, "toy", "test_reproduce:fake_runner")
+    spec = parse_spec("toy", SPEC)
+    result = reproduce("toy", spec, tmp_path, device="cpu", quick=False, model=None)
+    saved = read_json(tmp_path / "toy" / "cpu" / "result.json")
+    assert saved == result
+    assert saved["verdict"] == "reproduced"
+    assert saved["claim"] == {"source": spec.source, "text": spec.claim, "value": "50%"}
+    for key in ("name", "measured", "device", "torch", "commit", "config", "seeds", "wall_s", "data"):
+        assert key in saved
+    assert saved["command"] == "rlbench reproduce toy"
+    page = (tmp_path / "toy" / "cpu" / "report.html").read_text()
+    assert "X halves Y." in page and "a caveat" in page and "a part" in page and "reproduced" in page
+    index = index_text({"toy": spec}, tmp_path)
+    row = next(line for line in index.splitlines() if line.startswith("| **toy**"))
+    assert "[0.6 → 0.2](toy/cpu/report.html) (reproduced)" in row
+    assert "| not run |" in row  # no GPU result
+    # a GPU result, where one exists, decides the index's verdict
+    gpu = {**saved, "measured": {**saved["measured"], "y_vs_baseline.x": 0.9}}
+    (tmp_path / "toy" / "gpu").mkdir()
+    write_json(tmp_path / "toy" / "gpu" / "result.json", gpu)
+    row = next(
+        line for line in index_text({"toy": spec}, tmp_path).splitlines() if line.startswith("| **toy**")
+    )
+    assert "| not reproduced |" in row
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (("reproduce",), "name reproductions or give --all"),
+        (("reproduce", "sortedrl-bubble", "--all"), "name reproductions or give --all"),
+        (("reproduce", "no-such-claim"), "no reproduction named 'no-such-claim'"),
+        (("reproduce", "--all", "--device", "tpu"), "--device must be cpu or cuda"),
+    ],
+)
+def test_bad_input_is_one_line(args, text, tmp_path):
+    assert_one_line_error(cli(*args, tmp=tmp_path), text)
+
+
+def test_list_names_every_reproduction(tmp_path):
+    res = cli("reproduce", "--list", tmp=tmp_path)
+    assert res.returncode == 0
+    for name in registry.RUNNERS:
+        assert name in res.stdout
+
+
+def test_sortedrl_bubble_quick_end_to_end_and_resumed(tmp_path):
+    """The real quick run through the CLI: three modes trained, the bubble read from their traces; a second
+    invocation reuses the finished runs instead of training again."""
+    res = cli("reproduce", "sortedrl-bubble", "--quick", "--out", str(tmp_path / "out"), tmp=tmp_path)
+    assert res.returncode == 0, res.stderr
+    result = read_json(tmp_path / "out" / "sortedrl-bubble" / "cpu" / "result.json")
+    m = result["measured"]
+    assert result["quick"] is True and result["config"]["steps"] == 2
+    assert 0 < m["bubble_ratio.sorted"] < m["bubble_ratio.baseline"] < 1
+    assert m["bubble_ratio_vs_baseline.sorted"] == pytest.approx(
+        m["bubble_ratio.sorted"] / m["bubble_ratio.baseline"]
+    )
+    # the trace is the source: recompute the baseline's bubble from it
+    from rlbench import metrics
+    from rlbench.records import read_jsonl
+
+    trace = read_jsonl(tmp_path / "out" / "sortedrl-bubble" / "cpu" / "work" / "baseline" / "trace.jsonl")
+    assert metrics.compute(trace)["summary"]["bubble_ratio"] == pytest.approx(m["bubble_ratio.baseline"])
+    assert "sortedrl-bubble" in (tmp_path / "out" / "README.md").read_text()
+    again = cli("reproduce", "sortedrl-bubble", "--quick", "--out", str(tmp_path / "out"), tmp=tmp_path)
+    assert again.returncode == 0 and "reusing the finished runs" in again.stdout
