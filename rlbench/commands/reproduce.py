@@ -64,6 +64,12 @@ def register(app: typer.Typer) -> None:
                 result = run_one(name, specs[name], root, device, quick, str(model) if model else None)
             except UserError:
                 raise
+            except ModuleNotFoundError as err:  # an optional dependency: histopipe and scale run Ray workers
+                failed.append(name)
+                typer.echo(
+                    f"{name}: needs the optional package {err.name} (pip install 'rlbench[ray]')", err=True
+                )
+                continue
             except Exception as err:  # one reproduction failing must not lose the others' results
                 failed.append(name)
                 typer.echo(f"{name}: failed: {type(err).__name__}: {err}", err=True)
