@@ -16,9 +16,7 @@ OUT/engine.json and OUT/verify_cost.json with the device, driver, torch version 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,10 +61,9 @@ def device_record() -> dict[str, object]:
     pynvml.nvmlInit()
     driver = pynvml.nvmlSystemGetDriverVersion()
     pynvml.nvmlShutdown()
-    commit = os.environ.get("RLBENCH_COMMIT")
-    if not commit:
-        run = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-        commit = run.stdout.strip() or None
+    from rlbench.reproduce.runner import source_commit
+
+    commit = source_commit()
     return {
         "device": torch.cuda.get_device_name(0),
         "driver": driver if isinstance(driver, str) else driver.decode(),

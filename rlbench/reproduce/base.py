@@ -21,6 +21,24 @@ class Context:
         """The full-size setting, or the quick one under --quick."""
         return quick if self.quick else full
 
+    def finished(self, name: str, key: Any, what: str) -> Any | None:
+        """What a finished run saved as work_dir/<name> for the same workload `key`, or None: a rerun of a
+        killed or repeated reproduction reuses it instead of training again."""
+        from rlbench.records import read_json
+
+        path = self.work_dir / name
+        if path.is_file() and (saved := read_json(path)).get("workload") == key and "result" in saved:
+            self.progress(f"reusing the finished {what}")
+            return saved["result"]
+        return None
+
+    def finish(self, name: str, key: Any, result: Any) -> Any:
+        """Save a finished run's `result` as work_dir/<name> under its workload `key` (see `finished`)."""
+        from rlbench.records import write_json
+
+        write_json(self.work_dir / name, {"workload": key, "result": result})
+        return result
+
 
 @dataclass
 class Outcome:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rlbench.records import read_json, read_jsonl, write_json
+from rlbench.records import read_jsonl
 from rlbench.reproduce.base import Context, Outcome
 
 # name -> PlacedRollout options. histopipe is RhymeRL's (alternating order + migration); histopipe-lpt keeps
@@ -208,17 +208,15 @@ def measure(
     """The runs of `w` under ctx.work_dir; a finished set (placements.json, same workload) is reused."""
     from rlbench.models import resolve_model
 
-    done, key = ctx.work_dir / "placements.json", {**_key(w), "backend": backend}
-    if done.is_file() and read_json(done)["workload"] == key:
-        ctx.progress(f"reusing the finished runs in {ctx.work_dir}")
-        saved = read_json(done)
+    key = {**_key(w), "backend": backend}
+    if (saved := ctx.finished("placements.json", key, f"runs in {ctx.work_dir}")) is not None:
         return saved["epochs"], saved["differ"]
     runs = ctx.work_dir / "runs"
     shutil.rmtree(runs, ignore_errors=True)  # a killed set: the interleaved steps start over together
     model = str(resolve_model(ctx.model))
     with ray_session(w.workers * len(w.placements)) if backend == "ray" else nullcontext():
         results, differ = run_placements(w, model, runs, ctx.progress, backend, ctx.device)
-    write_json(done, {"workload": key, "epochs": results, "differ": differ})
+    ctx.finish("placements.json", key, {"epochs": results, "differ": differ})
     return results, differ
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rlbench.records import read_json, write_json
 from rlbench.reproduce.base import Context, Outcome
 
 
@@ -61,10 +60,8 @@ def run_epochs(ctx: Context, w: Workload) -> list[dict[str, Any]]:
     from reference_trainer.train.trainer import Trainer
     from rlbench.models import resolve_model
 
-    done = ctx.work_dir / "epochs.json"
-    if done.is_file() and read_json(done)["workload"] == asdict(w):
-        ctx.progress(f"reusing the finished runs in {ctx.work_dir}")
-        return read_json(done)["epochs"]
+    if (done := ctx.finished("epochs.json", asdict(w), f"runs in {ctx.work_dir}")) is not None:
+        return done
     torch.manual_seed(w.seed)
     model = str(resolve_model(ctx.model))
     per_epoch = w.pool // w.prompts_per_step
@@ -103,8 +100,7 @@ def run_epochs(ctx: Context, w: Workload) -> list[dict[str, Any]]:
         epochs.append({"epoch": epoch + 1, "baseline": plain, "rhyme": rhyme, "speedup": speedup})
     for trainer in trainers.values():
         trainer.close()
-    write_json(done, {"workload": asdict(w), "epochs": epochs})
-    return epochs
+    return ctx.finish("epochs.json", asdict(w), epochs)
 
 
 def _figure(epochs: list[dict[str, Any]]) -> Any:

@@ -41,7 +41,10 @@ def describe_device(device: str) -> str:
 
 
 def source_commit() -> str | None:
-    """The checkout's commit (with "+dirty" for uncommitted changes), or None outside a git checkout."""
+    """$RLBENCH_COMMIT where set (a copied tree without .git, as on a GPU runner), else the checkout's commit
+    (with "+dirty" for uncommitted changes), or None outside a git checkout."""
+    if commit := os.environ.get("RLBENCH_COMMIT"):
+        return commit
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(

@@ -18,7 +18,6 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rlbench.records import read_json, write_json
 from rlbench.reproduce.base import Context, Outcome
 
 MODES = ("baseline", "histopipe", "rhyme", "sorted", "sorted-partial")
@@ -96,11 +95,10 @@ def validate_run(ctx: Context, r: RealRuns, workers: int, backend: str = "ray") 
     from rlbench.reproduce.histopipe import per_epoch, ray_session
     from rlbench.simulate.replay import validate
 
-    done = ctx.work_dir / f"validate-w{workers}.json"
+    done = f"validate-w{workers}.json"
     key = {**asdict(r), "workers": workers, "backend": backend}
-    if done.is_file() and read_json(done)["workload"] == key:
-        ctx.progress(f"reusing the finished W = {workers} run in {ctx.work_dir}")
-        return read_json(done)["validation"]
+    if (saved := ctx.finished(done, key, f"W = {workers} run in {ctx.work_dir}")) is not None:
+        return saved
     out = ctx.work_dir / f"w{workers}"
     shutil.rmtree(out, ignore_errors=True)  # a killed run starts over
     config = run_config(r, workers, str(resolve_model(ctx.model)), ctx.device, backend)
@@ -119,8 +117,7 @@ def validate_run(ctx: Context, r: RealRuns, workers: int, backend: str = "ray") 
         torch.set_num_threads(threads)
     doc = validate(out)
     doc["measured_worker_idle_share"] = per_epoch(out, r.steps)[0]["idle_share"]  # mean over all steps
-    write_json(done, {"workload": key, "validation": doc})
-    return doc
+    return ctx.finish(done, key, doc)
 
 
 def run_sweep(ctx: Context, s: Sweep) -> dict[str, Any]:
@@ -128,11 +125,9 @@ def run_sweep(ctx: Context, s: Sweep) -> dict[str, Any]:
     from rlbench.simulate import simulate, workload
     from rlbench.simulate.cost import preset
 
-    done = ctx.work_dir / "sweep.json"
     key = {**asdict(s), "workers": list(s.workers), "modes": list(s.modes)}
-    if done.is_file() and read_json(done)["workload"] == key:
-        ctx.progress("reusing the finished simulation")
-        return read_json(done)["doc"]
+    if (saved := ctx.finished("sweep.json", key, "simulation")) is not None:
+        return saved
     trace = workload.synthetic(steps=s.steps, prompts=s.groups_per_worker * max(s.workers),
                                group_size=s.group_size, mean_tokens=s.mean_tokens, sigma=s.sigma,
                                max_tokens=s.max_tokens, rank_corr=s.rank_corr, seed=s.seed)  # fmt: skip
@@ -142,8 +137,7 @@ def run_sweep(ctx: Context, s: Sweep) -> dict[str, Any]:
     for r in doc["results"]:
         r.pop("steps", None)  # per-step rows: not needed for the curves, and large at 8 W x 5 modes
     ctx.progress(f"simulated in {doc['elapsed_s']:.0f} s")
-    write_json(done, {"workload": key, "doc": doc})
-    return doc
+    return ctx.finish("sweep.json", key, doc)
 
 
 def curve(results: list[dict[str, Any]], mode: str, key: str) -> list[tuple[int, float]]:

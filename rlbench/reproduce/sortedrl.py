@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rlbench.records import read_json, read_jsonl, write_json
+from rlbench.records import read_jsonl
 from rlbench.reproduce.base import Context, Outcome
 
 MODES = ("baseline", "sorted", "sorted-partial")
@@ -94,10 +94,8 @@ def run_modes(ctx: Context, w: Workload) -> dict[str, dict[str, Any]]:
     from reference_trainer.train.trainer import Trainer
     from rlbench.models import resolve_model
 
-    done = ctx.work_dir / "modes.json"
-    if done.is_file() and read_json(done)["workload"] == asdict(w):
-        ctx.progress(f"reusing the finished runs in {ctx.work_dir}")
-        return read_json(done)["runs"]
+    if (runs := ctx.finished("modes.json", asdict(w), f"runs in {ctx.work_dir}")) is not None:
+        return runs
     torch.manual_seed(w.seed)
     model = str(resolve_model(ctx.model))
     trainers = {m: Trainer(mode_config(w, m, model, ctx.device), ctx.work_dir / m) for m in MODES}
@@ -107,9 +105,7 @@ def run_modes(ctx: Context, w: Workload) -> dict[str, dict[str, Any]]:
             ctx.progress(f"step {step + 1}/{w.steps} {mode}: {row['step_time_s']:.1f} s")
     for trainer in trainers.values():
         trainer.close()
-    runs = {m: summarize(ctx.work_dir / m) for m in MODES}
-    write_json(done, {"workload": asdict(w), "runs": runs})
-    return runs
+    return ctx.finish("modes.json", asdict(w), {m: summarize(ctx.work_dir / m) for m in MODES})
 
 
 def _bubble_figure(runs: dict[str, dict[str, Any]]) -> Any:
