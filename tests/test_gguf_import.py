@@ -212,3 +212,26 @@ def test_models_cli_list_and_unknown_names(tmp_path):
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "unknown packaged model" in res.stderr
     res = cli("generate", "--prompt", "hi", "--model", "gpt-17", cache=tmp_path)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "unknown model 'gpt-17'" in res.stderr
+
+
+def test_hub_ids_resolve_through_the_hub_cache_offline(fake_package, tmp_path, monkeypatch):
+    """`--model org/name` goes through huggingface_hub's snapshot_download; offline it reads the hub cache
+    (laid out here as the hub writes it), and a model absent from it is one line."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    source = models.resolve_model(fake_package)
+    cache = tmp_path / "hub"
+    repo = cache / "models--org--tiny-model"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(source, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    path = models.resolve_model("org/tiny-model")
+    assert path == repo / "snapshots" / commit and models.is_model_dir(path)
+    with pytest.raises(UserError, match="neither a local directory nor in the hub cache") as err:
+        models.resolve_model("org/absent-model")
+    assert "\n" not in str(err.value)

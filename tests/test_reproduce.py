@@ -8,6 +8,7 @@ from test_cli import assert_one_line_error, cli
 
 from rlbench.records import read_json, write_json
 from rlbench.reproduce import registry
+from rlbench.reproduce import runner as runner_module
 from rlbench.reproduce.base import Context, Outcome
 from rlbench.reproduce.index import index_text
 from rlbench.reproduce.runner import reproduce
@@ -137,3 +138,43 @@ def test_sortedrl_bubble_quick_end_to_end_and_resumed(tmp_path):
     assert "sortedrl-bubble" in (tmp_path / "out" / "README.md").read_text()
     again = cli("reproduce", "sortedrl-bubble", "--quick", "--out", str(tmp_path / "out"), tmp=tmp_path)
     assert again.returncode == 0 and "reusing the finished runs" in again.stdout
+
+
+def test_runs_of_another_commit_or_config_are_said_and_recomputed_never_mixed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(registry.RUNNERS, "toy", "test_reproduce:fake_runner")
+    monkeypatch.setattr(runner_module, "source_commit", lambda: "c0ffee")
+    spec = parse_spec("toy", SPEC)
+    work = tmp_path / "toy" / "cpu" / "work"
+    reproduce("toy", spec, tmp_path, device="cpu", quick=False, model=None)
+    (work / "modes.json").write_text("{}")  # a finished run a runner would reuse
+    reproduce("toy", spec, tmp_path, device="cpu", quick=False, model=None)
+    assert (work / "modes.json").is_file()  # same commit and config: kept
+    monkeypatch.setattr(runner_module, "source_commit", lambda: "beef")
+    reproduce("toy", spec, tmp_path, device="cpu", quick=False, model=None)
+    out = capsys.readouterr().out
+    assert "another commit or configuration (commit 'c0ffee' -> 'beef'); recomputing" in out
+    assert not (work / "modes.json").exists()
+    (work / "modes.json").write_text("{}")
+    reproduce("toy", spec, tmp_path, device="cpu", quick=True, model=None)
+    assert "quick False -> True" in capsys.readouterr().out and not (work / "modes.json").exists()
+
+
+def test_the_readme_results_table_is_the_generated_index_of_the_committed_results(tmp_path):
+    from pathlib import Path
+
+    from rlbench.reproduce.index import readme_text, write_index
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    specs = load_specs()
+    assert readme_text(readme, specs, root / "reports") == readme  # regenerate it: rlbench reproduce
+    assert "[sortedrl-bubble](reports/sortedrl-bubble/spec.toml)" in readme
+    # write_index refreshes a project README's block next to the results folder, and nothing else in it
+    block = "<!-- reproductions:begin -->\nstale\n<!-- reproductions:end -->"
+    (tmp_path / "README.md").write_text(f"intro\n{block}\nend\n")
+    (tmp_path / "reports").mkdir()
+    write_index(specs, tmp_path / "reports")
+    text = (tmp_path / "README.md").read_text()
+    assert text.startswith("intro\n") and text.endswith("end\n") and "stale" not in text
+    assert "| [sortedrl-bubble](reports/sortedrl-bubble/spec.toml) | " in text
+    assert "| not run | not run |" in text

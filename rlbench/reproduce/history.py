@@ -59,11 +59,13 @@ def run_history(ctx: Context, w: Workload) -> Path:
     from reference_trainer.train.config import TrainConfig
     from reference_trainer.train.trainer import Trainer
     from rlbench.models import resolve_model
+    from rlbench.reproduce.runner import source_commit
 
     if w.pool % w.prompts_per_step or w.epochs < 2:
         raise ValueError("need pool divisible by prompts_per_step and at least 2 epochs")
     model = str(resolve_model(ctx.model))
-    marker = {"workload": asdict(w), "model": model, "device": ctx.device}
+    # The sibling's folder is only reused from the same commit (runner.clear_stale_work guards our own).
+    marker = {"workload": asdict(w), "model": model, "device": ctx.device, "commit": source_commit()}
     out, name_dir = ctx.work_dir / "run", ctx.work_dir.parent.parent  # runner: <out>/<name>/<dev>/work
     shared = ctx.work_dir.name == "work" and name_dir.name in SHARED_BY
     others = [name_dir.parent / n / ctx.work_dir.parent.name / "work" / "run" for n in SHARED_BY

@@ -9,13 +9,14 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from rlbench.errors import UserError
-from rlbench.records import write_json
+from rlbench.records import read_json, write_json
 from rlbench.reproduce.base import Context, Outcome
 from rlbench.reproduce.registry import RUNNERS, runner
 from rlbench.reproduce.spec import Spec, load_specs
@@ -59,6 +60,21 @@ def source_commit() -> str | None:
         return None
 
 
+def clear_stale_work(work: Path, origin: dict[str, Any], say: Any) -> None:
+    """Runners reuse finished runs kept in `work` (killed or repeated reproductions resume); runs from another
+    commit or configuration must never be mixed into a result: say so, delete them, recompute."""
+    stamp = work / "origin.json"
+    if stamp.is_file() and (old := read_json(stamp)) != origin:
+        changed = ", ".join(f"{k} {old.get(k)!r} -> {v!r}" for k, v in origin.items() if old.get(k) != v)
+        say(f"{work} holds runs of another commit or configuration ({changed}); recomputing")
+        shutil.rmtree(work)
+    elif work.is_dir() and not stamp.is_file():
+        say(f"{work} has no origin.json (an older rlbench); recomputing")
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    write_json(stamp, origin)
+
+
 def check_names(names: list[str]) -> dict[str, Spec]:
     specs = load_specs()
     for name in names:
@@ -77,8 +93,11 @@ def reproduce(
 
     folder = out / name / device_folder(device)
     folder.mkdir(parents=True, exist_ok=True)
+    say = lambda line: print(f"[{name}] {line}", flush=True)  # noqa: E731
+    clear_stale_work(folder / "work", {"commit": source_commit(), "device": device, "quick": quick,
+                                       "model": model, "seed": seed}, say)  # fmt: skip
     ctx = Context(device=device, quick=quick, model=model, work_dir=folder / "work", seed=seed,
-                  progress=lambda line: print(f"[{name}] {line}", flush=True))  # fmt: skip
+                  progress=say)  # fmt: skip
     start = time.perf_counter()
     outcome: Outcome = runner(name)(ctx)
     wall = time.perf_counter() - start
