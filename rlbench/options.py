@@ -90,6 +90,33 @@ Engine = Annotated[
 ]
 
 
+SimGpu = Annotated[str, typer.Option("--gpu", help="Simulator GPU preset: h100 or h200.")]
+SimModelSize = Annotated[str, typer.Option("--model-size", help="Simulator model preset: 1.5b, 7b or 32b.")]
+# Observing rollout servers (`rlbench observe`, `rlbench profile --engine-metrics`)
+ServerCapacity = Annotated[
+    str | None,
+    typer.Option(
+        "--capacity",
+        help="Request slots per server (vLLM's --max-num-seqs), one value or one per URL, comma-separated. "
+        "Default: what the server exposes, else the peak running count seen (a lower bound).",
+    ),
+]
+IdleGap = Annotated[
+    float | None,
+    typer.Option(
+        "--idle-gap", min=0.0, help="Seconds with no request running that end a rollout phase (default 1)."
+    ),
+]
+RequestLog = Annotated[
+    Path | None,
+    typer.Option(
+        "--request-log",
+        help="Per-request lengths (the simulator's length-trace JSONL) for the what-if replay; default: the "
+        "server's length histograms.",
+    ),
+]
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """The options of a reference-trainer run that `train`, `profile` and `compare` all take.
@@ -150,3 +177,37 @@ def with_run_options(func: Callable[..., Any]) -> Callable[..., Any]:
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in params}
     return command
+
+
+def server_urls(text: str) -> list[str]:
+    """Comma-separated Prometheus endpoints; a bare host:port gets http:// and /metrics."""
+    from rlbench.errors import UserError
+
+    urls = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "://" not in part:
+            part = "http://" + part
+        if not part.startswith(("http://", "https://")):
+            raise UserError(f"engine metrics URL must be http(s): {part!r}")
+        if part.rstrip("/").count("/") == 2:  # scheme://host[:port] alone
+            part = part.rstrip("/") + "/metrics"
+        urls.append(part)
+    if not urls:
+        raise UserError("no engine metrics URL given")
+    return urls
+
+
+def server_capacities(text: str | None, servers: int) -> list[int]:
+    from rlbench.errors import UserError
+
+    if not text:
+        return []
+    try:
+        caps = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--capacity: expected integers, got {text!r}") from None
+    if not caps or min(caps) < 1 or len(caps) not in (1, servers):
+        raise UserError(f"--capacity: give one positive value or one per server ({servers}), got {text!r}")
+    return caps

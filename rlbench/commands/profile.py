@@ -8,7 +8,18 @@ from typing import Annotated
 
 import typer
 
-from rlbench.options import Mode, OutDir, RunOptions, Steps, with_run_options
+from rlbench.options import (
+    IdleGap,
+    Mode,
+    OutDir,
+    RequestLog,
+    RunOptions,
+    ServerCapacity,
+    SimGpu,
+    SimModelSize,
+    Steps,
+    with_run_options,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -32,16 +43,52 @@ def register(app: typer.Typer) -> None:
         sample_hz: Annotated[
             float, typer.Option("--sample-hz", min=0.1, help="NVML samples per second.")
         ] = 10.0,
+        engine_metrics: Annotated[
+            str | None,
+            typer.Option(
+                "--engine-metrics",
+                help="With a command after --: its rollout servers' Prometheus endpoints (vLLM, SGLang), "
+                "comma-separated, sampled on the NVML clock for the bubble ratio and the rest.",
+            ),
+        ] = None,
+        capacity: ServerCapacity = None,
+        idle_gap: IdleGap = None,
+        request_log: RequestLog = None,
+        gpu: SimGpu = "h100",
+        model_size: SimModelSize = "7b",
     ) -> None:
         """Profile a run: rollout bubbles, throughput, GPU timeline (NVML), CPU hot spots (py-spy).
 
         Examples: `rlbench profile --mode sorted --steps 4 --out runs/sorted`;
-        `rlbench profile --py-spy --out runs/ext -- python train.py --lr 1e-6`.
+        `rlbench profile --py-spy --out runs/ext -- python train.py --lr 1e-6`;
+        `rlbench profile --engine-metrics 127.0.0.1:8000 --capacity 256 -- python train_grpo.py`.
         """
+        from rlbench.errors import UserError
+
+        if engine_metrics and not cmd:
+            raise UserError("--engine-metrics observes the servers of a command given after --")
         if cmd:
             from rlbench.profiling.wrap import wrap_command
 
-            code, doc = wrap_command(cmd, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz)
+            observe = None
+            if engine_metrics:
+                from rlbench.observe.session import ObserveOptions
+                from rlbench.options import server_capacities, server_urls
+
+                if request_log is not None and not request_log.is_file():
+                    raise UserError(f"--request-log: no such file {request_log}")
+                urls = server_urls(engine_metrics)
+                observe = ObserveOptions(urls=urls, interval_s=1.0 / sample_hz, idle_gap_s=idle_gap,
+                                         capacity=server_capacities(capacity, len(urls)),
+                                         request_log=request_log, gpu=gpu, model_size=model_size)  # fmt: skip
+            say = lambda line: typer.echo(line, err=True)  # noqa: E731
+            code, doc = wrap_command(cmd, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz,
+                                     observe=observe, say=say)  # fmt: skip
+            if observe is not None:
+                from rlbench.commands.observe import summary_lines
+
+                for line in summary_lines(doc):
+                    typer.echo(line)
             s = doc["summary"]
             idle = "n/a" if s["gpu_idle_share"] is None else f"{100 * s['gpu_idle_share']:.1f}%"
             why = f" ({s['gpu_note']})" if s["gpu_note"] else ""

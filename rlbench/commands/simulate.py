@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from rlbench.errors import UserError
-from rlbench.options import ModeOption, OutDir, Seed
+from rlbench.options import ModeOption, OutDir, Seed, SimGpu, SimModelSize
 
 
 def _all_modes() -> str:
@@ -39,8 +39,8 @@ def register(app: typer.Typer) -> None:
         ] = None,
         synthetic: Annotated[bool, typer.Option(help="Use the synthetic heavy-tailed workload.")] = False,
         workers: Annotated[str, typer.Option(help="Worker counts, comma-separated.")] = "1,8,64,512,4096",
-        gpu: Annotated[str, typer.Option(help="GPU preset: h100 or h200.")] = "h100",
-        model_size: Annotated[str, typer.Option(help="Model preset: 1.5b, 7b or 32b.")] = "7b",
+        gpu: SimGpu = "h100",
+        model_size: SimModelSize = "7b",
         calibrate: Annotated[
             Path | None, typer.Option(help="Fit the cost model to this run (dir or trace.jsonl) instead.")
         ] = None,

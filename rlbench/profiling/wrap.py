@@ -3,6 +3,8 @@
 The command runs as our child with the terminal inherited (its logs stay visible). There is no rlbench trace
 for it, so the report carries run-level numbers only: wall time, exit code and the GPU idle share
 (1 - mean NVML utilisation over the command's lifetime, all GPUs; null with "no GPU: ..." without NVML).
+With `observe` (`--engine-metrics URL,...`) its rollout servers are sampled on the same clock, and the
+trace derived from them (rlbench.observe) gives the run the per-phase metrics of a reference-trainer profile.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ def wrap_command(
     py_spy: bool = False,
     sample_interval_s: float = 0.1,
     nvml: Any = None,
+    observe: Any = None,
+    say: Any = print,
 ) -> tuple[int, dict[str, Any]]:
     """Run `cmd`, write out/metrics.json and out/report.html; return (exit code, metrics document)."""
     from rlbench.profiling.nvml import NvmlSampler, mean_util, no_gpu_note
@@ -40,11 +44,18 @@ def wrap_command(
         return time.perf_counter() - t0
 
     sampler = NvmlSampler(now=now, interval_s=sample_interval_s, nvml=nvml).start()
+    servers = None
+    if observe is not None:
+        from rlbench.observe.session import start_sampler
+
+        servers = start_sampler(observe, out, now, say)
     t_start = now()
     try:
         child = subprocess.Popen(list(cmd))
     except OSError as err:  # not found, not executable
         sampler.stop()
+        if servers is not None:
+            servers.stop()
         raise UserError(f"cannot run {cmd[0]!r}: {err.strerror or err}") from err
     rec = PySpyRecorder(out, pid=child.pid, subprocesses=True) if py_spy else None
     if rec is not None:
@@ -62,6 +73,7 @@ def wrap_command(
             child.kill()
             code = child.wait()
     t_end = now()
+    server_rows = servers.stop() if servers is not None else None
     pyspy = rec.stop() if rec is not None else None
     gpu = sampler.stop()
     util = mean_util(gpu, t_start, t_end)
@@ -79,8 +91,13 @@ def wrap_command(
         "gpu": gpu,
         "pyspy": pyspy,
     }
-    write_json(out / "metrics.json", doc)
-    render_profile(out, doc, [])
+    if servers is not None:
+        from rlbench.observe.session import finish
+
+        doc = finish(out, server_rows or [], observe, doc, servers.notes)
+    else:
+        write_json(out / "metrics.json", doc)
+        render_profile(out, doc, [])
     if interrupted:
         raise KeyboardInterrupt
     return code, doc

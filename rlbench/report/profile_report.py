@@ -299,7 +299,7 @@ def render_profile(
     steps = doc.get("steps") or []
     meta = doc.get("run") or {}
     subtitle = " · ".join(
-        f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}"
+        f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}"
         for k, v in meta.items()
         if v is not None and not isinstance(v, (dict, list))
     )
@@ -307,8 +307,13 @@ def render_profile(
     if meta.get("command"):
         top.append(f"<p><code>{html.escape(shlex.join(meta['command']))}</code></p>")
     sections: list[tuple[str, Sequence[Any]]] = [("Summary", top)]
+    if doc.get("engine_metrics"):  # observed servers: gauges instead of the trainer's slot maps
+        from rlbench.report.observe_report import observed_sections
+
+        sections.extend(observed_sections(run_dir, doc, list(events)))
     if steps:
-        sections.append(("Slot occupancy", slot_timeline(events)))
+        if not doc.get("engine_metrics"):
+            sections.append(("Slot occupancy", slot_timeline(events)))
         heldout_path = run_dir / "heldout.json"
         heldout = read_json(heldout_path) if heldout_path.is_file() else None
         sections.extend(step_figures(steps, heldout))
@@ -331,4 +336,6 @@ def render_profile(
         sections.append(("CPU profile (py-spy)", pyspy_links(doc["pyspy"])))
     sections.append(("All summary metrics", [table(summary_rows(doc.get("summary") or {}))]))
     title = f"rlbench profile — {meta['mode']}" if meta.get("mode") else "rlbench profile"
+    if doc.get("engine_metrics"):
+        title = "rlbench observe — rollout servers" if meta.get("kind") == "observe" else title + " — servers"
     return write_page(run_dir / "report.html", title, sections, subtitle)

@@ -1,0 +1,86 @@
+"""`rlbench observe URL...`: the bubbles of running vLLM/SGLang servers, from their Prometheus metrics."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlbench.options import IdleGap, OutDir, RequestLog, ServerCapacity, SimGpu, SimModelSize
+
+
+def summary_lines(doc: dict) -> list[str]:
+    """One line per server and one overall: what `observe` and `profile --engine-metrics` print."""
+
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{100 * v:.1f}%"
+
+    lines = []
+    for label, s in doc["engine_metrics"]["servers"].items():
+        tps = s["rollout_tokens_per_s"]
+        lines.append(
+            f"{label}: {s['phases']} rollout phase(s), bubble {pct(s['bubble_ratio'])}, tail share "
+            f"{pct(s['tail_time_share'])}, {'n/a' if tps is None else f'{tps:.0f}'} tok/s, "
+            f"{s['finished_requests']} requests, waiting max {s['waiting_max']:.0f}"
+        )
+    return lines
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("observe")
+    def observe(
+        urls: Annotated[
+            list[str] | None,
+            typer.Argument(
+                help="Prometheus endpoints of the rollout servers (host:port or URL).", show_default=False
+            ),
+        ] = None,
+        duration: Annotated[float, typer.Option("--duration", min=0.1, help="Seconds to observe.")] = 60.0,
+        interval: Annotated[
+            float, typer.Option("--interval", min=0.01, help="Seconds between scrapes.")
+        ] = 0.1,
+        capacity: ServerCapacity = None,
+        idle_gap: IdleGap = None,
+        request_log: RequestLog = None,
+        gpu: SimGpu = "h100",
+        model_size: SimModelSize = "7b",
+        from_samples: Annotated[
+            Path | None,
+            typer.Option("--from-samples", help="Rebuild a run directory from its samples.jsonl instead."),
+        ] = None,
+        out: OutDir = Path("runs/observe"),
+    ) -> None:
+        """Sample running vLLM/SGLang servers' metrics: slot occupancy, bubble ratio, tail share, tokens/s,
+        queueing, and what SortedRL/RhymeRL would buy on their request lengths.
+
+        Example: `rlbench observe 127.0.0.1:8000 --duration 120 --capacity 256 --out runs/vllm`.
+        """
+        from rlbench.errors import UserError
+        from rlbench.observe.session import ObserveOptions
+        from rlbench.observe.session import from_samples as rebuild
+        from rlbench.observe.session import observe as run
+        from rlbench.options import server_capacities, server_urls
+
+        if request_log is not None and not request_log.is_file():
+            raise UserError(f"--request-log: no such file {request_log}")
+        if from_samples is not None:
+            opts = ObserveOptions(urls=[], capacity=server_capacities(capacity, 10**6), idle_gap_s=idle_gap,
+                                  request_log=request_log, gpu=gpu, model_size=model_size)  # fmt: skip
+            doc = rebuild(opts, from_samples)
+            out = from_samples
+        else:
+            if not urls:
+                raise UserError("give the servers' metrics URLs (e.g. 127.0.0.1:8000), or --from-samples DIR")
+            parsed = server_urls(",".join(urls))
+            caps = server_capacities(capacity, len(parsed))
+            opts = ObserveOptions(urls=parsed, interval_s=interval, capacity=caps, idle_gap_s=idle_gap,
+                                  request_log=request_log, gpu=gpu, model_size=model_size)  # fmt: skip
+            typer.echo(f"observing {len(parsed)} server(s) for {duration:g} s, every {interval:g} s")
+            doc = run(opts, out, duration, say=lambda line: typer.echo(line, err=True))
+        for line in summary_lines(doc):
+            typer.echo(line)
+        typer.echo(f"report: {out / 'report.html'}")
+        if doc["engine_metrics"]["unreadable"] == opts.urls:  # nothing observed: said once per server already
+            sys.exit(2)

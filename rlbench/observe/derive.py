@@ -1,0 +1,211 @@
+"""Server samples -> rollout phases and a trace in the trace.jsonl contract (docs/metrics.md).
+
+The metrics of an observed server are then computed by `rlbench.metrics`, the code that measures the
+reference trainer, so "bubble ratio" means the same thing for both. How the samples become a trace:
+
+- **Phases.** A rollout phase is a stretch of time in which some server runs at least one request (a start
+  or end between two scrapes is placed at their midpoint), closed by an idle gap (every server at 0
+  running) of at least `idle_gap_s`; shorter gaps stay inside the phase and count as idle slots. Phase k
+  becomes a `rollout` event of step k.
+- **Occupancy.** Each interval between two scrapes of a server is split at its midpoint, and each half takes
+  the running count of the scrape it is nearest to: a trapezoid estimate of slot-time with whole slots. Each
+  half with at least one request is a `decode` event on worker = the server's index, with `capacity` = the
+  server's slots and `tokens` = the growth of its generation-token counter, plus `waiting` and `kv_usage`.
+  A zero-length event opens each phase for each server, so a server idle for a whole phase still counts.
+- **Requests.** Each finished request (growth of the success counter) becomes a `sequence` event finished at
+  the scrape that saw it (at most one interval late). Its `response_tokens` and `prompt_tokens` come from the
+  growth of vLLM's length histograms in that interval, one value per request, the middle of its bucket
+  (`length_source: "histogram"`); SGLang has no such histograms, so its requests carry no lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+Row = dict[str, Any]
+
+
+@dataclass
+class Phase:
+    step: int
+    t_start: float
+    t_end: float
+
+
+def _bucket_values(
+    now: dict[str, float] | None, before: dict[str, float] | None
+) -> list[tuple[float, float]]:
+    """(representative length, upper bound) per request counted between two cumulative histograms."""
+    if not now:
+        return []
+    edges = sorted((float(le), n) for le, n in now.items())
+    old = {float(le): n for le, n in (before or {}).items()}
+    out: list[tuple[float, float]] = []
+    lower, below_now, below_old = 0.0, 0.0, 0.0
+    for le, cum in edges:
+        new = max(0, round((cum - below_now) - (old.get(le, 0.0) - below_old)))
+        mid = lower if math.isinf(le) else (lower + le) / 2 if lower else le
+        out += [(max(1.0, mid), le)] * new
+        lower, below_now, below_old = le, cum, old.get(le, 0.0)
+    return out
+
+
+def _growth(row: Row, last: Row, key: str) -> float:
+    """Counter growth between two scrapes; after a restart the counter started again from 0."""
+    a, b = last.get(key), row.get(key)
+    if a is None or b is None:
+        return 0.0
+    return float(b) if row.get("restarted") else max(0.0, float(b) - float(a))
+
+
+def series(rows: list[Row]) -> dict[int, list[Row]]:
+    """Each server's successful scrapes in time order."""
+    out: dict[int, list[Row]] = {}
+    for row in sorted(rows, key=lambda r: r["t"]):
+        if "error" not in row and row.get("running") is not None:
+            out.setdefault(int(row["server"]), []).append(row)
+    return out
+
+
+def capacities(per_server: dict[int, list[Row]], given: list[int] | None) -> tuple[dict[int, int], list[str]]:
+    """Slots per server: given (one value for all, or one per server), else what the server exposes, else
+    the peak running count seen (a lower bound: the bubble ratio is then a lower bound too)."""
+    caps, notes = {}, []
+    for s, rows in per_server.items():
+        exposed = next((int(r["capacity"]) for r in reversed(rows) if r.get("capacity")), None)
+        if given:
+            caps[s] = given[s] if len(given) > 1 else given[0]
+        elif exposed:
+            caps[s] = exposed
+        else:
+            caps[s] = max(1, int(max(r["running"] for r in rows)))
+            notes.append(
+                f"server {s}: capacity not exposed; using the peak running count {caps[s]} "
+                "(pass --capacity, e.g. vLLM's --max-num-seqs; the bubble ratio is a lower bound)"
+            )
+    return caps, notes
+
+
+def phases(per_server: dict[int, list[Row]], idle_gap_s: float) -> list[Phase]:
+    busy: list[tuple[float, float]] = []
+    for rows in per_server.values():
+        for a, b in zip(rows, rows[1:], strict=False):
+            # a change between two scrapes is placed at their midpoint, as the occupancy halves are
+            mid = (a["t"] + b["t"]) / 2
+            if a["running"] > 0 or b["running"] > 0:
+                busy.append((a["t"] if a["running"] > 0 else mid, b["t"] if b["running"] > 0 else mid))
+    merged: list[list[float]] = []
+    for t0, t1 in sorted(busy):
+        if merged and t0 - merged[-1][1] < idle_gap_s:
+            merged[-1][1] = max(merged[-1][1], t1)
+        else:
+            merged.append([t0, t1])
+    return [Phase(k, t0, t1) for k, (t0, t1) in enumerate(merged)]
+
+
+def to_trace(
+    rows: list[Row], capacity: list[int] | None = None, idle_gap_s: float = 1.0
+) -> tuple[list[Row], list[str]]:
+    """The trace events of an observation (phases, engine steps, finished requests) and notes on it."""
+    per_server = series(rows)
+    caps, notes = capacities(per_server, capacity)
+    found = phases(per_server, idle_gap_s)
+    events: list[Row] = []
+    for p in found:
+        events.append({"kind": "rollout", "step": p.step, "t_start": p.t_start, "t_end": p.t_end,
+                       "source": "observed"})  # fmt: skip
+        for s in per_server:
+            events.append({"kind": "decode", "step": p.step, "t_start": p.t_start, "t_end": p.t_start,
+                           "active_slots": 0, "capacity": caps[s], "tokens": 0, "worker": s})  # fmt: skip
+
+    def phase_of(t: float) -> Phase | None:
+        return next((p for p in found if p.t_start <= t <= p.t_end), None)
+
+    for s, srows in per_server.items():
+        for a, b in zip(srows, srows[1:], strict=False):
+            p = phase_of((a["t"] + b["t"]) / 2)
+            if p is None:
+                continue
+            mid = (a["t"] + b["t"]) / 2
+            halves = [
+                (max(t0, p.t_start), min(t1, p.t_end), row)
+                for t0, t1, row in ((a["t"], mid, a), (mid, b["t"], b))
+                if row["running"] > 0 and min(t1, p.t_end) > max(t0, p.t_start)
+            ]
+            # the interval's tokens go to its busy halves by slot-time, so none is lost at a phase edge
+            tokens = int(_growth(b, a, "generation_tokens"))
+            weights = [row["running"] * (t1 - t0) for t0, t1, row in halves]
+            shares = [int(tokens * w / sum(weights)) for w in weights]
+            if shares:
+                shares[-1] = tokens - sum(shares[:-1])
+            for (t0, t1, row), n in zip(halves, shares, strict=True):
+                events.append({"kind": "decode", "step": p.step, "t_start": t0, "t_end": t1,
+                               "active_slots": int(row["running"]), "capacity": caps[s], "tokens": n,
+                               "worker": s, "waiting": row.get("waiting"),
+                               "kv_usage": row.get("kv_usage")})  # fmt: skip
+            finished = int(_growth(b, a, "finished"))
+            lengths = _bucket_values(
+                b.get("response_hist"), None if b.get("restarted") else a.get("response_hist")
+            )
+            prompts = _bucket_values(
+                b.get("prompt_hist"), None if b.get("restarted") else a.get("prompt_hist")
+            )
+            for k in range(finished):
+                seq: Row = {"kind": "sequence", "step": p.step, "id": f"s{s}-{b['t']:.3f}-{k}",
+                            "prompt_id": f"s{s}-{b['t']:.3f}-{k}", "sample": 0, "t_admit": None,
+                            "t_finish": b["t"], "status": "finished", "finish_reason": None, "worker": s,
+                            "length_source": "none"}  # fmt: skip
+                if k < len(lengths):
+                    seq.update(response_tokens=int(lengths[k][0]), response_tokens_max=lengths[k][1],
+                               length_source="histogram")  # fmt: skip
+                if k < len(prompts):
+                    seq["prompt_tokens"] = int(prompts[k][0])
+                events.append(seq)
+    return events, notes
+
+
+def server_stats(events: list[Row], rows: list[Row]) -> dict[str, Any]:
+    """Per server and overall: the metrics of docs/metrics.md from the derived trace, plus queueing and
+    the long-tail indicator max response tokens / rollout wall time (slime's
+    longest_sample_tokens_per_sec)."""
+    from rlbench import metrics
+
+    phase_events = [e for e in events if e["kind"] == "rollout"]
+    workers = sorted({int(e["worker"]) for e in events if "worker" in e and e["kind"] == "decode"})
+    out: dict[str, Any] = {}
+    for label, keep in [("all", None), *((f"server {w}", w) for w in workers)]:
+        mine = [e for e in events if keep is None or e.get("worker", keep) == keep]
+        summary = metrics.compute(mine)["summary"] if phase_events else {}
+        engine = [e for e in mine if e["kind"] == "decode" and e["t_end"] > e["t_start"]]
+        span = sum(p["t_end"] - p["t_start"] for p in phase_events) * (len(workers) if keep is None else 1)
+        queued = [e for e in engine if (e.get("waiting") or 0) > 0]
+        per_phase = []  # slime's longest_sample_tokens_per_sec: the longest response / rollout wall time
+        for p in phase_events:
+            bounds = [e["response_tokens_max"] for e in mine if e["kind"] == "sequence"
+                      and e["step"] == p["step"] and e.get("response_tokens_max") is not None]  # fmt: skip
+            if bounds and not math.isinf(max(bounds)) and p["t_end"] > p["t_start"]:
+                per_phase.append((max(bounds), max(bounds) / (p["t_end"] - p["t_start"])))
+        wall = sum(p["t_end"] - p["t_start"] for p in phase_events)
+        out[label] = {
+            "bubble_ratio": summary.get("bubble_ratio"),
+            "tail_time_share": summary.get("tail_time_share"),
+            "rollout_tokens_per_s": summary.get("rollout_tokens_per_s"),
+            "phases": len(phase_events),
+            "rollout_time_s": wall,
+            "finished_requests": sum(1 for e in mine if e["kind"] == "sequence"),
+            "waiting_mean": (
+                sum((e.get("waiting") or 0) * (e["t_end"] - e["t_start"]) for e in engine) / span
+            )
+            if span
+            else None,
+            "waiting_max": max((e.get("waiting") or 0 for e in engine), default=0),
+            "queued_time_share": sum(e["t_end"] - e["t_start"] for e in queued) / span if span else None,
+            # upper bounds where lengths come from histogram buckets (the bucket's upper edge)
+            "longest_response_tokens": max((b for b, _ in per_phase), default=None),
+            "longest_sample_tokens_per_s": sum(r for _, r in per_phase) / len(per_phase)
+            if per_phase
+            else None,
+        }
+    return out

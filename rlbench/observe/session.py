@@ -1,0 +1,138 @@
+"""`rlbench observe` and `rlbench profile --engine-metrics`: sample servers, derive, write, report.
+
+A run directory holds `samples.jsonl` (the raw scrapes, appended every round, so a killed observation keeps
+them and `rlbench observe --from-samples DIR` rebuilds the rest), `trace.jsonl` (the derived trace),
+`metrics.json` and `report.html`, the same files as a profile of the reference trainer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ObserveOptions:
+    urls: list[str]
+    interval_s: float = 0.1
+    capacity: list[int] = field(default_factory=list)  # empty: exposed by the server, else the peak seen
+    idle_gap_s: float | None = None  # None: 1 s (a rebuild: the observation's own)
+    request_log: Path | None = None
+    gpu: str = "h100"  # the simulator's presets for "what would SortedRL/RhymeRL buy here"
+    model_size: str = "7b"
+
+
+def start_sampler(
+    opts: ObserveOptions, out: Path, now: Callable[[], float], say: Callable[[str], None]
+) -> Any:
+    from rlbench.observe.sampler import ServerSampler
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "samples.jsonl").unlink(missing_ok=True)
+    return ServerSampler(opts.urls, now, opts.interval_s, out / "samples.jsonl", say).start()
+
+
+def finish(
+    out: Path, rows: list[dict[str, Any]], opts: ObserveOptions, base: dict[str, Any], notes: list[str]
+) -> dict[str, Any]:
+    """Derive the trace and metrics from the scrapes, merge them into `base` (a profile document: run,
+    summary, gpu, pyspy), write trace.jsonl, metrics.json and report.html; return the document."""
+    from rlbench import metrics
+    from rlbench.observe.derive import server_stats, to_trace
+    from rlbench.observe.whatif import predict
+    from rlbench.records import write_json, write_jsonl
+    from rlbench.report.profile_report import render_profile
+
+    opts.idle_gap_s = 1.0 if opts.idle_gap_s is None else opts.idle_gap_s
+    events, derive_notes = to_trace(rows, opts.capacity or None, opts.idle_gap_s)
+    notes = [*notes, *derive_notes]
+    write_jsonl(out / "trace.jsonl", events)
+    computed = metrics.compute(events, base.get("gpu")) if events else {"summary": {}, "steps": []}
+    caps = {int(e["worker"]): int(e["capacity"]) for e in events if e["kind"] == "decode"}
+    if not any(e["kind"] == "rollout" for e in events):
+        notes.append("no rollout phase seen: no server ran a request while observed")
+    whatif: dict[str, Any] = {"available": False, "reason": "no rollout phase observed"}
+    if caps:
+        try:
+            whatif = predict(
+                events, max(caps.values()), len(caps), opts.request_log, opts.gpu, opts.model_size
+            )
+        except Exception as err:  # the prediction is an extra: it must never lose the observation
+            whatif = {"available": False, "reason": f"{type(err).__name__}: {err}"}
+    doc = {
+        **base,
+        "run": {
+            **base.get("run", {}),
+            "capacity_given": opts.capacity,
+            "servers": opts.urls,
+            "capacity": caps,
+            "interval_s": opts.interval_s,
+            "idle_gap_s": opts.idle_gap_s,
+        },  # fmt: skip
+        "summary": {**base.get("summary", {}), **computed["summary"]},
+        "steps": computed["steps"],
+        "engine_metrics": {
+            "servers": server_stats(events, rows),
+            "notes": notes,
+            "whatif": whatif,
+            "samples": len(rows),
+            "failed_scrapes": sum(1 for r in rows if "error" in r),
+            "unreadable": [
+                u
+                for i, u in enumerate(opts.urls)
+                if not any(r["server"] == i and "error" not in r for r in rows)
+            ],  # fmt: skip
+        },  # fmt: skip
+    }
+    write_json(out / "metrics.json", doc)
+    render_profile(out, doc, events)
+    return doc
+
+
+def observe(opts: ObserveOptions, out: Path, duration_s: float, say: Callable[[str], None] = print,
+            nvml: Any = None) -> dict[str, Any]:  # fmt: skip
+    """Sample the servers (and the GPUs) for `duration_s` seconds (Ctrl-C stops early) and write the run."""
+    from rlbench.profiling.nvml import NvmlSampler
+
+    t0 = time.perf_counter()
+
+    def now() -> float:
+        return time.perf_counter() - t0
+
+    gpu_sampler = NvmlSampler(now=now, interval_s=opts.interval_s, nvml=nvml).start()
+    sampler = start_sampler(opts, out, now, say)
+    try:
+        while now() < duration_s:
+            time.sleep(min(0.2, max(0.0, duration_s - now())))
+    except KeyboardInterrupt:
+        say("interrupted: writing what was observed")
+    rows = sampler.stop()
+    gpu = gpu_sampler.stop()
+    base = {"run": {"kind": "observe", "wall_time_s": now()}, "summary": {}, "gpu": gpu, "pyspy": None}
+    return finish(out, rows, opts, base, sampler.notes)
+
+
+def from_samples(opts: ObserveOptions, out: Path) -> dict[str, Any]:
+    """Rebuild trace, metrics and report from a run directory's samples.jsonl (a killed observation)."""
+    from rlbench.errors import UserError
+    from rlbench.records import read_json, read_jsonl
+
+    path = out / "samples.jsonl"
+    if not path.is_file():
+        raise UserError(f"{out}: no samples.jsonl to rebuild from")
+    rows = read_jsonl(path)
+    old = read_json(out / "metrics.json") if (out / "metrics.json").is_file() else {}
+    run = old.get("run", {"kind": "observe"})
+    servers = max((int(r["server"]) for r in rows), default=-1) + 1
+    opts.urls = opts.urls or run.get("servers") or [f"server {i}" for i in range(servers)]
+    opts.interval_s = run.get("interval_s", opts.interval_s)
+    if opts.idle_gap_s is None:
+        opts.idle_gap_s = run.get("idle_gap_s")
+    if not opts.capacity and run.get("capacity_given"):  # the capacity the observation was given
+        opts.capacity = list(run["capacity_given"])
+    summary = {k: v for k, v in old.get("summary", {}).items() if k in ("wall_time_s", "exit_code")}
+    base = {"run": run, "summary": summary, "gpu": old.get("gpu"), "pyspy": old.get("pyspy")}
+    return finish(out, rows, opts, base, [])

@@ -1,0 +1,68 @@
+"""What SortedRL and RhymeRL would buy on an observed server: its request lengths through the simulator.
+
+The lengths come from a request log when the user gives one (`--request-log`, the simulator's length-trace
+JSONL: exact lengths, prompt ids, steps), else from the derived trace's finished requests (vLLM's length
+histograms, bucket middles; one step per observed phase, each request its own prompt, since a server does
+not know an RL step's groups). The same cost model replays every mode, so the modes compare with each
+other; the baseline's predicted bubble beside the observed one shows how far the model is from this server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MODES = ["baseline", "sorted", "sorted-partial", "rhyme", "sorted+rhyme"]
+
+
+def length_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"step": e["step"], "prompt_id": e["prompt_id"], "sample": 0,
+         "prompt_tokens": int(e.get("prompt_tokens") or 0), "response_tokens": int(e["response_tokens"])}
+        for e in events
+        if e["kind"] == "sequence" and e.get("response_tokens")
+    ]  # fmt: skip
+
+
+def predict(
+    events: list[dict[str, Any]],
+    capacity: int,
+    servers: int,
+    request_log: Path | None = None,
+    gpu: str = "h100",
+    model_size: str = "7b",
+) -> dict[str, Any]:
+    """Per mode: predicted bubble ratio, step time and speed-up against the baseline; or a reason why not."""
+    from rlbench.simulate import simulate
+    from rlbench.simulate.cost import preset
+    from rlbench.simulate.workload import _from_rows, load
+
+    if request_log is not None:
+        trace, source = load(request_log), f"request log {request_log}"
+    else:
+        rows = length_rows(events)
+        if not rows:
+            return {"available": False, "reason": "no request lengths: the server exposes no length "
+                    "histograms (SGLang) and no --request-log was given"}  # fmt: skip
+        trace, source = _from_rows(rows, "observed"), "vLLM length histograms (bucket middles)"
+    cost = preset(gpu, model_size)
+    doc = simulate(trace, cost, workers=[servers], modes=MODES, capacity=capacity)
+
+    def clean(x: float | None) -> float | None:  # the simulator's float noise (-2e-16) is 0
+        return None if x is None else (0.0 if abs(x) < 1e-9 else x)
+
+    results = [
+        {"mode": r["policy"], "bubble_ratio": clean(r["bubble_ratio"]),
+         "worker_idle_share": clean(r["worker_idle_share"]),
+         "step_time_s": r["step_time_s"], "speedup": r["speedup"], "rollout_speedup": r["rollout_speedup"]}
+        for r in doc["results"]
+    ]  # fmt: skip
+    return {
+        "available": True,
+        "lengths": source,
+        "cost_model": f"{gpu.upper()} roofline, {model_size} model (rlbench simulate presets)",
+        "workload": doc["workload"],
+        "servers": servers,
+        "capacity_per_server": capacity,
+        "results": results,
+    }

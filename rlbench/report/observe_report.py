@@ -1,0 +1,114 @@
+"""Report sections for observed rollout servers (`rlbench observe`, `profile --engine-metrics`).
+
+The per-step plots (bubble, throughput) are the profile report's own, drawn from the derived trace; these
+sections add what only the servers' gauges show: running and waiting requests against capacity per server,
+KV-cache use, the per-server table and the what-if replay through the simulator.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from rlbench.report.figures import PALETTE, _fig, note, num, pct
+from rlbench.report.page import table
+
+
+def occupancy_figure(rows: list[dict[str, Any]], doc: dict[str, Any], events: list[dict[str, Any]]) -> Any:
+    import plotly.graph_objects as go
+
+    urls = doc["run"].get("servers") or []
+    caps = doc["run"].get("capacity") or {}
+    fig = _fig("Slot occupancy per server (running requests; dashed: capacity; dotted: waiting)", "time (s)",
+               "requests", height=360)  # fmt: skip
+    for s in sorted({int(r["server"]) for r in rows}):
+        mine = [r for r in rows if int(r["server"]) == s and "error" not in r]
+        label = urls[s] if s < len(urls) else f"server {s}"
+        colour = PALETTE[s % len(PALETTE)]
+        t = [r["t"] for r in mine]
+        fig.add_trace(go.Scatter(x=t, y=[r.get("running") for r in mine], name=f"{label} running",
+                                 mode="lines", line={"color": colour, "shape": "hv"}))  # fmt: skip
+        dotted = {"color": colour, "dash": "dot", "shape": "hv"}
+        fig.add_trace(go.Scatter(x=t, y=[r.get("waiting") for r in mine], name=f"{label} waiting",
+                                 mode="lines", line=dotted))  # fmt: skip
+        if str(s) in caps or s in caps:
+            cap = caps.get(str(s), caps.get(s))
+            fig.add_hline(y=cap, line_dash="dash", line_color=colour, opacity=0.6)
+    for ev in events:
+        if ev["kind"] == "rollout":
+            fig.add_vrect(x0=ev["t_start"], x1=ev["t_end"], fillcolor="#4c78a8", opacity=0.08, line_width=0)
+    return fig
+
+
+def kv_figure(rows: list[dict[str, Any]], urls: list[str]) -> Any | None:
+    import plotly.graph_objects as go
+
+    if all(r.get("kv_usage") is None for r in rows):
+        return None
+    fig = _fig("KV-cache use per server", "time (s)", "%", height=260)
+    for s in sorted({int(r["server"]) for r in rows}):
+        mine = [r for r in rows if int(r["server"]) == s and r.get("kv_usage") is not None]
+        name = urls[s] if s < len(urls) else f"server {s}"
+        fig.add_trace(go.Scatter(x=[r["t"] for r in mine], y=[100 * r["kv_usage"] for r in mine],
+                                 mode="lines", name=name))  # fmt: skip
+    return fig
+
+
+def server_table(doc: dict[str, Any]) -> str:
+    rows = []
+    for label, s in doc["engine_metrics"]["servers"].items():
+        rows.append({
+            "server": label, "phases": s["phases"], "bubble ratio": pct(s["bubble_ratio"]),
+            "tail time share": pct(s["tail_time_share"]),
+            "tokens/s": num(s["rollout_tokens_per_s"], digits=4),
+            "requests": s["finished_requests"], "waiting (mean / max)": f"{num(s['waiting_mean'])} / "
+            f"{s['waiting_max']:.0f}", "time with a queue": pct(s["queued_time_share"]),
+            "longest response (≤ tokens)": num(s["longest_response_tokens"], digits=5),
+            "longest / rollout time (tok/s)": num(s["longest_sample_tokens_per_s"], digits=4),
+        })  # fmt: skip
+    return table(rows)
+
+
+def whatif_section(whatif: dict[str, Any], observed: float | None) -> list[Any]:
+    if not whatif.get("available"):
+        return [note(f"No prediction: {whatif.get('reason')}")]
+    rows = [{"mode": r["mode"], "predicted bubble": pct(r["bubble_ratio"]),
+             "predicted step time (s)": num(r["step_time_s"]), "speed-up vs baseline": num(r["speedup"]),
+             "rollout speed-up": num(r["rollout_speedup"])} for r in whatif["results"]]  # fmt: skip
+    w = whatif["workload"]
+    text = (
+        f"The observed requests ({w['sequences']} in {w['steps']} phase(s), lengths from "
+        f"{whatif['lengths']}; mean {w['response_tokens_mean']:.0f}, max {w['response_tokens_max']} tokens) "
+        f"replayed by <code>rlbench simulate</code> on {whatif['servers']} worker(s) × "
+        f"{whatif['capacity_per_server']} slots, {html.escape(whatif['cost_model'])}. Observed bubble "
+        f"{pct(observed)}; the baseline's predicted one shows how close the cost model comes to this server. "
+        "A server does not know an RL step's prompt groups: each request is its own prompt unless a request "
+        "log says otherwise, so HistoSpec acceptance and HistoPipe predictions are the simulator's defaults."
+    )
+    return [f'<p class="sub">{text}</p>', table(rows)]
+
+
+def observed_sections(
+    run_dir: Path, doc: dict[str, Any], events: list[dict[str, Any]]
+) -> list[tuple[str, list]]:
+    from rlbench.records import read_jsonl
+
+    em = doc["engine_metrics"]
+    samples = run_dir / "samples.jsonl"
+    rows = read_jsonl(samples) if samples.is_file() else []
+    urls = doc["run"].get("servers") or []
+    source = ", ".join(html.escape(u) for u in urls)
+    head = [f'<p class="sub">Source: Prometheus metrics of {source}, {em["samples"]} scrapes '
+            f'({em["failed_scrapes"]} failed) every {doc["run"].get("interval_s")} s.</p>']  # fmt: skip
+    head += [note(n) for n in em.get("notes") or []]
+    parts: list[Any] = [*head, occupancy_figure(rows, doc, events)] if rows else head
+    if rows and (kv := kv_figure(rows, urls)) is not None:
+        parts.append(kv)
+    return [
+        ("Rollout servers (observed)", [*parts, server_table(doc)]),
+        (
+            "What would SortedRL / RhymeRL buy here?",
+            whatif_section(em["whatif"], doc["summary"].get("bubble_ratio")),
+        ),
+    ]

@@ -1,0 +1,118 @@
+"""A scripted rollout server for observer tests: a /metrics endpoint whose gauges follow a known request
+timeline, so the bubble the observer derives can be checked against the timeline's exact one.
+
+Requests are (start, end, tokens) in seconds after the server starts. At scrape time t the server reports
+the requests running at t, tokens generated so far (linear in each request's lifetime), finished requests
+and a length histogram of the finished ones, in vLLM's names (or SGLang's). `restart_at` resets every
+counter once, as a restarted server does; `drop` leaves out quantities, as older servers do.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+Request = tuple[float, float, int]
+BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+
+
+def exact_bubble(requests: list[Request], capacity: int) -> float:
+    """1 - slot-time / (capacity x rollout wall time), for a timeline that is one phase."""
+    start, end = min(r[0] for r in requests), max(r[1] for r in requests)
+    return 1.0 - sum(e - s for s, e, _ in requests) / (capacity * (end - start))
+
+
+def exposition(requests: list[Request], t: float, flavor: str = "vllm", drop: tuple[str, ...] = ()) -> str:
+    running = sum(1 for s, e, _ in requests if s <= t < e)
+    done = [r for r in requests if r[1] <= t]
+    generated = sum(n * min(1.0, max(0.0, (t - s) / (e - s))) for s, e, n in requests)
+    label = '{model_name="fake"}'
+    if flavor == "sglang":
+        lines = [
+            "# TYPE sglang:num_running_reqs gauge", f"sglang:num_running_reqs{label} {running}",
+            "# TYPE sglang:num_queue_reqs gauge", f"sglang:num_queue_reqs{label} 0",
+            "# TYPE sglang:token_usage gauge", f"sglang:token_usage{label} {0.01 * running}",
+            "# TYPE sglang:generation_tokens_total counter",
+            f"sglang:generation_tokens_total{label} {int(generated)}",
+            "# TYPE sglang:num_requests_total counter", f"sglang:num_requests_total{label} {len(done)}",
+            "# TYPE sglang:max_running_requests gauge", f"sglang:max_running_requests{label} 4",
+        ]  # fmt: skip
+        return "\n".join(lines) + "\n"
+    lines = [
+        "# TYPE vllm:num_requests_running gauge", f'vllm:num_requests_running{{engine="0"}} {running}',
+        "# TYPE vllm:num_requests_waiting gauge", 'vllm:num_requests_waiting{engine="0"} 0',
+        "# TYPE vllm:generation_tokens_total counter",
+        f'vllm:generation_tokens_total{{engine="0"}} {int(generated)}',
+        "# TYPE vllm:request_success_total counter",
+        f'vllm:request_success_total{{engine="0",finished_reason="length"}} {len(done)}',
+        'vllm:request_success_total{engine="0",finished_reason="stop"} 0',
+    ]  # fmt: skip
+    if "kv_usage" not in drop:
+        lines += [
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f'vllm:kv_cache_usage_perc{{engine="0"}} {0.01 * running}',
+        ]
+    if "response_hist" not in drop:  # (dropping it drops the prompt histogram too)
+        lines.append("# TYPE vllm:request_generation_tokens histogram")
+        for le in (*BUCKETS, "+Inf"):
+            count = sum(1 for r in done if le == "+Inf" or r[2] <= le)
+            lines.append(f'vllm:request_generation_tokens_bucket{{engine="0",le="{le}"}} {count}')
+        lines.append(f'vllm:request_generation_tokens_count{{engine="0"}} {len(done)}')
+        lines.append(f'vllm:request_generation_tokens_sum{{engine="0"}} {sum(r[2] for r in done)}')
+        lines.append("# TYPE vllm:request_prompt_tokens histogram")  # every prompt is 4 tokens
+        for le in (*BUCKETS, "+Inf"):
+            count = len(done) if le == "+Inf" or le >= 4 else 0
+            lines.append(f'vllm:request_prompt_tokens_bucket{{engine="0",le="{le}"}} {count}')
+    return "\n".join(lines) + "\n"
+
+
+class FakeServer:
+    """Serve `exposition` on 127.0.0.1 (a free port) in a thread; `url` is its /metrics endpoint."""
+
+    def __init__(self, requests: list[Request], flavor: str = "vllm", drop: tuple[str, ...] = (),
+                 restart_at: float | None = None, body: str | None = None) -> None:  # fmt: skip
+        self.requests, self.flavor, self.drop, self.restart_at, self.body = (
+            requests,
+            flavor,
+            drop,
+            restart_at,
+            body,
+        )
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                t = time.perf_counter() - server.t0
+                if server.body is not None:
+                    text = server.body
+                elif server.restart_at is not None and t >= server.restart_at:  # counters start again at 0
+                    shifted = [
+                        (s - server.restart_at, e - server.restart_at, n) for s, e, n in server.requests
+                    ]
+                    text = exposition([r for r in shifted if r[0] >= 0], t - server.restart_at, server.flavor)
+                else:
+                    text = exposition(server.requests, t, server.flavor, server.drop)
+                data = text.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        self.t0 = time.perf_counter()
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeServer:
+        self.t0 = time.perf_counter()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
