@@ -153,3 +153,21 @@ def test_profile_engine_metrics_around_a_failing_command(tmp_path):
 )
 def test_bad_input_is_one_line(args, text, tmp_path):
     assert_one_line_error(cli(*args, tmp=tmp_path), text)
+
+
+def test_two_servers_share_one_phase_and_each_has_its_own_numbers(tmp_path):
+    """A busy and an almost idle server: one phase (their union), the overall bubble over both servers'
+    slots, per-server bubbles, and the idle one's worker idle share."""
+    light = [(0.3, 0.5, 20), (0.3, 0.6, 30)]
+    with FakeServer(PHASE_A) as busy, FakeServer(light) as idle:
+        opts = ObserveOptions(urls=[busy.url, idle.url], interval_s=0.02, capacity=[4, 4], idle_gap_s=0.5)
+        doc = observe(opts, tmp_path, duration_s=1.9, say=lambda line: None)
+    wall = 1.5 - 0.3
+    slot_time = sum(e - s for s, e, _ in PHASE_A + light)
+    assert len(doc["steps"]) == 1
+    assert doc["summary"]["bubble_ratio"] == pytest.approx(1 - slot_time / (8 * wall), abs=0.04)
+    servers = doc["engine_metrics"]["servers"]
+    assert servers["server 0"]["bubble_ratio"] == pytest.approx(exact_bubble(PHASE_A, 4), abs=0.04)
+    assert servers["server 1"]["bubble_ratio"] == pytest.approx(1 - 0.5 / (4 * wall), abs=0.04)
+    idle_share = doc["summary"]["worker_idle_share"]
+    assert idle_share["0"] == 0.0 and idle_share["1"] == pytest.approx(1 - 0.3 / wall, abs=0.06)
