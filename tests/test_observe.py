@@ -4,6 +4,7 @@ a failing command) as one line with the run still written."""
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 
@@ -171,3 +172,20 @@ def test_two_servers_share_one_phase_and_each_has_its_own_numbers(tmp_path):
     assert servers["server 1"]["bubble_ratio"] == pytest.approx(1 - 0.5 / (4 * wall), abs=0.04)
     idle_share = doc["summary"]["worker_idle_share"]
     assert idle_share["0"] == 0.0 and idle_share["1"] == pytest.approx(1 - 0.3 / wall, abs=0.06)
+
+
+def test_a_request_log_gives_the_what_if_exact_lengths_and_groups(tmp_path):
+    log = tmp_path / "requests.jsonl"
+    rows = [{"step": s, "prompt_id": f"q{p}", "sample": k, "prompt_tokens": 20,
+             "response_tokens": 40 + 300 * (p == 0)}
+            for s in range(2) for p in range(4) for k in range(4)]  # fmt: skip
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with FakeServer(PHASE_A) as server:
+        opts = ObserveOptions(urls=[server.url], interval_s=0.05, capacity=[4], request_log=log)
+        doc = observe(opts, tmp_path / "run", duration_s=1.7, say=lambda line: None)
+    whatif = doc["engine_metrics"]["whatif"]
+    assert whatif["lengths"] == f"request log {log}"
+    assert whatif["workload"]["sequences"] == 32 and whatif["workload"]["groups"] == 8
+    assert whatif["workload"]["response_tokens_max"] == 340
+    res = cli("observe", "127.0.0.1:1", "--request-log", str(tmp_path / "none.jsonl"), tmp=tmp_path)
+    assert_one_line_error(res, "--request-log: no such file")
