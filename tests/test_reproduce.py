@@ -133,7 +133,9 @@ def test_sortedrl_bubble_quick_end_to_end_and_resumed(tmp_path):
     from rlbench import metrics
     from rlbench.records import read_jsonl
 
-    trace = read_jsonl(tmp_path / "out" / "sortedrl-bubble" / "cpu" / "work" / "baseline" / "trace.jsonl")
+    trace = read_jsonl(
+        tmp_path / "out" / "sortedrl-bubble" / "cpu" / "work" / "seed0" / "baseline" / "trace.jsonl"
+    )
     assert metrics.compute(trace)["summary"]["bubble_ratio"] == pytest.approx(m["bubble_ratio.baseline"])
     assert "sortedrl-bubble" in (tmp_path / "out" / "README.md").read_text()
     again = cli("reproduce", "sortedrl-bubble", "--quick", "--out", str(tmp_path / "out"), tmp=tmp_path)

@@ -10,7 +10,7 @@ trace (what the CPU measurement should be) and on the H100 roofline (what a GPU 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,11 @@ class Workload:
     max_staleness: int = 2
     lr: float = 1e-5
     seed: int = 0
+    seeds: int = 3  # seed, seed + 1, ...: every figure is a mean over them, with its sd
 
     @classmethod
     def for_context(cls, ctx: Context) -> Workload:
-        return cls(steps=ctx.pick(6, 2), seed=ctx.seed)
+        return cls(steps=ctx.pick(6, 2), seed=ctx.seed, seeds=ctx.pick(3, 1))
 
 
 def mode_config(w: Workload, mode: str, model: str, device: str) -> Any:
@@ -88,24 +89,49 @@ def summarize(out: Path) -> dict[str, Any]:
 
 
 def run_modes(ctx: Context, w: Workload) -> dict[str, dict[str, Any]]:
-    """Train every mode for w.steps, interleaved; the summaries (kept in work_dir: a rerun reuses them)."""
+    """Train every mode for w.steps, interleaved; the summaries (kept in work_dir/seed<S>: a rerun reuses
+    them)."""
     import torch
 
     from reference_trainer.train.trainer import Trainer
     from rlbench.models import resolve_model
 
-    if (runs := ctx.finished("modes.json", asdict(w), f"runs in {ctx.work_dir}")) is not None:
+    folder = f"seed{w.seed}"
+    if (runs := ctx.finished(f"{folder}/modes.json", asdict(w), f"runs of seed {w.seed}")) is not None:
         return runs
     torch.manual_seed(w.seed)
     model = str(resolve_model(ctx.model))
-    trainers = {m: Trainer(mode_config(w, m, model, ctx.device), ctx.work_dir / m) for m in MODES}
+    trainers = {m: Trainer(mode_config(w, m, model, ctx.device), ctx.work_dir / folder / m) for m in MODES}
     for step in range(w.steps):
         for mode, trainer in trainers.items():
             row = trainer.train_step()
-            ctx.progress(f"step {step + 1}/{w.steps} {mode}: {row['step_time_s']:.1f} s")
+            ctx.progress(f"seed {w.seed} step {step + 1}/{w.steps} {mode}: {row['step_time_s']:.1f} s")
     for trainer in trainers.values():
         trainer.close()
-    return ctx.finish("modes.json", asdict(w), {m: summarize(ctx.work_dir / m) for m in MODES})
+    summaries = {m: summarize(ctx.work_dir / folder / m) for m in MODES}
+    return ctx.finish(f"{folder}/modes.json", asdict(w), summaries)
+
+
+def run_seeds(ctx: Context, w: Workload) -> dict[int, dict[str, dict[str, Any]]]:
+    """The workload on `seeds` seeds (3, or 1 under --quick): per seed, every mode's summary. Seeds change
+    the prompts, the sampling and the machine's moment alike, so their spread is the result's."""
+    return {w.seed + k: run_modes(ctx, replace(w, seed=w.seed + k)) for k in range(w.seeds)}
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    import statistics
+
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def pooled(per_seed: dict[int, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per mode, the mean over seeds of every scalar figure (lists: the first seed's)."""
+    first = next(iter(per_seed.values()))
+    return {
+        m: {k: mean_sd([per_seed[s][m][k] for s in per_seed])[0] if isinstance(v, (int, float)) else v
+            for k, v in first[m].items()}
+        for m in MODES
+    }  # fmt: skip
 
 
 def _bubble_figure(runs: dict[str, dict[str, Any]]) -> Any:
@@ -120,17 +146,17 @@ def _bubble_figure(runs: dict[str, dict[str, Any]]) -> Any:
     return fig
 
 
-def _timelines(ctx: Context) -> list[Any]:
+def _timelines(ctx: Context, seed: int) -> list[Any]:
     from rlbench.report.timeline import slot_timeline
 
     parts: list[Any] = []
     for mode in MODES:
-        trace = ctx.work_dir / mode / "trace.jsonl"
+        trace = ctx.work_dir / f"seed{seed}" / mode / "trace.jsonl"
         if trace.is_file():
             figs = slot_timeline(read_jsonl(trace))
             for fig in figs:
                 if hasattr(fig, "update_layout"):
-                    fig.update_layout(title=f"{mode}: slot occupancy")
+                    fig.update_layout(title=f"{mode}: slot occupancy (seed {seed})")
             parts.extend(figs)
     return parts
 
@@ -143,42 +169,56 @@ def _table(runs: dict[str, dict[str, Any]], keys: list[str]) -> str:
 
 def bubble(ctx: Context) -> Outcome:
     w = Workload.for_context(ctx)
-    runs = run_modes(ctx, w)
+    per_seed = run_seeds(ctx, w)
+    runs = pooled(per_seed)
     base = runs["baseline"]["bubble_ratio"]
+    n = len(per_seed)
     measured: dict[str, Any] = {
         "headline": " → ".join(f"{100 * runs[m]['bubble_ratio']:.1f}%" for m in MODES) + " (baseline → sorted"
-        " → sorted-partial)",
+        f" → sorted-partial{f', mean of {n} seeds' if n > 1 else ''})",
     }
     for mode, r in runs.items():
         measured[f"bubble_ratio.{mode}"] = r["bubble_ratio"]
+        measured[f"bubble_ratio_sd.{mode}"] = mean_sd([per_seed[s][mode]["bubble_ratio"] for s in per_seed])[
+            1
+        ]
         measured[f"bubble_ratio_vs_baseline.{mode}"] = r["bubble_ratio"] / base if base else None
         measured[f"tail_time_share.{mode}"] = r["tail_time_share"]
+    seed_rows = [{"seed": s, **{m: per_seed[s][m]["bubble_ratio"] for m in MODES}} for s in per_seed]
+    from rlbench.report.page import table
+
     return Outcome(
         measured=measured,
         config={"task": "arith", "model": ctx.model or "embedded default", **asdict(w)},
-        seeds=[w.seed],
+        seeds=list(per_seed),
         sections=[
             (
                 "Bubble ratio",
-                [_table(runs, ["bubble_ratio", "tail_time_share", "trained_samples"]), _bubble_figure(runs)],
+                [
+                    _table(runs, ["bubble_ratio", "tail_time_share", "trained_samples"]),
+                    table(seed_rows),
+                    _bubble_figure(per_seed[w.seed]),
+                ],
             ),  # fmt: skip
-            ("Where the slots idle", _timelines(ctx)),
+            ("Where the slots idle", _timelines(ctx, w.seed)),
         ],
         notes=[
             "The embedded 0.9M-parameter model on CPU: bubble ratio is a property of the schedule and the "
             "length distribution, so it transfers; absolute times do not.",
+            f"Figures are means over {n} seed(s) (the second table: per seed); the ratio to baseline is a "
+            "ratio of means. Per-step bars and slot timelines are the first seed's.",
         ],
-        data={"runs": runs},
+        data={"runs": runs, "per_seed": {str(s): r for s, r in per_seed.items()}},
     )
 
 
-def _simulated_ratios(ctx: Context, w: Workload) -> dict[str, dict[str, float]]:
+def _simulated_ratios(ctx: Context, w: Workload) -> dict[str, dict[str, float]]:  # w: one seed's workload
     """Rollout tokens/s of each mode over baseline's, simulated on the lengths the baseline generated: on a
     cost model calibrated from the baseline's own trace (this CPU) and on the H100 roofline (1.5B shape)."""
     from rlbench.simulate import simulate, workload
     from rlbench.simulate.cost import calibrate, preset
 
-    events = read_jsonl(ctx.work_dir / "baseline" / "trace.jsonl")
+    events = read_jsonl(ctx.work_dir / f"seed{w.seed}" / "baseline" / "trace.jsonl")
     trace = workload.from_run_trace(events, "baseline trace")
     capacity = w.prompts_per_step * w.group_size
     options = {"oversubscription": w.oversubscription, "max_staleness": w.max_staleness}
@@ -197,20 +237,30 @@ def _simulated_ratios(ctx: Context, w: Workload) -> dict[str, dict[str, float]]:
 
 def throughput(ctx: Context) -> Outcome:
     w = Workload.for_context(ctx)
-    runs = run_modes(ctx, w)
-    base = runs["baseline"]["rollout_tokens_per_s"]
-    sim = _simulated_ratios(ctx, w)
+    per_seed = run_seeds(ctx, w)
+    runs = pooled(per_seed)
+    # gains are paired within a seed (same prompts, same moment of the machine), then averaged
+    gains = {s: {m: r[m]["rollout_tokens_per_s"] / r["baseline"]["rollout_tokens_per_s"] - 1 for m in MODES}
+             for s, r in per_seed.items()}  # fmt: skip
+    sims = {s: _simulated_ratios(ctx, replace(w, seed=s)) for s in per_seed}
+    sim = {label: {k: mean_sd([sims[s][label][k] for s in sims])[0] for k in ratios}
+           for label, ratios in sims[w.seed].items()}  # fmt: skip
     measured: dict[str, Any] = {}
     for mode, r in runs.items():
         measured[f"rollout_tokens_per_s.{mode}"] = r["rollout_tokens_per_s"]
-        measured[f"throughput_gain.{mode}"] = r["rollout_tokens_per_s"] / base - 1
+        measured[f"throughput_gain.{mode}"], measured[f"throughput_gain_sd.{mode}"] = mean_sd(
+            [gains[s][mode] for s in gains]
+        )
         for label, ratios in sim.items():
             measured[f"simulated_gain.{label.split()[0]}.{mode}"] = ratios[mode] - 1
             measured[f"simulated_bubble.{label.split()[0]}.{mode}"] = ratios[f"bubble.{mode}"]
+    n = len(per_seed)
+    sd = (measured["throughput_gain_sd.sorted"], measured["throughput_gain_sd.sorted-partial"])
     measured["headline"] = (
-        f"{measured['throughput_gain.sorted']:+.1%} / {measured['throughput_gain.sorted-partial']:+.1%} "
-        f"(H100 simulated: {measured['simulated_gain.h100.sorted']:+.1%} / "
-        f"{measured['simulated_gain.h100.sorted-partial']:+.1%})"
+        f"{measured['throughput_gain.sorted']:+.1%} / {measured['throughput_gain.sorted-partial']:+.1%}"
+        + (f" (sd {sd[0]:.1%} / {sd[1]:.1%} over {n} seeds)" if n > 1 else "")
+        + f"; H100 simulated: {measured['simulated_gain.h100.sorted']:+.1%} / "
+        f"{measured['simulated_gain.h100.sorted-partial']:+.1%}"
     )
     rows = [
         {"mode": m, "measured": measured[f"throughput_gain.{m}"],
@@ -223,10 +273,11 @@ def throughput(ctx: Context) -> Outcome:
     ]  # fmt: skip
     from rlbench.report.page import table
 
+    seed_rows = [{"seed": s, **{f"gain, {m}": gains[s][m] for m in MODES[1:]}} for s in gains]
     return Outcome(
         measured=measured,
         config={"task": "arith", "model": ctx.model or "embedded default", **asdict(w)},
-        seeds=[w.seed],
+        seeds=list(per_seed),
         sections=[
             (
                 "Rollout throughput (generated tokens / rollout wall time) against baseline",
@@ -235,9 +286,10 @@ def throughput(ctx: Context) -> Outcome:
                         runs, ["rollout_tokens_per_s", "generated_tokens", "rollout_time_s", "bubble_ratio"]
                     ),
                     table(rows),
+                    table(seed_rows),
                 ],
             ),  # fmt: skip
-            ("Where the slots idle", _timelines(ctx)),
+            ("Where the slots idle", _timelines(ctx, w.seed)),
         ],
         notes=[
             "Throughput counts every generated token, including those sorted discards and regenerates; the "
@@ -247,6 +299,8 @@ def throughput(ctx: Context) -> Outcome:
             "The bubble is weighted by step time: on the CPU the tail's small-batch steps are cheap, on the "
             "H100 they cost a full weight read each, so the same lengths leave far more of the H100 idle and "
             "the simulated gain there is larger than the paper's (its baseline is not this tail-heavy).",
+            f"Gains are paired within a seed and averaged over {n} seed(s) (the last table: per seed); the "
+            "simulated columns average each seed's replay.",
         ],
-        data={"runs": runs, "simulated": sim},
+        data={"runs": runs, "simulated": sim, "gains_per_seed": {str(s): g for s, g in gains.items()}},
     )
