@@ -2,207 +2,274 @@
 
 Reads only the run directory's `trace.jsonl` (docs/metrics.md) and, when present, `metrics.json` (NVML
 samples, the run's description, observed servers' URLs). One process per rollout worker (or observed
-server) holds an `engine` thread of engine steps, one thread per KV slot with the requests that held it,
-and counters of active slots (plus waiting requests and KV use for observed servers); a `run` process
-holds the RL phases, migrations and NVML counters. Times are microseconds from the trace's start.
-Contract: docs/perfetto.md.
+server) holds an `engine steps` thread, one thread per KV slot with the requests that held it, and counters
+(active slots, queued requests; waiting requests and KV use for observed servers); a `run` process holds
+the RL phases and the NVML counters. Times are microseconds from the trace's start. Contract:
+docs/perfetto.md.
 """
 
 from __future__ import annotations
 
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 from rlbench.errors import UserError
+from rlbench.records import read_json, read_jsonl, write_text
 
+Event = dict[str, Any]
 ENGINE_KINDS = ("prefill", "decode", "verify")
 PHASE_KINDS = ("rollout", "reward", "update", "sync")
-RUN_PID = 0
-US = 1e6
-NVML_COUNTERS = (
-    ("util", "GPU {} utilisation (%)"),
-    ("mem_used_mib", "GPU {} memory (MiB)"),
-    ("power_w", "GPU {} power (W)"),
-)
+ENGINE_ARGS = ("step", "active_slots", "capacity", "tokens", "drafted", "accepted", "draft_seqs")
+ENGINE_ARGS += ("draft_emitted", "width", "waiting", "kv_usage")  # verify extras; observed servers' gauges
+NUMBERS = {**dict.fromkeys(ENGINE_KINDS, ("t_start", "t_end", "active_slots")), "migrate": ("t_start",)}
+NUMBERS |= dict.fromkeys(PHASE_KINDS, ("t_start", "t_end")) | {"sequence": ("t_admit", "t_finish")}  # or null
+REQUEST_ARGS = ("id", "prompt_id", "sample", "step", "status", "finish_reason", "response_tokens")
+GAUGES = (("waiting", "waiting requests"), ("kv_usage", "KV cache use (0-1)"))  # observed servers
+NVML_COUNTERS = (("util", "GPU {} utilisation (%)"), ("mem_used_mib", "GPU {} memory used (MiB)"))
+NVML_COUNTERS += (("power_w", "GPU {} power (W)"),)
+RUN_PID = 1  # pid and tid 0 are the idle process and thread ("swapper") to Perfetto: never used
+LANES = 100_000  # tid = pid x LANES + lane: unique over the trace (some importers key threads by tid alone)
 
 
-def _meta(pid: int, tid: int | None, kind: str, value: Any) -> dict[str, Any]:
-    event = {"ph": "M", "pid": pid, "name": kind, "args": {"name" if "name" in kind else "sort_index": value}}
-    if tid is not None:
-        event["tid"] = tid
-    return event
+def _pid(worker: int) -> int:
+    return worker + RUN_PID + 1
 
 
-def _lanes(sequences: list[dict[str, Any]], engine: list[dict[str, Any]]) -> dict[str, int]:
-    """A lane (thread) per request: its KV slot where the engine's slot maps say, else the first lane free at
-    its admission (interval partitioning), so no two requests on one lane overlap."""
-    slot_of: dict[str, int] = {}
+def _us(seconds: float) -> float:
+    return round(seconds * 1e6, 3)  # ns resolution is all a perf_counter trace has; keeps files small
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _clean(v: Any) -> Any:
+    """JSON that every viewer parses: NaN/Infinity (a diverged loss) become null."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    return [_clean(x) for x in v] if isinstance(v, list) else v
+
+
+def _worker(ev: Event, key: str = "worker") -> int:
+    return int(ev.get(key) or 0)  # single-worker runs leave `worker` out of sequence events
+
+
+def _check(events: list[Event], path: Path) -> None:
+    """Every field the export reads, checked up front: a malformed trace is one line naming the event, not
+    a traceback from deep inside the conversion."""
+    for n, ev in enumerate(events, 1):
+        kind, slots = ev.get("kind"), ev.get("slots")
+        why = [f"{k} is {ev.get(k)!r}, not a number" for k in NUMBERS.get(kind, ())
+               if not _is_num(ev.get(k)) and not (kind == "sequence" and ev.get(k) is None)]  # fmt: skip
+        why += [f"{k} is {ev[k]!r}, not a worker index" for k in ("worker", "from", "to")
+                if ev.get(k) is not None and not (type(ev[k]) is int and ev[k] >= 0)]  # fmt: skip
+        if kind == "sequence" and "id" not in ev:
+            why.append("a sequence without an id")
+        if slots is not None and not (isinstance(slots, dict) and all(str(k).isdigit() for k in slots)):
+            why.append("slots is not a {slot: sequence id} map")
+        if why:
+            raise UserError(f"{path}: event {n} ({kind}): {why[0]}")
+
+
+def _first_fit(busy: dict[tuple[Any, ...], float], prefix: tuple[Any, ...], start: float, end: float) -> int:
+    """The first lane under `prefix` free at `start`, then busy until `end`. Fed intervals in start order,
+    first fit uses as few lanes as intervals ever overlap (interval partitioning): Perfetto draws spans on
+    one thread as a stack, so spans that overlap without nesting must not share a thread."""
+    n = 0
+    while busy.get((*prefix, n), -math.inf) > start:
+        n += 1
+    busy[(*prefix, n)] = end
+    return n
+
+
+def _slot_runs(engine: list[Event]) -> dict[tuple[int, str], list[list[float]]]:
+    """Per (worker, sequence id): the [start, end, slot] runs of consecutive engine steps in which it held
+    one KV slot. `t_admit` is when a request was queued, not when it got a slot, so these runs, not the
+    sequence event, say when it occupied which slot."""
+    runs: dict[tuple[int, str], list[list[float]]] = defaultdict(list)
+    previous: dict[int, dict[str, int]] = {}
+    for ev in engine:  # sorted by t_start
+        w, now = _worker(ev), {str(seq): int(slot) for slot, seq in (ev.get("slots") or {}).items()}
+        for seq, slot in now.items():
+            mine = runs[(w, seq)]
+            if mine and previous.get(w, {}).get(seq) == slot:
+                mine[-1][1] = max(mine[-1][1], ev["t_end"])
+            else:
+                mine.append([ev["t_start"], ev["t_end"], slot])
+        previous[w] = now
+    return runs
+
+
+def _requests(events: list[Event], engine: list[Event], phases: list[Event]) -> list[Event]:
+    """One record per sequence event with an admission time: when it took its slot (`start`), which slot,
+    when it left (t_finish; without one, its last engine step, else its step's rollout end) and its lane."""
+    runs = _slot_runs(engine)
+    rollout_end: dict[Any, float] = {}
+    for p in phases:
+        if p["kind"] == "rollout":
+            rollout_end[p.get("step")] = max(rollout_end.get(p.get("step"), p["t_end"]), p["t_end"])
+    reqs = []
+    for s in (e for e in events if e.get("kind") == "sequence" and e.get("t_admit") is not None):
+        w, admit, fin = _worker(s), s["t_admit"], s.get("t_finish")
+        held = [r for r in runs.get((w, str(s["id"])), []) if r[1] >= admit and (fin is None or r[0] <= fin)]
+        start = max(admit, held[0][0]) if held else admit
+        end = fin if fin is not None else held[-1][1] if held else rollout_end.get(s.get("step"), start)
+        slot = int(held[0][2]) if held else None
+        reqs.append({"seq": s, "worker": w, "admit": admit, "start": start, "end": max(end, start)})
+        reqs[-1]["slot"] = slot
+    busy: dict[tuple[Any, ...], float] = {}
+    for r in sorted(reqs, key=lambda r: (r["start"], r["end"])):
+        w, slot = r["worker"], r["slot"]
+        if slot is not None and busy.get((w, "slot", slot), -math.inf) <= r["start"]:
+            busy[(w, "slot", slot)], r["lane"] = r["end"], ("slot", slot)
+        else:  # no slot map, or a clash in the data would make it overlap on its slot's lane
+            r["lane"] = ("lane", _first_fit(busy, (w, "lane"), r["start"], r["end"]))
+    return reqs
+
+
+def _names(pid: int, lane: int | None, name: str, sort: int) -> list[Event]:
+    """Metadata naming and ordering a process (lane None) or a thread: Perfetto sorts tracks by these."""
+    what = "process" if lane is None else "thread"
+    evs = [{"ph": "M", "pid": pid, "name": f"{what}_name", "args": {"name": name}}]
+    evs.append({"ph": "M", "pid": pid, "name": f"{what}_sort_index", "args": {"sort_index": sort}})
+    return evs if lane is None else [{**e, "tid": pid * LANES + lane} for e in evs]
+
+
+def _span(name: str, cat: str, pid: int, lane: int, t0: float, t1: float, args: Event) -> Event:
+    """A complete event; `dur` is the difference of the rounded ends, so it is never negative and adjacent
+    spans that touch in the trace touch in the viewer."""
+    ts = _us(t0)
+    span = {"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": pid * LANES + lane, "ts": ts}
+    return span | {"dur": max(0.0, _us(t1) - ts), "args": _clean(args)}
+
+
+def _counter(pid: int, name: str, t: float, value: float) -> Event:
+    """A process counter sample; the arg is `value` as Chrome's TRACE_COUNTER1 writes it (Perfetto names the
+    track "<name> value")."""
+    return {"ph": "C", "name": name, "pid": pid, "ts": _us(t), "args": {"value": value}}
+
+
+def _engine_tracks(engine: list[Event]) -> list[Event]:
+    """Engine steps on each worker's `engine steps` thread, and its counters: active slots from each step's
+    start (slots stay held between one step's forwards, so it drops to 0 only after a step's last forward)
+    and, for observed servers, the waiting and KV-use gauges."""
+    out: list[Event] = []
+    by_worker: dict[int, list[Event]] = defaultdict(list)
     for ev in engine:
-        for slot, seq in (ev.get("slots") or {}).items():
-            slot_of.setdefault(str(seq), int(slot))
-    lanes: dict[str, int] = {}
-    busy_until: dict[tuple[int, int], float] = {}
-    for seq in sorted(sequences, key=lambda s: s["_start"]):
-        worker = int(seq.get("worker") or 0)
-        lane = slot_of.get(str(seq["id"]))
-        if lane is None or busy_until.get((worker, lane), -1.0) > seq["_start"]:
-            lane = next(n for n in range(10**6) if busy_until.get((worker, n), -1.0) <= seq["_start"])
-        busy_until[(worker, lane)] = seq["_end"]
-        lanes[str(seq["id"])] = lane
-    return lanes
+        by_worker[_worker(ev)].append(ev)
+    for w, evs in by_worker.items():
+        for ev, nxt in zip(evs, [*evs[1:], None], strict=True):
+            args = {k: ev[k] for k in ENGINE_ARGS if k in ev}
+            out.append(_span(ev["kind"], "engine", _pid(w), 0, ev["t_start"], ev["t_end"], args))
+            out.append(_counter(_pid(w), "active slots", ev["t_start"], ev["active_slots"]))
+            out += [_counter(_pid(w), name, ev["t_start"], ev[k]) for k, name in GAUGES if _is_num(ev.get(k))]
+            if nxt is None or nxt.get("step") != ev.get("step"):
+                out.append(_counter(_pid(w), "active slots", ev["t_end"], 0))
+    return out
+
+
+def _request_tracks(reqs: list[Event], lane: Callable[[Event], int]) -> list[Event]:
+    """Each request on its lane from when it took its KV slot to when it left, named by prompt so a GRPO
+    group shares a colour; and per worker a `queued requests` counter: admitted, no slot yet."""
+    out: list[Event] = []
+    queue: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for r in reqs:
+        s, queued_ms = r["seq"], round((r["start"] - r["admit"]) * 1e3, 3)
+        args = {**{k: s.get(k) for k in REQUEST_ARGS}, "slot": r["slot"], "queued_ms": queued_ms}
+        name = str(s.get("prompt_id") or s["id"])
+        out.append(_span(name, "request", _pid(r["worker"]), lane(r), r["start"], r["end"], args))
+        if r["start"] > r["admit"]:
+            queue[r["worker"]] += [(r["admit"], 1), (r["start"], -1)]
+    for w, changes in sorted(queue.items()):
+        changes.sort()
+        totals = accumulate(d for _, d in changes)
+        out += [_counter(_pid(w), "queued requests", t, n) for (t, _), n in zip(changes, totals, strict=True)]
+    return out
 
 
 def perfetto_trace(run_dir: Path) -> dict[str, Any]:
-    from rlbench.records import read_json, read_jsonl
-
+    """The run's trace-event JSON object (see the module docstring and docs/perfetto.md)."""
     trace_path = run_dir / "trace.jsonl"
     if not run_dir.is_dir():
         raise UserError(f"no run directory {run_dir}")
     if not trace_path.is_file():
         raise UserError(f"{run_dir} has no trace.jsonl (a run of train, profile, compare or observe has one)")
-    events = read_jsonl(trace_path)
-    doc = read_json(run_dir / "metrics.json") if (run_dir / "metrics.json").is_file() else {}
-    run = doc.get("run") or {}
-    servers = run.get("servers") or []
-    engine = [e for e in events if e.get("kind") in ENGINE_KINDS]
+    try:
+        events = read_jsonl(trace_path)
+        doc = read_json(run_dir / "metrics.json") if (run_dir / "metrics.json").is_file() else {}
+    except OSError as err:
+        raise UserError(f"cannot read {err.filename or run_dir}: {err.strerror}") from None
+    _check(events, trace_path)
+    if not isinstance(doc, dict):
+        raise UserError(f"{run_dir / 'metrics.json'}: not a JSON object")
+    run = doc["run"] if isinstance(doc.get("run"), dict) else {}
+    servers = run.get("servers") if isinstance(run.get("servers"), list) else []
+    engine = sorted((e for e in events if e.get("kind") in ENGINE_KINDS), key=lambda e: e["t_start"])
     phases = [e for e in events if e.get("kind") in PHASE_KINDS]
-    rollout_end = {e["step"]: e["t_end"] for e in phases if e["kind"] == "rollout"}
-    last_seen: dict[str, float] = {}
-    for ev in engine:
-        for seq in (ev.get("slots") or {}).values():
-            last_seen[str(seq)] = max(last_seen.get(str(seq), 0.0), float(ev["t_end"]))
-    sequences = []
-    for s in events:
-        if s.get("kind") == "sequence" and s.get("t_admit") is not None:
-            end = s.get("t_finish") or last_seen.get(str(s["id"])) or rollout_end.get(s.get("step"))
-            sequences.append(
-                {**s, "_start": float(s["t_admit"]), "_end": max(float(s["t_admit"]), float(end or 0))}
-            )
-    workers = sorted({int(e.get("worker") or 0) for e in engine + sequences})
-    lanes = _lanes(sequences, engine)
+    migrations = [e for e in events if e.get("kind") == "migrate"]
+    reqs = _requests(events, engine, phases)
+    workers = {_worker(e) for e in engine} | {r["worker"] for r in reqs}
+    workers |= {_worker(m, k) for m in migrations for k in ("from", "to")}
+    n_slots: dict[int, int] = defaultdict(int)  # per worker: lanes 1..n are its slots, extra lanes follow
+    for e in engine:
+        n_slots[_worker(e)] = max([n_slots[_worker(e)], *(int(k) + 1 for k in e.get("slots") or {})])
 
-    out: list[dict[str, Any]] = [
-        _meta(RUN_PID, None, "process_name", "run"),
-        _meta(RUN_PID, None, "process_sort_index", 0),
-        _meta(RUN_PID, 0, "thread_name", "RL phases"),
-    ]
-    for w in workers:
+    def lane_of(r: Event) -> int:
+        kind, n = r["lane"]
+        return 1 + n + (n_slots[r["worker"]] if kind == "lane" else 0)
+
+    out = _names(RUN_PID, None, "run", 0) + _names(RUN_PID, 0, "RL phases", 0)
+    for w in sorted(workers):
         label = f"server {w}: {servers[w]}" if w < len(servers) else f"rollout worker {w}"
-        out += [
-            _meta(w + 1, None, "process_name", label),
-            _meta(w + 1, None, "process_sort_index", w + 1),
-            _meta(w + 1, 0, "thread_name", "engine steps"),
-            _meta(w + 1, 0, "thread_sort_index", 0),
-        ]
-    for w, lane in sorted({(int(s.get("worker") or 0), lanes[str(s["id"])]) for s in sequences}):
-        out += [
-            _meta(w + 1, lane + 1, "thread_name", f"slot {lane}"),
-            _meta(w + 1, lane + 1, "thread_sort_index", lane + 1),
-        ]
+        out += _names(_pid(w), None, label, _pid(w)) + _names(_pid(w), 0, "engine steps", 0)
+    for w, t, kind, n in sorted({(r["worker"], lane_of(r), *r["lane"]) for r in reqs}):
+        name = f"slot {n}" if kind == "slot" else f"extra lane {n}" if n_slots[w] else f"requests {n}"
+        out += _names(_pid(w), t, name, t)
 
-    timed: list[dict[str, Any]] = []
-    for ev in engine:
-        pid, t0, t1 = int(ev.get("worker") or 0) + 1, float(ev["t_start"]), float(ev["t_end"])
-        args = {
-            k: ev[k] for k in ("step", "active_slots", "capacity", "tokens", "drafted", "accepted") if k in ev
-        }
+    timed = _engine_tracks(engine) + _request_tracks(reqs, lane_of)
+    busy: dict[tuple[Any, ...], float] = {}
+    for p in sorted(phases, key=lambda p: p["t_start"]):  # overlapping phases (per-worker rollouts) get lanes
+        args = {k: v for k, v in p.items() if k not in ("kind", "t_start", "t_end")}
+        args = {k: v for k, v in args.items() if not isinstance(v, (dict, list))}
+        row = _first_fit(busy, (), p["t_start"], p["t_end"])
+        timed.append(_span(p["kind"], "phase", RUN_PID, row, p["t_start"], p["t_end"], args))
+    for row in range(1, len(busy)):
+        out += _names(RUN_PID, row, f"RL phases {row}", row)
+    for m in migrations:  # on the engine thread of the worker the requests left
+        args = {k: m.get(k) for k in ("from", "to", "requests")}
+        pid = _pid(_worker(m, "from"))
         timed.append(
-            {
-                "ph": "X",
-                "name": ev["kind"],
-                "cat": "engine",
-                "pid": pid,
-                "tid": 0,
-                "ts": t0 * US,
-                "dur": max(0.0, t1 - t0) * US,
-                "args": args,
-            }
+            {"ph": "i", "s": "p", "name": "migrate", "cat": "placement", "pid": pid, "tid": pid * LANES}
         )
-        for key, name in (
-            ("active_slots", "active slots"),
-            ("waiting", "waiting requests"),
-            ("kv_usage", "KV use"),
-        ):
-            if ev.get(key) is not None:
-                timed.append({"ph": "C", "name": name, "pid": pid, "ts": t0 * US, "args": {name: ev[key]}})
-                timed.append({"ph": "C", "name": name, "pid": pid, "ts": t1 * US, "args": {name: 0}})
-    for s in sequences:
-        args = {
-            k: s.get(k) for k in ("prompt_id", "sample", "status", "finish_reason", "response_tokens", "step")
-        }
-        timed.append(
-            {
-                "ph": "X",
-                "name": f"{s.get('prompt_id')}/{s.get('sample')}",
-                "cat": "request",
-                "pid": int(s.get("worker") or 0) + 1,
-                "tid": lanes[str(s["id"])] + 1,
-                "ts": s["_start"] * US,
-                "dur": (s["_end"] - s["_start"]) * US,
-                "args": args,
-            }
-        )
-    for p in phases:
-        args = {
-            k: v
-            for k, v in p.items()
-            if k not in ("kind", "t_start", "t_end") and not isinstance(v, (dict, list))
-        }
-        timed.append(
-            {
-                "ph": "X",
-                "name": p["kind"],
-                "cat": "phase",
-                "pid": RUN_PID,
-                "tid": 0,
-                "ts": float(p["t_start"]) * US,
-                "dur": max(0.0, float(p["t_end"]) - float(p["t_start"])) * US,
-                "args": args,
-            }
-        )
-    for m in (e for e in events if e.get("kind") == "migrate"):
-        timed.append(
-            {
-                "ph": "i",
-                "s": "p",
-                "name": "migrate",
-                "cat": "placement",
-                "pid": int(m.get("from") or 0) + 1,
-                "tid": 0,
-                "ts": float(m["t_start"]) * US,
-                "args": {"to": m.get("to"), "requests": m.get("requests")},
-            }
-        )
-    for sample in (doc.get("gpu") or {}).get("samples") or []:
-        for key, name in NVML_COUNTERS:
-            if sample.get(key) is not None:
-                label = name.format(sample["gpu"])
-                timed.append(
-                    {
-                        "ph": "C",
-                        "name": label,
-                        "pid": RUN_PID,
-                        "ts": float(sample["t"]) * US,
-                        "args": {label: sample[key]},
-                    }
-                )
-    timed.sort(key=lambda e: e["ts"])  # stable: a counter's 0 at t and a new value at the same t keep order
-    other = {k: v for k, v in run.items() if not isinstance(v, (dict, list))}
-    return {
-        "traceEvents": out + timed,
-        "displayTimeUnit": "ms",
-        "otherData": {**other, "source": str(trace_path), "servers": servers},
-    }
+        timed[-1] |= {"ts": _us(m["t_start"]), "args": _clean(args)}
+    gpu = doc["gpu"] if isinstance(doc.get("gpu"), dict) else {}
+    for sample in (x for x in gpu.get("samples") or [] if isinstance(x, dict) and _is_num(x.get("t"))):
+        for k, name in NVML_COUNTERS:
+            if _is_num(sample.get(k)):
+                timed.append(_counter(RUN_PID, name.format(sample.get("gpu") or 0), sample["t"], sample[k]))
+    timed.sort(key=lambda e: e["ts"])  # stable: one track's events at one ts keep their order
+    other = _clean({**run, "trace": str(trace_path)})
+    return {"traceEvents": out + timed, "displayTimeUnit": "ms", "otherData": other}
 
 
-def export(run_dir: Path, out: Path | None = None) -> tuple[Path, dict[str, int]]:
-    """Write the run's trace-event JSON (default RUN/trace.perfetto.json); returns it and counts per `ph`."""
-    import json
-    from collections import Counter
+def write(trace: dict[str, Any], path: Path) -> Path:
+    """Write atomically as compact JSON (traces of long runs reach tens of MB; indenting adds a third)."""
+    if not path.parent.is_dir():
+        raise UserError(f"cannot write {path}: no directory {path.parent}")
+    try:
+        write_text(path, json.dumps(trace, separators=(",", ":"), allow_nan=False))
+    except OSError as err:
+        raise UserError(f"cannot write {path}: {err.strerror}") from None
+    return path
 
-    from rlbench.records import write_text
 
-    trace = perfetto_trace(run_dir)
-    path = out or run_dir / "trace.perfetto.json"
-    write_text(path, json.dumps(trace, separators=(",", ":")))  # compact: traces run to many MB
-    return path, dict(Counter(e["ph"] for e in trace["traceEvents"]))
+def export(run_dir: Path, out: Path | None = None) -> Path:
+    """Write the run's trace-event JSON to `out` (default RUN/trace.perfetto.json) and return its path."""
+    return write(perfetto_trace(run_dir), out or run_dir / "trace.perfetto.json")

@@ -19,22 +19,31 @@ def export_command(
         ),
     ] = "perfetto",
     out: Annotated[
-        Path | None, typer.Option("--out", help="Output file (default RUN/trace.perfetto.json).")
+        Path | None, typer.Option("--out", help="Output file. Default: RUN/trace.perfetto.json.")
     ] = None,
 ) -> None:
-    """Export a run's trace: engine steps, requests per KV slot, RL phases and counters as tracks."""
+    """Export a run's trace for ui.perfetto.dev: engine steps, requests on KV slots, phases, counters.
+
+    Tracks: per worker its engine steps, one lane per KV slot with the requests that held it, and active-slot
+    and queued-request counters; the RL phases; NVML GPU counters. Docs: docs/perfetto.md."""
     from rlbench.errors import UserError
 
-    if format_ not in FORMATS:
-        raise UserError(f"--format {format_!r} is not supported; formats: {', '.join(FORMATS)}")
-    from rlbench.perfetto import export
+    if format_ not in FORMATS:  # checked before the run is read: a typo costs nothing
+        raise UserError(f"--format {format_!r} is not supported; the only format is {', '.join(FORMATS)}")
+    from collections import Counter
 
-    path, counts = export(run, out)
-    summary = ", ".join(f"{n} {ph}" for ph, n in sorted(counts.items()))
-    typer.echo(f"{path} ({summary} events); open it in https://ui.perfetto.dev")
+    from rlbench.perfetto import perfetto_trace, write
+
+    trace = perfetto_trace(run)
+    path = write(trace, out or run / "trace.perfetto.json")
+    by_ph = dict(sorted(Counter(e["ph"] for e in trace["traceEvents"]).items()))
+    names = {"X": "spans", "C": "counter samples", "i": "instants", "M": "metadata"}
+    summary = ", ".join(f"{n} {names.get(ph, ph)}" for ph, n in by_ph.items())
+    typer.echo(f"wrote {path}: {sum(by_ph.values())} events ({summary})")
+    typer.echo("open it at https://ui.perfetto.dev (Open trace file) or in chrome://tracing")
 
 
 def register(app: typer.Typer) -> None:
-    trace = typer.Typer(help="Export run traces to other viewers.", no_args_is_help=True)
+    trace = typer.Typer(help="Export a run's trace to other viewers (Perfetto).", no_args_is_help=True)
     trace.command("export")(export_command)
     app.add_typer(trace, name="trace")
