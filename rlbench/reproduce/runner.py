@@ -43,7 +43,7 @@ def describe_device(device: str) -> str:
 
 def source_commit() -> str | None:
     """$RLBENCH_COMMIT where set (a copied tree without .git, as on a GPU runner), else the checkout's commit
-    (with "+dirty" for uncommitted changes), or None outside a git checkout."""
+    (with "+dirty" for uncommitted changes to the code, suites or specs), or None outside a git checkout."""
     if commit := os.environ.get("RLBENCH_COMMIT"):
         return commit
     here = Path(__file__).resolve().parent
@@ -53,8 +53,12 @@ def source_commit() -> str | None:
         )
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10)  # fmt: skip
+        # only what produces results counts: the reproductions' own outputs (reports/, the README's index)
+        # must not mark the next reproduction of the same run "+dirty"
+        source = [":(top)rlbench", ":(top)reference_trainer", ":(top)suites", ":(top)pyproject.toml",
+                  ":(top,glob)reports/*/spec.toml"]  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *source],
+                               cwd=here, capture_output=True, text=True, timeout=10)  # fmt: skip
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
