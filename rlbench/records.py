@@ -151,7 +151,13 @@ def read_jsonl(
     """
     path = Path(path)
     rows: list[dict[str, Any]] = []
-    with open(path, "rb") as fh:
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except OSError as err:  # a directory, no permission
+        raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
+    with fh:
         for lineno, raw in enumerate(fh, 1):
             if not raw.strip():
                 continue
@@ -176,6 +182,8 @@ def read_json(path: str | Path) -> Any:
         raise UserError(f"{path}: no such file") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text") from None
+    except OSError as err:  # a directory, no permission
+        raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:

@@ -188,3 +188,13 @@ def test_two_processes_on_a_fresh_cache_build_the_model_once(tmp_path):
     )
     names = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert names == ["model", "model.lock"]  # no temp dir left
+
+
+def test_unreadable_paths_are_one_line_errors(tmp_path):
+    from rlbench.records import read_json, read_jsonl
+
+    for reader in (read_json, read_jsonl):
+        with pytest.raises(UserError, match="no such file"):
+            reader(tmp_path / "missing.json")
+        with pytest.raises(UserError, match="cannot read"):
+            reader(tmp_path)  # a directory
