@@ -150,9 +150,9 @@ def speedup(ctx: Context) -> Outcome:
     acceptance = sum(r["accepted"] for r in summary.values()) / drafted if drafted else None
     epochs = per_seed[w.seed]
     n = len(per_seed)
-    spread = f" ± {statistics.stdev(gains):.2f} over {n} seeds" if len(gains) > 1 else ""
+    spread = f", sd {statistics.stdev(gains):.2f} over {n} seeds" if len(gains) > 1 else ""
     measured = {
-        "headline": f"{gain:.2f}x{spread} rollout, {acceptance:.0%} accepted (epochs 2-{w.epochs})"
+        "headline": f"{gain:.2f}x rollout, {acceptance:.0%} accepted (epochs 2-{w.epochs}{spread})"
         if gain and acceptance is not None
         else "no history epochs",
         "rollout_speedup_from_epoch2": gain,
