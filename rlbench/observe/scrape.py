@@ -65,7 +65,7 @@ def fetch(url: str, timeout_s: float) -> str:
             return resp.read().decode("utf-8", errors="replace")
     except (urllib.error.URLError, OSError, ValueError) as err:
         reason = getattr(err, "reason", None) or err
-        raise ScrapeError(f"cannot read {url}: {reason}") from None
+        raise ScrapeError(f"cannot read ({reason})") from None
 
 
 def parse(text: str) -> Scrape:
