@@ -199,7 +199,8 @@ def server_urls(text: str) -> list[str]:
     return urls
 
 
-def server_capacities(text: str | None, servers: int) -> list[int]:
+def server_capacities(text: str | None, servers: int | None) -> list[int]:
+    """--capacity: one value for every server or one per server (`servers`; None: not known yet)."""
     from rlbench.errors import UserError
 
     if not text:
@@ -208,6 +209,6 @@ def server_capacities(text: str | None, servers: int) -> list[int]:
         caps = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"--capacity: expected integers, got {text!r}") from None
-    if not caps or min(caps) < 1 or len(caps) not in (1, servers):
+    if not caps or min(caps) < 1 or (servers is not None and len(caps) not in (1, servers)):
         raise UserError(f"--capacity: give one positive value or one per server ({servers}), got {text!r}")
     return caps

@@ -14,8 +14,7 @@ from rlbench.options import IdleGap, OutDir, RequestLog, ServerCapacity, SimGpu,
 def summary_lines(doc: dict) -> list[str]:
     """One line per server and one overall: what `observe` and `profile --engine-metrics` print."""
 
-    def pct(v: float | None) -> str:
-        return "n/a" if v is None else f"{100 * v:.1f}%"
+    from rlbench.report.figures import pct
 
     lines = []
     for label, s in doc["engine_metrics"]["servers"].items():
@@ -61,23 +60,17 @@ def register(app: typer.Typer) -> None:
         from rlbench.observe.session import ObserveOptions
         from rlbench.observe.session import from_samples as rebuild
         from rlbench.observe.session import observe as run
-        from rlbench.options import server_capacities, server_urls
 
-        if request_log is not None and not request_log.is_file():
-            raise UserError(f"--request-log: no such file {request_log}")
+        if from_samples is None and not urls:
+            raise UserError("give the servers' metrics URLs (e.g. 127.0.0.1:8000), or --from-samples DIR")
+        opts = ObserveOptions.from_cli(None if from_samples is not None else ",".join(urls or []), capacity,
+                                       request_log, interval_s=interval, idle_gap_s=idle_gap, gpu=gpu,
+                                       model_size=model_size)  # fmt: skip
         if from_samples is not None:
-            opts = ObserveOptions(urls=[], capacity=server_capacities(capacity, 10**6), idle_gap_s=idle_gap,
-                                  request_log=request_log, gpu=gpu, model_size=model_size)  # fmt: skip
             doc = rebuild(opts, from_samples)
             out = from_samples
         else:
-            if not urls:
-                raise UserError("give the servers' metrics URLs (e.g. 127.0.0.1:8000), or --from-samples DIR")
-            parsed = server_urls(",".join(urls))
-            caps = server_capacities(capacity, len(parsed))
-            opts = ObserveOptions(urls=parsed, interval_s=interval, capacity=caps, idle_gap_s=idle_gap,
-                                  request_log=request_log, gpu=gpu, model_size=model_size)  # fmt: skip
-            typer.echo(f"observing {len(parsed)} server(s) for {duration:g} s, every {interval:g} s")
+            typer.echo(f"observing {len(opts.urls)} server(s) for {duration:g} s, every {interval:g} s")
             doc = run(opts, out, duration, say=lambda line: typer.echo(line, err=True))
         for line in summary_lines(doc):
             typer.echo(line)

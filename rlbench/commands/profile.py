@@ -73,14 +73,11 @@ def register(app: typer.Typer) -> None:
             observe = None
             if engine_metrics:
                 from rlbench.observe.session import ObserveOptions
-                from rlbench.options import server_capacities, server_urls
 
-                if request_log is not None and not request_log.is_file():
-                    raise UserError(f"--request-log: no such file {request_log}")
-                urls = server_urls(engine_metrics)
-                observe = ObserveOptions(urls=urls, interval_s=1.0 / sample_hz, idle_gap_s=idle_gap,
-                                         capacity=server_capacities(capacity, len(urls)),
-                                         request_log=request_log, gpu=gpu, model_size=model_size)  # fmt: skip
+                observe = ObserveOptions.from_cli(
+                    engine_metrics, capacity, request_log, interval_s=1.0 / sample_hz, idle_gap_s=idle_gap,
+                    gpu=gpu, model_size=model_size,
+                )  # fmt: skip
             say = lambda line: typer.echo(line, err=True)  # noqa: E731
             code, doc = wrap_command(cmd, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz,
                                      observe=observe, say=say)  # fmt: skip

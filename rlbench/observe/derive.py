@@ -174,12 +174,13 @@ def server_stats(events: list[Row], rows: list[Row]) -> dict[str, Any]:
 
     phase_events = [e for e in events if e["kind"] == "rollout"]
     workers = sorted({int(e["worker"]) for e in events if "worker" in e and e["kind"] == "decode"})
+    wall = sum(p["t_end"] - p["t_start"] for p in phase_events)
     out: dict[str, Any] = {}
     for label, keep in [("all", None), *((f"server {w}", w) for w in workers)]:
         mine = [e for e in events if keep is None or e.get("worker", keep) == keep]
         summary = metrics.compute(mine)["summary"] if phase_events else {}
         engine = [e for e in mine if e["kind"] == "decode" and e["t_end"] > e["t_start"]]
-        span = sum(p["t_end"] - p["t_start"] for p in phase_events) * (len(workers) if keep is None else 1)
+        span = wall * (len(workers) if keep is None else 1)  # slot-holder time: every server's phases
         queued = [e for e in engine if (e.get("waiting") or 0) > 0]
         per_phase = []  # slime's longest_sample_tokens_per_sec: the longest response / rollout wall time
         for p in phase_events:
@@ -187,7 +188,6 @@ def server_stats(events: list[Row], rows: list[Row]) -> dict[str, Any]:
                       and e["step"] == p["step"] and e.get("response_tokens_max") is not None]  # fmt: skip
             if bounds and not math.isinf(max(bounds)) and p["t_end"] > p["t_start"]:
                 per_phase.append((max(bounds), max(bounds) / (p["t_end"] - p["t_start"])))
-        wall = sum(p["t_end"] - p["t_start"] for p in phase_events)
         out[label] = {
             "bubble_ratio": summary.get("bubble_ratio"),
             "tail_time_share": summary.get("tail_time_share"),

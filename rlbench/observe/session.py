@@ -24,6 +24,21 @@ class ObserveOptions:
     gpu: str = "h100"  # the simulator's presets for "what would SortedRL/RhymeRL buy here"
     model_size: str = "7b"
 
+    @classmethod
+    def from_cli(
+        cls, urls: str | None, capacity: str | None, request_log: Path | None, **rest: Any
+    ) -> ObserveOptions:
+        """The options `observe` and `profile --engine-metrics` take, checked: comma-separated URLs (None: a
+        rebuild, whose servers come from the run), --capacity, an existing --request-log."""
+        from rlbench.errors import UserError
+        from rlbench.options import server_capacities, server_urls
+
+        if request_log is not None and not request_log.is_file():
+            raise UserError(f"--request-log: no such file {request_log}")
+        parsed = server_urls(urls) if urls is not None else []
+        caps = server_capacities(capacity, len(parsed) if urls is not None else None)
+        return cls(urls=parsed, capacity=caps, request_log=request_log, **rest)
+
 
 def start_sampler(
     opts: ObserveOptions, out: Path, now: Callable[[], float], say: Callable[[str], None]
