@@ -201,11 +201,8 @@ def perfetto_trace(run_dir: Path) -> dict[str, Any]:
         raise UserError(f"no run directory {run_dir}")
     if not trace_path.is_file():
         raise UserError(f"{run_dir} has no trace.jsonl (a run of train, profile, compare or observe has one)")
-    try:
-        events = read_jsonl(trace_path)
-        doc = read_json(run_dir / "metrics.json") if (run_dir / "metrics.json").is_file() else {}
-    except OSError as err:
-        raise UserError(f"cannot read {err.filename or run_dir}: {err.strerror}") from None
+    events = read_jsonl(trace_path)  # unreadable files are one-line errors there
+    doc = read_json(run_dir / "metrics.json") if (run_dir / "metrics.json").is_file() else {}
     _check(events, trace_path)
     if not isinstance(doc, dict):
         raise UserError(f"{run_dir / 'metrics.json'}: not a JSON object")
@@ -268,8 +265,3 @@ def write(trace: dict[str, Any], path: Path) -> Path:
     except OSError as err:
         raise UserError(f"cannot write {path}: {err.strerror}") from None
     return path
-
-
-def export(run_dir: Path, out: Path | None = None) -> Path:
-    """Write the run's trace-event JSON to `out` (default RUN/trace.perfetto.json) and return its path."""
-    return write(perfetto_trace(run_dir), out or run_dir / "trace.perfetto.json")
