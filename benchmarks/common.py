@@ -15,7 +15,7 @@ def resolve_model(arg: str | None) -> tuple[Path, str]:
     import torch
 
     from reference_trainer.model.decoder import DecoderLM
-    from reference_trainer.model.embedded import default_model_dir
+    from reference_trainer.model.embedded import default_model_dir, label
     from reference_trainer.model.loader import save_model
     from reference_trainer.model.recipe import RECIPE
     from reference_trainer.model.tokenizer import CharTokenizer
@@ -25,7 +25,7 @@ def resolve_model(arg: str | None) -> tuple[Path, str]:
 
         return resolve_name(arg), arg
     if arg is None:
-        return default_model_dir(), "embedded default model"
+        return default_model_dir(), label()  # names the recipe version and the weights' hash
     path = Path(tempfile.mkdtemp()) / "random"
     torch.manual_seed(0)
     save_model(DecoderLM(RECIPE.model), path)

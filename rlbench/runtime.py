@@ -10,7 +10,7 @@ from rlbench.errors import UserError
 
 def resolve_model_dir(model_dir: str | Path | None) -> Path:
     """What `--model` names (rlbench.models.resolve_model): a directory, a model name, or None for the
-    embedded default model (built on first use)."""
+    embedded default model (shipped; checked against its SHA-256 on load)."""
     from rlbench.models import resolve_model
 
     return resolve_model(model_dir)

@@ -59,6 +59,7 @@ def test_embedded_build_makes_a_loadable_verified_model(tmp_path):
     out = tmp_path / "built"
     res = CliRunner().invoke(app_, ["embedded", "build", "--steps", "2", "--no-card", "--out", str(out)])
     assert res.exit_code == 0, res.output
+    assert "SFT step 2/2, loss" in res.output  # progress lines when the output is not a terminal
     assert embedded.verify(out) == out
     model = load_model(out)
     assert model.config == load_model(embedded.shipped_dir()).config  # the recipe's architecture
@@ -69,6 +70,35 @@ def test_embedded_build_makes_a_loadable_verified_model(tmp_path):
     )
     assert res.exit_code != 0 and "not a model directory" in str(res.exception)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_the_shipped_card_is_the_recipes_and_misses_only_the_documented_target():
+    from reference_trainer.model.recipe import RECIPE_VERSION, card_misses
+    from rlbench.records import read_json
+    from rlbench.training import DEFAULT_TASK_OPTIONS
+
+    card = read_json(embedded.shipped_dir() / embedded.CARD)
+    assert card["recipe_version"] == RECIPE_VERSION  # weights rebuilt whenever the recipe changes
+    assert set(card["tasks"]) == set(DEFAULT_TASK_OPTIONS)
+    # recipe v3 misses one target, kk greedy accuracy 10.2% < 15% (docs/embedded-model.md, "The card")
+    assert [m.split()[:2] for m in card_misses(card["tasks"])] == [["kk", "greedy_acc"]]
+
+
+def test_card_misses_names_each_missed_target():
+    from reference_trainer.model.recipe import card_misses
+
+    good = {
+        "greedy_acc": 0.3,
+        "pass1_t1": 0.2,
+        "pass8_t1": 0.6,
+        "len_p99_over_p50": 9.0,
+        "median_top_prob": 0.99,
+    }
+    assert card_misses({"arith": good, "kk": good}) == []
+    bad = {**good, "greedy_acc": 0.1, "pass8_t1": 0.3, "len_p99_over_p50": 2.0}
+    misses = card_misses({"arith": bad, "kk": good})
+    assert len(misses) == 3 and all(m.startswith("arith") for m in misses)
+    assert "greedy_acc 0.100" in misses[0]
 
 
 def test_the_lazy_demonstrator_guesses_more_on_larger_problems():
@@ -89,3 +119,15 @@ def test_the_lazy_demonstrator_guesses_more_on_larger_problems():
         )  # well formed
         right = sum(task.is_correct(p, g) for p, g in zip(problems, guesses, strict=True)) / len(problems)
         assert right < 0.35  # a guess is right only by chance (kk: 1 in 4 or 8; arith: 1 in 100)
+
+
+def test_the_label_names_the_shipped_weights_recipe_and_hash():
+    from rlbench.records import read_json
+    from rlbench.reproduce.base import Context
+
+    digest = embedded.sha256(embedded.shipped_dir() / "model.safetensors")
+    version = read_json(embedded.shipped_dir() / embedded.CARD)["recipe_version"]
+    assert embedded.label() == f"embedded (recipe v{version}, sha256 {digest[:12]})"
+    unused = Path("unused")
+    assert Context(device="cpu", quick=True, model=None, work_dir=unused).model_label() == embedded.label()
+    assert Context(device="cpu", quick=True, model="some/dir", work_dir=unused).model_label() == "some/dir"

@@ -62,3 +62,16 @@ def shipped_dir() -> Path:
 def default_model_dir() -> Path:
     """The embedded model's directory, checked against its SHA-256 sums (3.4 MB: milliseconds)."""
     return verify(shipped_dir())
+
+
+def label() -> str:
+    """How results name the shipped weights: recipe version and model.safetensors' SHA-256 prefix, so numbers
+    measured on different shipped weights are never mistaken for each other."""
+    import json
+
+    directory = shipped_dir()
+    sums = (directory / CHECKSUMS).read_text().split()
+    digest = sums[sums.index("model.safetensors") - 1][:12] if "model.safetensors" in sums else "unknown"
+    card = directory / CARD
+    version = json.loads(card.read_text()).get("recipe_version", "?") if card.is_file() else "?"
+    return f"embedded (recipe v{version}, sha256 {digest})"

@@ -61,6 +61,33 @@ RECIPE = Recipe(
 )
 
 
+# What the card (`rlbench embedded build`, train/heldout.py policy_card) must show on held-out problems of
+# every task: (card key, lowest, highest), and the two that are not single values.
+CARD_TARGETS: tuple[tuple[str, float, float], ...] = (
+    ("greedy_acc", 0.15, 0.50),  # room to learn, and something to start from
+    ("median_top_prob", 0.95, 1.0),  # near-deterministic text, uncertainty at the decision tokens
+)
+PASS8_OVER_PASS1 = 0.25  # correct answers are in the sampling distribution for RL to amplify
+ARITH_P99_OVER_P50 = 4.0  # heavy-tailed lengths, so the bubble is real
+
+
+def card_misses(tasks: dict[str, dict[str, float]]) -> list[str]:
+    """The targets a measured card (task -> policy_card) misses, one line each; empty when all are met."""
+    misses = []
+    for task, card in tasks.items():
+        for key, low, high in CARD_TARGETS:
+            if not low <= card[key] <= high:
+                misses.append(f"{task} {key} {card[key]:.3f} outside [{low}, {high}]")
+        if card["pass8_t1"] - card["pass1_t1"] < PASS8_OVER_PASS1:
+            misses.append(
+                f"{task} pass@8 - pass@1 {card['pass8_t1'] - card['pass1_t1']:.3f} < {PASS8_OVER_PASS1}"
+            )
+    arith = tasks.get("arith")
+    if arith is not None and arith["len_p99_over_p50"] < ARITH_P99_OVER_P50:
+        misses.append(f"arith length p99/p50 {arith['len_p99_over_p50']:.1f} < {ARITH_P99_OVER_P50}")
+    return misses
+
+
 def problem_size(task_name: str, problem: Problem) -> int:
     return int(problem.meta["num_ops"] if task_name == "arith" else problem.meta["num_people"])
 

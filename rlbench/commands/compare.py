@@ -26,6 +26,7 @@ def register(app: typer.Typer) -> None:
         """Run each mode in turn (same prompts, seeds, model); write compare.json and a side-by-side page."""
         import json
 
+        from reference_trainer.model.embedded import label as embedded_label
         from rlbench.profiling.session import run_profile
         from rlbench.records import write_json
         from rlbench.report.compare_report import ratio_rows, render_compare
@@ -67,7 +68,7 @@ def register(app: typer.Typer) -> None:
             "task": task,
             "steps": steps,
             "seed": run.seed,
-            "model": str(run.model or "embedded default"),
+            "model": str(run.model) if run.model else embedded_label(),
             "engine": run.engine,
             "workers": workers,
             "prompts_per_step": configs[0].prompts_per_step,

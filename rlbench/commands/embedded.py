@@ -59,6 +59,10 @@ def build_command(
 
         def on_step(step: int, total: int, loss: float) -> None:
             progress.update(bar, completed=step + 1, description=f"SFT, loss {loss:.3f}")
+            # a redirected build (a log file, CI) gets no live bar: a line every 5% instead
+            if not progress.console.is_terminal and (step + 1) % max(1, total // 20) == 0:
+                elapsed = time.perf_counter() - start
+                typer.echo(f"SFT step {step + 1}/{total}, loss {loss:.3f}, {elapsed:.0f} s", err=True)
 
         # built aside and renamed into place: a killed build leaves no half-written model at `out`
         tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
@@ -74,6 +78,7 @@ def build_command(
         measured = measure_card(out)
         write_json(out / embedded.CARD, {"recipe_version": recipe.RECIPE_VERSION, "tasks": measured})
         typer.echo(json.dumps(measured, indent=1))
+        typer.echo(targets_line(measured))
     if install:
         target = embedded.shipped_dir()
         for name in (*embedded.FILES, embedded.CHECKSUMS, *([embedded.CARD] if card else [])):
@@ -81,11 +86,19 @@ def build_command(
         typer.echo(f"installed into {target}")
 
 
+def targets_line(tasks: dict[str, dict[str, float]]) -> str:
+    from reference_trainer.model.recipe import card_misses
+
+    misses = card_misses(tasks)
+    return "card targets: all met" if not misses else "card targets missed: " + "; ".join(misses)
+
+
 def show_command() -> None:
     """Where the shipped model is, whether its files match their SHA-256 sums, and its measured card."""
     from reference_trainer.model import embedded
     from reference_trainer.model.loader import ModelLoadError
     from rlbench.errors import UserError
+    from rlbench.records import read_json
 
     directory = embedded.shipped_dir()
     try:
@@ -95,7 +108,9 @@ def show_command() -> None:
     typer.echo(f"{directory}: SHA-256 verified")
     card = directory / embedded.CARD
     if card.is_file():
+        measured = read_json(card)
         typer.echo(card.read_text())
+        typer.echo(f"recipe version {measured['recipe_version']}: {targets_line(measured['tasks'])}")
 
 
 def register(app: typer.Typer) -> None:

@@ -56,10 +56,10 @@ def eval_command(
         max_tokens=max_tokens,
         seed=seed,
     )
-    # Options, suite and data are checked (and the data read) before the model is resolved: on a fresh
-    # cache that builds the embedded model, minutes of work a typo would otherwise cost.
+    # Options, suite and data are checked (and the data read) before the model is resolved: resolving a
+    # model name can mean reading hundreds of megabytes, wasted on a typo.
     plan = plan_eval(cfg, data_dir, limit)
-    # A directory, a model name, or the embedded default model (built on first use).
+    # A directory, a model name, or the embedded default model (shipped, checked against its SHA-256).
     model = resolve_model_dir(model)
     cfg = replace(cfg, model=str(model.resolve()))
     results = run_eval(

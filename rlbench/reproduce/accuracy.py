@@ -125,7 +125,7 @@ def accuracy(ctx: Context) -> Outcome:
     ]  # fmt: skip
     return Outcome(
         measured=measured,
-        config={"model": ctx.model or "embedded default", **asdict(w), **w.options()},
+        config={"model": ctx.model_label(), **asdict(w), **w.options()},
         seeds=sorted({r["seed"] for r in runs}),
         sections=[
             (f"Accuracy at {table_['samples']} samples and samples to {w.target:.2f}", [table(rows)]),

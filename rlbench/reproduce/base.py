@@ -17,6 +17,14 @@ class Context:
     seed: int = 0
     progress: Callable[[str], None] = print
 
+    def model_label(self) -> str:
+        """The model as results record it: the name or directory given, else the embedded weights' label."""
+        if self.model:
+            return self.model
+        from reference_trainer.model.embedded import label
+
+        return label()
+
     def pick(self, full: Any, quick: Any) -> Any:
         """The full-size setting, or the quick one under --quick."""
         return quick if self.quick else full

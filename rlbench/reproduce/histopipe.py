@@ -283,7 +283,7 @@ def balance(ctx: Context) -> Outcome:
     ]  # fmt: skip
     return Outcome(
         measured=measured,
-        config={"task": "arith", "model": ctx.model or "embedded default", "backend": "ray", **_key(w)},
+        config={"task": "arith", "model": ctx.model_label(), "backend": "ray", **_key(w)},
         seeds=[w.seed],
         sections=[
             ("Worker idle share by placement", [table(rows), *_figures(results, w)]),

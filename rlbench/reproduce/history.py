@@ -184,7 +184,7 @@ def _share(rows: list[dict[str, Any]], key: str = "hits") -> float | None:
 
 
 def _config(ctx: Context, w: Workload) -> dict[str, Any]:
-    return {"model": ctx.model or "embedded default", "mode": "baseline", **asdict(w),
+    return {"model": ctx.model_label(), "mode": "baseline", **asdict(w),
             "steps": w.steps_per_epoch * w.epochs, "eval_every": 0}  # fmt: skip
 
 

@@ -175,7 +175,7 @@ def speedup(ctx: Context) -> Outcome:
                  for s, r in summary.items()]  # fmt: skip
     return Outcome(
         measured=measured,
-        config={"model": ctx.model or "embedded default", **asdict(w)},
+        config={"model": ctx.model_label(), **asdict(w)},
         seeds=list(per_seed),
         sections=[
             ("Speed-up and acceptance per seed", [table(seed_rows)]),

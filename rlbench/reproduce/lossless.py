@@ -269,7 +269,7 @@ def lossless(ctx: Context) -> Outcome:
     )
     return Outcome(
         measured=measured,
-        config={"model": ctx.model or "embedded default", **asdict(w), "device": ctx.device},
+        config={"model": ctx.model_label(), **asdict(w), "device": ctx.device},
         seeds=[w.seed],
         sections=[
             (

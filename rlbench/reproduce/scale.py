@@ -267,7 +267,7 @@ def scale(ctx: Context) -> Outcome:
          "measured worker idle": v["measured_worker_idle_share"]}
         for w, v in val.items()
     ]  # fmt: skip
-    real = {"task": "arith", "model": ctx.model or "embedded default", "mode": "baseline", **asdict(r)}
+    real = {"task": "arith", "model": ctx.model_label(), "mode": "baseline", **asdict(r)}
     about = [{"field": k, "value": str(v)} for k, v in (doc["workload"] | doc["cost_model"]).items()]
     pivots = [part for k in ("bubble_ratio", "worker_idle_share", "speedup")
               for part in (f"<p><b>{k}</b></p>", table(pivot(doc["results"], k)))]  # fmt: skip

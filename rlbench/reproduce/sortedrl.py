@@ -189,7 +189,7 @@ def bubble(ctx: Context) -> Outcome:
 
     return Outcome(
         measured=measured,
-        config={"task": "arith", "model": ctx.model or "embedded default", **asdict(w)},
+        config={"task": "arith", "model": ctx.model_label(), **asdict(w)},
         seeds=list(per_seed),
         sections=[
             (
@@ -276,7 +276,7 @@ def throughput(ctx: Context) -> Outcome:
     seed_rows = [{"seed": s, **{f"gain, {m}": gains[s][m] for m in MODES[1:]}} for s in gains]
     return Outcome(
         measured=measured,
-        config={"task": "arith", "model": ctx.model or "embedded default", **asdict(w)},
+        config={"task": "arith", "model": ctx.model_label(), **asdict(w)},
         seeds=list(per_seed),
         sections=[
             (
