@@ -68,7 +68,9 @@ def exposition(requests: list[Request], t: float, flavor: str = "vllm", drop: tu
 
 
 class FakeServer:
-    """Serve `exposition` on 127.0.0.1 (a free port) in a thread; `url` is its /metrics endpoint."""
+    """Serve `exposition` on 127.0.0.1 (a free port) in a thread; `url` is its /metrics endpoint. The timeline
+    starts at the first scrape, so an observer that is slow to start (a CLI's imports on a loaded runner)
+    still sees every request from its beginning."""
 
     def __init__(self, requests: list[Request], flavor: str = "vllm", drop: tuple[str, ...] = (),
                  restart_at: float | None = None, body: str | None = None) -> None:  # fmt: skip
@@ -83,6 +85,9 @@ class FakeServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                with server.lock:
+                    if server.t0 is None:
+                        server.t0 = time.perf_counter()
                 t = time.perf_counter() - server.t0
                 if server.body is not None:
                     text = server.body
@@ -105,11 +110,11 @@ class FakeServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
-        self.t0 = time.perf_counter()
+        self.t0: float | None = None
+        self.lock = threading.Lock()
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def __enter__(self) -> FakeServer:
-        self.t0 = time.perf_counter()
         self.thread.start()
         return self
 

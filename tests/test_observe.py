@@ -131,7 +131,7 @@ def test_profile_engine_metrics_around_a_failing_command(tmp_path):
     with FakeServer([(0.2, 0.9, 40), (0.2, 1.2, 90)]) as server:
         res = cli("profile", "--engine-metrics", server.url, "--capacity", "2", "--sample-hz", "50",
                   "--out", str(tmp_path / "run"), "--", sys.executable, "-c",
-                  "import sys, time; time.sleep(1.5); sys.exit(3)", tmp=tmp_path)  # fmt: skip
+                  "import sys, time; time.sleep(2.0); sys.exit(3)", tmp=tmp_path)  # fmt: skip
     assert res.returncode == 3 and res.stderr.strip() == "command exited with 3", res.stderr
     doc = read_json(tmp_path / "run" / "metrics.json")
     assert doc["summary"]["exit_code"] == 3 and len(doc["steps"]) == 1

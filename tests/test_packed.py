@@ -17,11 +17,12 @@ needs_packing = pytest.mark.skipif(
 )
 
 
-@needs_packing
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_linear_matches_f_linear_and_follows_updates(dtype):
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(512, 512, generator=gen).to(dtype), torch.randn(512, generator=gen).to(dtype)
+    if not packed.can_pack(weight):  # oneDNN's bf16 linear needs CPU support that some runners lack
+        pytest.skip(f"no oneDNN {dtype} linear on this CPU")
     linear = packed.InferenceLinear(weight, bias)
     assert linear.packed is not None
     tol = 1e-4 if dtype == torch.float32 else 5e-2
