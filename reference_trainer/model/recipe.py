@@ -26,7 +26,7 @@ from reference_trainer.tasks.arith import MAX_VALUE
 from reference_trainer.tasks.base import ANSWER_MARKER, Problem
 from reference_trainer.train.sft import SFTConfig
 
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,11 @@ RECIPE = Recipe(
     # 3-person kk puzzles drawn three times as often as 2-person ones: their search (the longest trace,
     # with role lookups on later candidates) is what the model learns last
     mix=(("arith", (), 0.4), ("kk", (("num_people", (2, 3)),), 0.3), ("kk", (("num_people", 3),), 0.3)),
-    lazy={"arith": (2, 0.2, 0.8), "kk": (2, 0.4, 0.6)},
+    # kk guesses on 42% of 3-person puzzles (recipe v3: 50%). The model's first token leans to the guess
+    # more often than its data does: at 50% greedy guessed on 84% of held-out puzzles (accuracy 10%), at
+    # 46% on 73% (13%). At 38% greedy worked on 86% and started so high (31%) that RL, which ends near the
+    # work's own accuracy, lifted it by only 7 points (benchmarks/work_or_guess.py, docs/embedded-model.md)
+    lazy={"arith": (2, 0.2, 0.8), "kk": (2, 0.32, 0.6)},
 )
 
 
