@@ -144,7 +144,7 @@ class Workload:
 
     @classmethod
     def for_context(cls, ctx: Context) -> Workload:
-        return cls(prompts=ctx.pick(8, 4), samples=ctx.pick(400, 120), seed=ctx.seed)
+        return cls(prompts=ctx.pick(8, 4), samples=ctx.pick(400, 240), seed=ctx.seed)
 
 
 RULES = {
