@@ -36,12 +36,20 @@ def write_checksums(directory: Path) -> Path:
     return directory / CHECKSUMS
 
 
+def recorded_sums(directory: Path) -> dict[str, str]:
+    """File name -> SHA-256 as SHA256SUMS records them ({} when it is missing)."""
+    sums = directory / CHECKSUMS
+    if not sums.is_file():
+        return {}
+    return dict(reversed(line.split(None, 1)) for line in sums.read_text().splitlines() if line.strip())
+
+
 def verify(directory: Path) -> Path:
     """`directory` if each model file matches its recorded SHA-256; else ModelLoadError naming the file."""
     sums = directory / CHECKSUMS
     if not sums.is_file():
         raise ModelLoadError(f"{sums} is missing: the embedded model cannot be checked")
-    expected = dict(reversed(line.split(None, 1)) for line in sums.read_text().splitlines() if line.strip())
+    expected = recorded_sums(directory)
     for name in FILES:
         path = directory / name
         if not path.is_file():
@@ -70,8 +78,7 @@ def label() -> str:
     import json
 
     directory = shipped_dir()
-    sums = (directory / CHECKSUMS).read_text().split()
-    digest = sums[sums.index("model.safetensors") - 1][:12] if "model.safetensors" in sums else "unknown"
+    digest = recorded_sums(directory).get("model.safetensors", "unknown")[:12]
     card = directory / CARD
     version = json.loads(card.read_text()).get("recipe_version", "?") if card.is_file() else "?"
     return f"embedded (recipe v{version}, sha256 {digest})"
