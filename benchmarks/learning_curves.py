@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlbench.records import read_json  # noqa: E402
+from rlbench.reproduce.accuracy import Workload  # noqa: E402
 from rlbench.reproduce.curves import parity, parity_plan, run_curve, save_run  # noqa: E402
 
 LIFT = [("arith", "baseline", 0), ("kk", "baseline", 0)]
@@ -84,7 +85,8 @@ def main() -> None:
     parser.add_argument("--parity-task", default="kk", help="the task of the parity study")
     parser.add_argument("--parity-steps", type=int, default=6)
     parser.add_argument("--parity-eval-every", type=int, default=2)
-    parser.add_argument("--target", type=float, default=0.30, help="held-out accuracy for samples-to-target")
+    parser.add_argument("--target", type=float, default=Workload.target,
+                        help="held-out greedy accuracy for samples-to-target")  # fmt: skip
     parser.add_argument("--force", action="store_true", help="rerun curves already in the results")
     parser.add_argument("--summary", action="store_true", help="print the tables of the saved curves only")
     args = parser.parse_args()

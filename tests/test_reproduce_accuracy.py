@@ -41,9 +41,12 @@ def test_the_reproduction_resumes_from_finished_curves_and_decides(tmp_path):
     assert m["samples"] == 768
     assert m["accuracy.baseline"] == pytest.approx(0.34)
     assert m["worst_accuracy_gap"] == pytest.approx(0.02)  # sorted+rhyme 0.36 vs 0.34
-    # baseline crosses 0.30 at 384 + (0.08 / 0.12..0.13) * 384 samples; sorted at 384 * 0.2 / 0.22
-    base = [384 + (0.30 - 0.22) / (f - 0.22) * 384 for f in finals["baseline"]]
-    mine = 384 * 0.2 / 0.22
+    # baseline (0.10, 0.22 at 384, final at 768) crosses the target after 384 samples; sorted (0.10, 0.32
+    # at 384) before
+    target = Workload.target
+    assert 0.22 < target < min(finals["baseline"]) and target < 0.32
+    base = [384 + (target - 0.22) / (f - 0.22) * 384 for f in finals["baseline"]]
+    mine = 384 * (target - 0.10) / 0.22
     assert m["sorted_fewer_samples_share"] == pytest.approx(1 - mine / (sum(base) / 3))
     assert m["accuracy_gap_se"] < 0.03
     assert sorted(out.seeds) == [0, 1, 2] and len(out.data["curves"]) == 11

@@ -26,7 +26,9 @@ class Workload:
     steps: int = 6
     eval_every: int = 2
     eval_samples: int = 1  # T = 1 draws per held-out problem for pass@1 (greedy accuracy decides)
-    target: float = 0.30  # held-out greedy accuracy for samples-to-target
+    # held-out greedy accuracy for samples-to-target: between the shipped model's kk start (0.188, recipe
+    # v4) and where 6 steps of baseline end, so every seed of every mode can reach it
+    target: float = 0.25
     quick: bool = False
 
     @classmethod
