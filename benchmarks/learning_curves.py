@@ -57,8 +57,8 @@ def summarise(runs: list[dict], target: float) -> str:
         title = f"{task} parity at {table['samples']} samples; {reach}"
         lines += ["", title,
                   "| mode | seeds | accuracy at equal samples (mean ± sd) | vs baseline | "
-                  "samples to target (mean) | vs baseline |",
-                  "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+                  "samples to target (mean) | vs baseline | rollout tokens (mean) |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
         for mode, row in table["modes"].items():
             delta = "" if row["accuracy_vs_baseline"] is None else f"{row['accuracy_vs_baseline']:+.3f}"
             n = len(row["seeds"])
@@ -70,7 +70,10 @@ def summarise(runs: list[dict], target: float) -> str:
             saved = row["fewer_samples_share"]
             fewer = "" if saved is None else f"{saved:.1%} fewer" if saved >= 0 else f"{-saved:.1%} more"
             accuracy = f"{row['accuracy']:.3f} ± {row['accuracy_sd']:.3f}"
-            lines.append(f"| {mode} | {n} | {accuracy} | {delta} | {to_target} | {fewer} |")
+            tokens = "" if row["rollout_tokens"] is None else f"{row['rollout_tokens']:,.0f}"
+            if row["rollout_tokens_vs_baseline"] is not None:
+                tokens += f" ({row['rollout_tokens_vs_baseline']:.2f}x)"
+            lines.append(f"| {mode} | {n} | {accuracy} | {delta} | {to_target} | {fewer} | {tokens} |")
     return "\n".join(lines)
 
 

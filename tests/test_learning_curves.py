@@ -43,12 +43,12 @@ def test_samples_to_reach_interpolates_to_the_first_crossing_of_the_target():
 
 
 def test_the_parity_table_compares_modes_at_the_samples_every_run_reached():
-    def run(mode, seed, final_samples, acc):
+    def run(mode, seed, final_samples, acc, tokens=None):
         curve = [{"step": 0, "samples": 0, "greedy_acc": 0.2, "pass1": 0.1},
                  {"step": 9, "samples": final_samples, "greedy_acc": acc, "pass1": acc}]  # fmt: skip
         return {"task": "kk", "mode": mode, "seed": seed, "steps": 9, "samples": final_samples,
                 "wall_s": 60.0, "held_out_greedy_accuracy": {"before": 0.2, "after": acc},
-                "curve": curve}  # fmt: skip
+                "curve": curve, **({"rollout_tokens": tokens} if tokens else {})}  # fmt: skip
 
     runs = [run("baseline", 0, 1000, 0.6), run("baseline", 1, 1000, 0.4), run("sorted", 0, 2000, 0.8)]
     table = lc.summarise(runs, target=0.5)
@@ -57,7 +57,11 @@ def test_the_parity_table_compares_modes_at_the_samples_every_run_reached():
     assert "| baseline | 2 | 0.500 ± 0.141 | +0.000 | 750 (1/2 reached) |  |" in table
     # sorted reached 0.8 at 2000 samples; at 1000 it is halfway between 0.2 and 0.8; 0.5 at 1000
     assert "| sorted | 1 | 0.500 ± 0.000 | +0.000 | 1000 (1/1 reached) |  |" in table
-    both = [run("baseline", 0, 1000, 0.6), run("sorted", 0, 1000, 0.8)]
+    assert "| sorted | 1 | 0.500 ± 0.000 | +0.000 | 1000 (1/1 reached) |  |  |" in table  # no tokens saved
+    both = [run("baseline", 0, 1000, 0.6, tokens=40_000), run("sorted", 0, 1000, 0.8, tokens=100_000)]
     table = lc.summarise(both, target=0.5)
-    assert "| baseline | 1 | 0.600 ± 0.000 | +0.000 | 750 (1/1 reached) | 0.0% fewer |" in table
-    assert "| sorted | 1 | 0.800 ± 0.000 | +0.200 | 500 (1/1 reached) | 33.3% fewer |" in table
+    rows = table.splitlines()
+    baseline = "| baseline | 1 | 0.600 ± 0.000 | +0.000 | 750 (1/1 reached) | 0.0% fewer | 40,000 (1.00x) |"
+    assert baseline in rows
+    sorted_ = "| sorted | 1 | 0.800 ± 0.000 | +0.200 | 500 (1/1 reached) | 33.3% fewer | 100,000 (2.50x) |"
+    assert sorted_ in rows

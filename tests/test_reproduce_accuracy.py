@@ -17,7 +17,8 @@ def curve_run(mode: str, seed: int, final: float, half: float) -> dict:
              {"step": 3, "samples": 384, "greedy_acc": half, "pass1": 0.25},
              {"step": 6, "samples": 768, "greedy_acc": final, "pass1": 0.3}]  # fmt: skip
     return {"task": "kk", "mode": mode, "seed": seed, "steps": 6, "samples": 768, "wall_s": 1.0,
-            "held_out_greedy_accuracy": {"before": 0.1, "after": final}, "curve": curve}  # fmt: skip
+            "held_out_greedy_accuracy": {"before": 0.1, "after": final}, "curve": curve,
+            "rollout_tokens": 1000 * (2 if mode.startswith("sorted") else 1) + seed}  # fmt: skip
 
 
 def test_gap_standard_error_pools_the_seed_spread():
@@ -49,5 +50,7 @@ def test_the_reproduction_resumes_from_finished_curves_and_decides(tmp_path):
     mine = 384 * (target - 0.10) / 0.22
     assert m["sorted_fewer_samples_share"] == pytest.approx(1 - mine / (sum(base) / 3))
     assert m["accuracy_gap_se"] < 0.03
+    assert m["rollout_tokens.baseline"] == pytest.approx(1001)
+    assert m["rollout_tokens.sorted"] == pytest.approx(2001)
     assert sorted(out.seeds) == [0, 1, 2] and len(out.data["curves"]) == 11
     assert Workload.for_context(ctx).task == "kk"

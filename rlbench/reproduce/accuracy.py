@@ -112,6 +112,7 @@ def accuracy(ctx: Context) -> Outcome:
         measured[f"accuracy.{mode}"] = row["accuracy"]
         measured[f"accuracy_sd.{mode}"] = row["accuracy_sd"]
         measured[f"samples_to_target.{mode}"] = row["samples_to_target"]
+        measured[f"rollout_tokens.{mode}"] = row["rollout_tokens"]
     fewer = measured["sorted_fewer_samples_share"]
     measured["headline"] = (
         f"largest gap {measured['worst_accuracy_gap']:.3f} at {table_['samples']} samples; sorted needs "
@@ -122,7 +123,8 @@ def accuracy(ctx: Context) -> Outcome:
         {"mode": m, "seeds": len(r["seeds"]), "accuracy (mean)": r["accuracy"], "sd": r["accuracy_sd"],
          "vs baseline": r["accuracy_vs_baseline"], f"samples to {w.target:.2f}": r["samples_to_target"],
          "reached": f"{r['reached']}/{len(r['seeds'])}",
-         "fewer samples than baseline": r["fewer_samples_share"]}
+         "fewer samples than baseline": r["fewer_samples_share"],
+         "rollout tokens (mean)": r["rollout_tokens"], "tokens ÷ baseline": r["rollout_tokens_vs_baseline"]}
         for m, r in modes.items()
     ]  # fmt: skip
     return Outcome(
@@ -136,6 +138,10 @@ def accuracy(ctx: Context) -> Outcome:
         notes=[
             "Equal samples: every curve trains the same number of steps of the same batch, so samples "
             "consumed are equal at every evaluation. Wall time differs by mode; the claim is about samples.",
+            "Samples are trained samples. Rollout tokens are what the rollouts generated for them (summed "
+            "from each run's metrics): oversubscription admits more prompts than an update takes, `sorted` "
+            "regenerates what early termination cut, and work still in flight when the run ends is never "
+            "trained on, so the sorted modes can need fewer samples and more tokens.",
             "rhyme and sorted+rhyme see each prompt once in so few steps (a pool of 512 prompts), so "
             "HistoSpec has no history to draft from here; their curves test that the modes train the same.",
         ],

@@ -77,6 +77,8 @@ def run_curve(
         "wall_s": round(time.perf_counter() - start, 1),
         "held_out_greedy_accuracy": {"before": curve[0]["greedy_acc"], "after": curve[-1]["greedy_acc"]},
         "held_out_pass1": {"before": curve[0]["pass1"], "after": curve[-1]["pass1"]},
+        # what the rollouts generated for those samples: modes that oversubscribe or discard spend more
+        "rollout_tokens": sum(r["rollout_tokens"] for r in rows),
         "curve": curve,
     }
 
@@ -117,9 +119,10 @@ def samples_to_reach(curve: list[dict[str, Any]], target: float) -> float | None
 
 
 def parity(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
-    """Per mode: accuracy at the samples every run reached (mean, sd, difference to baseline), and samples
-    to `target` (mean over the runs that reached it; against baseline only where every run of both did: a
-    mean over the runs that got there would flatter the mode whose slow seeds never did)."""
+    """Per mode: accuracy at the samples every run reached (mean, sd, difference to baseline); rollout
+    tokens generated (mean, ratio to baseline; None for curves saved without them); samples to `target`
+    (mean over the runs that reached it; against baseline only where every run of both did: a mean over
+    the runs that got there would flatter the mode whose slow seeds never did)."""
     common = min(r["samples"] for r in runs)
     modes: dict[str, dict[str, Any]] = {}
     for mode in dict.fromkeys(r["mode"] for r in runs):
@@ -127,6 +130,7 @@ def parity(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
         accs = [accuracy_at(r["curve"], common) for r in mine]
         reach = [samples_to_reach(r["curve"], target) for r in mine]
         reached = [x for x in reach if x is not None]
+        tokens = [r.get("rollout_tokens") for r in mine]
         modes[mode] = {
             "seeds": [r["seed"] for r in mine],
             "accuracy": statistics.fmean(accs),
@@ -134,6 +138,7 @@ def parity(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
             "samples_to_target": statistics.fmean(reached) if reached else None,
             "reached": len(reached),
             "all_reached": len(reached) == len(reach),
+            "rollout_tokens": None if None in tokens else statistics.fmean(tokens),
         }
     base = modes.get("baseline")
     for row in modes.values():
@@ -142,4 +147,6 @@ def parity(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
         row["fewer_samples_share"] = (
             1 - row["samples_to_target"] / base["samples_to_target"] if both else None
         )
+        known = base and base["rollout_tokens"] and row["rollout_tokens"] is not None
+        row["rollout_tokens_vs_baseline"] = row["rollout_tokens"] / base["rollout_tokens"] if known else None
     return {"samples": common, "target": target, "modes": modes}
