@@ -1,6 +1,6 @@
 """The acceptance an oracle one-token drafter would get: the policy's mean top-token probability.
 
-    python benchmarks/acceptance_ceiling.py [--prompts 16] [--samples 8] [--max-tokens 400]
+    python -m benchmarks.acceptance_ceiling [--prompts 16] [--samples 8] [--max-tokens 400]
 
 With the exact point-mass rule a draft token d is accepted with probability p(d), so no drafter can beat
 E[max_t p(t)] per token on the model's own rollouts. Samples `--prompts` arith prompts x `--samples` at
@@ -12,21 +12,16 @@ sample from the same policy, used as a draft, would get).
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import resolve_model  # noqa: E402
-
-from reference_trainer.engine import Engine  # noqa: E402
-from reference_trainer.engine.config import EngineConfig, SamplingParams  # noqa: E402
-from reference_trainer.model.loader import load_model  # noqa: E402
-from reference_trainer.model.prompting import encode_prompt  # noqa: E402
-from reference_trainer.model.tokenizer import load_tokenizer  # noqa: E402
-from reference_trainer.tasks import get_task  # noqa: E402
+from benchmarks.common import resolve_model
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
+from reference_trainer.model.loader import load_model
+from reference_trainer.model.prompting import encode_prompt
+from reference_trainer.model.tokenizer import load_tokenizer
+from reference_trainer.tasks import get_task
 
 
 def main() -> None:

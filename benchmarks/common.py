@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def resolve_model(arg: str | None) -> tuple[Path, str]:
@@ -17,8 +14,8 @@ def resolve_model(arg: str | None) -> tuple[Path, str]:
     from reference_trainer.model.decoder import DecoderLM
     from reference_trainer.model.embedded import default_model_dir, label
     from reference_trainer.model.loader import save_model
-    from reference_trainer.model.recipe import RECIPE
     from reference_trainer.model.tokenizer import CharTokenizer
+    from reference_trainer.train.recipe import RECIPE
 
     if arg and arg != "random":
         from rlbench.models import resolve_model as resolve_name  # a directory or a model name

@@ -1,6 +1,6 @@
 """How far can the engine get ahead of transformers on a CPU? A decode step's time against its matmul floor.
 
-    python benchmarks/decode_bound.py [--model smollm2-135m-instruct] [--batches 1,8,32] [--dtype float32]
+    python -m benchmarks.decode_bound [--model smollm2-135m-instruct] [--batches 1,8,32] [--dtype float32]
 
 For each batch size B, on the same weights and prompts (the chat prompts of rollout_runs.py):
 - step time: B rows decoding --tokens tokens with EOS ignored, engine (B slots) and transformers' generate
@@ -24,15 +24,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import resolve_model  # noqa: E402
-from rollout_runs import prompt_ids  # noqa: E402
-
-from reference_trainer.engine import Engine  # noqa: E402
-from reference_trainer.engine.config import EngineConfig, SamplingParams  # noqa: E402
-from reference_trainer.model.loader import load_model  # noqa: E402
-from rlbench.records import write_json  # noqa: E402
+from benchmarks.common import resolve_model
+from benchmarks.rollout_runs import prompt_ids
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
+from reference_trainer.model.loader import load_model
+from reference_trainer.trace.records import write_json
 
 
 def median_time(fn, repeats: int) -> float:

@@ -1,7 +1,7 @@
 """rlbench's engine vs transformers' generate: same weights, same prompts, equal max tokens.
 
-    python benchmarks/engine_throughput.py [--model NAME|DIR] [--prompts 64] [--max-tokens 256] [--repeats 3]
-    python benchmarks/engine_throughput.py --model smollm2-135m-instruct [--batches 1,8,32] [--max-tokens 256]
+    python -m benchmarks.engine_throughput [--model NAME|DIR] [--prompts 64] [--max-tokens 256] [--repeats 3]
+    python -m benchmarks.engine_throughput --model smollm2-135m-instruct [--batches 1,8,32] [--max-tokens 256]
                                            [--temperature 0] [--dtype float32|bfloat16]
                                            [--engine-path OLD_CHECKOUT] [--vllm-python PY]
 
@@ -43,17 +43,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.common import resolve_model
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
+from reference_trainer.model.loader import load_model
+from reference_trainer.model.prompting import encode_prompt
+from reference_trainer.model.tokenizer import CharTokenizer
+from reference_trainer.tasks import get_task
+from reference_trainer.trace.records import write_json
 
-from common import resolve_model  # noqa: E402
-
-from reference_trainer.engine import Engine  # noqa: E402
-from reference_trainer.engine.config import EngineConfig, SamplingParams  # noqa: E402
-from reference_trainer.model.loader import load_model  # noqa: E402
-from reference_trainer.model.prompting import encode_prompt  # noqa: E402
-from reference_trainer.model.tokenizer import CharTokenizer  # noqa: E402
-from reference_trainer.tasks import get_task  # noqa: E402
-from rlbench.records import write_json  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_rlbench(path: Path, prompts: list[list[int]], max_tokens: int, eos: bool) -> float:
@@ -129,7 +128,6 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
                     "temperature": args.temperature,
                     "dtype": args.dtype,
                     "threads": args.threads,
-                    "engine_path": args.engine_path if side == "engine (before)" else None,
                 }
                 python = args.vllm_python if side == "vllm" else sys.executable
                 out = subprocess.run(
@@ -137,7 +135,13 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
                     capture_output=True,
                     text=True,
                     check=False,
-                    env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"},
+                    env={
+                        **os.environ,
+                        "VLLM_LOGGING_LEVEL": "WARNING",
+                        "HF_HUB_OFFLINE": "1",
+                        # the engine to measure: the previous commit's checkout, else this one
+                        "PYTHONPATH": args.engine_path if side == "engine (before)" else str(ROOT),
+                    },  # fmt: skip
                 )
                 if out.returncode != 0:
                     raise SystemExit(f"{side} at batch {b} failed:\n{out.stderr[-2000:]}")

@@ -1,6 +1,6 @@
 """One model on all six eval suites, greedy and avg@k, in minutes per suite: the README's eval table.
 
-    python benchmarks/eval_table.py --model smollm2-135m-instruct --data-dir DIR [--out runs/eval_table]
+    python -m benchmarks.eval_table --model smollm2-135m-instruct --data-dir DIR [--out runs/eval_table]
                                     [--limit 100] [--avg-limit 10] [--k 4] [--max-tokens 512]
 
 Runs `rlbench eval` per suite, twice: greedy (T = 0) on the first --limit problems (AIME 2024 and AMC 2023
@@ -18,9 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rlbench.records import read_json, write_json  # noqa: E402
+from reference_trainer.trace.records import read_json, write_json
 
 SUITES = ("aime24", "amc23", "math500", "olympiadbench", "kk", "kk-ood")
 WHOLE = ("aime24", "amc23")  # small enough to run whole greedy

@@ -1,7 +1,7 @@
 """rlbench's engine on a CUDA GPU: tokens/s and GPU memory against transformers' generate, and the cost of
 verifying k draft tokens relative to one decode step (what decides whether HistoSpec can pay).
 
-    python benchmarks/gpu.py [--batches 1,32,256] [--max-tokens 256] [--out benchmarks/results/gpu]
+    python -m benchmarks.gpu [--batches 1,32,256] [--max-tokens 256] [--out benchmarks/results/gpu]
 
 Two models, both bf16 on the GPU:
 - the embedded default model (real weights, char vocabulary), rollouts that stop at EOS and fixed length;
@@ -24,20 +24,17 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import resolve_model  # noqa: E402
-
-from reference_trainer.engine import Engine  # noqa: E402
-from reference_trainer.engine.config import EngineConfig, SamplingParams  # noqa: E402
-from reference_trainer.engine.speculative import measure_cost_model  # noqa: E402
-from reference_trainer.model.config import ModelConfig  # noqa: E402
-from reference_trainer.model.decoder import DecoderLM  # noqa: E402
-from reference_trainer.model.loader import load_model, save_model  # noqa: E402
-from reference_trainer.model.prompting import encode_prompt  # noqa: E402
-from reference_trainer.model.tokenizer import CharTokenizer  # noqa: E402
-from reference_trainer.tasks import get_task  # noqa: E402
-from rlbench.records import write_json  # noqa: E402
+from benchmarks.common import resolve_model
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
+from reference_trainer.engine.speculative import measure_cost_model
+from reference_trainer.model.config import ModelConfig
+from reference_trainer.model.decoder import DecoderLM
+from reference_trainer.model.loader import load_model, save_model
+from reference_trainer.model.prompting import encode_prompt
+from reference_trainer.model.tokenizer import CharTokenizer
+from reference_trainer.tasks import get_task
+from reference_trainer.trace.records import write_json
 
 SMOLLM2_SHAPE = ModelConfig(
     vocab_size=49152,

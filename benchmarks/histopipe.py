@@ -1,6 +1,6 @@
 """HistoPipe vs round-robin vs least-outstanding placement over W Ray rollout workers.
 
-    python benchmarks/histopipe.py [--workers 2] [--epochs 4] [--pool 32] [--prompts-per-step 8]
+    python -m benchmarks.histopipe [--workers 2] [--epochs 4] [--pool 32] [--prompts-per-step 8]
                                    [--group-size 8] [--max-tokens 400] [--slots 32] [--model DIR|random]
 
 Four trainers (round-robin, least-outstanding, histopipe, histopipe-lpt; see VARIANTS in
@@ -10,25 +10,21 @@ cycled for `--epochs` epochs, with the same per-request seeds, so they generate 
 step; a warning if not). Each worker is a Ray actor with one CPU thread and `--slots` KV slots. The trainers
 take their steps round-robin, so a drift in machine load hits all alike.
 
-Per step, from the trace (rlbench.metrics): `worker_idle_share[w]` = 1 - busy_w / busiest worker's busy time;
-the table's idle share is its mean over workers, averaged over the epoch's steps. Rollout time is the
-rollout phase's wall time. Prints a table per epoch and writes benchmarks/results/histopipe.json.
+Per step, from the trace (reference_trainer.trace.metrics): `worker_idle_share[w]` = 1 - busy_w / busiest
+worker's busy time; the table's idle share is its mean over workers, averaged over the epoch's steps. Rollout
+time is the rollout phase's wall time. Prints a table per epoch and writes benchmarks/results/histopipe.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import resolve_model  # noqa: E402
-
-from rlbench.records import write_json  # noqa: E402
-from rlbench.reproduce.histopipe import PLACEMENTS, Workload, ray_session, run_placements  # noqa: E402
+from benchmarks.common import resolve_model
+from reference_trainer.trace.records import write_json
+from rlbench.reproduce.histopipe import PLACEMENTS, Workload, ray_session, run_placements
 
 
 def main() -> None:

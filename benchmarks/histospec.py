@@ -1,11 +1,13 @@
 """HistoSpec benchmark: GRPO for several epochs over a fixed prompt pool, plain vs HistoSpec in one process.
 
-    python benchmarks/histospec.py [--model DIR] [--epochs 4] [--pool 8] [--group 8]
+    python -m benchmarks.histospec [--model DIR] [--epochs 4] [--pool 8] [--group 8]
 
-Two trainers (`baseline` and `rhyme`) start from the same weights with the same seeds; each epoch runs the
-baseline's steps, then rhyme's, so both see the same machine load. Per epoch it prints rollout tokens/s of
-both (net: accepted tokens only), the speed-up, acceptance, tokens per verification, draft coverage and the
-reward of both runs (speculation is exact, so the curves must agree). Without --model it uses the embedded
+The `histospec-speedup` reproduction's runs (rlbench/reproduce/histospec.py), with this command's sizes:
+two trainers (`baseline` and `rhyme`) start from the same weights with the same seeds and take their steps
+in turn, so both see the same machine load. Per epoch it prints rollout tokens/s of both (net: accepted
+tokens only), the speed-up and its per-step range, the load-drift check on the update (`!`: flagged),
+acceptance, tokens per verification, draft coverage and the reward of both runs (speculation is exact, so
+the curves must agree). Without --model it uses the embedded
 model when built, else a random model of the same shape (said in the output).
 """
 
@@ -13,23 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import resolve_model  # noqa: E402
-
-from rlbench.records import write_json  # noqa: E402
-from rlbench.reproduce.histospec import epoch_metrics as history_epoch_metrics  # noqa: E402
-
-
-def epoch_metrics(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
-    return {**history_epoch_metrics(events, steps), **undrafted(events, steps)}
+from benchmarks.common import resolve_model
+from reference_trainer.trace.compare import DRIFT_TOLERANCE
+from reference_trainer.trace.records import write_json
+from rlbench.reproduce.histospec import Workload, epoch_row, make_trainers
+from rlbench.training import interleave
 
 
 def undrafted(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
@@ -88,35 +84,13 @@ def main() -> None:
     args = ap.parse_args()
     histospec = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.histospec)}
     torch.set_num_threads(args.threads)
-
-    from reference_trainer.train.config import TrainConfig
-    from reference_trainer.train.trainer import Trainer
-
+    w = Workload(task=args.task, epochs=args.epochs, pool=args.pool, prompts_per_step=args.prompts_per_step,
+                 group_size=args.group, max_tokens=args.max_tokens, temperature=args.temperature,
+                 histospec=tuple(sorted(histospec.items())), seed=args.seed, seeds=1)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
         mdir, source = resolve_model(args.model)
+        trainers = make_trainers(w, str(mdir), args.device, Path(tmp_name))
         steps_per_epoch = args.pool // args.prompts_per_step
-        trainers = {}
-        for mode in ("baseline", "rhyme"):
-            config = TrainConfig(
-                eval_every=0,
-                task=args.task,
-                mode=mode,
-                model=str(mdir),
-                seed=args.seed,
-                steps=steps_per_epoch * args.epochs,
-                prompts_per_step=args.prompts_per_step,
-                group_size=args.group,
-                max_tokens=args.max_tokens,
-                temperature=args.temperature,
-                max_num_seqs=args.prompts_per_step * args.group,
-                max_model_len=1024,
-                checkpoint_every=10**9,
-                device=args.device,
-                prompt_pool=args.pool,
-                mode_options={"histospec": histospec} if mode == "rhyme" else {},
-            )
-            trainers[mode] = Trainer(config, tmp / mode)
         spec = trainers["rhyme"].engine.speculator
         print(
             f"model: {source}; {args.epochs} epochs x {steps_per_epoch} steps; {args.pool} prompts x "
@@ -127,40 +101,38 @@ def main() -> None:
             {f"{b}x{q}": round(t * 1e3, 2) for (b, q), t in spec.cost_model.table.items()},
         )
         header = (
-            f"{'epoch':>5} {'plain tok/s':>11} {'rhyme tok/s':>11} {'speed-up':>8} {'accept':>7} "
-            f"{'tok/verify':>10} {'coverage':>8} {'reward plain':>12} {'reward rhyme':>12} "
-            f"{'same lens':>11} {'undrafted time':>14} {'in tail':>8} {'longest':>7}"
+            f"{'epoch':>5} {'plain tok/s':>11} {'rhyme tok/s':>11} {'speed-up':>8} {'per step':>11} "
+            f"{'drift':>6} {'accept':>7} {'tok/verify':>10} {'coverage':>8} {'reward plain':>12} "
+            f"{'reward rhyme':>12} {'same lens':>9} {'undrafted time':>14} {'in tail':>8} {'longest':>7}"
         )
         print(header)
         rows = []
         for epoch in range(args.epochs):
             steps = range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch)
-            same = True
-            for _ in steps:
-                trainers["baseline"].train_step()
-                trainers["rhyme"].train_step()
+            interleave(trainers, steps_per_epoch, say=lambda line: None)
+            row = epoch_row(trainers, epoch, steps)
             ev = {m: t.trace.events for m, t in trainers.items()}
-            seqs = {
-                m: {
-                    e["id"]: e["response_tokens"]
-                    for e in ev[m]
-                    if e["kind"] == "sequence" and e["step"] in steps
-                }
-                for m in ev
-            }
-            same = seqs["baseline"] == seqs["rhyme"]
-            plain, rhyme = epoch_metrics(ev["baseline"], steps), epoch_metrics(ev["rhyme"], steps)
-            speedup = rhyme["tokens_per_s"] / plain["tokens_per_s"]
-            row = {"epoch": epoch, "plain": plain, "rhyme": rhyme, "speedup": speedup, "same_lengths": same}
+            seqs = {m: {e["id"]: e["response_tokens"] for e in ev[m]
+                        if e["kind"] == "sequence" and e["step"] in steps} for m in ev}  # fmt: skip
+            row["same_lengths"] = seqs["baseline"] == seqs["rhyme"]
+            row["rhyme"].update(undrafted(ev["rhyme"], steps))
             rows.append(row)
+            plain, rhyme, span, drift = row["baseline"], row["rhyme"], row["speedup_per_step"], row["drift"]
             print(
-                f"{epoch:>5} {plain['tokens_per_s']:>11.0f} {rhyme['tokens_per_s']:>11.0f} {speedup:>7.2f}x "
+                f"{row['epoch']:>5} {plain['tokens_per_s']:>11.0f} {rhyme['tokens_per_s']:>11.0f} "
+                f"{row['speedup']:>7.2f}x {span['min']:>5.2f}-{span['max']:.2f}x "
+                f"{fmt(drift['ratio'], '.2f') + ('!' if drift['flagged'] else ''):>6} "
                 f"{fmt(rhyme['acceptance_rate'], '.1%'):>7} {fmt(rhyme['mean_accepted_len'], '.2f'):>10} "
                 f"{fmt(rhyme['draft_coverage'], '.1%'):>8} {plain['reward_mean']:>12.3f} "
-                f"{rhyme['reward_mean']:>12.3f} {str(same):>11} "
+                f"{rhyme['reward_mean']:>12.3f} {str(row['same_lengths']):>9} "
                 f"{fmt(rhyme['plain_decode_time_share'], '.1%'):>14} "
                 f"{fmt(rhyme['tail_plain_decode_time_share'], '.1%'):>8} {rhyme['longest_response']:>7}",
                 flush=True,
+            )
+        if any(r["drift"]["flagged"] for r in rows):
+            print(
+                f"drift: '!' marks an epoch whose two updates cost more than {DRIFT_TOLERANCE}x apart per "
+                "token: the machine's load changed, and that epoch's speed-up is not HistoSpec's"
             )
         print(
             "history:",

@@ -1,6 +1,6 @@
 """Where the embedded model's K&K search breaks: per-check accuracy under teacher forcing.
 
-    python benchmarks/kk_claims.py [--model DIR] [--problems 100]
+    python -m benchmarks.kk_claims [--model DIR] [--problems 100]
 
 Feeds the model error-free search traces (sft_person_error = 0) of held-out puzzles with 2 and 3 people
 and reads its greedy prediction at every token of every check that is a decision (tasks/kk.py shows the
@@ -17,21 +17,17 @@ import argparse
 import collections
 import random
 import re
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import resolve_model  # noqa: E402
-
-from reference_trainer.model.loader import load_model  # noqa: E402
-from reference_trainer.model.prompting import encode_prompt, encode_response  # noqa: E402
-from reference_trainer.model.tokenizer import load_tokenizer  # noqa: E402
-from reference_trainer.tasks import get_task  # noqa: E402
-from reference_trainer.train.heldout import held_out_problems  # noqa: E402
-from rlbench.records import write_json  # noqa: E402
+from benchmarks.common import resolve_model
+from reference_trainer.model.loader import load_model
+from reference_trainer.model.prompting import encode_prompt, encode_response
+from reference_trainer.model.tokenizer import load_tokenizer
+from reference_trainer.tasks import get_task
+from reference_trainer.trace.records import write_json
+from reference_trainer.train.heldout import held_out_problems
 
 CHECK = re.compile(r" (\w+) ([TF]): (.*) = ([tf]) (ok|no)")
 ATOM = re.compile(r"(\w+)=([TF]):([TF]) ([tf])")

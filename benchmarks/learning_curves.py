@@ -1,8 +1,8 @@
 """Does GRPO learn, and do the modes learn equally? Held-out accuracy against samples consumed.
 
-    python benchmarks/learning_curves.py --study lift                       # baseline on arith and kk
-    python benchmarks/learning_curves.py --study parity --mode sorted --seed 1   # one parity curve
-    python benchmarks/learning_curves.py --study parity --summary              # the parity table
+    python -m benchmarks.learning_curves --study lift                       # baseline on arith and kk
+    python -m benchmarks.learning_curves --study parity --mode sorted --seed 1   # one parity curve
+    python -m benchmarks.learning_curves --study parity --summary              # the parity table
 
 Each curve trains from the embedded model with `rlbench train`'s defaults (a pool of 512 prompts cycled
 per epoch, held-out evaluation on 128 problems of a disjoint seed at step 0 and every eval_every steps).
@@ -29,11 +29,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rlbench.records import read_json  # noqa: E402
-from rlbench.reproduce.accuracy import Workload  # noqa: E402
-from rlbench.reproduce.curves import parity, parity_plan, run_curve, save_run  # noqa: E402
+from reference_trainer.trace.records import read_json
+from rlbench.reproduce.accuracy import Workload
+from rlbench.reproduce.curves import parity, parity_plan, run_curve, save_run
 
 LIFT = [("arith", "baseline", 0), ("kk", "baseline", 0)]
 

@@ -1,6 +1,6 @@
 """`rlbench observe` on a real vLLM server under a bounded, heavy-tailed load, checked against the client.
 
-    .venv-vllm/bin/python benchmarks/observe_vllm.py [--model DIR] [--requests 40] [--waves 2] [--slots 8]
+    .venv-vllm/bin/python -m benchmarks.observe_vllm [--model DIR] [--requests 40] [--waves 2] [--slots 8]
 
 Starts `vllm.entrypoints.openai.api_server` on 127.0.0.1 (loopback only) with `--max-num-seqs SLOTS`, observes
 its /metrics with `rlbench observe`, and sends WAVES waves of REQUESTS completions at once (log-normal
@@ -14,6 +14,7 @@ checkpoint). Needs the vllm venv (scripts/vllm_tests.sh builds it).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -115,10 +116,11 @@ def run(model: Path | None, out: Path, requests: int, waves: int, slots: int, pa
         interval_s: float = 0.05) -> dict[str, Any]:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     if model is None:
-        sys.path.insert(0, str(ROOT / "tests" / "vllm_backend"))
-        from vllm_checkpoint import write_tiny_llama
-
-        model = write_tiny_llama(out / "tiny-llama")
+        helper = ROOT / "tests" / "vllm_backend" / "vllm_checkpoint.py"  # the tests' tiny-model writer
+        spec = importlib.util.spec_from_file_location("vllm_checkpoint", helper)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        model = module.write_tiny_llama(out / "tiny-llama")
     port = free_port()
     server = start_server(model, port, slots, out / "server.log")
     try:
@@ -138,7 +140,7 @@ def run(model: Path | None, out: Path, requests: int, waves: int, slots: int, pa
     finally:
         server.terminate()
         server.wait(timeout=60)
-    from rlbench.records import read_json, read_jsonl
+    from reference_trainer.trace.records import read_json, read_jsonl
 
     doc = read_json(out / "run" / "metrics.json")
     overall, per_wave = client_bubble(log, slots)
@@ -178,9 +180,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "observe_vllm.json")
     args = parser.parse_args()
     r = run(args.model, args.out, args.requests, args.waves, args.slots)
-    from rlbench.records import write_json
+    from reference_trainer.trace.records import write_json
 
-    write_json(args.json, {**r, "command": "python benchmarks/observe_vllm.py"})
+    write_json(args.json, {**r, "command": "python -m benchmarks.observe_vllm"})
     print("| | overall | per wave |\n|---|---|---|")
     print(f"| bubble from the server's gauges | {r['observed_bubble']:.1%} | "
           + " / ".join(f"{b:.1%}" for b in r["observed_bubble_per_phase"]) + " |")  # fmt: skip

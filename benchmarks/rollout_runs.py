@@ -1,7 +1,7 @@
 """One EOS-stopping rollout run in a fresh process, so its peak RSS is its own: the engine, transformers'
 generate or vLLM, on the same prompts, seeds and settings. engine_throughput.py starts these.
 
-    python benchmarks/rollout_runs.py '{"side": "engine", "model": DIR, "batch": 8, ...}'
+    python -m benchmarks.rollout_runs '{"side": "engine", "model": DIR, "batch": 8, ...}'
 
 prints one JSON line: tokens (each row's tokens up to and including its EOS), seconds (generation only, not
 loading), tokens_per_s, peak_rss_gb, and the response lengths. With "engine_path" the engine is imported
@@ -14,7 +14,6 @@ import json
 import resource
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 CHAT_PROMPTS = [
@@ -70,8 +69,8 @@ def prompt_ids(model_dir: str, count: int) -> tuple[list[list[int]], list[int]]:
 
 
 def run_engine(spec: dict[str, Any], prompts: list[list[int]], eos: list[int]) -> list[int]:
-    from reference_trainer.engine import Engine
     from reference_trainer.engine.config import EngineConfig, SamplingParams
+    from reference_trainer.engine.engine import Engine
     from reference_trainer.model.loader import load_model
 
     model = load_model(spec["model"], dtype=spec.get("dtype", "float32"))
@@ -151,11 +150,7 @@ SIDES = {"engine": run_engine, "transformers": run_transformers, "vllm": run_vll
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
-    if spec.get("engine_path"):
-        sys.path.insert(0, spec["engine_path"])
-    else:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    spec = json.loads(sys.argv[1])  # the engine under test comes from PYTHONPATH (engine_throughput sets it)
     import torch
 
     if spec.get("threads"):

@@ -1,6 +1,6 @@
 """SortedRL vs the synchronous baseline: bubble ratio, rollout throughput, wall time and reward per sample.
 
-    python benchmarks/sorted.py [--steps 4] [--prompts-per-step 8] [--group-size 8] [--max-tokens 320]
+    python -m benchmarks.sorted [--steps 4] [--prompts-per-step 8] [--group-size 8] [--max-tokens 320]
                                 [--oversubscription 2] [--max-staleness 2] [--model DIR|random] [--threads 1]
 
 `baseline`, `sorted` and `sorted-partial` train from the same weights on the same heavy-tailed `arith` prompt
@@ -8,15 +8,14 @@ stream with the same seeds, each for `--steps` updates of prompts_per_step x gro
 consumes the same number of trained samples. Engine capacity = prompts_per_step x group_size, so the baseline
 admits exactly one update's worth of samples and idles its slots while the longest sample of the step runs.
 The three trainers take their steps round-robin in one process, so a drift in machine load hits all alike.
-Every metric is recomputed by `rlbench.metrics` from each run's trace.jsonl. The model is the embedded default
-when it is built, else a random model of the same shape. Prints a table and writes
+Every metric is recomputed by `reference_trainer.trace.metrics` from each run's trace.jsonl. The model is the
+embedded default when it is built, else a random model of the same shape. Prints a table and writes
 benchmarks/results/sorted.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,14 +23,12 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import resolve_model  # noqa: E402
-
-from reference_trainer.train.trainer import Trainer  # noqa: E402
-from rlbench.records import read_jsonl, write_json  # noqa: E402
-from rlbench.reproduce.sortedrl import MODES, Workload, mode_config  # noqa: E402
-from rlbench.reproduce.sortedrl import summarize as trace_summary  # noqa: E402
+from benchmarks.common import resolve_model
+from reference_trainer.trace.records import read_jsonl, write_json
+from reference_trainer.train.trainer import Trainer
+from rlbench.reproduce.sortedrl import MODES, Workload, mode_config
+from rlbench.reproduce.sortedrl import summarize as trace_summary
+from rlbench.training import interleave
 
 
 def config(args: argparse.Namespace, mode: str, model: Path) -> Any:
@@ -46,7 +43,7 @@ def config(args: argparse.Namespace, mode: str, model: Path) -> Any:
 
 
 def summarize(trainer: Trainer, out: Path) -> dict[str, Any]:
-    """The reproduction's figures of merit plus trained-token throughput, update time and the controller."""
+    """The reproduction's figures of merit, trained-token throughput, update time, the strategy's counters."""
     rows = read_jsonl(out / "metrics.jsonl")
     trained_tokens = sum(r["response_len_mean"] * r["samples"] for r in rows)
     base = trace_summary(out)
@@ -90,14 +87,7 @@ def main() -> None:
     runs = Path(tempfile.mkdtemp(prefix="rlbench-sorted-"))
     trainers = {m: Trainer(config(args, m, path), runs / m) for m in MODES}
     start = time.perf_counter()
-    for step in range(args.steps):  # round-robin: one step of each mode in turn
-        for mode, trainer in trainers.items():
-            row = trainer.train_step()
-            print(
-                f"step {step} {mode:>14}: {row['step_time_s']:.1f}s, gen {row['timing_s/gen']:.1f}s, "
-                f"reward {row['reward_mean']:.3f}",
-                flush=True,
-            )
+    interleave(trainers, args.steps)  # one step of each mode in turn
     results = {m: summarize(t, runs / m) for m, t in trainers.items()}
     base = results["baseline"]
     for r in results.values():

@@ -1,6 +1,6 @@
 """Peak memory of one GRPO update on a real model, with and without the logits budget, same batch.
 
-    python benchmarks/update_memory.py [--model smollm2-135m-instruct] [--sequences 16] [--length 300]
+    python -m benchmarks.update_memory [--model smollm2-135m-instruct] [--sequences 16] [--length 300]
 
 Each setting runs in a fresh process (its peak RSS is its own): load the model in float32, build the
 updater (AdamW), and run one update on a synthetic batch of --sequences sequences of --length tokens (half
@@ -19,8 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 BUDGETS = {"logits budget 256 MiB (default)": 256.0, "no budget (before)": 1e9}
 
 
@@ -30,7 +28,8 @@ def one_update(model: str, sequences: int, length: int, budget: float) -> dict:
     from common import resolve_model
 
     from reference_trainer.model.loader import load_model
-    from reference_trainer.train.grpo import GRPOConfig, GRPOUpdater, RolloutBatch
+    from reference_trainer.train.config import GRPOConfig
+    from reference_trainer.train.grpo import GRPOUpdater, RolloutBatch
 
     path, _ = resolve_model(model)
     policy = load_model(path, dtype="float32")
@@ -74,7 +73,7 @@ def main() -> None:
     print("| setting | micro-batches | update time | peak RSS |\n|---|---:|---:|---:|")
     for name, r in rows.items():
         print(f"| {name} | {r['micro_batches']} | {r['seconds']:.1f} s | {r['peak_rss_gb']:.2f} GB |")
-    from rlbench.records import write_json
+    from reference_trainer.trace.records import write_json
 
     name = "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(args.model).name)
     out_file = Path(__file__).parent / "results" / f"update_memory_{name}.json"

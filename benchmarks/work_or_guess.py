@@ -1,6 +1,6 @@
 """The embedded model's first decision: work the problem out, or guess at once.
 
-    python benchmarks/work_or_guess.py [--model DIR] [--problems 128] [--out FILE]
+    python -m benchmarks.work_or_guess [--model DIR] [--problems 128] [--out FILE]
 
 The recipe's lazy demonstrator answers at once (`answer:` first); the careful one starts its work
 (model/recipe.py). So the first response token decides whether a response works or guesses, and greedy
@@ -16,25 +16,23 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import resolve_model  # noqa: E402
-
-from reference_trainer.engine import Engine  # noqa: E402
-from reference_trainer.engine.config import EngineConfig, SamplingParams  # noqa: E402
-from reference_trainer.model.loader import load_model  # noqa: E402
-from reference_trainer.model.prompting import encode_prompt  # noqa: E402
-from reference_trainer.model.tokenizer import load_tokenizer  # noqa: E402
-from reference_trainer.tasks import get_task  # noqa: E402
-from reference_trainer.tasks.base import ANSWER_MARKER  # noqa: E402
-from reference_trainer.train.heldout import held_out_problems  # noqa: E402
-from rlbench.records import write_json  # noqa: E402
-from rlbench.training import DEFAULT_TASK_OPTIONS  # noqa: E402
+from benchmarks.common import resolve_model
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
+from reference_trainer.model.loader import load_model
+from reference_trainer.model.prompting import encode_prompt
+from reference_trainer.model.tokenizer import load_tokenizer
+from reference_trainer.tasks import (
+    RUN_TASK_OPTIONS,
+    get_task,
+)
+from reference_trainer.tasks.base import ANSWER_MARKER
+from reference_trainer.trace.records import write_json
+from reference_trainer.train.heldout import held_out_problems
 
 
 def measure(model, tokenizer, task_name: str, options: dict, n: int) -> dict:
@@ -80,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     path, label = resolve_model(args.model)
     model, tokenizer = load_model(path).eval(), load_tokenizer(path)
-    rows = [measure(model, tokenizer, name, o, args.problems) for name, o in DEFAULT_TASK_OPTIONS.items()]
+    rows = [measure(model, tokenizer, name, o, args.problems) for name, o in RUN_TASK_OPTIONS.items()]
     print(f"{label}: {path}")
     print("| task | P(work first), median | P(guess first), median | greedy works on | greedy accuracy "
           "| greedy accuracy, work forced |\n|---|---:|---:|---:|---:|---:|")  # fmt: skip

@@ -16,13 +16,20 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from reference_trainer.rollout.placement import ORDERS, PLACEMENTS
+from reference_trainer.errors import UserError
+from reference_trainer.mode_options import (
+    HISTOSPEC_OPTIONS,
+    STRATEGY_OPTIONS,
+    VLLM_HISTOSPEC_OPTIONS,
+    Option,
+    flatten_options,
+)
 
 # One-engine strategies by name; "placed" is the synchronous baseline spread over a WorkerPool.
 STRATEGY_PATHS: dict[str, str] = {
     "baseline": "reference_trainer.rollout.base:SynchronousRollout",
-    "sorted": "reference_trainer.rollout.sorted:SortedController",
-    "sorted-partial": "reference_trainer.rollout.sorted:SortedPartialController",
+    "sorted": "reference_trainer.rollout.sorted:SortedRollout",
+    "sorted-partial": "reference_trainer.rollout.sorted:SortedPartialRollout",
     "placed": "reference_trainer.rollout.placed:PlacedRollout",
 }
 STRATEGY_TITLES = {
@@ -56,166 +63,6 @@ class _LazyClasses(Mapping[str, type]):
 
 STRATEGIES: Mapping[str, type] = _LazyClasses(STRATEGY_PATHS)
 
-_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
-
-
-@dataclass(frozen=True)
-class Option:
-    """One `--mode-option KEY=VALUE`: its JSON type, default and meaning."""
-
-    name: str  # histospec options are "histospec.<key>"
-    type: str  # int | float | bool | str | list[int] | list
-    default: Any
-    help: str
-    choices: tuple[str, ...] = ()
-    minimum: float | None = None
-    nullable: bool = False  # JSON null is allowed (and usually the default: "the component decides")
-    multi_worker: bool = False  # takes effect only with --workers > 1
-    simulated: bool = False  # rlbench simulate models it
-
-    def check(self, value: Any) -> Any:
-        """The value if it has this option's type, else a one-line ValueError."""
-        if value is None and self.nullable:
-            return None
-        ok = {
-            "int": isinstance(value, int) and not isinstance(value, bool),
-            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-            "bool": isinstance(value, bool),
-            "str": isinstance(value, str),
-            "list[int]": isinstance(value, list) and all(type(v) is int for v in value),
-            "list": isinstance(value, list),
-        }[self.type]
-        if not ok:
-            want = _TYPE_WORDS.get(self.type, f"a JSON {self.type}")
-            raise ValueError(f"option {self.name} must be {want}{' or null' * self.nullable}, got {value!r}")
-        if self.choices and value not in self.choices:
-            raise ValueError(f"unknown {self.name} {value!r}; valid: {', '.join(self.choices)}")
-        if self.minimum is not None and value < self.minimum:
-            raise ValueError(f"option {self.name} must be >= {self.minimum:g}, got {value!r}")
-        return float(value) if self.type == "float" else value
-
-    def shown_default(self) -> str:
-        if self.default is None:
-            return "auto" if self.nullable and self.name in ("migrate", "order") else "none"
-        if isinstance(self.default, bool):
-            return str(self.default).lower()
-        if isinstance(self.default, (list, tuple)):
-            return "[" + ",".join(str(v) for v in self.default) + "]"
-        return str(self.default)
-
-
-SORTED_OPTIONS = (
-    Option(
-        "oversubscription",
-        "float",
-        2.0,
-        "unfinished samples allowed at once, as a multiple of one "
-        "update's (prompts admitted beyond the update: the early-termination pool)",
-        minimum=1.0,
-        simulated=True,
-    ),
-    Option(
-        "max_staleness",
-        "int",
-        1,
-        "a kept sample whose oldest token is more policy versions old than "
-        "this is regenerated (no effect on-policy: nothing outlives an update)",
-        minimum=0,
-        simulated=True,
-    ),
-    Option(
-        "max_attempts",
-        "int",
-        None,
-        "drop a prompt after this many regenerations; none = never",
-        minimum=1,
-        nullable=True,
-    ),
-    Option(
-        "refill_margin",
-        "int",
-        None,
-        "requests kept queued beyond the free slots; none = group_size",
-        minimum=0,
-        nullable=True,
-    ),
-)
-PLACED_OPTIONS = (
-    Option(
-        "placement",
-        "str",
-        "round-robin",
-        "which worker runs which request (rollout/placement.py)",
-        choices=tuple(PLACEMENTS),
-        multi_worker=True,
-        simulated=True,
-    ),
-    Option(
-        "migrate",
-        "bool",
-        None,
-        "straggler migration: a worker that runs dry takes not-started requests "
-        "from the busiest; auto = on for histopipe placement",
-        nullable=True,
-        multi_worker=True,
-        simulated=True,
-    ),
-    Option(
-        "order",
-        "str",
-        None,
-        "each worker's queue order; auto = alternate for histopipe placement, else fifo",
-        choices=ORDERS,
-        nullable=True,
-        multi_worker=True,
-        simulated=True,
-    ),
-)
-# HistoSpec on the reference engine: HistoryDrafter's and Speculator's constructor arguments
-# (rollout/histospec.py attach_histospec), except the Speculator's accept_rule, a callable.
-HISTOSPEC_OPTIONS = tuple(
-    Option(f"histospec.{name}", kind, default, text, minimum=low, nullable=nullable, simulated=sim)
-    for name, kind, default, low, nullable, sim, text in (
-        ("max_prompts", "int", 4096, 1, False, False, "prompts with a history (LRU)"),
-        ("max_responses", "int", 16, 1, False, False, "responses kept per prompt"),
-        ("max_epochs", "int", 2, 1, False, False, "policy versions a history spans"),
-        ("min_draft", "int", 1, 1, False, False, "shortest adaptive draft"),
-        ("max_draft", "int", 8, 1, False, True, "longest adaptive draft"),
-        ("init_draft", "int", 4, 1, False, False, "a new sequence's draft length"),
-        ("min_match", "int", 1, 0, False, False, "shortest suffix match that may draft"),
-        ("rematch_window", "int", 64, 1, False, False, "tokens re-matched after a history change"),
-        ("min_confidence", "float", 0.5, 0, False, False, "stop a draft below this cumulative share"),
-        ("cost_model", "list", None, None, True, False, "[[batch, q, seconds], ...]; none = measure"),
-        ("margin", "float", 0.05, 0, False, False, "verify only when it beats decode by this share"),
-        ("prior_acceptance", "float", 0.7, 0, False, False, "acceptance assumed before any is seen"),
-        ("prior_weight", "float", 8.0, 0, False, False, "weight of that prior, in draft positions"),
-        ("decay", "float", 0.98, 0, False, False, "per-step decay of the acceptance counts"),
-        ("cost_batches", "list[int]", [1, 4, 16, 64], None, False, False, "batch sizes the cost table times"),
-        ("cost_qs", "list[int]", [1, 2, 4, 8, 16], None, False, False, "verify widths the cost table times"),
-        ("cost_repeats", "int", 3, 1, False, False, "timing repeats per cost-table cell"),
-    )
-)
-# --engine vllm maps the histospec keys onto vLLM's speculative_config (engine/vllm_engine.py).
-VLLM_HISTOSPEC_OPTIONS = (
-    Option(
-        "histospec.method",
-        "str",
-        "ngram",
-        "vLLM drafter (suffix needs arctic-inference)",
-        choices=("ngram", "suffix"),
-    ),
-    Option("histospec.max_draft", "int", 4, "num_speculative_tokens", minimum=1),
-    Option("histospec.num_speculative_tokens", "int", 4, "alias of max_draft", minimum=1),
-    Option("histospec.prompt_lookup_min", "int", 2, "shortest n-gram match (ngram)", minimum=1),
-    Option("histospec.prompt_lookup_max", "int", 4, "longest n-gram match (ngram)", minimum=1),
-)
-STRATEGY_OPTIONS: dict[str, tuple[Option, ...]] = {
-    "baseline": (),
-    "sorted": SORTED_OPTIONS,
-    "sorted-partial": SORTED_OPTIONS,
-    "placed": PLACED_OPTIONS,
-}
-
 
 @dataclass(frozen=True)
 class ModeSpec:
@@ -239,7 +86,7 @@ class ModeSpec:
             return self.strategy
         if self.placement is None:
             multi = ", ".join(m.name for m in MODES.values() if m.placement is not None)
-            raise ValueError(f"mode {self.name!r} runs on one engine; --workers > 1 supports: {multi}")
+            raise UserError(f"mode {self.name!r} runs on one engine; --workers > 1 supports: {multi}")
         return "placed"
 
     def options(self, workers: int | None = None, engine: str = "reference") -> dict[str, Option]:
@@ -259,27 +106,34 @@ class ModeSpec:
     def check_options(
         self, options: Mapping[str, Any], workers: int | None = None, engine: str = "reference"
     ) -> dict[str, Any]:
-        """Type-check `options` (flat keys, or histospec options nested under "histospec") against the
-        registry; a one-line ValueError (callers prefix the mode) for an unknown key or a wrong type or
-        value. Returns them flat."""
-        accepted = self.options(workers, engine)
+        """Check `options` (flat keys, or histospec options nested under "histospec") against the registry:
+        a one-line UserError naming the mode for a key it does not take (on `workers` workers, with
+        `engine`) or a wrong type or value. Returns them flat."""
+        takes = self.options(workers, engine)
+        flat = flatten_options(options)
+        groups = sorted({key.split(".")[0] for key in flat if key not in takes})
+        unknown = [g for g in groups if g != "histospec" or not self.speculative]
+        if multi := [k for k in unknown if k in self.options()]:
+            raise UserError(f"mode {self.name!r} takes option {', '.join(multi)} only with --workers > 1")
+        if unknown:
+            raise UserError(f"mode {self.name!r} takes no option {', '.join(unknown)}")
         out = {}
-        for key, value in flatten_options(options).items():
-            if key not in accepted:
-                raise ValueError(f"unknown option {key}")
-            out[key] = accepted[key].check(value)
+        for key, value in flat.items():
+            try:
+                if key not in takes:
+                    raise ValueError(f"unknown option {key}")
+                out[key] = takes[key].check(value)
+            except ValueError as err:
+                raise UserError(f"mode {self.name!r}: {err}") from None
         return out
 
-
-def flatten_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """{"histospec": {"max_draft": 8}} -> {"histospec.max_draft": 8}."""
-    flat: dict[str, Any] = {}
-    for key, value in options.items():
-        if key == "histospec" and isinstance(value, Mapping):
-            flat.update({f"histospec.{k}": v for k, v in value.items()})
-        else:
-            flat[key] = value
-    return flat
+    def accepted(
+        self, options: Mapping[str, Any], workers: int = 1, engine: str = "reference"
+    ) -> dict[str, Any]:
+        """The part of `options` (nested as the config holds them) that this mode takes, for a command that
+        hands one set of options to several modes (`rlbench compare`)."""
+        takes = self.options(workers, engine)
+        return {k: v for k, v in options.items() if k in takes or (k == "histospec" and self.speculative)}
 
 
 _ONE_ENGINE_SIM = (
@@ -357,7 +211,7 @@ MODES: dict[str, ModeSpec] = {
 
 def get_mode(name: str) -> ModeSpec:
     if name not in MODES:
-        raise ValueError(f"unknown mode {name!r}; valid modes: {', '.join(MODES)}")
+        raise UserError(f"unknown mode {name!r}; valid modes: {', '.join(MODES)}")
     return MODES[name]
 
 

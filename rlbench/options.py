@@ -22,8 +22,19 @@ ModelDir = Annotated[
         "(e.g. smollm2-135m-instruct). Default: the embedded model.",
     ),
 ]
-Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or auto.")]
+Device = Annotated[
+    str, typer.Option("--device", help="auto (CUDA when there is a GPU, else the CPU), cpu, cuda or cuda:N.")
+]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed.")]
+Threads = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        min=1,
+        help="CPU threads for torch. Default: every core but one (1 on a 2-core machine): more threads than "
+        "free cores stall when other jobs share the CPU.",
+    ),
+]
 OutDir = Annotated[Path, typer.Option("--out", help="Output directory.")]
 DataDir = Annotated[
     Path | None,
@@ -40,6 +51,12 @@ Steps = Annotated[int, typer.Option("--steps", min=1, help="RL steps.")]
 PromptsPerStep = Annotated[int | None, typer.Option("--prompts-per-step", help="Complete groups per update.")]
 GroupSize = Annotated[int | None, typer.Option("--group-size", help="Samples per prompt.")]
 MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Max response tokens.")]
+Temperature = Annotated[
+    float | None,
+    typer.Option(
+        "--temperature", help="Rollout sampling temperature (the update scores at the same one; default 1)."
+    ),
+]
 EvalEvery = Annotated[
     int | None,
     typer.Option(
@@ -130,13 +147,15 @@ class RunOptions:
     task: Task = "arith"
     seed: Seed = 0
     model: ModelDir = None
-    device: Device = "cpu"
+    device: Device = "auto"
+    threads: Threads = None
     engine: Engine = "reference"
     workers: Workers = 1
     ray_address: RayAddress = None
     prompts_per_step: PromptsPerStep = None
     group_size: GroupSize = None
     max_tokens: MaxTokens = None
+    temperature: Temperature = None
     eval_every: EvalEvery = None
     prompt_pool: PromptPool = None
     mode_option: ModeOption = None
@@ -177,38 +196,3 @@ def with_run_options(func: Callable[..., Any]) -> Callable[..., Any]:
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in params}
     return command
-
-
-def server_urls(text: str) -> list[str]:
-    """Comma-separated Prometheus endpoints; a bare host:port gets http:// and /metrics."""
-    from rlbench.errors import UserError
-
-    urls = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        if "://" not in part:
-            part = "http://" + part
-        if not part.startswith(("http://", "https://")):
-            raise UserError(f"engine metrics URL must be http(s): {part!r}")
-        if part.rstrip("/").count("/") == 2:  # scheme://host[:port] alone
-            part = part.rstrip("/") + "/metrics"
-        urls.append(part)
-    if not urls:
-        raise UserError("no engine metrics URL given")
-    return urls
-
-
-def server_capacities(text: str | None, servers: int | None) -> list[int]:
-    """--capacity: one value for every server or one per server (`servers`; None: not known yet)."""
-    from rlbench.errors import UserError
-
-    if not text:
-        return []
-    try:
-        caps = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--capacity: expected integers, got {text!r}") from None
-    if not caps or min(caps) < 1 or (servers is not None and len(caps) not in (1, servers)):
-        raise UserError(f"--capacity: give one positive value or one per server ({servers}), got {text!r}")
-    return caps

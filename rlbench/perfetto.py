@@ -18,16 +18,21 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from rlbench.errors import UserError
-from rlbench.records import read_json, read_jsonl, write_text
+from reference_trainer.errors import UserError
+from reference_trainer.trace.records import read_json, write_text
+from reference_trainer.trace.schema import (
+    FORWARD_KINDS,
+    MIGRATE,
+    PHASE_KINDS,
+    ROLLOUT,
+    SEQUENCE,
+    Event,
+    is_number,
+    read_trace,
+)
 
-Event = dict[str, Any]
-ENGINE_KINDS = ("prefill", "decode", "verify")
-PHASE_KINDS = ("rollout", "reward", "update", "sync")
 ENGINE_ARGS = ("step", "active_slots", "capacity", "tokens", "drafted", "accepted", "draft_seqs")
 ENGINE_ARGS += ("draft_emitted", "width", "waiting", "kv_usage")  # verify extras; observed servers' gauges
-NUMBERS = {**dict.fromkeys(ENGINE_KINDS, ("t_start", "t_end", "active_slots")), "migrate": ("t_start",)}
-NUMBERS |= dict.fromkeys(PHASE_KINDS, ("t_start", "t_end")) | {"sequence": ("t_admit", "t_finish")}  # or null
 REQUEST_ARGS = ("id", "prompt_id", "sample", "step", "status", "finish_reason", "response_tokens")
 GAUGES = (("waiting", "waiting requests"), ("kv_usage", "KV cache use (0-1)"))  # observed servers
 NVML_COUNTERS = (("util", "GPU {} utilisation (%)"), ("mem_used_mib", "GPU {} memory used (MiB)"))
@@ -44,10 +49,6 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)  # ns resolution is all a perf_counter trace has; keeps files small
 
 
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _clean(v: Any) -> Any:
     """JSON that every viewer parses: NaN/Infinity (a diverged loss) become null."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -61,23 +62,6 @@ def _worker(ev: Event, key: str = "worker") -> int:
     return int(ev.get(key) or 0)  # single-worker runs leave `worker` out of sequence events
 
 
-def _check(events: list[Event], path: Path) -> None:
-    """Every field the export reads, checked up front: a malformed trace is one line naming the event, not
-    a traceback from deep inside the conversion."""
-    for n, ev in enumerate(events, 1):
-        kind, slots = ev.get("kind"), ev.get("slots")
-        why = [f"{k} is {ev.get(k)!r}, not a number" for k in NUMBERS.get(kind, ())
-               if not _is_num(ev.get(k)) and not (kind == "sequence" and ev.get(k) is None)]  # fmt: skip
-        why += [f"{k} is {ev[k]!r}, not a worker index" for k in ("worker", "from", "to")
-                if ev.get(k) is not None and not (type(ev[k]) is int and ev[k] >= 0)]  # fmt: skip
-        if kind == "sequence" and "id" not in ev:
-            why.append("a sequence without an id")
-        if slots is not None and not (isinstance(slots, dict) and all(str(k).isdigit() for k in slots)):
-            why.append("slots is not a {slot: sequence id} map")
-        if why:
-            raise UserError(f"{path}: event {n} ({kind}): {why[0]}")
-
-
 def _first_fit(busy: dict[tuple[Any, ...], float], prefix: tuple[Any, ...], start: float, end: float) -> int:
     """The first lane under `prefix` free at `start`, then busy until `end`. Fed intervals in start order,
     first fit uses as few lanes as intervals ever overlap (interval partitioning): Perfetto draws spans on
@@ -89,11 +73,11 @@ def _first_fit(busy: dict[tuple[Any, ...], float], prefix: tuple[Any, ...], star
     return n
 
 
-def _slot_runs(engine: list[Event]) -> dict[tuple[int, str], list[list[float]]]:
-    """Per (worker, sequence id): the [start, end, slot] runs of consecutive engine steps in which it held
-    one KV slot. `t_admit` is when a request was queued, not when it got a slot, so these runs, not the
-    sequence event, say when it occupied which slot."""
-    runs: dict[tuple[int, str], list[list[float]]] = defaultdict(list)
+def _slot_runs(engine: list[Event]) -> dict[tuple[int, str], list[list[Any]]]:
+    """Per (worker, sequence id): the [start, end, slot, step starts] runs of consecutive engine steps in
+    which it held one KV slot. `t_admit` is when a request was queued, not when it got a slot, so these
+    runs, not the sequence event, say when it occupied which slot."""
+    runs: dict[tuple[int, str], list[list[Any]]] = defaultdict(list)
     previous: dict[int, dict[str, int]] = {}
     for ev in engine:  # sorted by t_start
         w, now = _worker(ev), {str(seq): int(slot) for slot, seq in (ev.get("slots") or {}).items()}
@@ -101,8 +85,9 @@ def _slot_runs(engine: list[Event]) -> dict[tuple[int, str], list[list[float]]]:
             mine = runs[(w, seq)]
             if mine and previous.get(w, {}).get(seq) == slot:
                 mine[-1][1] = max(mine[-1][1], ev["t_end"])
+                mine[-1][3].append(ev["t_start"])
             else:
-                mine.append([ev["t_start"], ev["t_end"], slot])
+                mine.append([ev["t_start"], ev["t_end"], slot, [ev["t_start"]]])
         previous[w] = now
     return runs
 
@@ -113,13 +98,15 @@ def _requests(events: list[Event], engine: list[Event], phases: list[Event]) -> 
     runs = _slot_runs(engine)
     rollout_end: dict[Any, float] = {}
     for p in phases:
-        if p["kind"] == "rollout":
+        if p["kind"] == ROLLOUT:
             rollout_end[p.get("step")] = max(rollout_end.get(p.get("step"), p["t_end"]), p["t_end"])
     reqs = []
-    for s in (e for e in events if e.get("kind") == "sequence" and e.get("t_admit") is not None):
+    for s in (e for e in events if e.get("kind") == SEQUENCE and e.get("t_admit") is not None):
         w, admit, fin = _worker(s), s["t_admit"], s.get("t_finish")
         held = [r for r in runs.get((w, str(s["id"])), []) if r[1] >= admit and (fin is None or r[0] <= fin)]
-        start = max(admit, held[0][0]) if held else admit
+        # A partial rollout re-admitted into the slot it left, in the very next engine step, continues that
+        # run: it took the slot at the run's first step after its admission.
+        start = next((t for t in held[0][3] if t >= admit), max(admit, held[0][0])) if held else admit
         end = fin if fin is not None else held[-1][1] if held else rollout_end.get(s.get("step"), start)
         slot = int(held[0][2]) if held else None
         reqs.append({"seq": s, "worker": w, "admit": admit, "start": start, "end": max(end, start)})
@@ -169,7 +156,9 @@ def _engine_tracks(engine: list[Event]) -> list[Event]:
             args = {k: ev[k] for k in ENGINE_ARGS if k in ev}
             out.append(_span(ev["kind"], "engine", _pid(w), 0, ev["t_start"], ev["t_end"], args))
             out.append(_counter(_pid(w), "active slots", ev["t_start"], ev["active_slots"]))
-            out += [_counter(_pid(w), name, ev["t_start"], ev[k]) for k, name in GAUGES if _is_num(ev.get(k))]
+            out += [
+                _counter(_pid(w), name, ev["t_start"], ev[k]) for k, name in GAUGES if is_number(ev.get(k))
+            ]
             if nxt is None or nxt.get("step") != ev.get("step"):
                 out.append(_counter(_pid(w), "active slots", ev["t_end"], 0))
     return out
@@ -200,17 +189,21 @@ def perfetto_trace(run_dir: Path) -> dict[str, Any]:
     if not run_dir.is_dir():
         raise UserError(f"no run directory {run_dir}")
     if not trace_path.is_file():
+        if modes := sorted(p.parent.name for p in run_dir.glob("*/trace.jsonl")):
+            raise UserError(  # a compare run: one trace per mode, in its subfolder
+                f"{run_dir} holds its traces in subfolders, one per mode: export {run_dir / modes[0]} "
+                f"({', '.join(modes)})"
+            )
         raise UserError(f"{run_dir} has no trace.jsonl (a run of train, profile, compare or observe has one)")
-    events = read_jsonl(trace_path)  # unreadable files are one-line errors there
+    events = read_trace(trace_path)  # unreadable or malformed: one-line errors
     doc = read_json(run_dir / "metrics.json") if (run_dir / "metrics.json").is_file() else {}
-    _check(events, trace_path)
     if not isinstance(doc, dict):
         raise UserError(f"{run_dir / 'metrics.json'}: not a JSON object")
     run = doc["run"] if isinstance(doc.get("run"), dict) else {}
     servers = run.get("servers") if isinstance(run.get("servers"), list) else []
-    engine = sorted((e for e in events if e.get("kind") in ENGINE_KINDS), key=lambda e: e["t_start"])
+    engine = sorted((e for e in events if e.get("kind") in FORWARD_KINDS), key=lambda e: e["t_start"])
     phases = [e for e in events if e.get("kind") in PHASE_KINDS]
-    migrations = [e for e in events if e.get("kind") == "migrate"]
+    migrations = [e for e in events if e.get("kind") == MIGRATE]
     reqs = _requests(events, engine, phases)
     workers = {_worker(e) for e in engine} | {r["worker"] for r in reqs}
     workers |= {_worker(m, k) for m in migrations for k in ("from", "to")}
@@ -247,9 +240,9 @@ def perfetto_trace(run_dir: Path) -> dict[str, Any]:
         )
         timed[-1] |= {"ts": _us(m["t_start"]), "args": _clean(args)}
     gpu = doc["gpu"] if isinstance(doc.get("gpu"), dict) else {}
-    for sample in (x for x in gpu.get("samples") or [] if isinstance(x, dict) and _is_num(x.get("t"))):
+    for sample in (x for x in gpu.get("samples") or [] if isinstance(x, dict) and is_number(x.get("t"))):
         for k, name in NVML_COUNTERS:
-            if _is_num(sample.get(k)):
+            if is_number(sample.get(k)):
                 timed.append(_counter(RUN_PID, name.format(sample.get("gpu") or 0), sample["t"], sample[k]))
     timed.sort(key=lambda e: e["ts"])  # stable: one track's events at one ts keep their order
     other = _clean({**run, "trace": str(trace_path)})

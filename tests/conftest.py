@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +28,53 @@ def pytest_collection_modifyitems(config, items):
 
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(
+    *args: str, tmp: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`rlbench ARGS` run in this process, as the console script runs it (UserError -> one line, exit 2), in
+    `tmp` (with imported models cached there) or the repository root. Fast enough for every error case;
+    `cli_process` is the real thing for what needs a process of its own (start-up, signals, kills)."""
+    from rlbench.cli import app
+
+    environ = {**(env or {}), **({"RLBENCH_CACHE_DIR": str(tmp / "cache")} if tmp is not None else {})}
+    saved_env = {key: os.environ.get(key) for key in environ}
+    saved_cwd, saved_argv, threads = os.getcwd(), sys.argv, torch.get_num_threads()
+    out, err = io.StringIO(), io.StringIO()
+    code: int | str | None = 0
+    os.environ.update(environ)
+    os.chdir(tmp or ROOT)
+    sys.argv = ["rlbench", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            app()
+    except SystemExit as exit_:
+        code = exit_.code
+    finally:
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        torch.set_num_threads(threads)
+        for key, value in saved_env.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    returncode = code if isinstance(code, int) else (0 if code is None else 1)
+    return subprocess.CompletedProcess(["rlbench", *args], returncode, out.getvalue(), err.getvalue())
+
+
+def cli_process(*args: str, tmp: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m rlbench.cli ARGS` in a process of its own (end-to-end tests)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if tmp is not None:
+        env["RLBENCH_CACHE_DIR"] = str(tmp / "cache")  # imported models go to a temporary cache
+    return subprocess.run([sys.executable, "-m", "rlbench.cli", *args], capture_output=True, text=True,
+                          env=env, cwd=tmp or ROOT, timeout=timeout)  # fmt: skip
+
+
+def assert_one_line_error(res: subprocess.CompletedProcess, text: str) -> None:
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("error: ") and text in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
 
 
 def write_hf_checkpoint(path: Path, family: str, seed: int = 0, **overrides) -> Path:

@@ -121,3 +121,61 @@ class FakeServer:
     def __exit__(self, *exc: object) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class HostileServer:
+    """A /metrics endpoint that misbehaves on 127.0.0.1: `slow` sends a valid page one byte every 0.2 s,
+    `endless` streams an unbounded body as fast as it can, `bad_le` sends a vLLM page whose histogram has a
+    bucket with no `le` and one with `le="many"`, and non-finite gauges."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        page = exposition(PAGE_REQUESTS, 0.7)
+        if kind == "bad_le":
+            page = page.replace('le="5"', 'le="many"').replace(',le="10"', "")
+            page = page.replace(
+                'vllm:num_requests_waiting{engine="0"} 0', 'vllm:num_requests_waiting{engine="0"} NaN'
+            )
+        body = page.encode()
+        hostile = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                if hostile.kind != "endless":
+                    self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    if hostile.kind == "slow":
+                        for i in range(len(body)):
+                            self.wfile.write(body[i : i + 1])
+                            self.wfile.flush()
+                            time.sleep(0.2)
+                    elif hostile.kind == "endless":
+                        filler = b"# " + b"x" * 65_000 + b"\n"
+                        while True:
+                            self.wfile.write(filler)
+                    else:
+                        self.wfile.write(body)
+                except OSError:  # the observer hung up: what it should do
+                    pass
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> HostileServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+PAGE_REQUESTS = [(0.0, 0.5, 30), (0.0, 2.0, 300)]

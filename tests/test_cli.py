@@ -7,37 +7,16 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import ROOT, assert_one_line_error, cli
 
-from rlbench.errors import UserError
-from rlbench.records import read_jsonl
-from rlbench.training import parse_mode_options
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def cli(*args: str, tmp: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if tmp is not None:
-        env["RLBENCH_CACHE_DIR"] = str(tmp / "cache")  # imported models go to a temporary cache
-    return subprocess.run(
-        [sys.executable, "-m", "rlbench.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp or ROOT,
-        timeout=300,
-    )
+from reference_trainer.errors import UserError
+from reference_trainer.mode_options import parse_option_pairs
+from reference_trainer.trace.records import read_jsonl
 
 
-def assert_one_line_error(res: subprocess.CompletedProcess, text: str) -> None:
-    assert res.returncode == 2, res.stderr
-    assert res.stderr.startswith("error: ") and text in res.stderr, res.stderr
-    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
-
-
+@pytest.mark.e2e
 def test_help_lists_commands_without_importing_torch():
     res = cli("--help")
     assert res.returncode == 0
@@ -87,6 +66,7 @@ def test_generate_and_its_errors(tiny_model_dir, tmp_path):
         assert_one_line_error(res, "CUDA is not available")
 
 
+@pytest.mark.e2e
 def test_train_then_resume_through_the_cli(tiny_model_dir, tmp_path):
     common = (
         "--model",
@@ -152,15 +132,44 @@ def test_train_then_resume_through_the_cli(tiny_model_dir, tmp_path):
             "mode 'baseline' takes option placement only with --workers > 1",
         ),
         (("simulate", "--synthetic", "--modes", "turbo"), "unknown mode 'turbo'; valid modes: baseline"),
+        (
+            ("train", "--mode", "sorted", "--mode-option", "oversubscription=1e999"),
+            "mode 'sorted': option oversubscription must be a finite number, got inf",
+        ),
+        (
+            ("simulate", "--synthetic", "--modes", "sorted", "--mode-option", "oversubscription=NaN"),
+            "option oversubscription must be a finite number, got nan",
+        ),
+        (("generate", "--prompt", "x", "--seed", str(2**70)), "--seed must be in 0.."),
     ],
 )
 def test_bad_input_is_one_line(args, text, tmp_path):
     assert_one_line_error(cli(*args, tmp=tmp_path), text)
 
 
-def test_parse_mode_options():
-    assert parse_mode_options(
+def test_parse_option_pairs():
+    assert parse_option_pairs(
         ["oversubscription=3", "max_staleness=2", "histospec.max_draft=8", "x=abc"]
     ) == {"oversubscription": 3, "max_staleness": 2, "histospec": {"max_draft": 8}, "x": "abc"}
     with pytest.raises(UserError):
-        parse_mode_options(["=3"])
+        parse_option_pairs(["=3"])
+
+
+def test_rough_edges_a_new_user_hits(tmp_path, tiny_model_dir, monkeypatch):
+    """--version; --device cuda without a GPU is one line and leaves no run behind; a compare folder names
+    its per-mode traces; the install hint keeps its [gguf]."""
+    import rlbench
+
+    res = cli("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"rlbench {rlbench.__version__}"
+    out = tmp_path / "gpu-run"
+    assert_one_line_error(cli("profile", "--device", "cuda", "--out", str(out)), "CUDA is not available")
+    assert not out.exists()
+    (tmp_path / "cmp" / "sorted").mkdir(parents=True)
+    (tmp_path / "cmp" / "sorted" / "trace.jsonl").write_text("")
+    assert_one_line_error(cli("trace", "export", str(tmp_path / "cmp")), "one per mode: export")
+    from rlbench import models
+
+    monkeypatch.setattr(models, "packaged_file", lambda model: None)  # the package is not installed
+    listing = cli("models", "list", tmp=tmp_path).stdout
+    assert "not installed" in listing and "[gguf]" in listing  # rich markup used to eat it

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from reference_trainer.errors import ModelLoadError
 from reference_trainer.model import embedded
-from reference_trainer.model.loader import ModelLoadError, load_model
+from reference_trainer.model.loader import load_model
 from rlbench.cli import app_
 
 
@@ -73,18 +74,18 @@ def test_embedded_build_makes_a_loadable_verified_model(tmp_path):
 
 
 def test_the_shipped_card_is_the_recipes_and_meets_its_targets():
-    from reference_trainer.model.recipe import RECIPE_VERSION, card_misses
-    from rlbench.records import read_json
-    from rlbench.training import DEFAULT_TASK_OPTIONS
+    from reference_trainer.tasks import RUN_TASK_OPTIONS
+    from reference_trainer.trace.records import read_json
+    from reference_trainer.train.recipe import RECIPE_VERSION, card_misses
 
     card = read_json(embedded.shipped_dir() / embedded.CARD)
     assert card["recipe_version"] == RECIPE_VERSION  # weights rebuilt whenever the recipe changes
-    assert set(card["tasks"]) == set(DEFAULT_TASK_OPTIONS)
+    assert set(card["tasks"]) == set(RUN_TASK_OPTIONS)
     assert card_misses(card["tasks"]) == []
 
 
 def test_card_misses_names_each_missed_target():
-    from reference_trainer.model.recipe import card_misses
+    from reference_trainer.train.recipe import card_misses
 
     good = {
         "greedy_acc": 0.3,
@@ -101,8 +102,8 @@ def test_card_misses_names_each_missed_target():
 
 
 def test_the_lazy_demonstrator_guesses_more_on_larger_problems():
-    from reference_trainer.model.recipe import RECIPE, guess_response, lazy_share
     from reference_trainer.tasks import get_task
+    from reference_trainer.train.recipe import RECIPE, guess_response, lazy_share
 
     arith, kk = get_task("arith"), get_task("kk", num_people=(2, 3))
     shares = {}
@@ -121,7 +122,7 @@ def test_the_lazy_demonstrator_guesses_more_on_larger_problems():
 
 
 def test_the_label_names_the_shipped_weights_recipe_and_hash():
-    from rlbench.records import read_json
+    from reference_trainer.trace.records import read_json
     from rlbench.reproduce.base import Context
 
     digest = embedded.sha256(embedded.shipped_dir() / "model.safetensors")

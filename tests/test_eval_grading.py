@@ -13,19 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from rlbench.eval import grading
-from rlbench.eval.estimators import majority_correct
-from rlbench.eval.grading import (
+from reference_trainer.tasks import grading
+from reference_trainer.tasks.grading import (
     GradeItem,
     GradeResult,
     VoteItem,
     answer_classes,
-    delimit_final_answer,
     format_kk_assignment,
     grade_item,
-    parse_kk_assignment,
-    prose_start,
+    parse_free_form_assignment,
 )
+from rlbench.eval.estimators import majority_correct
 from rlbench.eval.pool import GradingPool
 
 DATA = Path(os.environ.get("RLBENCH_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -44,7 +42,7 @@ def _grade(response: str, gold: str) -> GradeResult:
 
 
 def test_unboxed_answers_are_read_whole() -> None:
-    """Issue #18: unboxed answers were cut at the first "."."""
+    """Issue #18: unboxed answers were cut at the first "." (now: a statement's maths up to its prose)."""
     assert _grade("Final answer: 4.9", "4").extracted == "4.9"
     assert not _grade("Final answer: 4.9", "4").correct
     qwen = "The final answer is $2.5$. I hope it is correct."
@@ -73,34 +71,20 @@ def test_a_value_from_another_match_is_not_the_answer() -> None:
 
 
 def test_extraction_priority() -> None:
-    # the last boxed answer wins over an earlier one and over a later "final answer" phrase
+    # the last answer statement wins: a later box, or a later "final answer" phrase that corrects a box
     first_try = "First I got \\boxed{\\frac{1}{2}} but that misses the second case entirely. Redone: "
     assert _grade(first_try + "\\boxed{x^{2}+1}", "x^2+1").extracted == "x^{2}+1"
-    assert _grade("\\boxed{1}, \\boxed{3}", "1, 3").correct  # boxes side by side: one answer (math-verify)
-    assert _grade("We get \\boxed{3}. The final answer is 4.", "3").correct
+    assert _grade("\\boxed{1}, \\boxed{3}", "1, 3").correct  # boxes side by side: one answer (a list)
+    assert _grade("We get \\boxed{3}. The final answer is 4.", "4").correct
     assert _grade("**Final Answer**\n\\[\n\\boxed{5}\n\\]", "5").correct  # Qwen's markdown heading
     assert _grade("**Final Answer:** 7", "7").correct
     assert _grade("so $\\fbox{12}$", "12").correct
     assert _grade("blah\nAnswer: 42\n", "42").correct
-    assert _grade("we get 3 apples, then 1,250 pears", "1250").correct  # the last expression
+    assert _grade("we get 3 apples, then 1,250 pears.", "1250").correct  # no statement: the last clause
+    assert _grade("we get 3 apples, then 1,250 pears", "1250").extracted is None  # ... unless cut off
     assert _grade("So the final answer is 5 apples.", "5").correct
     assert _grade("no digits here", "1").extracted is None
     assert _grade("x" * 100_000 + "\\boxed{7}", "7").correct  # long responses: only the tail is read
-
-
-def test_final_answer_sentences_get_math_delimiters() -> None:
-    assert delimit_final_answer("Final answer: \\frac{3}{4}") == "Final answer: $\\frac{3}{4}$"
-    assert delimit_final_answer("Final answer: 4.9.") == "Final answer: $4.9$."
-    assert delimit_final_answer("The final answer is 2.5. I hope it is correct.") == (
-        "The final answer is $2.5$. I hope it is correct."
-    )
-    assert delimit_final_answer("Final answer: 5 apples") == "Final answer: $5$ apples"
-    assert delimit_final_answer("Final answer: \\$36") == "Final answer: $\\$36$"  # \$ is a dollar sign
-    for untouched in ("Final answer: $x$", "final answer: the value is 5", "**Final Answer**", "no anchor"):
-        assert delimit_final_answer(untouched) == untouched
-    assert prose_start("\\text{even}") is None and prose_start("2k+2") is None
-    assert prose_start("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}") is None
-    assert prose_start("f(x)=ax+b, where b is odd") == len("f(x)=ax+b, ")
 
 
 def test_grade_math_equivalences() -> None:
@@ -147,7 +131,7 @@ def test_majority_vote_groups_wrong_answers_by_equivalence_too() -> None:
 def test_kk_golds(name: str) -> None:
     for r in _rows(name):
         gold = {n: a == "knight" for n, a in r["assignment"].items()}
-        assert parse_kk_assignment(r["answer"], r["names"]) == gold  # the gold text itself parses
+        assert parse_free_form_assignment(r["answer"], r["names"]) == gold  # the gold text itself parses
         stated = f"Let me reason... Zoey might lie.\nCONCLUSION:\n{format_kk_assignment(gold)}"
         item = GradeItem("kk", stated, r["answer"], r["names"], r["solution"])
         assert grade_item(item).correct, r["id"]
@@ -157,21 +141,24 @@ def test_kk_golds(name: str) -> None:
         assert not grade_item(item).correct, r["id"]
         item.response = f"CONCLUSION: {r['names'][0]} is a knight."  # incomplete: not every person named
         assert len(r["names"]) == 1 or grade_item(item).extracted is None
+        # the benchmark's own demonstration: trial roles ("Assume X is a knave"), then the conclusion
+        steps = " ".join([r["cot_head"], *r["cot_repeat_steps"], r["cot_foot"]])
+        item.response = f"{steps}\nCONCLUSION:\n{r['answer']}"
+        assert grade_item(item).correct, r["id"]
 
 
 def test_kk_parser_formats() -> None:
     names = ["Zoey", "Oliver"]
-    assert parse_kk_assignment("<answer>(1) Zoey is a knave\n(2) Oliver is a knight</answer>", names) == {
-        "Zoey": False,
-        "Oliver": True,
-    }
+    block = "<answer>(1) Zoey is a knave\n(2) Oliver is a knight</answer>"
+    assert parse_free_form_assignment(block, names) == {"Zoey": False, "Oliver": True}
     # reasoning before the conclusion mentions the wrong roles; the conclusion wins
     text = (
         "Assume Zoey is a knight... Oliver is a knave? No.\nCONCLUSION: Zoey is a knave, Oliver is a knight."
     )
-    assert parse_kk_assignment(text, names) == {"Zoey": False, "Oliver": True}
-    assert parse_kk_assignment("Zoey: knave. Oliver: **knight**", names) == {"Zoey": False, "Oliver": True}
-    assert parse_kk_assignment("Zoey is a knave", names) is None
+    assert parse_free_form_assignment(text, names) == {"Zoey": False, "Oliver": True}
+    colons = "Zoey: knave. Oliver: **knight**"
+    assert parse_free_form_assignment(colons, names) == {"Zoey": False, "Oliver": True}
+    assert parse_free_form_assignment("Zoey is a knave", names) is None
 
 
 def hanging_grader(item: GradeItem) -> GradeResult:
@@ -202,13 +189,14 @@ def test_hanging_and_crashing_graders_are_bounded() -> None:
     assert elapsed < 15, elapsed  # bounded: chunk limit + one solo retry per item of the bad chunks
 
 
+@pytest.mark.e2e
 def test_a_math_verify_timeout_is_one_quiet_line(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """math-verify logs a timeout with the whole unparsed answer; the run logs one line naming the item."""
     answer = "\\frac{" * 700  # ~4 KB
 
-    def timing_out_parse(response: str) -> list:
+    def timing_out_parse(response: str, timeout_s: int) -> list:
         logging.getLogger("math_verify.parser").warning(f"Timeout during parsing: {response}")
         return []
 
@@ -216,12 +204,12 @@ def test_a_math_verify_timeout_is_one_quiet_line(
     caplog.set_level(logging.WARNING, logger="rlbench.eval")
     with GradingPool(workers=1) as pool:
         results = pool.grade([GradeItem("math", answer, "1", id="olympiadbench-1606#3")])
-    assert results[0].error == "math-verify timed out" and not results[0].correct
+    assert results[0].error == "math-verify timed out" and not results[0].correct and results[0].retried
     lines = [r.getMessage() for r in caplog.records if r.name == "rlbench.eval"]
-    assert lines == ["olympiadbench-1606#3: math-verify timed out; counted wrong"]
+    assert lines == ["olympiadbench-1606#3: math-verify timed out (also on the retry); counted wrong"]
     # math-verify's own warning reaches no stderr (pytest hooks every logger, so look from a fresh process)
     code = (
-        "import logging, rlbench.eval.grading as g; "
+        "import logging, reference_trainer.tasks.grading as g; "
         f"logging.getLogger('math_verify.parser').warning('Timeout during parsing: ' + {answer!r}); "
         "print(g._timeouts.count)"
     )
@@ -234,14 +222,53 @@ def test_answer_classes_fall_back_to_exact_text(
 ) -> None:
     """Comparing a problem's answers that hangs ends at the pool's limit: that problem votes by exact text."""
 
-    def hanging_parse(response: str) -> list:
+    def hanging_parse(response: str, timeout_s: int) -> list:
         time.sleep(600)
         return []
 
     monkeypatch.setattr(grading, "parse_answer", hanging_parse)  # inherited by the forked workers
     caplog.set_level(logging.WARNING, logger="rlbench.eval")
     votes = [VoteItem("math", ["0.5", "\\frac{1}{2}", "0.5"], ["", "", ""], id="math500-algebra/1")]
-    with GradingPool(workers=1, timeout=0.5) as pool:
+    with GradingPool(workers=1, timeout=0.5, retry_timeout=1.0) as pool:
         assert pool.classes(votes) == [[0, 1, 0]]
+        assert pool.retries == 1
     lines = [r.getMessage() for r in caplog.records if r.name == "rlbench.eval"]
-    assert lines == ["math500-algebra/1: grading timed out after 0.5s; majority vote by exact answer text"]
+    assert lines == ["math500-algebra/1: grading timed out after 1s; majority vote by exact answer text"]
+
+
+def slow_grader(item: GradeItem) -> GradeResult:
+    """Module level so the pool can pickle it: a grade that takes 0.3 s however it is asked."""
+    time.sleep(0.3)
+    return GradeResult(extracted=item.response, correct=item.response == item.gold)
+
+
+def test_a_timeout_is_retried_once_with_a_longer_limit() -> None:
+    """Issue 39 item 10: the verdict must not depend on load. A first limit (0.1 s) shorter than the
+    grading (0.3 s) stands in for a busy CPU: every item times out, is graded again with the retry's
+    limit, and gets the verdict an unhurried pool gives, with the retry recorded."""
+    items = [GradeItem("math", r, "ok", id=f"p#{i}") for i, r in enumerate(["ok", "no", "ok"])]
+    with GradingPool(grade_fn=slow_grader, workers=2, timeout=0.1, retry_timeout=10) as hurried:
+        first = hurried.grade(items)
+    with GradingPool(grade_fn=slow_grader, workers=2, timeout=10) as unhurried:
+        second = unhurried.grade(items)
+    assert [r.correct for r in first] == [r.correct for r in second] == [True, False, True]
+    assert [r.retried for r in first] == [True] * 3 and hurried.retries == 3 and hurried.failures == 0
+    assert [r.retried for r in second] == [False] * 3 and unhurried.retries == 0
+    assert all(r.error is None for r in first + second)
+
+
+def test_a_math_verify_timeout_is_retried_with_its_longer_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """math-verify's own limit (whole seconds, a signal) is the other timeout: the retry raises it to
+    RETRY_VERIFY_TIMEOUT_S and its verdict is the item's."""
+    real_parse = grading.parse_answer
+
+    def parse_slowly(response: str, timeout_s: int) -> list:
+        if timeout_s < grading.RETRY_VERIFY_TIMEOUT_S:  # the first attempt: "too slow for 1 s"
+            logging.getLogger("math_verify.parser").warning("Timeout during parsing: ...")
+            return []
+        return real_parse(response, timeout_s)
+
+    monkeypatch.setattr(grading, "parse_answer", parse_slowly)  # inherited by the forked workers
+    with GradingPool(workers=1) as pool:
+        results = pool.grade([GradeItem("math", "\\boxed{204}", "204", id="aime24-I-01#0")])
+    assert results[0].correct and results[0].retried and results[0].error is None and pool.retries == 1

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import write_tiny_char_model
 
+pytestmark = pytest.mark.e2e  # whole commands in processes of their own
+
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
 REPO = Path(__file__).resolve().parents[1]
 

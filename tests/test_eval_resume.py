@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from test_eval_runner import GOLDS, FakeBackend, _cfg, _tear_last_line, _write_suite
 
+from reference_trainer.trace.records import read_jsonl
 from rlbench.eval.pool import GradingPool
 from rlbench.eval.runner import run_eval
-from rlbench.records import read_jsonl
 
 TRUNCATED = {"fx-02", "fx-04"}  # problems whose prompt the backend cuts to fit its context
 
@@ -19,7 +19,7 @@ TRUNCATED = {"fx-02", "fx-04"}  # problems whose prompt the backend cuts to fit 
 class CuttingBackend(FakeBackend):
     """FakeBackend that also reports, as the real backends do, which prompts it cut."""
 
-    def generate(self, prompts: list[str], params: list) -> list[str]:
+    def generate(self, prompts: list[str], params: list, on_text=None) -> list[str]:
         out = super().generate(prompts, params)
         self.last_truncated = [any(f"Problem {pid}:" in p for pid in TRUNCATED) for p in prompts]
         return out
@@ -32,9 +32,7 @@ def pool():
 
 
 def _run(out: Path, data: Path, pool: GradingPool, backend_factory) -> dict:
-    return run_eval(
-        _cfg(), backend_factory, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False, report=False
-    )
+    return run_eval(_cfg(), backend_factory, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False)
 
 
 def test_every_summary_field_survives_a_resume(tmp_path: Path, pool: GradingPool) -> None:
@@ -83,3 +81,44 @@ def test_reruns_over_torn_lines_never_regenerate_a_finished_problem(
     lines = progress.read_bytes().split(b"\n")
     assert lines[-1] == b"" and sorted(json.loads(x)["id"] for x in lines[:-1]) == sorted(GOLDS)
     assert "cut a torn last line" in capsys.readouterr().err
+
+
+class OneByOneBackend(FakeBackend):
+    """Reports each response as it finishes (as the engine backends do), and is killed (Ctrl-C) after
+    `stop_after` responses, in the middle of one generate call."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        super().__init__()
+        self.stop_after, self.reported, self.rows_seen = stop_after, 0, []
+
+    def generate(self, prompts: list[str], params: list, on_text=None) -> list[str]:
+        out = super().generate(prompts, params)
+        for i, text in enumerate(out):
+            if self.stop_after is not None and self.reported == self.stop_after:
+                raise KeyboardInterrupt
+            on_text(i, text)
+            self.reported += 1
+            self.rows_seen.append(self.rows())
+        return out
+
+    def rows(self) -> int:
+        path = self.out / "problems.jsonl"
+        return len(read_jsonl(path)) if path.is_file() else 0
+
+
+def test_each_problem_is_saved_when_its_last_sample_finishes(tmp_path: Path, pool: GradingPool) -> None:
+    """One generate call holds every problem (chunk_seqs 64); a problem's row is written the moment its
+    last sample is in, and a Ctrl-C in the middle of the call keeps every problem finished before it."""
+    data = _write_suite(tmp_path / "data")
+    straight = run_eval(_cfg(), FakeBackend, tmp_path / "straight", data_dir=data, pool=pool, progress=False)
+    out = tmp_path / "out"
+    backend = OneByOneBackend(stop_after=5)  # K = 2: problems 1 and 2 complete, the third is half done
+    backend.out = out
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(_cfg(), lambda: backend, out, data_dir=data, pool=pool, progress=False)
+    assert backend.rows_seen == [0, 1, 1, 2, 2]  # a row per problem, as its second sample arrives
+    assert [r["id"] for r in read_jsonl(out / "problems.jsonl")] == sorted(GOLDS)[:2]
+    whole = OneByOneBackend()
+    whole.out = out
+    assert run_eval(_cfg(), lambda: whole, out, data_dir=data, pool=pool, progress=False) == straight
+    assert whole.reported == 2 * (len(GOLDS) - 2)  # only the unfinished problems were generated again

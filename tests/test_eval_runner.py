@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
+from conftest import cli
 
-from rlbench.errors import UserError
+from reference_trainer.errors import UserError
+from reference_trainer.tasks.grading import GradeItem, GradeResult, grade_item
 from rlbench.eval.pool import GradingPool
 from rlbench.eval.runner import EvalConfig, run_eval
 
@@ -42,7 +43,7 @@ class FakeBackend:
         self.generated_ids: list[str] = []
         self.calls = 0
 
-    def generate(self, prompts: list[str], params: list) -> list[str]:
+    def generate(self, prompts: list[str], params: list, on_text=None) -> list[str]:
         self.calls += 1
         if self.fail_after is not None and self.calls > self.fail_after:
             raise RuntimeError("simulated crash")
@@ -74,9 +75,7 @@ def _cfg(**kw) -> EvalConfig:
 def test_pipeline_results(tmp_path: Path, pool: GradingPool) -> None:
     data = _write_suite(tmp_path / "data")
     backend = FakeBackend()
-    res = run_eval(
-        _cfg(), lambda: backend, tmp_path / "out", data_dir=data, pool=pool, progress=False, report=False
-    )
+    res = run_eval(_cfg(), lambda: backend, tmp_path / "out", data_dir=data, pool=pool, progress=False)
     # expected correctness per problem i (samples j=0,1): right unless (i+j) % 3 == 0
     expect = {pid: [(int(pid[-2:]) + j) % 3 != 0 for j in range(2)] for pid in GOLDS}
     rows = {r["id"]: r for r in res["problems"]}
@@ -90,6 +89,24 @@ def test_pipeline_results(tmp_path: Path, pool: GradingPool) -> None:
     assert sorted(backend.generated_ids) == sorted([p for p in GOLDS for _ in range(2)])
 
 
+def slow_grade_item(item: GradeItem) -> GradeResult:
+    """Module level so the pool can pickle it: the real grade, 0.2 s late."""
+    time.sleep(0.2)
+    return grade_item(item)
+
+
+def test_grading_timeouts_are_retried_and_counted(tmp_path: Path) -> None:
+    """A first limit shorter than grading (a busy CPU) gives the same verdicts as test_pipeline_results,
+    and results.json counts the items graded again."""
+    data = _write_suite(tmp_path / "data")
+    with GradingPool(grade_fn=slow_grade_item, workers=2, timeout=0.05, retry_timeout=30) as hurried:
+        res = run_eval(_cfg(), FakeBackend, tmp_path / "out", data_dir=data, pool=hurried, progress=False)
+    expect = {pid: [(int(pid[-2:]) + j) % 3 != 0 for j in range(2)] for pid in GOLDS}
+    assert {r["id"]: r["correct"] for r in res["problems"]} == expect
+    assert res["grading_retries"] == 10 and res["grading_failures"] == 0
+    assert [r["grading_retries"] for r in res["problems"]] == [2] * 5
+
+
 def test_resume_after_interrupt(tmp_path: Path, pool: GradingPool) -> None:
     data = _write_suite(tmp_path / "data")
     out = tmp_path / "out"
@@ -101,9 +118,7 @@ def test_resume_after_interrupt(tmp_path: Path, pool: GradingPool) -> None:
     assert not (out / "results.json").exists()
 
     resumed = FakeBackend()
-    res = run_eval(
-        _cfg(), lambda: resumed, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False, report=False
-    )
+    res = run_eval(_cfg(), lambda: resumed, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False)
     assert sorted(set(resumed.generated_ids)) == ["fx-03", "fx-04", "fx-05"]  # only the missing ones
     assert [r["id"] for r in res["problems"]] == list(GOLDS)
 
@@ -115,7 +130,6 @@ def test_resume_after_interrupt(tmp_path: Path, pool: GradingPool) -> None:
         data_dir=data,
         pool=pool,
         progress=False,
-        report=False,
     )
     assert res2["accuracy"] == res["accuracy"]
 
@@ -137,7 +151,6 @@ def test_resume_after_interrupt(tmp_path: Path, pool: GradingPool) -> None:
         pool=pool,
         overwrite=True,
         progress=False,
-        report=False,
     )
     assert res3["samples"] == 1 and len(fresh.generated_ids) == 5
 
@@ -192,14 +205,7 @@ def test_cli_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rlbench.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-    )
+    return cli(*args, env=env)
 
 
 def _assert_one_line_error(proc: subprocess.CompletedProcess, pattern: str) -> None:
@@ -260,7 +266,7 @@ def test_suites_command_lists_sizes(tmp_path: Path) -> None:
 
 
 def test_template_choice() -> None:
-    from rlbench.eval.prompts import MATH_INSTRUCTION, build_prompt, resolve_template
+    from reference_trainer.tasks.prompts import MATH_INSTRUCTION, build_prompt, resolve_template
 
     class ChatTok:
         has_chat_template = True
@@ -299,9 +305,7 @@ def test_resume_over_a_torn_progress_line_repeatedly(
     progress = out / "problems.jsonl"
 
     def run(backend: FakeBackend) -> dict:
-        return run_eval(
-            _cfg(), lambda: backend, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False, report=False
-        )
+        return run_eval(_cfg(), lambda: backend, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False)
 
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(FakeBackend(fail_after=2))  # fx-01, fx-02 finished
@@ -326,7 +330,7 @@ def test_resume_over_a_torn_progress_line_repeatedly(
 class VotingBackend(FakeBackend):
     """Four samples per problem: the gold 7, then 1/2 written three ways."""
 
-    def generate(self, prompts: list[str], params: list) -> list[str]:
+    def generate(self, prompts: list[str], params: list, on_text=None) -> list[str]:
         answers = ["7", "0.5", "1/2", "\\frac{1}{2}"]
         return [f"So the answer is $\\boxed{{{answers[i % 4]}}}$." for i in range(len(prompts))]
 
@@ -334,9 +338,7 @@ class VotingBackend(FakeBackend):
 def test_majority_vote_runs_over_equivalence_classes(tmp_path: Path, pool: GradingPool) -> None:
     data = _write_suite(tmp_path / "data")
     cfg = EvalConfig(suite="aime24", model="fake-model", samples=4, temperature=0.7)
-    res = run_eval(
-        cfg, VotingBackend, tmp_path / "out", data_dir=data, pool=pool, progress=False, report=False
-    )
+    res = run_eval(cfg, VotingBackend, tmp_path / "out", data_dir=data, pool=pool, progress=False)
     row = {r["id"]: r for r in res["problems"]}["fx-05"]  # gold 7
     assert row["correct"] == [True, False, False, False] and row["answer_classes"] == [0, 1, 1, 1]
     # three votes for 1/2 beat one for 7 (the answer as math-verify normalises it: 0.5 -> \frac{1}{2})

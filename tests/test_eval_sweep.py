@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlbench.eval.grading import GradeItem, prose_start
+from reference_trainer.tasks.grading import GradeItem, prose_start
 from rlbench.eval.pool import GradingPool
 from rlbench.eval.suites import get_suite
 

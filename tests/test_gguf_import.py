@@ -7,23 +7,23 @@ import errno
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import cli as run_cli
 
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 
 from gguf_tiny import SPECIALS, write_int8_gguf, write_tiny_gguf  # noqa: E402
 
+from reference_trainer.errors import UserError  # noqa: E402
 from reference_trainer.model.loader import load_model  # noqa: E402
 from reference_trainer.model.prompting import encode_prompt  # noqa: E402
 from reference_trainer.model.tokenizer import HFTokenizer, load_tokenizer  # noqa: E402
 from rlbench import gguf_import, models  # noqa: E402
-from rlbench.errors import UserError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHATS = ["what is 2 + 2 ?", "hello world", "knights and knaves", "the answer is boxed 12"]
@@ -42,10 +42,7 @@ def imported(tiny_gguf, tmp_path_factory) -> Path:
 
 
 def cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RLBENCH_CACHE_DIR": str(cache)}
-    return subprocess.run(
-        [sys.executable, "-m", "rlbench.cli", *args], capture_output=True, text=True, env=env, timeout=300
-    )
+    return run_cli(*args, env={"RLBENCH_CACHE_DIR": str(cache)})
 
 
 def test_import_writes_a_hugging_face_directory(imported, tiny_gguf):
@@ -87,8 +84,8 @@ def test_engine_matches_transformers_on_the_imported_model(imported):
     """Logits parity on the same weights, and token-identical greedy rollouts (stopping at EOS)."""
     from transformers import AutoModelForCausalLM
 
-    from reference_trainer.engine import Engine
     from reference_trainer.engine.config import EngineConfig, SamplingParams
+    from reference_trainer.engine.engine import Engine
 
     ours = load_model(imported)
     theirs = AutoModelForCausalLM.from_pretrained(imported, dtype=torch.float32).eval()

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from reference_trainer.engine import Engine
 from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
 from reference_trainer.model.loader import load_model
 
 pytestmark = pytest.mark.gpu
@@ -64,7 +64,7 @@ def test_fp32_greedy_tokens_match_transformers_over_128_tokens(llama_dir):
 
 def test_nvml_samples_the_gpu_at_the_requested_rate():
     """The real sampler on a busy GPU: utilisation, memory and power are read, at about the set rate."""
-    from rlbench.profiling.nvml import NvmlSampler
+    from rlbench.observe.nvml import NvmlSampler
 
     sampler = NvmlSampler(now=time.perf_counter, interval_s=0.02).start()
     x = torch.randn(4096, 4096, device="cuda")

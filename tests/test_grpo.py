@@ -11,15 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_trainer.train.grpo import (
-    GRPOConfig,
-    GRPOUpdater,
-    RolloutBatch,
-    group_advantages,
-    k3_kl,
-    policy_loss,
-    token_logprobs,
-)
+from reference_trainer.train.config import GRPOConfig
+from reference_trainer.train.grpo import GRPOUpdater, RolloutBatch
+from reference_trainer.train.grpo_loss import group_advantages, k3_kl, policy_loss, token_logprobs
 
 VOCAB = 11
 

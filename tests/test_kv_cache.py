@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference_trainer.engine import Engine, kv_cache
+from reference_trainer.engine import kv_cache
 from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
@@ -27,7 +28,8 @@ CPU = torch.device("cpu")
 
 def test_blocks_follow_tokens_and_are_reused():
     slots = SlotManager(CONFIG, capacity=4, max_len=4096, device=CPU, dtype=torch.float32, contiguous=False)
-    assert slots.cache.num_blocks == 4 * kv_cache.INITIAL_BLOCKS_PER_SLOT  # not 4 x 4096 positions
+    # not 4 x 4096 positions; + the scratch block that padding rows write to, which no sequence gets
+    assert slots.cache.num_blocks == 4 * kv_cache.INITIAL_BLOCKS_PER_SLOT + 1 and slots.scratch == 0
     a, b = slots.allocate(), slots.allocate()
     slots.reserve(a, 1)
     slots.reserve(a, 16)
@@ -35,7 +37,7 @@ def test_blocks_follow_tokens_and_are_reused():
     slots.reserve(a, 17)
     slots.reserve(b, 40)
     assert len(slots.tables[a]) == 2 and len(slots.tables[b]) == 3 and slots.blocks_in_use == 5
-    assert not set(slots.tables[a]) & set(slots.tables[b])
+    assert not set(slots.tables[a]) & set(slots.tables[b]) and 0 not in slots.tables[a] + slots.tables[b]
     freed = set(slots.tables[a])
     slots.release(a)
     c = slots.allocate()
@@ -54,14 +56,15 @@ def test_pool_grows_keeping_its_blocks():
     slots.cache.k[1][:, block] = 7.0
     b = slots.allocate()
     slots.reserve(b, 256)  # more than is free: the pool grows, capped at 2 x 256 positions
-    assert start < slots.cache.num_blocks <= slots.max_blocks == 2 * 256 // 16
+    assert start < slots.cache.num_blocks <= slots.max_blocks + 1 and slots.max_blocks == 2 * 256 // 16
     assert bool((slots.cache.k[1][:, block] == 7.0).all())
     assert slots.blocks_in_use == start + 16
 
 
 def test_layout_follows_the_size_of_a_full_preallocation(monkeypatch):
     small = SlotManager(CONFIG, capacity=4, max_len=256, device=CPU, dtype=torch.float32)
-    assert small.contiguous and small.cache.k[0].shape == (4, 2, 256, 8)  # every slot at full length
+    # every slot at full length, and a scratch slot past the last
+    assert small.contiguous and small.cache.k[0].shape == (5, 2, 256, 8) and small.scratch == 4
     small.allocate()
     b = small.allocate()
     small.reserve(b, 20)

@@ -3,16 +3,10 @@ the benchmark's parity table."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import learning_curves as lc  # noqa: E402
-
-from rlbench.reproduce.curves import accuracy_at, samples_to_reach  # noqa: E402
+from benchmarks import learning_curves as lc
+from rlbench.reproduce.curves import accuracy_at, samples_to_reach
 
 CURVE = [
     {"step": 0, "samples": 0, "greedy_acc": 0.2, "pass1": 0.1},

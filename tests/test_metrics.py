@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlbench import metrics
+from reference_trainer.trace import metrics
 
 
 def eng(kind, step, t0, t1, slots, cap, tokens, worker=0, **extra):

@@ -5,37 +5,23 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import cli
 from test_simulate import UnitCost, heavy, run_policy
 
-from reference_trainer.modes import (
-    HISTOSPEC_OPTIONS,
-    MODES,
-    STRATEGIES,
-    STRATEGY_OPTIONS,
-    VLLM_HISTOSPEC_OPTIONS,
-    get_mode,
-    make_mode_strategy,
-)
-from rlbench.errors import UserError
+from reference_trainer.errors import UserError
+from reference_trainer.mode_options import HISTOSPEC_OPTIONS, STRATEGY_OPTIONS, VLLM_HISTOSPEC_OPTIONS
+from reference_trainer.modes import MODES, STRATEGIES, get_mode, make_mode_strategy
 from rlbench.simulate import workload
-from rlbench.simulate.modes import get_policies, policy_for
-from rlbench.simulate.policies import simulate_policy
+from rlbench.simulate.modes import parse_sim_modes, sim_mode
+from rlbench.simulate.scheduler import simulate_mode
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cli(*args: str, tmp: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RLBENCH_CACHE_DIR": str(tmp / "cache")}
-    return subprocess.run(
-        [sys.executable, "-m", "rlbench.cli", *args], capture_output=True, text=True, env=env, cwd=tmp
-    )
 
 
 def one_line_error(res: subprocess.CompletedProcess) -> str:
@@ -72,8 +58,8 @@ def test_registry_options_are_the_strategy_constructor_arguments(strategy):
 
 
 def test_histospec_options_are_attach_histospec_arguments():
+    from reference_trainer.engine.histospec import HistoryDrafter
     from reference_trainer.engine.speculative import Speculator
-    from reference_trainer.rollout.histospec import HistoryDrafter
 
     # accept_rule is a callable, no command-line option; drafter is built by attach_histospec itself
     params = {**_params(HistoryDrafter), **_params(Speculator, drop=("drafter", "accept_rule"))}
@@ -95,7 +81,7 @@ def test_modes_build_their_strategies():
         strategy = make_mode_strategy(mode, 1, {})
         assert type(strategy) is STRATEGIES[mode.strategy]
         if mode.placement is None:
-            with pytest.raises(ValueError, match="runs on one engine"):
+            with pytest.raises(UserError, match="runs on one engine"):
                 mode.strategy_for(2)
         else:
             placed = make_mode_strategy(mode, 2, {})
@@ -115,24 +101,25 @@ def test_option_types_and_values_are_checked_from_the_registry():
         ({"oversubscription": 0.5}, "option oversubscription must be >= 1"),
         ({"max_staleness": 1.5}, "option max_staleness must be an integer"),
         ({"max_staleness": True}, "option max_staleness must be an integer"),
-        ({"placement": "histopipe"}, "unknown option placement"),
+        ({"placement": "histopipe"}, "takes no option placement"),
     ):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(UserError, match=message):
             sorted_mode.check_options(options)
-    with pytest.raises(ValueError, match="unknown placement 'fifo'; valid: round-robin"):
+    with pytest.raises(UserError, match="unknown placement 'fifo'; valid: round-robin"):
         rhyme.check_options({"placement": "fifo"})
-    with pytest.raises(ValueError, match="unknown option histospec.bogus"):
+    with pytest.raises(UserError, match="unknown option histospec.bogus"):
         rhyme.check_options({"histospec": {"bogus": 1}})
     assert rhyme.check_options({"histospec": {"max_draft": 4}}) == {"histospec.max_draft": 4}
     # the engine picks the histospec keys: vLLM's n-gram method is no reference-engine option
     assert rhyme.check_options({"histospec": {"method": "ngram"}}, 1, "vllm")
-    with pytest.raises(ValueError, match="unknown option histospec.method"):
+    with pytest.raises(UserError, match="unknown option histospec.method"):
         rhyme.check_options({"histospec": {"method": "ngram"}})
     # placement options exist only where there is something to place
     baseline = get_mode("baseline")
     assert "placement" not in baseline.options(1) and "placement" in baseline.options(2)
 
 
+@pytest.mark.e2e
 def test_the_registry_imports_no_torch():
     code = "import sys, reference_trainer.modes, rlbench.simulate.modes; print('torch' in sys.modules)"
     probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
@@ -144,17 +131,17 @@ def test_the_registry_imports_no_torch():
 
 def test_simulator_policies_follow_the_registry():
     for name, mode in MODES.items():
-        p = policy_for(name)
+        p = sim_mode(name)
         assert p.spec == mode.speculative
         assert p.partial == (mode.strategy == "sorted-partial")
         assert (p.oversub > 1.0) == (mode.strategy in ("sorted", "sorted-partial"))
         assert p.placement == (mode.placement or "round-robin")
     # sorted+rhyme is the trainer's: on-policy SortedRL (nothing kept) with HistoSpec, not partial + LPT
-    p = policy_for("sorted+rhyme")
+    p = sim_mode("sorted+rhyme")
     assert (p.partial, p.spec, p.oversub, p.placement) == (False, True, 2.0, "round-robin")
     # the simulator's former extra policies are options of modes now
-    assert policy_for("baseline", {"placement": "least-outstanding"}).placement == "least-outstanding"
-    old_histospec = policy_for("rhyme", {"placement": "round-robin"})
+    assert sim_mode("baseline", {"placement": "least-outstanding"}).placement == "least-outstanding"
+    old_histospec = sim_mode("rhyme", {"placement": "round-robin"})
     assert (old_histospec.spec, old_histospec.migrate, old_histospec.order) == (True, False, "fifo")
 
 
@@ -169,8 +156,10 @@ def test_simulator_option_errors_are_one_line_user_errors():
         (["rhyme", "rhyme"], {}, "lists an entry twice"),
     ):
         with pytest.raises(UserError, match=message):
-            get_policies(entries, options)
-    labels = [p.name for p in get_policies(["rhyme:placement=round-robin", "sorted"], {"max_staleness": 0})]
+            parse_sim_modes(entries, options)
+    labels = [
+        p.name for p in parse_sim_modes(["rhyme:placement=round-robin", "sorted"], {"max_staleness": 0})
+    ]
     assert labels == ["baseline", "rhyme:placement=round-robin", "sorted"]  # plain baseline is the reference
 
 
@@ -190,8 +179,8 @@ def test_max_staleness_regenerates_old_partials():
     acc = np.full(len(tr), 0.7)
 
     def run(staleness: int) -> dict:
-        p = policy_for("sorted-partial", {"max_staleness": staleness})
-        return simulate_policy(p, tr, pred, acc, UnitCost(), 1, 64, 4)
+        p = sim_mode("sorted-partial", {"max_staleness": staleness})
+        return simulate_mode(p, tr, pred, acc, UnitCost(), 1, 64, 4)
 
     fresh, forever = run(0), run(1000)
     assert forever["wasted_token_share"] == 0.0 < fresh["wasted_token_share"]
@@ -205,8 +194,8 @@ def test_placements_at_one_and_two_workers():
     pred = np.full(2, 50.0)
 
     def rollout(name: str, options: dict, workers: int) -> float:
-        p = policy_for(name, options)
-        return simulate_policy(p, tr, pred, pred, UnitCost(), workers, 1, 1)["rollout_s"]
+        p = sim_mode(name, options)
+        return simulate_mode(p, tr, pred, pred, UnitCost(), workers, 1, 1)["rollout_s"]
 
     # round-robin keeps the group on one worker; least-outstanding deals each request, as the trainer does
     assert (

@@ -9,13 +9,14 @@ import tempfile
 import pytest
 import torch
 
-from reference_trainer.engine import Trace
+from reference_trainer.engine.workers import LocalWorkerPool, WorkerSpec
+from reference_trainer.errors import UserError
 from reference_trainer.rollout.base import PromptStream, RolloutContext
 from reference_trainer.rollout.placed import PlacedRollout
-from reference_trainer.rollout.workers import LocalWorkerPool, WorkerSpec
+from reference_trainer.trace.metrics import compute
+from reference_trainer.trace.writer import Trace
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.trainer import Trainer
-from rlbench.metrics import compute
 
 
 def config(
@@ -119,16 +120,17 @@ def test_resume_with_workers_matches_an_uninterrupted_run(tiny_model_dir, toy_ta
 
 
 def test_one_engine_modes_refuse_several_workers(tiny_model_dir, toy_task, tmp_path):
-    with pytest.raises(ValueError, match="mode 'sorted' runs on one engine; --workers > 1 supports"):
+    with pytest.raises(UserError, match="mode 'sorted' runs on one engine; --workers > 1 supports"):
         Trainer(config(tiny_model_dir, toy_task, "sorted"), tmp_path / "run")
 
 
 def test_missing_ray_is_a_clear_error(tiny_model_dir, toy_task, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(ValueError, match=r"pip install 'rlbench\[ray\]'"):
+    with pytest.raises(UserError, match=r"pip install 'rlbench\[ray\]'"):
         Trainer(config(tiny_model_dir, toy_task, worker_backend="ray"), tmp_path / "run")
 
 
+@pytest.mark.e2e
 def test_two_ray_actors_end_to_end(tiny_model_dir, toy_task, tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")

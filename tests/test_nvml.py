@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlbench import metrics
-from rlbench.profiling.nvml import NvmlSampler, mean_util, no_gpu_note
+from reference_trainer.trace import metrics
+from rlbench.observe.nvml import NvmlSampler, mean_util, no_gpu_note
 
 
 class FakeNVMLError(Exception):

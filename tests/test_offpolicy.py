@@ -9,7 +9,9 @@ import torch
 
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
-from reference_trainer.train.grpo import GRPOConfig, GRPOUpdater, RolloutBatch, tis_weights, token_logprobs
+from reference_trainer.train.config import GRPOConfig
+from reference_trainer.train.grpo import GRPOUpdater, RolloutBatch
+from reference_trainer.train.grpo_loss import tis_weights, token_logprobs
 
 
 def test_tis_weights_by_hand():

@@ -41,6 +41,11 @@ def test_decorated_command_gets_one_run_options():
 
     command(**{f.name: f.default for f in fields(RunOptions)} | {"task": "kk", "steps": 5})
     assert seen == {"run": RunOptions(task="kk"), "steps": 5}
-    assert RunOptions(task="kk").config_kwargs(mode="sorted")["mode"] == "sorted"
+    # every field and the command's own values reach the config that build_config checks and returns
+    from rlbench.training import build_config
+
+    config = build_config(**RunOptions(task="kk", group_size=4).config_kwargs(mode="sorted", steps=2))
+    assert (config.task, config.mode, config.steps, config.group_size) == ("kk", "sorted", 2, 4)
+    assert config.task_options == {"num_people": 3}  # the task's run defaults, as on the CLI
     with pytest.raises(TypeError, match="no `run: RunOptions`"):
         with_run_options(lambda steps=1: None)

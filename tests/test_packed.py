@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference_trainer.engine import Engine
 from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
 from reference_trainer.model import packed
 from reference_trainer.model.loader import load_model
 

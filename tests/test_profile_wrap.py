@@ -3,35 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import cli
 
+from reference_trainer.errors import UserError
+from reference_trainer.modes import MODES
 from reference_trainer.train.config import TrainConfig
-from rlbench.errors import UserError
 from rlbench.profiling.pyspy import find_py_spy
 from rlbench.profiling.session import run_profile
 from rlbench.profiling.wrap import wrap_command
-from rlbench.training import valid_modes
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "rlbench.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_cli_wraps_a_python_command(tmp_path):
@@ -64,7 +51,7 @@ def test_cli_missing_command_is_one_line(tmp_path):
 def test_cli_unknown_mode_lists_valid_ones(tmp_path):
     res = cli("profile", "--mode", "fastest", "--out", str(tmp_path))
     assert res.returncode == 2
-    assert res.stderr.strip() == f"error: unknown mode 'fastest'; valid modes: {', '.join(valid_modes())}"
+    assert res.stderr.strip() == f"error: unknown mode 'fastest'; valid modes: {', '.join(MODES)}"
 
 
 @pytest.mark.skipif(find_py_spy() is None, reason="py-spy not installed")

@@ -1,4 +1,5 @@
-"""rlbench.records: atomic writes, durable appends, the one JSONL reader; the embedded model build lock."""
+"""reference_trainer.trace.records: atomic writes, durable appends, the one JSONL reader; the embedded model
+build lock."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rlbench.errors import UserError
-from rlbench.records import (
+from reference_trainer.errors import UserError
+from reference_trainer.trace.records import (
     append_jsonl,
     atomic_path,
     read_json,
@@ -121,7 +122,7 @@ def test_required_fields_and_strict_user_data(tmp_path):
 
 
 def test_trace_flush_after_a_torn_tail(tmp_path):
-    from reference_trainer.engine.trace import Trace
+    from reference_trainer.trace.writer import Trace
 
     path = tmp_path / "trace.jsonl"
     path.write_bytes(b'{"kind": "rollout", "step": 0}\n{"kind": "dec')
@@ -149,7 +150,7 @@ def test_replace_dir_replaces_an_older_copy(tmp_path):
 
 def _build_in_child(log: Path, building, target: Path) -> None:
     """One process asking for a directory that `build_once` builds (a slow fake build)."""
-    from rlbench.records import build_once
+    from reference_trainer.trace.locks import build_once
 
     def build(out_dir: Path) -> Path:
         out_dir.mkdir(parents=True)
@@ -191,7 +192,7 @@ def test_two_processes_on_a_fresh_cache_build_the_model_once(tmp_path):
 
 
 def test_unreadable_paths_are_one_line_errors(tmp_path):
-    from rlbench.records import read_json, read_jsonl
+    from reference_trainer.trace.records import read_json, read_jsonl
 
     for reader in (read_json, read_jsonl):
         with pytest.raises(UserError, match="no such file"):

@@ -7,13 +7,13 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import cli
 
-from rlbench import metrics
+from reference_trainer.trace import metrics
 from rlbench.report.compare_report import ratio_rows, render_compare
 from rlbench.report.profile_report import render_profile
 from rlbench.report.timeline import slot_bars
@@ -260,25 +260,13 @@ def test_cli_report_rerenders_profile_and_compare(tmp_path):
     (cmp_dir / "compare.json").write_text(
         json.dumps({"baseline": "baseline", "runs": [{"mode": "baseline", **doc}, {"mode": "sorted", **doc}]})
     )
-    res = subprocess.run(
-        [sys.executable, "-m", "rlbench.cli", "report", str(tmp_path / "run"), str(cmp_dir)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"},
-    )
+    res = cli("report", str(tmp_path / "run"), str(cmp_dir))
     assert res.returncode == 0, res.stderr
     page = (tmp_path / "run" / "report.html").read_text()
     assert page.count("<script type='text/javascript'>/**") == 1  # plotly inlined exactly once
     assert "no GPU: NVML unavailable (NVMLError_LibraryNotFound" in page
     assert "rlbench compare" in (cmp_dir / "report.html").read_text()
-    res = subprocess.run(
-        [sys.executable, "-m", "rlbench.cli", "report", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"},
-    )
+    res = cli("report", str(tmp_path))
     assert (
         res.returncode == 2
         and res.stderr.count("\n") == 1
@@ -287,14 +275,7 @@ def test_cli_report_rerenders_profile_and_compare(tmp_path):
 
 
 def _report_cli(run_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rlbench.cli", "report", str(run_dir)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"},
-        timeout=120,
-    )
+    return cli("report", str(run_dir))
 
 
 def _cut_mid_last_line(path: Path) -> None:

@@ -4,9 +4,9 @@ one-line errors."""
 from __future__ import annotations
 
 import pytest
-from test_cli import assert_one_line_error, cli
+from conftest import assert_one_line_error, cli
 
-from rlbench.records import read_json, write_json
+from reference_trainer.trace.records import read_json, write_json
 from rlbench.reproduce import registry
 from rlbench.reproduce import runner as runner_module
 from rlbench.reproduce.base import Context, Outcome
@@ -56,7 +56,7 @@ def test_the_verdict_follows_the_rule():
 def test_a_malformed_spec_is_refused_with_its_path(text, error):
     with pytest.raises(ValueError, match=error) as err:
         parse_spec("toy", text)
-    assert "reports/toy/spec.toml" in str(err.value)
+    assert "rlbench/reproduce/specs/toy.toml" in str(err.value)
 
 
 def fake_runner(ctx: Context) -> Outcome:
@@ -103,7 +103,7 @@ def test_a_run_writes_result_json_and_a_page_and_the_index_reads_them(tmp_path, 
         (("reproduce",), "name reproductions or give --all"),
         (("reproduce", "sortedrl-bubble", "--all"), "name reproductions or give --all"),
         (("reproduce", "no-such-claim"), "no reproduction named 'no-such-claim'"),
-        (("reproduce", "--all", "--device", "tpu"), "--device must be cpu or cuda"),
+        (("reproduce", "--all", "--device", "tpu"), "--device must be auto, cpu or cuda"),
     ],
 )
 def test_bad_input_is_one_line(args, text, tmp_path):
@@ -117,6 +117,7 @@ def test_list_names_every_reproduction(tmp_path):
         assert name in res.stdout
 
 
+@pytest.mark.e2e
 def test_sortedrl_bubble_quick_end_to_end_and_resumed(tmp_path):
     """The real quick run through the CLI: three modes trained, the bubble read from their traces; a second
     invocation reuses the finished runs instead of training again."""
@@ -130,8 +131,8 @@ def test_sortedrl_bubble_quick_end_to_end_and_resumed(tmp_path):
         m["bubble_ratio.sorted"] / m["bubble_ratio.baseline"]
     )
     # the trace is the source: recompute the baseline's bubble from it
-    from rlbench import metrics
-    from rlbench.records import read_jsonl
+    from reference_trainer.trace import metrics
+    from reference_trainer.trace.records import read_jsonl
 
     trace = read_jsonl(
         tmp_path / "out" / "sortedrl-bubble" / "cpu" / "work" / "seed0" / "baseline" / "trace.jsonl"
@@ -170,7 +171,7 @@ def test_the_readme_results_table_is_the_generated_index_of_the_committed_result
     readme = (root / "README.md").read_text()
     specs = load_specs()
     assert readme_text(readme, specs, root / "reports") == readme  # regenerate it: rlbench reproduce
-    assert "[sortedrl-bubble](reports/sortedrl-bubble/spec.toml)" in readme
+    assert "[sortedrl-bubble](rlbench/reproduce/specs/sortedrl-bubble.toml)" in readme
     # write_index refreshes a project README's block next to the results folder, and nothing else in it
     block = "<!-- reproductions:begin -->\nstale\n<!-- reproductions:end -->"
     (tmp_path / "README.md").write_text(f"intro\n{block}\nend\n")
@@ -178,5 +179,5 @@ def test_the_readme_results_table_is_the_generated_index_of_the_committed_result
     write_index(specs, tmp_path / "reports")
     text = (tmp_path / "README.md").read_text()
     assert text.startswith("intro\n") and text.endswith("end\n") and "stale" not in text
-    assert "| [sortedrl-bubble](reports/sortedrl-bubble/spec.toml) | " in text
+    assert "| [sortedrl-bubble](" in text and "rlbench/reproduce/specs/sortedrl-bubble.toml) | " in text
     assert "| not run | not run |" in text

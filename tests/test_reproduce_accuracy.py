@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlbench.records import write_json
+from reference_trainer.trace.records import write_json
 from rlbench.reproduce.accuracy import Workload, accuracy, gap_standard_error
 from rlbench.reproduce.base import Context
 from rlbench.reproduce.curves import parity_plan

@@ -3,7 +3,6 @@ spec's rule, a tiny two-worker run end to end (in-process workers), and the benc
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import write_tiny_char_model
 
-from rlbench.records import read_jsonl
+from reference_trainer.trace.records import read_jsonl
 from rlbench.reproduce import histopipe
 from rlbench.reproduce.base import Context
 from rlbench.reproduce.histopipe import Workload, compare, epoch_idle
@@ -90,7 +89,7 @@ def test_a_tiny_run_end_to_end_with_local_workers(tmp_path, monkeypatch):
     w = Workload(epochs=2, pool=4, prompts_per_step=2, group_size=3, max_tokens=24, slots=4, lr=1e-2,
                  placements=("round-robin", "least-outstanding", "histopipe"))  # fmt: skip
     monkeypatch.setattr(Workload, "for_context", classmethod(lambda cls, ctx: w))
-    monkeypatch.setattr(histopipe, "measure", functools.partial(histopipe.measure, backend="local"))
+    monkeypatch.setattr(histopipe, "worker_backend", lambda: "local")  # as where Ray is not installed
     lines: list[str] = []
     ctx = Context(
         device="cpu", quick=True, model=str(model), work_dir=tmp_path / "work", progress=lines.append
@@ -98,6 +97,9 @@ def test_a_tiny_run_end_to_end_with_local_workers(tmp_path, monkeypatch):
     outcome = histopipe.balance(ctx)
     m = outcome.measured
     assert m["same_samples"] == 1.0 and m["history_epochs"] == 1
+    assert (
+        outcome.config["backend"] == "local" and histopipe.LOCAL_NOTE in outcome.notes
+    )  # said in the result
     for p in w.placements:
         assert 0.0 <= m[f"idle_share.{p}"] < 0.5  # mean over 2 workers: the busiest is never idle
     assert len(outcome.data["epochs"]["histopipe"]) == 2
@@ -108,9 +110,10 @@ def test_a_tiny_run_end_to_end_with_local_workers(tmp_path, monkeypatch):
     assert lines[-1].startswith("reusing the finished runs")
 
 
+@pytest.mark.e2e
 def test_the_benchmark_is_a_thin_cli_over_the_package():
     text = (ROOT / "benchmarks" / "histopipe.py").read_text()
     assert "from rlbench.reproduce.histopipe import" in text and "def per_epoch" not in text
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "histopipe.py"), "--help"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "benchmarks.histopipe", "--help"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0 and "--prompts-per-step" in out.stdout

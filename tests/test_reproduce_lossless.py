@@ -71,6 +71,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.e2e
 def test_quick_reproduction_passes_the_exact_rule_and_catches_wrong_ones(tmp_path, one_thread):
     ctx = Context(device="cpu", quick=True, model=None, work_dir=tmp_path, progress=lambda _: None)
     out = lossless(ctx)

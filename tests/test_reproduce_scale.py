@@ -3,7 +3,6 @@ sweep (deterministic, reused when finished), and the reproduction end to end on 
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 
@@ -105,7 +104,7 @@ def test_the_reproduction_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     tiny = RealRuns(steps=2, prompts_per_worker=3, group_size=4, max_tokens=48, slots=8)
     monkeypatch.setattr(RealRuns, "for_context", classmethod(lambda cls, ctx: tiny))
     monkeypatch.setattr(Sweep, "for_context", classmethod(lambda cls, ctx: SMALL))
-    monkeypatch.setattr(scale, "validate_run", functools.partial(scale.validate_run, backend="local"))
+    monkeypatch.setattr(scale, "worker_backend", lambda: "local")  # as where Ray is not installed
     lines: list[str] = []
     ctx = ctx_at(tmp_path / "work", model=str(model), lines=lines)
     start = time.perf_counter()
@@ -115,6 +114,7 @@ def test_the_reproduction_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     assert m["validation.error.w1"] < 0.15  # one engine in this process: the replay must come close
     assert outcome.data["validation"]["2"]["workers"] == 2
     assert len(outcome.sections[0][1]) == 2 and outcome.notes
+    assert outcome.config["worker_backend"] == "local" and scale.LOCAL_NOTE in outcome.notes
     names = {t.name for t in outcome.sections[0][1][0].data}
     assert {"baseline", "sorted", "measured (CPU run)", "predicted for that run (replay)"} <= names
     assert load_specs()["simulator-scale"].verdict(m)[0] in ("reproduced", "not reproduced", "inconclusive")

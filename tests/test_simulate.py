@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import cli
 from test_report import CHROMIUM, check_all_figures_drew, synthetic_trace
 
-from rlbench.errors import UserError
+from reference_trainer.errors import UserError
 from rlbench.simulate import engine, simulate, workload
 from rlbench.simulate.cost import CostModel, calibrate, preset
-from rlbench.simulate.policies import POLICIES, Policy, get_policies, policy_for, simulate_policy, spec_rate
+from rlbench.simulate.modes import SIM_MODES, SimMode, parse_sim_modes, sim_mode
+from rlbench.simulate.scheduler import simulate_mode, spec_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,7 +129,7 @@ def test_length_trace_io_and_errors(tmp_path):
     with pytest.raises(UserError, match="lacks sample, prompt_tokens, response_tokens"):
         workload.load(tmp_path / "short.jsonl")
     with pytest.raises(UserError, match="unknown mode 'fastest'; valid modes: baseline"):
-        get_policies(["baseline", "fastest"])
+        parse_sim_modes(["baseline", "fastest"])
 
 
 def test_run_trace_conversion_and_history_predictions():
@@ -150,13 +151,13 @@ def heavy(steps: int = 3, prompts: int = 64) -> workload.LengthTrace:
                               rank_corr=0.95, overlap=0.85, seed=1)  # fmt: skip
 
 
-def run_policy(mode: str | Policy, tr, workers: int = 1, capacity: int = 64, cost=None) -> dict:
+def run_policy(mode: str | SimMode, tr, workers: int = 1, capacity: int = 64, cost=None) -> dict:
     """A mode (by name, with its defaults) or a policy (a mode with options) over the whole trace."""
     cost = cost or preset("h100", "7b")
     pred = workload.fill_predictions(tr, 0.9)
     acc = np.where(np.isnan(tr.acceptance), 0.7, tr.acceptance)
-    policy = POLICIES[mode] if isinstance(mode, str) else mode
-    return simulate_policy(policy, tr, pred, acc, cost, workers, capacity, len(tr.steps))
+    sim_mode = SIM_MODES[mode] if isinstance(mode, str) else mode
+    return simulate_mode(sim_mode, tr, pred, acc, cost, workers, capacity, len(tr.steps))
 
 
 def test_sortedrl_removes_bubbles_and_partial_wastes_only_stale_work():
@@ -166,7 +167,7 @@ def test_sortedrl_removes_bubbles_and_partial_wastes_only_stale_work():
     assert srt["bubble_ratio"] < base["bubble_ratio"] / 2 and part["bubble_ratio"] < base["bubble_ratio"] / 2
     assert srt["wasted_token_share"] > 0.05 and part["wasted_token_share"] < srt["wasted_token_share"] / 2
     # what partial mode throws away is work older than max_staleness (1), regenerated as the trainer does
-    uncapped = run_policy(policy_for("sorted-partial", {"max_staleness": 1000}), tr)
+    uncapped = run_policy(sim_mode("sorted-partial", {"max_staleness": 1000}), tr)
     assert uncapped["wasted_token_share"] == 0.0
     assert part["rollout_s"] < base["rollout_s"]
     assert all(s["trained_groups"] == 64 for s in part["steps"])  # every step trains B complete groups
@@ -175,7 +176,7 @@ def test_sortedrl_removes_bubbles_and_partial_wastes_only_stale_work():
 def test_histospec_and_histopipe():
     tr = heavy(prompts=32)
     base = run_policy("baseline", tr, workers=8)
-    spec = run_policy(policy_for("rhyme", {"placement": "round-robin"}), tr, workers=8)  # HistoSpec alone
+    spec = run_policy(sim_mode("rhyme", {"placement": "round-robin"}), tr, workers=8)  # HistoSpec alone
     assert spec["draft_len"] > 0 and spec["rollout_s"] < 0.8 * base["rollout_s"]
     # HistoPipe balances predicted work: placement can only remove worker idle time, not add it
     pipe = run_policy("histopipe", tr, workers=8, capacity=8)
@@ -203,10 +204,8 @@ def test_simulate_doc_has_speedups_against_baseline():
     assert r["speedup"] == pytest.approx(rows[("baseline", 4)]["step_time_s"] / r["step_time_s"])
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"}
-    cmd = [sys.executable, "-m", "rlbench.cli", "simulate", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+def simulate_cli(*args: str) -> subprocess.CompletedProcess:
+    return cli("simulate", *args)
 
 
 def test_cli_bad_input_is_one_line(tmp_path):
@@ -218,13 +217,13 @@ def test_cli_bad_input_is_one_line(tmp_path):
         (["--synthetic", "--workers", "1,x"], "expected comma-separated integers"),
         ([], "exactly one of --trace FILE or --synthetic"),
     ):
-        res = cli(*args, "--out", str(tmp_path / "o"))
+        res = simulate_cli(*args, "--out", str(tmp_path / "o"))
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and msg in res.stderr, (args, res.stderr)
 
 
 def test_cli_writes_json_and_report(tmp_path):
-    res = cli("--synthetic", "--steps", "2", "--prompts", "16", "--group-size", "4", "--workers", "1,4",
-              "--modes", "sorted,histopipe", "--out", str(tmp_path))  # fmt: skip
+    res = simulate_cli("--synthetic", "--steps", "2", "--prompts", "16", "--group-size", "4",
+                       "--workers", "1,4", "--modes", "sorted,histopipe", "--out", str(tmp_path))  # fmt: skip
     assert res.returncode == 0, res.stderr
     doc = json.loads((tmp_path / "simulate.json").read_text())
     assert len(doc["results"]) == 6 and doc["cluster"]["workers"] == [1, 4]

@@ -1,5 +1,5 @@
 """Validation on a real run: replaying a small baseline run on a cost model calibrated from that run
-reproduces its measured bubble ratio (rlbench.metrics) within a few points."""
+reproduces its measured bubble ratio (reference_trainer.trace.metrics) within a few points."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from conftest import write_tiny_char_model
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.trainer import Trainer
 from rlbench.simulate.replay import validate
+
+pytestmark = pytest.mark.e2e  # whole commands in processes of their own
 
 
 @pytest.fixture(scope="module")

@@ -58,8 +58,8 @@ def test_engine_matches_transformers_on_smollm2(smol_dir):
     tokens, both sides batched."""
     from transformers import AutoModelForCausalLM
 
-    from reference_trainer.engine import Engine
     from reference_trainer.engine.config import EngineConfig, SamplingParams
+    from reference_trainer.engine.engine import Engine
     from reference_trainer.model.loader import load_model
     from reference_trainer.model.prompting import encode_prompt
     from reference_trainer.model.tokenizer import load_tokenizer

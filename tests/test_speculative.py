@@ -9,14 +9,14 @@ import pytest
 import torch
 from scipy import stats
 
-from reference_trainer.engine import Engine
 from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
+from reference_trainer.engine.histospec import HistoryDrafter, attach_histospec
 from reference_trainer.engine.speculative import CostModel, Speculator, coupled_accept
 from reference_trainer.model.attention import PagedKVCache
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
-from reference_trainer.rollout.histospec import HistoryDrafter, attach_histospec
-from rlbench.metrics import step_metrics
+from reference_trainer.trace.metrics import step_metrics
 from rlbench.reproduce.lossless import generous_accept, homogeneity_test, sample_responses
 
 PROMPT = [5, 6, 7, 8]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reference_trainer.tasks import TASKS, ArithTask, KKTask, Problem, get_task, parse_kk_assignment
+from reference_trainer.tasks import TASKS, ArithTask, KKTask, Problem, get_task, parse_compact_assignment
 from reference_trainer.tasks.base import final_answer_section, is_ascii_text
 from reference_trainer.tasks.kk import solve
 
@@ -233,17 +233,17 @@ def test_kk_people_range_and_context_budget() -> None:
             KKTask(num_people=bad)
 
 
-def test_parse_kk_assignment() -> None:
+def test_parse_compact_assignment() -> None:
     names = ["Zoey", "Oliver"]
     expected = {"Zoey": False, "Oliver": True}
-    assert parse_kk_assignment("(1) Zoey is a knave\n(2) Oliver is a knight", names) == expected
-    assert parse_kk_assignment("  zoey   is a KNAVE,\n oliver is a knight.  ", names) == expected
-    assert parse_kk_assignment("Oliver is a knight and Zoey is a knave", names) == expected
-    assert parse_kk_assignment("(1) Zoey is a knave", names) is None  # a name is missing
-    assert parse_kk_assignment("Zoey is a knave\nZoey is a knight\nOliver is a knight", names) is None
-    assert parse_kk_assignment("Zoey is not a knight\nOliver is a knight", names) is None
-    assert parse_kk_assignment("Elizabeth is a knight", ["Eli"]) is None  # whole names only
-    assert parse_kk_assignment("Eli is a knave, Elizabeth is a knight", ["Eli", "Elizabeth"]) == {
+    assert parse_compact_assignment("(1) Zoey is a knave\n(2) Oliver is a knight", names) == expected
+    assert parse_compact_assignment("  zoey   is a KNAVE,\n oliver is a knight.  ", names) == expected
+    assert parse_compact_assignment("Oliver is a knight and Zoey is a knave", names) == expected
+    assert parse_compact_assignment("(1) Zoey is a knave", names) is None  # a name is missing
+    assert parse_compact_assignment("Zoey is a knave\nZoey is a knight\nOliver is a knight", names) is None
+    assert parse_compact_assignment("Zoey is not a knight\nOliver is a knight", names) is None
+    assert parse_compact_assignment("Elizabeth is a knight", ["Eli"]) is None  # whole names only
+    assert parse_compact_assignment("Eli is a knave, Elizabeth is a knight", ["Eli", "Elizabeth"]) == {
         "Eli": False,
         "Elizabeth": True,
     }
@@ -347,14 +347,14 @@ def test_kk_semantics_and_parser_agree_with_public_set() -> None:
         statements = ast.literal_eval(row["statements"])
         assert solve(statements) == [tuple(row["solution"])]
         expected = {n: row["assignment"][n] == "knight" for n in row["names"]}
-        assert parse_kk_assignment(row["answer"], row["names"]) == expected
+        assert parse_compact_assignment(row["answer"], row["names"]) == expected
 
 
 def test_chat_style_prompts_ask_for_eval_formats_and_grade_like_eval() -> None:
     """The chat style (pretrained instruct models): natural-language prompts with `rlbench eval`'s
     instructions, graded by math-verify (arith) and the free-form K&K parser; same problems as compact."""
-    from rlbench.eval.grading import grade_math
-    from rlbench.eval.prompts import KK_INSTRUCTION, MATH_INSTRUCTION
+    from reference_trainer.tasks.grading import grade_math
+    from reference_trainer.tasks.prompts import KK_INSTRUCTION, MATH_INSTRUCTION
 
     arith, compact = get_task("arith", style="chat"), get_task("arith")
     p, pc = arith.problems(1, seed=3)[0], compact.problems(1, seed=3)[0]

@@ -13,14 +13,14 @@ from collections import Counter, defaultdict
 
 import jsonschema
 import pytest
-from test_cli import assert_one_line_error, cli
+from conftest import assert_one_line_error, cli
 from test_report import synthetic_trace
 from test_trainer import tiny_config
 
+from reference_trainer.trace.records import read_jsonl
 from reference_trainer.train.trainer import Trainer
 from rlbench.observe.derive import to_trace
 from rlbench.perfetto import perfetto_trace
-from rlbench.records import read_jsonl
 
 ENGINE = ("prefill", "decode", "verify")
 PHASES = ("rollout", "reward", "update", "sync")

@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 
+from reference_trainer.errors import UserError
 from reference_trainer.model.loader import load_model
+from reference_trainer.trace.records import read_jsonl
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.rows import TIMING_FIELDS
 from reference_trainer.train.trainer import Trainer
-from rlbench.records import read_jsonl
 
 
 def tiny_config(model_dir, steps: int, **kw) -> TrainConfig:
@@ -152,12 +153,12 @@ def test_config_refuses_a_sampling_distribution_the_update_does_not_score(
     grpo_temperature = changes.pop("grpo_temperature", None)
     config = tiny_config(tiny_model_dir, 1, **changes)
     config.grpo.temperature = grpo_temperature
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UserError, match=message):
         Trainer(config, tmp_path)
 
 
 def test_cli_refuses_top_p_for_training_in_one_line():
-    from rlbench.errors import UserError
+    from reference_trainer.errors import UserError
     from rlbench.training import build_config
 
     with pytest.raises(UserError, match="top_p"):
@@ -212,7 +213,7 @@ def test_a_held_out_set_that_overlaps_training_is_refused(tiny_model_dir, tmp_pa
     from reference_trainer.tasks import get_task
     from reference_trainer.train.heldout import check_disjoint, held_out_problems
 
-    with pytest.raises(ValueError, match="held-out set would be training prompts"):
+    with pytest.raises(UserError, match="held-out set would be training prompts"):
         Trainer(tiny_config(tiny_model_dir, 1, eval_every=1, heldout_seed=0), tmp_path)
     task = get_task("arith", min_ops=1, max_ops=1)  # few distinct prompts: seeds collide
     training = [p.prompt for p in task.problems(400, seed=0)]
@@ -223,9 +224,10 @@ def test_a_held_out_set_that_overlaps_training_is_refused(tiny_model_dir, tmp_pa
 
 
 def test_row_metrics_are_the_profile_metrics_of_the_trace(tiny_model_dir, tmp_path, toy_task):
-    """The trace-derived fields of metrics.jsonl equal what rlbench.metrics computes from trace.jsonl
-    (the numbers `rlbench profile` and `rlbench report` show), and the update consumed what they count."""
-    from rlbench import metrics
+    """The trace-derived fields of metrics.jsonl equal what reference_trainer.trace.metrics computes from
+    trace.jsonl (the numbers `rlbench profile` and `rlbench report` show), and the update consumed what they
+    count."""
+    from reference_trainer.trace import metrics
 
     rows = Trainer(tiny_config(tiny_model_dir, 2, task=toy_task, mode="sorted"), tmp_path).run()
     steps = metrics.compute(read_jsonl(tmp_path / "trace.jsonl"))["steps"]
@@ -258,12 +260,12 @@ def test_a_chat_model_gets_the_chat_style_of_its_task() -> None:
 
 
 def test_the_response_budget_is_the_tasks_unless_set_and_at_least_one_token():
-    from rlbench.errors import UserError
+    from reference_trainer.errors import UserError
     from rlbench.training import build_config
 
     assert build_config(mode="baseline", task="kk").response_tokens == 1000  # a 3-person search fits
     assert build_config(mode="baseline", task="arith").response_tokens == 400
     assert build_config(mode="baseline", task="kk", max_tokens=7).response_tokens == 7
     for bad in (0, -5):
-        with pytest.raises(UserError, match="--max-tokens must be at least 1"):
+        with pytest.raises(UserError, match="--max-tokens must be in 1..2047"):
             build_config(mode="baseline", task="kk", max_tokens=bad)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reference_trainer.errors import MAX_SEED, check_integer, check_number
+
 
 @dataclass
 class SamplingParams:
@@ -22,6 +24,17 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    def check(self) -> SamplingParams:
+        """Self, if every number is finite and in range; else a one-line UserError naming the option (a NaN
+        temperature would sample nothing, a seed past int64 would fail in torch's generator)."""
+        check_number("--temperature", self.temperature, low=0.0)
+        check_number("--top-p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_integer("--top-k", self.top_k, low=0)
+        check_integer("--max-tokens", self.max_tokens, low=1)
+        if self.seed is not None:
+            check_integer("--seed", self.seed, low=0, high=MAX_SEED)
+        return self
+
 
 @dataclass
 class EngineConfig:
@@ -33,3 +46,6 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     max_verify_tokens: int = 16  # headroom in the cache for multi-token verify forwards
+    # Decode and verify forwards at static shapes, replayed as CUDA graphs (engine/graphs.py). Only on
+    # CUDA: elsewhere (CPU) every forward runs eagerly at its own shape whatever this says.
+    cuda_graphs: bool = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -10,13 +11,14 @@ import torch
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.requests import RequestBook
-from reference_trainer.engine.runner import ModelRunner
-from reference_trainer.engine.sampler import SamplingBatch, sample
+from reference_trainer.engine.runner import ModelRunner, Scored
+from reference_trainer.engine.sampler import SlotParams, sample, seed_key
 from reference_trainer.engine.scheduler import Scheduler
-from reference_trainer.engine.sequence import Sequence, resume_seed
-from reference_trainer.engine.trace import Trace
+from reference_trainer.engine.sequence import Sequence
+from reference_trainer.engine.transfers import read_back
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import resolve_dtype
+from reference_trainer.trace.writer import Trace
 
 if TYPE_CHECKING:
     from reference_trainer.engine.speculative import Speculator
@@ -52,7 +54,11 @@ class Engine(RequestBook):
         self.scheduler = Scheduler(self.slots, config.max_prefill_tokens)
         self.runner = ModelRunner(model, config, self.slots)
         self.device = device
-        self._generators: dict[str, torch.Generator | None] = {}
+        # Each request's random stream key (sampler.py): from its seed, or for an unseeded request from the
+        # engine's own source, itself seeded from torch's global generator (torch.manual_seed governs it).
+        self._keys: dict[str, int] = {}
+        self._unseeded = random.Random(int(torch.randint(0, 2**62, ())))
+        self.sampling = SlotParams(config.max_num_seqs, device)  # per slot, on the device
         # Optional speculative decoder (engine/speculative.py); it takes over decode steps when attached.
         self.speculator: Speculator | None = None
 
@@ -75,17 +81,16 @@ class Engine(RequestBook):
         seq = self._new_sequence(
             prompt_ids, params, seq_id, response_ids, logprobs, policy_versions, priority, meta
         )
-        gen = None
-        if params.seed is not None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(resume_seed(params.seed, seq.resumed_tokens))
-        self._generators[seq.seq_id] = gen
+        # Draws are keyed by token position, so a resumed request continues its seed's stream where the
+        # uninterrupted run would be: it neither replays its first draws nor needs a shifted seed.
+        seed = params.seed if params.seed is not None else self._unseeded.getrandbits(64)
+        self._keys[seq.seq_id] = seed_key(seed)
         self.scheduler.add(seq)
         return seq
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.release(seq)
-        self._generators.pop(seq.seq_id, None)
+        self._keys.pop(seq.seq_id, None)
         if self.speculator is not None:  # a finished response is history at once for its siblings
             self.speculator.on_done(seq)
 
@@ -111,22 +116,25 @@ class Engine(RequestBook):
         occupied = {slot: s.seq_id for slot, s in self.scheduler.running.items()}
         if kind == "decode" and self.speculator is not None:
             return self.speculator.step(seqs, t_start, occupied)
-        logits = self.runner.prefill(seqs) if kind == "prefill" else self.runner.decode(seqs)
-        finished = self.emit(seqs, logits)
+        if kind == "prefill":  # the slots' sampling parameters change only when their requests do
+            self.sampling.assign(
+                [s.slot for s in seqs],  # type: ignore[misc]
+                [s.params for s in seqs],
+                [self._keys[s.seq_id] for s in seqs],
+            )
+        scored = self.runner.prefill(seqs) if kind == "prefill" else self.runner.decode(seqs)
+        finished = self.emit(seqs, scored)
         self.trace.engine_step(kind, t_start, self.trace.now(), occupied, self.slots.capacity, len(seqs))
         return finished
 
-    def emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Sequence]:
-        """Sample one token per sequence from its next-token logits ([B, V]) and append it; returns the
-        sequences that finished."""
-        batch = SamplingBatch.build(
-            [s.params for s in seqs], [self._generators.get(s.seq_id) for s in seqs], self.device
-        )
-        tokens, logprobs = sample(logits, batch)
+    def emit(self, seqs: list[Sequence], scored: Scored) -> list[Sequence]:
+        """Sample one token per sequence from its row of `scored`, read the tokens back (the step's one
+        device-to-host transfer) and append them; returns the sequences that finished."""
+        params = [s.params for s in seqs]
+        tokens, logprobs = sample(scored.logits, self.sampling.batch(scored.slots, scored.positions, params))
+        tokens_l, logprobs_l = read_back(tokens, logprobs)
         return [
-            s
-            for s, t, lp in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True)
-            if self._append(s, [t], [lp])
+            s for s, t, lp in zip(seqs, tokens_l, logprobs_l, strict=True) if self._append(s, [int(t)], [lp])
         ]
 
     @torch.no_grad()

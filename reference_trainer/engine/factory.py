@@ -9,25 +9,39 @@ imports neither vLLM nor the rollout package (the CLI checks before loading any 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from reference_trainer.engine.config import EngineConfig
+from reference_trainer.engine.histospec import attach_histospec
 from reference_trainer.engine.protocol import RolloutEngine
-from reference_trainer.engine.trace import Trace
-from reference_trainer.engine.vllm_engine import INSTALL_HINT, vllm_available
+from reference_trainer.engine.vllm_engine import INSTALL_HINT, VLLMEngine, vllm_available
+from reference_trainer.errors import UserError
+from reference_trainer.trace.writer import Trace
 
-ENGINE_KINDS = ("reference", "vllm")
+ROLLOUT_ENGINES = ("reference", "vllm")
+
+
+def check_worker_backend(backend: str, workers: int) -> None:
+    """A one-line UserError for an unknown worker backend, or Ray's install line when it is missing."""
+    if backend not in ("ray", "local"):
+        raise UserError(f"unknown worker backend {backend!r}; use ray or local")
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise UserError(
+            f"--workers {workers} runs rollout workers on Ray, which is not installed: "
+            "pip install 'rlbench[ray]'"
+        )
 
 
 def check_engine_kind(kind: str) -> None:
-    """ValueError (one line) for an unknown engine kind, or vllm where vLLM is not installed."""
-    if kind not in ENGINE_KINDS:
-        raise ValueError(f"unknown engine {kind!r}; use {' or '.join(ENGINE_KINDS)}")
+    """A one-line UserError for an unknown engine kind, or vllm where vLLM is not installed."""
+    if kind not in ROLLOUT_ENGINES:
+        raise UserError(f"unknown engine {kind!r}; use {' or '.join(ROLLOUT_ENGINES)}")
     if kind == "vllm" and not vllm_available():
-        raise ValueError(INSTALL_HINT)
+        raise UserError(INSTALL_HINT)
 
 
 def build_rollout_engine(
@@ -55,16 +69,14 @@ def build_rollout_engine(
       `rollout_copy` runs it on a frozen copy of `model` in the device's inference dtype (bf16 on CUDA), so
       a policy that keeps training in fp32 is not the engine's.
 
-    The engine (or pool) records into `trace` (a new one when None). Unknown kinds and a missing vLLM are
-    a ValueError before anything is built. A pool or a vLLM engine needs `close()`.
+    The engine (or pool) records into `trace` (a new one when None). Unknown kinds, a missing vLLM and
+    --workers with vllm are a UserError before anything is built. A pool or a vLLM engine needs `close()`.
     """
     check_engine_kind(kind)
     eos = tokenizer.eos_token_ids
     if kind == "vllm":
-        from reference_trainer.engine.vllm_engine import VLLMEngine
-
         if workers > 1:
-            raise ValueError(f"--workers needs --engine reference (got --engine {kind})")
+            raise UserError(f"--workers needs --engine reference (got --engine {kind})")
         if model_dir is None:
             raise ValueError("the vllm engine loads a model directory: pass model_dir")
         return VLLMEngine(
@@ -74,7 +86,7 @@ def build_rollout_engine(
         raise ValueError("the reference engine runs a loaded model: pass model")
     trace = trace if trace is not None else Trace()
     if workers > 1:
-        from reference_trainer.rollout.workers import WorkerSpec, make_worker_pool
+        from reference_trainer.engine.workers import WorkerSpec, make_worker_pool
 
         spec = WorkerSpec(
             model.config,
@@ -93,7 +105,5 @@ def build_rollout_engine(
         model = copy.deepcopy(model).requires_grad_(False).to(resolve_dtype("auto", device))
     engine = Engine(model, config, eos, tokenizer=tokenizer, trace=trace)
     if histospec is not None:
-        from reference_trainer.rollout.histospec import attach_histospec
-
         attach_histospec(engine, **histospec)
     return engine

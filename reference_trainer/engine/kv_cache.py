@@ -12,6 +12,10 @@ A slot is a place in the running batch (the trace's occupancy unit; `max_num_seq
 
 Block tables are kept in both layouts (in the contiguous one a slot's blocks are its own fixed run), so the
 accounting is the same. The pool never shrinks: a later batch of the same size reuses it.
+
+Each layout has one scratch place that no sequence owns: block 0 of the paged pool (also the padding of
+block tables, read but masked), an extra slot past the last in the contiguous one. Rows that only pad a
+batch to a static shape (engine/graphs.py) write their K/V there.
 """
 
 from __future__ import annotations
@@ -49,15 +53,17 @@ class SlotManager:
         self.contiguous = contiguous
         self.cache: PagedKVCache | SlotKVCache
         if contiguous:
-            self.cache = SlotKVCache(config, capacity, max_len, device, dtype)
+            self.cache = SlotKVCache(config, capacity + 1, max_len, device, dtype)
+            self.scratch = capacity  # the extra slot
             initial = 0
         else:
-            initial = min(self.max_blocks, capacity * INITIAL_BLOCKS_PER_SLOT)
+            initial = min(self.max_blocks, capacity * INITIAL_BLOCKS_PER_SLOT) + 1
             self.cache = PagedKVCache(config, initial, block_size, device, dtype)
+            self.scratch = 0  # block 0
         self.device = device
         self._free = list(range(capacity))
         heapq.heapify(self._free)
-        self._free_blocks = list(range(initial - 1, -1, -1))  # popped from the end: low blocks first
+        self._free_blocks = list(range(initial - 1, 0, -1))  # popped from the end: low blocks first
         self.tables: dict[int, list[int]] = {}
 
     @property
@@ -101,7 +107,7 @@ class SlotManager:
         assert isinstance(self.cache, PagedKVCache)
         old = self.cache.num_blocks
         # x1.5: a few copies over a run, while the pool overshoots what is in flight by at most half.
-        new = min(self.max_blocks, max(old + old // 2, old + at_least))
+        new = min(self.max_blocks + 1, max(old + old // 2, old + at_least))  # + the scratch block
         if new - old < at_least:  # cannot happen while every slot stays within max_len
             raise RuntimeError("KV cache exhausted")
         self.cache.grow(new)
@@ -114,12 +120,18 @@ class SlotManager:
         return self.cache.read(layer, self.tables[slot], num_tokens)
 
     def rows(self, slots: list[int]) -> torch.Tensor:
-        """Where these slots' K/V live, as forward_cached takes it: the slots themselves in the contiguous
-        layout; block tables ([B, widest], short ones padded with block 0, read but masked) in the paged."""
+        """Where these slots' K/V live, as forward_cached takes it (see `where`), on the device."""
+        where = self.where(slots)
         if self.contiguous:
-            return torch.tensor(slots, dtype=torch.long, device=self.device)
+            return torch.tensor(where, dtype=torch.long, device=self.device)
+        return torch.tensor(where, dtype=torch.long, device=self.device).view(len(slots), -1)
+
+    def where(self, slots: list[int], width: int | None = None) -> list[int]:
+        """Where these slots' K/V live, flat, on the host: the slots themselves in the contiguous layout;
+        block tables row by row in the paged one, each cut or padded with the scratch block (read but masked)
+        to `width` blocks (default: the longest table)."""
+        if self.contiguous:
+            return list(slots)
         tables = [self.tables[s] for s in slots]
-        width = max(1, max(len(t) for t in tables))
-        return torch.tensor(
-            [t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=self.device
-        )
+        width = width if width is not None else max(1, max(len(t) for t in tables))
+        return [b for t in tables for b in t[:width] + [self.scratch] * (width - len(t))]

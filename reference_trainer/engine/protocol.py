@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.sequence import Sequence
-from reference_trainer.engine.trace import Trace
+from reference_trainer.trace.writer import Trace
 
 
 @runtime_checkable
@@ -76,7 +76,8 @@ class RequestEngine(RolloutEngine, Protocol):
         self,
         prompts: list[list[int]],
         params: SamplingParams | list[SamplingParams] | None = None,
-        progress: Callable[[int], None] | None = None,
+        on_finish: Callable[[int, Sequence], None] | None = None,
     ) -> list[Sequence]:
-        """Run prompts to completion; their sequences in input order."""
+        """Run prompts to completion; their sequences in input order. `on_finish(i, seq)` as each one
+        finishes (i: its index in `prompts`)."""
         ...

@@ -13,7 +13,7 @@ from typing import Any
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
-from reference_trainer.engine.trace import Trace
+from reference_trainer.trace.writer import Trace
 
 STOP_TAIL_TOKENS = 64  # stop strings are searched in the decoded text of this many last response tokens
 
@@ -148,15 +148,17 @@ class RequestBook:
         self,
         prompts: list[list[int]],
         params: SamplingParams | list[SamplingParams] | None = None,
-        progress: Callable[[int], None] | None = None,
+        on_finish: Callable[[int, Sequence], None] | None = None,
     ) -> list[Sequence]:
-        """Run prompts to completion; returns their sequences in input order."""
+        """Run prompts to completion; returns their sequences in input order. `on_finish(i, seq)` is called
+        as each one finishes (i: its index in `prompts`), so a caller can save work as it completes."""
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        index = {seq.seq_id: i for i, seq in enumerate(seqs)}
         while self.has_unfinished():
-            done = self.step()
-            if progress is not None and done:
-                progress(len(done))
+            for seq in self.step():
+                if on_finish is not None and seq.seq_id in index:
+                    on_finish(index[seq.seq_id], seq)
         return seqs
 
     def close(self) -> None:

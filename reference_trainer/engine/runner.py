@@ -1,15 +1,34 @@
-"""The model runner: turns scheduled sequences into batched forwards over the KV cache (kv_cache.py)."""
+"""The model runner: turns scheduled sequences into batched forwards over the KV cache (kv_cache.py).
+
+Every forward takes its inputs from one upload (transfers.py) and hands the sampler device tensors only:
+the logits of the rows to sample, each row's slot and the position of the token drawn from it (`Scored`).
+Nothing in a decode or verify forward reads a device value back: what the forward needs to know about its
+shape (the key span, the slot range) the host already knows. On CUDA, decode and verify forwards run at
+static shapes, captured as CUDA graphs (graphs.py; `EngineConfig.cuda_graphs`); prefill stays eager.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from reference_trainer.engine.config import EngineConfig
+from reference_trainer.engine.graphs import StaticForward
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.sequence import Sequence
+from reference_trainer.engine.transfers import PAD_ID, padded, upload
 from reference_trainer.model.decoder import DecoderLM
 
-PAD_ID = 0  # any valid id: padded columns are computed but never stored
+
+@dataclass
+class Scored:
+    """The rows a step samples from, in sequence order (a verified sequence has one row per position)."""
+
+    logits: torch.Tensor  # [N, V] float32
+    slots: torch.Tensor  # [N] long: the slot of each row's sequence
+    positions: torch.Tensor  # [N] long: the position, in its sequence, of the token drawn from the row
+    drafts: torch.Tensor | None = None  # [N] long (extend): the input token after the row, -1 after the last
 
 
 class ModelRunner:
@@ -18,82 +37,137 @@ class ModelRunner:
         self.config = config
         self.slots = slots
         self.device = next(model.parameters()).device
+        self.static: StaticForward | None = None  # the graph path (graphs.py); None: own-shape forwards
+        if config.cuda_graphs and self.device.type == "cuda":
+            self.static = StaticForward(model, slots, config.max_verify_tokens, capture=True)
 
-    def _long(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
-
-    def _forward_rows(
-        self, seqs: list[Sequence], rows: list[list[int]], starts: list[int], select: bool = False
-    ) -> torch.Tensor:
-        """One forward continuing each sequence's row at its start position: [B, Qmax, V] logits in `seqs`
-        order, or [B, 1, V] at each row's last token with `select`."""
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Sequence]) -> Scored:
+        """Store each sequence's uncached tokens (prompt, plus response when resuming); one row per
+        sequence: the logits after its last token."""
+        rows = [s.all_ids[s.num_cached :] for s in seqs]
+        starts = [s.num_cached for s in seqs]
         slots: list[int] = [s.slot for s in seqs]  # type: ignore[misc]
         for slot, row, start in zip(slots, rows, starts, strict=True):
             self.slots.reserve(slot, start + len(row))
-        lo, hi = min(slots), max(slots) + 1
-        if self.slots.contiguous and not select and len(seqs) * 2 >= hi - lo:
-            return self._forward_slot_range(slots, rows, starts, lo, hi)
         lengths = [len(r) for r in rows]
         width = max(lengths)
-        return self.model.forward_cached(
-            self._padded(rows, width),
-            self._long(starts),
-            self.slots.cache,
-            self.slots.rows(slots),
-            num_new=None if min(lengths) == width else self._long(lengths),
-            select=self._long([n - 1 for n in lengths]) if select else None,
-        )
-
-    def _forward_slot_range(
-        self, slots: list[int], rows: list[list[int]], starts: list[int], lo: int, hi: int
-    ) -> torch.Tensor:
-        """Contiguous layout, slots packed low (the allocator hands out the lowest free one): run every slot
-        of [lo, hi) so attention reads the cache as a view. Idle slots in the range get a one-token dummy
-        row at position 0 of their own slot, which nothing live reads."""
-        packed_rows: list[list[int]] = [[PAD_ID]] * (hi - lo)
-        packed_starts = [0] * (hi - lo)
-        for slot, row, start in zip(slots, rows, starts, strict=True):
-            packed_rows[slot - lo], packed_starts[slot - lo] = row, start
-        lengths = [len(r) for r in packed_rows]
-        width = max(lengths)
+        parts = {
+            "ids": padded(rows, width),
+            "starts": starts,
+            "rows": self.slots.where(slots),
+            "select": [n - 1 for n in lengths],
+            "slots": slots,
+            "positions": [s.length for s in seqs],
+        }
+        ragged = min(lengths) != width
+        if ragged:  # only prefill masks padding: its rows may be far longer than a sequence's blocks
+            parts["num_new"] = lengths
+        inputs = upload(parts, self.device)
         logits = self.model.forward_cached(
-            self._padded(packed_rows, width),
-            self._long(packed_starts),
+            inputs["ids"].view(len(seqs), width),
+            inputs["starts"],
             self.slots.cache,
-            torch.arange(lo, hi, device=self.device),
-            num_new=None if min(lengths) == width else self._long(lengths),
-            contiguous=True,
-        )
-        return logits[self._long([s - lo for s in slots])]
-
-    def _padded(self, rows: list[list[int]], width: int) -> torch.Tensor:
-        flat = [tok for r in rows for tok in r + [PAD_ID] * (width - len(r))]
-        return self._long(flat).view(len(rows), width)
-
-    @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Store each sequence's uncached tokens (prompt, plus response when resuming); returns the logits
-        after its last token: [B, V]."""
-        logits = self._forward_rows(
-            seqs, [s.all_ids[s.num_cached :] for s in seqs], [s.num_cached for s in seqs], select=True
+            self._rows(inputs["rows"], len(seqs)),
+            num_new=inputs["num_new"] if ragged else None,
+            select=inputs["select"],
+            key_len=max(starts) + width,
         )
         for seq in seqs:
             seq.num_cached = seq.length
-        return logits[:, 0]
+        return Scored(logits[:, 0], inputs["slots"], inputs["positions"])
 
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Feed each sequence's newest token: [B, V] logits, rows in the order of `seqs`."""
-        logits = self._forward_rows(seqs, [[s.all_ids[-1]] for s in seqs], [s.length - 1 for s in seqs])
+    def decode(self, seqs: list[Sequence]) -> Scored:
+        """Feed each sequence's newest token; one row per sequence."""
+        scored = self._continue(seqs, [[s.all_ids[-1]] for s in seqs], verify=False)
         for seq in seqs:
             seq.num_cached = seq.length
-        return logits[:, 0]
+        return scored
 
     @torch.inference_mode()
-    def extend(self, seqs: list[Sequence], new_tokens: list[list[int]]) -> torch.Tensor:
-        """Append several tokens per sequence in one forward (speculative verification): [B, Qmax, V].
+    def extend(self, seqs: list[Sequence], new_tokens: list[list[int]]) -> Scored:
+        """Append several tokens per sequence in one forward (speculative verification): one row per new
+        token, with `drafts` set.
 
         The tokens are written into the cache but `num_cached` is left to the caller, who rolls back
         rejected positions simply by not counting them.
         """
-        return self._forward_rows(seqs, new_tokens, [s.num_cached for s in seqs])
+        return self._continue(seqs, new_tokens, verify=True)
+
+    def _continue(self, seqs: list[Sequence], rows: list[list[int]], verify: bool) -> Scored:
+        """One forward continuing each sequence at its first uncached position with its row of tokens.
+
+        Rows are right-padded to the widest, and the padding is written into the cache like real tokens:
+        at the row's own next positions, which nothing reads before a real token overwrites them (as for
+        rejected drafts). Each row reserves room for the padding, so no write needs a mask."""
+        slots: list[int] = [s.slot for s in seqs]  # type: ignore[misc]
+        starts = [s.num_cached for s in seqs]
+        width = max(len(r) for r in rows)
+        for slot, start in zip(slots, starts, strict=True):
+            self.slots.reserve(slot, start + width)
+        sample = {
+            "slots": [slot for slot, row in zip(slots, rows, strict=True) for _ in row],
+            "positions": [
+                start + j + 1 for start, row in zip(starts, rows, strict=True) for j in range(len(row))
+            ],
+        }
+        if verify:
+            sample["drafts"] = [t for row in rows for t in row[1:] + [-1]]
+        # Which of the forward's [rows x width] outputs each sampled row is (none needed when all are).
+        order = [b * width + j for b, row in enumerate(rows) for j in range(len(row))]
+        if self.static is not None and self.static.fits(len(rows), width):
+            hidden, inputs = self.static.run(rows, starts, slots, {"index": order, **sample})
+            flat = hidden.view(-1, hidden.shape[-1])
+            picked = flat[: len(rows)] if width == 1 else flat[inputs["index"]]
+            logits = self.model.logits(picked).float()
+        else:
+            logits, inputs = self._eager(rows, starts, slots, width, order, sample)
+        return Scored(logits, inputs["slots"], inputs["positions"], inputs.get("drafts"))
+
+    def _eager(
+        self,
+        rows: list[list[int]],
+        starts: list[int],
+        slots: list[int],
+        width: int,
+        order: list[int],
+        sample: dict[str, list[int]],
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The forward at the step's own shape: over the packed range of slots [lo, hi) in the contiguous
+        layout when the batch fills at least half of it (attention then reads the cache as a view), else
+        over the batch's rows."""
+        lo, hi = min(slots), max(slots) + 1
+        if self.slots.contiguous and len(rows) * 2 >= hi - lo:
+            # Idle slots in the range get a dummy row at position 0 of their own slot, which nothing reads.
+            packed: list[list[int]] = [[PAD_ID]] * (hi - lo)
+            packed_starts = [0] * (hi - lo)
+            for slot, row, start in zip(slots, rows, starts, strict=True):
+                packed[slot - lo], packed_starts[slot - lo] = row, start
+            order = [
+                (slot - lo) * width + j
+                for slot, row in zip(slots, rows, strict=True)
+                for j in range(len(row))
+            ]
+            rows, starts, where, slot_range = packed, packed_starts, [], (lo, hi)
+        else:
+            where, slot_range = self.slots.where(slots), None
+        needs_order = order != list(range(len(rows) * width))
+        inputs = upload(
+            {"ids": padded(rows, width), "starts": starts, "rows": where, **sample}
+            | ({"order": order} if needs_order else {}),
+            self.device,
+        )
+        logits = self.model.forward_cached(
+            inputs["ids"].view(len(rows), width),
+            inputs["starts"],
+            self.slots.cache,
+            torch.arange(lo, hi, device=self.device) if slot_range else self._rows(inputs["rows"], len(rows)),
+            contiguous=slot_range is not None,
+            key_len=max(starts) + width,
+            slot_range=slot_range,
+        ).view(len(rows) * width, -1)
+        return (logits[inputs["order"]] if needs_order else logits), inputs
+
+    def _rows(self, where: torch.Tensor, batch: int) -> torch.Tensor:
+        return where if self.slots.contiguous else where.view(batch, -1)

@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reference_trainer.engine.config import SamplingParams
+from reference_trainer.trace.schema import SEQUENCE
 
 
 def resume_seed(seed: int, resumed_tokens: int) -> int:
-    """A seeded request's generator seed, offset by the tokens it resumes with so that a resumed request
-    does not replay its first draws (the same rule in every engine)."""
+    """A seeded request's generator seed for vLLM, whose generator is a stream: offset by the tokens it
+    resumes with so that a resumed request does not replay its first draws. (The reference engine needs no
+    offset: its draws are keyed by token position, engine/sampler.py.)"""
     return seed * 1_000_003 + resumed_tokens
 
 
@@ -106,7 +108,7 @@ class Sequence:
             self.status, "cached"
         )
         return {
-            "kind": "sequence",
+            "kind": SEQUENCE,
             "id": self.seq_id,
             "prompt_id": str(self.meta.get("prompt_id", self.seq_id)),
             "sample": int(self.meta.get("sample", 0)),

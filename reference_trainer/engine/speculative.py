@@ -3,18 +3,20 @@
 Acceptance rule (point-mass draft d, target distribution p = `sampling_probs` at that position): accept d
 with probability p(d); on rejection emit a token from p with d removed and renormalised; when the whole
 draft is accepted, emit a bonus token from p at the next position. It is realised as a coupling with plain
-decoding: each position draws the token plain decoding would draw there, x = argmax p / E with E ~ Exp(1)
-from the request's own generator (sampler.draw), and d is accepted iff x == d. Then P(accept) = p(d) and,
-given a rejection, x is distributed as p restricted to tokens != d, renormalised — the rule above. Because
-the generator is rewound so it advances by exactly one draw per emitted token, a seeded request emits the
-same tokens with or without drafts, whatever the cost model decides: speculation changes speed only.
+decoding: each position draws the token plain decoding would draw there, with the uniform keyed by the
+request's seed and that position (sampler.draw), and d is accepted iff that token x == d. Then P(accept) =
+p(d) and, given a rejection, x is distributed as p restricted to tokens != d, renormalised — the rule above.
+The draw at a position depends on nothing but (seed, position) and p, so a seeded request emits the same
+tokens with or without drafts, whatever the cost model decides: speculation changes speed only.
 
 Cost awareness: on a CPU, verifying q tokens at large batch costs several decode steps (on a 2-core CPU,
 a 3.25M-parameter decoder at context 128 verifying q = 9 tokens costs 1.5x a decode step at batch 1, 4.0x
-at batch 64 and 5.4x at batch 256; on a GPU, where decode is memory-bound, it is far closer to 1x). Each
-step the Speculator picks the verify width q maximising expected tokens per second, from a cost table of
-the runner measured at attach time, corrected online by observed step times, and from the running
-acceptance; q = 0 is a plain decode step.
+at batch 64 and 5.4x at batch 256); on a GPU, where decode is memory-bound, it is close to 1x. Each step
+the Speculator picks the verify width q maximising expected tokens per second (`verify_width`), from a
+cost table timed at attach time through the runner's own decode and verify entry points (so under CUDA
+graphs it times graph replays), corrected online by observed step times, and from the running acceptance;
+q = 0 is a plain decode step. A verify costing within `margin` of a decode step is taken whenever it is
+expected to emit any extra token, so drafting is never switched off where verifying is free.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from typing import Any, Protocol
 
 import torch
 
-from reference_trainer.engine.sampler import SamplingBatch, draw, sampling_probs, token_logprobs
+from reference_trainer.engine.config import SamplingParams
+from reference_trainer.engine.sampler import plain_tokens, scaled_logits, token_logprobs
 from reference_trainer.engine.sequence import Sequence
+from reference_trainer.engine.transfers import read_back
 
 # accept[i] for each flat verify row: (probs, plain draws x, draft tokens with -1 where none) -> bool [N].
 AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -81,35 +85,38 @@ def measure_cost_model(
     context: int = 64,
     repeats: int = 3,
 ) -> CostModel:
-    """Time the runner's forwards on free slots (the fastest of `repeats`), the way decode and verification
-    run them: each row continues a `context`-token sequence in its own cache blocks."""
+    """Time the forwards a step runs (the fastest of `repeats`), through the runner's own entry points:
+    `decode` for q = 1, `extend` (verification) for q > 1, on probe sequences in free slots that each
+    continue a `context`-token sequence. So the table measures the path the engine takes: on CUDA with
+    `EngineConfig.cuda_graphs`, the static shapes replayed as CUDA graphs (the untimed first run of each
+    cell captures its graph); elsewhere, the eager forward at the step's own shape."""
     if engine.scheduler.running:
         raise RuntimeError("measure the cost model before any request runs: it writes into free slots")
     cap = engine.slots.capacity
     q_max = engine.config.max_verify_tokens
     batches = sorted({min(b, cap) for b in batches})
     qs = sorted({min(q, q_max) for q in qs} | {1})
-    context = min(context, engine.max_model_len - 1)
-    model, slot_mgr, dev = engine.model, engine.slots, engine.device
+    context = min(context, engine.max_model_len - 1)  # the cache holds max_verify_tokens more per slot
+    runner, slot_mgr, dev = engine.runner, engine.slots, engine.device
     table: dict[tuple[int, int], float] = {}
     for b in batches:
-        slots = [slot_mgr.allocate() for _ in range(b)]
-        for slot in slots:
-            slot_mgr.reserve(slot, context + max(qs))
-        rows = slot_mgr.rows(slots)
-        starts = torch.full((b,), context, dtype=torch.long, device=dev)
+        probes = [_probe(slot_mgr, i, context, max(qs)) for i in range(b)]
         for q in qs:
-            ids = torch.full((b, q), 3, dtype=torch.long, device=dev)
             times = []
-            for _ in range(repeats + 1):  # the first run warms up
+            for _ in range(repeats + 1):  # the first run warms up (and captures the graph of its shape)
+                for probe in probes:
+                    probe.num_cached = context  # a decode step counts its token as cached: undo it
                 _synchronize(dev)  # CUDA runs kernels asynchronously: time the work, not its launch
                 t0 = time.perf_counter()
-                model.forward_cached(ids, starts, slot_mgr.cache, rows, contiguous=slot_mgr.contiguous)
+                if q == 1:
+                    runner.decode(probes)
+                else:
+                    runner.extend(probes, [[PROBE_TOKEN] * q for _ in probes])
                 _synchronize(dev)
                 times.append(time.perf_counter() - t0)
             table[b, q] = min(times[1:])  # the least disturbed run: other load only ever adds time
-        for slot in slots:
-            slot_mgr.release(slot)
+        for probe in probes:
+            slot_mgr.release(probe.slot)
     # A forward over more rows or more tokens never costs less: smooth out timing noise.
     for i, b in enumerate(batches):
         for j, q in enumerate(qs):
@@ -119,9 +126,58 @@ def measure_cost_model(
     return CostModel(table)
 
 
+PROBE_TOKEN = 3  # any valid id: the timing does not depend on the values
+
+
+def _probe(slot_mgr: Any, index: int, context: int, width: int) -> Sequence:
+    """A sequence in a free slot with `context` tokens counted as cached (their K/V are whatever the slot
+    holds) and room for `width` more."""
+    seq = Sequence(f"cost-probe-{index}", [PROBE_TOKEN] * (context + 1), SamplingParams())
+    seq.slot = slot_mgr.allocate()
+    slot_mgr.reserve(seq.slot, context + width)
+    seq.num_cached = context
+    return seq
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def expected_tokens(draft_lens: Seq[int], q: int, alpha: float) -> float:
+    """Tokens emitted by one verify of width q: per sequence 1 + alpha + ... + alpha^min(q, len)."""
+    geo = [0.0]
+    for i in range(1, q + 1):
+        geo.append(geo[-1] + alpha**i)
+    return sum(1.0 + geo[min(q, n)] for n in draft_lens)
+
+
+def verify_width(
+    cost_model: CostModel,
+    draft_lens: Seq[int],
+    alpha: float,
+    margin: float,
+    decode_correction: float = 1.0,
+    verify_correction: float = 1.0,
+) -> int:
+    """The gate: how many draft tokens per row to verify this step (0 = plain decode), from the cost table
+    (each kind's entry times its correction), the running acceptance `alpha` and the batch's draft lengths.
+
+    Verifying width q pays when its expected tokens per second beat plain decoding's. A verify that costs
+    more than `margin` above a decode step must beat plain decoding by `margin` (timing noise must not
+    switch drafting on); one within `margin` of a decode step costs "one decode step", so any expected
+    accepted token is a gain and drafting stays on. Among the widths that pass, the fastest wins."""
+    batch, longest = len(draft_lens), max(draft_lens, default=0)
+    decode = cost_model.cost(batch, 1) * decode_correction
+    best_q, best_rate = 0, 0.0
+    for q in range(1, longest + 1):
+        verify = cost_model.cost(batch, q + 1) * verify_correction
+        tokens = expected_tokens(draft_lens, q, alpha)
+        ratio = verify / decode
+        needed = batch * (1.0 if ratio <= 1.0 + margin else ratio * (1.0 + margin))
+        if tokens > needed and tokens / verify > best_rate:
+            best_q, best_rate = q, tokens / verify
+    return best_q
 
 
 class Speculator:
@@ -166,28 +222,19 @@ class Speculator:
         w = self.prior_weight
         return (self._accepted + w * self.prior_acceptance) / (self._tried + w)
 
-    def expected_tokens(self, draft_lens: Seq[int], q: int) -> float:
-        """Tokens emitted by one verify of width q: per sequence 1 + alpha + ... + alpha^min(q, len)."""
-        a = self.alpha
-        geo = [0.0]
-        for i in range(1, q + 1):
-            geo.append(geo[-1] + a**i)
-        return sum(1.0 + geo[min(q, n)] for n in draft_lens)
-
     def choose_width(self, draft_lens: Seq[int]) -> int:
-        """Draft tokens per row to verify this step; 0 = plain decode (the default unless verifying is
-        expected to beat it by `margin`)."""
+        """Draft tokens per row to verify this step (0 = plain decode): `verify_width` on the cost table
+        corrected by the observed step times (verify takes decode's correction until it has been seen)."""
         assert self.cost_model is not None
-        batch, longest = len(draft_lens), max(draft_lens, default=0)
         decode_corr = self.correction["decode"] or 1.0
-        verify_corr = self.correction["verify"] or decode_corr
-        plain = batch / (self.cost_model.cost(batch, 1) * decode_corr)
-        best_q, best_rate = 0, plain * (1.0 + self.margin)
-        for q in range(1, longest + 1):
-            rate = self.expected_tokens(draft_lens, q) / (self.cost_model.cost(batch, q + 1) * verify_corr)
-            if rate > best_rate:
-                best_q, best_rate = q, rate
-        return best_q
+        return verify_width(
+            self.cost_model,
+            draft_lens,
+            self.alpha,
+            self.margin,
+            decode_corr,
+            self.correction["verify"] or decode_corr,
+        )
 
     def _observe_time(self, kind: str, batch: int, q: int, seconds: float) -> None:
         assert self.cost_model is not None
@@ -239,30 +286,20 @@ class Speculator:
     ) -> list[Sequence]:
         engine = self.engine
         t0 = time.perf_counter()
-        dev = engine.device
-        logits = engine.runner.extend(seqs, [[s.all_ids[-1]] + d for s, d in zip(seqs, drafts, strict=True)])
+        scored = engine.runner.extend(seqs, [[s.all_ids[-1]] + d for s, d in zip(seqs, drafts, strict=True)])
         counts = [len(d) + 1 for d in drafts]  # rows of each sequence: its draft positions + the bonus
-        row_of = torch.tensor([b for b, c in enumerate(counts) for _ in range(c)], device=dev)
-        pos_of = torch.tensor([j for c in counts for j in range(c)], device=dev)
-        flat = logits[row_of, pos_of]  # [N, V]
-        gens = [engine._generators.get(s.seq_id) for s in seqs]
-        batch = SamplingBatch.build([s.params for s in seqs], gens, dev).repeat(counts)
-        draft_flat = torch.tensor([t for d in drafts for t in d + [-1]], dtype=torch.long, device=dev)
-
-        greedy = flat.argmax(-1)
-        if bool(batch.greedy.all()):
-            plain, probs = greedy, None
-        else:
-            probs = sampling_probs(flat, batch)
-            states = [g.get_state() if g is not None else None for g in gens]
-            plain = torch.where(batch.greedy, greedy, draw(probs, batch.generators))
-        if probs is None:
-            probs = torch.zeros(0, device=dev)
+        params = [s.params for s, c in zip(seqs, counts, strict=True) for _ in range(c)]
+        # Row j of a sequence scores the token at position length + j: the draw plain decoding makes there.
+        batch = engine.sampling.batch(scored.slots, scored.positions, params)
+        draft_flat = scored.drafts
+        assert draft_flat is not None
+        scaled = scaled_logits(scored.logits, batch)
+        plain, probs = plain_tokens(scaled, batch)
         accept = self.accept_rule(probs, plain, draft_flat) & (draft_flat >= 0)
         emit_flat = torch.where(accept, draft_flat, plain)
-        logp_flat = token_logprobs(flat, batch, emit_flat)
+        logp_flat = token_logprobs(scaled, emit_flat)
 
-        accept_l, emit_l, logp_l = accept.tolist(), emit_flat.tolist(), logp_flat.tolist()
+        accept_l, emit_l, logp_l = read_back(accept, emit_flat, logp_flat)  # the step's one read-back
         finished: list[Sequence] = []
         emitted = drafted = accepted = draft_seqs = draft_emitted = 0
         start = 0
@@ -271,12 +308,9 @@ class Speculator:
             while n_acc < len(d) and accept_l[start + n_acc]:
                 n_acc += 1
             before = len(seq.response_ids)
-            done = engine._append(seq, emit_l[start : start + n_acc + 1], logp_l[start : start + n_acc + 1])
+            emit = [int(t) for t in emit_l[start : start + n_acc + 1]]
+            done = engine._append(seq, emit, logp_l[start : start + n_acc + 1])
             n_out = len(seq.response_ids) - before
-            if gens[b] is not None and probs.numel() and n_out < counts[b]:
-                # Rewind the generator so it advances by one draw per emitted token, as plain decoding.
-                gens[b].set_state(states[b])
-                torch.empty(n_out, flat.shape[-1], device=dev).exponential_(generator=gens[b])
             if done:
                 finished.append(seq)
             else:

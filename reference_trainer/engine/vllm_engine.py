@@ -23,7 +23,7 @@ from typing import Any
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.requests import RequestBook
 from reference_trainer.engine.sequence import Sequence, SequenceStatus, resume_seed
-from reference_trainer.engine.trace import Trace
+from reference_trainer.trace.writer import Trace
 
 INSTALL_HINT = (
     "--engine vllm needs vLLM: pip install 'rlbench[vllm]' on a CUDA machine, or on CPU "

@@ -89,7 +89,9 @@ class CachedBatch:
     rest is right padding, computed but never stored). `rows` says where each row's K/V live: its block
     table ([B, blocks], padded with any valid block: positions past a row's own are masked) for a paged
     cache, its slot ([B]) for a slot cache; `contiguous` says those slots are a consecutive range, read as a
-    view of the cache.
+    view of the cache. For a slot cache the caller may pass what it knows on the host — `key_len` (positions
+    attended to, at least every row's last position + 1) and `slot_range` (the range `rows` covers) —
+    since reading them from the device tensors would make the host wait for the device.
     """
 
     def __init__(
@@ -100,6 +102,8 @@ class CachedBatch:
         rows: torch.Tensor,
         num_new: torch.Tensor | None = None,
         contiguous: bool = False,
+        key_len: int | None = None,
+        slot_range: tuple[int, int] | None = None,
     ) -> None:
         device = start_pos.device
         offsets = torch.arange(num_q, device=device)
@@ -117,8 +121,10 @@ class CachedBatch:
             self.write_index = flat if real is None else flat[self.real]
         else:
             self.slots = rows
-            self.key_len = int(self.positions.max().item()) + 1
-            self.slot_range = (int(rows[0]), int(rows[-1]) + 1) if contiguous else None
+            self.key_len = key_len if key_len is not None else int(self.positions.max().item()) + 1
+            if contiguous and slot_range is None:
+                slot_range = (int(rows[0]), int(rows[-1]) + 1)
+            self.slot_range = slot_range if contiguous else None
             slot_of = rows[:, None].expand_as(self.positions)
             self.write_at = (
                 (slot_of, self.positions) if real is None else (slot_of[real], self.positions[real])

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
+MAX_DIM = 1 << 20  # vocabularies reach ~256k, widths ~32k, depths ~100: beyond this it is not a real config
+MAX_CONTEXT = 1 << 24
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
 @dataclass
@@ -40,6 +44,9 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        """The config a Hugging Face config.json describes, checked first (`check_hf_dict`): a wrong type or
+        range is a ValueError naming the first bad field, before any tensor is built."""
+        check_hf_dict(raw)
         archs = raw.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -88,3 +95,53 @@ class ModelConfig:
     @classmethod
     def from_json(cls, path: str | Path) -> ModelConfig:
         return cls.from_hf_dict(json.loads(Path(path).read_text()))
+
+
+def check_hf_dict(raw: Any) -> None:
+    """Refuse a config.json whose shape fields a decoder cannot be built from, naming the first bad field."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"config.json is a JSON {type(raw).__name__}, not an object")
+    archs = raw.get("architectures")
+    if archs is not None and not (
+        isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)
+    ):
+        raise ValueError(f"architectures is {archs!r}, not a list of names")
+    for name in SIZES:
+        if name not in raw:
+            raise ValueError(f"{name} is missing")
+        _size(raw, name, MAX_DIM)
+    heads = raw["num_attention_heads"]
+    kv_heads = (
+        _size(raw, "num_key_value_heads", MAX_DIM) if raw.get("num_key_value_heads") is not None else heads
+    )
+    if heads % kv_heads:
+        raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    if raw.get("head_dim") is not None:
+        _size(raw, "head_dim", MAX_DIM)
+    elif raw["hidden_size"] % heads:
+        raise ValueError(f"hidden_size {raw['hidden_size']} is not a multiple of num_attention_heads {heads}")
+    if raw.get("max_position_embeddings") is not None:
+        _size(raw, "max_position_embeddings", MAX_CONTEXT)
+    for name in ("rms_norm_eps", "rope_theta"):
+        value = raw.get(name)
+        if value is not None and not (_number(value) and value > 0):
+            raise ValueError(f"{name} is {value!r}, not a positive number")
+    for name in ("rope_scaling", "rope_parameters"):
+        if raw.get(name) is not None and not isinstance(raw[name], dict):
+            raise ValueError(f"{name} is {raw[name]!r}, not an object")
+    for name in ("bos_token_id", "eos_token_id"):
+        value = raw.get(name)
+        for token in value if isinstance(value, list) else [] if value is None else [value]:
+            if type(token) is not int or not 0 <= token < raw["vocab_size"]:
+                raise ValueError(f"{name} is {value!r}, not a token id below vocab_size {raw['vocab_size']}")
+
+
+def _size(raw: dict[str, Any], name: str, most: int) -> int:
+    value = raw[name]
+    if type(value) is not int or not 1 <= value <= most:
+        raise ValueError(f"{name} is {value!r}, not an integer in 1..{most}")
+    return value
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

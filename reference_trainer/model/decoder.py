@@ -169,22 +169,25 @@ class DecoderLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, :, None]  # [B, T, 1, D]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def _run(self, input_ids, positions, cache=None, batch=None, select=None):  # type: ignore[no-untyped-def]
+    def _hidden(self, input_ids, positions, cache=None, batch=None, select=None):  # type: ignore[no-untyped-def]
         x = self.model.embed_tokens(input_ids)
         cos, sin = self._rope(positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, cache, batch)
         if select is not None:  # only these positions need logits: [B] -> [B, 1, H]
             x = x[torch.arange(x.shape[0], device=x.device), select][:, None]
-        x = self.model.norm(x)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over final-norm hidden states."""
         if self.head is None or torch.is_grad_enabled():
-            return self.lm_head(x)
-        return self.head(x)
+            return self.lm_head(hidden)
+        return self.head(hidden)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Causal forward over right-padded rows: [B, T] token ids -> [B, T, V] logits."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        return self._run(input_ids, positions)
+        return self.logits(self._hidden(input_ids, positions))
 
     def forward_cached(
         self,
@@ -195,6 +198,8 @@ class DecoderLM(nn.Module):
         num_new: torch.Tensor | None = None,
         select: torch.Tensor | None = None,
         contiguous: bool = False,
+        key_len: int | None = None,
+        slot_range: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Continue each row's sequence at start_pos[b], its K/V at rows[b] of the cache (its block table
         for a paged cache, its slot for a slot cache; attention.py): [B, Q] ids -> [B, Q, V] logits.
@@ -202,10 +207,31 @@ class DecoderLM(nn.Module):
         Rows with fewer than Q real tokens (num_new[b]; default all Q) are right-padded; padded columns
         are computed but never stored. `select[b]` limits the logits to one position per row ([B, 1, V]),
         as prefill needs. `contiguous`: the slots are a consecutive range, read as a view of the cache.
+        `key_len` and `slot_range`: host-side facts about a slot cache's rows (attention.CachedBatch).
         """
-        batch = CachedBatch(start_pos, input_ids.shape[1], cache, rows, num_new, contiguous)
+        hidden = self.hidden_cached(
+            input_ids, start_pos, cache, rows, num_new, select, contiguous, key_len, slot_range
+        )
         # Sampling works on fp32 logits whatever the model's dtype (one upcast here, a no-op for fp32).
-        return self._run(input_ids, batch.positions, cache, batch, select).float()
+        return self.logits(hidden).float()
+
+    def hidden_cached(
+        self,
+        input_ids: torch.Tensor,
+        start_pos: torch.Tensor,
+        cache: PagedKVCache | SlotKVCache,
+        rows: torch.Tensor,
+        num_new: torch.Tensor | None = None,
+        select: torch.Tensor | None = None,
+        contiguous: bool = False,
+        key_len: int | None = None,
+        slot_range: tuple[int, int] | None = None,
+    ) -> torch.Tensor:
+        """`forward_cached` up to the final norm: [B, Q, H] hidden states, for `logits` to finish."""
+        batch = CachedBatch(
+            start_pos, input_ids.shape[1], cache, rows, num_new, contiguous, key_len, slot_range
+        )
+        return self._hidden(input_ids, batch.positions, cache, batch, select)
 
     @torch.no_grad()
     def fuse_projections(self, pack: bool = True) -> DecoderLM:

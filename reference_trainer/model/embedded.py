@@ -7,10 +7,12 @@ names it, never a silently different model. Nothing is trained on first use.
 from __future__ import annotations
 
 import hashlib
+import json
 from importlib import resources
 from pathlib import Path
 
-from reference_trainer.model.loader import ModelLoadError
+from reference_trainer.errors import ModelLoadError
+from reference_trainer.trace.records import write_text
 
 WEIGHTS_PACKAGE = "reference_trainer.model"
 WEIGHTS_DIR = "weights"
@@ -29,8 +31,6 @@ def sha256(path: Path) -> str:
 
 def write_checksums(directory: Path) -> Path:
     """SHA256SUMS for the model files in `directory`, in sha256sum's format (`sha256sum -c` reads it)."""
-    from rlbench.records import write_text
-
     lines = "".join(f"{sha256(directory / name)}  {name}\n" for name in FILES)
     write_text(directory / CHECKSUMS, lines)
     return directory / CHECKSUMS
@@ -75,8 +75,6 @@ def default_model_dir() -> Path:
 def label() -> str:
     """How results name the shipped weights: recipe version and model.safetensors' SHA-256 prefix, so numbers
     measured on different shipped weights are never mistaken for each other."""
-    import json
-
     directory = shipped_dir()
     digest = recorded_sums(directory).get("model.safetensors", "unknown")[:12]
     card = directory / CARD

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 
+from reference_trainer.errors import ModelLoadError
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM, rope_inv_freq
-from rlbench.records import atomic_path, write_json
-
-
-class ModelLoadError(ValueError):
-    """A model directory that cannot be used; the message is one line for the user."""
+from reference_trainer.trace.records import make_dir, write_json, write_safetensors
 
 
 def resolve_device(device: str) -> torch.device:
@@ -28,6 +26,17 @@ def resolve_device(device: str) -> torch.device:
         return torch.device(device)
     except RuntimeError as err:
         raise ModelLoadError(f"unknown device {device!r}: {err}") from None
+
+
+def resolve_threads(threads: int | None) -> int:
+    """torch's CPU threads: `threads`, or by default every usable core but one (at least one). More threads
+    than free cores make OpenMP's spinning workers wait on each other whenever another process shares the
+    CPU; on a 2-core machine with other jobs running, 3 GRPO steps of the embedded model took 72-86 s on 2
+    threads and 15-22 s on 1 (docs/benchmarks.md, Threads)."""
+    if threads is not None:
+        return threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores - 1)
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -54,9 +63,9 @@ def read_config(model_dir: str | Path) -> ModelConfig:
     if not path.is_file():
         raise ModelLoadError(f"{model_dir} has no config.json: not a model directory")
     try:
-        return ModelConfig.from_hf_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise ModelLoadError(f"invalid config.json in {model_dir}: {err}") from None
+        return ModelConfig.from_hf_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
+        raise ModelLoadError(f"{path}: {err}") from None
 
 
 def read_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -77,23 +86,55 @@ def read_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def tensor_shapes(model_dir: str | Path) -> dict[str, tuple[tuple[int, ...], Path]]:
+    """name -> (shape, file) of every tensor in the directory's *.safetensors, read from their headers
+    alone (no tensor data)."""
+    from safetensors import SafetensorError, safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{model_dir} has no *.safetensors weights")
+    shapes: dict[str, tuple[tuple[int, ...], Path]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                    shapes[name] = (tuple(handle.get_slice(name).get_shape()), file)
+        except (SafetensorError, OSError) as err:
+            raise ModelLoadError(f"cannot read {file}: {err}") from None
+    return shapes
+
+
 def load_model(model_dir: str | Path, device: str = "cpu", dtype: str = "auto") -> DecoderLM:
-    """Build the decoder from a HF-style directory; parameter names must match exactly."""
+    """Build the decoder from a HF-style directory; parameter names must match exactly, and every tensor's
+    shape must be the one config.json implies (checked from the files' headers before any data is read)."""
     config = read_config(model_dir)
     torch_device = resolve_device(device)
     with torch.device("meta"):  # no random init to overwrite: the checkpoint's tensors are adopted below
         model = DecoderLM(config)
-    state = read_state_dict(model_dir)
+    expected = {
+        k: tuple(v.shape)
+        for k, v in model.state_dict().items()
+        if not (config.tie_word_embeddings and k == "lm_head.weight")
+    }
+    found = {k: v for k, v in tensor_shapes(model_dir).items() if not k.endswith("rotary_emb.inv_freq")}
     if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
-    missing, unexpected = expected - state.keys(), state.keys() - expected
-    unexpected = {k for k in unexpected if not k.endswith("rotary_emb.inv_freq")}
+        found.pop("lm_head.weight", None)
+    missing, unexpected = expected.keys() - found.keys(), found.keys() - expected.keys()
     if missing or unexpected:
         raise ModelLoadError(
             f"weights in {model_dir} do not match the config: missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]}"
         )
+    for name in sorted(expected):
+        shape, file = found[name]
+        if shape != expected[name]:
+            raise ModelLoadError(
+                f"{file}: {name} has shape {list(shape)}, where config.json implies {list(expected[name])}"
+            )
+    state = read_state_dict(model_dir)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)  # one copy of the weights in memory, not two
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -103,14 +144,11 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: str = "auto") 
 
 def save_model(model: DecoderLM, model_dir: str | Path) -> Path:
     """Write config.json and model.safetensors, each atomically."""
-    from safetensors.torch import save_file
-
     model_dir = Path(model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(model_dir)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    with atomic_path(model_dir / "model.safetensors") as tmp:  # safetensors writes the temp file itself
-        save_file(state, str(tmp), metadata={"format": "pt"})
+    write_safetensors(model_dir / "model.safetensors", state, metadata={"format": "pt"})
     write_json(model_dir / "config.json", model.config.to_hf_dict())
     return model_dir

@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from reference_trainer.errors import ModelLoadError
+from reference_trainer.trace.records import make_dir, write_text
 
 CHAR_TOKENIZER_FILE = "char_tokenizer.json"
 HF_TOKENIZER_FILE = "tokenizer.json"
@@ -62,12 +71,10 @@ class CharTokenizer:
         raise ValueError("the char tokenizer has no chat template")
 
     def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / CHAR_TOKENIZER_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = make_dir(directory) / CHAR_TOKENIZER_FILE
         special = {"pad": self.pad_id, "bos": self.bos_id, "eos": self.eos_id}
-        path.write_text(
-            json.dumps({"type": "char", "vocab": self.vocab, "special": special}, indent=1) + "\n"
-        )
+        raw = {"type": "char", "vocab": self.vocab, "special": special}
+        write_text(path, json.dumps(raw, indent=1) + "\n")
         return path
 
     @classmethod
@@ -88,16 +95,20 @@ def _token_content(value: Any) -> str | None:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """A JSON object file of a model directory ({} when absent); anything else is a one-line error."""
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"{path}: not readable JSON ({err})") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{path}: not a JSON object")
+    return raw
 
 
 def _compile_chat_template(source: str) -> Any:
     """Compile like transformers does, but in jinja2's immutable sandbox: templates are untrusted input."""
-    from datetime import datetime
-
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
@@ -131,10 +142,12 @@ class HFTokenizer:
     tokenizer_config.json (eos ids also from generation_config.json / config.json)."""
 
     def __init__(self, directory: str | Path) -> None:
-        from tokenizers import Tokenizer
-
         directory = Path(directory)
-        self._tok = Tokenizer.from_file(str(directory / HF_TOKENIZER_FILE))
+        self.directory = directory
+        try:
+            self._tok = Tokenizer.from_file(str(directory / HF_TOKENIZER_FILE))
+        except Exception as err:  # tokenizers raises a bare Exception for a file it cannot use
+            raise ModelLoadError(f"{directory / HF_TOKENIZER_FILE}: not a usable tokenizer ({err})") from None
         self._config = _read_json(directory / "tokenizer_config.json")
         self.bos_token = _token_content(self._config.get("bos_token"))
         self.eos_token = _token_content(self._config.get("eos_token"))
@@ -184,28 +197,38 @@ class HFTokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The messages rendered by the model's chat template, in jinja2's sandbox. A template that does not
+        compile, that the sandbox stops (an escape attempt) or that fails while rendering (its own
+        raise_exception included) is refused in one line naming the model directory."""
         if self.chat_template is None:
             raise ValueError("this tokenizer has no chat template")
-        if self._compiled is None:
-            self._compiled = _compile_chat_template(self.chat_template)
         specials = {
             k: _token_content(self._config.get(k))
             for k in ("bos_token", "eos_token", "pad_token", "unk_token")
             if _token_content(self._config.get(k)) is not None
         }
         plain = json.loads(json.dumps(messages))  # only plain JSON data reaches the template
-        return self._compiled.render(messages=plain, add_generation_prompt=add_generation_prompt, **specials)
+        try:
+            if self._compiled is None:
+                self._compiled = _compile_chat_template(self.chat_template)
+            rendered = self._compiled.render(
+                messages=plain, add_generation_prompt=add_generation_prompt, **specials
+            )
+        except Exception as err:  # the template is untrusted code: whatever it does wrong, it is refused
+            why = type(err).__name__ + "".join(
+                f": {line[:200]}" for line in str(err).strip().splitlines()[:1]
+            )
+            raise ModelLoadError(f"{self.directory}: the chat template was refused ({why})") from None
+        return rendered
 
     def save(self, directory: str | Path) -> Path:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self._tok.save(str(directory / HF_TOKENIZER_FILE))
+        directory = make_dir(directory)
+        write_text(directory / HF_TOKENIZER_FILE, self._tok.to_str(pretty=True))
         config = dict(self._config)
         if self.chat_template is not None:
             config["chat_template"] = self.chat_template
-        (directory / "tokenizer_config.json").write_text(
-            json.dumps(config, indent=2, ensure_ascii=False) + "\n"
-        )
+        text = json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+        write_text(directory / "tokenizer_config.json", text)
         return directory / HF_TOKENIZER_FILE
 
 

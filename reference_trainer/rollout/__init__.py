@@ -1,1 +1,2 @@
-"""Rollout strategies: synchronous, SortedRL controllers, placement over workers, HistoSpec history."""
+"""Rollout strategies: synchronous (base.py), SortedRL (sorted.py), placement over workers (placed.py,
+placement.py)."""

@@ -10,11 +10,11 @@ import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from reference_trainer.engine import Sequence
 from reference_trainer.engine.config import SamplingParams
 from reference_trainer.engine.protocol import RequestEngine
+from reference_trainer.engine.sequence import Sequence
+from reference_trainer.engine.workers import Request
 from reference_trainer.model.prompting import encode_prompt
-from reference_trainer.rollout.workers import Request
 from reference_trainer.tasks.base import Problem, Task
 
 

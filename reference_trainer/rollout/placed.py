@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from reference_trainer.engine import Sequence
+from reference_trainer.engine.sequence import Sequence
+from reference_trainer.engine.workers import Request, WorkerPool, WorkerReport
 from reference_trainer.rollout.base import Group, RolloutContext
 from reference_trainer.rollout.placement import LengthHistory, Unit, get_placement, reorder
-from reference_trainer.rollout.workers import Request, WorkerPool, WorkerReport
+from reference_trainer.trace.schema import MIGRATE
 
 
 class PlacedRollout:
@@ -164,6 +165,6 @@ class _Run:
         self.submit(thief, taken)
         t = self.pool.trace.now()
         self.pool.trace.add(
-            {"kind": "migrate", "t_start": t, "t_end": t, "from": donor, "to": thief, "requests": len(taken)}
+            {"kind": MIGRATE, "t_start": t, "t_end": t, "from": donor, "to": thief, "requests": len(taken)}
         )
         return True

@@ -1,4 +1,4 @@
-"""SortedRL's controller and rollout buffer: oversubscribed, length-aware rollout with early termination.
+"""SortedRL's rollout strategy and buffer: oversubscribed, length-aware rollout with early termination.
 
 One stateful component decides which prompts enter the engine and which finished groups an update consumes:
 
@@ -29,8 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from reference_trainer.engine import Sequence
-from reference_trainer.engine.sequence import SequenceStatus
+from reference_trainer.engine.sequence import Sequence, SequenceStatus
 from reference_trainer.rollout.base import Group, RolloutContext
 
 REQUEUED, NEW = 0, 1  # engine priorities: lower is admitted first
@@ -98,7 +97,7 @@ class PromptState:
         return sum(len(s.response_ids) for s in self.samples)
 
 
-class SortedController:
+class SortedRollout:
     """SortedRL, fully on-policy: unfinished work is aborted and regenerated under the new policy."""
 
     name = "sorted"
@@ -126,7 +125,7 @@ class SortedController:
     def collect(self, ctx: RolloutContext) -> list[Group]:
         engine, version = ctx.engine, ctx.engine.policy_version
         if engine.has_unfinished():
-            raise RuntimeError("the SortedRL controller needs the engine to itself (it has unfinished work)")
+            raise RuntimeError("the SortedRL strategy needs the engine to itself (it has unfinished work)")
         self._expire_stale(version)
         # Re-queued work goes ahead of any new prompt (priority), so nothing starves. Among it, shortest
         # resume first (a stable sort keeps admission order on ties): the engine prefills in chunks padded to
@@ -311,7 +310,7 @@ class SortedController:
         self._inflight = {}
 
 
-class SortedPartialController(SortedController):
+class SortedPartialRollout(SortedRollout):
     """SortedRL with partial rollouts: unfinished samples are cached and resumed under the new weights."""
 
     name = "sorted-partial"

@@ -6,9 +6,13 @@ from typing import Any
 
 from reference_trainer.tasks.arith import ArithTask
 from reference_trainer.tasks.base import Problem, Task, final_answer_section
-from reference_trainer.tasks.kk import KKTask, parse_kk_assignment
+from reference_trainer.tasks.kk import KKTask, parse_compact_assignment
 
 TASKS: dict[str, type] = {ArithTask.name: ArithTask, KKTask.name: KKTask}
+
+# What a run's task is when --task-option says nothing else: kk puzzles of 3 people (the embedded model's
+# search traces cover up to 3). The embedded model's card is measured on the same settings.
+RUN_TASK_OPTIONS: dict[str, dict[str, Any]] = {"arith": {}, "kk": {"num_people": 3}}
 
 
 def get_task(name: str, **kwargs: Any) -> Task:
@@ -18,7 +22,15 @@ def get_task(name: str, **kwargs: Any) -> Task:
     return TASKS[name](**kwargs)
 
 
+def response_budget(name: str) -> int:
+    """The task's default response length in tokens (what --max-tokens falls back to)."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}")
+    return TASKS[name].max_response_tokens
+
+
 __all__ = [
+    "RUN_TASK_OPTIONS",
     "TASKS",
     "ArithTask",
     "KKTask",
@@ -26,5 +38,6 @@ __all__ = [
     "Task",
     "final_answer_section",
     "get_task",
-    "parse_kk_assignment",
+    "parse_compact_assignment",
+    "response_budget",
 ]

@@ -27,6 +27,7 @@ from reference_trainer.tasks.base import (
     problem_rng,
     prompt_id,
 )
+from reference_trainer.tasks.grading import grade_math
 
 MAX_VALUE = 19  # the running value stays in [0, 19]: an arithmetic table a tiny model learns in minutes
 
@@ -125,7 +126,6 @@ class ArithTask(BaseTask):
     def grade(self, problem: Problem, response: str) -> tuple[bool, bool]:
         if self.style == "compact":
             return super().grade(problem, response)
-        from rlbench.eval.grading import grade_math
 
         return "\\boxed{" in response, grade_math(response, problem.answer)[1]
 

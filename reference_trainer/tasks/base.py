@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from reference_trainer.tasks.prompts import user_message
+
 ANSWER_MARKER = "answer:"
 STYLES = ("compact", "chat")
 _MARKER_RE = re.compile(r"^[ \t]*answer:", re.IGNORECASE | re.MULTILINE)
@@ -72,8 +74,6 @@ def final_answer_section(response: str) -> str | None:
 
 def chat_prompt(text: str, kind: str) -> str:
     """A chat-style prompt: the problem text with `rlbench eval`'s instruction for its kind (math | kk)."""
-    from rlbench.eval.prompts import user_message
-
     return user_message(text, kind)
 
 

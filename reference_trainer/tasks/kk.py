@@ -51,6 +51,7 @@ from reference_trainer.tasks.base import (
     problem_rng,
     prompt_id,
 )
+from reference_trainer.tasks.kk_answers import format_assignment, parse_free_form_assignment
 
 Statement = tuple[Any, ...]
 
@@ -144,8 +145,10 @@ def random_statement(rng: random.Random, n: int) -> Statement:
     return (form, _atom(rng, x), _atom(rng, y))
 
 
-def parse_kk_assignment(text: str, names: list[str]) -> dict[str, bool] | None:
-    """Roles stated as "<Name> is a knight|knave" in `text` (True = knight), for every name in `names`.
+def parse_compact_assignment(text: str, names: list[str]) -> dict[str, bool] | None:
+    """Roles stated as "<Name> is a knight|knave" in `text` (True = knight), for every name in `names`: the
+    training reward's reading of the compact format's answer section (`rlbench eval` and the chat style
+    read free-form answers with `reference_trainer.tasks.kk_answers.parse_free_form_assignment`).
 
     Returns None when any name has no such statement, or has both roles stated (hedging is not an
     answer). Case-insensitive, tolerant of extra spaces and numbering like "(1)"; whole-word names, so
@@ -160,12 +163,6 @@ def parse_kk_assignment(text: str, names: list[str]) -> dict[str, bool] | None:
             return None
         result[name] = roles.pop() == "knight"
     return result
-
-
-def format_assignment(names: Sequence[str], knights: Sequence[bool]) -> str:
-    """The public set's solution format: "(1) Zoe is a knave\\n(2) Max is a knight"."""
-    roles = ("knight" if k else "knave" for k in knights)
-    return "\n".join(f"({i + 1}) {n} is a {r}" for i, (n, r) in enumerate(zip(names, roles, strict=True)))
 
 
 def _role(knight: bool) -> str:
@@ -257,13 +254,11 @@ class KKTask(BaseTask):
 
     def parse(self, problem: Problem, response: str) -> dict[str, bool] | None:
         if self.style == "chat":  # free-form answers, read as `rlbench eval` reads them
-            from rlbench.eval.grading import parse_kk_assignment as parse_free_form
-
-            return parse_free_form(response, problem.meta["names"])
+            return parse_free_form_assignment(response, problem.meta["names"])
         section = final_answer_section(response)
         if section is None:
             return None
-        return parse_kk_assignment(section, list(problem.meta["names"]))
+        return parse_compact_assignment(section, list(problem.meta["names"]))
 
     def sft_response(self, problem: Problem, rng: random.Random) -> str:
         """Up to SEARCH_MAX_PEOPLE people, a search: each line tries one assignment (knights first, in

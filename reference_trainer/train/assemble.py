@@ -10,16 +10,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.engine import Trace
+import torch
+
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.factory import build_rollout_engine
 from reference_trainer.engine.protocol import RolloutEngine
 from reference_trainer.model.decoder import DecoderLM
-from reference_trainer.model.loader import load_model
+from reference_trainer.model.embedded import default_model_dir
+from reference_trainer.model.loader import load_model, resolve_device, resolve_threads
 from reference_trainer.model.tokenizer import load_tokenizer
 from reference_trainer.modes import ModeSpec, get_mode, make_mode_strategy
 from reference_trainer.rollout.base import PromptStream, RolloutContext, RolloutStrategy
 from reference_trainer.tasks import Task, get_task
+from reference_trainer.trace.writer import Trace
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.grpo import GRPOUpdater
 
@@ -49,16 +52,14 @@ def styled_task_options(config: TrainConfig, tokenizer: Any) -> dict[str, Any]:
 def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
     """Every part of a run, built from `config` (checked first: a bad config fails before any model
     loads)."""
-    from reference_trainer.model.embedded import default_model_dir
-
     mode = get_mode(config.mode)
     grpo = config.update_config(mode.tis_cap)
-    if config.workers > 1 and config.engine == "reference":
-        mode.strategy_for(config.workers)  # fail before starting workers for a one-engine mode
+    torch.set_num_threads(resolve_threads(config.threads))
+    device = str(resolve_device(config.device))  # "auto" becomes what it means here, for every part
     model_dir = Path(config.model) if config.model else default_model_dir()
     tokenizer = load_tokenizer(model_dir)
     task = get_task(config.task, **styled_task_options(config, tokenizer))
-    policy = load_model(model_dir, device=config.device, dtype="float32")
+    policy = load_model(model_dir, device=device, dtype="float32")
     ref_model = copy.deepcopy(policy).eval().requires_grad_(False) if grpo.kl_coef else None
     trace = trace if trace is not None else Trace()
     engine = build_rollout_engine(
@@ -67,7 +68,7 @@ def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
             max_num_seqs=config.max_num_seqs,
             max_model_len=config.max_model_len,
             max_prefill_tokens=config.max_prefill_tokens,
-            device=config.device,
+            device=device,
         ),
         tokenizer,
         model=policy,

@@ -18,7 +18,14 @@ import torch
 
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import save_model
-from rlbench.records import read_json, replace_dir, write_json, write_text
+from reference_trainer.trace.records import (
+    make_dir,
+    read_json,
+    replace_dir,
+    write_json,
+    write_safetensors,
+    write_text,
+)
 
 KEEP = 2  # checkpoints kept on disk
 
@@ -53,20 +60,21 @@ def save_checkpoint(
     optimizer: dict[str, Any],
     trainer_state: dict[str, Any],
 ) -> Path:
-    from safetensors.torch import save_file
-
-    root.mkdir(parents=True, exist_ok=True)
+    make_dir(root)
     final = root / f"step-{step:06d}"
     tmp = root / f".step-{step:06d}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_model(model, tmp)
-    tokenizer.save(tmp)
-    tensors, scalars = optimizer_tensors(optimizer)
-    (tmp / "trainer").mkdir()
-    save_file(tensors, str(tmp / "trainer" / "optimizer.safetensors"))
-    write_json(tmp / "trainer" / "optimizer.json", scalars)
-    write_json(tmp / "trainer" / "trainer_state.json", {"step": step, **trainer_state})
-    replace_dir(tmp, final)  # replaces the step's older copy when a step is redone after a resume
+    try:
+        save_model(model, tmp)
+        tokenizer.save(tmp)
+        tensors, scalars = optimizer_tensors(optimizer)
+        (tmp / "trainer").mkdir()
+        write_safetensors(tmp / "trainer" / "optimizer.safetensors", tensors)
+        write_json(tmp / "trainer" / "optimizer.json", scalars)
+        write_json(tmp / "trainer" / "trainer_state.json", {"step": step, **trainer_state})
+        replace_dir(tmp, final)  # replaces the step's older copy when a step is redone after a resume
+    finally:  # a failed write (disk full) leaves no half checkpoint behind; the previous one stays
+        shutil.rmtree(tmp, ignore_errors=True)
     write_text(root / "latest", final.name + "\n")
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from reference_trainer.engine import Engine
 from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.prompting import encode_prompt
 from reference_trainer.tasks.base import Problem, Task
@@ -137,14 +137,15 @@ def policy_card(
     n: int = 128,
     samples: int = 8,
     max_tokens: int | None = None,
+    temperature: float = 1.0,
 ) -> dict[str, float]:
-    """The recipe's targets on held-out problems: greedy accuracy, pass@1 and pass@k at T = 1, response
-    length quantiles at T = 1, and the median per-token top probability at T = 1. max_tokens defaults to
-    the task's response budget."""
+    """The recipe's targets on held-out problems: greedy accuracy, pass@1 and pass@k at `temperature` (the
+    keys say t1: the recipe's cards are at T = 1), response length quantiles and the median per-token top
+    probability at that temperature. max_tokens defaults to the task's response budget."""
     budget = task.max_response_tokens if max_tokens is None else max_tokens
     held = HeldOut(policy, tokenizer, task, held_out_problems(task, n), budget)
     greedy = held.decode(0.0)
-    sampled = held.decode(1.0, samples)
+    sampled = held.decode(temperature, samples)
     lengths = sorted(len(r) for r in sampled.response_ids)
     first = sampled.response_ids[::samples]
     tops = top_token_probs(held.engine.model, held.prompts, first)

@@ -1,8 +1,8 @@
 """The per-step row of `metrics.jsonl`, named once.
 
-A row is the step's trace-derived metrics, computed by `rlbench.metrics.step_metrics` (the code behind
-`rlbench profile` and `rlbench report`, so a training run and a profile never disagree on a definition),
-plus what only the updater knows. docs/metrics.md defines every field.
+A row is the step's trace-derived metrics, computed by `reference_trainer.trace.metrics.step_metrics` (the
+code behind `rlbench profile` and `rlbench report`, so a training run and a profile never disagree on a
+definition), plus what only the updater knows. docs/metrics.md defines every field.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlbench import metrics
+from reference_trainer.trace import metrics
+from reference_trainer.trace.schema import ROLLOUT
 
 # Updater statistic (grpo.policy_loss / GRPOUpdater.update) -> row field. The KL terms carry verl's names:
 # actor/ppo_kl is the k3 estimate of KL(old || new) over the batch's tokens, actor/kl_loss the k3 KL of the
 # policy to the reference model (the penalty's value; only with kl_coef > 0, as in verl).
-# The loss itself comes from the trace's update phase (rlbench.metrics reads it there).
+# The loss itself comes from the trace's update phase (reference_trainer.trace.metrics reads it there).
 UPDATER_FIELDS: dict[str, str] = {
     "grad_norm": "grad_norm",
     "clip_frac": "clip_frac",
@@ -40,9 +41,7 @@ _DROPPED = frozenset({"update_batch_lengths"})
 
 # The names come from the metrics code itself (a step with one empty rollout phase), so they cannot drift.
 TRACE_FIELDS: tuple[str, ...] = tuple(
-    k
-    for k in metrics.step_metrics([{"kind": "rollout", "t_start": 0.0, "t_end": 0.0}])[0]
-    if k not in _DROPPED
+    k for k in metrics.step_metrics([{"kind": ROLLOUT, "t_start": 0.0, "t_end": 0.0}])[0] if k not in _DROPPED
 )
 VAL_FIELDS: tuple[str, ...] = ("val/heldout_greedy_acc", "val/heldout_pass1")  # train/heldout.py
 ROW_FIELDS: tuple[str, ...] = (*TRACE_FIELDS, "samples", *UPDATER_FIELDS.values(), *VAL_FIELDS)

@@ -4,6 +4,13 @@ How rollout admits prompts and picks the groups to train on is a `RolloutStrateg
 itself is the same for every mode, and its parts are assembled in one place (assemble.py). Outputs in
 `out_dir`: train_config.json, metrics.jsonl (one row per step, train/rows.py), trace.jsonl (engine steps,
 phases, sequences) and checkpoints/.
+
+Resume loses nothing finished. A step is finished once its metrics row is written (its trace events are
+written just before it). `resume` restores the latest checkpoint and re-runs the steps finished after it,
+which the run's fixed seeds make the same steps again, without logging them twice: their rows and trace
+events from the first run are kept. That costs the re-run of at most `checkpoint_every - 1` steps, where a
+checkpoint per step would write the model and optimizer state (three copies of the weights) every step.
+A run stopped during its final held-out evaluation writes heldout.json when resumed.
 """
 
 from __future__ import annotations
@@ -16,17 +23,19 @@ from typing import Any
 
 import torch
 
-from reference_trainer.engine import Trace
+from reference_trainer.errors import UserError
 from reference_trainer.model.loader import load_model
 from reference_trainer.rollout.base import Group
+from reference_trainer.trace.metrics import worker_capacities
+from reference_trainer.trace.records import append_jsonl, make_dir, read_jsonl, write_json, write_text
+from reference_trainer.trace.schema import HELDOUT, REWARD, ROLLOUT, SYNC, UPDATE
+from reference_trainer.trace.writer import Trace
 from reference_trainer.train.assemble import RunParts, assemble
 from reference_trainer.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from reference_trainer.train.config import TrainConfig
-from reference_trainer.train.grpo import RolloutBatch
+from reference_trainer.train.grpo import NonFiniteUpdate, RolloutBatch
 from reference_trainer.train.heldout import HeldOut, check_disjoint, held_out_problems
 from reference_trainer.train.rows import VAL_FIELDS, step_row
-from rlbench.metrics import worker_capacities
-from rlbench.records import append_jsonl, read_jsonl, write_json, write_text
 
 
 class Trainer:
@@ -39,19 +48,20 @@ class Trainer:
         parts: RunParts | None = None,
     ) -> None:
         """A run in `out_dir` over `parts` (by default assembled from `config` by `assemble`)."""
-        self.config, self.out_dir = config, Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.config, self.out_dir = config, make_dir(out_dir)
+        _remove_stale_temps(self.out_dir)
+        if not resume:  # written first, so a run stopped at any later moment can be resumed
+            self._start_fresh()
         parts = parts if parts is not None else assemble(config, trace)
         self.parts = parts
         self.task, self.tokenizer, self.policy = parts.task, parts.tokenizer, parts.policy
         self.updater, self.trace, self.engine = parts.updater, parts.trace, parts.engine
         self.stream, self.strategy, self.ctx = parts.stream, parts.strategy, parts.ctx
         self.step = 0
+        self.logged: list[dict[str, Any]] = []  # finished steps a resume re-runs: rows kept, not re-logged
         self.heldout = self._heldout() if config.eval_every > 0 else None
         if resume:
             self._resume()
-        else:
-            self._start_fresh()
 
     def close(self) -> None:
         """Stop rollout workers or the vLLM engine (the reference engine just drops unfinished requests)."""
@@ -84,24 +94,40 @@ class Trainer:
         write_json(self.out_dir / "train_config.json", self.config.to_json())
 
     def _resume(self) -> None:
-        """Continue from the latest checkpoint in out_dir; drop logged rows of steps it does not cover."""
+        """Continue from the latest checkpoint in out_dir (none: from the start), keeping the rows of every
+        step finished since: those steps are re-run, not logged again."""
         ckpt = latest_checkpoint(self.out_dir / "checkpoints")
-        if ckpt is None:  # killed before its first checkpoint: nothing finished to keep
-            self._start_fresh()
-            return
-        optimizer, state = load_checkpoint(ckpt)
-        self.policy.load_state_dict(load_model(ckpt, device=self.config.device, dtype="float32").state_dict())
-        self.updater.load_state_dict(optimizer)
-        self.engine.update_weights(self.policy.state_dict(), version=state["policy_version"])
-        self.stream.load_state_dict(state["stream"])
-        self.strategy.load_state_dict(state["strategy"])
-        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
-        self.step = state["step"]
-        for name in ("metrics.jsonl", "trace.jsonl"):
-            path = self.out_dir / name
-            if path.exists():
-                kept = [row for row in read_jsonl(path) if row.get("step", -1) < self.step]
-                write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
+        if ckpt is not None:
+            optimizer, state = load_checkpoint(ckpt)
+            weights = load_model(ckpt, device=self.config.device, dtype="float32").state_dict()
+            self.policy.load_state_dict(weights)
+            self.updater.load_state_dict(optimizer)
+            self.engine.update_weights(self.policy.state_dict(), version=state["policy_version"])
+            self.stream.load_state_dict(state["stream"])
+            self.strategy.load_state_dict(state["strategy"])
+            torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+            self.step = state["step"]
+        metrics = self.out_dir / "metrics.jsonl"
+        logged = read_jsonl(metrics) if metrics.exists() else []
+        finished: list[dict[str, Any]] = []
+        for row in logged:
+            if row.get("step") != len(finished):  # steps are logged in order; anything else is not kept
+                break
+            finished.append(row)
+        if len(finished) < self.step:
+            raise UserError(
+                f"{metrics} lacks steps {len(finished)}..{self.step - 1} that checkpoint step {self.step} "
+                "holds: the run's logs were edited or lost; start it again with --overwrite"
+            )
+        self.logged = finished[self.step :]
+        # Rows and events past the finished steps (a step stopped midway) are dropped.
+        if len(finished) < len(logged):
+            write_text(metrics, "".join(json.dumps(row) + "\n" for row in finished))
+        trace = self.out_dir / "trace.jsonl"
+        events = read_jsonl(trace) if trace.exists() else []
+        kept = [e for e in events if e.get("step", -1) < len(finished)]
+        if len(kept) < len(events):
+            write_text(trace, "".join(json.dumps(e) + "\n" for e in kept))
 
     def _checkpoint(self) -> None:
         save_checkpoint(
@@ -128,7 +154,8 @@ class Trainer:
                 on_step(row)
             if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
                 self._checkpoint()
-        if self.heldout is not None and rows:
+        summary_missing = not (self.out_dir / "heldout.json").is_file()  # a resume stopped before it
+        if self.heldout is not None and self.step > 0 and (rows or summary_missing):
             self.write_heldout_summary()
         return rows
 
@@ -150,27 +177,44 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         trace, step = self.trace, self.step
         trace.step = step
-        val = self.evaluate() if self.heldout is not None and step % self.config.eval_every == 0 else {}
+        replayed = self.logged.pop(0) if self.logged and self.logged[0]["step"] == step else None
         first_event = len(trace.events)
-        with trace.phase("rollout", policy_version=self.engine.policy_version) as rollout:
+        val = {}
+        if self.heldout is not None and step % self.config.eval_every == 0 and replayed is None:
+            with trace.phase(HELDOUT):
+                val = self.evaluate()
+        with trace.phase(ROLLOUT, policy_version=self.engine.policy_version) as rollout:
             groups = self.strategy.collect(self.ctx)
             rollout["groups"] = len(groups)
-        with trace.phase("reward") as reward:
+        with trace.phase(REWARD) as reward:
             batch, correct, formatted = self._score(groups)
             reward["reward_mean"] = sum(batch.rewards) / len(batch.rewards)
             reward["accuracy"] = sum(correct) / len(correct)
             reward["answer_rate"] = sum(formatted) / len(formatted)
-        with trace.phase("update", policy_version=self.engine.policy_version) as update:
-            stats = self.updater.update(batch)
+        with trace.phase(UPDATE, policy_version=self.engine.policy_version) as update:
+            try:
+                stats = self.updater.update(batch)
+            except NonFiniteUpdate as err:
+                raise UserError(f"step {step}: {err}; the run stopped, {self._last_good()}") from None
             update["loss"] = stats["loss"]
-        with trace.phase("sync"):
+            update["tokens"] = int(stats["forward_tokens"])  # its work: padded positions the forwards process
+        with trace.phase(SYNC):
             self.engine.update_weights(self.policy.state_dict())
         self.step += 1
+        if replayed is not None:  # a step finished before a resume: run again for its state, logged once
+            trace.drop_since(first_event)
+            return replayed
         row = step_row(trace.events[first_event:], worker_capacities(trace.events), len(batch), stats)
         row.update(val)
+        trace.flush_to(self.out_dir / "trace.jsonl")  # the events first: a metrics row marks a finished step
         append_jsonl(self.out_dir / "metrics.jsonl", row)
-        trace.flush_to(self.out_dir / "trace.jsonl")
         return row
+
+    def _last_good(self) -> str:
+        ckpt = latest_checkpoint(self.out_dir / "checkpoints")
+        if ckpt is None:
+            return "before its first checkpoint (no weights were kept)"
+        return f"its last good checkpoint is {ckpt}"
 
     def _score(self, groups: list[Group]) -> tuple[RolloutBatch, list[bool], list[bool]]:
         prompts, responses, rewards, logprobs, correct, formatted = [], [], [], [], [], []
@@ -186,6 +230,17 @@ class Trainer:
                 formatted.append(answered)
         batch = RolloutBatch(prompts, responses, rewards, self.config.group_size, old_logprobs=logprobs)
         return batch, correct, formatted
+
+
+def _remove_stale_temps(out_dir: Path) -> None:
+    """Temp files and checkpoint directories a killed run left (checkpoints/.step-*.tmp*, .NAME.*.tmp):
+    only their writer used them, and a run directory has one writer at a time (locks.run_lock)."""
+    for folder in (out_dir, out_dir / "checkpoints"):
+        for stale in folder.glob(".*.tmp*") if folder.is_dir() else []:
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
 
 
 def _val(values: dict[str, Any]) -> dict[str, float]:

@@ -49,8 +49,8 @@ def _probe() -> dict[str, Any]:
     report["data_dir"] = data_dir or "unset (RLBENCH_DATA_DIR / --data-dir; else the HF hub)"
     if data_dir:
         report["data_files"] = sorted(p.name for p in Path(data_dir).glob("*.jsonl"))
+    from reference_trainer.errors import ModelLoadError
     from reference_trainer.model.embedded import shipped_dir, verify
-    from reference_trainer.model.loader import ModelLoadError
 
     try:
         report["embedded_model"] = f"{verify(shipped_dir())} (SHA-256 verified)"
@@ -95,21 +95,19 @@ def _vllm_speculative() -> str:
     return "; ".join(parts) or "none"
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("doctor")
-    def doctor(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-        """Report torch, device, CUDA, NVML, vllm/ray, the data directory and the embedded model."""
-        report = _probe()
-        if as_json:
-            import json
+def doctor_command(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Report torch, device, CUDA, NVML, vllm/ray, the data directory and the embedded model."""
+    report = _probe()
+    if as_json:
+        import json
 
-            typer.echo(json.dumps(report, indent=2))
-            return
-        from rich.console import Console
-        from rich.table import Table
+        typer.echo(json.dumps(report, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
 
-        table = Table(title="rlbench doctor", show_header=False)
-        for key, value in report.items():
-            shown = "[red]not installed[/red]" if value is None else str(value)
-            table.add_row(key, shown)
-        Console().print(table)
+    table = Table(title="rlbench doctor", show_header=False)
+    for key, value in report.items():
+        shown = "[red]not installed[/red]" if value is None else str(value)
+        table.add_row(key, shown)
+    Console().print(table)

@@ -13,14 +13,16 @@ def measure_card(model_dir: Path, problems: int = 128) -> dict[str, Any]:
     """The recipe's targets, measured on held-out problems of each task (train/heldout.py policy_card)."""
     from reference_trainer.model.loader import load_model
     from reference_trainer.model.tokenizer import load_tokenizer
-    from reference_trainer.tasks import get_task
+    from reference_trainer.tasks import (
+        RUN_TASK_OPTIONS,  # the tasks and settings RL runs use by default
+        get_task,
+    )
     from reference_trainer.train.heldout import policy_card
-    from rlbench.training import DEFAULT_TASK_OPTIONS  # the tasks and settings RL runs use by default
 
     model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
     return {
         name: policy_card(model, tokenizer, get_task(name, **options), n=problems)
-        for name, options in DEFAULT_TASK_OPTIONS.items()
+        for name, options in RUN_TASK_OPTIONS.items()
     }
 
 
@@ -39,7 +41,7 @@ def build_command(
         typer.Option("--install", help="Also replace the shipped weights in this source tree (development)."),
     ] = False,
 ) -> None:
-    """Train the embedded model from scratch by its recipe (reference_trainer/model/recipe.py): about 45
+    """Train the embedded model from scratch by its recipe (reference_trainer/train/recipe.py): about 45
     minutes on 2 CPU cores. Deterministic for a given torch build and thread count."""
     import os
     import shutil
@@ -47,10 +49,13 @@ def build_command(
 
     from rich.progress import Progress
 
-    from reference_trainer.model import embedded, recipe
-    from rlbench.errors import UserError
-    from rlbench.records import replace_dir, write_json
+    from reference_trainer.errors import UserError, check_integer
+    from reference_trainer.model import embedded
+    from reference_trainer.trace.records import replace_dir, write_json
+    from reference_trainer.train import recipe
 
+    if steps is not None:
+        check_integer("--steps", steps, low=1)
     if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / "config.json").is_file())):
         raise UserError(f"{out} exists and is not a model directory; refusing to replace it")
     start = time.perf_counter()
@@ -87,7 +92,7 @@ def build_command(
 
 
 def targets_line(tasks: dict[str, dict[str, float]]) -> str:
-    from reference_trainer.model.recipe import card_misses
+    from reference_trainer.train.recipe import card_misses
 
     misses = card_misses(tasks)
     return "card targets: all met" if not misses else "card targets missed: " + "; ".join(misses)
@@ -95,10 +100,9 @@ def targets_line(tasks: dict[str, dict[str, float]]) -> str:
 
 def show_command() -> None:
     """Where the shipped model is, whether its files match their SHA-256 sums, and its measured card."""
+    from reference_trainer.errors import ModelLoadError, UserError
     from reference_trainer.model import embedded
-    from reference_trainer.model.loader import ModelLoadError
-    from rlbench.errors import UserError
-    from rlbench.records import read_json
+    from reference_trainer.trace.records import read_json
 
     directory = embedded.shipped_dir()
     try:
@@ -111,12 +115,3 @@ def show_command() -> None:
         measured = read_json(card)
         typer.echo(card.read_text())
         typer.echo(f"recipe version {measured['recipe_version']}: {targets_line(measured['tasks'])}")
-
-
-def register(app: typer.Typer) -> None:
-    group = typer.Typer(
-        help="The shipped embedded model: show and verify it, rebuild it.", no_args_is_help=True
-    )
-    group.command("show")(show_command)
-    group.command("build")(build_command)
-    app.add_typer(group, name="embedded")

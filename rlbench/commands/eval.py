@@ -7,13 +7,15 @@ from typing import Annotated
 
 import typer
 
-from rlbench.errors import UserError
-from rlbench.options import DataDir, Device, Engine, ModelDir, OutDir, Seed
+from reference_trainer.errors import MAX_THREADS, Interrupted, UserError, check_integer
+from rlbench.options import DataDir, Device, Engine, ModelDir, Seed, Threads
 
 
 def eval_command(
     suite: Annotated[str, typer.Option("--suite", help="Suite name (see `rlbench suites`).")],
-    out: OutDir,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Run directory (default runs/eval-SUITE).")
+    ] = None,
     model: ModelDir = None,
     samples: Annotated[int, typer.Option("--samples", "-k", help="Samples per problem (K).")] = 1,
     data_dir: DataDir = None,
@@ -31,6 +33,7 @@ def eval_command(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Max response tokens.")] = 1024,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
     device: Device = "auto",
+    threads: Threads = None,
     seed: Seed = 0,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Discard earlier progress in --out.")
@@ -39,12 +42,12 @@ def eval_command(
     """Evaluate a model on a suite; resumable (re-run the same command to continue)."""
     from dataclasses import replace
 
-    from rlbench.eval import backends
-    from rlbench.eval.runner import REPORT_FILE, RESULTS_FILE, EvalConfig, plan_eval, run_eval
-    from rlbench.runtime import resolve_model_dir
-    from rlbench.training import check_engine
+    from reference_trainer.engine.factory import check_engine_kind
+    from reference_trainer.trace.locks import run_lock
+    from rlbench.eval.runner import PROGRESS_FILE, REPORT_FILE, RESULTS_FILE, EvalConfig, plan_eval, run_eval
+    from rlbench.models import EMBEDDED_NOTE, is_embedded, resolve_model
 
-    check_engine(engine)  # before the embedded model is built
+    check_engine_kind(engine)  # before the embedded model is built
     cfg = EvalConfig(
         suite=suite,
         model="",  # filled in once every other input has been checked
@@ -59,16 +62,34 @@ def eval_command(
     # Options, suite and data are checked (and the data read) before the model is resolved: resolving a
     # model name can mean reading hundreds of megabytes, wasted on a typo.
     plan = plan_eval(cfg, data_dir, limit)
-    # A directory, a model name, or the embedded default model (shipped, checked against its SHA-256).
-    model = resolve_model_dir(model)
-    cfg = replace(cfg, model=str(model.resolve()))
-    results = run_eval(
-        cfg,
-        lambda: backends.make_backend(engine, model, device, seed),
-        out,
-        overwrite=overwrite,
-        plan=plan,
-    )
+    if threads is not None:
+        check_integer("--threads", threads, low=1, high=MAX_THREADS)
+    out = out or Path("runs") / f"eval-{suite}"
+    import torch  # the heavy imports, once every input has been checked
+
+    from reference_trainer.model.loader import resolve_threads
+    from rlbench.eval import backends
+    from rlbench.report.eval_report import write_eval_report
+
+    torch.set_num_threads(resolve_threads(threads))
+    with run_lock(out):  # one writer: a second eval (or train, profile) on --out is refused
+        # A directory, a model name, or the embedded default model (shipped, checked against its SHA-256).
+        model = resolve_model(model)
+        if is_embedded(model):
+            typer.echo(f"note: {EMBEDDED_NOTE}", err=True)
+        cfg = replace(cfg, model=str(model.resolve()))
+        try:
+            results = run_eval(
+                cfg,
+                lambda: backends.make_backend(engine, model, device, seed),
+                out,
+                overwrite=overwrite,
+                plan=plan,
+            )
+        except KeyboardInterrupt:
+            kept = f"{out / PROGRESS_FILE} keeps every finished problem"
+            raise Interrupted(f"interrupted: {kept}; the same command continues where it stopped") from None
+        write_eval_report(Path(out) / REPORT_FILE, results)
     k = results["samples"]
     typer.echo(
         f"{results['suite']}: {results['problems_evaluated']} problems, avg@{k} {results['accuracy']:.4f}, "
@@ -91,8 +112,3 @@ def suites_command(data_dir: DataDir = None) -> None:
     for row in suite_sizes(data_dir):
         table.add_row(row["suite"], row["title"], str(row["size"]), row["grader"], row["source"])
     Console(width=160).print(table)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("eval")(eval_command)
-    app.command("suites")(suites_command)

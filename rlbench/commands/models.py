@@ -17,7 +17,7 @@ def import_command(
     force: Annotated[bool, typer.Option("--force", help="Convert again even when already imported.")] = False,
 ) -> None:
     """Import a model shipped as a GGUF file in a PyPI package into the cache (dequantized, float32)."""
-    from rlbench.errors import UserError
+    from reference_trainer.errors import UserError
     from rlbench.models import PACKAGED, import_packaged, imports_root, is_model_dir
 
     if name not in PACKAGED:
@@ -38,7 +38,7 @@ def import_gguf_command(
 ) -> None:
     """Convert any Llama-family GGUF file into a Hugging Face model directory (float32 safetensors,
     tokenizer.json, chat template)."""
-    from rlbench.errors import UserError
+    from reference_trainer.errors import UserError
     from rlbench.gguf_import import GGUFImportError, convert_gguf, inspect_gguf
     from rlbench.models import imports_root, is_model_dir
 
@@ -60,21 +60,13 @@ def list_command(
 ) -> None:
     """The models `--model` accepts: embedded, packaged, imported, and any directories given."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from rlbench.models import list_models
 
     table = Table("name", "kind", "status", "about")
     for row in list_models(paths or []):
-        table.add_row(row["name"], row["kind"], row["status"], row["about"])
+        # escaped: an install hint's [gguf] is text, not rich markup
+        table.add_row(*(escape(str(row[key])) for key in ("name", "kind", "status", "about")))
     Console(width=200).print(table)
-
-
-def register(app: typer.Typer) -> None:
-    models = typer.Typer(
-        help="List models and import GGUF files (SmolLM2 from its PyPI package).", no_args_is_help=True
-    )
-    models.command("list")(list_command)
-    models.command("import")(import_command)
-    models.command("import-gguf")(import_gguf_command)
-    app.add_typer(models, name="models")

@@ -13,7 +13,8 @@ WIDTH = 110
 
 def registry_doc() -> dict[str, Any]:
     """The registry as JSON: every mode, and every option with the modes that take it."""
-    from reference_trainer.modes import MODES, STRATEGY_TITLES, VLLM_HISTOSPEC_OPTIONS, Option
+    from reference_trainer.mode_options import VLLM_HISTOSPEC_OPTIONS, Option
+    from reference_trainer.modes import MODES, STRATEGY_TITLES
 
     def option(o: Option) -> dict[str, Any]:
         return {
@@ -84,7 +85,8 @@ def render_table() -> str:
 
 def render_options() -> str:
     """Every option once: type, default, the modes that take it, and whether the simulator models it."""
-    from reference_trainer.modes import MODES, VLLM_HISTOSPEC_OPTIONS
+    from reference_trainer.mode_options import VLLM_HISTOSPEC_OPTIONS
+    from reference_trainer.modes import MODES
 
     takers: dict[str, list[str]] = {}
     options = {}
@@ -106,18 +108,16 @@ def render_options() -> str:
     return "\n".join(line.replace("  : ", "    ", 1) if line.startswith("  : ") else line for line in out)
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("modes")
-    def modes(
-        json_out: Annotated[bool, typer.Option("--json", help="Print the registry as JSON.")] = False,
-    ) -> None:
-        """List the modes train/profile/compare/simulate accept: strategy, speculation, placement,
-        off-policy correction, options with defaults, and how the simulator models each."""
-        if json_out:
-            import json
+def modes_command(
+    json_out: Annotated[bool, typer.Option("--json", help="Print the registry as JSON.")] = False,
+) -> None:
+    """List the modes train/profile/compare/simulate accept: strategy, speculation, placement,
+    off-policy correction, options with defaults, and how the simulator models each."""
+    if json_out:
+        import json
 
-            typer.echo(json.dumps(registry_doc(), indent=2))
-            return
-        typer.echo(render_table())
-        typer.echo("")
-        typer.echo(render_options())
+        typer.echo(json.dumps(registry_doc(), indent=2))
+        return
+    typer.echo(render_table())
+    typer.echo("")
+    typer.echo(render_options())

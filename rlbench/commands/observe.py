@@ -27,53 +27,50 @@ def summary_lines(doc: dict) -> list[str]:
     return lines
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("observe")
-    def observe(
-        urls: Annotated[
-            list[str] | None,
-            typer.Argument(
-                help="Prometheus endpoints of the rollout servers (host:port or URL).", show_default=False
-            ),
-        ] = None,
-        duration: Annotated[float, typer.Option("--duration", min=0.1, help="Seconds to observe.")] = 60.0,
-        interval: Annotated[
-            float, typer.Option("--interval", min=0.01, help="Seconds between scrapes.")
-        ] = 0.1,
-        capacity: ServerCapacity = None,
-        idle_gap: IdleGap = None,
-        request_log: RequestLog = None,
-        gpu: SimGpu = "h100",
-        model_size: SimModelSize = "7b",
-        from_samples: Annotated[
-            Path | None,
-            typer.Option("--from-samples", help="Rebuild a run directory from its samples.jsonl instead."),
-        ] = None,
-        out: OutDir = Path("runs/observe"),
-    ) -> None:
-        """Sample running vLLM/SGLang servers' metrics: slot occupancy, bubble ratio, tail share, tokens/s,
-        queueing, and what SortedRL/RhymeRL would buy on their request lengths.
+def observe_command(
+    urls: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Prometheus endpoints of the rollout servers (host:port or URL).", show_default=False
+        ),
+    ] = None,
+    duration: Annotated[float, typer.Option("--duration", min=0.1, help="Seconds to observe.")] = 60.0,
+    interval: Annotated[float, typer.Option("--interval", min=0.01, help="Seconds between scrapes.")] = 0.1,
+    capacity: ServerCapacity = None,
+    idle_gap: IdleGap = None,
+    request_log: RequestLog = None,
+    gpu: SimGpu = "h100",
+    model_size: SimModelSize = "7b",
+    from_samples: Annotated[
+        Path | None,
+        typer.Option("--from-samples", help="Rebuild a run directory from its samples.jsonl instead."),
+    ] = None,
+    out: OutDir = Path("runs/observe"),
+) -> None:
+    """Sample running vLLM/SGLang servers' metrics: slot occupancy, bubble ratio, tail share, tokens/s,
+    queueing, and what SortedRL/RhymeRL would buy on their request lengths.
 
-        Example: `rlbench observe 127.0.0.1:8000 --duration 120 --capacity 256 --out runs/vllm`.
-        """
-        from rlbench.errors import UserError
-        from rlbench.observe.session import ObserveOptions
-        from rlbench.observe.session import from_samples as rebuild
-        from rlbench.observe.session import observe as run
+    Example: `rlbench observe 127.0.0.1:8000 --duration 120 --capacity 256 --out runs/vllm`.
+    """
+    from reference_trainer.errors import UserError, check_number
+    from rlbench.profiling.observe import ObserveOptions
+    from rlbench.profiling.observe import from_samples as rebuild
+    from rlbench.profiling.observe import observe as run
 
-        if from_samples is None and not urls:
-            raise UserError("give the servers' metrics URLs (e.g. 127.0.0.1:8000), or --from-samples DIR")
-        opts = ObserveOptions.from_cli(None if from_samples is not None else ",".join(urls or []), capacity,
-                                       request_log, interval_s=interval, idle_gap_s=idle_gap, gpu=gpu,
-                                       model_size=model_size)  # fmt: skip
-        if from_samples is not None:
-            doc = rebuild(opts, from_samples)
-            out = from_samples
-        else:
-            typer.echo(f"observing {len(opts.urls)} server(s) for {duration:g} s, every {interval:g} s")
-            doc = run(opts, out, duration, say=lambda line: typer.echo(line, err=True))
-        for line in summary_lines(doc):
-            typer.echo(line)
-        typer.echo(f"report: {out / 'report.html'}")
-        if doc["engine_metrics"]["unreadable"] == opts.urls:  # nothing observed: said once per server already
-            sys.exit(2)
+    if from_samples is None and not urls:
+        raise UserError("give the servers' metrics URLs (e.g. 127.0.0.1:8000), or --from-samples DIR")
+    check_number("--duration", duration, low=0.1, high=1e7)  # 1e7 s: four months
+    opts = ObserveOptions.from_cli(None if from_samples is not None else ",".join(urls or []), capacity,
+                                   request_log, interval_s=interval, idle_gap_s=idle_gap, gpu=gpu,
+                                   model_size=model_size)  # fmt: skip
+    if from_samples is not None:
+        doc = rebuild(opts, from_samples)
+        out = from_samples
+    else:
+        typer.echo(f"observing {len(opts.urls)} server(s) for {duration:g} s, every {interval:g} s")
+        doc = run(opts, out, duration, say=lambda line: typer.echo(line, err=True))
+    for line in summary_lines(doc):
+        typer.echo(line)
+    typer.echo(f"report: {out / 'report.html'}")
+    if doc["engine_metrics"]["unreadable"] == opts.urls:  # nothing observed: said once per server already
+        sys.exit(2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -22,86 +22,113 @@ from rlbench.options import (
 )
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("profile")
-    @with_run_options
-    def profile(
-        cmd: Annotated[
-            list[str] | None,
-            typer.Argument(
-                help="A command to profile instead of the reference trainer, after `--`.", show_default=False
-            ),
-        ] = None,
-        *,
-        mode: Mode = "baseline",
-        steps: Steps = 8,
-        run: RunOptions,
-        out: OutDir = Path("runs/profile"),
-        py_spy: Annotated[
-            bool, typer.Option("--py-spy/--no-py-spy", help="Also record a py-spy profile.")
-        ] = False,
-        sample_hz: Annotated[
-            float, typer.Option("--sample-hz", min=0.1, help="NVML samples per second.")
-        ] = 10.0,
-        engine_metrics: Annotated[
-            str | None,
-            typer.Option(
-                "--engine-metrics",
-                help="With a command after --: its rollout servers' Prometheus endpoints (vLLM, SGLang), "
-                "comma-separated, sampled on the NVML clock for the bubble ratio and the rest.",
-            ),
-        ] = None,
-        capacity: ServerCapacity = None,
-        idle_gap: IdleGap = None,
-        request_log: RequestLog = None,
-        gpu: SimGpu = "h100",
-        model_size: SimModelSize = "7b",
-    ) -> None:
-        """Profile a run: rollout bubbles, throughput, GPU timeline (NVML), CPU hot spots (py-spy).
+@with_run_options
+def profile_command(
+    cmd: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="A command to profile instead of the reference trainer, after `--`.", show_default=False
+        ),
+    ] = None,
+    *,
+    mode: Mode = "baseline",
+    steps: Steps = 8,
+    run: RunOptions,
+    out: OutDir = Path("runs/profile"),
+    py_spy: Annotated[
+        bool, typer.Option("--py-spy/--no-py-spy", help="Also record a py-spy profile.")
+    ] = False,
+    sample_hz: Annotated[float, typer.Option("--sample-hz", min=0.1, help="NVML samples per second.")] = 10.0,
+    engine_metrics: Annotated[
+        str | None,
+        typer.Option(
+            "--engine-metrics",
+            help="With a command after --: its rollout servers' Prometheus endpoints (vLLM, SGLang), "
+            "comma-separated, sampled on the NVML clock for the bubble ratio and the rest.",
+        ),
+    ] = None,
+    capacity: ServerCapacity = None,
+    idle_gap: IdleGap = None,
+    request_log: RequestLog = None,
+    gpu: SimGpu = "h100",
+    model_size: SimModelSize = "7b",
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a run already in --out (its checkpoints too).")
+    ] = False,
+) -> None:
+    """Profile a run: rollout bubbles, throughput, GPU timeline (NVML), CPU hot spots (py-spy).
 
-        Examples: `rlbench profile --mode sorted --steps 4 --out runs/sorted`;
-        `rlbench profile --py-spy --out runs/ext -- python train.py --lr 1e-6`;
-        `rlbench profile --engine-metrics 127.0.0.1:8000 --capacity 256 -- python train_grpo.py`.
-        """
-        from rlbench.errors import UserError
+    Examples: `rlbench profile --mode sorted --steps 4 --out runs/sorted`;
+    `rlbench profile --py-spy --out runs/ext -- python train.py --lr 1e-6`;
+    `rlbench profile --engine-metrics 127.0.0.1:8000 --capacity 256 -- python train_grpo.py`.
+    """
+    from reference_trainer.errors import UserError, check_number
 
-        if engine_metrics and not cmd:
-            raise UserError("--engine-metrics observes the servers of a command given after --")
-        if cmd:
-            from rlbench.profiling.wrap import wrap_command
+    if engine_metrics and not cmd:
+        raise UserError("--engine-metrics observes the servers of a command given after --")
+    check_number("--sample-hz", sample_hz, low=0.1, high=100.0)  # every 10 s .. every 10 ms
+    if idle_gap is not None:
+        check_number("--idle-gap", idle_gap, low=0.0, high=1e6)
+    if cmd:
+        from rlbench.profiling.wrap import wrap_command
 
-            observe = None
-            if engine_metrics:
-                from rlbench.observe.session import ObserveOptions
+        observe = None
+        if engine_metrics:
+            from rlbench.profiling.observe import ObserveOptions
 
-                observe = ObserveOptions.from_cli(
-                    engine_metrics, capacity, request_log, interval_s=1.0 / sample_hz, idle_gap_s=idle_gap,
-                    gpu=gpu, model_size=model_size,
-                )  # fmt: skip
-            say = lambda line: typer.echo(line, err=True)  # noqa: E731
-            code, doc = wrap_command(cmd, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz,
-                                     observe=observe, say=say)  # fmt: skip
-            if observe is not None:
-                from rlbench.commands.observe import summary_lines
+            observe = ObserveOptions.from_cli(
+                engine_metrics, capacity, request_log, interval_s=1.0 / sample_hz, idle_gap_s=idle_gap,
+                gpu=gpu, model_size=model_size,
+            )  # fmt: skip
+        say = lambda line: typer.echo(line, err=True)  # noqa: E731
+        code, doc = wrap_command(cmd, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz,
+                                 observe=observe, say=say)  # fmt: skip
+        if observe is not None:
+            from rlbench.commands.observe import summary_lines
 
-                for line in summary_lines(doc):
-                    typer.echo(line)
-            s = doc["summary"]
-            idle = "n/a" if s["gpu_idle_share"] is None else f"{100 * s['gpu_idle_share']:.1f}%"
-            why = f" ({s['gpu_note']})" if s["gpu_note"] else ""
-            typer.echo(f"wall {s['wall_time_s']:.2f} s, GPU idle {idle}{why}")
-            typer.echo(f"report: {out / 'report.html'}")
-            if code != 0:
-                typer.echo(f"command exited with {code}", err=True)
-                # sys.exit, not typer.Exit: the app runs with standalone_mode=False, which returns Exit codes
-                sys.exit(code if 0 < code < 256 else 1)
-            return
-        from rlbench.profiling.session import run_profile
-        from rlbench.training import build_config
-
-        config = build_config(**run.config_kwargs(mode=mode, steps=steps))
-        doc = run_profile(config, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz)
+            for line in summary_lines(doc):
+                typer.echo(line)
         s = doc["summary"]
-        br = "n/a" if s.get("bubble_ratio") is None else f"{100 * s['bubble_ratio']:.1f}%"
-        typer.echo(f"bubble ratio {br}, rollout {s.get('rollout_tokens_per_s') or 0:.1f} tok/s")
+        idle = "n/a" if s["gpu_idle_share"] is None else f"{100 * s['gpu_idle_share']:.1f}%"
+        why = f" ({s['gpu_note']})" if s["gpu_note"] else ""
+        typer.echo(f"wall {s['wall_time_s']:.2f} s, GPU idle {idle}{why}")
         typer.echo(f"report: {out / 'report.html'}")
+        if code != 0:
+            typer.echo(f"command exited with {code}", err=True)
+            # sys.exit, not typer.Exit: the app runs with standalone_mode=False, which returns Exit codes
+            sys.exit(code if 0 < code < 256 else 1)
+        return
+    from reference_trainer.errors import Interrupted
+    from rlbench.profiling.session import check_new_run, run_profile
+    from rlbench.training import build_config
+
+    config = build_config(**run.config_kwargs(mode=mode, steps=steps))
+    check_new_run(out, overwrite)  # before anything loads; run_profile checks again under the lock
+    try:
+        doc = run_profile(config, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz, overwrite=overwrite)
+    except KeyboardInterrupt:
+        said = f"interrupted: {out / 'report.html'} profiles the finished steps; --overwrite starts again"
+        raise Interrupted(said) from None
+    for line in bubble_lines(doc["summary"]):
+        typer.echo(line)
+    typer.echo(f"report: {out / 'report.html'}")
+
+
+def bubble_lines(s: dict[str, Any]) -> list[str]:
+    """The summary line: the slot bubble, and on a GPU the device's idle share during rollout beside it,
+    with a note when the GPU idles far more than the slots do (then the engine is the bubble)."""
+    slots, gpu = s.get("bubble_ratio"), s.get("bubble_ratio_gpu")
+    line = f"bubble ratio {'n/a' if slots is None else f'{100 * slots:.1f}%'} (slots)"
+    if gpu is not None:
+        line += f", GPU idle {100 * gpu:.1f}% of rollout (NVML)"
+    lines = [f"{line}, rollout {s.get('rollout_tokens_per_s') or 0:.1f} tok/s"]
+    if gpu is not None and slots is not None and gpu - slots > ENGINE_BUBBLE:
+        lines.append(
+            "note: the GPU idles far more than the slots do: the engine itself (kernel launches, host syncs) "
+            "is the bubble, not the rollout schedule"
+        )
+    return lines
+
+
+# GPU idle share above the slot bubble by more than this: the device waits on the engine's host side.
+ENGINE_BUBBLE = 0.3

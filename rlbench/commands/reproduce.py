@@ -7,75 +7,75 @@ from typing import Annotated
 
 import typer
 
-from rlbench.errors import UserError
+from reference_trainer.errors import UserError
 from rlbench.options import ModelDir
 
 QUICK_OUT = Path("runs/reproduce-quick")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("reproduce")
-    def reproduce(
-        names: Annotated[
-            list[str] | None, typer.Argument(help="Reproductions to run (--list names them).")
-        ] = None,
-        all_: Annotated[bool, typer.Option("--all", help="Run every reproduction.")] = False,
-        list_: Annotated[
-            bool, typer.Option("--list", help="List the reproductions and their claims.")
-        ] = False,
-        device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
-        quick: Annotated[
-            bool, typer.Option("--quick", help="CPU-sized versions (a smoke test, not a result).")
-        ] = False,
-        model: ModelDir = None,
-        out: Annotated[
-            Path | None,
-            typer.Option("--out", help=f"Results root (default reports/, or {QUICK_OUT} with --quick)."),
-        ] = None,
-    ) -> None:
-        """Run reproductions: write <out>/<name>/<cpu|gpu>/result.json and report.html, and the index
-        <out>/README.md."""
-        from rlbench.reproduce.index import write_index
-        from rlbench.reproduce.runner import check_names
-        from rlbench.reproduce.spec import load_specs
+def reproduce_command(
+    names: Annotated[
+        list[str] | None, typer.Argument(help="Reproductions to run (--list names them).")
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Run every reproduction.")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="List the reproductions and their claims.")] = False,
+    device: Annotated[
+        str, typer.Option("--device", help="auto (cuda when there is a GPU: gpu/ results), cpu or cuda.")
+    ] = "auto",
+    quick: Annotated[
+        bool, typer.Option("--quick", help="CPU-sized versions (a smoke test, not a result).")
+    ] = False,
+    model: ModelDir = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help=f"Results root (default reports/, or {QUICK_OUT} with --quick)."),
+    ] = None,
+) -> None:
+    """Run reproductions: write <out>/<name>/<cpu|gpu>/result.json and report.html, and the index
+    <out>/README.md."""
+    from rlbench.reproduce.index import write_index
+    from rlbench.reproduce.runner import check_names
+    from rlbench.reproduce.spec import load_specs
 
-        if list_:
-            for name, spec in load_specs().items():
-                typer.echo(f"{name:26} {spec.paper_value}\n{'':26} {spec.claim}")
-            return
-        if device not in ("cpu", "cuda"):
-            raise UserError(f"--device must be cpu or cuda, got {device!r}")
-        if all_ == bool(names):
-            raise UserError("name reproductions or give --all (not both); --list shows them")
-        specs = check_names(list(names or []))
-        chosen = list(specs) if all_ else list(names or [])
-        if device == "cuda":
-            import torch
+    if list_:
+        for name, spec in load_specs().items():
+            typer.echo(f"{name:26} {spec.paper_value}\n{'':26} {spec.claim}")
+        return
+    if device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
+    if all_ == bool(names):
+        raise UserError("name reproductions or give --all (not both); --list shows them")
+    specs = check_names(list(names or []))
+    chosen = list(specs) if all_ else list(names or [])
+    if device != "cpu":
+        import torch
 
-            if not torch.cuda.is_available():
-                raise UserError("--device cuda: no CUDA device is visible")
-        root = out or (QUICK_OUT if quick else Path("reports"))
-        from rlbench.reproduce.runner import reproduce as run_one
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA device is visible")
+    root = out or (QUICK_OUT if quick else Path("reports"))
+    from rlbench.reproduce.runner import reproduce as run_one
 
-        failed = []
-        for name in chosen:
-            typer.echo(f"== {name}")
-            try:
-                result = run_one(name, specs[name], root, device, quick, str(model) if model else None)
-            except UserError:
-                raise
-            except ModuleNotFoundError as err:  # an optional dependency: histopipe and scale run Ray workers
-                failed.append(name)
-                typer.echo(
-                    f"{name}: needs the optional package {err.name} (pip install 'rlbench[ray]')", err=True
-                )
-                continue
-            except Exception as err:  # one reproduction failing must not lose the others' results
-                failed.append(name)
-                typer.echo(f"{name}: failed: {type(err).__name__}: {err}", err=True)
-                continue
-            typer.echo(f"{name}: {result['verdict']} ({result['measured'].get('headline', '')}), "
-                       f"{result['wall_s']:.0f} s")  # fmt: skip
-        typer.echo(f"index: {write_index(specs, root)}")
-        if failed:
-            raise UserError(f"{len(failed)} reproduction(s) failed: {', '.join(failed)}")
+    failed = []
+    for name in chosen:
+        typer.echo(f"== {name}")
+        try:
+            result = run_one(name, specs[name], root, device, quick, str(model) if model else None)
+        except UserError:
+            raise
+        except ModuleNotFoundError as err:  # an optional dependency: histopipe and scale run Ray workers
+            failed.append(name)
+            typer.echo(
+                f"{name}: needs the optional package {err.name} (pip install 'rlbench[ray]')", err=True
+            )
+            continue
+        except Exception as err:  # one reproduction failing must not lose the others' results
+            failed.append(name)
+            typer.echo(f"{name}: failed: {type(err).__name__}: {err}", err=True)
+            continue
+        typer.echo(f"{name}: {result['verdict']} ({result['measured'].get('headline', '')}), "
+                   f"{result['wall_s']:.0f} s")  # fmt: skip
+    typer.echo(f"index: {write_index(specs, root)}")
+    if failed:
+        raise UserError(f"{len(failed)} reproduction(s) failed: {', '.join(failed)}")

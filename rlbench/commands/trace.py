@@ -26,7 +26,7 @@ def export_command(
 
     Tracks: per worker its engine steps, one lane per KV slot with the requests that held it, and active-slot
     and queued-request counters; the RL phases; NVML GPU counters. Docs: docs/perfetto.md."""
-    from rlbench.errors import UserError
+    from reference_trainer.errors import UserError
 
     if format_ not in FORMATS:  # checked before the run is read: a typo costs nothing
         raise UserError(f"--format {format_!r} is not supported; the only format is {', '.join(FORMATS)}")
@@ -41,9 +41,3 @@ def export_command(
     summary = ", ".join(f"{n} {names.get(ph, ph)}" for ph, n in by_ph.items())
     typer.echo(f"wrote {path}: {sum(by_ph.values())} events ({summary})")
     typer.echo("open it at https://ui.perfetto.dev (Open trace file) or in chrome://tracing")
-
-
-def register(app: typer.Typer) -> None:
-    trace = typer.Typer(help="Export a run's trace to other viewers (Perfetto).", no_args_is_help=True)
-    trace.command("export")(export_command)
-    app.add_typer(trace, name="trace")

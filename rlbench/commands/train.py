@@ -7,57 +7,55 @@ from typing import Annotated
 
 import typer
 
-from rlbench.errors import UserError
+from reference_trainer.errors import UserError
 from rlbench.options import Mode, RunOptions, with_run_options
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("train")
-    @with_run_options
-    def train(
-        run: RunOptions,
-        mode: Mode = "baseline",
-        steps: Annotated[
-            int | None, typer.Option("--steps", min=1, help="Total RL steps (default 20).")
-        ] = None,
-        out: Annotated[Path | None, typer.Option("--out", help="Run directory (new run).")] = None,
-        resume: Annotated[
-            Path | None,
-            typer.Option("--resume", help="Continue the run in this directory from its last checkpoint."),
-        ] = None,
-        lr: Annotated[float | None, typer.Option(help="Learning rate.")] = None,
-        kl_coef: Annotated[float | None, typer.Option(help="KL penalty to the initial model (k3).")] = None,
-        checkpoint_every: Annotated[int | None, typer.Option(help="Steps between checkpoints.")] = None,
-        overwrite: Annotated[bool, typer.Option(help="Replace an existing run in --out.")] = False,
-    ) -> None:
-        """Train with GRPO; writes metrics.jsonl, trace.jsonl and checkpoints/ to the run directory."""
-        from rlbench.training import build_config, run_training
+@with_run_options
+def train_command(
+    run: RunOptions,
+    mode: Mode = "baseline",
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="Total RL steps (default 20).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Run directory (new run).")] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option("--resume", help="Continue the run in this directory from its last checkpoint."),
+    ] = None,
+    lr: Annotated[float | None, typer.Option(help="Learning rate.")] = None,
+    kl_coef: Annotated[float | None, typer.Option(help="KL penalty to the initial model (k3).")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(help="Steps between checkpoints.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing run in --out.")] = False,
+) -> None:
+    """Train with GRPO; writes metrics.jsonl, trace.jsonl and checkpoints/ to the run directory."""
+    from reference_trainer.errors import Interrupted
+    from reference_trainer.trace.locks import run_lock
+    from rlbench.training import build_config, run_training
 
-        if resume is not None:
-            from reference_trainer.train.config import load_run_config
+    if resume is not None:
+        from reference_trainer.train.config import load_run_config
 
-            try:
-                config = load_run_config(resume)
-            except (FileNotFoundError, ValueError) as err:
-                raise UserError(str(err)) from None
-            config.steps = steps or config.steps  # resuming may extend the run
-            out_dir = resume
-        else:
-            out_dir = out or Path("runs") / f"{run.task}-{mode}-s{run.seed}"
-            if (out_dir / "train_config.json").exists() and not overwrite:
-                raise UserError(
-                    f"{out_dir} already holds a run: --resume {out_dir} to continue, or --overwrite"
-                )
-            config = build_config(
-                **run.config_kwargs(
-                    mode=mode, steps=steps or 20, lr=lr, kl_coef=kl_coef, checkpoint_every=checkpoint_every
-                )
+        config = load_run_config(resume)
+        config.steps = steps or config.steps  # resuming may extend the run
+        out_dir = resume
+    else:
+        config = build_config(
+            **run.config_kwargs(
+                mode=mode, steps=steps or 20, lr=lr, kl_coef=kl_coef, checkpoint_every=checkpoint_every
             )
-        rows = run_training(config, out_dir, resume=resume is not None)
-        if rows:
-            first, last = rows[0], rows[-1]
-            typer.echo(
-                f"steps {first['step']}..{last['step']}: reward {first['reward_mean']:.3f} -> "
-                f"{last['reward_mean']:.3f}, accuracy {first['accuracy']:.3f} -> {last['accuracy']:.3f}"
-            )
-        typer.echo(f"run: {out_dir} (metrics.jsonl, trace.jsonl, checkpoints/)")
+        )
+        out_dir = out or Path("runs") / f"{run.task}-{mode}-s{run.seed}"
+    with run_lock(out_dir):  # one writer: a second train (or profile, eval) on the directory is refused
+        if resume is None and (out_dir / "train_config.json").exists() and not overwrite:
+            raise UserError(f"{out_dir} already holds a run: --resume {out_dir} to continue, or --overwrite")
+        try:
+            rows = run_training(config, out_dir, resume=resume is not None)
+        except KeyboardInterrupt:
+            hint = f"`rlbench train --resume {out_dir}` continues"
+            raise Interrupted(f"interrupted: {out_dir} keeps every finished step; {hint}") from None
+    if rows:
+        first, last = rows[0], rows[-1]
+        typer.echo(
+            f"steps {first['step']}..{last['step']}: reward {first['reward_mean']:.3f} -> "
+            f"{last['reward_mean']:.3f}, accuracy {first['accuracy']:.3f} -> {last['accuracy']:.3f}"
+        )
+    typer.echo(f"run: {out_dir} (metrics.jsonl, trace.jsonl, checkpoints/)")

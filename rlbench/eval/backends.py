@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rlbench.errors import UserError
+from reference_trainer.engine.config import EngineConfig
+from reference_trainer.engine.factory import build_rollout_engine, check_engine_kind
+from reference_trainer.errors import UserError
+from reference_trainer.model.tokenizer import load_tokenizer
+from rlbench.models import load_model_and_tokenizer
 
 if TYPE_CHECKING:
     from reference_trainer.engine.config import SamplingParams
@@ -19,9 +25,23 @@ class GenerationBackend(Protocol):
     model: str
     tokenizer: Any
 
-    def generate(self, prompts: list[str], params: list[SamplingParams]) -> list[str]: ...
+    def generate(
+        self,
+        prompts: list[str],
+        params: list[SamplingParams],
+        on_text: Callable[[int, str], None] | None = None,
+    ) -> list[str]:
+        """The responses in prompt order; `on_text(i, text)` as each one finishes, where the backend can."""
+        ...
 
     def close(self) -> None: ...
+
+
+def _decoded(tokenizer: Any, on_text: Callable[[int, str], None] | None) -> Callable[[int, Any], None] | None:
+    """The engine's per-sequence callback, handing the decoded response to `on_text`."""
+    if on_text is None:
+        return None
+    return lambda i, seq: on_text(i, tokenizer.decode(seq.response_ids))
 
 
 def resolve_device(device: str) -> str:
@@ -47,8 +67,6 @@ class ReferenceBackend:
     name = "reference"
 
     def __init__(self, model_dir: Path, device: str = "cpu", max_num_seqs: int = 64) -> None:
-        from rlbench.runtime import load_model_and_tokenizer
-
         self.model = str(check_model_dir(Path(model_dir)))
         self.device = resolve_device(device)
         self._lm, self.tokenizer = load_model_and_tokenizer(Path(model_dir), device=self.device)
@@ -59,9 +77,6 @@ class ReferenceBackend:
         self.last_truncated: list[bool] = []
 
     def _engine_for(self, needed: int) -> Any:
-        from reference_trainer.engine.config import EngineConfig
-        from reference_trainer.engine.factory import build_rollout_engine
-
         limit = int(self._lm.config.max_position_embeddings)
         needed = min(limit, -(-needed // 256) * 256)  # round up so a few longer prompts don't rebuild it
         if self._engine is None or needed > self._engine_len:
@@ -70,7 +85,12 @@ class ReferenceBackend:
             self._engine_len = needed
         return self._engine
 
-    def generate(self, prompts: list[str], params: list[SamplingParams]) -> list[str]:
+    def generate(
+        self,
+        prompts: list[str],
+        params: list[SamplingParams],
+        on_text: Callable[[int, str], None] | None = None,
+    ) -> list[str]:
         if not prompts:
             return []
         max_tokens = max(p.max_tokens for p in params)
@@ -84,7 +104,7 @@ class ReferenceBackend:
             if len(seq) > room:  # keep the end: it holds the question and the answer cue
                 ids[i] = seq[-room:]
                 self.truncated_prompts += 1
-        seqs = engine.generate(ids, list(params))
+        seqs = engine.generate(ids, list(params), on_finish=_decoded(self.tokenizer, on_text))
         return [self.tokenizer.decode(s.response_ids) for s in seqs]
 
     def close(self) -> None:
@@ -101,14 +121,8 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, model_dir: Path, device: str = "auto", seed: int = 0, max_num_seqs: int = 64) -> None:
-        import json
 
-        from reference_trainer.engine.config import EngineConfig
-        from reference_trainer.engine.factory import build_rollout_engine
-        from reference_trainer.model.tokenizer import load_tokenizer
-        from rlbench.training import check_engine
-
-        check_engine("vllm")  # the install line before the model directory is read
+        check_engine_kind("vllm")  # the install line before the model directory is read
         self.model = str(check_model_dir(Path(model_dir)))
         try:
             self.tokenizer: Any = load_tokenizer(model_dir)
@@ -123,7 +137,12 @@ class VLLMBackend:
         self.truncated_prompts = 0
         self.last_truncated: list[bool] = []
 
-    def generate(self, prompts: list[str], params: list[SamplingParams]) -> list[str]:
+    def generate(
+        self,
+        prompts: list[str],
+        params: list[SamplingParams],
+        on_text: Callable[[int, str], None] | None = None,
+    ) -> list[str]:
         if not prompts:
             return []
         room = self._max_len - max(p.max_tokens for p in params) - 1
@@ -137,7 +156,7 @@ class VLLMBackend:
             if len(seq) > room:  # keep the end: it holds the question and the answer cue
                 ids[i] = seq[-room:]
                 self.truncated_prompts += 1
-        seqs = self._engine.generate(ids, list(params))
+        seqs = self._engine.generate(ids, list(params), on_finish=_decoded(self.tokenizer, on_text))
         return [self.tokenizer.decode(s.response_ids) for s in seqs]
 
     def close(self) -> None:
@@ -147,9 +166,7 @@ class VLLMBackend:
 
 
 def make_backend(engine: str, model_dir: Path, device: str, seed: int) -> GenerationBackend:
-    from rlbench.training import check_engine
-
-    check_engine(engine)
+    check_engine_kind(engine)
     if engine == "vllm":
         return VLLMBackend(model_dir, device=device, seed=seed)
     return ReferenceBackend(model_dir, device=device)

@@ -27,11 +27,11 @@ def majority_vote(classes: Sequence[int | None]) -> int | None:
     """maj@k for one problem: the index of the sample whose answer wins the vote (None: no sample answered).
 
     `classes[i]` is sample i's answer class: equivalent answers share one, right or wrong alike (see
-    `rlbench.eval.grading.answer_classes`); None is no answer, which does not vote. The largest class wins;
-    a tie goes to the class that appeared first. The winner is represented by its first sample: the vote
-    is correct when that sample is. This is Qwen2.5-Math's `group_pred(use_symbol=True)` (rm_maj_eval.py),
-    except that it counts an empty answer as a vote; lighteval's `max(answers, key=answers.count)` breaks
-    ties by first occurrence too.
+    `reference_trainer.tasks.grading.answer_classes`); None is no answer, which does not vote. The largest
+    class wins; a tie goes to the class that appeared first. The winner is represented by its first sample:
+    the vote is correct when that sample is. This is Qwen2.5-Math's `group_pred(use_symbol=True)`
+    (rm_maj_eval.py), except that it counts an empty answer as a vote; lighteval's `max(answers,
+    key=answers.count)` breaks ties by first occurrence too.
     """
     votes: dict[int, int] = {}
     first: dict[int, int] = {}

@@ -12,20 +12,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rlbench.errors import UserError
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from reference_trainer.engine.config import SamplingParams
+from reference_trainer.errors import MAX_SEED, UserError, check_integer, check_number
+from reference_trainer.tasks.grading import GradeItem, GradeResult, VoteItem, text_classes
+from reference_trainer.tasks.prompts import TEMPLATES, build_prompt, resolve_template
+from reference_trainer.trace.records import append_jsonl, read_json, read_jsonl, trim_torn_tail, write_json
 from rlbench.eval.backends import GenerationBackend
 from rlbench.eval.estimators import avg_at_k, majority_correct, majority_vote, pass_at_k, pass_ks
-from rlbench.eval.grading import GradeItem, GradeResult, VoteItem, text_classes
 from rlbench.eval.pool import GradingPool
-from rlbench.eval.prompts import TEMPLATES, build_prompt, resolve_template
+from rlbench.eval.schema import GROUP_FIELDS, row_problem
 from rlbench.eval.suites import Problem, Suite, get_suite, load_problems
-from rlbench.records import append_jsonl, read_json, read_jsonl, trim_torn_tail, write_json
 
 PROGRESS_FILE = "problems.jsonl"
 CONFIG_FILE = "run_config.json"
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.html"
-GROUP_FIELDS = ("subject", "level", "exam", "n_people")
 
 
 @dataclass
@@ -41,12 +44,12 @@ class EvalConfig:
     seed: int = 0
 
     def check(self) -> None:
-        if self.samples < 1:
-            raise UserError("--samples must be at least 1")
-        if self.max_tokens < 1:
-            raise UserError("--max-tokens must be at least 1")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
+        """Every option in range before anything loads: one line naming the first that is not."""
+        check_integer("--samples", self.samples, low=1)
+        check_integer("--max-tokens", self.max_tokens, low=1)
+        check_number("--temperature", self.temperature, low=0.0)
+        check_number("--top-p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_integer("--seed", self.seed, low=0, high=MAX_SEED)
         if self.template not in TEMPLATES:
             raise UserError(f"unknown template {self.template!r}; choose from {', '.join(TEMPLATES)}")
 
@@ -62,8 +65,8 @@ class EvalPlan:
 
 def plan_eval(cfg: EvalConfig, data_dir: Path | None = None, limit: int | None = None) -> EvalPlan:
     cfg.check()
-    if limit is not None and limit < 1:
-        raise UserError("--limit must be at least 1")
+    if limit is not None:
+        check_integer("--limit", limit, low=1)
     suite = get_suite(cfg.suite)
     problems = load_problems(suite, data_dir)
     if not problems:
@@ -128,6 +131,7 @@ def _problem_row(
         "response_tokens": [len(tokenizer.encode(r)) for r in responses] if tokenizer is not None else None,
         "truncated_prompts": sum(truncated),
         "grade_errors": [g.error for g in graded],
+        "grading_retries": sum(g.retried for g in graded),  # graded again after a timeout (GradingPool)
         "responses": responses,
     }
 
@@ -173,6 +177,7 @@ def summarize(
         "pass_at_k": {str(kk): mean([pass_at_k(k, r["n_correct"], kk) for r in rows]) for kk in pass_ks(k)},
         "maj_at_k": {str(k): mean([float(r["maj_correct"]) for r in rows])},
         "grading_failures": sum(e is not None for r in rows for e in r["grade_errors"]),
+        "grading_retries": sum(int(r.get("grading_retries", 0)) for r in rows),
         "truncated_prompts": sum(int(r.get("truncated_prompts", 0)) for r in rows),
         "by_group": by_group,
         "problems": [{k2: v for k2, v in r.items() if k2 != "responses"} for r in rows],
@@ -189,13 +194,11 @@ def run_eval(
     pool: GradingPool | None = None,
     chunk_seqs: int = 64,
     progress: bool = True,
-    report: bool = True,
     plan: EvalPlan | None = None,
 ) -> dict[str, Any]:
-    """Evaluate `cfg.suite`, appending each finished problem to OUT/problems.jsonl; returns results.
+    """Evaluate `cfg.suite`, appending each finished problem to OUT/problems.jsonl; writes and returns the
+    results (`rlbench.report.eval_report` renders them).
     `plan` (from `plan_eval`) skips checking and loading the suite again."""
-    from reference_trainer.engine.config import SamplingParams
-
     plan = plan or plan_eval(cfg, data_dir, limit)
     suite, problems = plan.suite, plan.problems
     out = Path(out)
@@ -209,7 +212,7 @@ def run_eval(
         # A kill mid-append leaves a torn last row: cut it now (one note), so the file stays valid JSONL
         # and its problem is simply generated again below.
         trim_torn_tail(progress_path)
-        for row in read_jsonl(progress_path):
+        for row in read_jsonl(progress_path, check=row_problem):
             if row.get("id") in selected and len(row.get("correct", [])) == cfg.samples:
                 done[row["id"]] = row
     todo = [p for p in problems if p.id not in done]
@@ -249,10 +252,6 @@ def run_eval(
     rows = [done[p.id] for p in problems if p.id in done]
     results = summarize(suite, cfg, template or suite.template, rows)
     write_json(out / RESULTS_FILE, results)
-    if report:
-        from rlbench.report.eval_report import write_eval_report
-
-        write_eval_report(out / REPORT_FILE, results)
     return results
 
 
@@ -270,54 +269,78 @@ def _generate_and_grade(
     sampling_cls: Any,
     total: int,
 ) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     k = cfg.samples
     columns = (TextColumn(f"{suite.name}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, disable=not progress, transient=False) as bar:
         task = bar.add_task("eval", total=total, completed=total - len(todo))
-        for start in range(0, len(todo), per_chunk):
-            chunk = todo[start : start + per_chunk]
-            prompts, params = [], []
-            for p in chunk:
-                prompt = build_prompt(p.problem, template, suite.template, backend.tokenizer)
-                for j in range(k):
-                    prompts.append(prompt)
-                    params.append(
-                        sampling_cls(
-                            temperature=cfg.temperature,
-                            top_p=cfg.top_p,
-                            max_tokens=cfg.max_tokens,
-                            seed=sample_seed(cfg.seed, p.id, j),
-                        )
-                    )
-            texts = backend.generate(prompts, params)
-            if len(texts) != len(prompts):
-                raise RuntimeError(
-                    f"backend {backend.name} returned {len(texts)} responses for {len(prompts)} prompts"
-                )
-            # Which prompts the backend cut to fit the context; stored per problem so a resume keeps them.
-            cut = list(getattr(backend, "last_truncated", None) or [False] * len(prompts))
-            items = [
-                GradeItem(
-                    suite.grader,
-                    texts[i * k + j],
-                    p.answer,
-                    p.extra.get("names"),
-                    p.extra.get("solution"),
-                    id=f"{p.id}#{j}",
-                )
-                for i, p in enumerate(chunk)
-                for j in range(k)
-            ]
+
+        def save(p: Problem, texts: list[str], cut: list[bool]) -> None:
+            """Grade a problem whose samples are all in and append its row: a kill later loses nothing
+            finished, and the bar counts problems as they complete."""
+            items = [GradeItem(suite.grader, text, p.answer, p.extra.get("names"), p.extra.get("solution"),
+                               id=f"{p.id}#{j}") for j, text in enumerate(texts)]  # fmt: skip
             graded = pool.grade(items)
-            classes = _answer_classes(suite.grader, chunk, texts, graded, k, pool)
-            for i, p in enumerate(chunk):
-                part = slice(i * k, (i + 1) * k)
-                row = _problem_row(p, texts[part], graded[part], classes[i], cut[part], backend.tokenizer)
-                append_jsonl(progress_path, row)  # durable before the next chunk starts
-                done[p.id] = row
-                bar.advance(task)
+            classes = _answer_classes(suite.grader, [p], texts, graded, k, pool)[0]
+            row = _problem_row(p, texts, graded, classes, cut, backend.tokenizer)
+            append_jsonl(progress_path, row)  # durable before anything else happens
+            done[p.id] = row
+            bar.advance(task)
+
+        for start in range(0, len(todo), per_chunk):
+            _generate_chunk(
+                todo[start : start + per_chunk], cfg, suite, template, backend, sampling_cls, save
+            )
+
+
+def _generate_chunk(
+    chunk: list[Problem],
+    cfg: EvalConfig,
+    suite: Suite,
+    template: str,
+    backend: GenerationBackend,
+    sampling_cls: Any,
+    save: Callable[[Problem, list[str], list[bool]], None],
+) -> None:
+    """Generate the samples of a chunk of problems in one batch; each problem is saved as soon as its last
+    sample finishes (or, with a backend that returns only at the end, then)."""
+    k = cfg.samples
+    prompts, params = [], []
+    for p in chunk:
+        prompt = build_prompt(p.problem, template, suite.template, backend.tokenizer)
+        for j in range(k):
+            prompts.append(prompt)
+            params.append(
+                sampling_cls(
+                    temperature=cfg.temperature,
+                    top_p=cfg.top_p,
+                    max_tokens=cfg.max_tokens,
+                    seed=sample_seed(cfg.seed, p.id, j),
+                )
+            )
+    texts: list[str] = [""] * len(prompts)
+    waiting = [k] * len(chunk)  # samples of each problem still generating
+
+    def complete(i: int) -> None:
+        waiting[i] = 0
+        # which prompts the backend cut to fit the context; stored per problem so a resume keeps them
+        cut = list(getattr(backend, "last_truncated", None) or [False] * len(prompts))
+        save(chunk[i], texts[i * k : (i + 1) * k], cut[i * k : (i + 1) * k])
+
+    def on_text(index: int, text: str) -> None:
+        texts[index] = text
+        waiting[index // k] -= 1
+        if waiting[index // k] == 0:
+            complete(index // k)
+
+    returned = backend.generate(prompts, params, on_text=on_text)
+    if len(returned) != len(prompts):
+        raise RuntimeError(
+            f"backend {backend.name} returned {len(returned)} responses for {len(prompts)} prompts"
+        )
+    for i in range(len(chunk)):
+        if waiting[i]:
+            texts[i * k : (i + 1) * k] = returned[i * k : (i + 1) * k]
+            complete(i)
 
 
 def _answer_classes(

@@ -1,4 +1,5 @@
-"""Suite manifests (`suites/<name>.json`) and loading their problems from a data dir or the HF hub.
+"""Suite manifests (`manifests/<name>.json`, package data) and loading their problems from a data dir or
+the HF hub.
 
 A data dir holds one JSONL file per suite (the manifest's `data_file`), one problem per line with `id`,
 `problem`, `answer` and suite-specific extras (e.g. K&K's `names`); the hub path maps each dataset's own
@@ -7,19 +8,51 @@ field names onto that schema with the manifest's `hub.fields`.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from rlbench.errors import UserError
-from rlbench.records import read_json, read_jsonl
+from reference_trainer.errors import UserError
+from reference_trainer.trace.records import read_json, read_jsonl
+from rlbench.eval.schema import is_text, short
 
 # Extra fields kept from data rows: report grouping and the K&K grader need them.
 EXTRA_FIELDS = ("subject", "level", "exam", "names", "solution", "n_people", "answer_type")
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+
+
+def _bools(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(b, bool) for b in value)
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(n, str) for n in value)
+
+
+# What each field a problem uses may hold (null: absent, for the extras), checked when the suite loads so a
+# bad row is one line naming file:line before any generation, not a crash when the report is written.
+FIELD_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "id": ("a string or an integer", lambda v: (isinstance(v, str) and v != "") or type(v) is int),
+    "problem": ("a non-empty string", lambda v: isinstance(v, str) and v.strip() != ""),
+    "answer": ("a string or a number", _scalar),
+    "subject": ("a string or a number", _scalar),
+    "level": ("a string or a number", _scalar),
+    "exam": ("a string or a number", _scalar),
+    "answer_type": ("a string", lambda v: isinstance(v, str)),
+    "names": ("a list of names", _names),
+    "solution": ("a string or a list of true/false", lambda v: isinstance(v, str) or _bools(v)),
+    "n_people": ("a positive integer", lambda v: type(v) is int and v > 0),
+}
+REQUIRED_FIELDS = ("id", "problem", "answer")
 
 
 @dataclass
@@ -49,19 +82,11 @@ class Suite:
         return f"{self.hub['id']}{cfg} split={self.hub['split']}{files}"
 
 
-def _manifest_dirs() -> list[Path]:
-    """`suites/` beside the package in a source checkout, else the copy installed as package data."""
-    from rlbench.shipped import shipped_dirs
-
-    return shipped_dirs("suites", "rlbench._suites")
+MANIFEST_DIR = Path(__file__).resolve().parent / "manifests"  # package data: one <name>.json per suite
 
 
 def available_suites() -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for d in _manifest_dirs():
-        for path in sorted(d.glob("*.json")):
-            found.setdefault(path.stem, path)
-    return found
+    return {path.stem: path for path in sorted(MANIFEST_DIR.glob("*.json"))}
 
 
 def get_suite(name: str) -> Suite:
@@ -86,7 +111,30 @@ def _clean_gold(value: Any) -> str:
     return text
 
 
-def _row_to_problem(row: dict[str, Any], fields: dict[str, str | None], index: int, suite: str) -> Problem:
+def row_problem(row: dict[str, Any], grader: str = "math") -> str | None:
+    """What is wrong with one problem's fields for the runner, the grader and the report (None: nothing):
+    a missing or null id/problem/answer, a field of the wrong type (a list where a subject goes), text that
+    cannot be written as UTF-8 (a lone surrogate such as \\ud800), K&K problems without their names."""
+    for name in REQUIRED_FIELDS:
+        if row.get(name) is None:
+            return f"{name} is missing or null"
+    if grader == "kk" and row.get("names") is None:
+        return "a K&K problem needs its names"
+    for name, (want, ok) in FIELD_TYPES.items():
+        value = row.get(name)
+        if value is None:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{name} is {value!r}, not {want}"
+        if not ok(value):
+            return f"{name} is {short(value)}, not {want}"
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and not is_text(text):
+                return f"{name} holds a lone surrogate (such as \\ud800), which is not text"
+    return None
+
+
+def _row_to_problem(row: dict[str, Any], fields: dict[str, str | None], index: int, suite: Suite) -> Problem:
     def get(path: str) -> Any:
         m = re.fullmatch(r"(\w+)\[(\d+)\]", path)  # `final_answer[0]`: first element of a list field
         if m:
@@ -96,30 +144,31 @@ def _row_to_problem(row: dict[str, Any], fields: dict[str, str | None], index: i
             )
         return row.get(path)
 
-    pid = get(fields["id"]) if fields.get("id") else None
-    extra = {k: row[k] for k in EXTRA_FIELDS if k in row}
+    pid = get(fields["id"]) if fields.get("id") else f"{suite.name}-{index:04d}"
+    extra = {k: row[k] for k in EXTRA_FIELDS if row.get(k) is not None}  # null: absent
     for k, src in fields.items():
-        if k not in ("id", "problem", "answer") and src:
+        if k not in ("id", "problem", "answer") and src and get(src) is not None:
             extra[k] = get(src)
+    mapped = {"id": pid, "problem": get(fields["problem"]), "answer": get(fields["answer"]), **extra}
+    if (why := row_problem(mapped, suite.grader)) is not None:  # data-dir rows were checked when read
+        raise UserError(f"{suite.hub_source}: row {index}: {why}")
     if "names" in extra and "n_people" not in extra:
         extra["n_people"] = len(extra["names"])
-    return Problem(
-        id=str(pid) if pid is not None else f"{suite}-{index:04d}",
-        problem=str(get(fields["problem"])),
-        answer=_clean_gold(get(fields["answer"])),
-        extra=extra,
-    )
+    return Problem(id=str(pid), problem=mapped["problem"], answer=_clean_gold(mapped["answer"]), extra=extra)
 
 
-def read_data_file(path: Path) -> list[dict[str, Any]]:
-    """Parse JSONL line by line so a bad row is reported with its file and line number.
+def read_data_file(path: Path, grader: str = "math") -> list[dict[str, Any]]:
+    """Parse JSONL line by line so a bad row (malformed, or failing `row_problem`) is reported with its file
+    and line number.
 
     (datasets' JSON builder reports neither, and would merge per-row dict keys such as K&K's
     `assignment` into one struct of every name; the rows are small, so plain JSON is the faithful path.)
     """
     # torn_tail=False: user data is not appended by a process that can be killed, so a bad last line is
     # an error like any other rather than a silently smaller suite.
-    return read_jsonl(path, required=("id", "problem", "answer"), torn_tail=False)
+    return read_jsonl(
+        path, required=REQUIRED_FIELDS, torn_tail=False, check=lambda row: row_problem(row, grader)
+    )
 
 
 def load_problems(suite: Suite, data_dir: Path | None) -> list[Problem]:
@@ -133,7 +182,8 @@ def load_problems(suite: Suite, data_dir: Path | None) -> list[Problem]:
                 f"suite {suite.name!r} needs {suite.data_file} in the data dir {data_dir}; not found"
             )
         identity = {"id": "id", "problem": "problem", "answer": "answer"}
-        problems = [_row_to_problem(r, identity, i, suite.name) for i, r in enumerate(read_data_file(path))]
+        rows = read_data_file(path, suite.grader)
+        problems = [_row_to_problem(r, identity, i, suite) for i, r in enumerate(rows)]
     else:
         problems = _load_from_hub(suite)
     seen: set[str] = set()
@@ -174,7 +224,7 @@ def _load_from_hub(suite: Suite) -> list[Problem]:
         raise UserError(
             f"loading {suite.hub_source} from the hub failed ({type(err).__name__}: {err}); {hint}"
         ) from None
-    return [_row_to_problem(dict(r), hub["fields"], i, suite.name) for i, r in enumerate(ds)]
+    return [_row_to_problem(dict(r), hub["fields"], i, suite) for i, r in enumerate(ds)]
 
 
 def suite_sizes(data_dir: Path | None) -> list[dict[str, Any]]:
@@ -187,8 +237,11 @@ def suite_sizes(data_dir: Path | None) -> list[dict[str, Any]]:
         if data_dir is not None:
             path = Path(data_dir) / suite.data_file
             if path.is_file():
-                with open(path, encoding="utf-8") as fh:
-                    size = sum(1 for line in fh if line.strip())
+                try:  # counted as bytes: a listing need not decode (eval checks the rows themselves)
+                    with open(path, "rb") as fh:
+                        size = sum(1 for line in fh if line.strip())
+                except OSError as err:
+                    raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
                 source = str(path)
             else:
                 source = f"{suite.hub_source} ({suite.data_file} not in data dir)"

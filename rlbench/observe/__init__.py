@@ -2,8 +2,10 @@
 
 scrape.py   one scrape: fetch /metrics, parse it with prometheus_client, map vLLM's or SGLang's names
 sampler.py  a thread that scrapes every server on the profile's clock and appends samples.jsonl
-derive.py   samples -> rollout phases and a trace in the trace.jsonl contract, so rlbench.metrics computes
-            the bubble ratio, tail share and throughput by the same definitions as for its own trainer
+derive.py   samples -> rollout phases and a trace in the trace.jsonl contract, so the trainer's trace
+            metrics compute the bubble ratio, tail share and throughput by the same definitions
 whatif.py   the observed request lengths replayed through the simulator: what SortedRL/RhymeRL would buy
-session.py  `rlbench observe` and `rlbench profile --engine-metrics`: sample, derive, write, report
+nvml.py     the GPUs' utilisation and memory, sampled on the same clock (a null sampler without a GPU)
+
+The session that runs these and writes the report is rlbench/profiling/observe.py.
 """

@@ -1,7 +1,8 @@
 """Server samples -> rollout phases and a trace in the trace.jsonl contract (docs/metrics.md).
 
-The metrics of an observed server are then computed by `rlbench.metrics`, the code that measures the
-reference trainer, so "bubble ratio" means the same thing for both. How the samples become a trace:
+The metrics of an observed server are then computed by `reference_trainer.trace.metrics`, the code that
+measures the reference trainer, so "bubble ratio" means the same thing for both. How the samples become a
+trace:
 
 - **Phases.** A rollout phase is a stretch of time in which some server runs at least one request (a start
   or end between two scrapes is placed at their midpoint), closed by an idle gap (every server at 0
@@ -23,6 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from reference_trainer.trace import metrics
+from reference_trainer.trace.schema import DECODE, ROLLOUT, SEQUENCE
 
 Row = dict[str, Any]
 
@@ -114,10 +118,10 @@ def to_trace(
     found = phases(per_server, idle_gap_s)
     events: list[Row] = []
     for p in found:
-        events.append({"kind": "rollout", "step": p.step, "t_start": p.t_start, "t_end": p.t_end,
+        events.append({"kind": ROLLOUT, "step": p.step, "t_start": p.t_start, "t_end": p.t_end,
                        "source": "observed"})  # fmt: skip
         for s in per_server:
-            events.append({"kind": "decode", "step": p.step, "t_start": p.t_start, "t_end": p.t_start,
+            events.append({"kind": DECODE, "step": p.step, "t_start": p.t_start, "t_end": p.t_start,
                            "active_slots": 0, "capacity": caps[s], "tokens": 0, "worker": s})  # fmt: skip
 
     def phase_of(t: float) -> Phase | None:
@@ -141,7 +145,7 @@ def to_trace(
             if shares:
                 shares[-1] = tokens - sum(shares[:-1])
             for (t0, t1, row), n in zip(halves, shares, strict=True):
-                events.append({"kind": "decode", "step": p.step, "t_start": t0, "t_end": t1,
+                events.append({"kind": DECODE, "step": p.step, "t_start": t0, "t_end": t1,
                                "active_slots": int(row["running"]), "capacity": caps[s], "tokens": n,
                                "worker": s, "waiting": row.get("waiting"),
                                "kv_usage": row.get("kv_usage")})  # fmt: skip
@@ -153,7 +157,7 @@ def to_trace(
                 b.get("prompt_hist"), None if b.get("restarted") else a.get("prompt_hist")
             )
             for k in range(finished):
-                seq: Row = {"kind": "sequence", "step": p.step, "id": f"s{s}-{b['t']:.3f}-{k}",
+                seq: Row = {"kind": SEQUENCE, "step": p.step, "id": f"s{s}-{b['t']:.3f}-{k}",
                             "prompt_id": f"s{s}-{b['t']:.3f}-{k}", "sample": 0, "t_admit": None,
                             "t_finish": b["t"], "status": "finished", "finish_reason": None, "worker": s,
                             "length_source": "none"}  # fmt: skip
@@ -170,21 +174,19 @@ def server_stats(events: list[Row], rows: list[Row]) -> dict[str, Any]:
     """Per server and overall: the metrics of docs/metrics.md from the derived trace, plus queueing and
     the long-tail indicator max response tokens / rollout wall time (slime's
     longest_sample_tokens_per_sec)."""
-    from rlbench import metrics
-
-    phase_events = [e for e in events if e["kind"] == "rollout"]
-    workers = sorted({int(e["worker"]) for e in events if "worker" in e and e["kind"] == "decode"})
+    phase_events = [e for e in events if e["kind"] == ROLLOUT]
+    workers = sorted({int(e["worker"]) for e in events if "worker" in e and e["kind"] == DECODE})
     wall = sum(p["t_end"] - p["t_start"] for p in phase_events)
     out: dict[str, Any] = {}
     for label, keep in [("all", None), *((f"server {w}", w) for w in workers)]:
         mine = [e for e in events if keep is None or e.get("worker", keep) == keep]
         summary = metrics.compute(mine)["summary"] if phase_events else {}
-        engine = [e for e in mine if e["kind"] == "decode" and e["t_end"] > e["t_start"]]
+        engine = [e for e in mine if e["kind"] == DECODE and e["t_end"] > e["t_start"]]
         span = wall * (len(workers) if keep is None else 1)  # slot-holder time: every server's phases
         queued = [e for e in engine if (e.get("waiting") or 0) > 0]
         per_phase = []  # slime's longest_sample_tokens_per_sec: the longest response / rollout wall time
         for p in phase_events:
-            bounds = [e["response_tokens_max"] for e in mine if e["kind"] == "sequence"
+            bounds = [e["response_tokens_max"] for e in mine if e["kind"] == SEQUENCE
                       and e["step"] == p["step"] and e.get("response_tokens_max") is not None]  # fmt: skip
             if bounds and not math.isinf(max(bounds)) and p["t_end"] > p["t_start"]:
                 per_phase.append((max(bounds), max(bounds) / (p["t_end"] - p["t_start"])))
@@ -194,7 +196,7 @@ def server_stats(events: list[Row], rows: list[Row]) -> dict[str, Any]:
             "rollout_tokens_per_s": summary.get("rollout_tokens_per_s"),
             "phases": len(phase_events),
             "rollout_time_s": wall,
-            "finished_requests": sum(1 for e in mine if e["kind"] == "sequence"),
+            "finished_requests": sum(1 for e in mine if e["kind"] == SEQUENCE),
             "waiting_mean": (
                 sum((e.get("waiting") or 0) * (e["t_end"] - e["t_start"]) for e in engine) / span
             )

@@ -12,6 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlbench.simulate import simulate
+from rlbench.simulate.cost import preset
+from rlbench.simulate.workload import _from_rows, load
+
 MODES = ["baseline", "sorted", "sorted-partial", "rhyme", "sorted+rhyme"]
 
 
@@ -33,10 +37,6 @@ def predict(
     model_size: str = "7b",
 ) -> dict[str, Any]:
     """Per mode: predicted bubble ratio, step time and speed-up against the baseline; or a reason why not."""
-    from rlbench.simulate import simulate
-    from rlbench.simulate.cost import preset
-    from rlbench.simulate.workload import _from_rows, load
-
     if request_log is not None:
         trace, source = load(request_log), f"request log {request_log}"
     else:

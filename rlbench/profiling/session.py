@@ -5,7 +5,7 @@ place, through the `train_fn` hook:
 
     train_fn(config, out_dir, trace=session.trace)
 
-`trace` is a `reference_trainer.engine.trace.Trace` whose clock the NVML sampler shares; the trainer writes
+`trace` is a `reference_trainer.trace.writer.Trace` whose clock the NVML sampler shares; the trainer writes
 its engine, phase and sequence events into it (and may stream them with `trace.flush_to(out/"trace.jsonl")`).
 At exit the session flushes what is left to `trace.jsonl`, writes `metrics.json`
 (`{"run", "summary", "steps", "gpu", "pyspy"}`) and renders `report.html`, also when training failed.
@@ -15,15 +15,25 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from reference_trainer.errors import UserError
+from reference_trainer.trace import metrics
+from reference_trainer.trace.locks import run_lock
+from reference_trainer.trace.records import make_dir, write_json
+from reference_trainer.trace.schema import read_trace
+from reference_trainer.trace.writer import Trace
+from rlbench.observe.nvml import NvmlSampler
+from rlbench.profiling.pyspy import PySpyRecorder
+from rlbench.report.profile_report import render_profile
+from rlbench.training import run_training
 
 
 def default_train_fn() -> Callable[..., Any]:
     """The reference trainer with its progress display (`rlbench.training.run_training`)."""
-    from rlbench.training import run_training
-
     return run_training
 
 
@@ -48,11 +58,7 @@ class ProfileSession:
         self.report: Path | None = None
 
     def __enter__(self) -> ProfileSession:
-        from reference_trainer.engine.trace import Trace
-        from rlbench.profiling.nvml import NvmlSampler
-        from rlbench.profiling.pyspy import PySpyRecorder
-
-        self.out.mkdir(parents=True, exist_ok=True)
+        make_dir(self.out)
         for name in ("trace.jsonl", "metrics.json", "report.html"):  # Trace.flush_to appends: start clean
             (self.out / name).unlink(missing_ok=True)
         self.trace = Trace()
@@ -63,18 +69,25 @@ class ProfileSession:
         if self.pyspy is not None:
             self.pyspy.start()
         self._wall0 = time.perf_counter()
+        self._running_s: float | None = None
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        from rlbench import metrics
-        from rlbench.records import read_jsonl, write_json
-        from rlbench.report.profile_report import render_profile
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Count a block as this session's run time. Sessions whose trainers take steps in turn (`compare`)
+        each count only their own steps; a session that never uses it counts its whole life."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._running_s = (self._running_s or 0.0) + time.perf_counter() - start
 
-        wall = time.perf_counter() - self._wall0
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        wall = time.perf_counter() - self._wall0 if self._running_s is None else self._running_s
         pyspy = self.pyspy.stop() if self.pyspy is not None else None
         gpu = self.sampler.stop()
         self.trace.flush_to(self.trace_path)
-        events = read_jsonl(self.trace_path) if self.trace_path.exists() else []
+        events = read_trace(self.trace_path) if self.trace_path.exists() else []
         doc = metrics.compute(events, gpu)
         status = "ok" if exc_type is None else f"failed: {exc_type.__name__}: {exc}"
         self.doc = {
@@ -88,18 +101,29 @@ class ProfileSession:
         # never swallow the trainer's exception: the caller decides how to report it
 
 
+def check_new_run(out: str | Path, overwrite: bool) -> None:
+    """Refuse to profile into a directory that holds a trainer run unless `overwrite`: its checkpoints and
+    logs would be replaced without a word. (A profile is not resumed: its trace is on one process's clock.)"""
+    if not overwrite and (Path(out) / "train_config.json").exists():
+        raise UserError(f"{out} already holds a run: pass --overwrite to replace it, or use another --out")
+
+
 def run_profile(
     config: Any,
     out: str | Path,
     py_spy: bool = False,
     train_fn: Callable[..., Any] | None = None,
     sample_interval_s: float = 0.1,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Profile the reference trainer run that `config` (a TrainConfig) describes; returns the metrics doc."""
+    """Profile the reference trainer run that `config` (a TrainConfig) describes; returns the metrics doc.
+    The process is the only writer of `out` meanwhile (locks.run_lock)."""
     train = train_fn or default_train_fn()
     run = {"mode": config.mode, "task": config.task, "steps": config.steps, "seed": config.seed}
-    with ProfileSession(out, run, py_spy=py_spy, sample_interval_s=sample_interval_s) as session:
-        # TRAINER HOOK: the single place the trainer runs.
-        train(config, Path(out), trace=session.trace)
+    with run_lock(out):
+        check_new_run(out, overwrite)
+        with ProfileSession(out, run, py_spy=py_spy, sample_interval_s=sample_interval_s) as session:
+            # TRAINER HOOK: the single place the trainer runs.
+            train(config, Path(out), trace=session.trace)
     assert session.doc is not None
     return session.doc

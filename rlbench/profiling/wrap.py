@@ -16,7 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlbench.errors import UserError
+from reference_trainer.errors import UserError
+from reference_trainer.trace.records import write_json
+from rlbench.observe.nvml import NvmlSampler, mean_util, no_gpu_note
+from rlbench.profiling.observe import finish, start_sampler
+from rlbench.profiling.pyspy import PySpyRecorder
+from rlbench.report.profile_report import render_profile
 
 
 def wrap_command(
@@ -29,11 +34,6 @@ def wrap_command(
     say: Any = print,
 ) -> tuple[int, dict[str, Any]]:
     """Run `cmd`, write out/metrics.json and out/report.html; return (exit code, metrics document)."""
-    from rlbench.profiling.nvml import NvmlSampler, mean_util, no_gpu_note
-    from rlbench.profiling.pyspy import PySpyRecorder
-    from rlbench.records import write_json
-    from rlbench.report.profile_report import render_profile
-
     if not cmd:
         raise UserError("no command given after --")
     out = Path(out)
@@ -46,8 +46,6 @@ def wrap_command(
     sampler = NvmlSampler(now=now, interval_s=sample_interval_s, nvml=nvml).start()
     servers = None
     if observe is not None:
-        from rlbench.observe.session import start_sampler
-
         servers = start_sampler(observe, out, now, say)
     t_start = now()
     try:
@@ -92,8 +90,6 @@ def wrap_command(
         "pyspy": pyspy,
     }
     if servers is not None:
-        from rlbench.observe.session import finish
-
         doc = finish(out, server_rows or [], observe, doc, servers.notes)
     else:
         write_json(out / "metrics.json", doc)

@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlbench.records import read_json
+from reference_trainer.errors import UserError
+from reference_trainer.trace.compare import drift_check, step_speedups
+from reference_trainer.trace.records import read_json
 from rlbench.report.figures import PALETTE, _fig, note, steps_axis
 from rlbench.report.page import table, write_page
 
@@ -25,6 +27,21 @@ CURVES = [
     ("accuracy", "Accuracy per step", "accuracy", 1.0),
     ("acceptance_rate", "Draft acceptance per step", "%", 100.0),
 ]
+
+
+def check_compare_doc(doc: Any, source: Any) -> dict[str, Any]:
+    """`doc` if it has the shape of compare.json (runs with a mode, a summary and step rows), else a one-line
+    UserError naming `source`."""
+    runs = doc.get("runs") if isinstance(doc, dict) else None
+    if isinstance(runs, dict):
+        runs = [{"mode": mode, **run} if isinstance(run, dict) else run for mode, run in runs.items()]
+    if not isinstance(runs, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("mode"), str) and isinstance(r.get("summary"), dict)
+        and isinstance(r.get("steps", []), list)
+        for r in runs
+    ):  # fmt: skip
+        raise UserError(f"{source}: not a comparison (runs, each with a mode, a summary and steps)")
+    return doc
 
 
 def normalise(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
@@ -49,6 +66,7 @@ def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]
             "step time (s)": s.get("step_time_s"),
             "rollout tokens/s": s.get("rollout_tokens_per_s"),
             "bubble ratio": s.get("bubble_ratio"),
+            "GPU idle in rollout": s.get("bubble_ratio_gpu"),
             "tail share": s.get("tail_time_share"),
             "acceptance": s.get("acceptance_rate"),
             "reward": s.get("reward_mean"),
@@ -63,23 +81,40 @@ def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]
     return rows
 
 
+def drift_note(drift: dict[str, Any]) -> str | None:
+    if not drift.get("flagged"):
+        return None
+    costs = ", ".join(f"{m} {c:.3g}" for m, c in drift["s_per_ktoken"].items() if c)
+    return (
+        f"Machine load drifted during this comparison: the update, which no mode changes, cost {costs} s per "
+        f"1,000 trained tokens ({drift['ratio']:.2f}x apart, tolerance {drift['tolerance']:.2f}x). Treat the "
+        "speed-ups as unreliable and rerun on a quiet machine."
+    )
+
+
 def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -> Path:
     """Write compare_dir/report.html from compare.json (or the given doc)."""
     import plotly.graph_objects as go
 
     compare_dir = Path(compare_dir)
     if doc is None:
-        doc = read_json(compare_dir / "compare.json")
+        doc = check_compare_doc(read_json(compare_dir / "compare.json"), compare_dir / "compare.json")
     runs, baseline = normalise(doc)
     rows = ratio_rows(runs, baseline)
-    intro: list[Any] = [table(rows)]
+    spread = step_speedups({r["mode"]: r.get("steps") or [] for r in runs}, baseline)
+    for row in rows:
+        if (s := spread.get(row["mode"])) and s["min"] is not None:
+            row["speed-up per round (min-max)"] = f"{s['min']:.2f}-{s['max']:.2f}x"
+    drift = doc.get("drift") or drift_check({r["mode"]: r["summary"] for r in runs})
+    intro: list[Any] = [note(message)] if (message := drift_note(drift)) else []
+    intro.append(table(rows))
     if not any(r["mode"] == baseline for r in runs):
         intro.append(note(f"No '{baseline}' run in this comparison: ratios are not shown."))
     else:
         intro.append(
-            '<p class="sub">Ratios are against the baseline run of the same process, prompts and seeds. '
-            "speed-up = baseline step time / mode step time; throughput, bubble and reward: mode / baseline."
-            "</p>"
+            '<p class="sub">Ratios are against the baseline run of the same process, prompts and seeds, '
+            "the modes taking their steps in turn. speed-up = baseline step time / mode step time (the "
+            "range: per round, step k of each); throughput, bubble and reward: mode / baseline.</p>"
         )
         speed = _fig("Speed-up over baseline (end-to-end step time)", "mode", "×")
         speed.add_trace(

@@ -7,8 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlbench.errors import UserError
-from rlbench.records import read_json, read_jsonl
+from reference_trainer.errors import UserError
+from reference_trainer.trace.records import read_json, read_jsonl
+from rlbench.eval.runner import CONFIG_FILE, PROGRESS_FILE, EvalConfig, summarize
+from rlbench.eval.schema import check_results, row_problem
+from rlbench.eval.suites import get_suite
 from rlbench.report.figures import _fig, note
 from rlbench.report.page import kpis, table, write_page
 
@@ -25,17 +28,16 @@ def load_results(d: Path) -> tuple[dict[str, Any], bool]:
     """(results, partial): results.json, or, for a run killed before writing it, the same summary rebuilt
     from the rows finished so far (partial=True)."""
     if (d / "results.json").is_file():
-        return read_json(d / "results.json"), False
-    from rlbench.eval.runner import CONFIG_FILE, PROGRESS_FILE, EvalConfig, summarize
-    from rlbench.eval.suites import get_suite
+        return check_results(read_json(d / "results.json"), d / "results.json"), False
 
     stored = read_json(d / CONFIG_FILE)
     try:
         cfg = EvalConfig(**stored["config"])
-    except (KeyError, TypeError) as err:
+        cfg.check()
+    except (KeyError, TypeError, UserError) as err:
         raise UserError(f"{d / CONFIG_FILE}: not an eval run config ({err})") from None
     progress = d / PROGRESS_FILE
-    rows = read_jsonl(progress) if progress.is_file() else []
+    rows = read_jsonl(progress, check=row_problem) if progress.is_file() else []
     rows = [r for r in rows if len(r.get("correct", [])) == cfg.samples]
     return summarize(get_suite(cfg.suite), cfg, stored.get("template", "?"), rows), True
 
@@ -161,5 +163,5 @@ def write_eval_report(path: Path, results: dict[str, Any], partial: bool = False
         path,
         f"rlbench eval: {results.get('title', results['suite'])}",
         sections,
-        subtitle=f"{results['model']} · {results['engine']} engine · {k} samples per problem",
+        subtitle=f"{results['model']} · {results['engine']} engine · {k} sample{'s' * (k != 1)} per problem",
     )

@@ -18,7 +18,13 @@ PALETTE = [
     "#bcbd22",
     "#17becf",
 ]
-PHASE_COLOURS = {"rollout": "#4c78a8", "reward": "#f58518", "update": "#54a24b", "sync": "#b279a2"}
+PHASE_COLOURS = {
+    "rollout": "#4c78a8",
+    "reward": "#f58518",
+    "update": "#54a24b",
+    "sync": "#b279a2",
+    "heldout": "#9d755d",
+}
 Event = dict[str, Any]
 
 

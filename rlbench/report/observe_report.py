@@ -11,6 +11,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from reference_trainer.trace.records import read_jsonl
 from rlbench.report.figures import PALETTE, _fig, note, num, pct
 from rlbench.report.page import table
 
@@ -92,8 +93,6 @@ def whatif_section(whatif: dict[str, Any], observed: float | None) -> list[Any]:
 def observed_sections(
     run_dir: Path, doc: dict[str, Any], events: list[dict[str, Any]]
 ) -> list[tuple[str, list]]:
-    from rlbench.records import read_jsonl
-
     em = doc["engine_metrics"]
     samples = run_dir / "samples.jsonl"
     rows = read_jsonl(samples) if samples.is_file() else []

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlbench.records import write_text
+from reference_trainer.trace.records import write_text
 
 _CSS = """
 *{box-sizing:border-box}

@@ -12,8 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlbench.records import read_json
+from reference_trainer.errors import UserError
+from reference_trainer.trace import metrics
+from reference_trainer.trace.records import read_json, read_jsonl
+from reference_trainer.trace.schema import FORWARD_KINDS, ROLLOUT, UPDATE, read_trace
+from rlbench.observe.nvml import no_gpu_note
 from rlbench.report.figures import PALETTE, PHASE_COLOURS, Event, _fig, note, num, pct, steps_axis
+from rlbench.report.observe_report import observed_sections
 from rlbench.report.page import kpis, table, write_page
 from rlbench.report.timeline import slot_timeline
 
@@ -62,9 +67,15 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
         ("timing_s/reward", "reward"),
         ("timing_s/update", "update"),
         ("timing_s/sync", "sync"),
+        ("timing_s/heldout", "heldout"),
     ):
         split.add_trace(
-            go.Bar(x=x, y=[s.get(key) or 0.0 for s in steps], name=name, marker_color=PHASE_COLOURS[name])
+            go.Bar(
+                x=x,
+                y=[s.get(key) or 0.0 for s in steps],
+                name="held-out evaluation" if name == "heldout" else name,
+                marker_color=PHASE_COLOURS[name],
+            )  # fmt: skip
         )
     split.update_layout(barmode="stack", legend_traceorder="normal")
 
@@ -91,6 +102,10 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
         rew = _fig("Reward and accuracy per step", "step", "")
         line(rew, "reward_mean", "reward mean")
         line(rew, "accuracy", "accuracy")
+        # without a format reward the two are equal: draw accuracy dashed over reward so both stay visible
+        rew.update_traces(
+            selector={"name": "accuracy"}, line={"dash": "dash", "width": 3}, marker={"symbol": "x"}
+        )
         steps_axis(rew, x)
         learning = [rew, learning_figure(steps, heldout)] if heldout else [rew]
         sections.append(("Learning", learning))
@@ -136,8 +151,6 @@ def gpu_section(gpu: dict[str, Any] | None, events: Sequence[Event]) -> list[Any
     a reader sees what the GPU did in each phase. A field the GPU does not report is left out."""
     import plotly.graph_objects as go
 
-    from rlbench.profiling.nvml import no_gpu_note
-
     samples = (gpu or {}).get("samples") or []
     if not (gpu or {}).get("available") or not samples:
         return [note(no_gpu_note(gpu))]
@@ -158,7 +171,7 @@ def gpu_section(gpu: dict[str, Any] | None, events: Sequence[Event]) -> list[Any
                 )
             )
         for ev in events:
-            if ev.get("kind") in ("rollout", "update"):
+            if ev.get("kind") in (ROLLOUT, UPDATE):
                 fig.add_vrect(
                     x0=ev["t_start"],
                     x1=ev["t_end"],
@@ -178,7 +191,7 @@ def worker_section(events: Sequence[Event], summary: dict[str, Any]) -> list[Any
 
     busy: dict[int, list[list[float]]] = {}
     for ev in sorted(
-        (e for e in events if e.get("kind") in ("prefill", "decode", "verify")),
+        (e for e in events if e.get("kind") in FORWARD_KINDS),
         key=lambda e: float(e["t_start"]),
     ):
         spans = busy.setdefault(int(ev.get("worker", 0)), [])
@@ -249,9 +262,17 @@ def headline(doc: dict[str, Any]) -> str:
 
 
 def summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The summary as a table; its maps read as words (staleness: tokens per lag; idle share per worker)."""
     rows = []
     for k, v in summary.items():
-        if isinstance(v, dict):
+        if k == "staleness" and isinstance(v, dict):
+            v = (
+                ", ".join(f"{n:,} tokens {lag} version{'s' * (lag != '1')} old" for lag, n in v.items())
+                or "—"
+            )
+        elif k == "worker_idle_share" and isinstance(v, dict):
+            v = ", ".join(f"worker {w}: {pct(share)}" for w, share in v.items()) or "—"
+        elif isinstance(v, dict):
             v = (
                 ", ".join(f"{a}: {b:.3g}" if isinstance(b, float) else f"{a}: {b}" for a, b in v.items())
                 or "—"
@@ -260,17 +281,30 @@ def summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def load_run(run_dir: Path) -> tuple[dict[str, Any], list[Event]]:
-    """A run directory's metrics doc and trace events, through rlbench.records (a torn last line left by a
-    killed run is dropped with a note). A `train` run has no metrics.json: its doc is computed from
-    trace.jsonl as `profile` does, each step completed by its metrics.jsonl row (loss, entropy, ...)."""
-    from rlbench.records import read_json, read_jsonl
+def check_profile_doc(doc: Any, source: Any) -> dict[str, Any]:
+    """`doc` if it has the shape of a profile's metrics.json (objects where objects go, step rows with their
+    step numbers), else a one-line UserError naming `source`."""
+    if not isinstance(doc, dict):
+        raise UserError(f"{source}: not a profile's metrics (a JSON object)")
+    for key in ("run", "summary", "gpu", "pyspy", "engine_metrics"):
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            raise UserError(f"{source}: {key} is {type(doc[key]).__name__}, not an object")
+    steps = doc.get("steps", [])
+    if not isinstance(steps, list) or not all(
+        isinstance(s, dict) and type(s.get("step")) is int for s in steps
+    ):
+        raise UserError(f"{source}: steps is not a list of step rows (objects with an integer step)")
+    return doc
 
+
+def load_run(run_dir: Path) -> tuple[dict[str, Any], list[Event]]:
+    """A run directory's metrics doc and trace events, through reference_trainer.trace.records (a torn last
+    line left by a killed run is dropped with a note). A `train` run has no metrics.json: its doc is computed
+    from trace.jsonl as `profile` does, each step completed by its metrics.jsonl row (loss, entropy, ...)."""
     trace = run_dir / "trace.jsonl"
-    events = read_jsonl(trace) if trace.is_file() else []
+    events = read_trace(trace) if trace.is_file() else []
     if (run_dir / "metrics.json").is_file():
-        return read_json(run_dir / "metrics.json"), events
-    from rlbench import metrics
+        return check_profile_doc(read_json(run_dir / "metrics.json"), run_dir / "metrics.json"), events
 
     rows_path = run_dir / "metrics.jsonl"
     rows = {r.get("step"): r for r in read_jsonl(rows_path)} if rows_path.is_file() else {}
@@ -308,8 +342,6 @@ def render_profile(
         top.append(f"<p><code>{html.escape(shlex.join(meta['command']))}</code></p>")
     sections: list[tuple[str, Sequence[Any]]] = [("Summary", top)]
     if doc.get("engine_metrics"):  # observed servers: gauges instead of the trainer's slot maps
-        from rlbench.report.observe_report import observed_sections
-
         sections.extend(observed_sections(run_dir, doc, list(events)))
     if steps:
         if not doc.get("engine_metrics"):

@@ -10,6 +10,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from reference_trainer.trace.schema import FORWARD_KINDS, HELDOUT, REWARD, ROLLOUT, SEQUENCE, SYNC, UPDATE
 from rlbench.report.figures import PALETTE, PHASE_COLOURS, Event, _fig, note
 
 MAX_BARS = 20_000
@@ -19,7 +20,7 @@ def slot_bars(events: Sequence[Event], max_bars: int = MAX_BARS) -> tuple[list[d
     """Merged (worker, slot, seq, start, end, step) bars from engine events; the note says what was cut."""
     by_step: dict[int, list[Event]] = {}
     for ev in events:
-        if ev.get("kind") in ("prefill", "decode", "verify") and ev.get("slots"):
+        if ev.get("kind") in FORWARD_KINDS and ev.get("slots"):
             by_step.setdefault(int(ev.get("step", 0)), []).append(ev)
     bars: list[dict[str, Any]] = []
     steps = sorted(by_step)
@@ -64,7 +65,7 @@ def slot_timeline(events: Sequence[Event]) -> list[Any]:
     bars, msg = slot_bars(events)
     if not bars:
         return [note("No engine events with slot maps in the trace: nothing to draw.")]
-    prompt_of = {e["id"]: str(e.get("prompt_id")) for e in events if e.get("kind") == "sequence"}
+    prompt_of = {e["id"]: str(e.get("prompt_id")) for e in events if e.get("kind") == SEQUENCE}
     groups: dict[str, int] = {}
     multi = len({b["worker"] for b in bars}) > 1
     for b in bars:
@@ -96,9 +97,9 @@ def slot_timeline(events: Sequence[Event]) -> list[Any]:
         )
     )
     shown = {b["step"] for b in bars}
-    rollouts = [ev for ev in events if ev.get("kind") == "rollout" and int(ev.get("step", 0)) in shown]
+    rollouts = [ev for ev in events if ev.get("kind") == ROLLOUT and int(ev.get("step", 0)) in shown]
     for ev in events:  # shade the non-rollout phases so the gaps between rollouts read as what they are
-        if ev.get("kind") in ("reward", "update", "sync") and int(ev.get("step", 0)) in shown:
+        if ev.get("kind") in (REWARD, UPDATE, SYNC, HELDOUT) and int(ev.get("step", 0)) in shown:
             fig.add_vrect(
                 x0=ev["t_start"],
                 x1=ev["t_end"],

@@ -15,7 +15,9 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rlbench.records import read_json
+from reference_trainer.trace.records import read_json
+from rlbench.report.figures import PALETTE
+from rlbench.report.page import table
 from rlbench.reproduce.base import Context, Outcome
 from rlbench.reproduce.curves import parity, parity_plan, run_curve, save_run
 
@@ -55,8 +57,6 @@ class Workload:
 def _curves_figure(runs: list[dict[str, Any]], target: float) -> Any:
     import plotly.graph_objects as go
 
-    from rlbench.report.figures import PALETTE
-
     fig = go.Figure()
     colours = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(dict.fromkeys(r["mode"] for r in runs))}
     for r in runs:
@@ -85,8 +85,6 @@ def gap_standard_error(modes: dict[str, dict[str, Any]]) -> float | None:
 
 
 def accuracy(ctx: Context) -> Outcome:
-    from rlbench.report.page import table
-
     w = Workload.for_context(ctx)
     results = ctx.work_dir / f"parity_{w.task}.json"
     for task, mode, seed in w.plan():

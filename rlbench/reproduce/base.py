@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reference_trainer.model.embedded import label
+from reference_trainer.trace.records import read_json, write_json
+
 
 @dataclass
 class Context:
@@ -21,7 +24,6 @@ class Context:
         """The model as results record it: the name or directory given, else the embedded weights' label."""
         if self.model:
             return self.model
-        from reference_trainer.model.embedded import label
 
         return label()
 
@@ -32,8 +34,6 @@ class Context:
     def finished(self, name: str, key: Any, what: str) -> Any | None:
         """What a finished run saved as work_dir/<name> for the same workload `key`, or None: a rerun of a
         killed or repeated reproduction reuses it instead of training again."""
-        from rlbench.records import read_json
-
         path = self.work_dir / name
         if path.is_file() and (saved := read_json(path)).get("workload") == key and "result" in saved:
             self.progress(f"reusing the finished {what}")
@@ -42,8 +42,6 @@ class Context:
 
     def finish(self, name: str, key: Any, result: Any) -> Any:
         """Save a finished run's `result` as work_dir/<name> under its workload `key` (see `finished`)."""
-        from rlbench.records import write_json
-
         write_json(self.work_dir / name, {"workload": key, "result": result})
         return result
 

@@ -9,13 +9,15 @@ benchmarks/learning_curves.py and the sortedrl-accuracy reproduction both build 
 
 from __future__ import annotations
 
+import fcntl
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlbench.records import read_json, read_jsonl, write_json
+from reference_trainer.trace.records import read_json, read_jsonl, write_json
+from rlbench.training import build_config
 
 
 def parity_plan(task: str) -> list[tuple[str, str, int]]:
@@ -41,7 +43,6 @@ def run_curve(
     eval_every, ...) into `out`; its held-out curve with the training reward and response length over the
     steps since each evaluation."""
     from reference_trainer.train.trainer import Trainer
-    from rlbench.training import build_config
 
     config = build_config(**options)
     trainer = Trainer(config, out)
@@ -85,8 +86,6 @@ def run_curve(
 
 def save_run(results: Path, run: dict[str, Any], target: float) -> list[dict[str, Any]]:
     """Merge `run` into the results file under a lock: several invocations may run curves in parallel."""
-    import fcntl
-
     results.parent.mkdir(parents=True, exist_ok=True)
     with open(results.with_suffix(".lock"), "a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)

@@ -6,14 +6,15 @@ One trainer per placement (VARIANTS) trains from the same weights on the same he
 backend="local", in-process workers advanced in turn). The trainers take their steps round-robin, so a
 drift in machine load hits all alike.
 
-Per step, from the trace (rlbench.metrics): `worker_idle_share[w]` = 1 - busy_w / busiest worker's busy
-time; a step's idle share is its mean over workers, an epoch's the mean over its steps. HistoPipe places by
-each prompt's response lengths in the previous epoch, so the claim is about epochs 2 on.
+Per step, from the trace (reference_trainer.trace.metrics): `worker_idle_share[w]` = 1 - busy_w / busiest
+worker's busy time; a step's idle share is its mean over workers, an epoch's the mean over its steps.
+HistoPipe places by each prompt's response lengths in the previous epoch, so the claim is about epochs 2 on.
 `benchmarks/histopipe.py` is the command-line face of the same code.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import shutil
@@ -25,8 +26,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rlbench.records import read_jsonl
+from reference_trainer.trace import metrics
+from reference_trainer.trace.schema import read_trace
+from reference_trainer.train.config import TrainConfig
+from rlbench.models import resolve_model
+from rlbench.report.figures import _fig, note, steps_axis
+from rlbench.report.page import table
 from rlbench.reproduce.base import Context, Outcome
+from rlbench.training import interleave
 
 # name -> PlacedRollout options. histopipe is RhymeRL's (alternating order + migration); histopipe-lpt keeps
 # the balanced placement and migration but orders every worker's queue longest-first on every step.
@@ -69,8 +76,6 @@ class Workload:
 
 
 def train_config(w: Workload, placement: str, model: str, device: str = "cpu", backend: str = "ray") -> Any:
-    from reference_trainer.train.config import TrainConfig
-
     if w.pool % w.prompts_per_step:
         raise ValueError("pool must be a multiple of prompts_per_step")
     cfg = TrainConfig(
@@ -99,7 +104,7 @@ def train_config(w: Workload, placement: str, model: str, device: str = "cpu", b
 
 def epoch_idle(steps: list[dict[str, Any]], steps_per_epoch: int) -> list[dict[str, Any]]:
     """Per epoch: mean worker idle share (mean over workers, then over the epoch's steps), rollout time,
-    step time and bubble ratio, from rlbench.metrics step rows."""
+    step time and bubble ratio, from reference_trainer.trace.metrics step rows."""
     epochs = []
     means = (("rollout_s", "timing_s/gen"), ("step_time_s", "step_time_s"), ("bubble_ratio", "bubble_ratio"))
     for e in range(0, len(steps), steps_per_epoch):
@@ -114,9 +119,7 @@ def epoch_idle(steps: list[dict[str, Any]], steps_per_epoch: int) -> list[dict[s
 
 def per_epoch(out: Path, steps_per_epoch: int) -> list[dict[str, Any]]:
     """`epoch_idle` of the run in `out` (its trace.jsonl)."""
-    from rlbench import metrics
-
-    return epoch_idle(metrics.compute(read_jsonl(out / "trace.jsonl"))["steps"], steps_per_epoch)
+    return epoch_idle(metrics.compute(read_trace(out / "trace.jsonl"))["steps"], steps_per_epoch)
 
 
 @contextmanager
@@ -153,18 +156,12 @@ def run_placements(
 
     torch.manual_seed(w.seed)
     trainers = {p: Trainer(train_config(w, p, model, device, backend), runs / p) for p in w.placements}
-    differ = []
     try:
-        for step in range(w.epochs * w.steps_per_epoch):
-            lengths = {}
-            for placement, trainer in trainers.items():
-                row = trainer.train_step()
-                lengths[placement] = row["response_len_mean"]
-                progress(f"step {step} {placement:>17}: gen {row['timing_s/gen']:.2f}s, "
-                         f"len {row['response_len_mean']:.1f}, reward {row['reward_mean']:.3f}")  # fmt: skip
-            if len(set(lengths.values())) != 1:
-                differ.append(step)
-                progress(f"warning: placements generated different samples at step {step}: {lengths}")
+        rows = interleave(trainers, w.epochs * w.steps_per_epoch, say=progress)
+        differ = [step for step, same in enumerate(zip(*rows.values(), strict=True))
+                  if len({row["response_len_mean"] for row in same}) != 1]  # fmt: skip
+        if differ:
+            progress(f"warning: the placements generated different samples at steps {differ}")
     finally:
         for trainer in trainers.values():
             trainer.close()
@@ -202,12 +199,22 @@ def compare(results: dict[str, list[dict[str, Any]]], epochs: int, differ: list[
     return out
 
 
+def worker_backend() -> str:
+    """Ray where it is installed; else the in-process pool, so no reproduction needs Ray (results say so)."""
+    return "ray" if importlib.util.find_spec("ray") is not None else "local"
+
+
+LOCAL_NOTE = (
+    "Ray is not installed here: the workers ran in-process, one after another (worker backend `local`). "
+    "A worker's busy time is still its own engine time, so idle shares keep their meaning, but the workers "
+    "did not compete with each other for the machine."
+)
+
+
 def measure(
     ctx: Context, w: Workload, backend: str = "ray"
 ) -> tuple[dict[str, list[dict[str, Any]]], list[int]]:
     """The runs of `w` under ctx.work_dir; a finished set (placements.json, same workload) is reused."""
-    from rlbench.models import resolve_model
-
     key = {**_key(w), "backend": backend}
     if (saved := ctx.finished("placements.json", key, f"runs in {ctx.work_dir}")) is not None:
         return saved["epochs"], saved["differ"]
@@ -226,8 +233,6 @@ def _key(w: Workload) -> dict[str, Any]:
 
 def _figures(results: dict[str, list[dict[str, Any]]], w: Workload) -> list[Any]:
     import plotly.graph_objects as go
-
-    from rlbench.report.figures import _fig, steps_axis
 
     per_step = _fig("Worker idle share per step (mean over workers)", "step", "idle share", height=360)
     per_epoch_fig = _fig("Worker idle share per epoch (epoch 1: no history yet)", "epoch", "idle share")
@@ -248,7 +253,7 @@ def _figures(results: dict[str, list[dict[str, Any]]], w: Workload) -> list[Any]
 def _notes(w: Workload, m: dict[str, Any], differ: list[int]) -> list[str]:
     rr1, hp1 = m["idle_share_epoch1.round-robin"], m["idle_share_epoch1.histopipe"]
     return [
-        f"W = {w.workers} Ray workers of one CPU thread, the embedded 0.9M-parameter model. The paper's "
+        f"W = {w.workers} rollout workers of one CPU thread, the embedded 0.9M-parameter model. The paper's "
         "over-46% idle is on clusters of up to thousands of GPUs, where a step waits for the slowest of many "
         f"workers; with {w.workers} workers the mean idle share cannot exceed {1 - 1 / w.workers:.0%} (the "
         "busiest worker is never idle). simulator-scale predicts the trend to 4096 workers.",
@@ -264,11 +269,9 @@ def _notes(w: Workload, m: dict[str, Any], differ: list[int]) -> list[str]:
 
 
 def balance(ctx: Context) -> Outcome:
-    from rlbench.report.figures import note
-    from rlbench.report.page import table
-
     w = Workload.for_context(ctx)
-    results, differ = measure(ctx, w)
+    backend = worker_backend()
+    results, differ = measure(ctx, w, backend)
     measured = compare(results, w.epochs, differ)
     rr, hp, lo = (measured[f"idle_share.{p}"] for p in ("round-robin", "histopipe", "least-outstanding"))
     measured = {
@@ -283,12 +286,12 @@ def balance(ctx: Context) -> Outcome:
     ]  # fmt: skip
     return Outcome(
         measured=measured,
-        config={"task": "arith", "model": ctx.model_label(), "backend": "ray", **_key(w)},
+        config={"task": "arith", "model": ctx.model_label(), "backend": backend, **_key(w)},
         seeds=[w.seed],
         sections=[
             ("Worker idle share by placement", [table(rows), *_figures(results, w)]),
             ("How to read it", [note(READING)]),
         ],
-        notes=_notes(w, measured, differ),
+        notes=_notes(w, measured, differ) + ([LOCAL_NOTE] if backend == "local" else []),
         data={"epochs": results, "differ": differ},
     )

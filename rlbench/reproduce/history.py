@@ -14,8 +14,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rlbench.records import extend_jsonl, read_json, read_jsonl, write_json
+from reference_trainer.engine.config import SamplingParams
+from reference_trainer.engine.histospec import HistoryDrafter
+from reference_trainer.engine.sequence import Sequence as EngineSequence
+from reference_trainer.trace.records import extend_jsonl, read_json, read_jsonl, write_json
+from reference_trainer.trace.schema import read_trace
+from reference_trainer.train.config import TrainConfig
+from rlbench.models import resolve_model
+from rlbench.report.figures import PALETTE, _fig, note
+from rlbench.report.page import table
 from rlbench.reproduce.base import Context, Outcome
+from rlbench.reproduce.runner import source_commit
 
 MOVE_SHARE = 0.10  # a rank "moves much" when it changes by more than this share of the pool
 Tokens = list[int]
@@ -56,10 +65,7 @@ class _Recording:
 def run_history(ctx: Context, w: Workload) -> Path:
     """The run's folder (trace.jsonl, responses.jsonl), reusing a finished run of the same workload in
     ctx.work_dir/run or in the sibling reproduction's work folder; otherwise running it afresh."""
-    from reference_trainer.train.config import TrainConfig
     from reference_trainer.train.trainer import Trainer
-    from rlbench.models import resolve_model
-    from rlbench.reproduce.runner import source_commit
 
     if w.pool % w.prompts_per_step or w.epochs < 2:
         raise ValueError("need pool divisible by prompts_per_step and at least 2 epochs")
@@ -112,7 +118,7 @@ def _by_prompt_and_epoch(rows: list[dict[str, Any]], w: Workload, field: str) ->
 def length_table(run: Path, w: Workload) -> dict[str, list[float]]:
     """prompt_id -> mean response length (tokens) per epoch, from the trace's finished sequences."""
     seqs = [
-        e for e in read_jsonl(run / "trace.jsonl") if e["kind"] == "sequence" and e["status"] == "finished"
+        e for e in read_trace(run / "trace.jsonl") if e["kind"] == "sequence" and e["status"] == "finished"
     ]
     lens = _by_prompt_and_epoch(seqs, w, "response_tokens")
     return {p: [sum(x) / len(x) for x in per_epoch] for p, per_epoch in lens.items() if all(per_epoch)}
@@ -144,10 +150,6 @@ def draftable(history: Sequence[Tokens], responses: Sequence[Tokens], **options:
     """Per token of each response: would HistoSpec's drafter (`HistoryDrafter(**options)`), holding only
     `history` for this prompt, have proposed exactly that token as its next draft, given the tokens before
     it? The drafter's own matching and confidence rule decide; nothing here matches suffixes."""
-    from reference_trainer.engine.config import SamplingParams
-    from reference_trainer.engine.sequence import Sequence as EngineSequence
-    from reference_trainer.rollout.histospec import HistoryDrafter
-
     drafter, key = HistoryDrafter(**options), [0]  # one prompt: any key
     for tokens in history:
         drafter.add_response(key, tokens)
@@ -212,8 +214,6 @@ REUSE_RULE = (
 def _rank_figure(prompts: list[str], stats: dict[str, Any]) -> Any:
     import plotly.graph_objects as go
 
-    from rlbench.report.figures import PALETTE, _fig
-
     fig = _fig("Length rank, epoch e vs e+1 (1 = shortest)", "rank in epoch e", "rank in epoch e+1", 420)
     n, band = len(prompts), MOVE_SHARE * len(prompts)
     for i, pair in enumerate(stats["pairs"]):
@@ -228,9 +228,6 @@ def _rank_figure(prompts: list[str], stats: dict[str, Any]) -> Any:
 
 def length_stability(ctx: Context) -> Outcome:
     import plotly.graph_objects as go
-
-    from rlbench.report.figures import _fig, note
-    from rlbench.report.page import table
 
     w = Workload.for_context(ctx)
     lengths = length_table(run_history(ctx, w), w)
@@ -274,9 +271,6 @@ def length_stability(ctx: Context) -> Outcome:
 
 def reuse(ctx: Context) -> Outcome:
     import plotly.graph_objects as go
-
-    from rlbench.report.figures import _fig, note
-    from rlbench.report.page import table
 
     w = Workload.for_context(ctx)
     responses = response_table(run_history(ctx, w), w)

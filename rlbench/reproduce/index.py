@@ -3,12 +3,13 @@ table is kept in the top-level README's results section, between its reproductio
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
-from rlbench.records import read_json, write_text
-from rlbench.reproduce.spec import Spec
+from reference_trainer.trace.records import read_json, write_text
+from rlbench.reproduce.spec import SPEC_DIR, Spec
 
 HEADER = """# Reproductions
 
@@ -43,7 +44,9 @@ def index_text(specs: dict[str, Spec], out: Path) -> str:
     return HEADER + table(specs, out)
 
 
-def table(specs: dict[str, Spec], out: Path, prefix: str = "", brief: bool = False) -> str:
+def table(
+    specs: dict[str, Spec], out: Path, prefix: str = "", brief: bool = False, spec_prefix: str = ""
+) -> str:
     """The index table. `prefix` goes before each link (the README links into reports/); `brief` names each
     claim by its folder's spec instead of stating it, and leaves out the command (the README's copy)."""
     rows = []
@@ -57,7 +60,7 @@ def table(specs: dict[str, Spec], out: Path, prefix: str = "", brief: bool = Fal
             verdict += " (quick)"
         claim = f"**{name}**: {spec.claim} ({spec.source})"
         if brief:
-            claim = f"[{name}]({prefix}{name}/spec.toml)"
+            claim = f"[{name}]({spec_prefix}{name}.toml)"
         cells = [claim, spec.paper_value, _cell(cpu, f"{prefix}{name}/cpu/report.html"),
                  _cell(gpu, f"{prefix}{name}/gpu/report.html"), verdict]  # fmt: skip
         rows.append("| " + " | ".join(cells if brief else [*cells, f"`rlbench reproduce {name}`"]) + " |")
@@ -66,7 +69,9 @@ def table(specs: dict[str, Spec], out: Path, prefix: str = "", brief: bool = Fal
 
 def readme_text(readme: str, specs: dict[str, Spec], out: Path) -> str:
     """`readme` with its reproductions block replaced by the current table (unchanged without the block)."""
-    return README_BLOCK.sub(lambda m: m[1] + table(specs, out, f"{out.name}/", brief=True) + m[2], readme)
+    specs_link = f"{os.path.relpath(SPEC_DIR, out.parent.resolve())}/"
+    block = table(specs, out, f"{out.name}/", brief=True, spec_prefix=specs_link)
+    return README_BLOCK.sub(lambda m: m[1] + block + m[2], readme)
 
 
 def write_index(specs: dict[str, Spec], out: Path) -> Path:

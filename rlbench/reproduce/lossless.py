@@ -18,7 +18,15 @@ from typing import Any
 
 import torch
 
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.histospec import attach_histospec
 from reference_trainer.engine.speculative import AcceptRule, CostModel, coupled_accept
+from reference_trainer.model.prompting import encode_prompt
+from reference_trainer.model.tokenizer import load_tokenizer
+from reference_trainer.tasks import get_task
+from rlbench.models import resolve_model
+from rlbench.report.figures import PALETTE, _fig, note
+from rlbench.report.page import table
 from rlbench.reproduce.base import Context, Outcome
 
 # Verifying costs what a decode step costs: the Speculator verifies every draft (cost changes speed only).
@@ -107,9 +115,7 @@ def sample_responses(
     first_seed + i * n + j): plain when `rule` is None, else with HistoSpec attached (drafts from
     `history[i]`, earlier responses to prompt i, plus responses finishing during the run) verifying with
     `rule`, and the drafted / accepted token counts from the engine's trace."""
-    from reference_trainer.engine import Engine
-    from reference_trainer.engine.config import EngineConfig, SamplingParams
-    from reference_trainer.rollout.histospec import attach_histospec
+    from reference_trainer.engine.engine import Engine
 
     max_len = max(len(p) for p in prompts) + max_tokens + 1
     engine = Engine(model, EngineConfig(max_num_seqs=capacity, max_model_len=max_len), eos_token_ids=eos_ids)
@@ -158,10 +164,6 @@ def run_rules(ctx: Context, w: Workload) -> tuple[dict[str, Samples], Samples, l
     """Plain samples, samples per acceptance rule (same seeds), the exact rule on the plain seeds, the
     prompts and the tokenizer."""
     from reference_trainer.model.loader import load_model
-    from reference_trainer.model.prompting import encode_prompt
-    from reference_trainer.model.tokenizer import load_tokenizer
-    from reference_trainer.tasks import get_task
-    from rlbench.models import resolve_model
 
     model_dir = resolve_model(ctx.model)
     tokenizer = load_tokenizer(model_dir)
@@ -191,8 +193,6 @@ def run_rules(ctx: Context, w: Workload) -> tuple[dict[str, Samples], Samples, l
 
 
 def _frequency_figure(runs: dict[str, Samples], tokenizer: Any, top: int = 10) -> Any:
-    from rlbench.report.figures import PALETTE, _fig
-
     plain = Counter(runs["plain"].responses[0])
     shown = [r for r, _ in plain.most_common(top)]
     labels = [f"{i + 1}. {tokenizer.decode(r).replace(chr(10), '⏎')[:24]}" for i, r in enumerate(shown)]
@@ -209,8 +209,6 @@ def _frequency_figure(runs: dict[str, Samples], tokenizer: Any, top: int = 10) -
 
 
 def _p_value_figure(tests: dict[str, dict[str, Any]]) -> Any:
-    from rlbench.report.figures import PALETTE, _fig
-
     fig = _fig("Chi-square p-value vs plain sampling, per prompt (log scale)", "prompt", "p-value", 340)
     for colour, (name, test) in zip(PALETTE[1:], tests.items(), strict=False):
         y = [max(p, 1e-300) for p in test["per_stratum"]]
@@ -222,9 +220,6 @@ def _p_value_figure(tests: dict[str, dict[str, Any]]) -> Any:
 
 
 def lossless(ctx: Context) -> Outcome:
-    from rlbench.report.figures import note
-    from rlbench.report.page import table
-
     torch.manual_seed(ctx.seed)
     w = Workload.for_context(ctx)
     runs, same_seeds, _, tokenizer = run_rules(ctx, w)

@@ -7,6 +7,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from reference_trainer.trace.records import write_text
 from rlbench.report.figures import note
 from rlbench.report.page import kpis, table, write_page
 
@@ -47,8 +48,6 @@ PLOTLY_JS = "plotly.min.js"  # one copy at the results root, shared by every rep
 def write_plotly(root: Path) -> None:
     """The results root's shared plotly.js (rewritten only when the installed plotly's differs)."""
     from plotly.offline import get_plotlyjs
-
-    from rlbench.records import write_text
 
     js = get_plotlyjs()
     path = root / PLOTLY_JS

@@ -1,6 +1,6 @@
 """Which function reproduces which claim: `name -> "module:function"`, imported only when run.
 
-The names match the folders of reports/ (their spec.toml); tests check the two agree.
+The names match the specs (specs/<name>.toml); tests check the two agree.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlbench.errors import UserError
-from rlbench.records import read_json, write_json
+from reference_trainer.errors import UserError
+from reference_trainer.trace.records import read_json, write_json
 from rlbench.reproduce.base import Context, Outcome
+from rlbench.reproduce.page import write_report
 from rlbench.reproduce.registry import RUNNERS, runner
 from rlbench.reproduce.spec import Spec, load_specs
 
@@ -55,8 +56,7 @@ def source_commit() -> str | None:
             return None
         # only what produces results counts: the reproductions' own outputs (reports/, the README's index)
         # must not mark the next reproduction of the same run "+dirty"
-        source = [":(top)rlbench", ":(top)reference_trainer", ":(top)suites", ":(top)pyproject.toml",
-                  ":(top,glob)reports/*/spec.toml"]  # fmt: skip
+        source = [":(top)rlbench", ":(top)reference_trainer", ":(top)pyproject.toml"]
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *source],
                                cwd=here, capture_output=True, text=True, timeout=10)  # fmt: skip
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
@@ -92,8 +92,6 @@ def reproduce(
 ) -> dict[str, Any]:
     """Run `name` and write its result.json and report.html; returns the result."""
     import torch
-
-    from rlbench.reproduce.page import write_report
 
     folder = out / name / device_folder(device)
     folder.mkdir(parents=True, exist_ok=True)

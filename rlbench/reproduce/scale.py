@@ -4,7 +4,7 @@ rollout workers on the H100 cost model.
 Validation: a small real GRPO baseline run (embedded model, arith) on one engine and one over 2 Ray workers
 with round-robin placement, the same load per worker; each is replayed by `rlbench.simulate.replay.validate`
 (its own lengths, a cost model calibrated on its own trace, its worker count and slots) and the predicted
-bubble ratio is compared with the measured one (rlbench.metrics).
+bubble ratio is compared with the measured one (reference_trainer.trace.metrics).
 
 Scale: `rlbench.simulate.simulate` on the synthetic heavy-tailed workload (reasoning-RL-like lengths) with
 the H100 roofline, weak scaling (every worker gets the same number of groups per step), every mode at every
@@ -18,7 +18,16 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from reference_trainer.train.config import TrainConfig
+from rlbench.models import resolve_model
+from rlbench.report.figures import PALETTE, _fig, note
+from rlbench.report.page import table
+from rlbench.report.simulate_report import _curve
 from rlbench.reproduce.base import Context, Outcome
+from rlbench.reproduce.histopipe import LOCAL_NOTE, per_epoch, ray_session, worker_backend
+from rlbench.simulate import simulate, workload
+from rlbench.simulate.cost import preset
+from rlbench.simulate.replay import validate
 
 MODES = ("baseline", "histopipe", "rhyme", "sorted", "sorted-partial")
 
@@ -63,8 +72,6 @@ class Sweep:
 
 
 def run_config(r: RealRuns, workers: int, model: str, device: str = "cpu", backend: str = "ray") -> Any:
-    from reference_trainer.train.config import TrainConfig
-
     config = TrainConfig(
         task="arith",
         mode="baseline",  # round-robin placement over W workers
@@ -91,9 +98,6 @@ def validate_run(ctx: Context, r: RealRuns, workers: int, backend: str = "ray") 
     import torch
 
     from reference_trainer.train.trainer import Trainer
-    from rlbench.models import resolve_model
-    from rlbench.reproduce.histopipe import per_epoch, ray_session
-    from rlbench.simulate.replay import validate
 
     done = f"validate-w{workers}.json"
     key = {**asdict(r), "workers": workers, "backend": backend}
@@ -122,9 +126,6 @@ def validate_run(ctx: Context, r: RealRuns, workers: int, backend: str = "ray") 
 
 def run_sweep(ctx: Context, s: Sweep) -> dict[str, Any]:
     """`rlbench.simulate.simulate` over s.workers x s.modes (or the finished sweep.json of the same sweep)."""
-    from rlbench.simulate import simulate, workload
-    from rlbench.simulate.cost import preset
-
     key = {**asdict(s), "workers": list(s.workers), "modes": list(s.modes)}
     if (saved := ctx.finished("sweep.json", key, "simulation")) is not None:
         return saved
@@ -191,8 +192,6 @@ def _markers(x: list[int], y: list[float], name: str, symbol: str) -> Any:
 
 
 def _scale_figures(doc: dict[str, Any], val: dict[int, dict[str, Any]]) -> list[Any]:
-    from rlbench.simulate.report import _curve
-
     res, ws = doc["results"], list(val)
     bubble = _curve(res, "bubble_ratio", "Bubble ratio against W (simulated, H100 7B; CPU runs at W = 1, 2)")
     idle = _curve(res, "worker_idle_share", "Worker idle share against W (simulated, H100 7B)")
@@ -210,8 +209,6 @@ def _scale_figures(doc: dict[str, Any], val: dict[int, dict[str, Any]]) -> list[
 
 def _validation_figure(val: dict[int, dict[str, Any]]) -> Any:
     import plotly.graph_objects as go
-
-    from rlbench.report.figures import PALETTE, _fig
 
     fig = _fig("Validation per step: measured vs replayed bubble ratio", "step", "bubble ratio")
     for i, (w, v) in enumerate(val.items()):
@@ -253,11 +250,9 @@ def pivot(results: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
 
 
 def scale(ctx: Context) -> Outcome:
-    from rlbench.report.figures import note
-    from rlbench.report.page import table
-
     r, s = RealRuns.for_context(ctx), Sweep.for_context(ctx)
-    val = {w: validate_run(ctx, r, w) for w in (1, 2)}
+    backend = worker_backend()
+    val = {w: validate_run(ctx, r, w, backend) for w in (1, 2)}
     doc = run_sweep(ctx, s)
     val_rows = [
         {"W": w, "steps": len(v["steps"]), "slots per worker": v["capacity"],
@@ -284,10 +279,11 @@ def scale(ctx: Context) -> Outcome:
         measured=summarize(val, doc),
         config={
             "validation runs": real,
+            "worker_backend": backend,
             "simulation": {**asdict(s), "cost_model": doc["cost_model"]["name"]},
         },
         seeds=[r.seed],
         sections=sections,
-        notes=NOTES,
+        notes=NOTES + ([LOCAL_NOTE] if backend == "local" else []),
         data={"validation": {str(w): v for w, v in val.items()}, "simulation": doc["results"]},
     )

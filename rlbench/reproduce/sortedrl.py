@@ -3,19 +3,29 @@
 The three trainers start from the same weights on the same `arith` prompt stream with the same seeds and
 take their steps round-robin in one process (a drift in machine load hits all alike); every mode consumes
 the same trained samples. Engine capacity = one update's samples, so the baseline idles its slots while
-the longest sample of a step runs. Metrics come from each run's trace (rlbench.metrics). The throughput
-claim adds the simulator: the same lengths replayed on a cost model calibrated from the baseline's own
-trace (what the CPU measurement should be) and on the H100 roofline (what a GPU would see).
+the longest sample of a step runs. Metrics come from each run's trace (reference_trainer.trace.metrics). The
+throughput claim adds the simulator: the same lengths replayed on a cost model calibrated from the baseline's
+own trace (what the CPU measurement should be) and on the H100 roofline (what a GPU would see).
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rlbench.records import read_jsonl
+from reference_trainer.trace import metrics
+from reference_trainer.trace.records import read_jsonl
+from reference_trainer.trace.schema import read_trace
+from reference_trainer.train.config import TrainConfig
+from rlbench.models import resolve_model
+from rlbench.report.page import table
+from rlbench.report.timeline import slot_timeline
 from rlbench.reproduce.base import Context, Outcome
+from rlbench.simulate import simulate, workload
+from rlbench.simulate.cost import calibrate, preset
+from rlbench.training import interleave
 
 MODES = ("baseline", "sorted", "sorted-partial")
 
@@ -38,8 +48,6 @@ class Workload:
 
 
 def mode_config(w: Workload, mode: str, model: str, device: str) -> Any:
-    from reference_trainer.train.config import TrainConfig
-
     capacity = w.prompts_per_step * w.group_size
     options = {"oversubscription": w.oversubscription, "max_staleness": w.max_staleness}
     config = TrainConfig(
@@ -66,10 +74,8 @@ def mode_config(w: Workload, mode: str, model: str, device: str) -> Any:
 
 
 def summarize(out: Path) -> dict[str, Any]:
-    """One run's figures of merit, from its trace (rlbench.metrics) and its metrics.jsonl."""
-    from rlbench import metrics
-
-    doc = metrics.compute(read_jsonl(out / "trace.jsonl"))
+    """One run's figures of merit, from its trace (reference_trainer.trace.metrics) and its metrics.jsonl."""
+    doc = metrics.compute(read_trace(out / "trace.jsonl"))
     s = doc["summary"]
     rows = read_jsonl(out / "metrics.jsonl")
     samples = sum(r["samples"] for r in rows)
@@ -94,7 +100,6 @@ def run_modes(ctx: Context, w: Workload) -> dict[str, dict[str, Any]]:
     import torch
 
     from reference_trainer.train.trainer import Trainer
-    from rlbench.models import resolve_model
 
     folder = f"seed{w.seed}"
     if (runs := ctx.finished(f"{folder}/modes.json", asdict(w), f"runs of seed {w.seed}")) is not None:
@@ -102,10 +107,7 @@ def run_modes(ctx: Context, w: Workload) -> dict[str, dict[str, Any]]:
     torch.manual_seed(w.seed)
     model = str(resolve_model(ctx.model))
     trainers = {m: Trainer(mode_config(w, m, model, ctx.device), ctx.work_dir / folder / m) for m in MODES}
-    for step in range(w.steps):
-        for mode, trainer in trainers.items():
-            row = trainer.train_step()
-            ctx.progress(f"seed {w.seed} step {step + 1}/{w.steps} {mode}: {row['step_time_s']:.1f} s")
+    interleave(trainers, w.steps, say=lambda line: ctx.progress(f"seed {w.seed} {line}"))
     for trainer in trainers.values():
         trainer.close()
     summaries = {m: summarize(ctx.work_dir / folder / m) for m in MODES}
@@ -119,8 +121,6 @@ def run_seeds(ctx: Context, w: Workload) -> dict[int, dict[str, dict[str, Any]]]
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
-    import statistics
-
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
@@ -147,13 +147,11 @@ def _bubble_figure(runs: dict[str, dict[str, Any]]) -> Any:
 
 
 def _timelines(ctx: Context, seed: int) -> list[Any]:
-    from rlbench.report.timeline import slot_timeline
-
     parts: list[Any] = []
     for mode in MODES:
         trace = ctx.work_dir / f"seed{seed}" / mode / "trace.jsonl"
         if trace.is_file():
-            figs = slot_timeline(read_jsonl(trace))
+            figs = slot_timeline(read_trace(trace))
             for fig in figs:
                 if hasattr(fig, "update_layout"):
                     fig.update_layout(title=f"{mode}: slot occupancy (seed {seed})")
@@ -162,8 +160,6 @@ def _timelines(ctx: Context, seed: int) -> list[Any]:
 
 
 def _table(runs: dict[str, dict[str, Any]], keys: list[str]) -> str:
-    from rlbench.report.page import table
-
     return table([{"mode": m, **{k: r[k] for k in keys}} for m, r in runs.items()])
 
 
@@ -185,7 +181,6 @@ def bubble(ctx: Context) -> Outcome:
         measured[f"bubble_ratio_vs_baseline.{mode}"] = r["bubble_ratio"] / base if base else None
         measured[f"tail_time_share.{mode}"] = r["tail_time_share"]
     seed_rows = [{"seed": s, **{m: per_seed[s][m]["bubble_ratio"] for m in MODES}} for s in per_seed]
-    from rlbench.report.page import table
 
     return Outcome(
         measured=measured,
@@ -215,10 +210,7 @@ def bubble(ctx: Context) -> Outcome:
 def _simulated_ratios(ctx: Context, w: Workload) -> dict[str, dict[str, float]]:  # w: one seed's workload
     """Rollout tokens/s of each mode over baseline's, simulated on the lengths the baseline generated: on a
     cost model calibrated from the baseline's own trace (this CPU) and on the H100 roofline (1.5B shape)."""
-    from rlbench.simulate import simulate, workload
-    from rlbench.simulate.cost import calibrate, preset
-
-    events = read_jsonl(ctx.work_dir / f"seed{w.seed}" / "baseline" / "trace.jsonl")
+    events = read_trace(ctx.work_dir / f"seed{w.seed}" / "baseline" / "trace.jsonl")
     trace = workload.from_run_trace(events, "baseline trace")
     capacity = w.prompts_per_step * w.group_size
     options = {"oversubscription": w.oversubscription, "max_staleness": w.max_staleness}
@@ -271,7 +263,6 @@ def throughput(ctx: Context) -> Outcome:
          "simulated bubble, H100": measured[f"simulated_bubble.h100.{m}"]}
         for m in MODES
     ]  # fmt: skip
-    from rlbench.report.page import table
 
     seed_rows = [{"seed": s, **{f"gain, {m}": gains[s][m] for m in MODES[1:]}} for s in gains]
     return Outcome(

@@ -1,4 +1,5 @@
-"""A reproduction's spec (`reports/<name>/spec.toml`) and the rule that turns measurements into a verdict.
+"""A reproduction's spec (`rlbench/reproduce/specs/<name>.toml`) and the rule that turns measurements into a
+verdict.
 
 [verdict] holds `checks` (each {metric, op, value}): all pass → "reproduced", any fails → "not reproduced".
 `requires` are preconditions on the workload (e.g. the baseline has a bubble to remove); a failed one, or a
@@ -10,7 +11,11 @@ from __future__ import annotations
 import operator
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+SPEC_DIR = Path(__file__).resolve().parent / "specs"  # one <name>.toml per claim
+
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -86,7 +91,7 @@ def _checks(raw: list[dict[str, Any]], where: str) -> list[Check]:
 def parse_spec(name: str, text: str) -> Spec:
     raw = tomllib.loads(text)
     verdict = raw.get("verdict", {})
-    where = f"reports/{name}/spec.toml"
+    where = f"rlbench/reproduce/specs/{name}.toml"
     missing = [k for k in ("claim", "source", "paper_value", "workload", "metric") if k not in raw]
     if missing or "rule" not in verdict:
         raise ValueError(
@@ -107,12 +112,8 @@ def parse_spec(name: str, text: str) -> Spec:
 
 
 def load_specs() -> dict[str, Spec]:
-    """Every spec of the top-level reports/ folder (installed as rlbench._reports), by name."""
-    from rlbench.shipped import shipped_dirs
-
-    specs: dict[str, Spec] = {}
-    for root in shipped_dirs("reports", "rlbench._reports"):
-        for spec_file in sorted(root.glob("*/spec.toml")):
-            name = spec_file.parent.name
-            specs.setdefault(name, parse_spec(name, spec_file.read_text(encoding="utf-8")))
-    return dict(sorted(specs.items()))
+    """Every spec of SPEC_DIR (package data), by name."""
+    return {
+        path.stem: parse_spec(path.stem, path.read_text(encoding="utf-8"))
+        for path in sorted(SPEC_DIR.glob("*.toml"))
+    }

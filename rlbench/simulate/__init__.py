@@ -3,9 +3,9 @@
 workload.py  length traces (JSONL format, conversion from a run's trace.jsonl, synthetic generator)
 cost.py      GPU roofline cost model (H100/H200 x 1.5B/7B/32B presets) and calibration from a run
 engine.py    continuous batching over slots, event-driven per worker, vectorised across workers
-modes.py     the trainer's modes (reference_trainer/modes.py) + options -> simulator policies
+modes.py     the trainer's modes (reference_trainer/modes.py) + options -> SimModes, the simulator's knobs
 jobs.py      the trace's groups as a stream; a step's outstanding sequences
-policies.py  the schedulers, step by step, and the metrics of each step
+scheduler.py the modes' schedulers, step by step, and the metrics of each step
 replay.py    validation: a measured run replayed on a cost model calibrated from itself
 report.py    simulate.json -> report.html
 """
@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from rlbench.simulate.cost import CostModel
-from rlbench.simulate.policies import get_policies, simulate_policy
+from rlbench.simulate.modes import parse_sim_modes
+from rlbench.simulate.scheduler import simulate_mode
 from rlbench.simulate.workload import LengthTrace, fill_predictions
 
 
@@ -40,16 +41,16 @@ def simulate(
     (NAME:KEY=VALUE...); `mode_options` go to every mode that takes them. `groups_per_worker` set = weak
     scaling (B = groups_per_worker * W)."""
     t0 = time.perf_counter()
-    policies = get_policies(modes, mode_options)
+    sim_modes = parse_sim_modes(modes, mode_options)
     pred = fill_predictions(trace, rank_corr, seed)
     acc = np.where(np.isnan(trace.acceptance), acceptance, trace.acceptance)
     steps = steps or len(trace.steps)
     results = []
     for w in workers:
         base: dict[str, Any] | None = None
-        for p in policies:
+        for p in sim_modes:
             b = groups_per_worker * w if groups_per_worker else None
-            r = simulate_policy(p, trace, pred, acc, cost, w, capacity, steps, b, max_prefill_tokens)
+            r = simulate_mode(p, trace, pred, acc, cost, w, capacity, steps, b, max_prefill_tokens)
             base = base or r
             r["speedup"] = base["step_time_s"] / r["step_time_s"] if r["step_time_s"] else None
             r["rollout_speedup"] = base["rollout_s"] / r["rollout_s"] if r["rollout_s"] else None
@@ -69,7 +70,7 @@ def simulate(
             "max_prefill_tokens": max_prefill_tokens,
         },
         "cost_model": {"name": cost.name, **cost.describe()},
-        "modes": {p.name: {"mode": p.mode, "options": dict(p.options)} for p in policies},
+        "modes": {p.name: {"mode": p.mode, "options": dict(p.options)} for p in sim_modes},
         "results": results,
         "elapsed_s": time.perf_counter() - t0,
     }

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from rlbench.errors import UserError
+from reference_trainer.errors import UserError
+from reference_trainer.trace.schema import DECODE, FORWARD_KINDS, PREFILL, ROLLOUT, SEQUENCE, UPDATE
 
 
 @dataclass(frozen=True)
@@ -220,12 +221,12 @@ def _lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float | None]:
 
 def calibrate(events: list[dict[str, Any]], source: str = "") -> Calibrated:
     """Fit a `Calibrated` model to a run's trace events (engine steps, phases and sequences)."""
-    prompt_len = {e["id"]: int(e.get("prompt_tokens", 0)) for e in events if e.get("kind") == "sequence"}
+    prompt_len = {e["id"]: int(e.get("prompt_tokens", 0)) for e in events if e.get("kind") == SEQUENCE}
     engine = sorted(
-        (e for e in events if e.get("kind") in ("prefill", "decode", "verify")),
+        (e for e in events if e.get("kind") in FORWARD_KINDS),
         key=lambda e: (int(e.get("worker", 0)), float(e["t_start"])),
     )
-    if not any(e["kind"] == "decode" for e in engine):
+    if not any(e["kind"] == DECODE for e in engine):
         raise UserError(f"{source or 'trace'}: no decode events to calibrate a cost model from")
     dec_x, dec_y, pre_x, pre_y, gaps = [], [], [], [], []
     ctx: dict[str, int] = {}  # live sequence -> tokens in its KV cache
@@ -241,7 +242,7 @@ def calibrate(events: list[dict[str, Any]], source: str = "") -> Calibrated:
         for sid in list(ctx):
             if sid not in live:
                 del ctx[sid]
-        if e["kind"] == "prefill":
+        if e["kind"] == PREFILL:
             new = [s for s in live if s not in ctx]
             toks = sum(prompt_len.get(s, 0) for s in new)
             pre_x.append((1.0, float(len(new)), float(toks)))
@@ -263,7 +264,7 @@ def calibrate(events: list[dict[str, Any]], source: str = "") -> Calibrated:
     # per RL step (workers run in parallel, so it is measured against the busiest one, not their sum).
     rollout: dict[int, float] = defaultdict(float)
     for e in events:
-        if e.get("kind") == "rollout":
+        if e.get("kind") == ROLLOUT:
             rollout[int(e["step"])] += float(e["t_end"]) - float(e["t_start"])
     gap = float(np.mean(gaps)) if gaps else 0.0
     worker_time: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
@@ -271,11 +272,11 @@ def calibrate(events: list[dict[str, Any]], source: str = "") -> Calibrated:
         worker_time[int(e["step"])][int(e.get("worker", 0))] += float(e["t_end"]) - float(e["t_start"]) + gap
     fixed = [max(0.0, r - max(worker_time[s].values(), default=0.0)) for s, r in rollout.items() if r > 0]
 
-    upd_time = sum(float(e["t_end"]) - float(e["t_start"]) for e in events if e.get("kind") == "update")
+    upd_time = sum(float(e["t_end"]) - float(e["t_start"]) for e in events if e.get("kind") == UPDATE)
     upd_tokens = sum(
         int(e.get("prompt_tokens", 0)) + int(e.get("response_tokens", 0))
         for e in events
-        if e.get("kind") == "sequence" and e.get("status") == "finished"
+        if e.get("kind") == SEQUENCE and e.get("status") == "finished"
     )
     return Calibrated(
         decode_coef=tuple(float(v) for v in dcoef),  # type: ignore[arg-type]

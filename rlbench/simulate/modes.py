@@ -1,5 +1,5 @@
 """The trainer's modes as the simulator runs them: a registry mode (reference_trainer/modes.py) plus its
-options becomes a `Policy`, the handful of knobs policies.py steps through.
+options becomes a `SimMode`, the handful of knobs scheduler.py steps through.
 
 So `rlbench simulate --modes X` accepts exactly the names `rlbench train --mode X` does, with the same
 meaning; `--mode-option KEY=VALUE` works as on train, and an option the simulator cannot model is a
@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from reference_trainer.errors import UserError
+from reference_trainer.mode_options import flatten_options, parse_option_pairs
 from reference_trainer.modes import MODES, ModeSpec, get_mode
-from rlbench.errors import UserError
 
 # The simulator's former policy names that were not modes, and what they are now.
 RENAMED = {
@@ -23,7 +24,7 @@ RENAMED = {
 
 
 @dataclass(frozen=True)
-class Policy:
+class SimMode:
     """A mode with its options resolved to what the simulator models."""
 
     name: str  # the label in results: the --modes entry as written ("rhyme", "baseline:placement=...")
@@ -42,12 +43,12 @@ class Policy:
 def _lookup(name: str) -> ModeSpec:
     try:
         return get_mode(name)
-    except ValueError as err:
+    except UserError as err:
         hint = f" (the simulator's old {name!r} is now {RENAMED[name]})" if name in RENAMED else ""
         raise UserError(f"{err}{hint}") from None
 
 
-def policy_for(name: str, options: dict[str, Any] | None = None, label: str | None = None) -> Policy:
+def sim_mode(name: str, options: dict[str, Any] | None = None, label: str | None = None) -> SimMode:
     """Mode `name` with `options` (flat or nested histospec keys) as a simulator policy."""
     mode = _lookup(name)
     try:
@@ -66,7 +67,7 @@ def policy_for(name: str, options: dict[str, Any] | None = None, label: str | No
     order = opts.get("order") or ("alternate" if placement == "histopipe" else "fifo")
     migrate = opts.get("migrate")
     sortedrl = mode.strategy in ("sorted", "sorted-partial")
-    return Policy(
+    return SimMode(
         name=label or name,
         mode=name,
         options=tuple(sorted(given.items())),
@@ -83,19 +84,15 @@ def policy_for(name: str, options: dict[str, Any] | None = None, label: str | No
 
 def parse_entry(entry: str) -> tuple[str, dict[str, Any]]:
     """ "rhyme:placement=round-robin:histospec.max_draft=4" -> ("rhyme", flat options)."""
-    from reference_trainer.modes import flatten_options
-    from rlbench.training import parse_mode_options
 
     name, *pairs = (part.strip() for part in entry.split(":"))
-    return name, flatten_options(parse_mode_options(pairs))
+    return name, flatten_options(parse_option_pairs(pairs))
 
 
-def get_policies(entries: list[str], options: dict[str, Any] | None = None) -> list[Policy]:
+def parse_sim_modes(entries: list[str], options: dict[str, Any] | None = None) -> list[SimMode]:
     """The policies of `--modes` entries; `options` (from --mode-option) go to every entry whose mode takes
     them, an entry's own options override them. A plain `baseline` is put first when no entry is exactly
     `baseline`: speed-ups are ratios against it."""
-    from reference_trainer.modes import flatten_options
-
     common = flatten_options(options or {})
     out, used = [], set()
     for entry in entries:
@@ -103,16 +100,16 @@ def get_policies(entries: list[str], options: dict[str, Any] | None = None) -> l
         takes = _lookup(name).options()
         shared = {k: v for k, v in common.items() if k in takes}
         used |= shared.keys()
-        out.append(policy_for(name, {**shared, **own}, label=entry.strip()))
+        out.append(sim_mode(name, {**shared, **own}, label=entry.strip()))
     if unknown := sorted(common.keys() - used):
         raise UserError(f"no selected mode takes option {', '.join(unknown)}")
     labels = [p.name for p in out]
     if len(set(labels)) != len(labels):
         raise UserError(f"--modes lists an entry twice: {', '.join(labels)}")
     if "baseline" not in labels:
-        out.insert(0, policy_for("baseline"))
+        out.insert(0, sim_mode("baseline"))
     return out
 
 
 # Every mode with its defaults, by name.
-POLICIES: dict[str, Policy] = {name: policy_for(name) for name in MODES}
+SIM_MODES: dict[str, SimMode] = {name: sim_mode(name) for name in MODES}

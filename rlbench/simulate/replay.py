@@ -2,7 +2,7 @@
 
 The run's baseline rollout (W = 1, or round-robin placement over W Ray workers) is replayed at its own
 worker count and per-worker slot capacity; what the simulator must reproduce is the run's measured bubble
-ratio (rlbench.metrics), step by step and overall.
+ratio (reference_trainer.trace.metrics), step by step and overall.
 """
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from rlbench.errors import UserError
+from reference_trainer.errors import UserError
+from reference_trainer.trace import metrics
+from reference_trainer.trace.schema import FORWARD_KINDS
 from rlbench.simulate import workload
 from rlbench.simulate.cost import calibrate
-from rlbench.simulate.policies import POLICIES, simulate_policy
+from rlbench.simulate.modes import SIM_MODES
+from rlbench.simulate.scheduler import simulate_mode
 
 
 def read_events(run: str | Path) -> list[dict[str, Any]]:
@@ -28,10 +31,8 @@ def read_events(run: str | Path) -> list[dict[str, Any]]:
 
 def validate(run: str | Path) -> dict[str, Any]:
     """Measured vs simulated bubble ratio (and rollout time) of a baseline run, per step and overall."""
-    from rlbench import metrics
-
     events = read_events(run)
-    engine_ev = [e for e in events if e.get("kind") in metrics.ENGINE_KINDS]
+    engine_ev = [e for e in events if e.get("kind") in FORWARD_KINDS]
     if not engine_ev:
         raise UserError(f"{run}: the trace has no engine steps to replay")
     workers = len({int(e.get("worker", 0)) for e in engine_ev})
@@ -42,7 +43,7 @@ def validate(run: str | Path) -> dict[str, Any]:
     n_steps = len(trace.steps)
     pred = np.full(len(trace), float(trace.response_tokens.mean()))
     acc = np.zeros(len(trace))
-    sim = simulate_policy(POLICIES["baseline"], trace, pred, acc, cost, workers, capacity, n_steps)
+    sim = simulate_mode(SIM_MODES["baseline"], trace, pred, acc, cost, workers, capacity, n_steps)
     rows = []
     for m, s in zip(measured["steps"], sim["steps"], strict=False):
         rows.append(

@@ -31,8 +31,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from rlbench.errors import UserError
-from rlbench.records import read_jsonl, write_text
+from reference_trainer.errors import UserError
+from reference_trainer.trace.records import read_jsonl, write_text
 
 REQUIRED = ("step", "prompt_id", "sample", "prompt_tokens", "response_tokens")
 

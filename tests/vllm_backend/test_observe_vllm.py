@@ -4,15 +4,13 @@ timings. Runs where vllm is installed (scripts/vllm_tests.sh); about a minute, m
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from observe_vllm import run  # noqa: E402
+from benchmarks.observe_vllm import run  # noqa: E402
 
 # Client timings include HTTP and queueing latency that the gauges do not see, and the gauges are
 # scraped every 50 ms: 5 points overall, 8 per wave (a wave is about 1.5 s on this CPU).

@@ -21,13 +21,16 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import torch  # noqa: E402
 from vllm_checkpoint import write_tiny_char_llama, write_tiny_llama  # noqa: E402
 
-from reference_trainer.engine import Engine, RequestEngine, RolloutEngine, Trace  # noqa: E402
 from reference_trainer.engine.config import EngineConfig, SamplingParams  # noqa: E402
+from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.factory import build_rollout_engine  # noqa: E402
+from reference_trainer.engine.protocol import RequestEngine, RolloutEngine  # noqa: E402
 from reference_trainer.engine.sequence import SequenceStatus  # noqa: E402
 from reference_trainer.engine.vllm_engine import VLLMEngine  # noqa: E402
+from reference_trainer.errors import UserError  # noqa: E402
 from reference_trainer.model.loader import load_model  # noqa: E402
 from reference_trainer.model.tokenizer import load_tokenizer  # noqa: E402
+from reference_trainer.trace.writer import Trace  # noqa: E402
 
 CFG = EngineConfig(max_num_seqs=8, max_model_len=256, max_prefill_tokens=512)
 PROMPTS = [[1, 4, 5, 6, 7], [1, 9, 9, 30, 31, 32, 33], [1, 100, 3, 50]]
@@ -170,7 +173,7 @@ def spec_engine(model_dir: Path):
 
 
 def test_ngram_speculative_decoding_reports_acceptance(spec_engine: VLLMEngine, engine: VLLMEngine) -> None:
-    from rlbench.metrics import compute
+    from reference_trainer.trace.metrics import compute
 
     repetitive = [1, *([10, 11, 12, 13] * 6)]
     plain = engine.generate([repetitive], greedy(48))[0].response_ids
@@ -256,18 +259,18 @@ def test_eval_backend_generates(model_dir: Path) -> None:
 
 def test_engine_satisfies_the_protocols(engine: VLLMEngine, model_dir: Path) -> None:
     assert isinstance(engine, RequestEngine) and isinstance(engine, RolloutEngine)
-    with pytest.raises(ValueError, match="unknown engine"):
+    with pytest.raises(UserError, match="unknown engine"):
         build_rollout_engine("tgi", CFG, load_tokenizer(model_dir), model_dir=model_dir)
-    with pytest.raises(ValueError, match="--workers needs --engine reference"):
+    with pytest.raises(UserError, match="--workers needs --engine reference"):
         build_rollout_engine("vllm", CFG, load_tokenizer(model_dir), model_dir=model_dir, workers=2)
 
 
 def test_training_steps_on_vllm(tmp_path: Path, toy_task: str) -> None:
     """Two SortedRL partial-rollout steps with the vLLM engine: aborts, resumes, priorities and the weight
     sync all go through it, and the trace yields the bubble metrics."""
+    from reference_trainer.trace.metrics import compute
     from reference_trainer.train.config import TrainConfig
     from reference_trainer.train.trainer import Trainer
-    from rlbench.metrics import compute
 
     model = write_tiny_char_llama(tmp_path / "char-model")
     config = TrainConfig(

@@ -16,14 +16,19 @@ the work is near-deterministic text, so most tokens have a top probability near 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from reference_trainer.model.config import ModelConfig
+from reference_trainer.model.prompting import encode_prompt, encode_response
+from reference_trainer.model.tokenizer import CharTokenizer
+from reference_trainer.tasks import get_task
 from reference_trainer.tasks.arith import MAX_VALUE
 from reference_trainer.tasks.base import ANSWER_MARKER, Problem
+from reference_trainer.tasks.kk_answers import format_assignment
 from reference_trainer.train.sft import SFTConfig
 
 RECIPE_VERSION = 4
@@ -104,7 +109,6 @@ def lazy_share(recipe: Recipe, task_name: str, problem: Problem) -> float:
 def guess_response(task_name: str, problem: Problem, rng: random.Random) -> str:
     if task_name == "arith":
         return f"{ANSWER_MARKER} {rng.randint(0, MAX_VALUE)}"
-    from reference_trainer.tasks.kk import format_assignment
 
     names = problem.meta["names"]
     return "\n".join([ANSWER_MARKER, format_assignment(names, [rng.random() < 0.5 for _ in names])])
@@ -117,15 +121,10 @@ def build(
     on_step: Callable[[int, int, float], None] | None = None,
 ) -> Path:
     """Train the embedded model from scratch by the recipe and save it (config, safetensors, tokenizer)."""
-    import dataclasses
-
     import torch
 
     from reference_trainer.model.decoder import DecoderLM
     from reference_trainer.model.loader import save_model
-    from reference_trainer.model.prompting import encode_prompt, encode_response
-    from reference_trainer.model.tokenizer import CharTokenizer
-    from reference_trainer.tasks import get_task
     from reference_trainer.train.sft import train_sft
 
     sft = recipe.sft if steps is None else dataclasses.replace(recipe.sft, steps=steps)

@@ -42,8 +42,18 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-ENGINE_KINDS = ("prefill", "decode", "verify")
-PHASE_KINDS = ("rollout", "reward", "update", "sync")
+from reference_trainer.trace.schema import (
+    DECODE_KINDS,
+    FORWARD_KINDS,
+    PHASE_KINDS,
+    REWARD,
+    ROLLOUT,
+    SEQUENCE,
+    STEP_PHASE_KINDS,
+    UPDATE,
+    VERIFY,
+)
+
 Event = dict[str, Any]
 
 
@@ -78,11 +88,11 @@ def _split(
     for ev in events:
         kind = ev.get("kind")
         step = int(ev.get("step", 0))
-        if kind in ENGINE_KINDS:
+        if kind in FORWARD_KINDS:
             engine[step].append(ev)
         elif kind in PHASE_KINDS:
             phases[step].append(ev)
-        elif kind == "sequence":
+        elif kind == SEQUENCE:
             seqs[step].append(ev)
     return engine, phases, seqs
 
@@ -91,7 +101,7 @@ def worker_capacities(events: Iterable[Event]) -> dict[int, int]:
     """Largest `capacity` seen per worker over the run (capacity is per worker)."""
     caps: dict[int, int] = {}
     for ev in events:
-        if ev.get("kind") in ENGINE_KINDS:
+        if ev.get("kind") in FORWARD_KINDS:
             w = int(ev.get("worker", 0))
             caps[w] = max(caps.get(w, 0), int(ev.get("capacity", 0)))
     return caps
@@ -99,7 +109,7 @@ def worker_capacities(events: Iterable[Event]) -> dict[int, int]:
 
 def rollout_window(phases: Sequence[Event], engine: Sequence[Event]) -> tuple[float, float, float] | None:
     """(start, end, wall time) of a step's rollout; see the module docstring for the fallback."""
-    rollouts = [(float(p["t_start"]), float(p["t_end"])) for p in phases if p["kind"] == "rollout"]
+    rollouts = [(float(p["t_start"]), float(p["t_end"])) for p in phases if p["kind"] == ROLLOUT]
     if rollouts:
         return min(s for s, _ in rollouts), max(e for _, e in rollouts), _union_length(rollouts)
     if engine:
@@ -136,8 +146,8 @@ def _phase_field(phases: Sequence[Event], kind: str, key: str) -> Any:
 def _staleness(phases: Sequence[Event], consumed: Sequence[Event]) -> tuple[Counter[int], int]:
     hist: Counter[int] = Counter()
     unknown = 0
-    update_version = _phase_field(phases, "update", "policy_version")
-    rollout_version = _phase_field(phases, "rollout", "policy_version")
+    update_version = _phase_field(phases, UPDATE, "policy_version")
+    rollout_version = _phase_field(phases, ROLLOUT, "policy_version")
     for s in consumed:
         versions = s.get("policy_versions")
         n = int(s.get("response_tokens", 0))
@@ -153,7 +163,7 @@ def _staleness(phases: Sequence[Event], consumed: Sequence[Event]) -> tuple[Coun
 
 
 def _draft_counts(engine: Sequence[Event], seqs: Sequence[Event]) -> tuple[int, int]:
-    verify = [e for e in engine if e["kind"] == "verify" and "drafted" in e]
+    verify = [e for e in engine if e["kind"] == VERIFY and "drafted" in e]
     if verify:
         return sum(int(e["drafted"]) for e in verify), sum(int(e.get("accepted", 0)) for e in verify)
     return sum(int(s.get("drafted", 0)) for s in seqs), sum(int(s.get("accepted", 0)) for s in seqs)
@@ -178,14 +188,15 @@ def _step(
 
     timing = {k: sum(_dur(p) for p in phases if p["kind"] == k) for k in PHASE_KINDS}
     timing["rollout"] = wall  # union, so overlapping per-worker rollout phases are not double counted
-    spans = [(float(p["t_start"]), float(p["t_end"])) for p in phases] or (
+    step_phases = [p for p in phases if p["kind"] in STEP_PHASE_KINDS]
+    spans = [(float(p["t_start"]), float(p["t_end"])) for p in step_phases] or (
         [(window[0], window[1])] if window else []
     )
     step_time = (max(e for _, e in spans) - min(s for s, _ in spans)) if spans else None
 
     drafted, accepted = _draft_counts(engine, seqs)
-    verify = [e for e in engine if e["kind"] == "verify"]
-    decode_like = [e for e in engine if e["kind"] in ("decode", "verify")]
+    verify = [e for e in engine if e["kind"] == VERIFY]
+    decode_like = [e for e in engine if e["kind"] in DECODE_KINDS]
     verify_seqs = sum(_verify_den(e) for e in verify)
     verify_tokens = sum(_verify_num(e) for e in verify)
     drafted_seqs = sum(int(e.get("draft_seqs", e.get("active_slots", 0))) for e in verify)
@@ -211,6 +222,8 @@ def _step(
         "timing_s/reward": timing["reward"],
         "timing_s/update": timing["update"],
         "timing_s/sync": timing["sync"],
+        "timing_s/heldout": timing["heldout"],
+        "update_tokens": _phase_field(phases, UPDATE, "tokens"),
         "tail_time_share": _tail_share(seqs, window),
         "drafted_tokens": drafted,
         "accepted_tokens": accepted,
@@ -223,11 +236,11 @@ def _step(
         },
         "staleness": {str(k): v for k, v in sorted(hist.items())},
         "staleness_unknown_tokens": unknown,
-        "reward_mean": _phase_field(phases, "reward", "reward_mean"),
-        "accuracy": _phase_field(phases, "reward", "accuracy"),
-        "answer_rate": _phase_field(phases, "reward", "answer_rate"),
-        "loss": _phase_field(phases, "update", "loss"),
-        "policy_version": _phase_field(phases, "update", "policy_version"),
+        "reward_mean": _phase_field(phases, REWARD, "reward_mean"),
+        "accuracy": _phase_field(phases, REWARD, "accuracy"),
+        "answer_rate": _phase_field(phases, REWARD, "answer_rate"),
+        "loss": _phase_field(phases, UPDATE, "loss"),
+        "policy_version": _phase_field(phases, UPDATE, "policy_version"),
         "response_len_mean": (sum(lengths) / len(lengths)) if lengths else None,
         "response_len_max": lengths[-1] if lengths else None,
         "update_batch_lengths": lengths,
@@ -292,6 +305,8 @@ def summary(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
         "timing_s/reward": _mean(s["timing_s/reward"] for s in steps),
         "timing_s/update": _mean(s["timing_s/update"] for s in steps),
         "timing_s/sync": _mean(s["timing_s/sync"] for s in steps),
+        "timing_s/heldout": _mean(s["timing_s/heldout"] for s in steps),
+        "update_s_per_ktoken": _update_cost(steps),
         "tail_time_share": _mean(s["tail_time_share"] for s in steps),
         "acceptance_rate": _ratio(accepted, drafted),
         "mean_accepted_len": _ratio(sum(s["verify_tokens"] for s in steps), verify_seqs)
@@ -314,6 +329,14 @@ def summary(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
         "response_len_mean": (sum(lengths) / len(lengths)) if lengths else None,
         "response_len_max": max(lengths) if lengths else None,
     }
+
+
+def _update_cost(steps: list[Event]) -> float | None:
+    """Seconds of update per 1,000 trained tokens over the steps that recorded their tokens: the same work
+    per token whatever the mode, so modes measured side by side should agree (compare's drift check)."""
+    counted = [s for s in steps if s.get("update_tokens")]
+    tokens = sum(s["update_tokens"] for s in counted)
+    return 1000.0 * sum(s["timing_s/update"] for s in counted) / tokens if tokens else None
 
 
 def gpu_bubble(steps: list[Event], gpu: dict[str, Any] | None) -> tuple[list[float | None], float | None]:

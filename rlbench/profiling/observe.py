@@ -13,6 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reference_trainer.errors import UserError, check_integer, check_number
+from reference_trainer.trace import metrics
+from reference_trainer.trace.records import read_json, read_jsonl, write_json, write_jsonl
+from rlbench.observe.derive import server_stats, to_trace
+from rlbench.observe.nvml import NvmlSampler
+from rlbench.observe.sampler import ServerSampler
+from rlbench.observe.scrape import row_problem
+from rlbench.observe.whatif import predict
+from rlbench.report.profile_report import render_profile
+
 
 @dataclass
 class ObserveOptions:
@@ -30,21 +40,23 @@ class ObserveOptions:
     ) -> ObserveOptions:
         """The options `observe` and `profile --engine-metrics` take, checked: comma-separated URLs (None: a
         rebuild, whose servers come from the run), --capacity, an existing --request-log."""
-        from rlbench.errors import UserError
-        from rlbench.options import server_capacities, server_urls
-
         if request_log is not None and not request_log.is_file():
             raise UserError(f"--request-log: no such file {request_log}")
         parsed = server_urls(urls) if urls is not None else []
         caps = server_capacities(capacity, len(parsed) if urls is not None else None)
-        return cls(urls=parsed, capacity=caps, request_log=request_log, **rest)
+        return cls(urls=parsed, capacity=caps, request_log=request_log, **rest).check()
+
+    def check(self) -> ObserveOptions:
+        """Self, if every number is finite and in range (a NaN interval would never sample)."""
+        check_number("--interval", self.interval_s, low=0.01, high=3600.0)
+        if self.idle_gap_s is not None:
+            check_number("--idle-gap", self.idle_gap_s, low=0.0, high=1e6)
+        return self
 
 
 def start_sampler(
     opts: ObserveOptions, out: Path, now: Callable[[], float], say: Callable[[str], None]
 ) -> Any:
-    from rlbench.observe.sampler import ServerSampler
-
     out.mkdir(parents=True, exist_ok=True)
     (out / "samples.jsonl").unlink(missing_ok=True)
     return ServerSampler(opts.urls, now, opts.interval_s, out / "samples.jsonl", say).start()
@@ -55,12 +67,6 @@ def finish(
 ) -> dict[str, Any]:
     """Derive the trace and metrics from the scrapes, merge them into `base` (a profile document: run,
     summary, gpu, pyspy), write trace.jsonl, metrics.json and report.html; return the document."""
-    from rlbench import metrics
-    from rlbench.observe.derive import server_stats, to_trace
-    from rlbench.observe.whatif import predict
-    from rlbench.records import write_json, write_jsonl
-    from rlbench.report.profile_report import render_profile
-
     opts.idle_gap_s = 1.0 if opts.idle_gap_s is None else opts.idle_gap_s
     events, derive_notes = to_trace(rows, opts.capacity or None, opts.idle_gap_s)
     notes = [*notes, *derive_notes]
@@ -110,8 +116,6 @@ def finish(
 def observe(opts: ObserveOptions, out: Path, duration_s: float, say: Callable[[str], None] = print,
             nvml: Any = None) -> dict[str, Any]:  # fmt: skip
     """Sample the servers (and the GPUs) for `duration_s` seconds (Ctrl-C stops early) and write the run."""
-    from rlbench.profiling.nvml import NvmlSampler
-
     t0 = time.perf_counter()
 
     def now() -> float:
@@ -132,13 +136,10 @@ def observe(opts: ObserveOptions, out: Path, duration_s: float, say: Callable[[s
 
 def from_samples(opts: ObserveOptions, out: Path) -> dict[str, Any]:
     """Rebuild trace, metrics and report from a run directory's samples.jsonl (a killed observation)."""
-    from rlbench.errors import UserError
-    from rlbench.records import read_json, read_jsonl
-
     path = out / "samples.jsonl"
     if not path.is_file():
         raise UserError(f"{out}: no samples.jsonl to rebuild from")
-    rows = read_jsonl(path)
+    rows = read_jsonl(path, check=row_problem)  # a hand-edited or foreign file: one line naming file:line
     old = read_json(out / "metrics.json") if (out / "metrics.json").is_file() else {}
     run = old.get("run", {"kind": "observe"})
     servers = max((int(r["server"]) for r in rows), default=-1) + 1
@@ -151,3 +152,34 @@ def from_samples(opts: ObserveOptions, out: Path) -> dict[str, Any]:
     summary = {k: v for k, v in old.get("summary", {}).items() if k in ("wall_time_s", "exit_code")}
     base = {"run": run, "summary": summary, "gpu": old.get("gpu"), "pyspy": old.get("pyspy")}
     return finish(out, rows, opts, base, [])
+
+
+def server_urls(text: str) -> list[str]:
+    """Comma-separated Prometheus endpoints; a bare host:port gets http:// and /metrics."""
+    urls = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "://" not in part:
+            part = "http://" + part
+        if not part.startswith(("http://", "https://")):
+            raise UserError(f"engine metrics URL must be http(s): {part!r}")
+        if part.rstrip("/").count("/") == 2:  # scheme://host[:port] alone
+            part = part.rstrip("/") + "/metrics"
+        urls.append(part)
+    if not urls:
+        raise UserError("no engine metrics URL given")
+    return urls
+
+
+def server_capacities(text: str | None, servers: int | None) -> list[int]:
+    """--capacity: one value for every server or one per server (`servers`; None: not known yet)."""
+    if not text:
+        return []
+    try:
+        caps = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--capacity: expected integers, got {text!r}") from None
+    if not caps or min(caps) < 1 or (servers is not None and len(caps) not in (1, servers)):
+        raise UserError(f"--capacity: give one positive value or one per server ({servers}), got {text!r}")
+    return [check_integer("--capacity", cap, low=1) for cap in caps]

@@ -1,4 +1,4 @@
-"""The modes' schedulers (policies built from the mode registry: modes.py), replayed step by step over a
+"""The modes' schedulers (SimModes built from the mode registry: modes.py), replayed step by step over a
 stream of groups on W simulated workers.
 
 A step trains on B complete groups (all samples of a prompt). A group runs on one worker, as prefix caching
@@ -22,10 +22,10 @@ import numpy as np
 from rlbench.simulate import engine
 from rlbench.simulate.cost import CostModel
 from rlbench.simulate.jobs import Jobs, Stream
-from rlbench.simulate.modes import POLICIES, Policy, get_policies, policy_for
+from rlbench.simulate.modes import SimMode
 from rlbench.simulate.workload import LengthTrace
 
-__all__ = ["POLICIES", "Policy", "get_policies", "policy_for", "simulate_policy", "spec_rate"]
+__all__ = ["simulate_mode", "spec_rate"]
 
 
 def spec_rate(acc: np.ndarray, k: int) -> np.ndarray:
@@ -46,11 +46,11 @@ def choose_draft_len(cost: CostModel, acc: float, batch: int, ctx: float, max_k:
     return best_k
 
 
-def _place(policy: Policy, loads: np.ndarray, n_w: int, quota: np.ndarray) -> np.ndarray:
+def _place(sim_mode: SimMode, loads: np.ndarray, n_w: int, quota: np.ndarray) -> np.ndarray:
     """A worker per new group: round-robin (within each worker's quota), or histopipe's LPT over `loads`
     (predicted tokens)."""
     n = loads.size
-    if policy.placement == "round-robin":
+    if sim_mode.placement == "round-robin":
         if not np.isfinite(quota).all():
             return np.arange(n) % n_w
         # deal in turns to the workers still under quota: turn r serves every worker with quota > r
@@ -58,7 +58,7 @@ def _place(policy: Policy, loads: np.ndarray, n_w: int, quota: np.ndarray) -> np
         w = np.repeat(np.arange(n_w), turns)
         r = np.arange(w.size) - np.repeat(np.cumsum(turns) - turns, turns)
         return w[np.lexsort((w, r))][:n]
-    order = np.argsort(-loads, kind="stable") if policy.placement == "histopipe" else np.arange(n)
+    order = np.argsort(-loads, kind="stable") if sim_mode.placement == "histopipe" else np.arange(n)
     heap = [(0.0, w) for w in range(n_w) if quota[w] > 0]
     left = quota.astype(np.int64) if np.isfinite(quota).all() else None
     out = np.zeros(n, dtype=np.int64)
@@ -94,8 +94,8 @@ def _queues(jobs: Jobs, keys: np.ndarray, rate: np.ndarray, n_w: int) -> tuple[e
     return engine.Queues(tokens, ctx0, rates, counts), pos
 
 
-def simulate_policy(
-    policy: Policy,
+def simulate_mode(
+    sim_mode: SimMode,
     trace: LengthTrace,
     predicted: np.ndarray,
     acceptance: np.ndarray,
@@ -110,38 +110,40 @@ def simulate_policy(
     stream = Stream.of(trace)
     n_w = workers
     if n_w == 1:  # as in the trainer, where one worker runs the mode's one-engine strategy: nothing to place
-        policy = replace(policy, placement="round-robin", order="fifo", migrate=False)
+        sim_mode = replace(sim_mode, placement="round-robin", order="fifo", migrate=False)
     k = 0
-    if policy.spec:
+    if sim_mode.spec:
         ctx = float(trace.prompt_tokens.mean() + trace.response_tokens.mean() / 2.0)
-        k = choose_draft_len(cost, float(np.nanmean(acceptance)), capacity, capacity * ctx, policy.max_draft)
+        k = choose_draft_len(
+            cost, float(np.nanmean(acceptance)), capacity, capacity * ctx, sim_mode.max_draft
+        )
     rate_of = spec_rate(acceptance, k) if k else np.ones(len(trace))
     box = Box(n_w, capacity, cost, k, max_prefill_tokens)
     pos, front, carried = 0, np.zeros(0, dtype=np.int64), Jobs.empty()  # front: groups to redo first
     per_step = []
     for s in range(steps):
         b = groups_per_step or stream.step_groups[s % len(stream.step_groups)]
-        carried, stale_waste = _expire_stale(policy, carried, trace, s)
+        carried, stale_waste = _expire_stale(sim_mode, carried, trace, s)
         held = np.unique(carried.uid)
-        want = max(b, math.ceil(policy.oversub * b)) - held.size
+        want = max(b, math.ceil(sim_mode.oversub * b)) - held.size
         fresh = max(0, want - front.size)
         new_uids = np.concatenate([front[:want], np.arange(pos, pos + fresh)])
         front, pos = front[want:], pos + fresh
         rows, which = stream.expand(new_uids)
         pred_load = np.bincount(which, weights=predicted[rows], minlength=new_uids.size)
         quota = np.full(n_w, np.inf)
-        if policy.oversub > 1.0:  # each worker holds at most its share of the outstanding groups
-            per_w = math.ceil(max(b, math.ceil(policy.oversub * b)) / n_w)
+        if sim_mode.oversub > 1.0:  # each worker holds at most its share of the outstanding groups
+            per_w = math.ceil(max(b, math.ceil(sim_mode.oversub * b)) / n_w)
             _, first = np.unique(carried.uid, return_index=True)
             have = np.bincount(carried.worker[first], minlength=n_w)
             quota = np.maximum(0, per_w - have).astype(float)
             if quota.sum() < new_uids.size:
                 quota += math.ceil((new_uids.size - quota.sum()) / n_w)
-        if policy.placement == "least-outstanding" and policy.oversub <= 1.0:
+        if sim_mode.placement == "least-outstanding" and sim_mode.oversub <= 1.0:
             # each request to the worker with the fewest outstanding: all start empty, so a count deal
             seq_worker = np.arange(rows.size) % n_w
         else:
-            seq_worker = _place(policy, pred_load, n_w, quota)[which]
+            seq_worker = _place(sim_mode, pred_load, n_w, quota)[which]
         new = Jobs(
             rows,
             new_uids[which],
@@ -153,22 +155,22 @@ def simulate_policy(
         )
         jobs = Jobs.cat(carried, new)
         keys = np.arange(len(jobs), dtype=float)
-        if policy.order != "fifo":  # carried work first, then new work by predicted length
-            sign = -1.0 if policy.order == "long-first" or s % 2 == 0 else 1.0
+        if sim_mode.order != "fifo":  # carried work first, then new work by predicted length
+            sign = -1.0 if sim_mode.order == "long-first" or s % 2 == 0 else 1.0
             keys = np.where(keys < len(carried), -1e18 + keys, sign * predicted[jobs.row])
         rate = rate_of[jobs.row]
         res, qpos = box.run(jobs, keys, rate)
-        if policy.migrate and n_w > 1:
+        if sim_mode.migrate and n_w > 1:
             res, qpos = _migrate(box, jobs, keys, rate, res, qpos)
-        row, trained, horizon = _account(policy, jobs, qpos, res, trace, b, box, rate)
+        row, trained, horizon = _account(sim_mode, jobs, qpos, res, trace, b, box, rate)
         row["wasted_tokens"] += stale_waste
         per_step.append(row)
-        carried, redo = _carry(policy, jobs, qpos, res, trained, horizon, rate, s)
+        carried, redo = _carry(sim_mode, jobs, qpos, res, trained, horizon, rate, s)
         front = np.concatenate([redo, front])
     return {
-        "policy": policy.name,
-        "mode": policy.mode,
-        "mode_options": dict(policy.options),
+        "policy": sim_mode.name,
+        "mode": sim_mode.mode,
+        "mode_options": dict(sim_mode.options),
         "workers": n_w,
         "draft_len": k,
         **_totals(per_step, n_w),
@@ -258,7 +260,7 @@ def _progress(
 
 
 def _account(
-    policy: Policy,
+    sim_mode: SimMode,
     jobs: Jobs,
     qpos: np.ndarray,
     res: engine.Result,
@@ -273,7 +275,7 @@ def _account(
     uids, inv = np.unique(jobs.uid, return_inverse=True)
     g_done = np.full(uids.size, -np.inf)
     np.maximum.at(g_done, inv, fin_t)
-    if policy.oversub > 1.0 and uids.size > b:  # early termination: the first b complete groups
+    if sim_mode.oversub > 1.0 and uids.size > b:  # early termination: the first b complete groups
         chosen = np.argsort(g_done, kind="stable")[:b]
         horizon = float(g_done[chosen].max())
     else:
@@ -302,7 +304,7 @@ def _account(
         "worker_idle_share_mean": float(idle.mean()),
         "worker_idle_share_max": float(idle.max()),
         "generated_tokens": float(done[qpos >= 0].sum()),
-        "wasted_tokens": 0.0 if policy.partial else float(done[~in_trained].sum()),
+        "wasted_tokens": 0.0 if sim_mode.partial else float(done[~in_trained].sum()),
         "trained_tokens": train_tokens,
         "trained_groups": int(trained.size),
     }
@@ -310,7 +312,7 @@ def _account(
 
 
 def _carry(
-    policy: Policy,
+    sim_mode: SimMode,
     jobs: Jobs,
     qpos: np.ndarray,
     res: engine.Result,
@@ -321,10 +323,10 @@ def _carry(
 ) -> tuple[Jobs, np.ndarray]:
     """What outlives the update: nothing (synchronous), groups to redo (on-policy SortedRL), or the
     untrained groups' sequences with their progress, on their worker (partial SortedRL)."""
-    if policy.oversub <= 1.0:
+    if sim_mode.oversub <= 1.0:
         return Jobs.empty(), np.zeros(0, dtype=np.int64)
     rest = ~np.isin(jobs.uid, trained)
-    if not policy.partial:
+    if not sim_mode.partial:
         return Jobs.empty(), np.unique(jobs.uid[rest])
     done, fin = _progress(jobs, qpos, res, horizon, rate)
     kept = jobs.take(rest)
@@ -337,10 +339,10 @@ def _carry(
     return kept, np.zeros(0, dtype=np.int64)
 
 
-def _expire_stale(policy: Policy, carried: Jobs, trace: LengthTrace, step: int) -> tuple[Jobs, float]:
+def _expire_stale(sim_mode: SimMode, carried: Jobs, trace: LengthTrace, step: int) -> tuple[Jobs, float]:
     """Partial mode at the start of `step`: kept work whose oldest token is more than max_staleness policy
-    versions old starts over (SortedController._expire_stale); returns the jobs and the tokens thrown away."""
-    stale = (carried.born >= 0) & (step - carried.born > policy.max_staleness)
+    versions old starts over (SortedRollout._expire_stale); returns the jobs and the tokens thrown away."""
+    stale = (carried.born >= 0) & (step - carried.born > sim_mode.max_staleness)
     if not stale.any():
         return carried, 0.0
     full = trace.response_tokens[carried.row]

@@ -8,14 +8,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rlbench.records import extend_jsonl, write_jsonl
+from reference_trainer.trace.records import extend_jsonl, write_jsonl
 
 
 class Trace:
     """An append-only list of events with times in seconds from the trace's start.
 
     One Trace is shared by the engine (prefill/decode/verify events), the trainer (phase events) and the
-    controller (sequence events). `flush_to` appends new events to a JSONL file, so a long run streams
+    rollout strategy (sequence events). `flush_to` appends new events to a JSONL file, so a long run streams
     its trace instead of holding it to the end.
     """
 
@@ -75,6 +75,12 @@ class Trace:
             return
         extend_jsonl(path, new)
         self._flushed = len(self.events)
+
+    def drop_since(self, index: int) -> None:
+        """Forget the events from `index` on (not yet flushed): work re-done only to rebuild state."""
+        if index < self._flushed:
+            raise ValueError(f"events from {index} on were already flushed (up to {self._flushed})")
+        del self.events[index:]
 
     def write_jsonl(self, path: str | Path) -> None:
         write_jsonl(path, self.events)

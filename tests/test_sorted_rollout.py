@@ -1,4 +1,4 @@
-"""SortedRL's controller against a fake engine (property-based), then tiny real-trainer runs of both modes."""
+"""SortedRL's rollout strategy against a fake engine (property-based), then tiny real-trainer runs of it."""
 
 from __future__ import annotations
 
@@ -12,31 +12,32 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reference_trainer.engine import Sequence, SequenceStatus, Trace
 from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.sequence import Sequence, SequenceStatus
 from reference_trainer.model.tokenizer import CharTokenizer
 from reference_trainer.modes import MODES, STRATEGIES
 from reference_trainer.rollout.base import PromptStream, RolloutContext
-from reference_trainer.rollout.sorted import NEW, REQUEUED, SortedController, SortedPartialController
+from reference_trainer.rollout.sorted import NEW, REQUEUED, SortedPartialRollout, SortedRollout
 from reference_trainer.tasks.arith import ArithTask
+from reference_trainer.trace import metrics
+from reference_trainer.trace.records import read_jsonl
+from reference_trainer.trace.writer import Trace
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.rows import TIMING_FIELDS
 from reference_trainer.train.trainer import Trainer
-from rlbench import metrics
-from rlbench.records import read_jsonl
 
 
 class FakeEngine:
-    """The Engine API the controller uses. A request finishes after a length drawn per (prompt, sample,
+    """The Engine API the strategy uses. A request finishes after a length drawn per (prompt, sample,
     attempt) via its seed, so a resumed request continues to the same target. Checks the invariants the
-    controller must keep as it goes."""
+    strategy must keep as it goes."""
 
     def __init__(self, capacity: int, lengths: list[int]) -> None:
         self.config = EngineConfig(max_num_seqs=capacity)
         self.trace = Trace()
         self.policy_version = 0
         self.lengths = lengths
-        self.controller: SortedController | None = None
+        self.strategy: SortedRollout | None = None
         self.ctx: RolloutContext | None = None
         self.idle_slot_steps = 0
         self._waiting: list[tuple[int, int, Sequence]] = []
@@ -65,8 +66,8 @@ class FakeEngine:
             requeued = sum(s.priority == REQUEUED for s in self._queued())
             assert requeued <= self.config.max_num_seqs - len(self._running)
             # nor beyond the oversubscription bound (regenerations may exceed it: they are not admissions)
-            assert self.controller is not None and self.ctx is not None
-            assert self.controller.unfinished() <= self.controller.max_unfinished(self.ctx)
+            assert self.strategy is not None and self.ctx is not None
+            assert self.strategy.unfinished() <= self.strategy.max_unfinished(self.ctx)
         response_ids = list(response_ids or [])
         assert len(logprobs or []) == len(policy_versions or []) == len(response_ids)
         assert len(response_ids) < self.target_of(params)
@@ -110,11 +111,11 @@ class FakeEngine:
                 self._running.append(seq)
         capacity = self.config.max_num_seqs
         assert len(self._running) <= capacity
-        ctrl, ctx = self.controller, self.ctx
-        assert ctrl is not None and ctx is not None
+        strategy, ctx = self.strategy, self.ctx
+        assert strategy is not None and ctx is not None
         if len(self._running) < capacity:  # an idle slot only when the oversubscription bound is reached
             self.idle_slot_steps += 1
-            assert ctrl.unfinished() + ctx.group_size > ctrl.max_unfinished(ctx)
+            assert strategy.unfinished() + ctx.group_size > strategy.max_unfinished(ctx)
         occupied = {i: s.seq_id for i, s in enumerate(self._running)}
         finished = []
         for seq in list(self._running):
@@ -143,15 +144,15 @@ def make_ctx(engine: FakeEngine, group_size: int, update_batch: int, seed: int =
 
 def drive(cls, options, ctx, steps: int, checkpoint_at: int | None = None):
     """The trainer loop with a fake update (a version bump); optionally a checkpoint round trip mid-run.
-    Returns the controller and, per step, (version, consumed groups as plain data)."""
+    Returns the strategy and, per step, (version, consumed groups as plain data)."""
     engine = ctx.engine
-    ctrl = cls(**options)
-    engine.controller, engine.ctx = ctrl, ctx
+    strategy = cls(**options)
+    engine.strategy, engine.ctx = strategy, ctx
     log = []
     for step in range(steps):
         engine.trace.step = step
         version = engine.policy_version
-        groups = ctrl.collect(ctx)
+        groups = strategy.collect(ctx)
         assert not engine.has_unfinished()  # nothing survives a collect inside the engine
         log.append(
             (
@@ -176,13 +177,13 @@ def drive(cls, options, ctx, steps: int, checkpoint_at: int | None = None):
         )
         engine.policy_version += 1
         if step == checkpoint_at:
-            state = json.loads(json.dumps({"ctrl": ctrl.state_dict(), "stream": ctx.stream.state_dict()}))
-            ctrl = cls(**options)
-            ctrl.load_state_dict(state["ctrl"])
+            state = json.loads(json.dumps({"ctrl": strategy.state_dict(), "stream": ctx.stream.state_dict()}))
+            strategy = cls(**options)
+            strategy.load_state_dict(state["ctrl"])
             ctx.stream = PromptStream(ctx.stream.task, ctx.stream.seed)
             ctx.stream.load_state_dict(state["stream"])
-            engine.controller = ctrl
-    return ctrl, log
+            engine.strategy = strategy
+    return strategy, log
 
 
 workloads = st.fixed_dictionaries(
@@ -201,18 +202,18 @@ workloads = st.fixed_dictionaries(
 
 
 def split(w: dict):
-    cls = SortedPartialController if w["partial"] else SortedController
+    cls = SortedPartialRollout if w["partial"] else SortedRollout
     options = {k: w[k] for k in ("oversubscription", "max_staleness", "max_attempts")}
     return cls, options
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads)
-def test_controller_invariants(w):
+def test_sorted_rollout_invariants(w):
     cls, options = split(w)
     engine = FakeEngine(w["capacity"], w["lengths"])
     ctx = make_ctx(engine, w["group_size"], w["update_batch"])
-    ctrl, log = drive(cls, options, ctx, w["steps"])
+    strategy, log = drive(cls, options, ctx, w["steps"])
     trained: list[int] = []
     for version, groups in log:
         assert len(groups) == w["update_batch"]  # the update fires on exactly update_batch groups
@@ -228,13 +229,13 @@ def test_controller_invariants(w):
         lengths = [sum(len(s[2]) for s in samples) for _, samples in groups]
         assert len(lengths) == len(set(trained[-len(groups) :]))
     # Every admitted prompt is trained (once), dropped (only with max_attempts), or still in the buffer.
-    active = [p.index for p in ctrl.active]
+    active = [p.index for p in strategy.active]
     assert len(trained) == len(set(trained))
-    assert sorted(trained + ctrl.dropped + active) == list(range(ctx.stream.next_index))
-    assert not ctrl.dropped or w["max_attempts"] is not None
-    assert ctrl.stats["admitted"] == ctx.stream.next_index
+    assert sorted(trained + strategy.dropped + active) == list(range(ctx.stream.next_index))
+    assert not strategy.dropped or w["max_attempts"] is not None
+    assert strategy.stats["admitted"] == ctx.stream.next_index
     if w["partial"]:
-        assert ctrl.stats["aborted"] == 0 and not ctrl.dropped
+        assert strategy.stats["aborted"] == 0 and not strategy.dropped
 
 
 @settings(max_examples=60, deadline=None)
@@ -264,13 +265,13 @@ def test_shortest_groups_first_and_partial_resume():
     # consumed groups with the fake's own targets.
     engine = FakeEngine(capacity=8, lengths=[3, 25, 4, 9, 2, 30, 5])
     ctx = make_ctx(engine, group_size=2, update_batch=1)
-    ctrl, log = drive(SortedPartialController, {"oversubscription": 4.0, "max_staleness": 5}, ctx, 3)
+    strategy, log = drive(SortedPartialRollout, {"oversubscription": 4.0, "max_staleness": 5}, ctx, 3)
     first = log[0][1][0][1]
     # The update fires on the first group to complete: no later than the shortest-longest sample of the 4
     # prompts admitted at the start (later admissions start later, so only a shorter one can beat it).
     longest = [max(engine.lengths[_seed(ctx, i, k) % 7] for k in range(2)) for i in range(4)]
     assert max(len(s[2]) for s in first) <= min(longest)
-    assert ctrl.stats["cached"] > 0  # the rest was cached and resumed, not restarted
+    assert strategy.stats["cached"] > 0  # the rest was cached and resumed, not restarted
     resumed = [s for _, groups in log[1:] for _, samples in groups for s in samples if len(set(s[4])) > 1]
     assert resumed, "some consumed sample must carry tokens of two policy versions"
 
@@ -284,9 +285,9 @@ def _seed(ctx: RolloutContext, index: int, sample: int) -> int:
 def test_sorted_regenerates_with_a_new_attempt():
     engine = FakeEngine(capacity=4, lengths=[2, 40, 3, 35, 2, 50])
     ctx = make_ctx(engine, group_size=2, update_batch=1)
-    ctrl, _ = drive(SortedController, {"oversubscription": 3.0}, ctx, 2)
-    assert ctrl.stats["regenerated"] > 0 and ctrl.stats["aborted"] > 0
-    attempts = [s.attempt for p in ctrl.active for s in p.samples]
+    strategy, _ = drive(SortedRollout, {"oversubscription": 3.0}, ctx, 2)
+    assert strategy.stats["regenerated"] > 0 and strategy.stats["aborted"] > 0
+    attempts = [s.attempt for p in strategy.active for s in p.samples]
     assert max(attempts) >= 1
     aborted = [e for e in engine.trace.events if e.get("kind") == "sequence" and e["status"] == "aborted"]
     assert aborted and all(e["step"] in (0, 1) for e in aborted)
@@ -294,13 +295,11 @@ def test_sorted_regenerates_with_a_new_attempt():
 
 def test_registries_and_options():
     assert {"sorted", "sorted-partial"} <= set(MODES) and MODES["sorted-partial"].tis_cap == 2.0
-    assert (
-        STRATEGIES["sorted"] is SortedController and STRATEGIES["sorted-partial"] is SortedPartialController
-    )
+    assert STRATEGIES["sorted"] is SortedRollout and STRATEGIES["sorted-partial"] is SortedPartialRollout
     with pytest.raises(ValueError):
-        SortedController(oversubscription=0.5)
+        SortedRollout(oversubscription=0.5)
     with pytest.raises(ValueError):
-        SortedController(max_staleness=-1)
+        SortedRollout(max_staleness=-1)
 
 
 # ---- the real trainer at tiny shapes -------------------------------------------------------------------
@@ -368,7 +367,8 @@ def test_trainer_resume_reproduces_uninterrupted_run(tiny_model_dir, tmp_path, t
     for name, param in straight.policy.state_dict().items():
         assert torch.equal(param, resumed.policy.state_dict()[name]), name
 
-    # The bubble ratio recomputed by hand from trace.jsonl equals what rlbench.metrics reports.
+    # The bubble ratio recomputed by hand from trace.jsonl equals what reference_trainer.trace.metrics
+    # reports.
     events = read_jsonl(tmp_path / "straight" / "trace.jsonl")
     report = metrics.compute(straight.trace.events)
     slot_time = capacity_time = 0.0

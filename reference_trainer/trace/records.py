@@ -1,18 +1,24 @@
 """Every JSON/JSONL record rlbench writes or reads goes through here, so a killed run never leaves a file
 that a later command chokes on.
 
-Writers: `write_text`/`write_bytes`/`write_json`/`write_jsonl` replace a file atomically (temp file
-beside it, fsync, rename, fsync the directory); `atomic_path` gives the temp path to a library that
-writes files itself (safetensors). `append_jsonl`/`extend_jsonl` add rows durably. `replace_dir`
-publishes a directory built aside (checkpoints, imported models); `build_once` builds one under a lock.
+Writers: `write_text`/`write_bytes`/`write_json`/`write_jsonl`/`write_safetensors` replace a file atomically
+(temp file beside it, fsync, rename, fsync the directory); `atomic_path` gives the temp path to a library
+that writes files itself. `append_jsonl`/`extend_jsonl` add rows durably. `replace_dir`
+publishes a directory built aside (checkpoints, imported models); locks.py builds one under a lock.
 
 Reader: `read_jsonl` returns the rows as dicts. A kill mid-append leaves at most an unterminated last
 line; that one is dropped with a one-line note on stderr. Anything else malformed is a `UserError`
 naming the file and line, which the CLI prints as one line. `read_json` does the same for whole files.
+
+Faults: a writer never replaces what is not a regular file (a device such as /dev/null, a FIFO, a socket:
+an `--out` pointing at one is refused), and a full, read-only or forbidden disk is a one-line UserError
+naming the path. `make_dir` creates an output directory the same way (locks.py makes one process the
+only writer of a run directory).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -24,7 +30,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from rlbench.errors import UserError
+from reference_trainer.errors import UserError
 
 _BLOCK = 1 << 16
 _noted: set[tuple[str, str, int]] = set()  # one note per file, message and size in a process
@@ -38,29 +44,56 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temp path beside `path` to write; on a clean exit it is fsync'd and renamed over `path`.
 
     The temp file is created with mode 0o666 so the umask applies exactly as for `open(path, "w")` (a
-    mkstemp file would stay 0600); replacing an existing file keeps that file's permission bits.
+    mkstemp file would stay 0600); replacing an existing file keeps that file's permission bits. An OSError
+    while writing (disk full, read-only) is a UserError naming `path`; the old file is left as it was.
     """
     path = Path(path)
+    existing = _check_target(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as err:
+        raise cannot_write(path, err) from None
     try:
         try:
-            if path.exists():
-                os.fchmod(fd, stat.S_IMODE(path.stat().st_mode))
+            if existing is not None:
+                os.fchmod(fd, stat.S_IMODE(existing.st_mode))
         finally:
             os.close(fd)
         yield tmp
         _fsync_path(tmp)
         os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise cannot_write(path, err) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
 
 
+def write_safetensors(
+    path: str | Path, tensors: dict[str, Any], metadata: dict[str, str] | None = None
+) -> None:
+    """Tensors as a safetensors file, atomically. safetensors writes the file itself (in Rust): its I/O
+    errors come as SafetensorError, turned here into the same one line as any refused write."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        try:
+            save_file(tensors, str(tmp), metadata=metadata)
+        except SafetensorError as err:
+            raise UserError(f"cannot write {path}: {str(err).rpartition(': ')[2] or err}") from None
+
+
 def write_bytes(path: str | Path, data: bytes) -> None:
     with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
+        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC)
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
 
 
 def write_text(path: str | Path, text: str) -> None:
@@ -88,13 +121,18 @@ def extend_jsonl(path: str | Path, rows: Iterable[Any]) -> None:
     if not payload:
         return
     path = Path(path)
-    created = not path.exists()
-    if not created:
-        trim_torn_tail(path)
-    with open(path, "ab") as fh:
-        fh.write(payload)
-        fh.flush()
-        os.fsync(fh.fileno())
+    created = _check_target(path) is None
+    try:
+        if not created:
+            trim_torn_tail(path)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            _write_all(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:  # a failed append leaves at most a torn last line, which readers drop
+        raise cannot_write(path, err) from None
     if created:  # the new directory entry must reach the disk too
         _fsync_dir(path.parent)
 
@@ -128,22 +166,50 @@ def replace_dir(tmp: str | Path, final: str | Path) -> Path:
     """Publish directory `tmp` as `final` (replacing an older one): its files are fsync'd first, so the
     renamed directory never holds data that a power cut could still lose."""
     tmp, final = Path(tmp), Path(final)
-    for file in (p for p in tmp.rglob("*") if p.is_file()):
-        _fsync_path(file)
-    if final.exists():  # rename cannot replace a non-empty directory
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    if final.exists() and not final.is_dir():
+        raise UserError(f"{final}: exists and is not a directory; refusing to replace it")
+    try:
+        for file in (p for p in tmp.rglob("*") if p.is_file()):
+            _fsync_path(file)
+        if final.exists():  # rename cannot replace a non-empty directory
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except OSError as err:
+        raise cannot_write(final, err) from None
     _fsync_dir(final.parent)
     return final
+
+
+def make_dir(path: str | Path) -> Path:
+    """Create output directory `path` (and its parents); a path that is a file, or a disk that refuses,
+    is a one-line UserError naming it."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"{path}: exists and is not a directory") from None
+    except OSError as err:
+        raise UserError(f"cannot create directory {path}: {err.strerror or err}") from None
+    return path
+
+
+def cannot_write(path: str | Path, err: OSError) -> UserError:
+    """The one line for a write the disk refused (full, read-only, no permission)."""
+    return UserError(f"cannot write {path}: {err.strerror or err}")
 
 
 # --- reading ---------------------------------------------------------------------------------------------
 
 
 def read_jsonl(
-    path: str | Path, required: Sequence[str] = (), *, torn_tail: bool = True
+    path: str | Path,
+    required: Sequence[str] = (),
+    *,
+    torn_tail: bool = True,
+    check: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """The JSON object on every non-blank line of `path`, each holding the `required` fields.
+    """The JSON object on every non-blank line of `path`, each holding the `required` fields (and passing
+    `check`, which returns what is wrong with a row, or None).
 
     An unterminated last line that does not parse is what a kill mid-append leaves: with `torn_tail` it
     is dropped and one note names the file on stderr; without (user-supplied data) it is an error. Any
@@ -169,6 +235,8 @@ def read_jsonl(
                 raise UserError(f"{path}:{lineno}: {why}")
             if missing := [k for k in required if k not in row]:
                 raise UserError(f"{path}:{lineno}: row lacks field(s) {', '.join(missing)}")
+            if check is not None and (why := check(row)) is not None:
+                raise UserError(f"{path}:{lineno}: {why}")
             rows.append(row)
     return rows
 
@@ -230,6 +298,31 @@ def _note(path: Path, message: str, size: int) -> None:
         print(f"note: {path}: {message}", file=sys.stderr, flush=True)
 
 
+def _check_target(path: Path) -> os.stat_result | None:
+    """The stat of the regular file at `path` (None: nothing there). Anything else is refused: renaming over
+    a device node would replace /dev/null for every process, and appending to a FIFO blocks."""
+    try:
+        found = os.stat(path)  # follows a symlink: a link to /dev/null is the device
+    except FileNotFoundError:
+        return None
+    except OSError as err:  # a parent that is a file, no permission: the write itself says it
+        if err.errno in (errno.ENOTDIR, errno.EACCES, errno.ELOOP):
+            raise cannot_write(path, err) from None
+        return None
+    if stat.S_ISDIR(found.st_mode):
+        raise UserError(f"{path}: is a directory, not a file")
+    if not stat.S_ISREG(found.st_mode):
+        kind = "a device, pipe or socket"
+        raise UserError(f"{path}: exists and is not a regular file ({kind}); not writing over it")
+    return found
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -250,48 +343,3 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def build_once(
-    path: Path,
-    build: Callable[[Path], object],
-    ready: Callable[[Path], bool],
-    on_wait: Callable[[], None] | None = None,
-) -> Path:
-    """Build directory `path` unless `ready(path)`, under an exclusive lock on `path`.lock, so concurrent
-    callers build it once. The build goes into a temp directory published by rename, so a builder killed
-    midway leaves no half directory behind (the lock dies with its process)."""
-    if ready(path):
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(path.with_name(path.name + ".lock"), on_wait):
-        if not ready(path):  # checked again: the holder we waited for has usually built it
-            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
-            try:
-                build(tmp)
-                replace_dir(tmp, path)  # also replaces an incomplete directory left by older versions
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    return path
-
-
-@contextmanager
-def _exclusive_lock(lock_path: Path, on_wait: Callable[[], None] | None) -> Iterator[None]:
-    """fcntl.flock on a lock file (stdlib, released by the OS if the holder dies); no lock without fcntl."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: builders may race, and the rename still keeps the result whole
-        yield
-        return
-    with open(lock_path, "a") as fh:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait is not None:
-                on_wait()
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from rlbench.errors import UserError
+from reference_trainer.errors import UserError
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 KK_INSTRUCTION = (

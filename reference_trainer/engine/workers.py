@@ -18,10 +18,13 @@ from typing import Any, Protocol
 
 import torch
 
-from reference_trainer.engine import Engine, Sequence, Trace
 from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
+from reference_trainer.engine.histospec import attach_histospec
 from reference_trainer.engine.protocol import RolloutEngine
+from reference_trainer.engine.sequence import Sequence
 from reference_trainer.model.config import ModelConfig
+from reference_trainer.trace.writer import Trace
 
 
 @dataclass
@@ -76,8 +79,6 @@ class RolloutWorker:
         self.engine = Engine(model, spec.engine_config, spec.eos_token_ids, spec.tokenizer, self.trace)
         self.engine.policy_version = version
         if spec.histospec is not None:
-            from reference_trainer.rollout.histospec import attach_histospec
-
             attach_histospec(self.engine, **spec.histospec)
         self._queued: dict[str, Sequence] = {}
 
@@ -273,17 +274,6 @@ class RayWorkerPool:
         self.actors = []
 
 
-def require_ray(workers: int) -> None:
-    """ValueError with the install line when Ray is missing."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise ValueError(
-            f"--workers {workers} runs rollout workers on Ray, which is not installed: "
-            "pip install 'rlbench[ray]'"
-        ) from None
-
-
 def make_worker_pool(
     spec: WorkerSpec,
     state_dict: Mapping[str, torch.Tensor],
@@ -294,5 +284,4 @@ def make_worker_pool(
 ) -> WorkerPool:
     if backend == "local":
         return LocalWorkerPool(spec, _inference_state(state_dict, spec.engine_config.device), workers, trace)
-    require_ray(workers)
     return RayWorkerPool(spec, state_dict, workers, trace, address=address)

@@ -35,9 +35,14 @@ def _curve(results: list[dict[str, Any]], key: str, title: str, log_y: bool = Fa
             )
         )
     fig.update_layout(title=title, height=380, margin={"t": 50, "b": 40})
-    fig.update_xaxes(type="log", title="rollout workers")
+    workers = sorted({r["workers"] for r in results})
+    # a tick at every simulated worker count, and labelled 1-2-5 ticks on a log y axis that spans less than a
+    # decade (plotly's default labels only powers of ten there, i.e. none)
+    fig.update_xaxes(
+        type="log", title="rollout workers", tickvals=workers, ticktext=[str(w) for w in workers]
+    )
     if log_y:
-        fig.update_yaxes(type="log")
+        fig.update_yaxes(type="log", dtick="D2", tickformat=".3~g")
     return fig
 
 

@@ -1,0 +1,125 @@
+"""The fault drill: rlbench driven as an operator meets faults, with a table of what held.
+
+    python -m benchmarks.fault_drill [--out benchmarks/results/fault_drill.json] [--only GROUP]
+
+Groups (each case is one command, or a kill and a resume, judged by what it must do):
+- kill/resume: `train` killed (SIGKILL) after k finished steps, in start-up and in its final held-out
+  evaluation, then resumed; `eval` killed mid-run, then rerun; the run must end with every step once, the
+  rows finished before the kill kept byte for byte, no temp checkpoint left, and an eval equal to an
+  uninterrupted one.
+- signals: Ctrl-C (SIGINT) in start-up, in `train` and in `profile`, and a rerun of the interrupted profile.
+- concurrency: two writers of one run directory at once (train+train, eval+eval, train+profile).
+- disk: a full disk and a read-only one under train (its first checkpoint), eval, report, trace export and
+  models import-gguf. On a tmpfs mounted for the drill when this process may mount one (root in a container
+  with CAP_SYS_ADMIN), else by patching os.write/os.replace in process.
+- inputs: model directories whose config.json lies, refused chat templates, bad suite rows, wrongly typed
+  traces, run configs and saved results.
+- servers: `rlbench observe` against hostile metrics servers on 127.0.0.1 (a byte at a time, endless, huge,
+  garbage, silent, bad histogram labels), beside a readable one.
+- fuzz: every numeric option of every command fed 0, -3, nan, inf, 1e999 and 2**70; a value that passes the
+  checks up front is then run for real.
+
+The first four groups are in fault_runs.py, the inputs in fault_inputs.py, servers and fuzz in fault_fuzz.py.
+
+A case fails when the command does not end as it must; a traceback is any "Traceback" a command printed (or an
+exception escaping it in process); "lost" counts finished work or intact data that did not survive the fault.
+Writes the cases and totals as JSON (benchmarks/results/fault_drill.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from benchmarks.fault_fuzz import hostile_servers, option_fuzz
+from benchmarks.fault_inputs import Check, Outcome, corrupt_inputs
+from benchmarks.fault_runs import ROOT, concurrency, disks, kill_resume, signals
+from reference_trainer.trace.records import write_json
+
+RESULT = ROOT / "benchmarks" / "results" / "fault_drill.json"
+
+
+GROUPS: dict[str, Callable[[Path], Iterator[tuple[str, Check]]]] = {
+    "kill/resume": kill_resume,
+    "signals": signals,
+    "concurrency": concurrency,
+    "disk": disks,
+    "inputs": corrupt_inputs,
+    "servers": hostile_servers,
+    "fuzz": option_fuzz,
+}
+
+
+def drill(only: list[str] | None) -> list[dict[str, Any]]:
+    results = []
+    with tempfile.TemporaryDirectory(prefix="rlbench-drill-") as tmp:
+        work = Path(tmp)
+        for group, cases in GROUPS.items():
+            if only and group not in only:
+                continue
+            (work / group.replace("/", "-")).mkdir()
+            for n, (name, check) in enumerate(cases(work / group.replace("/", "-"))):
+                d = work / group.replace("/", "-") / f"{n:03d}"
+                d.mkdir()
+                t0 = time.perf_counter()
+                try:
+                    outcome = check(d)
+                except Exception as err:  # a fault of the drill itself: a failure, said as such
+                    outcome = Outcome(False, f"drill error: {type(err).__name__}: {err}")
+                seconds = time.perf_counter() - t0
+                results.append({"group": group, "case": name, **vars(outcome), "seconds": round(seconds, 2)})
+                mark = "ok " if outcome.ok and not outcome.traceback and not outcome.lost else "BAD"
+                print(f"{mark} {group:12} {name[:70]:70} {seconds:5.1f}s  {outcome.detail[:90]}", flush=True)
+    return results
+
+
+def totals(results: list[dict[str, Any]]) -> dict[str, int]:
+    return {
+        "cases": len(results),
+        "failures": sum(not r["ok"] for r in results),
+        "tracebacks": sum(r["traceback"] for r in results),
+        "lost": sum(r["lost"] for r in results),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--only", action="append", choices=list(GROUPS), help="Run only these groups.")
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    results = drill(args.only)
+    by_group = {
+        g: totals([r for r in results if r["group"] == g]) for g in dict.fromkeys(r["group"] for r in results)
+    }
+    print(f"\n{'group':14}{'cases':>7}{'failures':>10}{'tracebacks':>12}{'lost':>6}")
+    for group, t in {**by_group, "all": totals(results)}.items():
+        print(f"{group:14}{t['cases']:>7}{t['failures']:>10}{t['tracebacks']:>12}{t['lost']:>6}")
+    elapsed = time.perf_counter() - t0
+    print(f"{elapsed:.0f} s")
+    doc = {
+        "command": "python -m benchmarks.fault_drill" + "".join(f" --only {g}" for g in args.only or []),
+        "date": date.today().isoformat(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "system": platform.platform(),
+        },
+        "seconds": round(elapsed, 1),
+        "totals": totals(results),
+        "groups": by_group,
+        "cases": results,
+    }
+    write_json(args.out, doc)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

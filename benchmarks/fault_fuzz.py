@@ -1,0 +1,235 @@
+"""The fault drill's hostile metrics servers on 127.0.0.1 (`rlbench observe` against them) and its option
+fuzz: every numeric option of every command, walked from the Typer app, fed 0, -3, nan, inf, 1e999 and
+2**70; a value that passes the checks up front is then run for real."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks.fault_inputs import (
+    TINY_RUN,
+    Accepted,
+    Check,
+    Outcome,
+    cli,
+    one_line,
+    write_suite,
+    write_tiny_model,
+)
+
+# ---- hostile metrics servers -------------------------------------------------------------------------------
+
+PAGE = (
+    "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"
+    "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 10\n"
+    "# TYPE vllm:request_generation_tokens histogram\n"
+    'vllm:request_generation_tokens_bucket{le="many"} 1\nvllm:request_generation_tokens_bucket{} 1\n'
+    'vllm:request_generation_tokens_bucket{le="+Inf"} 1\nvllm:request_generation_tokens_count 1\n'
+)
+
+
+class Hostile:
+    """A raw TCP server on 127.0.0.1 answering every connection the way `kind` says."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/metrics"
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        body = PAGE.encode()
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+        with contextlib.suppress(OSError), conn:
+            conn.recv(65536)
+            if self.kind == "slow body":
+                conn.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body))
+                for byte in body:
+                    if self.stop.wait(0.2):
+                        return
+                    conn.sendall(bytes([byte]))
+            elif self.kind == "slow headers":
+                for byte in head:
+                    if self.stop.wait(0.2):
+                        return
+                    conn.sendall(bytes([byte]))
+            elif self.kind == "endless body":
+                conn.sendall(head + b"\r\n")
+                while not self.stop.is_set():
+                    conn.sendall(b"# " + b"x" * 65_000 + b"\n")
+            elif self.kind == "one huge line":
+                conn.sendall(head + b"\r\n" + b"vllm:num_requests_running " + b"9" * 20_000_000)
+            elif self.kind == "binary garbage":
+                conn.sendall(head + b"\r\n" + os.urandom(200_000))
+            elif self.kind == "HTTP 500":
+                conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
+            elif self.kind == "hang up":
+                return
+            elif self.kind == "silent":
+                self.stop.wait(30)
+            else:  # "bad le": histogram buckets without a numeric le, and a NaN gauge
+                page = (
+                    PAGE + "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting NaN\n"
+                ).encode()
+                conn.sendall(head + b"Content-Length: %d\r\n\r\n" % len(page) + page)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+SERVER_KINDS = ("slow body", "slow headers", "endless body", "one huge line", "binary garbage", "HTTP 500",
+                "hang up", "silent", "bad le")  # fmt: skip
+
+
+def hostile_servers(work: Path) -> Iterator[tuple[str, Check]]:
+    for kind in SERVER_KINDS:
+        yield f"observe: {kind} beside a healthy server", _observe([kind, "bad le"])
+    yield "observe: all hostile at once", _observe(list(SERVER_KINDS))
+
+
+def _observe(kinds: list[str]) -> Check:
+    def check(d: Path) -> Outcome:
+        servers = [Hostile(kind) for kind in kinds]
+        duration = 2.0
+        try:
+            t0 = time.perf_counter()
+            ran = cli("observe", *(s.url for s in servers), "--duration", str(duration), "--interval", "0.1",
+                      "--out", "obs", cwd=d)  # fmt: skip
+            elapsed = time.perf_counter() - t0
+        finally:
+            for server in servers:
+                server.close()
+        samples = d / "obs" / "samples.jsonl"
+        rows = [json.loads(line) for line in samples.read_text().splitlines()] if samples.is_file() else []
+        every_server = {r["server"] for r in rows} == set(range(len(servers)))
+        ok = (
+            ran.code in (0, 2)
+            and elapsed < duration + 2.5
+            and every_server
+            and (d / "obs" / "report.html").is_file()
+        )
+        return Outcome(ok, f"{elapsed:.1f} s, {len(rows)} samples, exit {ran.code}", traceback=ran.traceback)
+
+    return check
+
+
+# ---- option fuzz -------------------------------------------------------------------------------------------
+
+FUZZ = ("0", "-3", "nan", "inf", "1e999", str(2**70))
+STUBS = {  # where each command's work starts: a value that reaches it was accepted by the checks up front
+    "train": "rlbench.training.run_training",
+    "profile": "rlbench.profiling.session.run_profile",
+    "compare": "rlbench.profiling.session.run_profile",
+    "observe": "rlbench.profiling.observe.observe",
+    "simulate": "rlbench.simulate.workload.synthetic",
+    "eval": "rlbench.eval.runner.run_eval",
+    "generate": "reference_trainer.engine.factory.build_rollout_engine",
+    "embedded build": "reference_trainer.train.recipe.build",
+}
+
+
+def numeric_options() -> list[tuple[tuple[str, ...], str, type]]:
+    """(command path, flag, int or float) of every numeric option, walked from the Typer app."""
+    import typer.main
+
+    from rlbench.cli import app_
+
+    def walk(command: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from walk(sub, (*path, name))
+        else:
+            yield path, command
+
+    found = []
+    for path, command in walk(typer.main.get_command(app_), ()):
+        for param in command.params:
+            annotation = param.type_descriptor.annotation
+            kinds = {int, float} & {annotation, *typing.get_args(annotation)}
+            if param.opts and kinds:
+                found.append((path, param.opts[0], kinds.pop()))
+    return found
+
+
+def option_fuzz(work: Path) -> Iterator[tuple[str, Check]]:
+    model = write_tiny_model(work / "model")
+    data = write_suite(work / "data")
+    base = {
+        "train": ("--model", str(model), *TINY_RUN, "--steps", "1"),
+        "profile": ("--model", str(model), *TINY_RUN, "--steps", "1"),
+        "compare": ("--model", str(model), *TINY_RUN, "--steps", "1", "--modes", "baseline"),
+        "observe": ("127.0.0.1:9", "--duration", "1"),
+        "simulate": (
+            "--synthetic",
+            "--workers",
+            "1",
+            "--steps",
+            "1",
+            "--prompts",
+            "2",
+            "--modes",
+            "baseline",
+        ),
+        "eval": ("--suite", "amc23", "--data-dir", str(data), "--model", str(model), "--max-tokens", "2"),
+        "generate": ("--model", str(model), "--prompt", "x", "--max-tokens", "2"),
+        "embedded build": (),
+    }
+    for path, flag, kind in numeric_options():
+        for value in FUZZ:
+            yield f"{' '.join(path)} {flag}={value}", _fuzz(path, flag, kind, value, base[" ".join(path)])
+
+
+def _fuzz(path: tuple[str, ...], flag: str, kind: type, value: str, base: tuple[str, ...]) -> Check:
+    def check(d: Path) -> Outcome:
+        import importlib
+
+        module, _, name = STUBS[" ".join(path)].rpartition(".")
+        owner = importlib.import_module(module)
+        real = getattr(owner, name)
+
+        def accept(*args: Any, **kwargs: Any) -> None:
+            raise Accepted
+
+        setattr(owner, name, accept)
+        out = () if path == ("generate",) else ("--out", "out")
+        try:
+            ran = cli(*path, *base, *out, f"{flag}={value}", cwd=d)
+        except Accepted:
+            ran = None
+        finally:
+            setattr(owner, name, real)
+        if ran is not None:
+            return one_line(ran)
+        if value in ("nan", "inf", "1e999") or (kind is int and value == str(2**70)):
+            return Outcome(False, "accepted a value nothing can use")
+        # Accepted: the same command for real must run cleanly (or stop with one line, as a huge --lr does)
+        ran = (
+            cli(*path, *base, "--out", "real", f"{flag}={value}", cwd=d)
+            if out
+            else cli(*path, *base, f"{flag}={value}", cwd=d)
+        )
+        refused = one_line(ran).ok or (path == ("observe",) and ran.code == 2)  # observe: nothing to observe
+        return Outcome(ran.code == 0 or refused, f"accepted, ran: exit {ran.code} {ran.err.strip()[-120:]}",
+                       traceback=ran.traceback)  # fmt: skip
+
+    return check

@@ -1,0 +1,133 @@
+"""Decode and verify forwards at static shapes, replayed as CUDA graphs on the GPU.
+
+A decode step of a small model is hundreds of short kernels; launched one by one from Python the GPU idles
+between them. nano-vllm's model runner (`capture_cudagraph`) captures its decode forward once per batch-size
+bucket and replays it. The same idea over this engine's cached forward (model/decoder.py `hidden_cached`):
+
+* the shape of a forward is (batch bucket, width, key span): the batch padded to a bucket (1, 2, 4, ...,
+  and the slot capacity last), the width the step's tokens per row (1 for decode, 1 + drafts for verify),
+  the key span a power of two from MIN_KEY_SPAN up to the cache's length covering every row's positions;
+* every input (token ids, start positions, slots or block tables) is written in place into one persistent
+  device buffer, in the step's one upload together with the sampler's per-row values (transfers.py);
+  rows that only pad the batch write their K/V into the cache's scratch slot or block (kv_cache.py);
+* the captured part ends at the final norm and copies the hidden states into a persistent buffer; the LM
+  head runs eagerly over the rows that are sampled (runner.py), so padding costs no vocabulary matmul.
+
+Each shape is captured the first time it runs (a warm-up run, which does the step's real work, then the
+capture, then a replay that writes the same K/V again). A grown paged pool is a new tensor, so the graphs
+captured over the old one are dropped and recaptured. With `capture=False` the same static forward runs
+eagerly: what the CPU tests compare with the engine's own-shape forward, and on CUDA what graphs are
+compared with.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference_trainer.engine.kv_cache import SlotManager
+from reference_trainer.engine.transfers import PAD_ID, padded, upload
+from reference_trainer.model.decoder import DecoderLM
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MIN_KEY_SPAN = 64
+
+
+def batch_buckets(capacity: int) -> list[int]:
+    """The padded batch sizes: powers of two below the capacity, then the capacity (a full batch is never
+    padded)."""
+    return [b for b in BATCH_BUCKETS if b < capacity] + [capacity]
+
+
+class StaticForward:
+    def __init__(self, model: DecoderLM, slots: SlotManager, max_width: int, capture: bool) -> None:
+        self.model, self.slots, self.capture = model, slots, capture
+        self.device = next(model.parameters()).device
+        self.buckets = batch_buckets(slots.capacity)
+        self.max_width = max_width
+        most = self.buckets[-1] * max_width  # rows of the widest forward
+        # Inputs, then the sampler's per-row values: index, slot, position and draft of each sampled row.
+        self.inputs = torch.zeros(
+            most + self.buckets[-1] * (1 + self._blocks(self.limit)) + 4 * most,
+            dtype=torch.long,
+            device=self.device,
+        )
+        dtype = next(model.parameters()).dtype
+        self.hidden = torch.zeros(most, model.config.hidden_size, dtype=dtype, device=self.device)
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self._pool: object = None
+        self._captured_over = 0  # data pointer of the cache the graphs write (a grown pool is a new one)
+
+    @property
+    def limit(self) -> int:
+        """The longest key span: the cache's positions per sequence."""
+        if self.slots.contiguous:
+            return self.slots.max_len
+        return self.slots.blocks_per_slot * self.slots.block_size
+
+    def _blocks(self, span: int) -> int:
+        return 1 if self.slots.contiguous else span // self.slots.block_size
+
+    def fits(self, batch: int, width: int) -> bool:
+        return batch <= self.buckets[-1] and width <= self.max_width
+
+    def span(self, longest: int) -> int:
+        """The key span of a forward whose rows reach position `longest` - 1."""
+        span = MIN_KEY_SPAN
+        while span < longest:
+            span *= 2
+        return min(span, self.limit)
+
+    def run(
+        self, rows: list[list[int]], starts: list[int], slots: list[int], extras: dict[str, list[int]]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Hidden states [bucket, width, H] of rows continuing at `starts` in `slots` (padding rows past
+        len(rows)), and `extras` uploaded with the inputs, as device views."""
+        bucket = next(b for b in self.buckets if b >= len(rows))
+        width = max(len(r) for r in rows)
+        span = self.span(max(starts) + width)
+        pad = bucket - len(rows)
+        blocks = self._blocks(span)
+        where = self.slots.where(slots, blocks) + [self.slots.scratch] * (pad * blocks)
+        ids = padded(rows, width) + [PAD_ID] * (pad * width)
+        inputs = upload(
+            {"ids": ids, "starts": starts + [0] * pad, "rows": where, **extras}, self.device, into=self.inputs
+        )
+        args = (
+            inputs["ids"].view(bucket, width),
+            inputs["starts"],
+            inputs["rows"] if self.slots.contiguous else inputs["rows"].view(bucket, blocks),
+            span,
+        )
+        if self.capture:
+            self._replay((bucket, width, span), args)
+        else:
+            self._forward(*args)
+        return self.hidden[: bucket * width].view(bucket, width, -1), inputs
+
+    def _forward(self, ids: torch.Tensor, starts: torch.Tensor, where: torch.Tensor, span: int) -> None:
+        hidden = self.model.hidden_cached(ids, starts, self.slots.cache, where, key_len=span)
+        self.hidden[: ids.numel()].view_as(hidden).copy_(hidden)
+
+    def _replay(self, shape: tuple[int, int, int], args: tuple) -> None:
+        cache_ptr = self.slots.cache.k[0].data_ptr()
+        if cache_ptr != self._captured_over:  # first use, or the paged pool grew: new cache tensors
+            self.graphs.clear()
+            self._pool, self._captured_over = None, cache_ptr
+        graph = self.graphs.get(shape)
+        if graph is None:
+            graph = self.graphs[shape] = self._capture(args)
+        graph.replay()
+
+    def _capture(self, args: tuple) -> torch.cuda.CUDAGraph:
+        # Warm up on a side stream (lazy initialisations must not happen inside a capture), as PyTorch's
+        # CUDA graph notes prescribe; the warm-up does the step's real work.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._forward(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):  # one memory pool shared by every shape
+            self._forward(*args)
+        self._pool = graph.pool()
+        return graph

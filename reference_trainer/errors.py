@@ -1,0 +1,64 @@
+"""User-facing errors: one clear line and a non-zero exit, never a traceback. And the range checks of
+numeric settings that raise them, shared by every config and command (one wording for every option)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MAX_SEED = 2**63 - 1  # seeds become torch and numpy int64 seeds
+MAX_COUNT = 2**31 - 1  # counts and sizes (steps, tokens, samples, slots): int32 indices downstream
+MAX_THREADS = 1024  # torch CPU threads: more than any machine has cores
+
+
+class UserError(Exception):
+    """Bad input or an unusable environment; the CLI prints the message alone and exits 2."""
+
+    exit_code = 2
+
+
+class ModelLoadError(UserError, ValueError):
+    """A model directory (or device) that cannot be used: one line naming the file and what is wrong."""
+
+
+class Interrupted(UserError):
+    """Ctrl-C, turned into one line that says what the run kept and how to go on; exit 130 as for SIGINT."""
+
+    exit_code = 130
+
+
+def flag(name: str) -> str:
+    """How the CLI spells a setting (a message names what the user typed, where it was typed)."""
+    return name if name.startswith("-") else "--" + name.replace("_", "-").replace(".", "-")
+
+
+def check_integer(name: str, value: Any, low: int | None = None, high: int | None = MAX_COUNT) -> int:
+    """`value` if it is an integer in [low, high], else a UserError naming the option."""
+    name = flag(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserError(f"{name} must be an integer, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"<= {high}" if low is None else f"in {low}..{high}"
+        raise UserError(f"{name} must be {bounds}, got {value}")
+    return value
+
+
+def check_number(
+    name: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """`value` if it is a finite number in range (open or closed at each end), else a UserError."""
+    name = flag(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(f"{name} must be a finite number, got {value!r}")
+    below = low is not None and (value <= low if low_open else value < low)
+    above = high is not None and (value >= high if high_open else value > high)
+    if below or above:
+        lower = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+        upper = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
+        raise UserError(f"{name} must be {' and '.join(b for b in (lower, upper) if b)}, got {value:g}")
+    return value

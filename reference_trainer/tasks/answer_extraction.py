@@ -1,0 +1,228 @@
+"""Which part of a response is its answer: the policy a careful human grader applies, the same in every suite.
+
+math-verify's `parse` ranks its patterns by kind (a box first, then "final answer", "answer:", and the last
+expression) and reads the whole text at once, so a box wins over a later correction ("\\boxed{204} ... I must
+add 24 more: the answer is 228."), the boxes of a response are joined into one answer when anything with a
+comma separates them ("So \\boxed{3}. Wait, recheck: \\boxed{5}" gives 3,5), and its last-number fallback
+fires on a negated or cut-off sentence ("The answer is not 204; it is 210." gives 204). It has no option for
+any of these, so the answer is located here and only the answer's own text is handed to math-verify to parse:
+
+1. An answer statement is a box (`\\boxed{}`/`\\fbox{}`; boxes separated only by commas, "and" or "or" are
+   one answer, a list) or an answer phrase ("final answer: X", "the final answer is X", "answer: X", "the
+   answer is X"); a phrase followed by "not" states nothing.
+2. The last statement in the response is its answer: a later statement corrects an earlier one.
+3. Without any statement, the last clause that holds maths is read (math-verify's rightmost expression),
+   but not when the response stops mid-sentence (cut off at its token limit), when that clause is negated
+   ("would not be 204") or when it is a question.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from reference_trainer.tasks.answer_forms import changes_value, clean_value, number_from_words, prose_start
+
+MAX_RESPONSE_CHARS = 20_000  # only the tail can hold the final answer; bounds regex and parser work
+
+
+@dataclass(frozen=True)
+class LocatedAnswer:
+    """Where the answer is. `value` is the answer's own LaTeX (a box's content, a statement's maths or
+    words), parsed as if boxed; a fallback clause has no value and is parsed as text (`text`)."""
+
+    start: int
+    value: str | None = None
+    text: str = ""
+
+
+# ----------------------------------------------------------------------------- math environments
+
+# Bounded lengths keep a response of unclosed delimiters ("\\(" * 10_000) linear.
+_MATH_ENV = re.compile(
+    r"\$\$.{1,5000}?\$\$|(?<!\\)\$(?:\\.|[^$\\]){1,2000}?\$|\\\[.{1,5000}?\\\]|\\\(.{1,2000}?\\\)",
+    re.DOTALL,
+)
+
+
+def mask_math(text: str) -> str:
+    """`text` with the inside of every math environment blanked (same length), so that a search for
+    sentence ends or words does not look into formulas ("4.9", "\\not")."""
+    return _MATH_ENV.sub(lambda m: m.group(0)[:1] + "M" * (len(m.group(0)) - 2) + m.group(0)[-1:], text)
+
+
+def _strip_delimiters(env: str) -> str:
+    for left, right in (("$$", "$$"), ("$", "$"), ("\\[", "\\]"), ("\\(", "\\)")):
+        if env.startswith(left) and env.endswith(right) and len(env) >= len(left) + len(right):
+            return env[len(left) : len(env) - len(right)]
+    return env
+
+
+# ----------------------------------------------------------------------------- boxes
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# What may stand between boxes that list one answer: math delimiters, spacing, commas, "and", "or".
+_LIST_SEPARATOR = re.compile(
+    r"(?:\s|\$|\\[()\[\]]|[,;&~]|\\[,;:! ]|\\q?quad|\band\b|\bor\b|\\text\{\s*(?:and|or)\s*\})*"
+)
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """The position of the closing brace of every balanced opening one, in one pass (a scan per box
+    would be quadratic in a response of nested or unclosed boxes)."""
+    stack: list[int] = []
+    closing: dict[int, int] = {}
+    for m in re.finditer(r"[{}]", text):
+        if m.group(0) == "{":
+            stack.append(m.start())
+        elif stack:
+            closing[stack.pop()] = m.start()
+    return closing
+
+
+def boxes(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of every complete box that is not inside another, in order; an unfinished
+    box (cut off) states nothing."""
+    closing = _closing_braces(text) if "\\boxed" in text or "\\fbox" in text else {}
+    found: list[tuple[int, int, str]] = []
+    for m in _BOX.finditer(text):
+        end = closing.get(m.end() - 1)
+        if end is not None and (not found or m.start() >= found[-1][1]):
+            found.append((m.start(), end + 1, text[m.end() : end].strip()))
+    return found
+
+
+def _box_answers(text: str) -> list[LocatedAnswer]:
+    """One answer per run of boxes that only separators join (a list of answers, as math-verify reads
+    them); a box with words before the next one is an answer of its own ("\\boxed{3}. Wait: \\boxed{5}")."""
+    answers: list[LocatedAnswer] = []
+    run: list[tuple[int, int, str]] = []
+    for box in boxes(text):
+        if run and not _LIST_SEPARATOR.fullmatch(text[run[-1][1] : box[0]]):
+            answers.append(_join(run))
+            run = []
+        run.append(box)
+    if run:
+        answers.append(_join(run))
+    return [a for a in answers if a.value]
+
+
+def _join(run: list[tuple[int, int, str]]) -> LocatedAnswer:
+    contents = list(dict.fromkeys(clean_value(content) for _, _, content in run))  # a repeated box once
+    return LocatedAnswer(run[0][0], ", ".join(c for c in contents if c))
+
+
+# ----------------------------------------------------------------------------- answer phrases
+
+_PHRASE = re.compile(
+    r"(?P<final>\bfinal\s+answer\b(?:\s+(?:to|for)\b[^.\n:$]{0,60}?)?(?:\s*[*_]{1,2})?\s*(?:is\b|:|=)?)"
+    r"|(?P<colon>\banswer\s*[*_]{0,2}\s*[:=])"
+    r"|(?P<is>\banswer\s+is\b(?:\s+(?:therefore|thus|then|indeed|clearly|simply|just))?)",
+    re.IGNORECASE,
+)
+# A phrase followed by "not" states nothing ("The answer is not 204"); "Answer: no" is an answer.
+_STATEMENT_NEGATION = re.compile(r"(?:not|never)\b", re.IGNORECASE)
+_CLAUSE_NEGATION = re.compile(
+    r"\b(?:not|no|never|cannot|neither|nor|without|incorrect|wrong|impossible)\b|n't\b", re.IGNORECASE
+)
+_LEAD = re.compile(r"[\s*_:]*")
+_SENTENCE_END = re.compile(r"(?<!\\)[.;!?](?=\s|$)|\n")  # not LaTeX spacing: "11,\! 111"
+_ENV_SEPARATOR = re.compile(r"\s*(?:,|;|,?\s*\band\b|,?\s*\bor\b)\s*")
+_WORDS = re.compile(r"[A-Za-z][A-Za-z\-]*(?:\s+[A-Za-z][A-Za-z\-]*){0,2}\.?")  # up to three words
+_MAX_SENTENCE_CHARS = 500  # an answer sentence is short; longer is prose (and bounds hostile text)
+_EMPHASIS = re.compile(r"\*\*|__")  # markdown bold around an answer: "The answer is: **42**."
+# Words that make a sentence about the answer (or prose) rather than an answer in words.
+_JUDGEMENTS = {
+    "correct", "incorrect", "right", "wrong", "reasonable", "plausible", "valid", "invalid", "consistent",
+    "confirmed", "verified", "clear", "obvious", "simple", "straightforward", "complete", "done", "below",
+    "above", "same", "unique", "unchanged", "not", "that", "this", "as", "still", "indeed", "the", "a",
+    "an", "is", "are", "it", "we", "so", "see", "shown", "given", "follows",
+}  # fmt: skip
+
+
+def _statement_answers(text: str) -> list[LocatedAnswer]:
+    masked = mask_math(text)
+    answers = []
+    for m in _PHRASE.finditer(masked):
+        value = _statement_value(text, masked, m.end(), loose=m.lastgroup == "is")
+        if value is not None:
+            answers.append(LocatedAnswer(m.start(), value))
+    return answers
+
+
+def _statement_value(text: str, masked: str, at: int, loose: bool) -> str | None:
+    """The answer a phrase states, from position `at`: the math environments right after it (joined by
+    commas or "and"), or its bare maths up to any prose, or a few words that are the whole sentence
+    ("Final answer: odd"; after the `loose` "the answer is", one or two words that do not judge the
+    answer: "The answer is even." but not "The answer is correct."). None when it states nothing."""
+    at = _LEAD.match(text, at).end()  # type: ignore[union-attr]  # may cross to the next line
+    if at >= len(text) or _STATEMENT_NEGATION.match(masked, at):
+        return None
+    if text.startswith(("\\boxed", "\\fbox"), at):
+        return None  # the box is a statement of its own
+    envs = []
+    pos = at
+    while (env := _MATH_ENV.match(text, pos)) is not None:
+        envs.append(_strip_delimiters(env.group(0)).strip())
+        sep = _ENV_SEPARATOR.match(text, env.end())
+        if sep is None or _MATH_ENV.match(text, sep.end()) is None:
+            break
+        pos = sep.end()
+    if envs:
+        return ", ".join(clean_value(e) for e in envs if e) or None
+    end = _SENTENCE_END.search(masked, at, at + _MAX_SENTENCE_CHARS)
+    sentence = _EMPHASIS.sub("", text[at : end.start() if end else at + _MAX_SENTENCE_CHARS]).strip()
+    cut = prose_start(sentence)
+    maths = sentence if cut is None else sentence[:cut].rstrip(" ,;:([")
+    if cut is not None and changes_value(sentence[cut:].split()[0]):
+        maths = sentence  # "3 dozen" is not 3: kept whole, it parses to no number
+    # Maths is a number or a formula; a lone letter ("x", "(B)") only when it is the whole sentence, not
+    # the "a" of "the answer is a multiple of 3".
+    if maths and (re.search(r"[\d\\=+*/^<>]", maths) or maths == sentence.rstrip(".")):
+        return clean_value(maths) or None
+    words = [w.lower() for w in sentence.rstrip(".").split()]
+    if not _WORDS.fullmatch(sentence) or any(w in _JUDGEMENTS for w in words):
+        return None  # prose, or a sentence about the answer ("The answer is correct.", "The knight is ...")
+    if not loose or len(words) <= 2:
+        number = number_from_words(sentence)
+        return str(number) if number is not None else f"\\text{{{sentence.rstrip('.')}}}"
+    return None
+
+
+# ----------------------------------------------------------------------------- fallback: the last clause
+
+_CLAUSE_END = re.compile(r"(?<!\\)[.;!?:](?=\s|$)|(?<!\\),\s|\n")
+_HAS_MATHS = re.compile(r"\d|[$]|\\\(|\\\[")
+
+
+def ends_complete(text: str) -> bool:
+    """Does the response end a sentence or a formula (rather than stop mid-sentence, or trail off)?"""
+    tail = text.rstrip().rstrip("*_`").rstrip()
+    if tail.endswith(("...", "…")):
+        return False
+    return tail.endswith((".", "!", "?", "$", "\\]", "\\)")) or bool(re.search(r"\\end\{[a-z*]+\}$", tail))
+
+
+def last_clause(text: str) -> LocatedAnswer | None:
+    """The last clause with maths in a response that states no answer; None when the response is cut
+    off, or that clause is negated or asks a question."""
+    if not ends_complete(text):
+        return None
+    masked = mask_math(text)
+    ends = [0] + [m.end() for m in _CLAUSE_END.finditer(masked)] + [len(text)]
+    for a, b in zip(reversed(ends[:-1]), reversed(ends[1:]), strict=True):
+        if _HAS_MATHS.search(masked[a:b]):
+            clause = masked[a:b].strip()
+            if clause.endswith("?") or _CLAUSE_NEGATION.search(clause):
+                return None
+            return LocatedAnswer(a, None, text[a:b])
+    return None
+
+
+def locate_answer(response: str) -> LocatedAnswer | None:
+    """The response's answer under the policy above; None when it gives none."""
+    text = response[-MAX_RESPONSE_CHARS:]
+    stated = _box_answers(text) + _statement_answers(text)
+    if stated:
+        return max(stated, key=lambda a: a.start)
+    return last_clause(text)

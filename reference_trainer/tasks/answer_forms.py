@@ -1,0 +1,169 @@
+"""An answer's own text made ready for math-verify's parser, the same for golds and responses.
+
+math-verify normalises LaTeX (units it knows, `\\text{...}` after a number, `\\dfrac`, `\\left`) and parses it
+with latex2sympy. What is written here is what it reads wrongly, each a rewrite of the answer text before
+parsing (no option of math-verify covers these):
+
+* `4\\sqrt(2)`: its malformed-operator fix turns it into `4\\\\sqrt{2}`, a LaTeX line break, and the
+  parse stops at 4. The parenthesised root is rewritten as `\\sqrt{2}` first.
+* an AMC choice with its value, `\\textbf{(E)}\\ 27`, parses as the product e*27: the label is dropped.
+* units it does not know (`10 weeks`, `10 cm^2`, `\\text{204 minutes}`) parse as products of letters: a
+  trailing unit (a word of 3+ letters, or a short unit from the list below) after a number is dropped, but
+  not a word that changes the value ("10 hundred", "2 pi").
+* `0.\\overline{3}` does not parse; a repeating decimal becomes its fraction.
+* `2 1/2` parses as 3/2; a mixed number written with a slash becomes one fraction (`2\\frac{1}{2}` is
+  read as 5/2 by latex2sympy already).
+* `\\lor`/`\\vee` do not parse; they become "or" (see `answer_equality.or_union`).
+* number words ("two hundred four") become digits.
+
+Text that no rewrite makes a single value is parsed as text only (`text_only`): an ellipsis (`1, 2,
+\\ldots, n` parses as 2) and a line break `\\\\` outside a matrix (`x = 5 \\\\ y = 3` parses as 3).
+"""
+
+from __future__ import annotations
+
+import re
+
+# LaTeX whose braces hold words, not maths: \text{even}, \begin{pmatrix}, \operatorname{lcm}.
+_WORDY_COMMANDS = re.compile(
+    r"\\(?:text\w*|math(?:rm|bf|it|sf|tt)|mbox|operatorname|begin|end)\s*\{[^{}]*\}|\\[A-Za-z]+"
+)
+_PROSE_WORD = re.compile(r"(?<![A-Za-z])(?!and(?![A-Za-z]))[A-Za-z]{3,}(?![A-Za-z])")  # "1 and 2" is maths
+
+
+def prose_start(text: str) -> int | None:
+    """Where prose begins in a LaTeX answer: the first run of 3+ letters (but "and") outside LaTeX commands
+    and their word arguments (single letters and pairs are variables: "2k+2", "mn"). None when none."""
+    blanked = _WORDY_COMMANDS.sub(lambda m: " " * len(m.group(0)), text)
+    m = _PROSE_WORD.search(blanked)
+    return m.start() if m else None
+
+
+# ----------------------------------------------------------------------------- rewrites
+
+_SQRT_PARENS = re.compile(r"\\sqrt\s*\(([^()]*)\)")
+_CHOICE_LABEL = re.compile(
+    r"\s*(?:\\(?:textbf|text|mathrm|mathbf)\s*\{\s*\(?([A-E])\)?\s*\}|\(([A-E])\))"
+    r"(?:\s|~|\\[ ,;:!]|\\q?quad)*(?P<value>[-\d\\(].*)",
+    re.DOTALL,
+)
+_TEXT_NUMBER = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*(-?\d[^{}]*)\}")
+# Short units (1-2 letters would otherwise be variables: "10 m" vs "10m"); longer words are units unless
+# they change the value.
+_SHORT_UNITS = "cm|mm|km|m|kg|mg|g|ml|mL|L|l|ft|in|yd|mi|oz|lb|lbs|hr|h|min|s|sec|ms|kW|W|V|A|J|N|Pa|Hz"
+# Words after a number that change its value: never dropped as units (math-verify drops any trailing
+# \text{...}, so "10 \text{ hundred}" would be 10).
+_VALUE_WORDS = {
+    "hundred", "hundreds", "thousand", "thousands", "million", "millions", "billion", "billions",
+    "trillion", "dozen", "dozens", "times", "pi", "sin", "cos", "tan", "log", "ln", "exp", "sqrt",
+    "squared", "cubed", "half", "halves", "third", "thirds", "quarter", "quarters",
+}  # fmt: skip
+_NOT_UNITS = _VALUE_WORDS | {"and", "or", "percent"}
+
+
+def changes_value(word: str) -> bool:
+    """Is this word after a number part of its value ("3 dozen", "10 hundred", "2 pi")?"""
+    return word.strip(".,;:").lower() in _VALUE_WORDS
+
+
+_UNIT_WORD = rf"(?:[A-Za-z]{{3,}}|(?:{_SHORT_UNITS})(?![A-Za-z]))"
+_TRAILING_UNITS = re.compile(
+    rf"(?P<value>.*?[\d}})])(?P<unit>(?:(?:\s|~|\\[ ,;:!])+{_UNIT_WORD}(?:\^\{{?\d\}}?)?)+)\s*\.?\s*$",
+    re.DOTALL,
+)
+_REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\s*\{(\d+)\}")
+_MIXED = re.compile(r"\s*(-?)(\d+)\s+(\d+)\s*/\s*(\d+)\s*")
+_OR_SYMBOLS = re.compile(r"\\(?:lor|vee)(?![A-Za-z])")
+
+
+def _without_units(value: str) -> str:
+    m = _TRAILING_UNITS.fullmatch(value)
+    if m is None:
+        return value
+    words = re.findall(r"[A-Za-z]+", m.group("unit"))
+    kept = m.group("value")
+    if any(w.lower() in _NOT_UNITS for w in words) or not re.search(r"\d", kept) or prose_start(kept):
+        return value
+    return kept
+
+
+def _repeating_to_fraction(m: re.Match[str]) -> str:
+    sign, whole, fixed, period = m.groups()
+    # x = whole.fixed(period)...: x * 10^len(fixed) * (10^len(period) - 1) is an integer
+    denominator = 10 ** len(fixed) * (10 ** len(period) - 1)
+    numerator = int(f"{whole or 0}{fixed}{period}") - int(f"{whole or 0}{fixed}" or 0)
+    return f"{sign}\\frac{{{numerator}}}{{{denominator}}}"
+
+
+def clean_value(value: str) -> str:
+    """The answer text rewritten as described above (the text stays LaTeX)."""
+    text = value.strip().strip("$").strip()
+    text = _SQRT_PARENS.sub(r"\\sqrt{\1}", text)
+    if m := _CHOICE_LABEL.fullmatch(text):
+        text = m.group("value").strip()
+    text = _TEXT_NUMBER.sub(r"\1", text)
+    text = _without_units(text)
+    text = _REPEATING.sub(_repeating_to_fraction, text)
+    if m := _MIXED.fullmatch(text):
+        sign, whole, num, den = m.groups()
+        text = f"{sign}\\frac{{{int(whole) * int(den) + int(num)}}}{{{den}}}"
+    text = _OR_SYMBOLS.sub(r"\\text{ or }", text)
+    if (number := number_from_words(text)) is not None:
+        text = str(number)
+    return text.strip()
+
+
+_ELLIPSIS = re.compile(r"\\[lc]?dots[bcmio]?(?![A-Za-z])|\.\.\.|…")
+_LINE_BREAK = re.compile(r"\\\\")
+_MATRIX_ENV = re.compile(r"\\begin\{(?:[pbvBV]?matrix|array|smallmatrix|cases)\}", re.IGNORECASE)
+
+
+_TEXT_ARGUMENT = re.compile(r"\\(?:text\w*|mbox|math(?:rm|bf|it))\s*\{([^{}]*)\}")
+
+
+def text_only(latex: str) -> bool:
+    """Is this answer a pattern, several lines or a number with words that change it, rather than one
+    value? Such an answer is compared as text only."""
+    if _ELLIPSIS.search(latex):
+        return True
+    for words in _TEXT_ARGUMENT.findall(latex):
+        if any(w.lower() in _VALUE_WORDS for w in re.findall(r"[A-Za-z]+", words)):
+            return True
+    return bool(_LINE_BREAK.search(latex)) and not _MATRIX_ENV.search(latex)
+
+
+# ----------------------------------------------------------------------------- number words
+
+_UNITS = [
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
+]  # fmt: skip
+_TENS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+_SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9}
+
+
+def number_from_words(text: str) -> int | None:
+    """ "two hundred four" -> 204, "minus twelve" -> -12; None unless the whole text is an English
+    cardinal (hand-written: a dozen lines, where a dependency such as word2number would be one more
+    package to vet for a parser this small)."""
+    words = re.sub(r"[-,]", " ", text.strip().rstrip(".").lower()).split()
+    sign = -1 if words[:1] in (["minus"], ["negative"]) else 1
+    words = words[1:] if sign < 0 else words
+    if not words:
+        return None
+    total = current = 0
+    for w in words:
+        if w == "and" and current:
+            continue
+        if w in _UNITS:
+            current += _UNITS.index(w)
+        elif w in _TENS:
+            current += 10 * (_TENS.index(w) + 2)
+        elif w == "hundred" and current:
+            current *= 100
+        elif w in _SCALES and current:
+            total += current * _SCALES[w]
+            current = 0
+        else:
+            return None
+    return sign * (total + current)

@@ -1,0 +1,271 @@
+"""Grading one response: math by the answer a careful grader reads (`answer_extraction`), parsed by
+math-verify and compared exactly where both sides are exact (`answer_equality`); Knights-and-Knaves by the
+stated assignment (`kk_answers`); and the equivalence classes of a problem's answers for majority voting.
+
+The answer's own text (a box's content, a statement's maths or words, `answer_forms.clean_value`) is parsed
+as if boxed, with math-verify's box pattern only: a value that does not parse stays text, rather than
+taking a number from inside it. A response that states no answer is read by math-verify whole within its
+last clause (`ExprExtractionConfig` too: plain "1,250"). The gold is parsed the same way, plus what the
+suites' gold format needs: a single-letter "N=" prefix is dropped (math-verify folds case, so "N=n" would
+parse as Eq(n, n)); a percentage also matches its bare number (62.5% = 62.5, as the Qwen harness grades);
+a gold with prose after its formula ("f(x)=ax+b, where b is ...") is graded by that formula, or by the whole
+text verbatim.
+
+Model output is untrusted text: nothing here evaluates it (no eval/exec/sympify). math-verify parses LaTeX
+with its own grammar and plain expressions only of digits and operators. Every call runs in a forked worker
+of `rlbench.eval.pool.GradingPool` with a wall-clock limit, and math-verify's own (signal) limit inside.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reference_trainer.tasks import answer_equality
+from reference_trainer.tasks.answer_extraction import MAX_RESPONSE_CHARS as MAX_RESPONSE_CHARS
+from reference_trainer.tasks.answer_extraction import locate_answer
+from reference_trainer.tasks.answer_forms import clean_value, text_only
+from reference_trainer.tasks.answer_forms import prose_start as prose_start
+from reference_trainer.tasks.kk_answers import format_assignment, parse_free_form_assignment
+
+VERIFY_TIMEOUT_S = 1  # math-verify's own (signal) limit per parse or comparison, in whole seconds
+RETRY_VERIFY_TIMEOUT_S = 3  # the limit of the one retry after a timeout (a busy CPU, not the answer)
+MATH_VERIFY_TIMED_OUT = "math-verify timed out"
+
+
+class GradingTimeout(Exception):
+    """math-verify gave up on a comparison within its limit: the result may be the timeout's, not the
+    answers'. Raised where no result can say so (answer classes), so that the pool retries the item."""
+
+
+# ----------------------------------------------------------------------------- math-verify's log
+
+
+class _TimeoutCounter(logging.Handler):
+    """math-verify logs each timeout as a warning holding the whole unparsed answer (kilobytes on stderr).
+    Count them instead, so the grade can say "timed out" in one line that names the problem."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("Timeout"):
+            self.count += 1
+
+
+_timeouts = _TimeoutCounter()
+_mv_log = logging.getLogger("math_verify")
+if _timeouts not in _mv_log.handlers:
+    _mv_log.addHandler(_timeouts)
+_mv_log.propagate = False  # nothing of math-verify's reaches the root logger (nor Python's last resort)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _text_configs() -> tuple[Any, ...]:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    return (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+
+
+def _value_configs() -> tuple[Any, ...]:
+    from math_verify import LatexExtractionConfig
+
+    # The box only: a value that does not parse is not searched for a number to take instead.
+    return (LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False),)
+
+
+def parse_value(value: str, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
+    """math-verify's parse of an answer's own LaTeX: [sympy object, normalised text], or [text] when it
+    does not parse or is text only (`answer_forms.text_only`)."""
+    from math_verify import parse
+
+    if text_only(value):  # its own text, not math-verify's normalisation (which drops "\text{ hundred}")
+        return [re.sub(r"\s+", "", value)]
+    answer_equality.install_exact_comparison()
+    parsed = parse(f"\\boxed{{{value}}}", _value_configs(), parsing_timeout=timeout_s)
+    if parsed and (as_set := answer_equality.relations_as_set(value, parsed[0])) is not None:
+        return [as_set, *parsed[1:]]
+    return parsed
+
+
+def parse_text(text: str, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
+    """math-verify's parse of a clause that states no answer: its rightmost expression."""
+    from math_verify import parse
+
+    answer_equality.install_exact_comparison()
+    parsed = parse(text, _text_configs(), parsing_timeout=timeout_s)
+    if len(parsed) == 2 and not isinstance(parsed[0], str) and isinstance(parsed[1], str):
+        # math-verify keeps the text of the best match even when that text does not parse, and then takes
+        # its value from a lower-ranked match: "... a power of 2. ... integers $x_1, x_2, \ldots$ ..." gave
+        # [2, 'x_{1}, x_{2}, ...']. The answer is the matched text; it keeps a value only if it has one.
+        alone = parse(f"${parsed[1]}$", _text_configs(), parsing_timeout=timeout_s)
+        if not alone or isinstance(alone[0], str) or text_only(parsed[1]):
+            return [parsed[1]]
+    return parsed
+
+
+def parse_answer(response: str, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
+    """The response's answer (`answer_extraction.locate_answer`) parsed: [sympy object, text], [text]
+    when it does not parse, [] when the response gives no answer."""
+    located = locate_answer(response)
+    if located is None:
+        return []
+    if located.value is not None:
+        return parse_value(located.value, timeout_s)
+    return parse_text(located.text, timeout_s)
+
+
+def answer_text(parsed: Sequence[Any]) -> str | None:
+    """The extracted answer as text (the string math-verify matched, normalised), for rows and reports."""
+    if not parsed:
+        return None
+    text = parsed[-1] if isinstance(parsed[-1], str) else str(parsed[0])
+    return text.strip() or None
+
+
+_LETTER_LHS = re.compile(r"\s*[A-Za-z](?:_\{?\w+\}?)?\s*=([^=]+)")
+_PERCENT = re.compile(r"\s*\\?%\s*$")
+
+
+@functools.lru_cache(maxsize=256)  # a problem's K samples share one gold, usually in one worker's chunk
+def parse_gold(gold: str, timeout_s: int = VERIFY_TIMEOUT_S) -> tuple[Any, ...]:
+    """The gold's candidates for math-verify's `verify` (a prediction matching any one is correct)."""
+    text = gold.strip()
+    cut = prose_start(text)
+    formula = text[:cut].strip().rstrip(",;:").strip() if cut else ""
+    if formula:  # the formula before the words, or the whole text verbatim (never its parse)
+        whole = [s for s in parse_value(text, timeout_s) if isinstance(s, str)]
+        return tuple(parse_value(clean_value(formula), timeout_s) + whole)
+    if m := _LETTER_LHS.fullmatch(text):
+        text = m.group(1).strip()
+    text = clean_value(text)
+    candidates = parse_value(text, timeout_s)
+    if _PERCENT.search(text):
+        candidates += parse_value(_PERCENT.sub("", text), timeout_s)
+    return tuple(candidates)
+
+
+def equivalent(gold: Sequence[Any], pred: Sequence[Any], timeout_s: int = VERIFY_TIMEOUT_S) -> bool:
+    return answer_equality.equivalent(gold, pred, timeout_s)
+
+
+def grade_math(response: str, gold: str, timeout_s: int = VERIFY_TIMEOUT_S) -> tuple[str | None, bool]:
+    """(extracted answer text, correct) for one response against the gold."""
+    pred = parse_answer(response, timeout_s)
+    extracted = answer_text(pred)
+    return extracted, extracted is not None and equivalent(parse_gold(gold, timeout_s), pred, timeout_s)
+
+
+# ----------------------------------------------------------------------------- knights and knaves
+
+
+def kk_gold(answer: str, names: Sequence[str], solution: Sequence[bool] | None) -> dict[str, bool]:
+    if solution is not None and len(solution) == len(names):
+        return {n: bool(s) for n, s in zip(names, solution, strict=True)}
+    parsed = parse_free_form_assignment(answer, names)
+    if parsed is None:
+        raise ValueError(f"cannot read the gold K&K assignment from {answer!r}")
+    return parsed
+
+
+def format_kk_assignment(assignment: dict[str, bool]) -> str:
+    return format_assignment(list(assignment), list(assignment.values()))
+
+
+# ----------------------------------------------------------------------------- items
+
+
+@dataclass
+class GradeItem:
+    grader: str  # "math" | "kk"
+    response: str
+    gold: str
+    names: list[str] | None = None
+    solution: list[bool] | None = None
+    id: str = ""  # "problem-id#sample", named in the one line a failure logs
+    verify_timeout_s: int = VERIFY_TIMEOUT_S  # longer on the one retry after a timeout
+
+
+@dataclass
+class GradeResult:
+    extracted: str | None
+    correct: bool
+    error: str | None = None
+    key: str | None = None  # the extracted answer as voted on (equal keys are one answer)
+    extra: dict[str, Any] = field(default_factory=dict)
+    retried: bool = False  # the first attempt timed out; this is the retry's verdict (GradingPool)
+
+
+def grade_item(item: GradeItem) -> GradeResult:
+    """Extract and grade one response; runs inside a pool worker."""
+    if item.grader == "kk":
+        names = item.names or []
+        pred = parse_free_form_assignment(item.response, names)
+        if pred is None:
+            return GradeResult(extracted=None, correct=False)
+        text = format_kk_assignment(pred)
+        gold = kk_gold(item.gold, names, item.solution)
+        return GradeResult(extracted=text, correct=pred == gold, key=text)
+    before = _timeouts.count
+    extracted, correct = grade_math(item.response, item.gold, item.verify_timeout_s)
+    # A timeout inside math-verify makes parse/verify give up quietly: a wrong grade may be the timeout's.
+    error = MATH_VERIFY_TIMED_OUT if _timeouts.count > before and not correct else None
+    return GradeResult(extracted=extracted, correct=correct, error=error, key=extracted)
+
+
+# ----------------------------------------------------------------------------- majority voting
+
+
+@dataclass
+class VoteItem:
+    """One problem's answers to group: `keys[i]` is sample i's extracted answer (None: no answer) and
+    `responses[i]` its response, which is parsed again to compare answers that differ as text."""
+
+    grader: str
+    keys: list[str | None]
+    responses: list[str]
+    id: str = ""
+    verify_timeout_s: int = VERIFY_TIMEOUT_S
+
+
+def answer_classes(item: VoteItem) -> list[int | None]:
+    """Equivalence class of every sample's answer, numbered in order of first appearance (None: no
+    answer). Equal texts are one class; a new text joins the first earlier class whose first answer
+    math-verify finds equivalent to it (as gold), else opens a class. K&K answers are canonical texts.
+    Raises GradingTimeout when math-verify timed out, as a class may then be the timeout's."""
+    before = _timeouts.count
+    label: dict[str, int] = {}
+    reps: list[list[Any]] = []  # parsed first answer of each class
+    for key, response in zip(item.keys, item.responses, strict=True):
+        if key is None or key in label:
+            continue
+        if item.grader == "kk":
+            label[key] = len(label)
+            continue
+        parsed = parse_answer(response, item.verify_timeout_s)
+        found = next(
+            (c for c, rep in enumerate(reps) if equivalent(rep, parsed, item.verify_timeout_s)), None
+        )
+        if found is None:
+            found = len(reps)
+            reps.append(parsed)
+        label[key] = found
+    if _timeouts.count > before:
+        raise GradingTimeout(MATH_VERIFY_TIMED_OUT)
+    return [None if k is None else label[k] for k in item.keys]
+
+
+def text_classes(keys: Sequence[str | None]) -> list[int | None]:
+    """Classes by exact text: the fallback when comparing a problem's answers failed or timed out."""
+    label: dict[str, int] = {}
+    for k in keys:
+        if k is not None:
+            label.setdefault(k, len(label))
+    return [None if k is None else label[k] for k in keys]

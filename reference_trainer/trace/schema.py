@@ -1,0 +1,79 @@
+"""The trace's schema: which event kinds exist and the fields every reader relies on (docs/metrics.md).
+
+The writer (writer.py) records these kinds; metrics, reports, the Perfetto export and the simulator read
+them through the names here, and `check_events` refuses a malformed trace (a hand-edited or foreign file)
+with one line naming the event, before any reader trips over it deep inside.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from reference_trainer.errors import UserError
+from reference_trainer.trace.records import read_jsonl
+
+Event = dict[str, Any]
+
+# Engine forwards, one event each on one worker's slots: a batched prefill, a decode step, a speculative
+# verification (drafted and accepted tokens).
+PREFILL, DECODE, VERIFY = "prefill", "decode", "verify"
+FORWARD_KINDS = (PREFILL, DECODE, VERIFY)
+DECODE_KINDS = (DECODE, VERIFY)  # forwards that generate tokens for running sequences
+# The trainer's phases: the RL step's four, and the held-out evaluation between steps (not part of a step's
+# time: it is the same work whatever the mode).
+ROLLOUT, REWARD, UPDATE, SYNC, HELDOUT = "rollout", "reward", "update", "sync", "heldout"
+STEP_PHASE_KINDS = (ROLLOUT, REWARD, UPDATE, SYNC)
+PHASE_KINDS = (*STEP_PHASE_KINDS, HELDOUT)
+SEQUENCE = "sequence"  # one per sample: admission, finish, tokens, the policy versions that wrote it
+MIGRATE = "migrate"  # a request moved between rollout workers (HistoPipe straggler migration)
+
+# The numeric fields each kind must carry (a sequence's times may be null: never admitted, never finished).
+NUMBERS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(FORWARD_KINDS, ("t_start", "t_end", "active_slots", "capacity")),
+    **dict.fromkeys(PHASE_KINDS, ("t_start", "t_end")),
+    SEQUENCE: ("t_admit", "t_finish"),
+    MIGRATE: ("t_start",),
+}
+NULLABLE = {SEQUENCE}
+WORKER_FIELDS = ("worker", "from", "to")
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def problem(event: Any) -> str | None:
+    """What is wrong with one event for the readers (None: nothing). Unknown kinds pass: readers skip
+    them, so a newer writer's events do not break an older reader."""
+    if not isinstance(event, dict):
+        return f"{type(event).__name__} is not an event object"
+    kind = event.get("kind")
+    for key in NUMBERS.get(kind, ()):
+        value = event.get(key)
+        if not is_number(value) and not (kind in NULLABLE and value is None):
+            return f"{key} is {value!r}, not a number"
+    for key in WORKER_FIELDS:
+        value = event.get(key)
+        if value is not None and not (type(value) is int and value >= 0):
+            return f"{key} is {value!r}, not a worker index"
+    if kind == SEQUENCE and "id" not in event:
+        return "a sequence without an id"
+    slots = event.get("slots")
+    if slots is not None and not (isinstance(slots, dict) and all(str(k).isdigit() for k in slots)):
+        return "slots is not a {slot: sequence id} map"
+    return None
+
+
+def check_events(events: list[Any], source: Any) -> list[Event]:
+    """`events` if every one passes `problem`, else a one-line UserError naming `source` and the event."""
+    for n, event in enumerate(events, 1):
+        if (why := problem(event)) is not None:
+            kind = event.get("kind") if isinstance(event, dict) else None
+            raise UserError(f"{source}: event {n} ({kind}): {why}")
+    return events
+
+
+def read_trace(path: Any) -> list[Event]:
+    """A run's trace.jsonl, read (a torn last line dropped with a note) and checked: every reader's entry."""
+    return check_events(read_jsonl(path), path)

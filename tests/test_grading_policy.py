@@ -1,0 +1,233 @@
+"""The grading policy, one table per cause of error in issue 37: each row is (response, gold, correct?).
+
+A row marked False is a wrong answer that a looser grader passed (a false positive); a row marked True is
+a right answer that a stricter one failed (a false negative). The cases are written here in the style of
+the issue's examples; `docs/eval.md` states the policy they pin down.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from reference_trainer.tasks.answer_extraction import ends_complete, locate_answer
+from reference_trainer.tasks.answer_forms import clean_value, number_from_words, text_only
+from reference_trainer.tasks.grading import GradeItem, grade_item, parse_free_form_assignment
+
+# Exact on both sides: equal only if exactly equal; a decimal approximation within 6 places and 1e-4.
+EXACT = [
+    (r"\boxed{\frac{1}{2006!}}", r"\frac{1}{2004!}", False),
+    (r"The final answer is $1/2^{98}$. I hope it is correct.", r"1/2^{99}", False),
+    (r"\boxed{\frac{1}{3\cdot 2^{2006}}}", r"\frac{2^{2005}+1}{3\cdot 2^{2006}}", False),
+    (r"\boxed{\frac{\sqrt{2}}{2^{100}}}", r"\frac{\sqrt{2}}{2^{101}}", False),
+    (r"\boxed{\frac{\pi}{10^{20}}}", r"\frac{\pi}{10^{21}}", False),
+    (r"\boxed{\left(\frac{1}{2^{60}}, 1\right)}", r"\left(\frac{1}{2^{61}}, 1\right)", False),
+    (r"\boxed{e^{-50}}", r"e^{-51}", False),
+    (r"\boxed{0.0000001}", r"\frac{1}{2^{99}}", False),
+    (r"\boxed{0.000000}", r"\frac{1}{10^{7}}", False),
+    (r"\boxed{\frac{1}{2^{99}}}", r"2^{-99}", True),
+    (r"\boxed{\frac{1}{2006 \cdot 2005!}}", r"\frac{1}{2006!}", True),
+    (r"\boxed{\sqrt{2}+\sqrt{3}}", r"\sqrt{5+2\sqrt{6}}", True),
+    (r"\boxed{\log_2 8}", "3", True),
+    (r"\boxed{0.333333}", r"\frac13", True),
+    (r"\boxed{1.57772 \times 10^{-30}}", r"\frac{1}{2^{99}}", True),
+    (r"\boxed{0.5}", r"\frac{1}{2}", True),
+]
+
+# LaTeX that parses to a number it does not mean.
+MALFORMED = [
+    (r"Final answer: 4\sqrt(2)", "4", False),
+    (r"\boxed{2}", r"1, 2, \ldots, n", False),
+    (r"\boxed{x = 5 \\ y = 3}", "3", False),
+    (r"\boxed{2 1/2}", r"\frac{3}{2}", False),
+    (r"\boxed{10 \text{ hundred}}", "10", False),
+    (r"Final answer: 4\sqrt(2)", r"4\sqrt{2}", True),
+    (r"\boxed{3\sqrt(5)}", r"3\sqrt5", True),
+    (r"\boxed{1, 2, \ldots, n}", r"1, 2, \ldots, n", True),
+    (r"\boxed{2 1/2}", r"\frac{5}{2}", True),
+]
+
+# Which answer counts: the last statement; no fallback on a negated, cut-off or questioning sentence.
+EXTRACTION = [
+    ("The answer is not 204; it is 210.", "204", False),
+    ("Adding the two cases, the total would not be 204", "204", False),
+    ("So far we have 204 pairs, but we still need to add the cases where", "204", False),
+    ("Counting again from the start...", "3", False),
+    ("So is it 204?", "204", False),
+    (r"\boxed{204} ... I must add 24 more: the answer is 228.", "204", False),
+    (r"So \boxed{3}. Wait, recheck: \boxed{5}", "3", False),
+    (r"We get \boxed{3}. The final answer is 4.", "3", False),
+    ("The answer is not 204; it is 210.", "210", True),
+    (r"\boxed{204} ... I must add 24 more: the answer is 228.", "228", True),
+    (r"So \boxed{3}. Wait, recheck: \boxed{5}", "5", True),
+    (r"\boxed{1}, \boxed{3}", "1, 3", True),
+    (r"We get \boxed{12}. Checking: $3 \cdot 4 = 12$.", "12", True),
+    ("The answer is $\\boxed{7}$.", "7", True),
+    ("**Final Answer:**\n42", "42", True),
+    ("Answer: $\\frac{3}{4}$, since both cases give it.", "0.75", True),
+    ("we get 3 apples, then 1,250 pears.", "1250", True),
+    ("The answer is: **42**.", "42", True),
+    ("Answer: 7 (since 3 + 4 = 7).", "7", True),
+    (r"\boxed{56}. Let me verify: $7 \cdot 8 = 56$. So the answer is correct.", "56", True),
+]
+
+UNITS_AND_LETTERS = [
+    (r"\boxed{10 weeks}", "10", True),
+    ("Final answer: 10 cm^2", "10", True),
+    (r"\boxed{\text{204 minutes}}", "204", True),
+    (r"\boxed{5 \text{ dollars}}", "5", True),
+    (r"\boxed{\textbf{(E)}\ 27}", "27", True),
+    (r"The answer is $\textbf{(B) } \frac{1}{2}$.", r"\frac12", True),
+    (r"\boxed{(C)}", r"\text{(C)}", True),
+    (r"\boxed{\textbf{(E)}\ 27}", "28", False),
+    (r"\boxed{2 pi}", "2", False),
+    (r"\boxed{10 weeks}", "11", False),
+    ("Final answer: 3 dozen", "3", False),
+]
+
+FORMS = [
+    (r"\boxed{x < 2 \text{ or } x > 3}", r"(-\infty,2)\cup(3,\infty)", True),
+    (r"\boxed{x<2 \lor x>3}", r"(-\infty,2)\cup(3,\infty)", True),
+    (r"\boxed{m\geq\sqrt2}", r"[\sqrt2,\infty)", True),
+    (r"\boxed{(1,2,3)}", r"\begin{pmatrix}1\\2\\3\end{pmatrix}", True),
+    (r"\boxed{0.\overline{3}}", r"\frac13", True),
+    (r"\boxed{0.1\overline{6}}", r"\frac16", True),
+    (r"\boxed{2\frac{1}{2}}", r"\frac52", True),
+    (r"\boxed{-1\frac{1}{3}}", r"-\frac43", True),
+    (r"\boxed{x > 2 \text{ and } x < 3}", r"(-\infty,2)\cup(3,\infty)", False),
+    (r"\boxed{m\leq\sqrt2}", r"[\sqrt2,\infty)", False),
+    (r"\boxed{(1,2,4)}", r"\begin{pmatrix}1\\2\\3\end{pmatrix}", False),
+    (r"\boxed{0.\overline{3}}", "0.3", False),
+]
+
+WORDS = [
+    ("The sum is 7, so it is odd.\nFinal answer: odd", r"\text{odd}", True),
+    ("Final answer: two hundred four", "204", True),
+    ("Final answer: twelve.", "12", True),
+    ("Final answer: minus three", "-3", True),
+    ("The answer is even.", r"\text{even}", True),
+    ("The sum is 7, so it is odd.\nFinal answer: odd", "7", False),
+    ("Final answer: twenty", "204", False),
+    ("Final answer: even", r"\text{odd}", False),
+]
+
+MATH_CASES = {
+    "exact": EXACT,
+    "malformed": MALFORMED,
+    "extraction": EXTRACTION,
+    "units-letters": UNITS_AND_LETTERS,
+    "forms": FORMS,
+    "words": WORDS,
+}
+
+NAMES = ["Zoey", "Penelope", "David"]
+GOLD = [True, False, False]  # Zoey a knight, Penelope and David knaves
+_RIGHT = "CONCLUSION:\n(1) Zoey is a knight\n(2) Penelope is a knave\n(3) David is a knave"
+KK_CASES = [
+    ("CONCLUSION:\n(1) Zoey is a knight\n(2) Penelope is a knight\n(3) David is a knave\n\n"
+     "Note: one might think Penelope is a knave, since she accuses David.", False),
+    ("CONCLUSION: Zoey is a knight or a knave (it cannot be determined). Penelope is a knave. "
+     "David is a knave.", False),
+    ("Zoey is a knight, Penelope is a knave and David is a knight. Suppose David is a knave: then "
+     "Zoey would lie.", False),
+    ("CONCLUSION: Zoey is a knight. Zoey is a knave. Penelope and David are knaves.", False),
+    ("Zoey might be a knight. Penelope is a knave and David is a knave.", False),
+    (f"Assume Zoey is a knave. Then Penelope is a knight.\n{_RIGHT}", True),
+    (f"{_RIGHT}\n\nNote: one might think Penelope is a knight.", True),
+    ("CONCLUSION: Zoey is not a knave. Penelope and David are knaves.", True),
+    ("CONCLUSION:\nKnights: Zoey\nKnaves: Penelope, David", True),
+    ("| Person | Role |\n|---|---|\n| Zoey | Knight |\n| Penelope | Knave |\n| David | Knave |", True),
+    ("CONCLUSION: Penelope - knave, David - knave, Zoey - knight", True),
+    ("<answer>Zoey is a knight; Penelope and David are both knaves.</answer>", True),
+    ("The only knight is Zoey. The knaves are Penelope and David.", True),
+    ("**Zoey**: knight\n**Penelope**: knave\n**David**: knave", True),
+    ("CONCLUSION: Zoey is truthful (a knight); Penelope is a knave; David is a knave.", True),
+]  # fmt: skip
+
+
+def _math(response: str, gold: str) -> bool:
+    return grade_item(GradeItem("math", response, gold)).correct
+
+
+@pytest.mark.parametrize(
+    ("response", "gold", "correct"),
+    [case for cases in MATH_CASES.values() for case in cases],
+    ids=[f"{name}-{i}" for name, cases in MATH_CASES.items() for i in range(len(cases))],
+)
+def test_math_policy(response: str, gold: str, correct: bool) -> None:
+    assert _math(response, gold) is correct
+
+
+@pytest.mark.parametrize(("response", "correct"), KK_CASES, ids=[f"kk-{i}" for i in range(len(KK_CASES))])
+def test_kk_policy(response: str, correct: bool) -> None:
+    item = GradeItem("kk", response, "", NAMES, GOLD)
+    assert grade_item(item).correct is correct
+
+
+def test_kk_phrasings_read_the_roles() -> None:
+    names = ["Zoey", "Oliver"]
+    both = {"Zoey": True, "Oliver": False}
+    assert (
+        parse_free_form_assignment("CONCLUSION: Zoey is not a knave, Oliver is not a knight.", names) == both
+    )
+    assert parse_free_form_assignment("Zoey = knight, Oliver (knave)", names) == both
+    assert (
+        parse_free_form_assignment("CONCLUSION: Zoey is a knight or a knave. Oliver is a knave.", names)
+        is None
+    )
+    assert parse_free_form_assignment("Zoey says Oliver is a knave. Zoey is a knight.", names) is None
+    assert parse_free_form_assignment("Elizabeth is a knight", ["Eli"]) is None  # whole names only
+    assert parse_free_form_assignment("will is a knight", ["Will"]) is None  # names with their capital
+
+
+def _value(response: str) -> str | None:
+    located = locate_answer(response)
+    return located.value if located is not None else "(no answer)"
+
+
+def test_the_answer_located() -> None:
+    """Which text is the answer: the last statement, a box run as one list, a phrase's maths or words."""
+    assert _value(r"\boxed{3} and \boxed{5}") == "3, 5"
+    assert _value(r"\boxed{5} \boxed{5}") == "5"
+    assert _value("The answer is 5 apples, I think.") == "5"
+    assert _value("Final answer: \\frac{3}{4}") == "\\frac{3}{4}"
+    assert _value("Final answer: 4.9.") == "4.9"
+    assert _value("Final answer: 11,\\! 111") == "11,\\! 111"
+    assert _value("The final answer is $2.5$. I hope it is correct.") == "2.5"
+    assert _value("The answer is a multiple of 3, so it is 12.") is None  # the last clause, parsed whole
+    assert _value("The answer is correct.") == "(no answer)"
+    assert _value("The answer is $3$ and $5$.") == "3, 5"
+    assert _value("Final answer: two hundred four") == "204" and _value("Final answer: odd") == "\\text{odd}"
+    assert _value("\\boxed{5}\n\nFinal Answer\nThe answer is above.") == "5"  # a sentence, not words
+    assert _value("An unfinished \\boxed{20") == "(no answer)"
+    assert _value("") == "(no answer)"
+    assert ends_complete("x = $5$") and ends_complete("so 12.") and not ends_complete("so 12")
+    assert not ends_complete("and then...") and ends_complete("\\[ x = 1 \\]")
+
+
+def test_answer_rewrites() -> None:
+    assert clean_value("4\\sqrt(2)") == "4\\sqrt{2}"
+    assert clean_value("\\textbf{(E)}\\ 27") == "27" and clean_value("\\text{(C)}") == "\\text{(C)}"
+    assert clean_value("10 weeks") == "10" and clean_value("10 cm^2") == "10" and clean_value("10 m") == "10"
+    assert clean_value("\\text{204 minutes}") == "204" and clean_value("10 hundred") == "10 hundred"
+    assert (
+        clean_value("0.\\overline{3}") == "\\frac{3}{9}" and clean_value("1.\\overline{3}") == "\\frac{12}{9}"
+    )
+    assert clean_value("2 1/2") == "\\frac{5}{2}" and clean_value("-2 1/2") == "-\\frac{5}{2}"
+    assert number_from_words("two hundred and four") == 204 and number_from_words("three thousand") == 3000
+    assert number_from_words("seventy-five") == 75 and number_from_words("odd") is None
+    assert number_from_words("hundred") is None and number_from_words("") is None
+    assert text_only("1, 2, \\ldots, n") and text_only("x = 5 \\\\ y = 3")
+    assert not text_only("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}") and not text_only("5.4 \\text{ cents}")
+
+
+def test_exact_comparison_is_math_verify_s() -> None:
+    """The exact comparison replaces math-verify's numeric step in its own module (a rename there would
+    otherwise leave the loose one in place silently)."""
+    import math_verify.grader
+
+    from reference_trainer.tasks.answer_equality import install_exact_comparison
+
+    install_exact_comparison()
+    assert getattr(math_verify.grader.sympy_numeric_eq, "rlbench_exact", False)
+    install_exact_comparison()  # idempotent
+    assert getattr(math_verify.grader.sympy_numeric_eq, "rlbench_exact", False)
