@@ -181,6 +181,10 @@ def traced_run(argv: list[str]) -> dict[str, object]:
         "package_switches": sum(switches.values()),
         "package_switches_by_direction": dict(switches),
         "cross_package_module_pairs": len({(rel(a), rel(b)) for a, b in pairs}),
+        # Calls from the trainer into rlbench can only be callbacks it was handed (it imports nothing there).
+        "calls_into_rlbench": sorted(
+            f"{rel(a)} -> {rel(b)}" for a, b in pairs if package_of(a) == "reference_trainer"
+        ),
     }
 
 
