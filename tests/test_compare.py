@@ -70,6 +70,21 @@ def test_a_drifted_comparison_says_so_on_the_page(tmp_path: Path) -> None:
     assert "Machine load drifted during this comparison" in page and "2.50x apart" in page
 
 
+def test_columns_no_run_measured_are_named_not_left_blank(tmp_path: Path) -> None:
+    def run(mode: str, gpu_idle: float | None) -> dict:
+        summary = {"step_time_s": 1.0, "bubble_ratio": 0.5, "bubble_ratio_gpu": gpu_idle}
+        return {"mode": mode, "summary": summary, "steps": [{"step": 0, "step_time_s": 1.0}]}
+
+    (tmp_path / "cpu").mkdir(), (tmp_path / "gpu").mkdir()
+    cpu = render_compare(tmp_path / "cpu", {"runs": [run("baseline", None), run("sorted", None)]}).read_text()
+    assert "<th>GPU idle in rollout</th>" not in cpu and "<th>acceptance</th>" not in cpu
+    assert "Not measured here: " in cpu and "GPU idle in rollout (NVML" in cpu
+    assert "acceptance (no mode drafts" in cpu
+    gpu = render_compare(tmp_path / "gpu", {"runs": [run("baseline", 0.85), run("sorted", None)]}).read_text()
+    assert "<th>GPU idle in rollout</th>" in gpu and "<td>0.85</td>" in gpu
+    assert "GPU idle in rollout (" not in gpu
+
+
 def test_profile_summary_shows_the_gpu_idle_share_beside_the_slot_bubble() -> None:
     from rlbench.commands.profile import bubble_lines
 

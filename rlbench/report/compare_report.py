@@ -10,6 +10,7 @@ noise and hardware into the speed-up.
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,13 @@ def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]
     return rows
 
 
+# Why a column can be empty for every mode: said under the table instead of showing blank cells.
+UNMEASURED_WHY = {
+    "GPU idle in rollout": "NVML's GPU utilisation, on a GPU",
+    "acceptance": "no mode drafts tokens",
+}
+
+
 def drift_note(drift: dict[str, Any]) -> str | None:
     if not drift.get("flagged"):
         return None
@@ -107,7 +115,11 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
             row["speed-up per round (min-max)"] = f"{s['min']:.2f}-{s['max']:.2f}x"
     drift = doc.get("drift") or drift_check({r["mode"]: r["summary"] for r in runs})
     intro: list[Any] = [note(message)] if (message := drift_note(drift)) else []
-    intro.append(table(rows))
+    unmeasured = [c for c in rows[0] if all(r.get(c) is None for r in rows)]
+    intro.append(table(rows, [c for c in rows[0] if c not in unmeasured]))
+    if unmeasured:
+        why = ", ".join(f"{c} ({UNMEASURED_WHY.get(c, 'not in the runs')})" for c in unmeasured)
+        intro.append(f'<p class="sub">Not measured here: {html.escape(why)}.</p>')
     if not any(r["mode"] == baseline for r in runs):
         intro.append(note(f"No '{baseline}' run in this comparison: ratios are not shown."))
     else:
