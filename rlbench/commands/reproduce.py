@@ -39,7 +39,8 @@ def reproduce_command(
 
     if list_:
         for name, spec in load_specs().items():
-            typer.echo(f"{name:26} {spec.paper_value}\n{'':26} {spec.claim}")
+            where = f"{'':26} GPU, {spec.model or 'embedded model'}\n" if spec.needs_gpu else ""
+            typer.echo(f"{name:26} {spec.paper_value}\n{where}{'':26} {spec.claim}")
         return
     if device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
@@ -57,6 +58,11 @@ def reproduce_command(
     root = out or (QUICK_OUT if quick else Path("reports"))
     from rlbench.reproduce.runner import reproduce as run_one
 
+    if all_ and device == "cpu":
+        for name in [n for n in chosen if specs[n].needs_gpu]:
+            typer.echo(f"{name}: a real model at full size, left out on the CPU "
+                       f"(run it with `rlbench reproduce {name} --device cuda`)")  # fmt: skip
+            chosen.remove(name)
     failed = []
     for name in chosen:
         typer.echo(f"== {name}")

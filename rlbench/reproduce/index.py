@@ -61,7 +61,8 @@ def table(
         claim = f"**{name}**: {spec.claim} ({spec.source})"
         if brief:
             claim = f"[{name}]({spec_prefix}{name}.toml)"
-        cells = [claim, spec.paper_value, _cell(cpu, f"{prefix}{name}/cpu/report.html"),
+        cpu_cell = "GPU only" if cpu is None and spec.needs_gpu else _cell(cpu, f"{prefix}{name}/cpu/report.html")
+        cells = [claim, spec.paper_value, cpu_cell,
                  _cell(gpu, f"{prefix}{name}/gpu/report.html"), verdict]  # fmt: skip
         rows.append("| " + " | ".join(cells if brief else [*cells, f"`rlbench reproduce {name}`"]) + " |")
     return (BRIEF_HEAD if brief else TABLE_HEAD) + "\n".join(rows) + "\n"

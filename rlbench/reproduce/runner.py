@@ -90,8 +90,11 @@ def check_names(names: list[str]) -> dict[str, Spec]:
 def reproduce(
     name: str, spec: Spec, out: Path, device: str, quick: bool, model: str | None, seed: int = 0
 ) -> dict[str, Any]:
-    """Run `name` and write its result.json and report.html; returns the result."""
+    """Run `name` and write its result.json and report.html; returns the result. `model` None: the spec's
+    model, else the embedded one."""
     import torch
+
+    model = model or spec.model
 
     folder = out / name / device_folder(device)
     folder.mkdir(parents=True, exist_ok=True)
@@ -122,7 +125,7 @@ def reproduce(
         + name
         + (" --quick" if quick else "")
         + (f" --device {device}" if device != "cpu" else "")
-        + (f" --model {model}" if model else ""),
+        + (f" --model {model}" if model and model != spec.model else ""),
         "quick": quick,
         "config": outcome.config,
         "seeds": outcome.seeds,

@@ -53,6 +53,11 @@ class Spec:
     rule: str  # the verdict rule in words
     checks: list[Check] = field(default_factory=list)
     requires: list[Check] = field(default_factory=list)
+    # The model the claim is about, when not the embedded one (e.g. a pretrained model's name); --model
+    # overrides it.
+    model: str | None = None
+    # A claim about a real model at full size needs a GPU: `--all` on a CPU leaves it out (named, it runs).
+    needs_gpu: bool = False
 
     def verdict(self, measured: dict[str, Any] | None) -> tuple[str, list[str]]:
         """The verdict and the reasons behind it, one line per check."""
@@ -108,6 +113,8 @@ def parse_spec(name: str, text: str) -> Spec:
         rule=verdict["rule"],
         checks=_checks(verdict.get("checks", []), where),
         requires=_checks(verdict.get("requires", []), where),
+        model=raw.get("model"),
+        needs_gpu=bool(raw.get("needs_gpu", False)),
     )
 
 
