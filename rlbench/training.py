@@ -90,14 +90,31 @@ def _run_with_progress(trainer: Trainer) -> list[dict[str, Any]]:
             f"{config.mode} / {config.task}", total=config.steps, completed=trainer.step, info=""
         )
 
+        # Without a terminal (a log file, CI) the bar is drawn only at the end: say each event on a line.
+        plain = not progress.console.is_terminal
+
+        def on_evaluate(step: int) -> None:
+            problems = len(trainer.heldout.problems) if trainer.heldout else 0
+            info = f"held-out evaluation of step {step} ({problems} problems)"
+            progress.update(bar, info=info)
+            if plain:
+                progress.console.print(info)
+
         def on_step(row: dict[str, Any]) -> None:
             info = (
                 f"reward {row['reward_mean']:.3f}  acc {row['accuracy']:.3f}  "
                 f"len {row['response_len_mean']:.0f}  {row['step_time_s']:.1f}s/step"
             )
+            if "val/heldout_greedy_acc" in row:
+                info += f"  held-out {row['val/heldout_greedy_acc']:.3f}"
             progress.update(bar, completed=row["step"] + 1, info=info)
+            if plain:
+                progress.console.print(f"step {row['step'] + 1}/{config.steps}  {info}")
 
-        return trainer.run(on_step)
+        trainer.on_evaluate = on_evaluate
+        rows = trainer.run(on_step)
+        progress.update(bar, info="done")  # not the final evaluation's line, which has finished
+        return rows
 
 
 def interleave(

@@ -89,6 +89,18 @@ def test_train_then_resume_through_the_cli(tiny_model_dir, tmp_path):
     assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [0, 1]
 
 
+def test_train_without_a_terminal_says_each_step_and_each_evaluation(tiny_model_dir, tmp_path):
+    """A log file or CI gets a line per step and before each held-out evaluation (minutes on a CPU for a
+    real model), not only the final bar."""
+    small = ("--prompts-per-step", "2", "--group-size", "2", "--max-tokens", "8", "--eval-every", "1")
+    res = cli("train", "--model", str(tiny_model_dir), *small, "--steps", "2", "--out", "run", tmp=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "held-out evaluation of step 0 (128 problems)" in out and "held-out evaluation of step 1" in out
+    assert "step 1/2  reward" in out and "held-out" in out.split("step 1/2", 1)[1]
+    assert out.index("held-out evaluation of step 0") < out.index("step 1/2") < out.index("step 2/2")
+
+
 @pytest.mark.parametrize(
     ("args", "text"),
     [

@@ -3,6 +3,9 @@ one-line errors."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 from conftest import assert_one_line_error, cli
 
@@ -11,7 +14,7 @@ from rlbench.reproduce import registry
 from rlbench.reproduce import runner as runner_module
 from rlbench.reproduce.base import Context, Outcome
 from rlbench.reproduce.index import index_text
-from rlbench.reproduce.runner import reproduce
+from rlbench.reproduce.runner import reproduce, runnable_here
 from rlbench.reproduce.spec import load_specs, parse_spec
 
 SPEC = """
@@ -181,3 +184,29 @@ def test_the_readme_results_table_is_the_generated_index_of_the_committed_result
     assert text.startswith("intro\n") and text.endswith("end\n") and "stale" not in text
     assert "| [sortedrl-bubble](" in text and "rlbench/reproduce/specs/sortedrl-bubble.toml) | " in text
     assert "| not run | not run |" in text
+
+
+def test_real_model_claims_name_their_model_and_need_a_gpu_under_all():
+    specs = load_specs()
+    real = [n for n, s in specs.items() if s.needs_gpu]
+    assert set(real) == {n for n in specs if n.endswith("-smollm2")}
+    assert all(specs[n].model == "smollm2-135m-instruct" for n in real)
+    assert all(specs[n].model is None and not specs[n].needs_gpu for n in specs if n not in real)
+    on_cpu, left_out = runnable_here(specs, list(specs), all_=True, device="cpu")
+    assert left_out == real and not set(on_cpu) & set(real)
+    assert runnable_here(specs, list(specs), all_=True, device="cuda") == (list(specs), [])
+    assert runnable_here(specs, real[:1], all_=False, device="cpu") == (real[:1], [])  # named: it runs
+    index = index_text(specs, Path("/nonexistent"))
+    row = next(line for line in index.splitlines() if line.startswith(f"| **{real[0]}**"))
+    assert "| GPU only | not run |" in row
+
+
+def test_a_spec_model_is_the_default_and_the_command_names_only_an_override(tmp_path, monkeypatch):
+    monkeypatch.setitem(registry.RUNNERS, "toy", "test_reproduce:fake_runner")
+    spec = replace(parse_spec("toy", SPEC), model="embedded")
+    result = reproduce("toy", spec, tmp_path, device="cpu", quick=False, model=None)
+    assert result["command"] == "rlbench reproduce toy"
+    assert (tmp_path / "toy" / "cpu" / "work" / "origin.json").is_file()
+    assert read_json(tmp_path / "toy" / "cpu" / "work" / "origin.json")["model"] == "embedded"
+    other = reproduce("toy", spec, tmp_path / "o", device="cpu", quick=False, model="some-dir")
+    assert other["command"] == "rlbench reproduce toy --model some-dir"

@@ -60,6 +60,8 @@ class Trainer:
         self.step = 0
         self.logged: list[dict[str, Any]] = []  # finished steps a resume re-runs: rows kept, not re-logged
         self.heldout = self._heldout() if config.eval_every > 0 else None
+        # Told before each held-out evaluation (which can take minutes on a CPU), so a caller can say so.
+        self.on_evaluate: Callable[[int], None] | None = None
         if resume:
             self._resume()
 
@@ -84,6 +86,8 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Held-out greedy accuracy and pass@1 at the rollout temperature of the current policy."""
         assert self.heldout is not None
+        if self.on_evaluate is not None:
+            self.on_evaluate(self.step)
         return self.heldout.evaluate(self.config.temperature, self.config.eval_samples, seed=self.config.seed)
 
     # ---- state -------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ def reproduce_command(
     """Run reproductions: write <out>/<name>/<cpu|gpu>/result.json and report.html, and the index
     <out>/README.md."""
     from rlbench.reproduce.index import write_index
-    from rlbench.reproduce.runner import check_names
+    from rlbench.reproduce.runner import check_names, runnable_here
     from rlbench.reproduce.spec import load_specs
 
     if list_:
@@ -58,11 +58,10 @@ def reproduce_command(
     root = out or (QUICK_OUT if quick else Path("reports"))
     from rlbench.reproduce.runner import reproduce as run_one
 
-    if all_ and device == "cpu":
-        for name in [n for n in chosen if specs[n].needs_gpu]:
-            typer.echo(f"{name}: a real model at full size, left out on the CPU "
-                       f"(run it with `rlbench reproduce {name} --device cuda`)")  # fmt: skip
-            chosen.remove(name)
+    chosen, left_out = runnable_here(specs, chosen, all_, device)
+    for name in left_out:
+        typer.echo(f"{name}: a real model at full size, left out on the CPU "
+                   f"(run it with `rlbench reproduce {name} --device cuda`)")  # fmt: skip
     failed = []
     for name in chosen:
         typer.echo(f"== {name}")

@@ -37,6 +37,7 @@ class Workload:
     group_size: int = 8
     max_tokens: int = 200
     temperature: float = 1.0
+    task_options: tuple[tuple[str, Any], ...] = ()  # over the task's defaults
     histospec: tuple[tuple[str, Any], ...] = ()  # HistoSpec options (modes.py HISTOSPEC_OPTIONS)
     seed: int = 0
     seeds: int = 3  # seed, seed + 1, ...: the speed-up is a mean over them, with its sd
@@ -75,6 +76,7 @@ def make_trainers(w: Workload, model: str, device: str, folder: Path) -> dict[st
         mode: Trainer(
             TrainConfig(
                 task=w.task,
+                task_options=dict(w.task_options),
                 mode=mode,
                 model=model,
                 seed=w.seed,
@@ -173,9 +175,15 @@ def _drift(drift: dict[str, Any] | None) -> str:
     return f"{drift['ratio']:.2f}x apart" + (" (flagged)" if drift["flagged"] else "")
 
 
-def speedup(ctx: Context) -> Outcome:
+CPU_NOTE = (
+    "Rollout speed-up only: the paper's 2.61x is end to end on GPUs with 7B-32B models, where a "
+    "verification forward costs about what a decode step does. On this CPU a forward's cost grows "
+    "with the tokens it scores, so accepted drafts buy less."
+)
 
-    w = Workload.for_context(ctx)
+
+def speedup(ctx: Context, w: Workload | None = None, setting_note: str = CPU_NOTE) -> Outcome:
+    w = w or Workload.for_context(ctx)
     per_seed = {w.seed + k: run_epochs(ctx, replace(w, seed=w.seed + k)) for k in range(w.seeds)}
     summary = {s: from_epoch2(epochs) for s, epochs in per_seed.items()}
     gains = [r["speedup"] for r in summary.values() if r["speedup"] is not None]
@@ -221,9 +229,7 @@ def speedup(ctx: Context) -> Outcome:
         ],
         data={"epochs": epochs, "per_seed": {str(s): r for s, r in summary.items()}},
         notes=[
-            "Rollout speed-up only: the paper's 2.61x is end to end on GPUs with 7B-32B models, where a "
-            "verification forward costs about what a decode step does. On this CPU a forward's cost grows "
-            "with the tokens it scores, so accepted drafts buy less.",
+            setting_note,
             "Speculation is exact (histospec-lossless), so both runs' rewards may differ only through "
             "sampling noise of the same distribution.",
             f"The speed-up is the mean over {n} seed(s) of each seed's pooled epochs 2 on; acceptance pools "

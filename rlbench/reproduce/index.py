@@ -61,7 +61,9 @@ def table(
         claim = f"**{name}**: {spec.claim} ({spec.source})"
         if brief:
             claim = f"[{name}]({spec_prefix}{name}.toml)"
-        cpu_cell = "GPU only" if cpu is None and spec.needs_gpu else _cell(cpu, f"{prefix}{name}/cpu/report.html")
+        cpu_cell = _cell(cpu, f"{prefix}{name}/cpu/report.html")
+        if cpu is None and spec.needs_gpu:
+            cpu_cell = "GPU only"
         cells = [claim, spec.paper_value, cpu_cell,
                  _cell(gpu, f"{prefix}{name}/gpu/report.html"), verdict]  # fmt: skip
         rows.append("| " + " | ".join(cells if brief else [*cells, f"`rlbench reproduce {name}`"]) + " |")

@@ -20,6 +20,10 @@ RUNNERS = {
     "histospec-speedup": "rlbench.reproduce.histospec:speedup",
     "histopipe-balance": "rlbench.reproduce.histopipe:balance",
     "simulator-scale": "rlbench.reproduce.scale:scale",
+    "sortedrl-bubble-smollm2": "rlbench.reproduce.real_model:sortedrl_bubble",
+    "sortedrl-throughput-smollm2": "rlbench.reproduce.real_model:sortedrl_throughput",
+    "histospec-speedup-smollm2": "rlbench.reproduce.real_model:histospec_speedup",
+    "grpo-learning-smollm2": "rlbench.reproduce.real_model:learning",
 }
 
 

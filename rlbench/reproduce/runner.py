@@ -87,6 +87,15 @@ def check_names(names: list[str]) -> dict[str, Spec]:
     return specs
 
 
+def runnable_here(
+    specs: dict[str, Spec], chosen: list[str], all_: bool, device: str
+) -> tuple[list[str], list[str]]:
+    """The reproductions to run and those `--all` leaves out: on a CPU, the real-model ones (needs_gpu); a
+    reproduction named on the command line always runs."""
+    left_out = [n for n in chosen if all_ and device == "cpu" and specs[n].needs_gpu]
+    return [n for n in chosen if n not in left_out], left_out
+
+
 def reproduce(
     name: str, spec: Spec, out: Path, device: str, quick: bool, model: str | None, seed: int = 0
 ) -> dict[str, Any]:

@@ -41,6 +41,8 @@ class Workload:
     lr: float = 1e-5
     seed: int = 0
     seeds: int = 3  # seed, seed + 1, ...: every figure is a mean over them, with its sd
+    temperature: float = 1.0
+    task_options: tuple[tuple[str, Any], ...] = ()  # over the task's defaults: heavy-tailed arith
 
     @classmethod
     def for_context(cls, ctx: Context) -> Workload:
@@ -52,6 +54,8 @@ def mode_config(w: Workload, mode: str, model: str, device: str) -> Any:
     options = {"oversubscription": w.oversubscription, "max_staleness": w.max_staleness}
     config = TrainConfig(
         task="arith",
+        task_options=dict(w.task_options),
+        temperature=w.temperature,
         mode=mode,
         mode_options=options if mode != "baseline" else {},
         steps=w.steps,
@@ -163,8 +167,14 @@ def _table(runs: dict[str, dict[str, Any]], keys: list[str]) -> str:
     return table([{"mode": m, **{k: r[k] for k in keys}} for m, r in runs.items()])
 
 
-def bubble(ctx: Context) -> Outcome:
-    w = Workload.for_context(ctx)
+EMBEDDED_NOTE = (
+    "The embedded 0.9M-parameter model on CPU: bubble ratio is a property of the schedule and the "
+    "length distribution, so it transfers; absolute times do not."
+)
+
+
+def bubble(ctx: Context, w: Workload | None = None, setting_note: str = EMBEDDED_NOTE) -> Outcome:
+    w = w or Workload.for_context(ctx)
     per_seed = run_seeds(ctx, w)
     runs = pooled(per_seed)
     base = runs["baseline"]["bubble_ratio"]
@@ -198,8 +208,7 @@ def bubble(ctx: Context) -> Outcome:
             ("Where the slots idle", _timelines(ctx, w.seed)),
         ],
         notes=[
-            "The embedded 0.9M-parameter model on CPU: bubble ratio is a property of the schedule and the "
-            "length distribution, so it transfers; absolute times do not.",
+            setting_note,
             f"Figures are means over {n} seed(s) (the second table: per seed); the ratio to baseline is a "
             "ratio of means. Per-step bars and slot timelines are the first seed's.",
         ],
@@ -227,8 +236,8 @@ def _simulated_ratios(ctx: Context, w: Workload) -> dict[str, dict[str, float]]:
     return out
 
 
-def throughput(ctx: Context) -> Outcome:
-    w = Workload.for_context(ctx)
+def throughput(ctx: Context, w: Workload | None = None, setting_note: str | None = None) -> Outcome:
+    w = w or Workload.for_context(ctx)
     per_seed = run_seeds(ctx, w)
     runs = pooled(per_seed)
     # gains are paired within a seed (same prompts, same moment of the machine), then averaged
@@ -283,6 +292,7 @@ def throughput(ctx: Context) -> Outcome:
             ("Where the slots idle", _timelines(ctx, w.seed)),
         ],
         notes=[
+            *([setting_note] if setting_note else []),
             "Throughput counts every generated token, including those sorted discards and regenerates; the "
             "paper's +7.57% / +39.48% are on GPUs, where a decode step's cost barely grows with the batch, "
             "so filling idle slots is nearly free. On this CPU a step's cost grows with the batch, which "

@@ -1,0 +1,61 @@
+"""The real-model reproductions (rlbench/reproduce/real_model.py) at --quick size on the embedded model: the
+workloads carry the real setting (task options, temperature), every runner yields the numbers its spec's
+verdict reads, and the learning run is reused when repeated. The real runs need SmolLM2 on a GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlbench.reproduce import real_model, sortedrl
+from rlbench.reproduce.base import Context
+from rlbench.reproduce.spec import load_specs
+
+
+def quick(tmp_path: Path, lines: list[str] | None = None) -> Context:
+    say = lines.append if lines is not None else (lambda line: None)
+    return Context(device="cpu", quick=True, model="embedded", work_dir=tmp_path, progress=say)
+
+
+def test_the_real_workloads_train_on_the_setting_within_reach(tmp_path):
+    ctx = Context(device="cpu", quick=False, model=None, work_dir=tmp_path)
+    w = real_model.sortedrl_workload(ctx)
+    assert (w.max_tokens, w.seeds) == (512, 1)
+    config = sortedrl.mode_config(w, "sorted", "model-dir", "cpu")
+    assert config.task_options == {"min_ops": 1, "max_ops": 1} and config.temperature == 0.7
+    config.check()
+    options = real_model.learning_options(ctx)
+    assert options["task_option"] == ["min_ops=1", "max_ops=1"] and options["temperature"] == 0.7
+
+
+@pytest.mark.e2e
+def test_the_learning_claim_measures_held_out_accuracy_before_and_after(tmp_path):
+    lines: list[str] = []
+    outcome = real_model.learning(quick(tmp_path, lines))
+    m = outcome.measured
+    assert m["greedy_lift"] == pytest.approx(m["greedy_after"] - m["greedy_before"])
+    assert 0 <= m["greedy_before"] <= 1 and m["steps"] == 2 and m["samples"] == 2 * 2 * 4
+    verdict, reasons = load_specs()["grpo-learning-smollm2"].verdict(m)
+    assert verdict in ("reproduced", "not reproduced", "inconclusive") and len(reasons) == 2
+    assert outcome.config["task_option"] == ["min_ops=1", "max_ops=1"]
+    again: list[str] = []
+    assert real_model.learning(quick(tmp_path, again)).measured == m
+    assert any("reusing the finished learning run" in line for line in again)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("name", "runner"),
+    [
+        ("sortedrl-bubble-smollm2", real_model.sortedrl_bubble),
+        ("histospec-speedup-smollm2", real_model.histospec_speedup),
+    ],
+)
+def test_the_real_model_runners_yield_what_their_verdicts_read(tmp_path, name, runner):
+    outcome = runner(quick(tmp_path))
+    spec = load_specs()[name]
+    missing = [c.metric for c in spec.checks + spec.requires if c.metric not in outcome.measured]
+    assert not missing
+    assert outcome.config["task_options"] == (("min_ops", 1), ("max_ops", 1))
+    assert outcome.notes[0].startswith("A pretrained model on the setting within its reach")
