@@ -10,7 +10,6 @@ import os
 import socket
 import threading
 import time
-import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,8 @@ from benchmarks.fault_inputs import (
     write_suite,
     write_tiny_model,
 )
+from rlbench.cli import app_
+from rlbench.options import numeric_options
 
 # ---- hostile metrics servers -------------------------------------------------------------------------------
 
@@ -148,29 +149,6 @@ STUBS = {  # where each command's work starts: a value that reaches it was accep
 }
 
 
-def numeric_options() -> list[tuple[tuple[str, ...], str, type]]:
-    """(command path, flag, int or float) of every numeric option, walked from the Typer app."""
-    import typer.main
-
-    from rlbench.cli import app_
-
-    def walk(command: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
-        if hasattr(command, "commands"):
-            for name, sub in command.commands.items():
-                yield from walk(sub, (*path, name))
-        else:
-            yield path, command
-
-    found = []
-    for path, command in walk(typer.main.get_command(app_), ()):
-        for param in command.params:
-            annotation = param.type_descriptor.annotation
-            kinds = {int, float} & {annotation, *typing.get_args(annotation)}
-            if param.opts and kinds:
-                found.append((path, param.opts[0], kinds.pop()))
-    return found
-
-
 def option_fuzz(work: Path) -> Iterator[tuple[str, Check]]:
     model = write_tiny_model(work / "model")
     data = write_suite(work / "data")
@@ -194,7 +172,7 @@ def option_fuzz(work: Path) -> Iterator[tuple[str, Check]]:
         "generate": ("--model", str(model), "--prompt", "x", "--max-tokens", "2"),
         "embedded build": (),
     }
-    for path, flag, kind in numeric_options():
+    for path, flag, kind in numeric_options(app_):
         for value in FUZZ:
             yield f"{' '.join(path)} {flag}={value}", _fuzz(path, flag, kind, value, base[" ".join(path)])
 

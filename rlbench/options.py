@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, get_type_hints
 
 import typer
+import typer.main
 
 from reference_trainer.modes import MODES  # the registry alone: no torch
 
@@ -196,3 +198,24 @@ def with_run_options(func: Callable[..., Any]) -> Callable[..., Any]:
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in params}
     return command
+
+
+def numeric_options(app: typer.Typer) -> list[tuple[tuple[str, ...], str, type]]:
+    """(command path, flag, int or float) of every numeric option of every command of `app`: what the
+    option fuzzing (tests/test_option_fuzz.py, benchmarks/fault_fuzz.py) feeds bad numbers to."""
+
+    def walk(command: Any, path: tuple[str, ...]) -> Any:
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from walk(sub, (*path, name))
+        else:
+            yield path, command
+
+    found = []
+    for path, command in walk(typer.main.get_command(app), ()):
+        for param in command.params:
+            annotation = param.type_descriptor.annotation
+            kinds = {int, float} & {annotation, *typing.get_args(annotation)}
+            if param.opts and kinds:
+                found.append((path, param.opts[0], kinds.pop()))
+    return found

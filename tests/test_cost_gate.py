@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.gpu import SMOLLM2_SHAPE
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.graphs import StaticForward
@@ -109,20 +110,6 @@ def test_the_cost_table_is_timed_through_the_runner_steps(model, static, monkeyp
     assert engine.slots.num_free == 8
     monkeypatch.undo()
     assert [s.response_ids for s in engine.generate([[5, 6]] * 4, params)] == expected
-
-
-SMOLLM2_SHAPE = ModelConfig(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    max_position_embeddings=8192,
-    rms_norm_eps=1e-5,
-    rope_theta=100000.0,
-    tie_word_embeddings=True,
-)
 
 
 @pytest.mark.gpu

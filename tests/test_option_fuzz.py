@@ -10,36 +10,15 @@ starts: what this test checks is that validation happens up front, in one place 
 from __future__ import annotations
 
 import json
-import typing
 from pathlib import Path
 
 import pytest
-import typer.main
 from conftest import cli
 
 from rlbench.cli import app_
+from rlbench.options import numeric_options
 
 VALUES = ("0", "-3", "nan", "inf", "1e999", str(2**70))
-
-
-def numeric_options() -> list[tuple[tuple[str, ...], str, type]]:
-    """(command path, flag, int or float) of every numeric option of every command."""
-
-    def walk(command, path):
-        if hasattr(command, "commands"):
-            for name, sub in command.commands.items():
-                yield from walk(sub, (*path, name))
-        else:
-            yield path, command
-
-    found = []
-    for path, command in walk(typer.main.get_command(app_), ()):
-        for param in command.params:
-            annotation = param.type_descriptor.annotation
-            kinds = {int, float} & {annotation, *typing.get_args(annotation)}
-            if param.opts and kinds:
-                found.append((path, param.opts[0], kinds.pop()))
-    return found
 
 
 class Accepted(Exception):
@@ -102,7 +81,7 @@ STUBS = {  # where each command's work starts
     "generate": ["reference_trainer.engine.factory.build_rollout_engine"],
     "embedded build": ["reference_trainer.train.recipe.build"],
 }
-OPTIONS = numeric_options()
+OPTIONS = numeric_options(app_)
 
 
 def test_the_walk_finds_every_command_with_numbers():
