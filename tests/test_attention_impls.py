@@ -216,7 +216,8 @@ def test_gpu_benchmark_times_every_implementation_on_cpu(monkeypatch):
 def test_cuda_graphs_emit_the_same_tokens_with_every_implementation(layout, monkeypatch):
     """On CUDA (fp32, graphs captured, flex compiled): the same greedy tokens whatever the implementation."""
     torch.manual_seed(0)
-    model = DecoderLM(CONFIG).to("cuda")
+    # head_dim 16: the smallest that inductor's flex kernels are sure to take (CONFIG's is 8)
+    model = DecoderLM(ModelConfig(**{**vars(CONFIG), "hidden_size": 64, "head_dim": 16})).to("cuda")
     monkeypatch.setattr(kv_cache, "CONTIGUOUS_KV_BYTES", 0 if layout == "paged" else 2**40)
     prompts = [[1, *range(5, 5 + n)] for n in (3, 40, 12, 25, 7)]
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)

@@ -55,8 +55,8 @@ class EngineConfig:
     cuda_graphs: bool = True
     # Decode and verify attention (model/attention.py): "matmul" (gather + two matmuls), "sdpa" (gather + one
     # SDPA call) or "flex" (FlexAttention over the paged pool, no gather; compiled on CUDA, eager reference
-    # math on CPU: slow there). "auto" is "matmul" on CPU, where it measured fastest, and on CUDA too until
-    # benchmarks/gpu.py has measured the others there.
+    # math on CPU: slow there). "auto" is "matmul" on CPU, where it measured fastest (docs/limits.md), and
+    # on CUDA too until benchmarks/gpu.py has measured the others there.
     attention: str = "auto"
 
     def check(self) -> EngineConfig:

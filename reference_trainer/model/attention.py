@@ -16,9 +16,10 @@ from uninitialised memory would poison the row.
 Attention for few queries per row (decode, verify: Q <= SMALL_Q) has three implementations, chosen per
 forward (CachedBatch's `attention`, from `EngineConfig.attention`); all give the same result:
 * "matmul": read each row's K/V (gathered blocks, or a view of the slots), two batched matmuls and an fp32
-  softmax. The fastest on CPU (measured), and so far the engine's only choice (`resolve_attention`);
+  softmax. On CPU it ties sdpa at batch 1 and beats it at batch 32 (measured); what "auto" picks;
 * "sdpa": the same reads, then one `F.scaled_dot_product_attention` call;
-* "flex": FlexAttention (flex.py), straight over the paged pool through the block tables, with no gather.
+* "flex": FlexAttention (flex.py), straight over the paged pool through the block tables, with no gather
+  (compiled on CUDA; on CPU PyTorch's unfused reference, 10-100x slower: for tests).
 Prefill (Q > SMALL_Q) is SDPA over the gathered K/V whatever the choice: one fused kernel already.
 """
 
