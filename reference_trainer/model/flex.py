@@ -3,7 +3,7 @@
 The few-query path (attention.py, Q <= SMALL_Q) with `attention="flex"`. The query heads that share a KV
 head are folded into the query axis, as the matmul path does ([B, Hkv, g*Q, D], row g_i*Q + q_i is query
 q_i), so flex sees one query head per KV head: each K/V row is read once, and inductor's flex-decoding
-kernel, which wants a power-of-two head ratio (SmolLM2 has 3), applies to every model.
+kernel, which wants a power-of-two head ratio (SmolLM2 has 3), can apply to every model.
 
 * Paged cache: K/V are the layer's whole pool seen as one sequence, [1, Hkv, blocks * block_size, D], a
   view (no gather). As in PyTorch's paged-attention helper
@@ -21,14 +21,17 @@ sync, so it can run inside a CUDA graph capture (engine/graphs.py).
 
 Eager `flex_attention` is PyTorch's reference implementation: it materialises the scores over every key it
 is given (the whole pool, for a paged cache), behind a dynamo trace of its own on each call. Correct, and
-what CPU runs (tests), but no kernel to measure. On CUDA the op is compiled (`compiled_on`): one compile per
+what CPU runs (tests), but no kernel to measure. On CUDA the op is compiled (COMPILED_ON): one compile per
 static shape (dynamic=False, since inductor uses its decoding kernel only for a static batch; graphs.py
-runs static shapes anyway), done by graphs.py's warm-up run before a capture. Past dynamo's recompile limit
-a call falls back to the eager reference (correct, slow, memory-hungry over a big pool). Not measured on a
-GPU yet: compile counts, the kernel's choice of BLOCK_N for 16-position blocks (its main, non-decoding
-kernel needs BLOCK_N to divide the kv block size) and replay under CUDA graphs are the next GPU session's
-to check. On CPU, compiled flex works at a static shape but a second shape (dynamic) failed to build in
-torch 2.13 (a C++ compile error in inductor's CPU flex template), so CPU stays eager.
+runs static shapes anyway), done by graphs.py's warm-up run before a capture. The shapes are (batch
+bucket, width, pool size), more than dynamo's default 8 recompiles per function: flex calls raise the limit
+to RECOMPILE_LIMIT, past which dynamo runs the call uncompiled, i.e. the eager reference (correct, slow,
+memory-hungry over a big pool; with fullgraph=True it would raise instead, hence no fullgraph). Not
+measured on a GPU yet: compile counts and times, the kernel's choice of BLOCK_N for 16-position blocks
+(its main, non-decoding kernel needs BLOCK_N to divide the kv block size) and replay under CUDA graphs are
+the next GPU session's to check. On CPU, compiled flex works at a static shape, but a second shape
+(dynamic) failed to build in torch 2.13 (a C++ compile error in inductor's CPU flex template), so CPU stays
+eager.
 """
 
 from __future__ import annotations
@@ -42,11 +45,12 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 Q_TILE = 128  # rows of the block mask's query tiles (flex's default)
 SLOT_KV_TILE = 128  # the slot layout's kv tile: there the mask is plain causal, any tile size works
 COMPILED_ON = ("cuda",)  # device types on which flex runs compiled (see the module docstring)
+RECOMPILE_LIMIT = 64  # compiled shapes of flex per process (dynamo's default is 8)
 
 
 @functools.cache
 def _compiled() -> Callable[..., torch.Tensor]:
-    return torch.compile(flex_attention, dynamic=False, fullgraph=True)
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def _tiles(n: int, tile: int) -> int:
@@ -125,5 +129,9 @@ def slot_block_mask(
 
 def attend(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:
     """Folded queries [B, Hkv, g*Q, D] over keys/values [B or 1, Hkv, K, D]: [B, Hkv, g*Q, D]."""
-    run = _compiled() if qg.device.type in COMPILED_ON else flex_attention
-    return run(qg, keys, values, block_mask=block_mask, scale=qg.shape[-1] ** -0.5)  # type: ignore[return-value]
+    scale = qg.shape[-1] ** -0.5
+    if qg.device.type not in COMPILED_ON:
+        return flex_attention(qg, keys, values, block_mask=block_mask, scale=scale)  # type: ignore[return-value]
+    # Dynamo reads the limit when a call misses its cache, so patching around the call is enough.
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        return _compiled()(qg, keys, values, block_mask=block_mask, scale=scale)
