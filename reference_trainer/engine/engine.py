@@ -40,7 +40,7 @@ class Engine(RequestBook):
         tokenizer: object | None = None,
         trace: Trace | None = None,
     ) -> None:
-        config = config or EngineConfig()
+        config = (config or EngineConfig()).check()
         self.model = model.eval().fuse_projections()
         device = next(model.parameters()).device
         dtype = (

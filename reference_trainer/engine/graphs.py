@@ -39,8 +39,11 @@ def batch_buckets(capacity: int) -> list[int]:
 
 
 class StaticForward:
-    def __init__(self, model: DecoderLM, slots: SlotManager, max_width: int, capture: bool) -> None:
+    def __init__(
+        self, model: DecoderLM, slots: SlotManager, max_width: int, capture: bool, attention: str = "matmul"
+    ) -> None:
         self.model, self.slots, self.capture = model, slots, capture
+        self.attention = attention  # model/attention.py IMPLEMENTATIONS: every path is static-shape
         self.device = next(model.parameters()).device
         self.buckets = batch_buckets(slots.capacity)
         self.max_width = max_width
@@ -105,7 +108,9 @@ class StaticForward:
         return self.hidden[: bucket * width].view(bucket, width, -1), inputs
 
     def _forward(self, ids: torch.Tensor, starts: torch.Tensor, where: torch.Tensor, span: int) -> None:
-        hidden = self.model.hidden_cached(ids, starts, self.slots.cache, where, key_len=span)
+        hidden = self.model.hidden_cached(
+            ids, starts, self.slots.cache, where, key_len=span, attention=self.attention
+        )
         self.hidden[: ids.numel()].view_as(hidden).copy_(hidden)
 
     def _replay(self, shape: tuple[int, int, int], args: tuple) -> None:

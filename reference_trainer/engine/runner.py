@@ -18,6 +18,7 @@ from reference_trainer.engine.graphs import StaticForward
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.sequence import Sequence
 from reference_trainer.engine.transfers import PAD_ID, padded, upload
+from reference_trainer.model.attention import resolve_attention
 from reference_trainer.model.decoder import DecoderLM
 
 
@@ -37,9 +38,10 @@ class ModelRunner:
         self.config = config
         self.slots = slots
         self.device = next(model.parameters()).device
+        self.attention = resolve_attention(config.attention, self.device)  # decode and verify forwards
         self.static: StaticForward | None = None  # the graph path (graphs.py); None: own-shape forwards
         if config.cuda_graphs and self.device.type == "cuda":
-            self.static = StaticForward(model, slots, config.max_verify_tokens, capture=True)
+            self.static = StaticForward(model, slots, config.max_verify_tokens, True, self.attention)
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> Scored:
@@ -72,6 +74,7 @@ class ModelRunner:
             num_new=inputs["num_new"] if ragged else None,
             select=inputs["select"],
             key_len=max(starts) + width,
+            attention=self.attention,  # applies to short prefills too (width <= attention.SMALL_Q)
         )
         for seq in seqs:
             seq.num_cached = seq.length
@@ -166,6 +169,7 @@ class ModelRunner:
             contiguous=slot_range is not None,
             key_len=max(starts) + width,
             slot_range=slot_range,
+            attention=self.attention,
         ).view(len(rows) * width, -1)
         return (logits[inputs["order"]] if needs_order else logits), inputs
 

@@ -12,6 +12,15 @@
 Who owns which block or slot is the engine's business (engine/kv_cache.py). Both caches start zeroed and
 only ever hold finite K/V: masked positions are still multiplied (by a zero attention weight), and 0 * NaN
 from uninitialised memory would poison the row.
+
+Attention for few queries per row (decode, verify: Q <= SMALL_Q) has three implementations, chosen per
+forward (CachedBatch's `attention`, from `EngineConfig.attention`); all give the same result:
+* "matmul": read each row's K/V (gathered blocks, or a view of the slots), two batched matmuls and an fp32
+  softmax. On CPU it ties sdpa at batch 1 and beats it at batch 32 (measured); what "auto" picks;
+* "sdpa": the same reads, then one `F.scaled_dot_product_attention` call;
+* "flex": FlexAttention (flex.py), straight over the paged pool through the block tables, with no gather
+  (compiled on CUDA; on CPU PyTorch's unfused reference, 10-100x slower: for tests).
+Prefill (Q > SMALL_Q) is SDPA over the gathered K/V whatever the choice: one fused kernel already.
 """
 
 from __future__ import annotations
@@ -19,9 +28,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from reference_trainer.model import flex
 from reference_trainer.model.config import ModelConfig
 
-SMALL_Q = 32  # up to this many queries per row (decode, verification), attention is two plain matmuls
+SMALL_Q = 32  # up to this many queries per row (decode, verification) the `attention` choice applies
+IMPLEMENTATIONS = ("matmul", "sdpa", "flex")  # the few-query attention's implementations (see above)
+
+
+def resolve_attention(choice: str, device: torch.device) -> str:
+    """The implementation "auto" stands for on `device`; any other choice is itself. "matmul" everywhere:
+    on CPU it measured fastest; on CUDA nothing is measured yet (benchmarks/gpu.py's attention table will
+    say), so auto keeps today's path there too."""
+    if choice == "auto":
+        return "matmul"
+    if choice not in IMPLEMENTATIONS:
+        raise ValueError(f"attention must be auto or one of {', '.join(IMPLEMENTATIONS)}, got {choice!r}")
+    return choice
 
 
 def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
@@ -91,7 +113,8 @@ class CachedBatch:
     cache, its slot ([B]) for a slot cache; `contiguous` says those slots are a consecutive range, read as a
     view of the cache. For a slot cache the caller may pass what it knows on the host — `key_len` (positions
     attended to, at least every row's last position + 1) and `slot_range` (the range `rows` covers) —
-    since reading them from the device tensors would make the host wait for the device.
+    since reading them from the device tensors would make the host wait for the device. `attention`: the
+    few-query implementation (IMPLEMENTATIONS).
     """
 
     def __init__(
@@ -104,7 +127,14 @@ class CachedBatch:
         contiguous: bool = False,
         key_len: int | None = None,
         slot_range: tuple[int, int] | None = None,
+        attention: str = "matmul",
     ) -> None:
+        if attention not in IMPLEMENTATIONS:
+            raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {attention!r}")
+        self.num_q, self.start_pos = num_q, start_pos
+        self.flex = attention == "flex" and num_q <= SMALL_Q
+        self.sdpa = attention == "sdpa"
+        self.block_mask: flex.BlockMask | None = None
         device = start_pos.device
         offsets = torch.arange(num_q, device=device)
         self.positions = start_pos[:, None] + offsets[None, :]  # [B, Q]
@@ -119,6 +149,7 @@ class CachedBatch:
             flat = (rows.gather(1, block_of) * size + self.positions % size).reshape(-1)
             self.real = None if real is None else real.reshape(-1)
             self.write_index = flat if real is None else flat[self.real]
+            self.rows, self.block_size, self.pool_blocks = rows, size, cache.num_blocks
         else:
             self.slots = rows
             self.key_len = key_len if key_len is not None else int(self.positions.max().item()) + 1
@@ -130,10 +161,16 @@ class CachedBatch:
                 (slot_of, self.positions) if real is None else (slot_of[real], self.positions[real])
             )
             self.real = real
-        keys = torch.arange(self.key_len, device=device)
-        self.mask = keys[None, None, :] <= self.positions[:, :, None]  # [B, Q, K]
-        self.bias = torch.zeros(self.mask.shape, device=device).masked_fill(~self.mask, float("-inf"))
-        self._grouped: dict[int, torch.Tensor] = {1: self.bias}
+        if self.flex:  # each row's last real position: flex lists no block past it
+            self.last = start_pos + (num_q - 1 if num_new is None else num_new - 1)
+        else:  # flex masks by its own mask_mod
+            keys = torch.arange(self.key_len, device=device)
+            self.mask = keys[None, None, :] <= self.positions[:, :, None]  # [B, Q, K]
+            self.bias = torch.zeros(self.mask.shape, device=device).masked_fill(~self.mask, float("-inf"))
+            self._grouped: dict[tuple[int, bool], torch.Tensor] = {
+                (1, False): self.bias,
+                (1, True): self.mask,
+            }
         self._buffers: dict[int, torch.Tensor] = {}  # gather targets for K and V, shared by the layers
 
     def gather(self, pool: torch.Tensor, which: int) -> torch.Tensor:
@@ -152,12 +189,25 @@ class CachedBatch:
             torch.index_select(pool[head], 0, self.flat_tables, out=buffer[head])
         return buffer.view(heads, -1, self.key_len, dim)
 
-    def grouped_bias(self, group: int) -> torch.Tensor:
-        """The bias for g query heads per KV head folded into the query axis: [B, g*Q, K], row g_i*Q + q_i
-        is query q_i's. Built once per forward, not per layer."""
-        if group not in self._grouped:
-            self._grouped[group] = self.bias.repeat(1, group, 1)
-        return self._grouped[group]
+    def grouped_bias(self, group: int, boolean: bool = False) -> torch.Tensor:
+        """The bias (or boolean mask) for g query heads per KV head folded into the query axis: [B, g*Q, K],
+        row g_i*Q + q_i is query q_i's. Built once per forward, not per layer."""
+        if (group, boolean) not in self._grouped:
+            self._grouped[group, boolean] = (self.mask if boolean else self.bias).repeat(1, group, 1)
+        return self._grouped[group, boolean]
+
+    def flex_mask(self, group: int) -> flex.BlockMask:
+        """The flex block mask (flex.py), built by the first layer and shared by the rest."""
+        if self.block_mask is None:
+            if self.paged:
+                self.block_mask = flex.paged_block_mask(
+                    self.rows, self.start_pos, self.last, self.pool_blocks, self.block_size, self.num_q, group
+                )
+            else:
+                self.block_mask = flex.slot_block_mask(
+                    self.start_pos, self.last, self.key_len, self.num_q, group
+                )
+        return self.block_mask
 
 
 def write_and_attend(
@@ -172,41 +222,77 @@ def write_and_attend(
     positions; returns [B, Q, H * D]."""
     bsz, num_q, heads, dim = q.shape
     kv_heads = k.shape[2]
+    _write(k, v, k_cache, v_cache, batch)
+    if batch.flex and batch.paged:  # the pool itself, no gather (a cast only if the cache's dtype differs)
+        keys, values = (c.view(kv_heads, -1, dim)[None].to(q.dtype) for c in (k_cache, v_cache))
+        out = flex.attend(_fold(q, kv_heads), keys, values, batch.flex_mask(heads // kv_heads))
+        return _unfold(out, num_q)
     if batch.paged:
-        for new, pool in ((k, k_cache), (v, v_cache)):
-            flat = new.permute(2, 0, 1, 3).reshape(kv_heads, bsz * num_q, dim)  # [Hkv, B*Q, D]
-            if batch.real is not None:
-                flat = flat[:, batch.real]
-            pool.view(kv_heads, -1, dim).index_copy_(1, batch.write_index, flat.to(pool.dtype))
         keys, values = (batch.gather(pool, i).to(q.dtype) for i, pool in enumerate((k_cache, v_cache)))
         batch_first = False
-    else:
-        slot_of, pos = batch.write_at
-        for new, cache in ((k, k_cache), (v, v_cache)):
-            cache[slot_of, :, pos] = (new if batch.real is None else new[batch.real]).to(cache.dtype)
-        if batch.slot_range is not None:
-            lo, hi = batch.slot_range
-            keys, values = k_cache[lo:hi, :, : batch.key_len], v_cache[lo:hi, :, : batch.key_len]
-        else:  # slice before gathering: copy only the positions attended to, not whole slots
-            keys = k_cache[:, :, : batch.key_len].index_select(0, batch.slots)
-            values = v_cache[:, :, : batch.key_len].index_select(0, batch.slots)
-        keys, values = keys.to(q.dtype), values.to(q.dtype)  # [B, Hkv, K, D]
+    elif batch.slot_range is not None:
+        lo, hi = batch.slot_range
+        keys, values = k_cache[lo:hi, :, : batch.key_len], v_cache[lo:hi, :, : batch.key_len]
         batch_first = True
+    else:  # slice before gathering: copy only the positions attended to, not whole slots
+        keys = k_cache[:, :, : batch.key_len].index_select(0, batch.slots)
+        values = v_cache[:, :, : batch.key_len].index_select(0, batch.slots)
+        batch_first = True
+    keys, values = keys.to(q.dtype), values.to(q.dtype)  # [B, Hkv, K, D] (slots) or [Hkv, B, K, D] (paged)
     if num_q > SMALL_Q:  # prefill: SDPA's fused kernel wins
         keys, values = (keys, values) if batch_first else (keys.transpose(0, 1), values.transpose(0, 1))
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys, values, attn_mask=batch.mask[:, None], enable_gqa=kv_heads != heads
         )
         return out.transpose(1, 2).reshape(bsz, num_q, heads * dim)
-    # Few queries per row: two small batched matmuls beat SDPA's masked kernel on CPU. The query heads that
-    # share a KV head are folded into the query axis (HF's head order: kv head h serves h*g .. h*g+g-1), so
-    # each K/V row is read once. Batch dims are [B, Hkv] for the slot layout, [Hkv, B] for the paged one.
+    # Few queries per row. The query heads that share a KV head are folded into the query axis (HF's head
+    # order: kv head h serves h*g .. h*g+g-1), so each K/V row is read once and no GQA support is needed.
     group = heads // kv_heads
-    qg = q.reshape(bsz, num_q, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(bsz, kv_heads, -1, dim)
+    qg = _fold(q, kv_heads)
+    if batch.flex:  # slot cache: flex over the same reads
+        return _unfold(flex.attend(qg, keys, values, batch.flex_mask(group)), num_q)
+    if batch.sdpa:
+        keys, values = (keys, values) if batch_first else (keys.transpose(0, 1), values.transpose(0, 1))
+        # The boolean mask: a float one would have to be cast to the model's dtype first.
+        mask = batch.grouped_bias(group, boolean=True)[:, None]
+        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=dim**-0.5)
+        return _unfold(out, num_q)
+    # "matmul": two small batched matmuls beat SDPA's masked kernel on CPU. Batch dims are [B, Hkv] for the
+    # slot layout, [Hkv, B] for the paged one.
     bias = batch.grouped_bias(group)
     qg, bias = (qg, bias[:, None]) if batch_first else (qg.transpose(0, 1), bias[None])
     # The softmax runs in fp32 whatever the model's dtype (as HF's eager attention does).
     scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * dim**-0.5 + bias
     out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)  # [.., .., g*Q, D]
-    out = out if batch_first else out.transpose(0, 1)  # [B, Hkv, g*Q, D]
-    return out.view(bsz, kv_heads, group, num_q, dim).permute(0, 3, 1, 2, 4).reshape(bsz, num_q, heads * dim)
+    return _unfold(out if batch_first else out.transpose(0, 1), num_q)
+
+
+def _write(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: CachedBatch
+) -> None:
+    """Store the real new tokens' K/V ([B, Q, Hkv, D]) at their positions of each row's blocks or slot."""
+    bsz, num_q, kv_heads, dim = k.shape
+    if batch.paged:
+        for new, pool in ((k, k_cache), (v, v_cache)):
+            flat = new.permute(2, 0, 1, 3).reshape(kv_heads, bsz * num_q, dim)  # [Hkv, B*Q, D]
+            if batch.real is not None:
+                flat = flat[:, batch.real]
+            pool.view(kv_heads, -1, dim).index_copy_(1, batch.write_index, flat.to(pool.dtype))
+    else:
+        slot_of, pos = batch.write_at
+        for new, cache in ((k, k_cache), (v, v_cache)):
+            cache[slot_of, :, pos] = (new if batch.real is None else new[batch.real]).to(cache.dtype)
+
+
+def _fold(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """[B, Q, H, D] -> [B, Hkv, g*Q, D]: query heads folded into the query axis, row g_i*Q + q_i."""
+    bsz, num_q, heads, dim = q.shape
+    group = heads // kv_heads
+    return q.reshape(bsz, num_q, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(bsz, kv_heads, -1, dim)
+
+
+def _unfold(out: torch.Tensor, num_q: int) -> torch.Tensor:
+    """[B, Hkv, g*Q, D] -> [B, Q, H * D], the inverse of `_fold`."""
+    bsz, kv_heads, rows, dim = out.shape
+    group = rows // num_q
+    return out.view(bsz, kv_heads, group, num_q, dim).permute(0, 3, 1, 2, 4).reshape(bsz, num_q, -1)

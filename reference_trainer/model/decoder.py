@@ -200,6 +200,7 @@ class DecoderLM(nn.Module):
         contiguous: bool = False,
         key_len: int | None = None,
         slot_range: tuple[int, int] | None = None,
+        attention: str = "matmul",
     ) -> torch.Tensor:
         """Continue each row's sequence at start_pos[b], its K/V at rows[b] of the cache (its block table
         for a paged cache, its slot for a slot cache; attention.py): [B, Q] ids -> [B, Q, V] logits.
@@ -208,9 +209,10 @@ class DecoderLM(nn.Module):
         are computed but never stored. `select[b]` limits the logits to one position per row ([B, 1, V]),
         as prefill needs. `contiguous`: the slots are a consecutive range, read as a view of the cache.
         `key_len` and `slot_range`: host-side facts about a slot cache's rows (attention.CachedBatch).
+        `attention`: how decode and verify forwards attend (attention.IMPLEMENTATIONS; all agree).
         """
         hidden = self.hidden_cached(
-            input_ids, start_pos, cache, rows, num_new, select, contiguous, key_len, slot_range
+            input_ids, start_pos, cache, rows, num_new, select, contiguous, key_len, slot_range, attention
         )
         # Sampling works on fp32 logits whatever the model's dtype (one upcast here, a no-op for fp32).
         return self.logits(hidden).float()
@@ -226,10 +228,11 @@ class DecoderLM(nn.Module):
         contiguous: bool = False,
         key_len: int | None = None,
         slot_range: tuple[int, int] | None = None,
+        attention: str = "matmul",
     ) -> torch.Tensor:
         """`forward_cached` up to the final norm: [B, Q, H] hidden states, for `logits` to finish."""
         batch = CachedBatch(
-            start_pos, input_ids.shape[1], cache, rows, num_new, contiguous, key_len, slot_range
+            start_pos, input_ids.shape[1], cache, rows, num_new, contiguous, key_len, slot_range, attention
         )
         return self._hidden(input_ids, batch.positions, cache, batch, select)
 
