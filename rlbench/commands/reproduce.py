@@ -39,8 +39,8 @@ def reproduce_command(
 
     if list_:
         for name, spec in load_specs().items():
-            where = f"{'':26} GPU, {spec.model or 'embedded model'}\n" if spec.needs_gpu else ""
-            typer.echo(f"{name:26} {spec.paper_value}\n{where}{'':26} {spec.claim}")
+            where = f"{'':28} GPU, {spec.model or 'embedded model'}\n" if spec.needs_gpu else ""
+            typer.echo(f"{name:28} {spec.paper_value}\n{where}{'':28} {spec.claim}")
         return
     if device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
