@@ -140,7 +140,7 @@ FUZZ = ("0", "-3", "nan", "inf", "1e999", str(2**70))
 STUBS = {  # where each command's work starts: a value that reaches it was accepted by the checks up front
     "train": "rlbench.training.run_training",
     "profile": "rlbench.profiling.session.run_profile",
-    "compare": "rlbench.profiling.session.run_profile",
+    "compare": "rlbench.profiling.session.ProfileSession",  # after every check, before anything runs
     "observe": "rlbench.profiling.observe.observe",
     "simulate": "rlbench.simulate.workload.synthetic",
     "eval": "rlbench.eval.runner.run_eval",
