@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,8 @@ class Context:
         """What a finished run saved as work_dir/<name> for the same workload `key`, or None: a rerun of a
         killed or repeated reproduction reuses it instead of training again."""
         path = self.work_dir / name
-        if path.is_file() and (saved := read_json(path)).get("workload") == key and "result" in saved:
+        saved = read_json(path) if path.is_file() else {}
+        if saved.get("workload") == as_json(key) and "result" in saved:
             self.progress(f"reusing the finished {what}")
             return saved["result"]
         return None
@@ -44,6 +46,12 @@ class Context:
         """Save a finished run's `result` as work_dir/<name> under its workload `key` (see `finished`)."""
         write_json(self.work_dir / name, {"workload": key, "result": result})
         return result
+
+
+def as_json(value: Any) -> Any:
+    """`value` as it reads back from JSON (tuples become lists), so a saved workload compares equal to the
+    one that wrote it."""
+    return json.loads(json.dumps(value))
 
 
 @dataclass
