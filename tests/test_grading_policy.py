@@ -141,6 +141,13 @@ KK_CASES = [
     ("The only knight is Zoey. The knaves are Penelope and David.", True),
     ("**Zoey**: knight\n**Penelope**: knave\n**David**: knave", True),
     ("CONCLUSION: Zoey is truthful (a knight); Penelope is a knave; David is a knave.", True),
+    # cut off at the token limit, no stated answer: the reasoning never concluded (SmolLM2, kk-2ppl-017)
+    ("Zoey is a knight. Penelope is a knave. David is a knave.\nBut if Zoey is a knave, then David", False),
+    ("Zoey is a knight. Penelope is a knave.\nDavid is a knave. But if Zoey is a knight or", False),
+    # ...but a finished response whose last line is a statement still answers
+    ("Step 3: conclude.\nZoey is a knight (1)\nPenelope is a knave (2)\nDavid is a knave (3)", True),
+    ("Zoey is a knight, Penelope and David are knaves. Who lies? \"Penelope, who says 'David lies'?\"", True),
+    ("Zoey is a knight.\nPenelope (knave)\nDavid (knave)", True),
 ]  # fmt: skip
 
 

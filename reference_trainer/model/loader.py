@@ -31,8 +31,8 @@ def resolve_device(device: str) -> torch.device:
 def resolve_threads(threads: int | None) -> int:
     """torch's CPU threads: `threads`, or by default every usable core but one (at least one). More threads
     than free cores make OpenMP's spinning workers wait on each other whenever another process shares the
-    CPU; on a 2-core machine with other jobs running, 3 GRPO steps of the embedded model took 72-86 s on 2
-    threads and 15-22 s on 1 (docs/benchmarks.md, Threads)."""
+    CPU: on 2 cores beside one busy process, 3 GRPO steps of the embedded model took 25 s on 2 threads and
+    13 s on 1; alone, 9 s on 2 (docs/benchmarks.md, Threads)."""
     if threads is not None:
         return threads
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -14,7 +14,8 @@ sits in a sentence that supposes, reports or doubts ("If Zoey is a knight", "one
 knave", "Zoey says Oliver is a knave"). In a stated answer (block or CONCLUSION) the first role given to each
 person counts and reading stops once everyone has one, so later prose ("Note: one might think ...") cannot
 override it; a person given both roles, or hedged, before that makes the answer unreadable. In a response
-without a stated answer, the last statement about each person wins. Every person must get a role.
+without a stated answer, the last statement about each person wins, unless the response stops mid-sentence
+(cut at its token limit: then it never concluded, and states nothing). Every person must get a role.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from reference_trainer.tasks.answer_extraction import MAX_RESPONSE_CHARS
+from reference_trainer.tasks.answer_extraction import MAX_RESPONSE_CHARS, ends_complete
 
 _ROLE = r"(?P<role>(?i:knights?|knaves?))"
 # "Zoey is a knight or a knave", "... (it cannot be determined)": the person's role is left open.
@@ -102,12 +103,27 @@ def _statements(region: str, names: Sequence[str]) -> list[tuple[int, list[str],
     return sorted(found, key=lambda s: s[0])
 
 
+def _cut_off(text: str, names: Sequence[str]) -> bool:
+    """Does a response without a stated answer stop mid-sentence (cut at its token limit)? Its last
+    statements are then reasoning that never concluded, as for a math response (answer_extraction, rule 3),
+    unless its last line is itself a whole statement (`Zoey: knave`, a table row `| Zoey | Knight |`)."""
+    if ends_complete(
+        re.sub(r"[\"'”’)\]]+$", "", text.rstrip())
+    ):  # a sentence closed inside quotes or brackets
+        return False
+    last = text.rstrip().rsplit("\n", 1)[-1].strip()
+    last = re.sub(r"\s*(?:\(\d+\)|\|)$", "", last)  # a list number "(2)" or a table's bar after the statement
+    return not any(m.end() == len(last) for pattern in _patterns(names) for m in pattern.finditer(last))
+
+
 def parse_free_form_assignment(text: str, names: Sequence[str]) -> dict[str, bool] | None:
     """{name: is_knight} as the response states it (policy above); None unless every name gets a role."""
     if not names:
         return None
     region, stated = _answer_region(text[-MAX_RESPONSE_CHARS:])
     region = re.sub(r"[*`_]", "", region)  # markdown emphasis around names and roles
+    if not stated and _cut_off(region, names):
+        return None
     roles: dict[str, bool | None] = {}
     for _, people, knight in _statements(region, names):
         for person in people:
