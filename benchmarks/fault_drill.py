@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -90,6 +91,10 @@ def totals(results: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def main() -> None:
+    # Started in the background (`cmd &`, nohup) this process ignores SIGINT, and so would every command it
+    # starts: the Ctrl-C drills would then measure nothing. A handler here makes the commands' own default.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=RESULT)
     parser.add_argument("--only", action="append", choices=list(GROUPS), help="Run only these groups.")
