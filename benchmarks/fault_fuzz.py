@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.fault_inputs import (
-    TINY_RUN,
+    FUZZ_STUBS,
+    FUZZ_VALUES,
     Accepted,
     Check,
     Outcome,
     cli,
+    fuzz_base_args,
     one_line,
     write_suite,
     write_tiny_model,
@@ -136,44 +138,13 @@ def _observe(kinds: list[str]) -> Check:
 
 # ---- option fuzz -------------------------------------------------------------------------------------------
 
-FUZZ = ("0", "-3", "nan", "inf", "1e999", str(2**70))
-STUBS = {  # where each command's work starts: a value that reaches it was accepted by the checks up front
-    "train": "rlbench.training.run_training",
-    "profile": "rlbench.profiling.session.run_profile",
-    "compare": "rlbench.profiling.session.ProfileSession",  # after every check, before anything runs
-    "observe": "rlbench.profiling.observe.observe",
-    "simulate": "rlbench.simulate.workload.synthetic",
-    "eval": "rlbench.eval.runner.run_eval",
-    "generate": "reference_trainer.engine.factory.build_rollout_engine",
-    "embedded build": "reference_trainer.train.recipe.build",
-}
-
 
 def option_fuzz(work: Path) -> Iterator[tuple[str, Check]]:
     model = write_tiny_model(work / "model")
     data = write_suite(work / "data")
-    base = {
-        "train": ("--model", str(model), *TINY_RUN, "--steps", "1"),
-        "profile": ("--model", str(model), *TINY_RUN, "--steps", "1"),
-        "compare": ("--model", str(model), *TINY_RUN, "--steps", "1", "--modes", "baseline"),
-        "observe": ("127.0.0.1:9", "--duration", "1"),
-        "simulate": (
-            "--synthetic",
-            "--workers",
-            "1",
-            "--steps",
-            "1",
-            "--prompts",
-            "2",
-            "--modes",
-            "baseline",
-        ),
-        "eval": ("--suite", "amc23", "--data-dir", str(data), "--model", str(model), "--max-tokens", "2"),
-        "generate": ("--model", str(model), "--prompt", "x", "--max-tokens", "2"),
-        "embedded build": (),
-    }
+    base = fuzz_base_args(str(model), data)
     for path, flag, kind in numeric_options(app_):
-        for value in FUZZ:
+        for value in FUZZ_VALUES:
             yield f"{' '.join(path)} {flag}={value}", _fuzz(path, flag, kind, value, base[" ".join(path)])
 
 
@@ -181,7 +152,7 @@ def _fuzz(path: tuple[str, ...], flag: str, kind: type, value: str, base: tuple[
     def check(d: Path) -> Outcome:
         import importlib
 
-        module, _, name = STUBS[" ".join(path)].rpartition(".")
+        module, _, name = FUZZ_STUBS[" ".join(path)].rpartition(".")
         owner = importlib.import_module(module)
         real = getattr(owner, name)
 

@@ -109,6 +109,48 @@ def write_suite(data: Path, rows: int = 3, name: str = "amc23.jsonl") -> Path:
 
 TINY_RUN = ("--prompts-per-step", "1", "--group-size", "2", "--max-tokens", "4", "--eval-every", "0")
 
+# ---- option fuzz: shared with tests/test_option_fuzz.py -------------------------------------------------
+
+FUZZ_VALUES = ("0", "-3", "nan", "inf", "1e999", str(2**70))
+# Where each command's work starts: a value that reaches it was accepted by the checks up front.
+FUZZ_STUBS = {
+    "train": "rlbench.training.run_training",
+    "profile": "rlbench.profiling.session.run_profile",
+    "compare": "rlbench.profiling.session.ProfileSession",  # after every check, before anything runs
+    "observe": "rlbench.profiling.observe.observe",
+    "simulate": "rlbench.simulate.workload.synthetic",
+    "eval": "rlbench.eval.runner.run_eval",
+    "generate": "reference_trainer.engine.factory.build_rollout_engine",
+    "embedded build": "reference_trainer.train.recipe.build",
+}
+
+
+def fuzz_base_args(model: str, data: Path) -> dict[str, tuple[str, ...]]:
+    """Valid, cheap arguments for each command with numeric options (model: a model directory; data: a
+    folder with amc23.jsonl), beside which one option at a time is fuzzed."""
+    run = ("--model", model, *TINY_RUN)
+    return {
+        "train": (*run, "--steps", "1"),
+        "profile": (*run, "--steps", "1"),
+        "compare": (*run, "--steps", "1", "--modes", "baseline"),
+        "observe": ("127.0.0.1:9", "--duration", "1"),
+        "simulate": (
+            "--synthetic",
+            "--workers",
+            "1",
+            "--steps",
+            "1",
+            "--prompts",
+            "2",
+            "--modes",
+            "baseline",
+        ),
+        "eval": ("--suite", "amc23", "--data-dir", str(data), "--model", model, "--max-tokens", "2"),
+        "generate": ("--model", model, "--prompt", "x", "--max-tokens", "2"),
+        "embedded build": (),
+    }
+
+
 # ---- corrupt inputs ----------------------------------------------------------------------------------------
 
 CONFIG_LIES: list[tuple[str, Any]] = [

@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import cli
 
+from benchmarks.fault_inputs import FUZZ_STUBS, FUZZ_VALUES, fuzz_base_args
 from rlbench.cli import app_
 from rlbench.options import numeric_options
-
-VALUES = ("0", "-3", "nan", "inf", "1e999", str(2**70))
 
 
 class Accepted(Exception):
@@ -36,66 +35,23 @@ def setup(tiny_model_dir, tmp_path_factory) -> dict[str, tuple[str, ...]]:
     (data / "amc23.jsonl").write_text(
         json.dumps({"id": "a", "problem": "What is 1 + 1?", "answer": "2"}) + "\n"
     )
-    model = str(tiny_model_dir)
-    run = (
-        "--model",
-        model,
-        "--prompts-per-step",
-        "1",
-        "--group-size",
-        "2",
-        "--max-tokens",
-        "4",
-        "--eval-every",
-        "0",
-    )
-    return {
-        "train": (*run, "--steps", "1"),
-        "profile": (*run, "--steps", "1"),
-        "compare": (*run, "--steps", "1", "--modes", "baseline"),
-        "observe": ("127.0.0.1:9", "--duration", "1"),
-        "simulate": (
-            "--synthetic",
-            "--workers",
-            "1",
-            "--steps",
-            "1",
-            "--prompts",
-            "2",
-            "--modes",
-            "baseline",
-        ),
-        "eval": ("--suite", "amc23", "--data-dir", str(data), "--model", model, "--max-tokens", "2"),
-        "generate": ("--model", model, "--prompt", "x", "--max-tokens", "2"),
-        "embedded build": (),
-    }
+    return fuzz_base_args(str(tiny_model_dir), data)
 
 
-STUBS = {  # where each command's work starts
-    "train": ["rlbench.training.run_training"],
-    "profile": ["rlbench.profiling.session.run_profile"],
-    "compare": ["rlbench.profiling.session.ProfileSession"],
-    "observe": ["rlbench.profiling.observe.observe"],
-    "simulate": ["rlbench.simulate.workload.synthetic"],
-    "eval": ["rlbench.eval.runner.run_eval"],
-    "generate": ["reference_trainer.engine.factory.build_rollout_engine"],
-    "embedded build": ["reference_trainer.train.recipe.build"],
-}
 OPTIONS = numeric_options(app_)
 
 
 def test_the_walk_finds_every_command_with_numbers():
-    assert {" ".join(path) for path, _, _ in OPTIONS} == set(STUBS)
+    assert {" ".join(path) for path, _, _ in OPTIONS} == set(FUZZ_STUBS)
     assert len(OPTIONS) > 40
 
 
 @pytest.mark.parametrize(("path", "flag", "kind"), OPTIONS, ids=[f"{' '.join(p)} {f}" for p, f, _ in OPTIONS])
 def test_every_numeric_option_is_checked_up_front(path, flag, kind, setup, tmp_path, monkeypatch):
     name = " ".join(path)
-    for target in STUBS[name]:
-        monkeypatch.setattr(target, _accept)
+    monkeypatch.setattr(FUZZ_STUBS[name], _accept)
     outcomes = {}
-    for value in VALUES:
+    for value in FUZZ_VALUES:
         out = () if name in ("generate",) else ("--out", str(tmp_path / f"out{len(outcomes)}"))
         try:
             res = cli(*path, *setup[name], *out, f"{flag}={value}", tmp=tmp_path)
