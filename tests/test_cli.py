@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import ROOT, assert_one_line_error, cli
 
 from reference_trainer.errors import UserError
@@ -175,8 +176,15 @@ def test_rough_edges_a_new_user_hits(tmp_path, tiny_model_dir, monkeypatch):
     res = cli("--version")
     assert res.returncode == 0 and res.stdout.strip() == f"rlbench {rlbench.__version__}"
     out = tmp_path / "gpu-run"
-    assert_one_line_error(cli("profile", "--device", "cuda", "--out", str(out)), "CUDA is not available")
-    assert not out.exists()
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "amc23.jsonl").write_text('{"id": "a", "problem": "What is 1 + 1?", "answer": "2"}\n')
+    evaluate = ("eval", "--suite", "amc23", "--data-dir", str(data))
+    for command in (("profile",), ("compare", "--modes", "baseline"), evaluate):
+        if torch.cuda.is_available():
+            break
+        assert_one_line_error(cli(*command, "--device", "cuda", "--out", str(out)), "CUDA is not available")
+        assert not out.exists(), command
     (tmp_path / "cmp" / "sorted").mkdir(parents=True)
     (tmp_path / "cmp" / "sorted" / "trace.jsonl").write_text("")
     assert_one_line_error(cli("trace", "export", str(tmp_path / "cmp")), "one per mode: export")

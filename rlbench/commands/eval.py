@@ -67,10 +67,11 @@ def eval_command(
     out = out or Path("runs") / f"eval-{suite}"
     import torch  # the heavy imports, once every input has been checked
 
-    from reference_trainer.model.loader import resolve_threads
+    from reference_trainer.model.loader import resolve_device, resolve_threads
     from rlbench.eval import backends
     from rlbench.report.eval_report import write_eval_report
 
+    resolve_device(device)  # --device cuda without a GPU: one line, before the run directory exists
     torch.set_num_threads(resolve_threads(threads))
     with run_lock(out):  # one writer: a second eval (or train, profile) on --out is refused
         # A directory, a model name, or the embedded default model (shipped, checked against its SHA-256).
