@@ -107,9 +107,8 @@ def _cut_off(text: str, names: Sequence[str]) -> bool:
     """Does a response without a stated answer stop mid-sentence (cut at its token limit)? Its last
     statements are then reasoning that never concluded, as for a math response (answer_extraction, rule 3),
     unless its last line is itself a whole statement (`Zoey: knave`, a table row `| Zoey | Knight |`)."""
-    if ends_complete(
-        re.sub(r"[\"'”’)\]]+$", "", text.rstrip())
-    ):  # a sentence closed inside quotes or brackets
+    unquoted = re.sub(r"[\"'”’)\]]+$", "", text.rstrip())  # a sentence may close inside quotes or brackets
+    if ends_complete(unquoted):
         return False
     last = text.rstrip().rsplit("\n", 1)[-1].strip()
     last = re.sub(r"\s*(?:\(\d+\)|\|)$", "", last)  # a list number "(2)" or a table's bar after the statement

@@ -108,8 +108,8 @@ def _curve_figure(curve: list[dict[str, Any]]) -> Any:
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    for key, name, colour in (("greedy_acc", "greedy", PALETTE[0]), ("pass1", f"pass@1, T = {TEMPERATURE}",
-                                                                          PALETTE[1])):  # fmt: skip
+    lines = (("greedy_acc", "greedy", PALETTE[0]), ("pass1", f"pass@1, T = {TEMPERATURE}", PALETTE[1]))
+    for key, name, colour in lines:
         fig.add_trace(go.Scatter(x=[p["samples"] for p in curve], y=[p[key] for p in curve], name=name,
                                  mode="lines+markers", line={"color": colour}))  # fmt: skip
     fig.update_layout(title="Held-out accuracy against samples consumed", height=380, yaxis_tickformat=".0%",
