@@ -63,12 +63,16 @@ def test_pool_grows_keeping_its_blocks():
 
 def test_layout_follows_the_size_of_a_full_preallocation(monkeypatch):
     small = SlotManager(CONFIG, capacity=4, max_len=256, device=CPU, dtype=torch.float32)
-    # every slot at full length, and a scratch slot past the last
-    assert small.contiguous and small.cache.k[0].shape == (5, 2, 256, 8) and small.scratch == 4
+    # every slot at full length, and no more: the scratch slot waits for a static-shape forward
+    assert small.contiguous and small.cache.k[0].shape == (4, 2, 256, 8) and small.scratch is None
     small.allocate()
     b = small.allocate()
     small.reserve(b, 20)
     assert small.tables[b] == [16, 17] and small.blocks_in_use == 2  # slot 1's own run of blocks
+    small.cache.k[1][b] = 7.0
+    assert small.ensure_scratch() == 4 and small.ensure_scratch() == 4  # added once, past the last slot
+    assert small.cache.k[0].shape == (5, 2, 256, 8) and bool((small.cache.k[1][b] == 7.0).all())
+    assert not small.cache.k[1][4].any()
     monkeypatch.setattr(kv_cache, "CONTIGUOUS_KV_BYTES", 2**20)  # slots x max_len would exceed it: paged
     big = SlotManager(CONFIG, capacity=4, max_len=4096, device=CPU, dtype=torch.float32)
     assert not big.contiguous and big.cache.num_blocks < big.max_blocks

@@ -43,6 +43,7 @@ class StaticForward:
         self, model: DecoderLM, slots: SlotManager, max_width: int, capture: bool, attention: str = "matmul"
     ) -> None:
         self.model, self.slots, self.capture = model, slots, capture
+        self.scratch = slots.ensure_scratch()  # where padding rows write their K/V
         self.attention = attention  # model/attention.py IMPLEMENTATIONS: every path is static-shape
         self.device = next(model.parameters()).device
         self.buckets = batch_buckets(slots.capacity)
@@ -90,7 +91,7 @@ class StaticForward:
         span = self.span(max(starts) + width)
         pad = bucket - len(rows)
         blocks = self._blocks(span)
-        where = self.slots.where(slots, blocks) + [self.slots.scratch] * (pad * blocks)
+        where = self.slots.where(slots, blocks) + [self.scratch] * (pad * blocks)
         ids = padded(rows, width) + [PAD_ID] * (pad * width)
         inputs = upload(
             {"ids": ids, "starts": starts + [0] * pad, "rows": where, **extras}, self.device, into=self.inputs

@@ -14,8 +14,9 @@ Block tables are kept in both layouts (in the contiguous one a slot's blocks are
 accounting is the same. The pool never shrinks: a later batch of the same size reuses it.
 
 Each layout has one scratch place that no sequence owns: block 0 of the paged pool (also the padding of
-block tables, read but masked), an extra slot past the last in the contiguous one. Rows that only pad a
-batch to a static shape (engine/graphs.py) write their K/V there.
+block tables, read but masked), an extra slot past the last in the contiguous one, added only when a
+static-shape forward (engine/graphs.py) is built: rows that only pad a batch to a static shape write their
+K/V there, and nothing else does.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ class SlotManager:
         self.contiguous = contiguous
         self.cache: PagedKVCache | SlotKVCache
         if contiguous:
-            self.cache = SlotKVCache(config, capacity + 1, max_len, device, dtype)
-            self.scratch = capacity  # the extra slot
+            self.cache = SlotKVCache(config, capacity, max_len, device, dtype)
+            self.scratch: int | None = None  # the extra slot, made by `ensure_scratch` when first needed
             initial = 0
         else:
             initial = min(self.max_blocks, capacity * INITIAL_BLOCKS_PER_SLOT) + 1
@@ -65,6 +66,15 @@ class SlotManager:
         heapq.heapify(self._free)
         self._free_blocks = list(range(initial - 1, 0, -1))  # popped from the end: low blocks first
         self.tables: dict[int, list[int]] = {}
+
+    def ensure_scratch(self) -> int:
+        """The scratch place, made on first need. Only static-shape forwards (graphs.py) write padding rows,
+        so the contiguous layout adds its extra slot for them alone: at capacity 1 it would double the cache."""
+        if self.scratch is None:
+            assert isinstance(self.cache, SlotKVCache)
+            self.cache.add_slot()
+            self.scratch = self.capacity
+        return self.scratch
 
     @property
     def num_free(self) -> int:
@@ -134,4 +144,4 @@ class SlotManager:
             return list(slots)
         tables = [self.tables[s] for s in slots]
         width = width if width is not None else max(1, max(len(t) for t in tables))
-        return [b for t in tables for b in t[:width] + [self.scratch] * (width - len(t))]
+        return [b for t in tables for b in t[:width] + [self.ensure_scratch()] * (width - len(t))]

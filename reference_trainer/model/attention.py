@@ -99,6 +99,11 @@ class SlotKVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
 
+    def add_slot(self) -> None:
+        """One more slot past the last, zeroed (the existing slots keep their K/V)."""
+        self.k = [torch.cat([k, k.new_zeros((1, *k.shape[1:]))]) for k in self.k]
+        self.v = [torch.cat([v, v.new_zeros((1, *v.shape[1:]))]) for v in self.v]
+
     def read(self, layer: int, slot: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the slot's positions [0, num_tokens): [kv_head, n, head_dim]."""
         return self.k[layer][slot, :, :num_tokens], self.v[layer][slot, :, :num_tokens]
