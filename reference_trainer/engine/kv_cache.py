@@ -68,8 +68,9 @@ class SlotManager:
         self.tables: dict[int, list[int]] = {}
 
     def ensure_scratch(self) -> int:
-        """The scratch place, made on first need. Only static-shape forwards (graphs.py) write padding rows,
-        so the contiguous layout adds its extra slot for them alone: at capacity 1 it would double the cache."""
+        """The scratch place, made on first need. Only static-shape forwards (graphs.py) write padding
+        rows, so the contiguous layout adds its extra slot for them alone: at capacity 1 it would double
+        the cache."""
         if self.scratch is None:
             assert isinstance(self.cache, SlotKVCache)
             self.cache.add_slot()
