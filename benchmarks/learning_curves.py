@@ -10,8 +10,9 @@ Two studies, each with its own results file in --out (`runs`: {task, mode, seed,
 held_out_greedy_accuracy: {before, after}, curve}); a curve already there is kept unless --force, so a
 study can be built by several invocations and resumed:
 
-- lift (`learning_curves.json`): baseline on arith and kk for --lift-minutes, held-out evaluation every 10
-  steps. The claim: GRPO lifts held-out greedy accuracy.
+- lift (`learning_curves.json`): baseline on arith and kk for --lift-minutes of training (the steps' own
+  time; held-out evaluations come on top), held-out evaluation every 10 steps. The claim: GRPO lifts
+  held-out greedy accuracy.
 - parity (`parity_<task>.json`): on --parity-task (kk, the task of SortedRL's logic experiments) baseline /
   sorted / sorted-partial with 3 seeds and rhyme / sorted+rhyme with 1 seed, each for exactly
   --parity-steps steps (equal samples for every mode), evaluated every --parity-eval-every steps with one

@@ -1,12 +1,13 @@
-"""Learning-curve arithmetic (rlbench.reproduce.curves): accuracy at equal samples, samples to a target, and
-the benchmark's parity table."""
+"""Learning curves (rlbench.reproduce.curves): accuracy at equal samples, samples to a target, the
+benchmark's parity table, and a budgeted run that resumes after a kill."""
 
 from __future__ import annotations
 
 import pytest
 
 from benchmarks import learning_curves as lc
-from rlbench.reproduce.curves import accuracy_at, samples_to_reach
+from reference_trainer.trace.records import read_jsonl
+from rlbench.reproduce.curves import accuracy_at, run_curve, samples_to_reach
 
 CURVE = [
     {"step": 0, "samples": 0, "greedy_acc": 0.2, "pass1": 0.1},
@@ -59,3 +60,45 @@ def test_the_parity_table_compares_modes_at_the_samples_every_run_reached():
     assert baseline in rows
     sorted_ = "| sorted | 1 | 0.800 ± 0.000 | +0.200 | 500 (1/1 reached) | 33.3% fewer | 100,000 (2.50x) |"
     assert sorted_ in rows
+
+
+class _Killed(Exception):
+    pass
+
+
+# A small embedded-model run: 4 steps, checkpoints every 2, held-out evaluation at steps 0 and 2.
+TINY = {"task": "arith", "mode": "baseline", "seed": 0, "steps": 4, "prompts_per_step": 2,
+        "group_size": 2, "max_tokens": 24, "eval_every": 2, "eval_problems": 4, "eval_samples": 1,
+        "checkpoint_every": 2}  # fmt: skip
+NO_CLOCK = ("train_s", "wall_s")
+
+
+@pytest.mark.e2e
+def test_a_killed_curve_resumes_to_the_run_it_would_have_been(tmp_path):
+    whole = run_curve(tmp_path / "whole", progress=lambda line: None, **TINY)
+
+    def kill_after_step_2(line: str) -> None:  # logged, not checkpointed: the resume re-runs it, logs it once
+        if " step   2 " in line:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        run_curve(tmp_path / "cut", progress=kill_after_step_2, **TINY)
+    lines: list[str] = []
+    resumed = run_curve(tmp_path / "cut", progress=lines.append, **TINY)
+    assert lines[0] == "arith baseline s0: resuming at step 2" + lines[0].split("step 2")[1]
+    assert {k: v for k, v in resumed.items() if k not in NO_CLOCK} == {
+        k: v for k, v in whole.items() if k not in NO_CLOCK
+    }
+    assert [r["step"] for r in read_jsonl(tmp_path / "cut" / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+@pytest.mark.e2e
+def test_a_spent_budget_survives_the_resume(tmp_path):
+    options = {**TINY, "checkpoint_every": 1}
+    first = run_curve(tmp_path, minutes=1e-9, progress=lambda line: None, **options)
+    assert first["steps"] == 1 and first["train_s"] > 0  # the first step spends the budget
+    (tmp_path / "heldout.json").unlink()  # as if killed during the final evaluation
+    lines: list[str] = []
+    again = run_curve(tmp_path, minutes=1e-9, progress=lines.append, **options)
+    assert again["steps"] == 1 and again["curve"] == first["curve"]
+    assert len(lines) == 1 and "resuming at step 1" in lines[0]  # no step trained after the budget

@@ -80,13 +80,13 @@ def test_resume_after_kill_reproduces_uninterrupted_run(tiny_model_dir, tmp_path
     straight = Trainer(tiny_config(tiny_model_dir, 5, task=toy_task), tmp_path / "straight")
     straight.run()
 
-    def kill_after_step_3(row):
-        if row["step"] == 3:
-            raise Killed  # after step 3 was logged, before its checkpoint (checkpoints at 2 and 4)
+    def kill_after_step_2(row):
+        if row["step"] == 2:
+            raise Killed  # step 2 logged, and no checkpoint holds it (they follow 2 and 4 finished steps)
 
     with pytest.raises(Killed):
-        Trainer(tiny_config(tiny_model_dir, 5, task=toy_task), tmp_path / "killed").run(kill_after_step_3)
-    assert len(read_jsonl(tmp_path / "killed" / "metrics.jsonl")) == 4
+        Trainer(tiny_config(tiny_model_dir, 5, task=toy_task), tmp_path / "killed").run(kill_after_step_2)
+    assert len(read_jsonl(tmp_path / "killed" / "metrics.jsonl")) == 3
     resumed = Trainer(tiny_config(tiny_model_dir, 5, task=toy_task), tmp_path / "killed", resume=True)
     assert resumed.step == 2 and resumed.stream.next_index == 4
     resumed.run()

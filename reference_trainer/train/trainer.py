@@ -154,10 +154,10 @@ class Trainer:
         while self.step < self.config.steps:
             row = self.train_step()
             rows.append(row)
-            if on_step is not None:
-                on_step(row)
             if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
                 self._checkpoint()
+            if on_step is not None:  # after the checkpoint: a caller that stops the run here keeps it
+                on_step(row)
         summary_missing = not (self.out_dir / "heldout.json").is_file()  # a resume stopped before it
         if self.heldout is not None and self.step > 0 and (rows or summary_missing):
             self.write_heldout_summary()

@@ -2,14 +2,15 @@
 
 `run_curve` trains from the embedded model (or --model) with `rlbench train`'s defaults plus the given
 options, evaluating held-out greedy accuracy and pass@1 at step 0 and every eval_every steps
-(train/heldout.py), until `steps` or a wall-clock budget. Curves of several runs are compared at equal
-samples consumed (`accuracy_at`) and by the samples needed to reach a target accuracy (`samples_to_reach`).
-benchmarks/learning_curves.py and the sortedrl-accuracy reproduction both build on these.
+(train/heldout.py), until `steps` or a training-time budget (resumable). Curves of several runs are
+compared at equal samples consumed (`accuracy_at`) and by the samples needed to reach a target accuracy
+(`samples_to_reach`). benchmarks/learning_curves.py and the sortedrl-accuracy reproduction build on these.
 """
 
 from __future__ import annotations
 
 import fcntl
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.trace.records import read_json, read_jsonl, write_json
+from rlbench.reproduce.base import as_json
 from rlbench.training import build_config
 
 
@@ -41,29 +43,46 @@ def run_curve(
 ) -> dict[str, Any]:
     """Train one run (`options`: TrainConfig fields as `rlbench train` takes them: task, mode, seed, steps,
     eval_every, ...) into `out`; its held-out curve with the training reward and response length over the
-    steps since each evaluation."""
+    steps since each evaluation.
+
+    `minutes` budgets training time: the steps' own time (rollout, reward, update, sync; `step_time_s`),
+    not held-out evaluations or loading. A run killed midway (a time limit, Ctrl-C) continues from its
+    latest checkpoint when called again with the same options; the budget counts the logged steps, so the
+    resumed run stops at the step the whole run would have stopped at."""
     from reference_trainer.train.trainer import Trainer
 
     config = build_config(**options)
-    trainer = Trainer(config, out)
+    saved = out / "train_config.json"
+    resume = saved.is_file() and read_json(saved) == as_json(config.to_json())
+    trainer = Trainer(config, out, resume=resume)
     start = time.perf_counter()
     label = f"{config.task} {config.mode} s{config.seed}"
+    metrics = out / "metrics.jsonl"
+    before = read_jsonl(metrics)[: trainer.step] if resume and metrics.is_file() else []
+    spent = math.fsum(r["step_time_s"] for r in before)  # the steps the checkpoint holds
+    if trainer.step:
+        progress(f"{label}: resuming at step {trainer.step} ({spent / 60:.1f} min of training done)")
 
     def on_step(row: dict[str, Any]) -> None:
+        nonlocal spent
+        spent += row["step_time_s"]
         val = f" held-out {row['val/heldout_greedy_acc']:.3f}" if "val/heldout_greedy_acc" in row else ""
         progress(
             f"{label} step {row['step']:3d} reward {row['reward_mean']:.3f} "
             f"len {row['response_len_mean']:.0f} {row['step_time_s']:.1f}s{val}"
         )
-        if time.perf_counter() - start > minutes * 60:
+        if spent > minutes * 60:
             raise _Budget
 
     try:
+        if spent > minutes * 60:  # the budget ran out before the kill: only the final evaluation is left
+            raise _Budget
         trainer.run(on_step)
     except _Budget:  # the budget ends the run; finished steps are kept, and the final policy is evaluated
-        trainer.write_heldout_summary()
+        if not (out / "heldout.json").is_file():
+            trainer.write_heldout_summary()
     curve = read_json(out / "heldout.json")["curve"]
-    rows = read_jsonl(out / "metrics.jsonl")
+    rows = read_jsonl(metrics)
     for point in curve:  # training reward and response length over the steps since the previous point
         window = [r for r in rows if r["step"] < point["step"]][-config.eval_every :]
         point["train_reward"] = statistics.fmean(r["reward_mean"] for r in window) if window else None
@@ -75,7 +94,8 @@ def run_curve(
         "seed": config.seed,
         "steps": trainer.step,
         "samples": curve[-1]["samples"],
-        "wall_s": round(time.perf_counter() - start, 1),
+        "train_s": round(math.fsum(r["step_time_s"] for r in rows), 1),  # what `minutes` budgets
+        "wall_s": round(time.perf_counter() - start, 1),  # this call's, evaluations included
         "held_out_greedy_accuracy": {"before": curve[0]["greedy_acc"], "after": curve[-1]["greedy_acc"]},
         "held_out_pass1": {"before": curve[0]["pass1"], "after": curve[-1]["pass1"]},
         # what the rollouts generated for those samples: modes that oversubscribe or discard spend more
