@@ -83,6 +83,9 @@ def learning_options(ctx: Context) -> dict[str, Any]:
         "eval_every": ctx.pick(20, 1),
         "eval_problems": ctx.pick(256, 8),
         "eval_samples": ctx.pick(8, 2),
+        # a checkpoint writes the weights and AdamW's state (three copies of the weights) and a GPU step
+        # takes seconds: every 20 steps, a kill loses at most 19, and the run resumes there (run_curve)
+        "checkpoint_every": ctx.pick(20, 2),
     }
 
 
