@@ -51,13 +51,15 @@ def test_a_row_gives_ratios_busy_share_and_the_targets():
 
 @pytest.mark.e2e
 def test_the_benchmark_runs_on_a_tiny_cpu_model(tmp_path, monkeypatch, capsys):
+    # this checkout stands in for the before one: the side runs another checkout's code the same way
     argv = ["decode_step", "--device", "cpu", "--shape", "tiny", "--batches", "2", "--steps", "2",
-            "--repeats", "1", "--threads", "1", "--sides", "engine,hf-eager",
-            "--out", str(tmp_path)]  # fmt: skip
+            "--repeats", "1", "--threads", "1", "--sides", "engine,before,hf-eager",
+            "--engine-path", str(decode_step.ROOT), "--out", str(tmp_path)]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     decode_step.main()
     saved = json.loads((tmp_path / "decode_step.json").read_text())
     (row,) = saved["rows"]
-    assert saved["device"] == "cpu" and row["batch"] == 2 and set(row["cells"]) == {"engine", "hf-eager"}
-    assert row["step_ms"]["engine"] > 0 and row["step_ms"]["hf-eager"] > 0
+    assert saved["device"] == "cpu" and row["batch"] == 2
+    assert set(row["cells"]) == {"engine", "before", "hf-eager"}
+    assert all(ms > 0 for ms in row["step_ms"].values()) and row["before_over_engine"] > 0
     assert "| 2 |" in capsys.readouterr().out
