@@ -4,6 +4,7 @@ the whole benchmark on a tiny CPU model (its GPU columns need CUDA)."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from types import SimpleNamespace
 
@@ -61,5 +62,7 @@ def test_the_benchmark_runs_on_a_tiny_cpu_model(tmp_path, monkeypatch, capsys):
     (row,) = saved["rows"]
     assert saved["device"] == "cpu" and row["batch"] == 2
     assert set(row["cells"]) == {"engine", "before", "hf-eager"}
-    assert all(ms > 0 for ms in row["step_ms"].values()) and row["before_over_engine"] > 0
+    # two steps on a shared CPU: a difference of two timings, finite but of any sign; sizes are for GPUs
+    assert all(math.isfinite(ms) for ms in row["step_ms"].values()) and "before_over_engine" in row
+    assert all(len(cell["step_s_runs"]) == 1 for cell in row["cells"].values())
     assert "| 2 |" in capsys.readouterr().out
