@@ -124,6 +124,17 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def batch_sizes(text: str) -> list[int]:
+    """--batches: comma-separated positive integers."""
+    try:
+        sizes = [int(b) for b in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"want comma-separated batch sizes such as 1,64,256, got {text!r}")
+    return sizes
+
+
 def record(device: str) -> dict[str, Any]:
     if device == "cuda":
         return device_record()
@@ -135,7 +146,7 @@ def record(device: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", default="1,64,256")
+    parser.add_argument("--batches", type=batch_sizes, default="1,64,256")
     parser.add_argument("--engine-path", help="a checkout whose engine is the before column (e.g. d990e15)")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
@@ -156,14 +167,13 @@ def main() -> None:
     if args.engine_path and not (Path(args.engine_path) / "reference_trainer").is_dir():
         sys.exit(f"error: --engine-path {args.engine_path} holds no reference_trainer/ (an rlbench checkout)")
     shape = SMOLLM2_SHAPE if args.shape == "smollm2" else TINY_SHAPE
-    batches = [int(b) for b in args.batches.split(",")]
     info = record(args.device)
     print(info)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         save_model(DecoderLM(shape), Path(tmp) / "model")
-        for batch in batches:
+        for batch in args.batches:
             spec = {"model": str(Path(tmp) / "model"), "device": args.device, "repeats": args.repeats,
                     "prompts": prompts(batch, shape.vocab_size), "lengths": [SHORT, SHORT + args.steps],
                     "threads": args.threads}  # fmt: skip
