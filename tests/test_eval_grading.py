@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import grade_as_pool
 
 from reference_trainer.tasks import grading
 from reference_trainer.tasks.grading import (
@@ -38,12 +39,7 @@ def _rows(name: str) -> list[dict]:
 
 
 def _grade(response: str, gold: str) -> GradeResult:
-    """Graded as the pool grades: a math-verify timeout (a busy CPU) gets one retry, with the longer limit."""
-    result = grade_item(GradeItem("math", response, gold))
-    if result.error == grading.MATH_VERIFY_TIMED_OUT:
-        longer = grading.RETRY_VERIFY_TIMEOUT_S
-        result = grade_item(GradeItem("math", response, gold, verify_timeout_s=longer))
-    return result
+    return grade_as_pool(response, gold)
 
 
 def test_unboxed_answers_are_read_whole() -> None:

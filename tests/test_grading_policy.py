@@ -8,6 +8,7 @@ the issue's examples; `docs/eval.md` states the policy they pin down.
 from __future__ import annotations
 
 import pytest
+from conftest import grade_as_pool
 
 from reference_trainer.tasks.answer_extraction import ends_complete, locate_answer
 from reference_trainer.tasks.answer_forms import clean_value, number_from_words, text_only
@@ -152,7 +153,7 @@ KK_CASES = [
 
 
 def _math(response: str, gold: str) -> bool:
-    return grade_item(GradeItem("math", response, gold)).correct
+    return grade_as_pool(response, gold).correct
 
 
 @pytest.mark.parametrize(
