@@ -106,12 +106,12 @@ def test_resume_with_workers_matches_an_uninterrupted_run(tiny_model_dir, toy_ta
     class Kill(Exception):
         pass
 
-    def kill_in_second_step(row):
-        if row["step"] == 1:
+    def kill_after_first_step(row):  # told after the step's checkpoint: the resume starts at step 1
+        if row["step"] == 0:
             raise Kill
 
     with pytest.raises(Kill):
-        Trainer(config(tiny_model_dir, toy_task, steps=3), tmp_path / "killed").run(kill_in_second_step)
+        Trainer(config(tiny_model_dir, toy_task, steps=3), tmp_path / "killed").run(kill_after_first_step)
     resumed = Trainer(config(tiny_model_dir, toy_task, steps=3), tmp_path / "killed", resume=True)
     assert resumed.step == 1 and resumed.strategy.history.last  # placement history restored
     last = resumed.run()[-1]
