@@ -1,6 +1,7 @@
 """HistoSpec benchmark: GRPO for several epochs over a fixed prompt pool, plain vs HistoSpec in one process.
 
-    python -m benchmarks.histospec [--model DIR] [--epochs 4] [--pool 8] [--group 8]
+    python -m benchmarks.histospec [--model DIR] [--epochs 4] [--pool 8] [--group 8] [--lr LR]
+                                   [--task-option KEY=VALUE ...] [--temperature T]
 
 The `histospec-speedup` reproduction's runs (rlbench/reproduce/histospec.py), with this command's sizes:
 two trainers (`baseline` and `rhyme`) start from the same weights with the same seeds and take their steps
@@ -70,6 +71,9 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--lr", type=float, default=None, help="AdamW's rate (default: the trainer's, 1e-4)")
+    ap.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="task option (repeatable), e.g. max_ops=1")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -83,10 +87,12 @@ def main() -> None:
     )
     args = ap.parse_args()
     histospec = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.histospec)}
+    task_options = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.task_option)}
     torch.set_num_threads(args.threads)
     w = Workload(task=args.task, epochs=args.epochs, pool=args.pool, prompts_per_step=args.prompts_per_step,
                  group_size=args.group, max_tokens=args.max_tokens, temperature=args.temperature,
-                 histospec=tuple(sorted(histospec.items())), seed=args.seed, seeds=1)  # fmt: skip
+                 histospec=tuple(sorted(histospec.items())), seed=args.seed, seeds=1, lr=args.lr,
+                 task_options=tuple(sorted(task_options.items())))  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp_name:
         mdir, source = resolve_model(args.model)
         trainers = make_trainers(w, str(mdir), args.device, Path(tmp_name))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlbench.reproduce import real_model, sortedrl
+from rlbench.reproduce import histospec, real_model, sortedrl
 from rlbench.reproduce.base import Context
 from rlbench.reproduce.spec import load_specs
 
@@ -27,6 +27,17 @@ def test_the_real_workloads_train_on_the_setting_within_reach(tmp_path):
     config.check()
     options = real_model.learning_options(ctx)
     assert options["task_option"] == ["min_ops=1", "max_ops=1"] and options["temperature"] == 0.7
+    # every real-model run updates at the rate measured to learn there, not the embedded model's 1e-4
+    spec = real_model.histospec_workload(ctx)
+    assert options["lr"] == w.lr == spec.lr == 1e-5 and spec.task_options == w.task_options
+
+
+def test_histospec_runs_update_at_the_workload_rate(tiny_model_dir, tmp_path):
+    w = real_model.histospec_workload(Context(device="cpu", quick=True, model=None, work_dir=tmp_path))
+    trainers = histospec.make_trainers(w, str(tiny_model_dir), "cpu", tmp_path)
+    assert [t.updater.optimizer.param_groups[0]["lr"] for t in trainers.values()] == [1e-5, 1e-5]
+    default = histospec.make_trainers(histospec.Workload(), str(tiny_model_dir), "cpu", tmp_path / "default")
+    assert default["rhyme"].config.grpo.lr == 1e-4  # the embedded model's claims keep the trainer's rate
 
 
 @pytest.mark.e2e

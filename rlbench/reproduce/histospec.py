@@ -39,6 +39,9 @@ class Workload:
     temperature: float = 1.0
     task_options: tuple[tuple[str, Any], ...] = ()  # over the task's defaults
     histospec: tuple[tuple[str, Any], ...] = ()  # HistoSpec options (modes.py HISTOSPEC_OPTIONS)
+    lr: float | None = (
+        None  # None: the trainer's default (the embedded model's); a pretrained model wants less
+    )
     seed: int = 0
     seeds: int = 3  # seed, seed + 1, ...: the speed-up is a mean over them, with its sd
 
@@ -72,31 +75,32 @@ def epoch_metrics(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
 
 def make_trainers(w: Workload, model: str, device: str, folder: Path) -> dict[str, Trainer]:
     """The two runs: plain decoding (`baseline`) and HistoSpec (`rhyme`), alike in everything else."""
-    return {
-        mode: Trainer(
-            TrainConfig(
-                task=w.task,
-                task_options=dict(w.task_options),
-                mode=mode,
-                model=model,
-                seed=w.seed,
-                steps=w.pool // w.prompts_per_step * w.epochs,
-                prompts_per_step=w.prompts_per_step,
-                group_size=w.group_size,
-                max_tokens=w.max_tokens,
-                temperature=w.temperature,
-                max_num_seqs=w.prompts_per_step * w.group_size,
-                max_model_len=1024,
-                prompt_pool=w.pool,
-                eval_every=0,
-                checkpoint_every=10**9,
-                device=device,
-                mode_options={"histospec": dict(w.histospec)} if mode == "rhyme" and w.histospec else {},
-            ),
-            folder / mode,
+    configs = {
+        mode: TrainConfig(
+            task=w.task,
+            task_options=dict(w.task_options),
+            mode=mode,
+            model=model,
+            seed=w.seed,
+            steps=w.pool // w.prompts_per_step * w.epochs,
+            prompts_per_step=w.prompts_per_step,
+            group_size=w.group_size,
+            max_tokens=w.max_tokens,
+            temperature=w.temperature,
+            max_num_seqs=w.prompts_per_step * w.group_size,
+            max_model_len=1024,
+            prompt_pool=w.pool,
+            eval_every=0,
+            checkpoint_every=10**9,
+            device=device,
+            mode_options={"histospec": dict(w.histospec)} if mode == "rhyme" and w.histospec else {},
         )
         for mode in ("baseline", "rhyme")
     }
+    for config in configs.values():
+        if w.lr is not None:
+            config.grpo.lr = w.lr
+    return {mode: Trainer(config, folder / mode) for mode, config in configs.items()}
 
 
 def epoch_row(trainers: dict[str, Trainer], epoch: int, steps: range) -> dict[str, Any]:
