@@ -145,4 +145,5 @@ class SlotManager:
             return list(slots)
         tables = [self.tables[s] for s in slots]
         width = width if width is not None else max(1, max(len(t) for t in tables))
-        return [b for t in tables for b in t[:width] + [self.ensure_scratch()] * (width - len(t))]
+        scratch = self.ensure_scratch()  # block 0: always there in the paged layout
+        return [b for t in tables for b in t[:width] + [scratch] * (width - len(t))]
