@@ -15,7 +15,6 @@ model when built, else a random model of the same shape (said in the output).
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ from typing import Any
 import torch
 
 from benchmarks.common import resolve_model
+from reference_trainer.errors import UserError
+from reference_trainer.mode_options import parse_option_pairs
 from reference_trainer.trace.compare import DRIFT_TOLERANCE
 from reference_trainer.trace.records import write_json
 from rlbench.reproduce.histospec import Workload, epoch_row, make_trainers
@@ -86,8 +87,11 @@ def main() -> None:
         help="HistoSpec option (repeatable), e.g. min_confidence=0.5 max_draft=8",
     )
     args = ap.parse_args()
-    histospec = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.histospec)}
-    task_options = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.task_option)}
+    try:
+        histospec = parse_option_pairs(args.histospec, "--histospec")
+        task_options = parse_option_pairs(args.task_option, "--task-option")
+    except UserError as err:
+        ap.error(str(err))
     torch.set_num_threads(args.threads)
     w = Workload(task=args.task, epochs=args.epochs, pool=args.pool, prompts_per_step=args.prompts_per_step,
                  group_size=args.group, max_tokens=args.max_tokens, temperature=args.temperature,

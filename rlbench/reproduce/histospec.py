@@ -39,9 +39,7 @@ class Workload:
     temperature: float = 1.0
     task_options: tuple[tuple[str, Any], ...] = ()  # over the task's defaults
     histospec: tuple[tuple[str, Any], ...] = ()  # HistoSpec options (modes.py HISTOSPEC_OPTIONS)
-    lr: float | None = (
-        None  # None: the trainer's default (the embedded model's); a pretrained model wants less
-    )
+    lr: float | None = None  # None: the trainer's default (the embedded model's); pretrained ones want less
     seed: int = 0
     seeds: int = 3  # seed, seed + 1, ...: the speed-up is a mean over them, with its sd
 
@@ -75,8 +73,9 @@ def epoch_metrics(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
 
 def make_trainers(w: Workload, model: str, device: str, folder: Path) -> dict[str, Trainer]:
     """The two runs: plain decoding (`baseline`) and HistoSpec (`rhyme`), alike in everything else."""
-    configs = {
-        mode: TrainConfig(
+
+    def run_config(mode: str) -> TrainConfig:
+        config = TrainConfig(
             task=w.task,
             task_options=dict(w.task_options),
             mode=mode,
@@ -95,12 +94,11 @@ def make_trainers(w: Workload, model: str, device: str, folder: Path) -> dict[st
             device=device,
             mode_options={"histospec": dict(w.histospec)} if mode == "rhyme" and w.histospec else {},
         )
-        for mode in ("baseline", "rhyme")
-    }
-    for config in configs.values():
         if w.lr is not None:
             config.grpo.lr = w.lr
-    return {mode: Trainer(config, folder / mode) for mode, config in configs.items()}
+        return config
+
+    return {mode: Trainer(run_config(mode), folder / mode) for mode in ("baseline", "rhyme")}
 
 
 def epoch_row(trainers: dict[str, Trainer], epoch: int, steps: range) -> dict[str, Any]:
