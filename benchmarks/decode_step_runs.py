@@ -30,7 +30,9 @@ def engine_side(spec: dict[str, Any]) -> Callable[[int], None]:
     model = load_model(spec["model"], device=spec["device"])
     prompts = spec["prompts"]
     longest = max(map(len, prompts)) + spec["lengths"][-1] + 1
-    config = EngineConfig(max_num_seqs=len(prompts), max_model_len=longest, device=spec["device"])
+    # engine-eager: this checkout's engine with CUDA graphs off (the fall-back if capture fails on a GPU)
+    eager = {"cuda_graphs": False} if spec["side"] == "engine-eager" else {}
+    config = EngineConfig(max_num_seqs=len(prompts), max_model_len=longest, device=spec["device"], **eager)
     engine = Engine(model, config, eos_token_ids=[])
 
     def generate(tokens: int) -> None:
@@ -124,7 +126,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     side, device = spec["side"], spec["device"]
-    engine = side in ("engine", "before")
+    engine = side in ("engine", "engine-eager", "before")
     generate = engine_side(spec) if engine else transformers_side(spec, static=side == "hf-static")
     short, long = spec["lengths"]
     for tokens in (short, long):

@@ -224,7 +224,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu")
+    parser.add_argument("--tables", default="engine,verify,attention", help="which tables to make")
     args = parser.parse_args()
+    tables = set(args.tables.split(","))
+    if not tables or tables - {"engine", "verify", "attention"}:
+        sys.exit(f"error: --tables takes engine, verify and attention, got {args.tables!r}")
     if not torch.cuda.is_available():
         sys.exit("error: benchmarks/gpu.py needs a CUDA GPU")
     batches = [int(b) for b in args.batches.split(",")]
@@ -245,50 +249,56 @@ def main() -> None:
             [1] + torch.randint(3, 49152, (int(32 + (i * 7) % 33),), generator=gen).tolist()
             for i in range(max(batches))
         ]
-        print(
-            "| model | setting | batch | rlbench tok/s | transformers tok/s | ratio | peak GiB (ours / HF) |"
-        )
-        print("|---|---|---:|---:|---:|---:|---|")
-        rows = throughput(
-            embedded_label,
-            embedded,
-            arith,
-            batches,
-            args.max_tokens,
-            {"rollout (stop at EOS)": sorted(tokenizer.eos_token_ids), "fixed length": []},
-            args.repeats,
-        )
-        rows += throughput(
-            "SmolLM2-135M shape, random weights",
-            smol,
-            random_prompts,
-            batches,
-            args.max_tokens,
-            {"fixed length": []},
-            args.repeats,
-        )
-        write_json(args.out / "engine.json", {**record, "max_tokens": args.max_tokens, "rows": rows})
+        if "engine" in tables:
+            print(
+                "| model | setting | batch | rlbench tok/s | transformers tok/s | ratio "
+                "| peak GiB (ours / HF) |"
+            )
+            print("|---|---|---:|---:|---:|---:|---|")
+            rows = throughput(
+                embedded_label,
+                embedded,
+                arith,
+                batches,
+                args.max_tokens,
+                {"rollout (stop at EOS)": sorted(tokenizer.eos_token_ids), "fixed length": []},
+                args.repeats,
+            )
+            rows += throughput(
+                "SmolLM2-135M shape, random weights",
+                smol,
+                random_prompts,
+                batches,
+                args.max_tokens,
+                {"fixed length": []},
+                args.repeats,
+            )
+            write_json(args.out / "engine.json", {**record, "max_tokens": args.max_tokens, "rows": rows})
 
-        print("\n| model | batch | decode step | q=1 | q=2 | q=4 | q=8 | q=16 (verify cost / decode step) |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        costs = [verify_cost(embedded_label, embedded, batches)]
-        costs.append(verify_cost("SmolLM2-135M shape, random weights", smol, batches))
-        write_json(args.out / "verify_cost.json", {**record, "context": 256, "models": costs})
+        if "verify" in tables:
+            print(
+                "\n| model | batch | decode step | q=1 | q=2 | q=4 | q=8 | q=16 (verify cost / decode step) |"
+            )
+            print("|---|---:|---:|---:|---:|---:|---:|---:|")
+            costs = [verify_cost(embedded_label, embedded, batches)]
+            costs.append(verify_cost("SmolLM2-135M shape, random weights", smol, batches))
+            write_json(args.out / "verify_cost.json", {**record, "context": 256, "models": costs})
 
-        print("\n| attention | KV layout | batch | decode step (q=1) | verify (q=8) |")
-        print("|---|---|---:|---:|---:|")
-        attention_batches = [int(b) for b in args.attention_batches.split(",")]
-        rows = attention_table(load_model(smol, device="cuda"), attention_batches)
-        write_json(
-            args.out / "attention.json",
-            {
-                **record,
-                "model": "SmolLM2-135M shape, random weights",
-                "context": 256,
-                "auto_picks": resolve_attention("auto", torch.device("cuda")),
-                "rows": rows,
-            },
-        )
+        if "attention" in tables:
+            print("\n| attention | KV layout | batch | decode step (q=1) | verify (q=8) |")
+            print("|---|---|---:|---:|---:|")
+            attention_batches = [int(b) for b in args.attention_batches.split(",")]
+            rows = attention_table(load_model(smol, device="cuda"), attention_batches)
+            write_json(
+                args.out / "attention.json",
+                {
+                    **record,
+                    "model": "SmolLM2-135M shape, random weights",
+                    "context": 256,
+                    "auto_picks": resolve_attention("auto", torch.device("cuda")),
+                    "rows": rows,
+                },
+            )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,159 @@
+"""One GPU run, one command: the GPU path's correctness, speed and tests in stages under one deadline.
+
+    RLBENCH_COMMIT=<sha> python3 -m benchmarks.gpu_run --out DIR [--budget-s 540] [--stages a,b,...]
+                                                     [--engine-path OLD_CHECKOUT] [--dry-run]
+
+Made for a GPU machine lent for minutes, with no package index and no git history: it needs only torch,
+transformers, pytest and nvidia-ml-py, takes the commit from $RLBENCH_COMMIT, and runs each stage in a
+process of its own, capped in time (the stage's cap, and what is left of --budget-s), so one stage that
+hangs or fails costs only itself. After every stage DIR/gpu_run.json is rewritten with every stage's exit
+code, seconds, output tail and the JSON it wrote, so a call cut off at its limit still returns what
+finished. Stages, in order (docs/development.md, "On a GPU machine"):
+
+  checks     correctness first (benchmarks/gpu_checks.py): keyed sampler device = CPU bitwise, graph replay
+             = eager tokens at batch 64 and 256, syncs per decode step, bf16 logits against transformers
+  decode     the decode step at batch 1 / 64 / 256 (benchmarks/decode_step.py): ms, GPU busy share, launches
+             and copies per step; the engine before the GPU work (--engine-path) and transformers' eager
+             generate in the same run; the engine without graphs if capture fails
+  tests      `pytest -m gpu`
+  compare    `rlbench compare --device cuda` on the embedded model: the trainer end to end on the GPU
+  attention  the decode/verify step per attention implementation and the verify cost (benchmarks/gpu.py)
+  static     transformers' static-cache (compiled) generate against the engine, with the time left
+
+--dry-run runs the same stages on the CPU at tiny shapes (CI's rehearsal: tests/test_gpu_run.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.decode_step import record
+from reference_trainer.trace.records import write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+RESERVE_S = 10  # kept back from the budget for the last write
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    name: str
+    cap_s: int  # the most this stage may take
+    argv: list[str]
+    outputs: tuple[str, ...]  # JSON files (relative to --out) the stage writes, folded into gpu_run.json
+    min_s: int = 20  # not started with less time than this left
+
+
+def stages(out: Path, work: Path, dry_run: bool, engine_path: str | None) -> list[Stage]:
+    py = sys.executable
+    device = ["--device", "cpu", "--shape", "tiny"] if dry_run else []
+    batches = "2,4" if dry_run else "1,64,256"
+    before = ["--engine-path", engine_path] if engine_path else []
+    decode_sides = "engine,before,hf-eager" if engine_path else "engine,hf-eager"
+    steps = ["--steps", "4", "--repeats", "1"] if dry_run else ["--steps", "32", "--repeats", "3"]
+    compare_out = work / "compare-run"  # its traces and checkpoints stay out of --out: only its JSON returns
+    return [
+        Stage("checks", 150, [py, "-m", "benchmarks.gpu_checks", "--out", str(out), *device],
+              ("correctness.json",)),
+        Stage("decode", 220, [py, "-m", "benchmarks.decode_step", "--sides", decode_sides, "--batches",
+                              batches, *steps, *before, *device, "--out", str(out)], ("decode_step.json",)),
+        Stage("tests", 200, [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rfEs",
+                             str(ROOT / "tests")], ()),
+        Stage("compare", 120, [py, "-m", "rlbench.cli", "compare", "--modes", "baseline,sorted",
+                               "--steps", "3", "--device", "cpu" if dry_run else "cuda", "--out",
+                               str(compare_out)], (str(compare_out / "compare.json"),)),
+        Stage("attention", 150, ([py, "-c", "print('the attention table needs CUDA')"] if dry_run else
+                                 [py, "-m", "benchmarks.gpu", "--tables", "attention,verify", "--batches",
+                                  "1,64", "--attention-batches", batches, "--out", str(out)]),
+              ("attention.json", "verify_cost.json")),
+        Stage("static", 200, [py, "-m", "benchmarks.decode_step", "--sides", "engine,hf-static", "--batches",
+                              "2" if dry_run else "1,64", *steps, *device, "--out", str(out / "static")],
+              ("static/decode_step.json",), min_s=60),
+    ]  # fmt: skip
+
+
+def tail(text: str, chars: int = 4000) -> str:
+    return text[-chars:]
+
+
+def run_stage(stage: Stage, timeout_s: float, out: Path, log: Path) -> dict[str, Any]:
+    start = time.perf_counter()
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # carried wheels too
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    with log.open("a") as sink:
+        sink.write(f"\n===== {stage.name}: {' '.join(stage.argv)} (up to {timeout_s:.0f} s)\n")
+        sink.flush()
+        try:
+            done = subprocess.run(stage.argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=timeout_s,
+                                  check=False)  # fmt: skip
+            output, rc = done.stdout, done.returncode
+        except subprocess.TimeoutExpired as expired:
+            raw = expired.stdout or b""
+            output = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+            rc = "timeout"
+        sink.write(output)
+    result: dict[str, Any] = {
+        "rc": rc,
+        "seconds": round(time.perf_counter() - start, 1),
+        "tail": tail(output),
+    }
+    for name in stage.outputs:
+        path = out / name  # an absolute name stays itself
+        if path.is_file():
+            result.setdefault("results", {})[name] = json.loads(path.read_text())
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=540.0, help="the whole run's deadline")
+    parser.add_argument("--stages", default="", help="comma-separated subset, in the order above")
+    parser.add_argument("--engine-path", help="a checkout whose engine is the decode table's before column")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/rlbench-gpu-run"), help="runs' own files")
+    parser.add_argument("--dry-run", action="store_true", help="the same stages on the CPU at tiny shapes")
+    args = parser.parse_args()
+    deadline = time.perf_counter() + args.budget_s
+    plan = stages(args.out.resolve(), args.work.resolve(), args.dry_run, args.engine_path)
+    if args.stages:
+        wanted = args.stages.split(",")
+        unknown = set(wanted) - {s.name for s in plan}
+        if unknown:
+            sys.exit(
+                f"error: --stages takes {', '.join(s.name for s in plan)}; not {', '.join(sorted(unknown))}"
+            )
+        plan = [s for s in plan if s.name in wanted]
+    if not args.dry_run:
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("error: benchmarks.gpu_run needs a CUDA GPU (--dry-run rehearses it on the CPU)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "gpu_run.log"
+    summary: dict[str, Any] = {**record("cpu" if args.dry_run else "cuda"), "dry_run": args.dry_run,
+                               "budget_s": args.budget_s, "stages": {}}  # fmt: skip
+    for stage in plan:
+        left = deadline - time.perf_counter() - RESERVE_S
+        if left < stage.min_s:
+            summary["stages"][stage.name] = {"rc": "skipped", "why": f"{left:.0f} s left of the budget"}
+        else:
+            print(f"[gpu_run] {stage.name} (up to {min(stage.cap_s, left):.0f} s)", flush=True)
+            summary["stages"][stage.name] = run_stage(stage, min(stage.cap_s, left), args.out, log)
+            print(f"[gpu_run] {stage.name}: rc {summary['stages'][stage.name]['rc']} in "
+                  f"{summary['stages'][stage.name]['seconds']} s", flush=True)  # fmt: skip
+        write_json(args.out / "gpu_run.json", summary)
+    failed = [name for name, s in summary["stages"].items() if s["rc"] not in (0, "skipped")]
+    print(f"[gpu_run] done: {len(plan) - len(failed)} of {len(plan)} stages ok" +
+          (f"; failed: {', '.join(failed)}" if failed else ""))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
