@@ -211,11 +211,18 @@ def numeric_options(app: typer.Typer) -> list[tuple[tuple[str, ...], str, type]]
         else:
             yield path, command
 
+    def kind(param: Any) -> type | None:
+        # typer >= 0.24 keeps the annotation (`type_descriptor`); older typers (a GPU image's, where reading
+        # it stopped test collection) have only click's parameter type, named "integer", "float range"...
+        if (descriptor := getattr(param, "type_descriptor", None)) is not None:
+            kinds = {int, float} & {descriptor.annotation, *typing.get_args(descriptor.annotation)}
+            return kinds.pop() if kinds else None
+        name = getattr(getattr(param, "type", None), "name", "")
+        return {"integer": int, "integer range": int, "float": float, "float range": float}.get(name)
+
     found = []
     for path, command in walk(typer.main.get_command(app), ()):
         for param in command.params:
-            annotation = param.type_descriptor.annotation
-            kinds = {int, float} & {annotation, *typing.get_args(annotation)}
-            if param.opts and kinds:
-                found.append((path, param.opts[0], kinds.pop()))
+            if param.opts and (found_kind := kind(param)):
+                found.append((path, param.opts[0], found_kind))
     return found
