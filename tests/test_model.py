@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from conftest import write_hf_checkpoint
 
 from reference_trainer.errors import ModelLoadError
 from reference_trainer.model.loader import load_model, save_model
@@ -135,3 +136,35 @@ def test_bad_model_dirs(tmp_path, llama_dir):
     (tmp_path / "model.safetensors").write_bytes((llama_dir / "model.safetensors").read_bytes())
     with pytest.raises(ModelLoadError, match="do not match"):
         load_model(tmp_path)
+
+
+def test_rope_inv_freq_stays_fp32_in_bf16_and_matches_transformers_past_position_1000(tmp_path):
+    """Casting the model to bf16 (loader, engine factory, rollout workers) keeps inv_freq fp32 and exact: in
+    bf16 RoPE's angle at position 1,000 would be off by about a radian. cos/sin at positions 1,000-3,000 equal
+    transformers' own rotary embedding of the same bf16 model, and the exact angles to bf16 rounding."""
+    from transformers import AutoModelForCausalLM
+
+    from reference_trainer.model.decoder import rope_inv_freq
+
+    path = write_hf_checkpoint(tmp_path / "llama", "llama", max_position_embeddings=4096)
+    ours = load_model(path, dtype="bfloat16")
+    assert ours.inv_freq.dtype == torch.float32
+    assert torch.equal(ours.inv_freq, rope_inv_freq(ours.config))
+    assert torch.equal(ours.to(torch.float16).to(torch.bfloat16).inv_freq, rope_inv_freq(ours.config))
+    positions = torch.arange(1000, 3000)[None]
+    cos, sin = ours._rope(positions, torch.bfloat16)
+    theirs = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    x = torch.zeros(1, positions.shape[1], 8, dtype=torch.bfloat16)
+    their_cos, their_sin = theirs.model.rotary_emb(x, positions)
+    half, step = ours.config.head_dim // 2, 2**-8  # a bf16 step at magnitudes up to 1
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return bool(((a.double() - b.double()).abs() <= step).all())
+
+    assert close(cos[0, :, 0], their_cos[0]) and close(sin[0, :, 0, half:], their_sin[0, :, half:])
+    assert close(sin[0, :, 0, :half], -their_sin[0, :, :half])  # stored negated for `rotate`
+    exact = positions[0, :, None].double() * rope_inv_freq(ours.config).double()
+    assert close(cos[0, :, 0, :half], exact.cos()) and close(sin[0, :, 0, half:], exact.sin())
+    # the fp32 buffer is what keeps it so: the same angles from a bf16 inv_freq are off by up to a radian
+    drifted = positions[0, :, None].double() * rope_inv_freq(ours.config).bfloat16().double()
+    assert (drifted - exact).abs().max() > 1.0

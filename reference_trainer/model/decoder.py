@@ -30,6 +30,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:  # one fused kernel (fp32 inside, the weight applied before the one rounding)
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         # HF's order (normalise in fp32, cast back, then scale); F.rms_norm's fp32 result is bit-identical to
         # x * rsqrt(mean(x^2) + eps) and one fused op instead of six.
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
@@ -57,10 +59,15 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Apply RoPE in HF's rotate-half layout. x: [B, T, H, D]; cos/sin: [B, T, 1, D]."""
+    """Apply RoPE in HF's rotate-half layout. x: [B, T, H, D]; cos and `sin`: [B, T, 1, D], where `sin`
+    has its first half negated (DecoderLM._rope), so that HF's x * cos + cat(-x2, x1) * sin is
+    x * cos + cat(x2, x1) * sin: bit-identical, without the negation's kernel. On CUDA the product and sum
+    are one addcmul (one rounding instead of two: three kernels in all)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    if x.is_cuda:
+        return torch.addcmul(x * cos, swapped, sin)
+    return x * cos + swapped * sin
 
 
 class Attention(nn.Module):
@@ -87,7 +94,10 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         cache: PagedKVCache | SlotKVCache | None = None,
         batch: CachedBatch | None = None,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The attention's output, plus `residual` where given (on the inference path on CUDA, added in the
+        output projection's GEMM)."""
         bsz, seq, _ = x.shape
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         if self.qkv is None or torch.is_grad_enabled():
@@ -110,8 +120,8 @@ class Attention(nn.Module):
         else:
             out = write_and_attend(q, k, v, cache.k[self.layer_idx], cache.v[self.layer_idx], batch)
         if self.out is None or torch.is_grad_enabled():
-            return self.o_proj(out)
-        return self.out(out)
+            return self.o_proj(out) if residual is None else residual + self.o_proj(out)
+        return self.out(out) if residual is None else self.out.add_to(residual, out)
 
 
 class MLP(nn.Module):
@@ -123,11 +133,17 @@ class MLP(nn.Module):
         self.gate_up: InferenceLinear | None = None  # inference only (fuse_projections)
         self.down: InferenceLinear | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLP's output, plus `residual` where given (fused as in Attention.forward)."""
         if self.gate_up is None or self.down is None or torch.is_grad_enabled():
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return out if residual is None else residual + out
         gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return (
+            self.down(F.silu(gate) * up)
+            if residual is None
+            else self.down.add_to(residual, F.silu(gate) * up)
+        )
 
 
 class DecoderLayer(nn.Module):
@@ -139,8 +155,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, cache=None, batch=None):  # type: ignore[no-untyped-def]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(self.input_layernorm(x), cos, sin, cache, batch, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class Backbone(nn.Module):
@@ -165,9 +181,22 @@ class DecoderLM(nn.Module):
         self.head: InferenceLinear | None = None  # inference only (fuse_projections)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of each position's angles, [B, T, 1, D], computed in fp32 (as transformers does, from
+        an fp32 `inv_freq`: see `_apply`) and then cast; sin's first half negated for `rotate`."""
         freqs = positions[..., None].float() * self.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)[:, :, None]  # [B, T, 1, D]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        sin = emb.sin()
+        sin[..., : freqs.shape[-1]].neg_()
+        return emb.cos().to(dtype), sin.to(dtype)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        """`.to(dtype)`, `.half()`, `.cuda()` and the like move `inv_freq` but keep it fp32 and exact: cast
+        to bf16 with the weights, RoPE's angle at position 1,000 would be off by over a radian (transformers
+        keeps its inv_freq fp32 for this reason)."""
+        super()._apply(fn, recurse)
+        if self.inv_freq.device.type != "meta" and self.inv_freq.dtype != torch.float32:
+            self.inv_freq = rope_inv_freq(self.config).to(self.inv_freq.device)
+        return self
 
     def _hidden(self, input_ids, positions, cache=None, batch=None, select=None):  # type: ignore[no-untyped-def]
         x = self.model.embed_tokens(input_ids)

@@ -1,0 +1,214 @@
+"""Kernels per decode step as a GPU would launch them, counted at PyTorch's dispatcher without a GPU.
+
+    python -m benchmarks.kernel_count [--device cuda|meta] [--batches 1,64,256] [--out FILE]
+
+A decode step of the engine is run with every tensor on a device that holds no data: `cuda` under
+FakeTensorMode (needs a CUDA build of torch, which installs and runs on a machine without a GPU), or `meta`
+(any build). A TorchDispatchMode sees each ATen op after autograd and composite decompositions, i.e. what
+a device backend is asked to run; ops that only make views or allocate (view, permute, slice, expand,
+empty, ...) launch nothing and are not counted; every other op counts as one kernel launch. The ops run
+inside `StaticForward._forward` are what a CUDA graph captures (replayed as one graph launch); the rest of
+the step (the step's upload, the LM head over the sampled rows, the sampler, the read-back) runs outside.
+Flex attention's compiled call is counted as FLEX_KERNELS (inductor's decoding kernel and its reduction).
+
+On `meta` a composite op may decompose differently than on `cuda` (e.g. rms_norm, which has a fused CUDA
+kernel), so the budgets are stated for `cuda`; tests/test_kernel_budget.py holds the meta counts, which CI
+can make, to the same budget as a guard. The engine's tokens are read back as zeros (there is no data):
+the step's host logic is the real one. Prints a table and writes the counts per op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.gpu import SMOLLM2_SHAPE
+from reference_trainer.engine import engine as engine_module
+from reference_trainer.engine import kv_cache
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
+from reference_trainer.engine.graphs import StaticForward
+from reference_trainer.model import flex
+from reference_trainer.model.config import ModelConfig
+from reference_trainer.model.decoder import DecoderLM
+
+# Ops that only describe memory (views, metadata, allocation without a fill): no kernel.
+NO_KERNEL = {
+    "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias", "aten::permute",
+    "aten::transpose", "aten::t", "aten::expand", "aten::expand_as", "aten::slice", "aten::select",
+    "aten::unsqueeze", "aten::squeeze", "aten::as_strided", "aten::alias", "aten::detach", "aten::empty",
+    "aten::empty_strided", "aten::empty_like", "aten::split", "aten::split_with_sizes", "aten::unbind",
+    "aten::chunk", "aten::narrow", "aten::lift_fresh", "aten::view_as", "aten::unflatten",
+    "aten::flatten", "aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::is_same_size",
+    "aten::_nested_tensor_from_mask_left_aligned", "aten::resize_", "aten::set_", "aten::is_pinned",
+    "aten::_has_compatible_shallow_copy_type", "aten::record_stream", "aten::_to_copy_meta",
+}  # fmt: skip
+FLEX_KERNELS = 2  # a compiled flex-decoding call: the attention kernel and its split reduction
+# The issue's budget (issue 49): kernels per decoder layer inside the graph, and outside it per step.
+LAYER_BUDGET, OUTSIDE_BUDGET = 16, 10
+
+
+class KernelCounter(TorchDispatchMode):
+    """Counts the ops that launch a kernel, apart for inside and outside the captured forward."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__()
+        self.backend = backend  # dispatch key whose kernels count as one launch: "CUDA" (or "CPU" for meta)
+        self.inside = False
+        self.counting = False  # set around the counted step (flex's stand-in counts only then)
+        self.ops: dict[str, Counter[str]] = {"inside": Counter(), "outside": Counter()}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        name = func._schema.name
+        # A composite op (linear, matmul, rms_norm, ...) that has no kernel of the backend's own is what it
+        # decomposes into: run its C++ composite with this mode active, so that its leaves are counted.
+        if (
+            name.startswith("aten::")
+            and not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), self.backend)
+            and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+        ):
+            with self:
+                return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+        if name not in NO_KERNEL and not name.startswith("prim::"):
+            self.ops["inside" if self.inside else "outside"][name] += 1
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def no_data(device: str) -> Iterator[None]:
+    """Tensors without data on `device`: FakeTensorMode for cuda, the meta device's own tensors for meta."""
+    if device == "cuda":
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            yield
+    else:
+        yield
+
+
+def decode_step_counts(
+    batch: int, shape: ModelConfig, device: str, attention: str, layout: str
+) -> dict[str, Any]:
+    """Kernels of one decode step at `batch` rows, each row 32 tokens into its sequence."""
+    counter = KernelCounter("CUDA" if device == "cuda" else "CPU")
+    contiguous_bytes = 2**62 if layout == "contiguous" else 0
+    real_randint = torch.randint
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(kv_cache, "CONTIGUOUS_KV_BYTES", contiguous_bytes))
+        # No data to read back: the sampled tokens come back as zeros; the host logic around them is real.
+        stack.enter_context(mock.patch.object(
+            engine_module, "read_back", lambda *rows: [[0.0] * rows[0].shape[0] for _ in rows]
+        ))  # fmt: skip
+        stack.enter_context(mock.patch.object(flex, "attend", counted_flex(counter)))
+        # pinned host memory needs a driver; the upload's one host-to-device copy is counted all the same
+        stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
+        stack.enter_context(no_data(device))
+        torch.manual_seed(0)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)  # built in bf16 on the device: fake tensors cannot move
+        try:
+            with torch.device(device):
+                model = DecoderLM(shape)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        config = EngineConfig(max_num_seqs=batch, max_model_len=128, device=device, cuda_graphs=False)
+        # the engine seeds its unseeded-request stream from torch (a real number, not a fake one)
+        with mock.patch.object(torch, "randint", lambda *a, **k: real_number(real_randint, *a, **k)):
+            engine = Engine(model, config, eos_token_ids=[])
+        static = StaticForward(engine.model, engine.slots, config.max_verify_tokens, False, attention)
+        engine.runner.static = static
+        forward = static._forward
+
+        def captured(*args: Any) -> None:  # what a CUDA graph would hold
+            counter.inside = True
+            try:
+                forward(*args)
+            finally:
+                counter.inside = False
+
+        static._forward = captured  # type: ignore[method-assign]
+        params = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=64, ignore_eos=True, seed=0)
+        for i in range(batch):
+            engine.add_request([1, *range(3, 34)], params, seq_id=str(i))
+        engine.step()  # the prefill, not counted
+        counter.counting = True
+        with counter:
+            engine.step()
+        counter.counting = False
+    layers = shape.num_hidden_layers
+    inside, outside = sum(counter.ops["inside"].values()), sum(counter.ops["outside"].values())
+    return {
+        "batch": batch, "device": device, "attention": attention, "layout": layout,
+        "inside": inside, "per_layer": inside / layers, "outside": outside,
+        "within_budget": inside / layers <= LAYER_BUDGET and outside <= OUTSIDE_BUDGET,
+        "ops_inside": dict(counter.ops["inside"].most_common()),
+        "ops_outside": dict(counter.ops["outside"].most_common()),
+    }  # fmt: skip
+
+
+def real_number(fn: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """fn's result as a real CPU tensor even under FakeTensorMode."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return fn(*args, **kwargs, device="cpu")
+
+
+def counted_flex(counter: KernelCounter):  # type: ignore[no-untyped-def]
+    """flex.attend as a GPU runs it compiled: FLEX_KERNELS launches, an output of the query's shape."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
+        if counter.counting:
+            counter.ops["inside" if counter.inside else "outside"]["flex_attention (compiled)"] += (
+                FLEX_KERNELS
+            )
+        return torch.empty_like(q)
+
+    return attend
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "meta"])
+    parser.add_argument("--batches", default="1,64,256")
+    parser.add_argument("--attention", default="flex,matmul")
+    parser.add_argument("--layouts", default="paged,contiguous")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.backends.cuda.is_built():
+        sys.exit(
+            "error: --device cuda needs a CUDA build of torch (no GPU needed); --device meta runs on any"
+        )
+    rows = [
+        decode_step_counts(int(b), SMOLLM2_SHAPE, args.device, attention, layout)
+        for attention in args.attention.split(",")
+        for layout in args.layouts.split(",")
+        for b in args.batches.split(",")
+    ]
+    print("| attention | layout | batch | kernels inside the graph | per layer | outside | budget |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['attention']} | {r['layout']} | {r['batch']} | {r['inside']} | {r['per_layer']:.1f} | "
+              f"{r['outside']} | {'within' if r['within_budget'] else 'over'} |")  # fmt: skip
+    if args.out:
+        from reference_trainer.trace.records import write_json
+        from rlbench.reproduce.runner import source_commit
+
+        write_json(args.out, {"command": " ".join(["python -m benchmarks.kernel_count", *sys.argv[1:]]),
+                              "torch": torch.__version__, "commit": source_commit(), "shape": "smollm2-135m",
+                              "budget": {"per_layer": LAYER_BUDGET, "outside": OUTSIDE_BUDGET},
+                              "rows": rows})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
