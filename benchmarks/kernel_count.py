@@ -110,6 +110,9 @@ def decode_step_counts(
             engine_module, "read_back", lambda *rows: [[0.0] * rows[0].shape[0] for _ in rows]
         ))  # fmt: skip
         stack.enter_context(mock.patch.object(flex, "attend", counted_flex(counter)))
+        # no random init: a CPU build of torch has no CUDA generator, and the weights' values never matter
+        for init in ("uniform_", "normal_"):
+            stack.enter_context(mock.patch.object(torch.Tensor, init, lambda self, *a, **k: self))
         # pinned host memory needs a driver; the upload's one host-to-device copy is counted all the same
         stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
         stack.enter_context(no_data(device))

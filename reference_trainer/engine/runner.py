@@ -50,10 +50,15 @@ class ModelRunner:
         rows = [s.all_ids[s.num_cached :] for s in seqs]
         starts = [s.num_cached for s in seqs]
         slots: list[int] = [s.slot for s in seqs]  # type: ignore[misc]
-        for slot, row, start in zip(slots, rows, starts, strict=True):
-            self.slots.reserve(slot, start + len(row))
         lengths = [len(r) for r in rows]
         width = max(lengths)
+        # A shorter row's padding is written at the row's own next positions, reserved for it (as decode and
+        # verify do), where nothing reads it before a real token overwrites it: no mask of real tokens, whose
+        # boolean indexing would make the host wait for the device. Only where that room would pass a
+        # sequence's length does the prefill mask its padding instead (host-known, rare).
+        ragged = min(lengths) != width and max(starts) + width > self.slots.max_len
+        for slot, row, start in zip(slots, rows, starts, strict=True):
+            self.slots.reserve(slot, start + (len(row) if ragged else width))
         parts = {
             "ids": padded(rows, width),
             "starts": starts,
@@ -62,8 +67,7 @@ class ModelRunner:
             "slots": slots,
             "positions": [s.length for s in seqs],
         }
-        ragged = min(lengths) != width
-        if ragged:  # only prefill masks padding: its rows may be far longer than a sequence's blocks
+        if ragged:
             parts["num_new"] = lengths
         inputs = upload(parts, self.device)
         logits = self.model.forward_cached(

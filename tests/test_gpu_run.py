@@ -1,0 +1,43 @@
+"""The one-command GPU run (benchmarks/gpu_run.py) rehearsed on the CPU at tiny shapes, as CI can: every
+stage runs in its own process under the deadline, and gpu_run.json holds each stage's exit code, output
+tail and the JSON it wrote."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+
+@pytest.mark.e2e
+def test_the_dry_run_runs_its_stages_and_records_each(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run", "--out", str(out), "--budget-s", "240",
+         "--stages", "checks,decode", "--work", str(tmp_path / "work")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "gpu_run.json").read_text())
+    assert summary["dry_run"] is True and summary["commit"] and summary["date"]
+    assert [*summary["stages"]] == ["checks", "decode"]
+    assert all(stage["rc"] == 0 for stage in summary["stages"].values()), summary["stages"]
+    checks = summary["stages"]["checks"]["results"]["correctness.json"]["checks"]
+    assert checks["sampler"]["passed"] and checks["graphs"]["passed"] and checks["logits"]["passed"]
+    rows = summary["stages"]["decode"]["results"]["decode_step.json"]["rows"]
+    assert [r["batch"] for r in rows] == [2, 4] and all(r["step_ms"]["engine"] > 0 for r in rows)
+
+
+def test_a_stage_past_the_deadline_is_skipped_and_said(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run", "--out", str(out), "--budget-s", "5",
+         "--stages", "static"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    stage = json.loads((out / "gpu_run.json").read_text())["stages"]["static"]
+    assert stage["rc"] == "skipped" and "left of the budget" in stage["why"]
