@@ -51,12 +51,14 @@ class Stage:
     min_s: int = 20  # not started with less time than this left
 
 
-def stages(out: Path, work: Path, dry_run: bool, engine_path: str | None) -> list[Stage]:
+def stages(
+    out: Path, work: Path, dry_run: bool, engine_path: str | None, decode_sides: str | None = None
+) -> list[Stage]:
     py = sys.executable
     device = ["--device", "cpu", "--shape", "tiny"] if dry_run else []
     batches = "2,4" if dry_run else "1,64,256"
     before = ["--engine-path", engine_path] if engine_path else []
-    decode_sides = "engine,before,hf-eager" if engine_path else "engine,hf-eager"
+    decode_sides = decode_sides or ("engine,before,hf-eager" if engine_path else "engine,hf-eager")
     steps = ["--steps", "4", "--repeats", "1"] if dry_run else ["--steps", "32", "--repeats", "3"]
     compare_out = work / "compare-run"  # its traces and checkpoints stay out of --out: only its JSON returns
     return [
@@ -118,11 +120,12 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=540.0, help="the whole run's deadline")
     parser.add_argument("--stages", default="", help="comma-separated subset, in the order above")
     parser.add_argument("--engine-path", help="a checkout whose engine is the decode table's before column")
+    parser.add_argument("--decode-sides", help="the decode stage's sides (benchmarks/decode_step.py --sides)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/rlbench-gpu-run"), help="runs' own files")
     parser.add_argument("--dry-run", action="store_true", help="the same stages on the CPU at tiny shapes")
     args = parser.parse_args()
     deadline = time.perf_counter() + args.budget_s
-    plan = stages(args.out.resolve(), args.work.resolve(), args.dry_run, args.engine_path)
+    plan = stages(args.out.resolve(), args.work.resolve(), args.dry_run, args.engine_path, args.decode_sides)
     if args.stages:
         wanted = args.stages.split(",")
         unknown = set(wanted) - {s.name for s in plan}

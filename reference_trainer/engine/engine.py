@@ -18,6 +18,7 @@ from reference_trainer.engine.sequence import Sequence
 from reference_trainer.engine.transfers import read_back
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import resolve_dtype
+from reference_trainer.trace.schema import CAPTURE
 from reference_trainer.trace.writer import Trace
 
 if TYPE_CHECKING:
@@ -61,6 +62,9 @@ class Engine(RequestBook):
         self.sampling = SlotParams(config.max_num_seqs, device)  # per slot, on the device
         # Optional speculative decoder (engine/speculative.py); it takes over decode steps when attached.
         self.speculator: Speculator | None = None
+        if self.runner.static is not None:  # CUDA graphs: every decode shape captured before step 0
+            with self.trace.phase(CAPTURE) as fields:
+                fields["graphs"] = self.runner.static.capture_decode()
 
     # ---- requests ----------------------------------------------------------------------------------------
     def add_request(

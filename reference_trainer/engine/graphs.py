@@ -13,8 +13,10 @@ bucket and replays it. The same idea over this engine's cached forward (model/de
 * the captured part ends at the final norm and copies the hidden states into a persistent buffer; the LM
   head runs eagerly over the rows that are sampled (runner.py), so padding costs no vocabulary matmul.
 
-Each shape is captured the first time it runs (a warm-up run, which does the step's real work, then the
-capture, then a replay that writes the same K/V again). A grown paged pool is a new tensor, so the graphs
+Every decode shape is captured before the engine's first step (`capture_decode`, over padding rows, recorded
+as the trace's `capture` event, which no metric counts); a verify shape is captured the first time it runs
+(a warm-up run, which does the step's real work, then the capture, then a replay that writes the same K/V
+again). A grown paged pool is a new tensor, so the graphs
 captured over the old one are dropped and recaptured. With `capture=False` the same static forward runs
 eagerly: what the CPU tests compare with the engine's own-shape forward, and on CUDA what graphs are
 compared with.
@@ -107,6 +109,34 @@ class StaticForward:
         else:
             self._forward(*args)
         return self.hidden[: bucket * width].view(bucket, width, -1), inputs
+
+    def spans(self) -> list[int]:
+        """Every key span a forward can have: powers of two from MIN_KEY_SPAN, then the cache's limit."""
+        spans = [MIN_KEY_SPAN]
+        while spans[-1] < self.limit:
+            spans.append(min(spans[-1] * 2, self.limit))
+        return spans
+
+    def capture_decode(self) -> int:
+        """Capture every decode shape (each batch bucket, width 1, each key span) now, over padding rows that
+        write only the scratch slot or block: the engine does this once before its first step, so no timed
+        step pays a capture (nor, on CUDA with flex, a compile). Returns the number of graphs captured."""
+        if not self.capture:
+            return 0
+        before = len(self.graphs)
+        for bucket in self.buckets:
+            for span in self.spans():
+                blocks = self._blocks(span)
+                rows = [self.scratch] * (bucket * blocks)
+                # the same leading layout of the input buffer as `run` writes (ids, starts, rows): the graph
+                # reads those addresses on every replay
+                inputs = upload({"ids": [PAD_ID] * bucket, "starts": [0] * bucket, "rows": rows}, self.device,
+                                into=self.inputs)  # fmt: skip
+                where = inputs["rows"] if self.slots.contiguous else inputs["rows"].view(bucket, blocks)
+                self._replay(
+                    (bucket, 1, span), (inputs["ids"].view(bucket, 1), inputs["starts"], where, span)
+                )
+        return len(self.graphs) - before
 
     def _forward(self, ids: torch.Tensor, starts: torch.Tensor, where: torch.Tensor, span: int) -> None:
         hidden = self.model.hidden_cached(

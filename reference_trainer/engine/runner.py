@@ -39,6 +39,10 @@ class ModelRunner:
         self.slots = slots
         self.device = next(model.parameters()).device
         self.attention = resolve_attention(config.attention, self.device)  # decode and verify forwards
+        # Forwards at their own shapes (prefill, and decode without graphs) vary with every batch: compiled
+        # flex would compile each shape (flex.py), so on CUDA they attend with SDPA's fused kernel instead.
+        compiled_flex = self.attention == "flex" and self.device.type == "cuda"
+        self.own_shape_attention = "sdpa" if compiled_flex else self.attention
         self.static: StaticForward | None = None  # the graph path (graphs.py); None: own-shape forwards
         if config.cuda_graphs and self.device.type == "cuda":
             self.static = StaticForward(model, slots, config.max_verify_tokens, True, self.attention)
@@ -78,7 +82,7 @@ class ModelRunner:
             num_new=inputs["num_new"] if ragged else None,
             select=inputs["select"],
             key_len=max(starts) + width,
-            attention=self.attention,  # applies to short prefills too (width <= attention.SMALL_Q)
+            attention=self.own_shape_attention,  # applies to short prefills (width <= attention.SMALL_Q)
         )
         for seq in seqs:
             seq.num_cached = seq.length
@@ -173,7 +177,7 @@ class ModelRunner:
             contiguous=slot_range is not None,
             key_len=max(starts) + width,
             slot_range=slot_range,
-            attention=self.attention,
+            attention=self.own_shape_attention,
         ).view(len(rows) * width, -1)
         return (logits[inputs["order"]] if needs_order else logits), inputs
 

@@ -37,6 +37,7 @@ eager.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -132,6 +133,23 @@ def attend(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_mas
     scale = qg.shape[-1] ** -0.5
     if qg.device.type not in COMPILED_ON:
         return flex_attention(qg, keys, values, block_mask=block_mask, scale=scale)  # type: ignore[return-value]
+    shape = (tuple(qg.shape), tuple(keys.shape), qg.dtype)
+    if shape not in _COMPILED_SHAPES:
+        _COMPILED_SHAPES.add(shape)
+        if len(_COMPILED_SHAPES) == RECOMPILE_LIMIT + 1:  # said once, never silently
+            warnings.warn(
+                f"flex attention has been compiled for {RECOMPILE_LIMIT} shapes in this process; further "
+                "shapes run PyTorch's eager reference (slow, and it materialises scores over the whole KV "
+                "pool): set EngineConfig.attention='sdpa' for workloads of this many shapes",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     # Dynamo reads the limit when a call misses its cache, so patching around the call is enough.
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
         return _compiled()(qg, keys, values, block_mask=block_mask, scale=scale)
+
+
+# The shapes compiled so far in this process. They are bounded by construction: only the graph path's
+# decode and verify forwards use flex (prefill uses SDPA, engine/runner.py), at (batch bucket, width, pool
+# size); a grown pool adds shapes, but it grows by x1.5, so a run sees a handful of sizes.
+_COMPILED_SHAPES: set[tuple] = set()

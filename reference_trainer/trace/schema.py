@@ -27,6 +27,7 @@ STEP_PHASE_KINDS = (ROLLOUT, REWARD, UPDATE, SYNC)
 PHASE_KINDS = (*STEP_PHASE_KINDS, HELDOUT)
 SEQUENCE = "sequence"  # one per sample: admission, finish, tokens, the policy versions that wrote it
 MIGRATE = "migrate"  # a request moved between rollout workers (HistoPipe straggler migration)
+CAPTURE = "capture"  # an engine capturing its CUDA graphs before its first step: no metric counts it
 
 # The numeric fields each kind must carry (a sequence's times may be null: never admitted, never finished).
 NUMBERS: dict[str, tuple[str, ...]] = {
@@ -34,6 +35,7 @@ NUMBERS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(PHASE_KINDS, ("t_start", "t_end")),
     SEQUENCE: ("t_admit", "t_finish"),
     MIGRATE: ("t_start",),
+    CAPTURE: ("t_start", "t_end"),
 }
 NULLABLE = {SEQUENCE}
 WORKER_FIELDS = ("worker", "from", "to")
