@@ -119,3 +119,29 @@ def test_a_cpu_tensor_in_the_device_path_is_caught_on_meta():
         _ = x + torch.ones(4, 8)
     with pytest.raises((RuntimeError, NotImplementedError)):
         bool(x.sum() > 0)  # a host sync has no value to read
+
+
+def test_the_decode_shapes_captured_before_step_0_run_on_meta_in_inference_mode():
+    """What `capture_decode` captures on CUDA before an engine's first step: every (bucket, span) decode
+    forward over padding rows, with its inputs where `run` puts them, run here on meta; and the capture
+    itself in inference mode, as every engine forward (outside it, compiled flex refuses the block mask)."""
+    with torch.device("meta"):
+        model = DecoderLM(SHAPE).to(torch.bfloat16)
+    engine = Engine(model, EngineConfig(max_num_seqs=8, max_model_len=256, device="meta"), [])
+    static = StaticForward(engine.model, engine.slots, engine.config.max_verify_tokens, False, "matmul")
+    shapes = []
+    with torch.inference_mode():
+        for shape, args in static.decode_shapes():
+            static._forward(*args)
+            ids, starts = args[0], args[1]  # views of the persistent buffer, where `run` writes them
+            assert storage(ids) == storage(starts) == storage(static.inputs)
+            assert (ids.storage_offset(), starts.storage_offset()) == (0, shape[0])
+            shapes.append(shape)
+    spans = static.spans()
+    assert spans[0] == 64 and spans[-1] == static.limit and len(set(spans)) == len(spans)
+    assert shapes == [(b, 1, s) for b in static.buckets for s in spans]
+    modes = []
+    static.capture = True  # the capture itself needs CUDA: record the mode it would run in instead
+    static._replay = lambda shape, args: modes.append(torch.is_inference_mode_enabled())  # type: ignore[method-assign]
+    static.capture_decode()
+    assert modes == [True] * len(shapes)

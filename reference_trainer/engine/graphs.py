@@ -24,6 +24,8 @@ compared with.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from reference_trainer.engine.kv_cache import SlotManager
@@ -117,25 +119,33 @@ class StaticForward:
             spans.append(min(spans[-1] * 2, self.limit))
         return spans
 
+    def decode_shapes(self) -> Iterator[tuple[tuple[int, int, int], tuple]]:
+        """Every decode shape (each batch bucket, width 1, each key span) with forward arguments over
+        padding rows, which write only the scratch slot or block."""
+        for bucket in self.buckets:
+            for span in self.spans():
+                blocks = self._blocks(span)
+                # the same leading layout of the input buffer as `run` writes (ids, starts, rows): a graph
+                # reads those addresses on every replay
+                parts = {
+                    "ids": [PAD_ID] * bucket,
+                    "starts": [0] * bucket,
+                    "rows": [self.scratch] * (bucket * blocks),
+                }
+                inputs = upload(parts, self.device, into=self.inputs)
+                where = inputs["rows"] if self.slots.contiguous else inputs["rows"].view(bucket, blocks)
+                yield (bucket, 1, span), (inputs["ids"].view(bucket, 1), inputs["starts"], where, span)
+
+    @torch.inference_mode()  # as every engine forward: a capture outside it records autograd state (and
+    # compiled flex, seeing inputs that require grad, refuses a block mask built for inference only)
     def capture_decode(self) -> int:
-        """Capture every decode shape (each batch bucket, width 1, each key span) now, over padding rows that
-        write only the scratch slot or block: the engine does this once before its first step, so no timed
+        """Capture every decode shape now: the engine does this once before its first step, so no timed
         step pays a capture (nor, on CUDA with flex, a compile). Returns the number of graphs captured."""
         if not self.capture:
             return 0
         before = len(self.graphs)
-        for bucket in self.buckets:
-            for span in self.spans():
-                blocks = self._blocks(span)
-                rows = [self.scratch] * (bucket * blocks)
-                # the same leading layout of the input buffer as `run` writes (ids, starts, rows): the graph
-                # reads those addresses on every replay
-                inputs = upload({"ids": [PAD_ID] * bucket, "starts": [0] * bucket, "rows": rows}, self.device,
-                                into=self.inputs)  # fmt: skip
-                where = inputs["rows"] if self.slots.contiguous else inputs["rows"].view(bucket, blocks)
-                self._replay(
-                    (bucket, 1, span), (inputs["ids"].view(bucket, 1), inputs["starts"], where, span)
-                )
+        for shape, args in self.decode_shapes():
+            self._replay(shape, args)
         return len(self.graphs) - before
 
     def _forward(self, ids: torch.Tensor, starts: torch.Tensor, where: torch.Tensor, span: int) -> None:
