@@ -7,7 +7,6 @@ import pytest
 
 pytest.importorskip("trl")
 
-import torch  # noqa: E402
 from conftest import cli  # noqa: E402
 
 from reference_trainer.trace import metrics  # noqa: E402
@@ -19,31 +18,10 @@ pytestmark = pytest.mark.e2e
 
 
 def _trainer(out, recorder, steps: int):
-    from datasets import Dataset
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    from trl import GRPOConfig, GRPOTrainer
+    """8 samples per step (2 prompts x 4), completions of at most 12 tokens: benchmarks/trl_grpo.py's."""
+    from benchmarks.trl_grpo import build_trainer  # the repository root is on sys.path under pytest
 
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{c: i + 4 for i, c in enumerate("abcdefgh ")}}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
-    specials = {"unk_token": "<unk>", "pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, **specials)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
-
-    def count_a(completions, **kwargs):  # the task's reward: any reward works beside the probe
-        return [float(c.count("a")) for c in completions]
-
-    args = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=8, num_generations=4,
-                      max_completion_length=12, max_steps=steps, use_cpu=True, logging_steps=1,
-                      report_to="none", save_strategy="no", learning_rate=1e-3, bf16=False,
-                      reward_weights=[1.0, 0.0], seed=0)  # fmt: skip
-    data = Dataset.from_dict({"prompt": ["abc", "bcd", "cde", "def", "efg", "fgh"] * 4})
-    return GRPOTrainer(model=LlamaForCausalLM(config), reward_funcs=[count_a, recorder.probe], args=args,
-                       train_dataset=data, processing_class=tok, callbacks=[recorder])  # fmt: skip
+    return build_trainer(out, recorder, steps)
 
 
 def test_a_grpo_run_becomes_an_rlbench_run(tmp_path):

@@ -50,6 +50,10 @@ def _say(doc: dict, out: Path) -> None:
         values = [r[key] for r in rows if r.get(key) is not None]
         if values:
             typer.echo(f"{key}: {pct(sum(values) / len(values))} (mean over steps, from the framework's log)")
+    split = doc["integration"].get("length_variance") or {}
+    if split.get("within_share") is not None:
+        within, between = pct(split["within_share"]), pct(split["between_share"])
+        typer.echo(f"length variance: {within} within prompt groups, {between} between them")
     whatif = doc["whatif"]
     if whatif.get("available"):
         for r in whatif["results"]:
