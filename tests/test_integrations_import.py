@@ -86,6 +86,7 @@ def test_import_lengths_writes_a_run_that_report_re_renders(tmp_path):
         ('{"step": -1, "group": "a", "response_tokens": [3]}', "step is -1"),
         ('{"step": 0, "response_tokens": [3]}', "lacks field(s) group"),
         ('{"step": 0, "group": "a", "response_tokens": [2], "worker": "x"}', "worker is 'x'"),
+        ('{"step": 0, "group": "a", "response_tokens": [99999999]}', "more than 16,777,216 tokens"),
         ("not json", "malformed JSON"),
     ],
 )
@@ -93,6 +94,12 @@ def test_a_bad_length_log_is_one_line(tmp_path, line, why):
     log = tmp_path / "bad.jsonl"
     log.write_text(line + "\n")
     assert_one_line_error(cli("import", "lengths", str(log), "--out", str(tmp_path / "o")), why)
+
+
+def test_a_what_if_too_large_to_replay_is_one_line(tmp_path):
+    log = _jsonl(tmp_path / "lengths.jsonl", [{"step": 0, "group": "a", "response_tokens": [5, 9, 2, 7]}])
+    res = cli("import", "lengths", str(log), "--workers", "1,1048576", "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, "give smaller --workers")
 
 
 def test_a_missing_file_is_one_line(tmp_path):

@@ -35,6 +35,7 @@ from rlbench.simulate.workload import LengthTrace, _from_rows
 # Slot maps ({slot: sequence id}) make the report's slot-occupancy picture; past this many slots per worker
 # they would make the trace quadratic in the batch, so the rebuilt events go without them.
 SLOT_MAP_LIMIT = 512
+MAX_TOKENS = 1 << 24  # a response longer than any context window: a corrupt log, not a workload
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ def problem(row: dict[str, Any]) -> str | None:
     lengths = row.get("response_tokens")
     if not isinstance(lengths, list) or not lengths or not all(_count(n, 1) for n in lengths):
         return "response_tokens is not a non-empty list of integers >= 1"
+    if max(lengths) > MAX_TOKENS:
+        return f"response_tokens holds {max(lengths):,}: more than {MAX_TOKENS:,} tokens"
     for key in ("prompt_tokens", "worker"):
         if row.get(key) is not None and not _count(row[key], 0):
             return f"{key} is {row[key]!r}, not an integer >= 0"

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import make_dir, write_json, write_jsonl
 from reference_trainer.trace.schema import check_events
@@ -24,6 +25,9 @@ from rlbench.simulate.cost import preset
 
 WHATIF_MODES = ("baseline", "sorted", "sorted-partial", "histopipe")
 WHATIF_WORKERS = (1, 8, 64, 512, 4096)
+# Sequences the what-if replays at its largest worker count (weak scaling multiplies the logged batch by W):
+# about a minute of simulation on one CPU core.
+MAX_REPLAYED = 1 << 21
 NO_GPU = (
     "an imported run has no GPU timeline: rlbench profile --engine-metrics samples NVML around a live run"
 )
@@ -39,9 +43,18 @@ def whatif(
     """What each mode would buy on these lengths at each worker count: weak scaling, every worker given as
     many groups per step as the log's steps had (so W = 1 is the logged batch on one engine)."""
     trace = lengthlog.to_length_trace(groups, "length log")
-    per_step = round(sum(len(g) for g in lengthlog.by_step(groups).values()) / len(trace.steps))
+    per_step = max(1, round(sum(len(g) for g in lengthlog.by_step(groups).values()) / len(trace.steps)))
+    per_worker = len(trace) / len(trace.steps)  # sequences per worker and step
+    steps = min(len(trace.steps), int(MAX_REPLAYED // (max(workers) * per_worker)))
+    if steps < 1:
+        raise UserError(
+            f"the what-if would replay {max(workers) * per_worker:,.0f} sequences per step at {max(workers)} "
+            f"workers; at most {MAX_REPLAYED:,} (give smaller --workers)"
+        )
     cost = preset(gpu, model_size)
-    doc = simulate(trace, cost, list(workers), list(WHATIF_MODES), slots, groups_per_worker=max(1, per_step))
+    doc = simulate(
+        trace, cost, list(workers), list(WHATIF_MODES), slots, steps=steps, groups_per_worker=per_step
+    )
     rows = [
         {"workers": r["workers"], "mode": r["policy"], "bubble_ratio": _clean(r["bubble_ratio"]),
          "worker_idle_share": _clean(r["worker_idle_share"]), "step_time_s": r["step_time_s"],
@@ -54,6 +67,7 @@ def whatif(
         "cost_model": f"{gpu.upper()} roofline, {model_size} model (rlbench simulate presets)",
         "slots_per_worker": slots,
         "groups_per_worker": per_step,
+        "steps_replayed": steps,
         "workload": doc["workload"],
         "results": rows,
     }

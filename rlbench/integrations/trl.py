@@ -191,6 +191,8 @@ class RLBenchRecorder(TrainerCallback):
                              "rlbench timing_s/gen": mine.get("timing_s/gen"),
                              "rlbench response_len_mean": mine.get("response_len_mean"),
                              "rlbench bubble_ratio": mine.get("bubble_ratio")})  # fmt: skip
+        if not self.groups:
+            self.notes.append("the length probe was never called: add recorder.probe to reward_funcs")
         info = {"method": METHOD + self.notes, "limits": LIMITS, "per_step": per_step}
         meta = {"framework": "TRL GRPOTrainer", "source": "rlbench.integrations.trl callback",
                 "slots_per_worker": slots, "time_unit": "s",

@@ -68,7 +68,8 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
         text = (
             f"Replayed through <code>rlbench simulate</code> ({html.escape(whatif['label'])}): "
             f"{html.escape(whatif['cost_model'])}, {whatif['slots_per_worker']} slots per worker, each "
-            f"worker given {whatif['groups_per_worker']} groups per step (the logged batch per step)."
+            f"worker given {whatif['groups_per_worker']} groups per step (the logged batch per step), "
+            f"{whatif.get('steps_replayed', 'all')} step(s) replayed."
         )
         body = [f'<p class="sub">{text}</p>', table(whatif_rows(whatif))]
         sections.append(("What each mode would buy here (predicted)", body))
