@@ -10,7 +10,7 @@ from typing import Any
 
 from reference_trainer.trace.records import read_json
 from reference_trainer.trace.schema import read_trace
-from rlbench.report.figures import Event, note, num, pct
+from rlbench.report.figures import Event, _fig, note, num, pct, steps_axis
 from rlbench.report.page import table, write_page
 from rlbench.report.profile_report import check_profile_doc, headline, step_figures, summary_rows
 from rlbench.report.timeline import slot_timeline
@@ -27,6 +27,21 @@ def whatif_rows(whatif: dict[str, Any]) -> list[dict[str, Any]]:
              "worker idle": pct(r["worker_idle_share"]), "predicted step time (s)": num(r["step_time_s"]),
              "speed-up vs baseline": num(r["speedup"]), "rollout speed-up": num(r["rollout_speedup"])}
             for r in whatif["results"]]  # fmt: skip
+
+
+def estimates(rows: list[dict[str, Any]]) -> list[Any]:
+    """The per-step shares a framework's log gives without per-sample data: rollout share and the
+    bubble_if_concurrent estimates."""
+    import plotly.graph_objects as go
+
+    fig = _fig("Rollout share and bubble_if_concurrent (1 - mean/max) per step", "step", "%")
+    x = [r["step"] for r in rows]
+    for key in ("rollout share", "bubble_if_concurrent (lengths)", "bubble_if_concurrent (sample times)"):
+        ys = [None if r.get(key) is None else 100 * r[key] for r in rows]
+        if any(y is not None for y in ys):
+            fig.add_trace(go.Scatter(x=x, y=ys, name=key, mode="lines+markers"))
+    fig.update_yaxes(range=[0, 100])
+    return [steps_axis(fig, x)]
 
 
 def _variance(split: dict[str, Any]) -> list[Any]:
@@ -49,6 +64,10 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
     how = "".join(f"<li>{html.escape(str(x))}</li>" for x in info.get("method") or [])
     cannot = "".join(f"<li>{html.escape(str(x))}</li>" for x in info.get("limits") or [])
     top = [headline(doc), f"<ul>{how}</ul>" if how else ""]
+    if run.get("time_unit") not in (None, "s"):
+        top.insert(
+            0, note(f"This log has no clock: times on this page are in {run['time_unit']}s, not seconds.")
+        )
     sections: list[tuple[str, Sequence[Any]]] = [("Summary", top)]
     if cannot:
         sections.append(("What these logs cannot tell", [f"<ul>{cannot}</ul>"]))
@@ -60,7 +79,16 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
             (f"{run.get('framework', 'framework')}'s own figures beside rlbench's", [table(rows)])
         )
     if steps:
-        sections.extend(step_figures(steps))
+        measured = any(st.get("bubble_ratio") is not None for st in steps)
+        # an imported run has no drafts; without rebuilt slots it has no bubble, throughput or lengths either
+        keep = {"Where the time goes", "Learning"} | (
+            {"Bubbles", "Throughput", "Responses"} if measured else set()
+        )
+        sections.extend(sec for sec in step_figures(steps) if sec[0] in keep)
+        if not measured and info.get("per_step"):
+            sections.append(
+                ("Estimates from the framework's log (not measurements)", estimates(info["per_step"]))
+            )
     if info.get("length_variance"):
         sections.append(("Length variance: within groups vs between", _variance(info["length_variance"])))
     whatif = doc.get("whatif") or {}
