@@ -43,6 +43,17 @@ def test_an_idle_worker_counts_as_idle_slots():
     assert step["worker_idle_share"] == {"0": 0.0, "1": 0.5}
 
 
+def test_slot_maps_match_the_running_counts_and_ids_are_unique():
+    groups = [Group(s, f"q{q % 3}", (1 + (7 * q + s) % 11, 1 + (5 * q) % 13), worker=q % 2)
+              for s in range(2) for q in range(6)]  # fmt: skip
+    events = rebuild(groups, slots=3)
+    decodes = [e for e in events if e["kind"] == "decode" and e["t_end"] > e["t_start"]]
+    assert all(len(e["slots"]) == e["active_slots"] <= 3 for e in decodes)
+    ids = [e["id"] for e in events if e["kind"] == "sequence"]
+    assert len(ids) == len(set(ids)) == 24  # group names repeat within a step; ids do not
+    assert {i for e in decodes for i in e["slots"].values()} == set(ids)
+
+
 def test_variance_split_within_and_between_groups():
     # step mean 4: within (1 + 1) + (1 + 1) = 4, between 2 x 4 + 2 x 4 = 16
     split = variance_split([Group(0, "a", (1, 3)), Group(0, "b", (5, 7))])

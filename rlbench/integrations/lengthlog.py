@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +32,9 @@ from reference_trainer.trace.records import read_jsonl, write_jsonl
 from reference_trainer.trace.schema import DECODE, ROLLOUT, SEQUENCE
 from rlbench.simulate.workload import LengthTrace, _from_rows
 
-# Slot maps ({slot: sequence id}) make the report's slot-occupancy picture; past this many slots per worker
-# they would make the trace quadratic in the batch, so the rebuilt events go without them.
-SLOT_MAP_LIMIT = 512
+# Slot maps ({slot: sequence id}) make the report's slot-occupancy picture. They grow with the square of a
+# batch, so a run's rebuilt events carry them only until this many map entries are written (the first steps).
+SLOT_MAP_BUDGET = 1 << 20
 MAX_TOKENS = 1 << 24  # a response longer than any context window: a corrupt log, not a workload
 
 
@@ -139,6 +139,24 @@ def _batch(lengths: list[int], slots: int) -> tuple[list[tuple[int, int, int]], 
     return placed, stretches
 
 
+def _slot_maps(
+    placed: list[tuple[int, int, int]], ids: list[str], stretches: list[tuple[int, int, int]]
+) -> Iterator[dict[str, str]]:
+    """{slot: sequence id} during each stretch, updated from one stretch to the next."""
+    by_start = sorted(range(len(placed)), key=lambda i: placed[i][0])
+    by_end = sorted(range(len(placed)), key=lambda i: placed[i][1])
+    held: dict[str, str] = {}
+    s = e = 0
+    for a, _, _ in stretches:
+        while e < len(by_end) and placed[by_end[e]][1] <= a:
+            held.pop(str(placed[by_end[e]][2]), None)
+            e += 1
+        while s < len(by_start) and placed[by_start[s]][0] <= a:
+            held[str(placed[by_start[s]][2])] = ids[by_start[s]]
+            s += 1
+        yield dict(held)
+
+
 def rebuild(
     groups: list[Group],
     slots: int,
@@ -152,12 +170,12 @@ def rebuild(
     windows = windows or {}
     workers = sorted({g.worker for g in groups})
     events: list[dict[str, Any]] = []
-    clock = 0.0
+    clock, map_entries = 0.0, 0
     for step, step_groups in by_step(groups).items():
-        samples: dict[int, list[tuple[Group, int]]] = defaultdict(list)
-        for g in step_groups:
-            samples[g.worker].extend((g, k) for k in range(len(g.lengths)))
-        batches = {w: _batch([g.lengths[k] for g, k in s], slots) for w, s in samples.items()}
+        samples: dict[int, list[tuple[int, Group, int]]] = defaultdict(list)  # (line in step, group, sample)
+        for j, g in enumerate(step_groups):
+            samples[g.worker].extend((j, g, k) for k in range(len(g.lengths)))
+        batches = {w: _batch([g.lengths[k] for _, g, k in s], slots) for w, s in samples.items()}
         decode_steps = max(stretches[-1][1] for _, stretches in batches.values())
         t0, t1 = windows.get(step, (clock, clock + decode_steps))
         clock = t1
@@ -172,16 +190,17 @@ def rebuild(
             events.append({"kind": DECODE, "step": step, "t_start": t0, "t_end": t0, "active_slots": 0,
                            "capacity": slots, "tokens": 0, "worker": w})  # fmt: skip
         for w, (placed, stretches) in batches.items():
-            ids = [f"{step}-{g.group}-{k}" for g, k in samples[w]]
+            ids = [f"{step}-{j}-{k}" for j, _, k in samples[w]]  # unique even if a group name repeats
+            with_maps = map_entries + sum(n for _, _, n in stretches) <= SLOT_MAP_BUDGET
+            maps = _slot_maps(placed, ids, stretches) if with_maps else None
             for a, b, n in stretches:
                 event = {"kind": DECODE, "step": step, "t_start": at(a), "t_end": at(b), "active_slots": n,
                          "capacity": slots, "tokens": n * (b - a), "worker": w}  # fmt: skip
-                if slots <= SLOT_MAP_LIMIT and len(placed) <= SLOT_MAP_LIMIT * 8:
-                    event["slots"] = {
-                        str(p[2]): i for p, i in zip(placed, ids, strict=True) if p[0] <= a < p[1]
-                    }
+                if maps is not None:
+                    event["slots"] = next(maps)
+                    map_entries += n
                 events.append(event)
-            for (g, k), (a, b, _), sid in zip(samples[w], placed, ids, strict=True):
+            for (_, g, k), (a, b, _), sid in zip(samples[w], placed, ids, strict=True):
                 events.append({"kind": SEQUENCE, "step": step, "id": sid, "prompt_id": g.group, "sample": k,
                                "prompt_tokens": g.prompt_tokens, "response_tokens": g.lengths[k],
                                "t_admit": at(a), "t_finish": at(b), "status": "finished",
