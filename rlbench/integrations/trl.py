@@ -72,7 +72,7 @@ class LengthProbe:
     def __call__(
         self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], **kwargs: Any
     ) -> list[float]:
-        self.recorder.samples(prompts, [len(ids) for ids in completion_ids], kwargs.get("trainer_state"))
+        self.recorder.samples(prompts, [len(ids) for ids in completion_ids])
         return [0.0] * len(completion_ids)
 
 
@@ -129,7 +129,9 @@ class RLBenchRecorder(TrainerCallback):
 
     # --- the probe's records -----------------------------------------------------------------------------
 
-    def samples(self, prompts: list[Any], lengths: list[int], state: Any) -> None:
+    def samples(self, prompts: list[Any], lengths: list[int]) -> None:
+        """One generation batch's prompts and completion lengths, in TRL's order: groups of num_generations.
+        An evaluation's batch (after on_step_end) is dropped at the next on_step_begin."""
         self._probe_at = self._now()
         counts = (
             self._prompt_tokens if self._prompt_tokens and len(self._prompt_tokens) == len(lengths) else None
