@@ -124,6 +124,7 @@ FUZZ_STUBS = {
     "embedded build": "reference_trainer.train.recipe.build",
     "import lengths": "rlbench.integrations.imports.import_lengths",
     "import verl": "rlbench.integrations.imports.import_verl",
+    "import trl": "rlbench.integrations.imports.import_trl",
 }
 
 
@@ -152,6 +153,7 @@ def fuzz_base_args(model: str, data: Path) -> dict[str, tuple[str, ...]]:
         "embedded build": (),
         "import lengths": ("lengths.jsonl", "--workers", "1"),  # the stub stands in before the file is read
         "import verl": ("exp.jsonl", "--workers", "1"),
+        "import trl": ("output_dir", "--workers", "1"),
     }
 
 

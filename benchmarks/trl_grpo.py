@@ -24,9 +24,10 @@ PROMPTS = ["abc", "bcd", "cde", "def", "efg", "fgh", "ghb", "hca"]
 
 
 def build_trainer(out: Path, recorder: Any, steps: int, max_completion: int = 12, prompts: int = 2,
-                  group_size: int = 4, seed: int = 0) -> Any:  # fmt: skip
+                  group_size: int = 4, seed: int = 0, **grpo: Any) -> Any:  # fmt: skip
     """A GRPOTrainer over a tiny random Llama (1 layer, hidden 32) and a character tokenizer, on the CPU,
-    `prompts` x `group_size` samples per step, with the recorder's probe as a weight-0 second reward."""
+    `prompts` x `group_size` samples per step, with the recorder's probe as a weight-0 second reward.
+    `grpo`: more GRPOConfig fields (log_completions=True, ...)."""
     import torch
     from datasets import Dataset
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
@@ -49,7 +50,7 @@ def build_trainer(out: Path, recorder: Any, steps: int, max_completion: int = 12
     args = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=prompts * group_size,
                       num_generations=group_size, max_completion_length=max_completion, max_steps=steps,
                       use_cpu=True, logging_steps=1, report_to="none", save_strategy="no", learning_rate=1e-3,
-                      bf16=False, reward_weights=[1.0, 0.0], seed=seed)  # fmt: skip
+                      bf16=False, reward_weights=[1.0, 0.0], seed=seed, **grpo)  # fmt: skip
     data = Dataset.from_dict({"prompt": PROMPTS * (steps * prompts // len(PROMPTS) + 1)})
     return GRPOTrainer(model=LlamaForCausalLM(config), reward_funcs=[count_a, recorder.probe], args=args,
                        train_dataset=data, processing_class=tokenizer, callbacks=[recorder])  # fmt: skip

@@ -86,8 +86,8 @@ app_.command("report")(report.report_command)
 app_.command("reproduce")(reproduce.reproduce_command)
 _group(
     "import",
-    "Another framework's finished run (verl's logs, any length log) as an rlbench run.",
-    {"verl": imports.verl_command, "lengths": imports.lengths_command},
+    "Another framework's finished run (TRL's output_dir, verl's logs, any length log) as an rlbench run.",
+    {"trl": imports.trl_command, "verl": imports.verl_command, "lengths": imports.lengths_command},
 )
 _group("trace", "Export a run's trace to other viewers (Perfetto).", {"export": trace.export_command})
 # Models and the machine

@@ -225,3 +225,28 @@ def test_import_verl_with_rollout_dumps_rebuilds_the_bubble(tmp_path):
 def test_a_malformed_verl_log_is_one_line(tmp_path, rows, why):
     log = _jsonl(tmp_path / "bad.jsonl", rows)
     assert_one_line_error(cli("import", "verl", str(log), "--out", str(tmp_path / "o")), why)
+
+
+def test_a_trl_output_dir_without_lengths_or_with_a_bad_file_is_one_line(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    completions = tmp_path / "trl" / "completions"
+    completions.mkdir(parents=True)
+    args = ("import", "trl", str(tmp_path / "trl"), "--out", str(tmp_path / "o"))
+    assert_one_line_error(cli(*args), "no completions_*.parquet")
+    # TRL's table without the length probe's column, and no tokenizer to count the texts
+    table = pa.table(
+        {"step": [1, 1], "prompt": ["abc", "abc"], "completion": ["x y", "z"], "advantage": [0.1, -0.1]}
+    )
+    pq.write_table(table, completions / "completions_00001.parquet")
+    assert_one_line_error(cli(*args), "no completion_tokens column")
+    (completions / "completions_00002.parquet").write_bytes(b"PAR1 not really")
+    table = table.append_column("completion_tokens", pa.array([2, 1]))
+    pq.write_table(table, completions / "completions_00001.parquet")
+    assert_one_line_error(cli(*args), "completions_00002.parquet: not a readable parquet table")
+    (completions / "completions_00002.parquet").unlink()
+    res = cli(*args, "--workers", "1")
+    assert res.returncode == 0, res.stderr
+    assert read_json(tmp_path / "o" / "metrics.json")["steps"][0]["bubble_ratio"] == pytest.approx(1 - 3 / 4)
+    assert_one_line_error(cli("import", "trl", str(tmp_path / "nope")), "not a directory")

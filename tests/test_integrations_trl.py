@@ -17,11 +17,11 @@ from rlbench.integrations.trl import RLBenchRecorder  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 
-def _trainer(out, recorder, steps: int):
+def _trainer(out, recorder, steps: int, **grpo):
     """8 samples per step (2 prompts x 4), completions of at most 12 tokens: benchmarks/trl_grpo.py's."""
     from benchmarks.trl_grpo import build_trainer  # the repository root is on sys.path under pytest
 
-    return build_trainer(out, recorder, steps)
+    return build_trainer(out, recorder, steps, **grpo)
 
 
 def test_a_grpo_run_becomes_an_rlbench_run(tmp_path):
@@ -75,3 +75,24 @@ def test_without_the_wrapper_the_probe_closes_the_rollout(tmp_path):
     # 8 samples on 4 slots: continuous batching, so some sample waits for a slot
     seqs = [e for e in read_trace(out / "trace.jsonl") if e["kind"] == "sequence" and e["step"] == 0]
     assert len(seqs) == 8 and max(s["t_admit"] for s in seqs) > rollouts[0]["t_start"]
+
+
+def test_import_trl_reads_a_finished_runs_output_dir(tmp_path):
+    out = tmp_path / "recorded"
+    recorder = RLBenchRecorder(out, whatif_workers=(1,))
+    trainer = _trainer(tmp_path, recorder, steps=2, log_completions=True)
+    trainer.train()
+    trainer.save_state()  # trainer_state.json: TRL's per-step step_time and completions/*
+    imported = tmp_path / "imported"
+    res = cli("import", "trl", str(tmp_path / "trl"), "--workers", "1", "--out", str(imported))
+    assert res.returncode == 0, res.stderr
+    doc, recorded = read_json(imported / "metrics.json"), read_json(out / "metrics.json")
+    # the probe's completion_tokens column in TRL's parquet: the lengths the callback saw, step by step
+    assert [g["response_tokens"] for g in read_jsonl(imported / "lengths.jsonl")] == [
+        g["response_tokens"] for g in read_jsonl(out / "lengths.jsonl")
+    ]
+    for mine, theirs in zip(doc["steps"], recorded["steps"], strict=True):
+        assert mine["bubble_ratio"] == pytest.approx(theirs["bubble_ratio"])  # decode steps, same slots
+    assert doc["run"]["time_unit"] == "decode step"
+    assert [r["step"] for r in doc["integration"]["per_step"]] == [0, 1]
+    assert all(r["TRL step_time"] > 0 for r in doc["integration"]["per_step"])

@@ -99,3 +99,24 @@ def verl_command(
     from rlbench.integrations.imports import import_verl
 
     _say(import_verl(file, rollout_dir, tokenizer, _config(out, slots, workers, gpu, model_size)), out)
+
+
+def trl_command(
+    output_dir: Annotated[Path, typer.Argument(help="TRL's output_dir (run with log_completions=True).")],
+    out: OutDir = Path("runs/import-trl"),
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokenizer", help="The run's tokenizer directory, where the length probe was not used."
+        ),
+    ] = None,
+    slots: Slots = None,
+    workers: Workers = "1,8,64,512,4096",
+    gpu: SimGpu = "h100",
+    model_size: SimModelSize = "7b",
+) -> None:
+    """A finished TRL GRPOTrainer run as an rlbench run, from its completions parquet files (lengths per
+    sample) and trainer_state.json (TRL's step times): the bubble in decode steps, the what-if."""
+    from rlbench.integrations.imports import import_trl
+
+    _say(import_trl(output_dir, tokenizer, _config(out, slots, workers, gpu, model_size)), out)

@@ -8,7 +8,7 @@ from typing import Any
 
 from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics
-from rlbench.integrations import lengthlog, run, verl
+from rlbench.integrations import lengthlog, run, trl_logs, verl
 from rlbench.integrations.lengthlog import Group
 
 LENGTH_METHOD = [
@@ -105,3 +105,29 @@ def import_verl(
             "slots_per_worker": _slots(groups, cfg.slots) if groups else None, "time_unit": "s"}  # fmt: skip
     whatif = _whatif(groups, meta["slots_per_worker"], cfg) if groups else None
     return run.write_run(cfg.out, events, groups, meta, info, whatif)
+
+
+def import_trl(output_dir: Path, tokenizer: Path | None, cfg: ImportConfig) -> dict[str, Any]:
+    """A finished TRL GRPOTrainer run (completions parquet, trainer_state.json) -> a run folder."""
+    if not output_dir.is_dir():
+        raise UserError(f"{output_dir}: not a directory (TRL's output_dir)")
+    groups = trl_logs.read_completions(
+        output_dir / "completions", load_tokenizer(tokenizer) if tokenizer else None
+    )
+    slots = _slots(groups, cfg.slots)
+    events = lengthlog.rebuild(groups, slots)
+    state = trl_logs.find_state(output_dir)
+    logged = trl_logs.read_state(state) if state else {}
+    ours = {s["step"]: s for s in metrics.step_metrics(events)}
+    rows = [{"step": step, **{f"TRL {k}": v for k, v in figures.items()},
+             "rlbench bubble_ratio": ours.get(step, {}).get("bubble_ratio")}
+            for step, figures in sorted(logged.items())]  # fmt: skip
+    method = LENGTH_METHOD + [
+        f"TRL's per-step figures from {state}"
+        if state
+        else "no trainer_state.json: TRL's own figures not shown"
+    ]
+    info = {"method": method, "limits": trl_logs.LIMITS, "per_step": rows}
+    meta = {"framework": "TRL GRPOTrainer", "source": str(output_dir), "slots_per_worker": slots,
+            "time_unit": "decode step"}  # fmt: skip
+    return run.write_run(cfg.out, events, groups, meta, info, _whatif(groups, slots, cfg))

@@ -41,6 +41,7 @@ from reference_trainer.trace.records import extend_jsonl, make_dir
 from reference_trainer.trace.schema import ROLLOUT, UPDATE
 from rlbench.integrations import lengthlog, run
 from rlbench.integrations.lengthlog import Group
+from rlbench.integrations.trl_logs import LENGTH_COLUMN, TRL_KEYS
 
 METHOD = [
     "Per step: the rollout from the step's start (or, with wrap_generation, from GRPOTrainer._generate's "
@@ -58,7 +59,6 @@ LIMITS = [
     "TRL's profiling timers go to wandb/mlflow/trackio, not to callbacks: they are not read.",
     "No GPU timeline: run under `rlbench profile -- python train.py` for NVML samples.",
 ]
-TRL_KEYS = ("step_time", "completions/mean_length", "completions/max_length", "completions/clipped_ratio")
 
 
 class LengthProbe:
@@ -72,7 +72,11 @@ class LengthProbe:
     def __call__(
         self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], **kwargs: Any
     ) -> list[float]:
-        self.recorder.samples(prompts, [len(ids) for ids in completion_ids])
+        lengths = [len(ids) for ids in completion_ids]
+        self.recorder.samples(prompts, lengths)
+        log_extra = kwargs.get("log_extra")
+        if callable(log_extra):  # with log_completions=True, TRL's completions parquet keeps them too
+            log_extra(LENGTH_COLUMN, lengths)
         return [0.0] * len(completion_ids)
 
 
