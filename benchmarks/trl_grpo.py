@@ -5,7 +5,8 @@
 A tiny random Llama and a character tokenizer are made in-process; the task's reward counts the letter "a".
 The recorder (with the length probe and wrap_generation) writes OUT/{trace.jsonl, lengths.jsonl,
 metrics.json, report.html}; the what-if replays the run's lengths at --workers. Prints one JSON line and
-writes benchmarks/results/trl_grpo.json (TRL's own per-step figures beside rlbench's).
+writes benchmarks/results/trl_grpo.json (TRL's own per-step figures beside rlbench's) and the run's length
+log, benchmarks/results/trl_grpo_lengths.jsonl.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.trace.records import write_json
+from reference_trainer.trace.records import write_json, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["abc", "bcd", "cde", "def", "efg", "fgh", "ghb", "hca"]
@@ -102,6 +103,10 @@ def main() -> None:
         "whatif": doc["whatif"],
     }
     write_json(ROOT / "benchmarks" / "results" / "trl_grpo.json", result)
+    # the run's length log, for `rlbench import lengths` (docs/integrations.md) without re-running TRL
+    write_text(
+        ROOT / "benchmarks" / "results" / "trl_grpo_lengths.jsonl", (args.out / "lengths.jsonl").read_text()
+    )
     print(json.dumps(result["summary"]))
 
 
