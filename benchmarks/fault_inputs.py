@@ -122,6 +122,9 @@ FUZZ_STUBS = {
     "eval": "rlbench.eval.runner.run_eval",
     "generate": "reference_trainer.engine.factory.build_rollout_engine",
     "embedded build": "reference_trainer.train.recipe.build",
+    "import lengths": "rlbench.integrations.imports.import_lengths",
+    "import verl": "rlbench.integrations.imports.import_verl",
+    "import trl": "rlbench.integrations.imports.import_trl",
 }
 
 
@@ -148,6 +151,9 @@ def fuzz_base_args(model: str, data: Path) -> dict[str, tuple[str, ...]]:
         "eval": ("--suite", "amc23", "--data-dir", str(data), "--model", model, "--max-tokens", "2"),
         "generate": ("--model", model, "--prompt", "x", "--max-tokens", "2"),
         "embedded build": (),
+        "import lengths": ("lengths.jsonl", "--workers", "1"),  # the stub stands in before the file is read
+        "import verl": ("exp.jsonl", "--workers", "1"),
+        "import trl": ("output_dir", "--workers", "1"),
     }
 
 

@@ -20,6 +20,7 @@ try:  # Ctrl-C while the imports run (the first second of every command) is a cl
         embedded,
         eval,
         generate,
+        imports,
         models,
         modes,
         observe,
@@ -83,6 +84,11 @@ app_.command("generate")(generate.generate_command)
 # Results
 app_.command("report")(report.report_command)
 app_.command("reproduce")(reproduce.reproduce_command)
+_group(
+    "import",
+    "Another framework's finished run (TRL's output_dir, verl's logs, any length log) as an rlbench run.",
+    {"trl": imports.trl_command, "verl": imports.verl_command, "lengths": imports.lengths_command},
+)
 _group("trace", "Export a run's trace to other viewers (Perfetto).", {"export": trace.export_command})
 # Models and the machine
 _group(

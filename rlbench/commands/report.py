@@ -52,6 +52,10 @@ def _render(d: Path) -> Path:
         from rlbench.report.eval_report import render_eval
 
         return render_eval(d)
+    from rlbench.report.import_report import is_import_run, rerender
+
+    if is_import_run(d):  # another framework's run (rlbench import, the TRL callback)
+        return rerender(d)
     if any((d / name).exists() for name in RUN_FILES):
         from rlbench.report.profile_report import render_profile
 

@@ -42,6 +42,13 @@ def simulate_command(
         ),
     ] = None,
     synthetic: Annotated[bool, typer.Option(help="Use the synthetic heavy-tailed workload.")] = False,
+    lengths: Annotated[
+        Path | None,
+        typer.Option(
+            help="A per-step, per-group length log (docs/integrations.md): the run `rlbench import lengths` "
+            "writes, with --capacity slots per worker, at --workers."
+        ),
+    ] = None,
     workers: Annotated[str, typer.Option(help="Worker counts, comma-separated.")] = "1,8,64,512,4096",
     gpu: SimGpu = "h100",
     model_size: SimModelSize = "7b",
@@ -117,6 +124,19 @@ def simulate_command(
                 f"the synthetic workload would hold {per_step * (steps or 10):,} samples; at most "
                 f"{MAX_SIM_SAMPLES:,} (fewer --steps, --prompts, --group-size or --groups-per-worker)"
             )
+    if lengths is not None:  # any framework's length log: the same job as `rlbench import lengths`
+        from rlbench.integrations.imports import ImportConfig, import_lengths
+
+        if trace is not None or synthetic:
+            raise UserError("give one of --lengths FILE, --trace FILE or --synthetic")
+        cfg = ImportConfig(out, capacity, tuple(worker_counts), gpu, model_size)
+        doc = import_lengths(lengths, cfg)
+        typer.echo(f"bubble {doc['summary']['bubble_ratio']:.1%} at {doc['run']['slots_per_worker']} slots")
+        for r in doc["whatif"]["results"]:
+            typer.echo(f"W={r['workers']:>5} {r['mode']:<16} speed-up {r['speedup']:.2f}x  predicted bubble "
+                       f"{r['bubble_ratio']:.1%}")  # fmt: skip
+        typer.echo(f"report: {out / 'report.html'}")
+        return
     make_dir(out)
     if validate is not None:
         from rlbench.simulate.replay import validate as run_validation

@@ -1,0 +1,122 @@
+"""`rlbench import verl FILE`, `rlbench import lengths FILE`: another framework's finished run as an rlbench
+run folder (trace.jsonl, metrics.json, report.html) with what each mode would buy on its lengths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlbench.options import OutDir, SimGpu, SimModelSize
+
+Slots = Annotated[
+    int | None,
+    typer.Option(
+        "--slots",
+        help="Request slots per rollout engine (vLLM's --max-num-seqs). Default: every sample of a step "
+        "has its own slot.",
+    ),
+]
+Workers = Annotated[
+    str, typer.Option("--workers", help="Worker counts of the what-if replay, comma-separated.")
+]
+
+
+def _config(out: Path, slots: int | None, workers: str, gpu: str, model_size: str):  # -> ImportConfig
+    from reference_trainer.errors import check_integer
+    from rlbench.commands.simulate import MAX_SIM_WORKERS, _ints
+    from rlbench.integrations.imports import ImportConfig
+    from rlbench.simulate.cost import preset
+
+    if slots is not None:
+        check_integer("--slots", slots, low=1)
+    counts = tuple(
+        check_integer("--workers", w, low=1, high=MAX_SIM_WORKERS) for w in _ints(workers, "--workers")
+    )
+    preset(gpu, model_size)  # an unknown preset fails here, before any file is read
+    return ImportConfig(out=out, slots=slots, workers=counts, gpu=gpu, model_size=model_size)
+
+
+def _say(doc: dict, out: Path) -> None:
+    from rlbench.report.figures import pct
+
+    s = doc["summary"]
+    typer.echo(
+        f"{s['steps']} step(s): bubble {pct(s['bubble_ratio'])}, tail share {pct(s['tail_time_share'])}"
+    )
+    rows = doc["integration"].get("per_step") or []
+    for key in ("rollout share", "bubble_if_concurrent (lengths)", "bubble_if_concurrent (sample times)"):
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if values:
+            typer.echo(f"{key}: {pct(sum(values) / len(values))} (mean over steps, from the framework's log)")
+    split = doc["integration"].get("length_variance") or {}
+    if split.get("within_share") is not None:
+        within, between = pct(split["within_share"]), pct(split["between_share"])
+        typer.echo(f"length variance: {within} within prompt groups, {between} between them")
+    whatif = doc["whatif"]
+    if whatif.get("available"):
+        for r in whatif["results"]:
+            typer.echo(f"predicted W={r['workers']:>5} {r['mode']:<15} bubble {pct(r['bubble_ratio'])}  "
+                       f"speed-up {r['speedup']:.2f}x")  # fmt: skip
+    typer.echo(f"report: {out / 'report.html'}")
+
+
+def lengths_command(
+    file: Annotated[
+        Path, typer.Argument(help="Length log JSONL: step, group, response_tokens [, prompt_tokens, worker].")
+    ],
+    out: OutDir = Path("runs/import-lengths"),
+    slots: Slots = None,
+    workers: Workers = "1,8,64,512,4096",
+    gpu: SimGpu = "h100",
+    model_size: SimModelSize = "7b",
+) -> None:
+    """A per-step, per-group length log (from any framework) as an rlbench run: the synchronous baseline's
+    bubble at --slots per worker, the within/between-group length variance, and what sorted,
+    sorted-partial and histopipe would buy (a replay through the simulator, not a measurement)."""
+    from rlbench.integrations.imports import import_lengths
+
+    _say(import_lengths(file, _config(out, slots, workers, gpu, model_size)), out)
+
+
+def verl_command(
+    file: Annotated[Path, typer.Argument(help="verl's file-logger JSONL ({project}/{experiment}.jsonl).")],
+    out: OutDir = Path("runs/import-verl"),
+    rollout_dir: Annotated[
+        Path | None, typer.Option("--rollout-dir", help="verl's trainer.rollout_data_dir: per-sample texts.")
+    ] = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option("--tokenizer", help="The run's tokenizer directory (with --rollout-dir).")
+    ] = None,
+    slots: Slots = None,
+    workers: Workers = "1,8,64,512,4096",
+    gpu: SimGpu = "h100",
+    model_size: SimModelSize = "7b",
+) -> None:
+    """A verl run's file log as an rlbench run: per-step phases and rollout share, the bubble (rebuilt from
+    per-sample lengths with --rollout-dir, else a stated estimate), verl's own utilisation figures beside."""
+    from rlbench.integrations.imports import import_verl
+
+    _say(import_verl(file, rollout_dir, tokenizer, _config(out, slots, workers, gpu, model_size)), out)
+
+
+def trl_command(
+    output_dir: Annotated[Path, typer.Argument(help="TRL's output_dir (run with log_completions=True).")],
+    out: OutDir = Path("runs/import-trl"),
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokenizer", help="The run's tokenizer directory, where the length probe was not used."
+        ),
+    ] = None,
+    slots: Slots = None,
+    workers: Workers = "1,8,64,512,4096",
+    gpu: SimGpu = "h100",
+    model_size: SimModelSize = "7b",
+) -> None:
+    """A finished TRL GRPOTrainer run as an rlbench run, from its completions parquet files (lengths per
+    sample) and trainer_state.json (TRL's step times): the bubble in decode steps, the what-if."""
+    from rlbench.integrations.imports import import_trl
+
+    _say(import_trl(output_dir, tokenizer, _config(out, slots, workers, gpu, model_size)), out)

@@ -1,0 +1,133 @@
+"""`rlbench import`'s two jobs, each one function over one checked config: a length log, a verl log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reference_trainer.errors import UserError
+from reference_trainer.trace import metrics
+from rlbench.integrations import lengthlog, run, trl_logs, verl
+from rlbench.integrations.lengthlog import Group
+
+LENGTH_METHOD = [
+    "Each step's samples run in log order under continuous batching with the given slots per worker, one "
+    "token per running sample per decode step: a synchronous rollout, rebuilt in decode steps.",
+    "The bubble, tail share and tokens are computed from that trace by reference_trainer.trace.metrics; "
+    "the decode-step bubble is exact for that batch, the time axis assumes equal decode steps.",
+]
+
+
+@dataclass(frozen=True)
+class ImportConfig:
+    out: Path
+    slots: int | None = None  # per worker; None: every sample of a step has a slot
+    workers: tuple[int, ...] = run.WHATIF_WORKERS  # worker counts of the what-if
+    gpu: str = "h100"
+    model_size: str = "7b"
+
+
+def _slots(groups: list[Group], given: int | None) -> int:
+    if given is not None:
+        return given
+    per_engine: dict[tuple[int, int], int] = {}
+    for g in groups:
+        per_engine[(g.step, g.worker)] = per_engine.get((g.step, g.worker), 0) + len(g.lengths)
+    return max(per_engine.values())
+
+
+def _whatif(groups: list[Group], slots: int, cfg: ImportConfig) -> dict[str, Any]:
+    return run.whatif(groups, slots, cfg.workers, cfg.gpu, cfg.model_size)
+
+
+def import_lengths(path: Path, cfg: ImportConfig) -> dict[str, Any]:
+    """A length log -> a run folder (cfg.out): the rebuilt synchronous batches, their metrics, the what-if."""
+    groups = lengthlog.read(path)
+    slots = _slots(groups, cfg.slots)
+    events = lengthlog.rebuild(groups, slots)
+    info = {
+        "method": LENGTH_METHOD,
+        "limits": ["A length log has no clock: times are decode steps (one time unit each), so tokens/s and "
+                   "step times are per decode step, not per second."],
+    }  # fmt: skip
+    meta = {
+        "framework": "length log",
+        "source": str(path),
+        "slots_per_worker": slots,
+        "time_unit": "decode step",
+    }
+    return run.write_run(cfg.out, events, groups, meta, info, _whatif(groups, slots, cfg))
+
+
+def load_tokenizer(path: Path) -> Any:
+    """A tokenizer from a local directory (never the network): the run's, to count tokens of decoded text."""
+    from transformers import AutoTokenizer
+
+    if not path.is_dir():
+        raise UserError(
+            f"{path}: not a directory holding a tokenizer (tokenizer.json, tokenizer_config.json)"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise UserError(f"{path}: cannot load a tokenizer ({str(err).splitlines()[0]})") from None
+
+
+def import_verl(
+    log: Path, rollout_dir: Path | None, tokenizer: Path | None, cfg: ImportConfig
+) -> dict[str, Any]:
+    """A verl file log (+ rollout_data_dir dumps) -> a run folder (cfg.out)."""
+    if rollout_dir is not None and tokenizer is None:
+        raise UserError(
+            "--rollout-dir needs --tokenizer DIR (the run's tokenizer, to count the texts' tokens)"
+        )
+    steps, notes = verl.read_log(log)
+    events, windows = verl.timeline(steps)
+    groups: list[Group] = []
+    method = ["Steps laid end to end: rollout for timing_s/gen from each step's start, the reward after it, "
+              "the actor update (timing_s/update_actor) ending the step (timing_s/step)."]  # fmt: skip
+    if rollout_dir is not None:
+        found = verl.read_rollout_dir(rollout_dir, load_tokenizer(tokenizer))  # type: ignore[arg-type]
+        groups = [g for g in found if g.step in steps]
+        if len(groups) < len(found):
+            notes.append(f"{len(found) - len(groups)} group(s) of steps the log does not have were left out")
+        if not groups:
+            raise UserError(f"{rollout_dir}: none of its steps is a training step of {log}")
+        slots = _slots(groups, cfg.slots)
+        events += lengthlog.rebuild(groups, slots, windows, phases=False)
+        method += LENGTH_METHOD
+    rows = verl.per_step(steps)
+    for row, computed in zip(rows, metrics.step_metrics(events), strict=True):
+        row["rlbench bubble_ratio"] = computed["bubble_ratio"]  # null without per-sample lengths
+    info = {"method": method + notes, "limits": verl.LIMITS, "per_step": rows}
+    meta = {"framework": "verl", "source": str(log), "rollout_dir": str(rollout_dir) if rollout_dir else None,
+            "slots_per_worker": _slots(groups, cfg.slots) if groups else None, "time_unit": "s"}  # fmt: skip
+    whatif = _whatif(groups, meta["slots_per_worker"], cfg) if groups else None
+    return run.write_run(cfg.out, events, groups, meta, info, whatif)
+
+
+def import_trl(output_dir: Path, tokenizer: Path | None, cfg: ImportConfig) -> dict[str, Any]:
+    """A finished TRL GRPOTrainer run (completions parquet, trainer_state.json) -> a run folder."""
+    if not output_dir.is_dir():
+        raise UserError(f"{output_dir}: not a directory (TRL's output_dir)")
+    groups = trl_logs.read_completions(
+        output_dir / "completions", load_tokenizer(tokenizer) if tokenizer else None
+    )
+    slots = _slots(groups, cfg.slots)
+    events = lengthlog.rebuild(groups, slots)
+    state = trl_logs.find_state(output_dir)
+    logged = trl_logs.read_state(state) if state else {}
+    ours = {s["step"]: s for s in metrics.step_metrics(events)}
+    rows = [{"step": step, **{f"TRL {k}": v for k, v in figures.items()},
+             "rlbench bubble_ratio": ours.get(step, {}).get("bubble_ratio")}
+            for step, figures in sorted(logged.items())]  # fmt: skip
+    method = LENGTH_METHOD + [
+        f"TRL's per-step figures from {state}"
+        if state
+        else "no trainer_state.json: TRL's own figures not shown"
+    ]
+    info = {"method": method, "limits": trl_logs.LIMITS, "per_step": rows}
+    meta = {"framework": "TRL GRPOTrainer", "source": str(output_dir), "slots_per_worker": slots,
+            "time_unit": "decode step"}  # fmt: skip
+    return run.write_run(cfg.out, events, groups, meta, info, _whatif(groups, slots, cfg))

@@ -1,0 +1,112 @@
+"""A run folder from another framework's run: trace.jsonl, lengths.jsonl, metrics.json and report.html.
+
+Every metric is computed by `reference_trainer.trace.metrics` from the trace written here, as for
+rlbench's own runs; what the framework logged itself goes beside it under `integration`, never in its place.
+The what-if is a replay of the length log through `rlbench simulate`'s engine and cost model: a prediction,
+labelled as one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from reference_trainer.errors import UserError
+from reference_trainer.trace import metrics
+from reference_trainer.trace.records import make_dir, write_json, write_jsonl
+from reference_trainer.trace.schema import check_events
+from rlbench.integrations import lengthlog
+from rlbench.integrations.lengthlog import Group
+from rlbench.report.import_report import render_import
+from rlbench.simulate import simulate
+from rlbench.simulate.cost import preset
+
+WHATIF_MODES = ("baseline", "sorted", "sorted-partial", "histopipe")
+WHATIF_WORKERS = (1, 8, 64, 512, 4096)
+# Sequences the what-if replays at its largest worker count (weak scaling multiplies the logged batch by W):
+# about a minute of simulation on one CPU core.
+MAX_REPLAYED = 1 << 21
+NO_GPU = (
+    "an imported run has no GPU timeline: rlbench profile --engine-metrics samples NVML around a live run"
+)
+
+
+def whatif(
+    groups: list[Group],
+    slots: int,
+    workers: Sequence[int] = WHATIF_WORKERS,
+    gpu: str = "h100",
+    model_size: str = "7b",
+) -> dict[str, Any]:
+    """What each mode would buy on these lengths at each worker count: weak scaling, every worker given as
+    many groups per step as the log's steps had (so W = 1 is the logged batch on one engine)."""
+    trace = lengthlog.to_length_trace(groups, "length log")
+    per_step = max(1, round(sum(len(g) for g in lengthlog.by_step(groups).values()) / len(trace.steps)))
+    per_worker = len(trace) / len(trace.steps)  # sequences per worker and step
+    steps = min(len(trace.steps), int(MAX_REPLAYED // (max(workers) * per_worker)))
+    if steps < 1:
+        raise UserError(
+            f"the what-if would replay {max(workers) * per_worker:,.0f} sequences per step at {max(workers)} "
+            f"workers; at most {MAX_REPLAYED:,} (give smaller --workers)"
+        )
+    cost = preset(gpu, model_size)
+    doc = simulate(
+        trace, cost, list(workers), list(WHATIF_MODES), slots, steps=steps, groups_per_worker=per_step
+    )
+    rows = [
+        {"workers": r["workers"], "mode": r["policy"], "bubble_ratio": _clean(r["bubble_ratio"]),
+         "worker_idle_share": _clean(r["worker_idle_share"]), "step_time_s": r["step_time_s"],
+         "speedup": r["speedup"], "rollout_speedup": r["rollout_speedup"]}
+        for r in doc["results"]
+    ]  # fmt: skip
+    return {
+        "available": True,
+        "label": "a replay through rlbench simulate's engine and cost model, not a measurement",
+        "cost_model": f"{gpu.upper()} roofline, {model_size} model (rlbench simulate presets)",
+        "slots_per_worker": slots,
+        "groups_per_worker": per_step,
+        "steps_replayed": steps,
+        "workload": doc["workload"],
+        "results": rows,
+    }
+
+
+def _clean(x: float | None) -> float | None:  # the simulator's float noise (-2e-16) is 0
+    return None if x is None else (0.0 if abs(x) < 1e-9 else x)
+
+
+def write_run(
+    out: Path,
+    events: list[dict[str, Any]],
+    groups: list[Group],
+    run: dict[str, Any],
+    integration: dict[str, Any],
+    whatif_doc: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Write the run folder and return its metrics doc. `run` names the source (framework, files, slots);
+    `integration` holds what the framework logged and what its logs cannot tell."""
+    make_dir(out)
+    check_events(events, "the rebuilt trace")  # a bug here is ours: refuse before anything is written
+    computed = metrics.compute(events)
+    if groups:
+        integration = {**integration, "length_variance": lengthlog.variance_split(groups)}
+    doc = {
+        "run": {
+            "kind": "import",
+            "imported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            **run,
+        },  # fmt: skip
+        "summary": computed["summary"],
+        "steps": computed["steps"],
+        "gpu": {"available": False, "reason": NO_GPU},
+        "integration": integration,
+        "whatif": whatif_doc or {"available": False, "reason": "no per-sample lengths in what was read"},
+    }
+    write_jsonl(out / "trace.jsonl", events)
+    if groups:
+        lengthlog.write(out / "lengths.jsonl", groups)
+    write_json(out / "metrics.json", doc)
+    render_import(out, doc, events)
+    return doc

@@ -1,0 +1,209 @@
+"""rlbench's trace and metrics from a TRL GRPOTrainer run, written while it trains.
+
+    recorder = RLBenchRecorder("runs/trl")
+    trainer = GRPOTrainer(..., reward_funcs=[my_reward, recorder.probe],
+                          args=GRPOConfig(..., reward_weights=[1.0, 0.0], logging_steps=1),
+                          callbacks=[recorder])
+    recorder.wrap_generation(trainer)  # optional: exact generation times (wraps a private TRL method)
+    trainer.train()                    # runs/trl/{trace.jsonl, lengths.jsonl, metrics.json, report.html}
+
+What TRL offers and what is read (TRL 1.16): transformers' TrainerCallback has no event at generation
+start or end, nor per sample. So:
+
+- `probe` is a reward function (weight 0; put it last). TRL calls it once per generation batch with every
+  completion's token ids: each sample's length, and its group (the sampler repeats each prompt
+  `num_generations` times in a row). The call's time closes the rollout: it comes after generation and
+  TRL's log-prob forwards, so without the wrapper the rollout phase includes those forwards.
+- `wrap_generation` times `GRPOTrainer._generate` itself (generation and decoding only) and reads the
+  prompts' token counts from it. It wraps a private method: TRL may rename it; then it says so and the
+  probe's times are used.
+- The update phase runs from the probe's call to the step's end (the other rewards after the probe, the
+  loss, backward and optimizer step). TRL's own `step_time` and `completions/*` from `on_log` go beside.
+
+With transformers' generate (use_vllm=False) a generation batch decodes all its samples together until the
+longest ends, so each sample holds one slot of a batch as large as the generation batch: the default
+`slots`. With vLLM, give its max_num_seqs. One process only: under several ranks each sees its own share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from reference_trainer.trace import metrics
+from reference_trainer.trace.records import extend_jsonl, make_dir
+from reference_trainer.trace.schema import ROLLOUT, UPDATE
+from rlbench.integrations import lengthlog, run
+from rlbench.integrations.lengthlog import Group
+from rlbench.integrations.trl_logs import LENGTH_COLUMN, TRL_KEYS
+
+METHOD = [
+    "Per step: the rollout from the step's start (or, with wrap_generation, from GRPOTrainer._generate's "
+    "start) to the length probe's call (or _generate's end); the update from the probe's call to the "
+    "step's end.",
+    "Every sample's length is its completion_ids as TRL hands them to the reward functions (the stop "
+    "token included); its group is its run of num_generations samples.",
+    "The slots are rebuilt from those lengths: a generation batch decodes together until its longest "
+    "sample ends (continuous batching when fewer slots are given), spread over the measured rollout time.",
+]
+LIMITS = [
+    "TRL has no per-sample finish times: when each sample ended is rebuilt from its length, assuming equal "
+    "decode steps.",
+    "Without wrap_generation the rollout phase includes TRL's log-prob forwards before the rewards.",
+    "TRL's profiling timers go to wandb/mlflow/trackio, not to callbacks: they are not read.",
+    "No GPU timeline: run under `rlbench profile -- python train.py` for NVML samples.",
+]
+
+
+class LengthProbe:
+    """A reward function that returns 0 for every sample and records its length (weight 0 in TRL)."""
+
+    __name__ = "rlbench_length_probe"  # TRL names a reward function's logs by its __name__
+
+    def __init__(self, recorder: RLBenchRecorder) -> None:
+        self.recorder = recorder
+
+    def __call__(
+        self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], **kwargs: Any
+    ) -> list[float]:
+        lengths = [len(ids) for ids in completion_ids]
+        self.recorder.samples(prompts, lengths)
+        log_extra = kwargs.get("log_extra")
+        if callable(log_extra):  # with log_completions=True, TRL's completions parquet keeps them too
+            log_extra(LENGTH_COLUMN, lengths)
+        return [0.0] * len(completion_ids)
+
+
+class RLBenchRecorder(TrainerCallback):
+    """The TrainerCallback that writes the run folder; `probe` is its length-probe reward."""
+
+    def __init__(
+        self,
+        out: str | Path,
+        slots: int | None = None,
+        whatif_workers: tuple[int, ...] = run.WHATIF_WORKERS,
+        gpu: str = "h100",
+        model_size: str = "7b",
+    ) -> None:
+        self.out = Path(out)
+        self.slots, self.whatif_workers, self.gpu, self.model_size = slots, whatif_workers, gpu, model_size
+        self.probe = LengthProbe(self)
+        self.group_size = 1
+        self.t0 = time.perf_counter()
+        self.events: list[dict[str, Any]] = []
+        self.groups: list[Group] = []
+        self.trl_logs: dict[int, dict[str, Any]] = {}
+        self.notes: list[str] = []
+        self._step = 0
+        self._begin = 0.0
+        self._gen: tuple[float, float] | None = None
+        self._probe_at: float | None = None
+        self._prompt_tokens: list[int] | None = None
+        self._step_groups: list[Group] = []
+        self._wrapped = False
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def wrap_generation(self, trainer: Any) -> None:
+        """Time GRPOTrainer._generate (exact generation phase) and read the prompts' token counts from it."""
+        original: Callable[..., Any] | None = getattr(trainer, "_generate", None)
+        if original is None:
+            self.notes.append("this TRL has no GRPOTrainer._generate: generation times are the probe's")
+            return
+
+        @wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = self._now()
+            result = original(*args, **kwargs)
+            self._gen = (start, self._now())
+            prompt_ids = result[0] if isinstance(result, tuple) and result else None
+            if isinstance(prompt_ids, list):
+                self._prompt_tokens = [len(ids) for ids in prompt_ids]
+            return result
+
+        trainer._generate = timed
+        self._wrapped = True
+
+    # --- the probe's records -----------------------------------------------------------------------------
+
+    def samples(self, prompts: list[Any], lengths: list[int]) -> None:
+        """One generation batch's prompts and completion lengths, in TRL's order: groups of num_generations.
+        An evaluation's batch (after on_step_end) is dropped at the next on_step_begin."""
+        self._probe_at = self._now()
+        counts = (
+            self._prompt_tokens if self._prompt_tokens and len(self._prompt_tokens) == len(lengths) else None
+        )
+        size = max(1, self.group_size)
+        for first in range(0, len(lengths), size):
+            prompt = prompts[first] if first < len(prompts) else ""
+            name = hashlib.sha1(repr(prompt).encode()).hexdigest()[:12]  # the same prompt keeps its name
+            self._step_groups.append(
+                Group(self._step, name, tuple(max(1, n) for n in lengths[first : first + size]),
+                      counts[first] if counts else 0)
+            )  # fmt: skip
+
+    # --- TrainerCallback ---------------------------------------------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        make_dir(self.out)
+        (self.out / "trace.jsonl").unlink(missing_ok=True)  # a new run: the per-step appends start afresh
+        self.group_size = int(getattr(args, "num_generations", 1) or 1)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._step, self._begin = int(state.global_step), self._now()
+        self._gen, self._probe_at, self._prompt_tokens, self._step_groups = None, None, None, []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        end = self._now()
+        events: list[dict[str, Any]] = []
+        update_from = self._probe_at if self._probe_at is not None else self._begin
+        if self._step_groups:  # this step generated (with steps_per_generation > 1, not every step does)
+            window = self._gen or (self._begin, update_from)
+            events.append({"kind": ROLLOUT, "step": self._step, "t_start": window[0], "t_end": window[1],
+                           "source": "trl"})  # fmt: skip
+            slots = self.slots or sum(len(g.lengths) for g in self._step_groups)
+            events += lengthlog.rebuild(self._step_groups, slots, {self._step: window}, phases=False)
+            self.groups += self._step_groups
+        events.append({"kind": UPDATE, "step": self._step, "t_start": update_from, "t_end": end})
+        self.events += events
+        extend_jsonl(self.out / "trace.jsonl", events)  # durable per step: a killed run keeps its steps
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
+    ) -> None:
+        if logs and "step_time" in logs:  # a training step's log (not the run's closing summary)
+            self.trl_logs[int(state.global_step) - 1] = {k: logs[k] for k in TRL_KEYS if k in logs}
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.finish()
+
+    def finish(self) -> dict[str, Any]:
+        """Write metrics.json and report.html from everything recorded (on_train_end calls it)."""
+        batches = [sum(len(g.lengths) for g in gs) for gs in lengthlog.by_step(self.groups).values()]
+        slots = self.slots or max(batches, default=None)
+        ours = {s["step"]: s for s in metrics.step_metrics(self.events)}
+        per_step = []
+        for step, logged in sorted(self.trl_logs.items()):
+            mine = ours.get(step, {})
+            per_step.append({"step": step, **{f"TRL {k}": v for k, v in logged.items()},
+                             "rlbench step_time_s": mine.get("step_time_s"),
+                             "rlbench timing_s/gen": mine.get("timing_s/gen"),
+                             "rlbench response_len_mean": mine.get("response_len_mean"),
+                             "rlbench bubble_ratio": mine.get("bubble_ratio")})  # fmt: skip
+        if not self.groups:
+            self.notes.append("the length probe was never called: add recorder.probe to reward_funcs")
+        info = {"method": METHOD + self.notes, "limits": LIMITS, "per_step": per_step}
+        meta = {"framework": "TRL GRPOTrainer", "source": "rlbench.integrations.trl callback",
+                "slots_per_worker": slots, "time_unit": "s",
+                "rollout_timed_by": "GRPOTrainer._generate" if self._wrapped else "length probe"}  # fmt: skip
+        whatif = None
+        if self.groups and slots:
+            whatif = run.whatif(self.groups, slots, self.whatif_workers, self.gpu, self.model_size)
+        return run.write_run(self.out, self.events, self.groups, meta, info, whatif)

@@ -1,0 +1,106 @@
+"""A finished TRL GRPOTrainer run, from what it leaves in its output_dir (no callback needed).
+
+- `log_completions=True` writes `output_dir/completions/completions_{step:05d}.parquet` at each logging step:
+  the last generation batch, one row per sample (`step`, `prompt`, `completion`, each reward, `advantage`, and
+  the columns reward functions add through `log_extra`). rlbench's length probe adds `completion_tokens`,
+  the exact token count; without it the `completion` texts are re-tokenised with the run's tokenizer.
+- `trainer_state.json` (in output_dir after `trainer.save_state()`, or in each `checkpoint-N/`) keeps TRL's
+  per-step logs (`log_history`): `step_time`, `completions/{mean,max}_length`, `completions/clipped_ratio`.
+
+No file holds when generation ran, so the run's time unit is the decode step, as for a length log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reference_trainer.errors import UserError
+from reference_trainer.trace.records import read_json
+from rlbench.integrations.lengthlog import MAX_TOKENS, Group
+
+LENGTH_COLUMN = "completion_tokens"  # the length probe's column (rlbench.integrations.trl)
+TRL_KEYS = ("step_time", "completions/mean_length", "completions/max_length", "completions/clipped_ratio")
+LIMITS = [
+    "TRL's output_dir records no generation times: the page's times are decode steps.",
+    "The completions parquet holds the last generation batch of each logging step: with logging_steps > 1 "
+    "the other steps' samples are missing.",
+    "Without the length probe's completion_tokens column, lengths are the decoded texts re-tokenised: "
+    "special tokens (the stop token) are not counted.",
+]
+
+
+def find_state(output_dir: Path) -> Path | None:
+    """output_dir's trainer_state.json, else the latest checkpoint's (None when there is neither)."""
+    if (output_dir / "trainer_state.json").is_file():
+        return output_dir / "trainer_state.json"
+    checkpoints = [p for p in output_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    for checkpoint in sorted(checkpoints, key=lambda p: int(p.name.split("-")[-1]), reverse=True):
+        if (checkpoint / "trainer_state.json").is_file():
+            return checkpoint / "trainer_state.json"
+    return None
+
+
+def read_state(path: Path) -> dict[int, dict[str, Any]]:
+    """TRL's own per-step figures from log_history, keyed by rlbench's step (TRL's global_step - 1)."""
+    history = read_json(path)
+    history = history.get("log_history") if isinstance(history, dict) else None
+    if not isinstance(history, list):
+        raise UserError(f"{path}: no log_history list (not a transformers trainer_state.json)")
+    steps = {}
+    for entry in history:
+        if isinstance(entry, dict) and "step_time" in entry and type(entry.get("step")) is int:
+            steps[entry["step"] - 1] = {k: entry[k] for k in TRL_KEYS if k in entry}
+    return steps
+
+
+def _length(row: dict[str, Any], tokenizer: Any, where: str) -> int:
+    value = row.get(LENGTH_COLUMN)
+    if value is not None:
+        if type(value) is not int or not 1 <= value <= MAX_TOKENS:
+            raise UserError(f"{where}: {LENGTH_COLUMN} is {value!r}, not a token count")
+        return value
+    if tokenizer is None:
+        raise UserError(
+            f"{where}: no {LENGTH_COLUMN} column (the rlbench length probe's) and no --tokenizer to count "
+            "the completions' tokens"
+        )
+    text = row.get("completion")
+    if isinstance(text, list):  # conversational: the assistant's messages
+        text = "".join(str(m.get("content", "")) for m in text if isinstance(m, dict))
+    if not isinstance(text, str):
+        raise UserError(f"{where}: completion is {type(text).__name__}, not text")
+    return max(1, len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+
+
+def read_completions(directory: Path, tokenizer: Any = None) -> list[Group]:
+    """Prompt groups from the completions parquet files: samples of one file sharing a prompt are a group."""
+    files = sorted(directory.glob("completions_*.parquet"))
+    if not files:
+        raise UserError(f"{directory}: no completions_*.parquet (run TRL with log_completions=True)")
+    groups: list[Group] = []
+    for path in files:
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as err:
+            raise UserError(f"{path}: not a readable parquet table ({str(err).splitlines()[0]})") from None
+        order: dict[str, list[int]] = {}
+        step = 0
+        for n, row in enumerate(rows, 1):
+            if type(row.get("step")) is not int or row["step"] < 1:
+                raise UserError(f"{path}: row {n}: step is {row.get('step')!r}, not TRL's global step (>= 1)")
+            step = (
+                row["step"] - 1
+            )  # TRL logs after the step: its generation was rlbench's step global_step - 1
+            key = json.dumps(row.get("prompt"), sort_keys=True, default=str)
+            order.setdefault(key, []).append(_length(row, tokenizer, f"{path}: row {n}"))
+        # named by a hash of the prompt, as the callback names them, so a prompt seen again keeps its name
+        groups += [Group(step, hashlib.sha1(k.encode()).hexdigest()[:12], tuple(v)) for k, v in order.items()]
+    if not groups:
+        raise UserError(f"{directory}: the completions files hold no rows")
+    return groups
