@@ -137,9 +137,7 @@ class Engine(RequestBook):
         params = [s.params for s in seqs]
         tokens, logprobs = sample(scored.logits, self.sampling.batch(scored.slots, scored.positions, params))
         tokens_l, logprobs_l = read_back(tokens, logprobs)
-        return [
-            s for s, t, lp in zip(seqs, tokens_l, logprobs_l, strict=True) if self._append(s, [int(t)], [lp])
-        ]
+        return self._append_one_each(seqs, tokens_l, logprobs_l)
 
     @torch.no_grad()
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:

@@ -91,7 +91,7 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> Scored:
         """Feed each sequence's newest token; one row per sequence."""
-        scored = self._continue(seqs, [[s.all_ids[-1]] for s in seqs], verify=False)
+        scored = self._continue(seqs, [[s.last_token] for s in seqs], verify=False)
         for seq in seqs:
             seq.num_cached = seq.length
         return scored
@@ -115,18 +115,23 @@ class ModelRunner:
         slots: list[int] = [s.slot for s in seqs]  # type: ignore[misc]
         starts = [s.num_cached for s in seqs]
         width = max(len(r) for r in rows)
+        reserve = self.slots.reserve
         for slot, start in zip(slots, starts, strict=True):
-            self.slots.reserve(slot, start + width)
-        sample = {
-            "slots": [slot for slot, row in zip(slots, rows, strict=True) for _ in row],
-            "positions": [
-                start + j + 1 for start, row in zip(starts, rows, strict=True) for j in range(len(row))
-            ],
-        }
+            reserve(slot, start + width)
+        if width == 1:  # a decode step: one sampled row per sequence, in order (the host's hot path)
+            sample = {"slots": slots, "positions": [start + 1 for start in starts]}
+            order = list(range(len(rows)))
+        else:
+            sample = {
+                "slots": [slot for slot, row in zip(slots, rows, strict=True) for _ in row],
+                "positions": [
+                    start + j + 1 for start, row in zip(starts, rows, strict=True) for j in range(len(row))
+                ],
+            }
+            # Which of the forward's [rows x width] outputs each sampled row is (none needed when all are).
+            order = [b * width + j for b, row in enumerate(rows) for j in range(len(row))]
         if verify:
             sample["drafts"] = [t for row in rows for t in row[1:] + [-1]]
-        # Which of the forward's [rows x width] outputs each sampled row is (none needed when all are).
-        order = [b * width + j for b, row in enumerate(rows) for j in range(len(row))]
         if self.static is not None and self.static.fits(len(rows), width):
             hidden, inputs = self.static.run(rows, starts, slots, {"index": order, **sample})
             flat = hidden.view(-1, hidden.shape[-1])

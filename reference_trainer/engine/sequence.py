@@ -92,7 +92,12 @@ class Sequence:
 
     @property
     def all_ids(self) -> list[int]:
+        """Prompt and response, copied: for a prefill; a decode step needs only `last_token`."""
         return self.prompt_ids + self.response_ids
+
+    @property
+    def last_token(self) -> int:
+        return self.response_ids[-1] if self.response_ids else self.prompt_ids[-1]
 
     @property
     def length(self) -> int:
