@@ -145,3 +145,24 @@ def test_the_decode_shapes_captured_before_step_0_run_on_meta_in_inference_mode(
     static._replay = lambda shape, args: modes.append(torch.is_inference_mode_enabled())  # type: ignore[method-assign]
     static.capture_decode()
     assert modes == [True] * len(shapes)
+
+
+def test_a_verify_width_is_captured_once_before_its_first_forward():
+    """`ensure_captured` (called by the speculator before it times a verify forward): the shape the forward
+    will run at, once, in inference mode, over padding arguments of that shape; nothing past the graphs'
+    widest verify."""
+    with torch.device("meta"):
+        model = DecoderLM(SHAPE).to(torch.bfloat16)
+    engine = Engine(model, EngineConfig(max_num_seqs=8, max_model_len=256, device="meta"), [])
+    static = StaticForward(engine.model, engine.slots, engine.config.max_verify_tokens, True, "matmul")
+    seen = []
+
+    def replay(shape, args):  # type: ignore[no-untyped-def]
+        seen.append((shape, tuple(args[0].shape), torch.is_inference_mode_enabled()))
+        static.graphs[shape] = object()  # type: ignore[assignment]
+
+    static._replay = replay  # type: ignore[method-assign]
+    assert static.ensure_captured(3, 5, 100) is True
+    assert seen == [((4, 5, 128), (4, 5), True)]  # bucket 4, width 5, the span covering position 99
+    assert static.ensure_captured(4, 5, 120) is False and len(seen) == 1  # the same shape: not again
+    assert static.ensure_captured(3, static.max_width + 1, 100) is False  # too wide for the graphs

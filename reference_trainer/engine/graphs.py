@@ -14,9 +14,10 @@ bucket and replays it. The same idea over this engine's cached forward (model/de
   head runs eagerly over the rows that are sampled (runner.py), so padding costs no vocabulary matmul.
 
 Every decode shape is captured before the engine's first step (`capture_decode`, over padding rows, recorded
-as the trace's `capture` event, which no metric counts); a verify shape is captured the first time it runs
-(a warm-up run, which does the step's real work, then the capture, then a replay that writes the same K/V
-again). A grown paged pool is a new tensor, so the graphs
+as the trace's `capture` event, which no metric counts); a verify shape just before its first use, as its
+own `capture` event (`ensure_captured`, called by the speculator). A shape first met elsewhere is captured
+when it runs (a warm-up run, which does the step's real work, then the capture, then a replay that writes
+the same K/V again). A grown paged pool is a new tensor, so the graphs
 captured over the old one are dropped and recaptured. With `capture=False` the same static forward runs
 eagerly: what the CPU tests compare with the engine's own-shape forward, and on CUDA what graphs are
 compared with.
@@ -119,22 +120,25 @@ class StaticForward:
             spans.append(min(spans[-1] * 2, self.limit))
         return spans
 
+    def padding_args(self, bucket: int, width: int, span: int) -> tuple:
+        """Forward arguments of shape (bucket, width, span) over padding rows only, which write nothing
+        but the scratch slot or block; the inputs where `run` puts them (ids, starts, rows lead the input
+        buffer), since a captured graph reads those addresses on every replay."""
+        blocks = self._blocks(span)
+        parts = {
+            "ids": [PAD_ID] * (bucket * width),
+            "starts": [0] * bucket,
+            "rows": [self.scratch] * (bucket * blocks),
+        }
+        inputs = upload(parts, self.device, into=self.inputs)
+        where = inputs["rows"] if self.slots.contiguous else inputs["rows"].view(bucket, blocks)
+        return inputs["ids"].view(bucket, width), inputs["starts"], where, span
+
     def decode_shapes(self) -> Iterator[tuple[tuple[int, int, int], tuple]]:
-        """Every decode shape (each batch bucket, width 1, each key span) with forward arguments over
-        padding rows, which write only the scratch slot or block."""
+        """Every decode shape (each batch bucket, width 1, each key span) with its padding arguments."""
         for bucket in self.buckets:
             for span in self.spans():
-                blocks = self._blocks(span)
-                # the same leading layout of the input buffer as `run` writes (ids, starts, rows): a graph
-                # reads those addresses on every replay
-                parts = {
-                    "ids": [PAD_ID] * bucket,
-                    "starts": [0] * bucket,
-                    "rows": [self.scratch] * (bucket * blocks),
-                }
-                inputs = upload(parts, self.device, into=self.inputs)
-                where = inputs["rows"] if self.slots.contiguous else inputs["rows"].view(bucket, blocks)
-                yield (bucket, 1, span), (inputs["ids"].view(bucket, 1), inputs["starts"], where, span)
+                yield (bucket, 1, span), self.padding_args(bucket, 1, span)
 
     @torch.inference_mode()  # as every engine forward: a capture outside it records autograd state (and
     # compiled flex, seeing inputs that require grad, refuses a block mask built for inference only)
@@ -147,6 +151,20 @@ class StaticForward:
         for shape, args in self.decode_shapes():
             self._replay(shape, args)
         return len(self.graphs) - before
+
+    @torch.inference_mode()
+    def ensure_captured(self, batch: int, width: int, longest: int) -> bool:
+        """Capture the shape a forward of `batch` rows of `width` tokens reaching position `longest` - 1
+        will run at, if it is not yet captured (a verify width's first use); True if it captured. The
+        speculator calls this before timing its verify forward, so the capture is its own trace event."""
+        if not self.capture or not self.fits(batch, width):
+            return False
+        bucket = next(b for b in self.buckets if b >= batch)
+        span = self.span(longest)
+        if (bucket, width, span) in self.graphs and self.slots.cache.k[0].data_ptr() == self._captured_over:
+            return False
+        self._replay((bucket, width, span), self.padding_args(bucket, width, span))
+        return True
 
     def _forward(self, ids: torch.Tensor, starts: torch.Tensor, where: torch.Tensor, span: int) -> None:
         hidden = self.model.hidden_cached(

@@ -33,6 +33,7 @@ from reference_trainer.engine.config import SamplingParams
 from reference_trainer.engine.sampler import plain_tokens, scaled_logits, token_logprobs
 from reference_trainer.engine.sequence import Sequence
 from reference_trainer.engine.transfers import read_back
+from reference_trainer.trace.schema import CAPTURE
 
 # accept[i] for each flat verify row: (probs, plain draws x, draft tokens with -1 where none) -> bool [N].
 AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -285,8 +286,15 @@ class Speculator:
         occupied: dict[int, str],
     ) -> list[Sequence]:
         engine = self.engine
+        static, width = engine.runner.static, 1 + max(len(d) for d in drafts)
+        capture_start = engine.trace.now()
+        if static is not None and static.ensure_captured(
+            len(seqs), width, max(s.num_cached for s in seqs) + width
+        ):  # a verify width's first use: its capture is its own event, outside the verify forward's time
+            t_start = engine.trace.now()
+            engine.trace.add({"kind": CAPTURE, "t_start": capture_start, "t_end": t_start, "graphs": 1})
         t0 = time.perf_counter()
-        scored = engine.runner.extend(seqs, [[s.all_ids[-1]] + d for s, d in zip(seqs, drafts, strict=True)])
+        scored = engine.runner.extend(seqs, [[s.last_token] + d for s, d in zip(seqs, drafts, strict=True)])
         counts = [len(d) + 1 for d in drafts]  # rows of each sequence: its draft positions + the bonus
         params = [s.params for s, c in zip(seqs, counts, strict=True) for _ in range(c)]
         # Row j of a sequence scores the token at position length + j: the draw plain decoding makes there.
