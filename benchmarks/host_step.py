@@ -71,7 +71,9 @@ print(json.dumps({"ms": (time.perf_counter() - start) / steps * 1e3}))
 def run_side(path: Path, batch: int, steps: int) -> float:
     env = {**os.environ, "PYTHONPATH": str(path), "OMP_NUM_THREADS": "1"}
     spec = json.dumps({"batch": batch, "steps": steps})
-    done = subprocess.run([sys.executable, "-c", CHILD, spec], env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, spec], env=env, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise SystemExit(f"error: the engine of {path} failed at batch {batch}:\n{done.stderr[-2000:]}")
     return float(json.loads(done.stdout.strip().splitlines()[-1])["ms"])
@@ -79,7 +81,9 @@ def run_side(path: Path, batch: int, steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, help="another checkout (e.g. `git worktree add ../before HEAD~1`)")
+    parser.add_argument(
+        "--before", type=Path, help="another checkout (e.g. `git worktree add ../before HEAD~1`)"
+    )
     parser.add_argument("--batches", default="1,64,256")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
