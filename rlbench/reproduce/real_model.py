@@ -4,7 +4,7 @@ The same runners as the embedded model's reproductions (sortedrl.py, histospec.p
 setting measured to be within the model's reach (`python -m benchmarks.task_reach`, docs/smollm2.md): arith
 with one operation, chat style, sampled at T = 0.7. There greedy decoding solves 7.8% of held-out problems
 and a group of 8 holds a correct sample for 31% of prompts, so GRPO's groups disagree often enough to learn
-from. The learning claim trains one run under a 20-minute budget and compares held-out accuracy before and
+from. The learning claim trains one run under a 5-minute budget and compares held-out accuracy before and
 after. `--quick` shrinks every workload to a smoke test (a few tokens, a few steps) that says nothing.
 """
 
@@ -20,7 +20,7 @@ from rlbench.reproduce.curves import run_curve
 
 TASK_OPTIONS = (("min_ops", 1), ("max_ops", 1))
 TEMPERATURE = 0.7
-MINUTES = 20.0  # the learning claim's training budget on one GPU
+MINUTES = 5.0  # the learning claim's training budget on one GPU
 LR = 1e-5  # AdamW's rate for every real-model run: measured to learn on this setting (docs/smollm2.md)
 
 REAL_NOTE = (
