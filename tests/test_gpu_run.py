@@ -41,3 +41,32 @@ def test_a_stage_past_the_deadline_is_skipped_and_said(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     stage = json.loads((out / "gpu_run.json").read_text())["stages"]["static"]
     assert stage["rc"] == "skipped" and "left of the budget" in stage["why"]
+
+
+@pytest.mark.e2e
+def test_the_real_model_mode_joins_the_parts_imports_learns_and_compares(tmp_path):
+    """The real model's mode at CPU size: a tiny GGUF in two parts, as two calls of a lent machine carry
+    SmolLM2's, joined, imported, the learning claim's quick run and the modes' GRPO step on it."""
+    pytest.importorskip("gguf")
+    from gguf_tiny import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    data, parts = (tmp_path / "tiny.gguf").read_bytes(), tmp_path / "parts"
+    parts.mkdir()
+    (parts / "model.gguf.part-aa").write_bytes(data[: len(data) // 2])
+    (parts / "model.gguf.part-ab").write_bytes(data[len(data) // 2 :])
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run", "--real-model", str(parts),
+         "--out", str(out), "--work", str(tmp_path / "work"), "--budget-s", "400"],
+        cwd=ROOT, capture_output=True, text=True, timeout=500,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    stages = json.loads((out / "gpu_run.json").read_text())["stages"]
+    assert [*stages] == ["gguf", "import", "learning", "compare-real"]
+    assert all(stage["rc"] == 0 for stage in stages.values()), stages
+    assert f"joined 2 parts: {len(data)} bytes" in stages["gguf"]["tail"]
+    (result,) = stages["learning"]["results"].values()
+    assert result["verdict"] in ("reproduced", "not reproduced", "inconclusive")
+    (compare,) = stages["compare-real"]["results"].values()
+    assert [r["mode"] for r in compare["runs"]] == ["baseline", "sorted", "rhyme"]
