@@ -12,8 +12,9 @@ naming the file and line, which the CLI prints as one line. `read_json` does the
 
 Faults: a writer never replaces what is not a regular file (a device such as /dev/null, a FIFO, a socket:
 an `--out` pointing at one is refused), and a full, read-only or forbidden disk is a one-line UserError
-naming the path. `make_dir` creates an output directory the same way (locks.py makes one process the
-only writer of a run directory).
+naming the path. A file written in place (appended, trimmed) is opened with `open_own`, which refuses a
+symlink rather than follow it out of the run. `make_dir` creates an output directory the same way
+(locks.py makes one process the only writer of a run directory).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def extend_jsonl(path: str | Path, rows: Iterable[Any]) -> None:
     try:
         if not created:
             trim_torn_tail(path)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        fd = open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             _write_all(fd, payload)
             os.fsync(fd)
@@ -141,7 +142,7 @@ def trim_torn_tail(path: str | Path) -> bool:
     """Make `path` end in a newline: an unterminated last line that parses as a row gets its newline, a
     fragment is cut off (said once on stderr). True when the file changed."""
     path = Path(path)
-    with open(path, "r+b") as fh:
+    with os.fdopen(open_own(path, os.O_RDWR), "r+b") as fh:
         size = fh.seek(0, os.SEEK_END)
         if size == 0:
             return False
@@ -178,6 +179,18 @@ def replace_dir(tmp: str | Path, final: str | Path) -> Path:
         raise cannot_write(final, err) from None
     _fsync_dir(final.parent)
     return final
+
+
+def open_own(path: str | Path, flags: int) -> int:
+    """os.open for a run's file written in place (appended, trimmed, truncated): a symlink at `path` is
+    refused, not followed (O_NOFOLLOW), so a link planted in a run directory never leads a write to a file
+    outside it. A writer that renames into place needs no such care: rename replaces the link itself."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError:
+        if os.path.islink(path):  # ELOOP (Linux), EMLINK (BSD)
+            raise UserError(f"{path}: is a symlink; rlbench writes only its own files (remove it)") from None
+        raise
 
 
 def make_dir(path: str | Path) -> Path:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from reference_trainer.errors import UserError
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import save_model
 from reference_trainer.trace.records import (
@@ -60,6 +61,8 @@ def save_checkpoint(
     optimizer: dict[str, Any],
     trainer_state: dict[str, Any],
 ) -> Path:
+    if root.is_symlink():  # its old checkpoints are pruned below: never in a folder outside the run
+        raise UserError(f"{root}: is a symlink; a run's checkpoints must be its own folder (remove it)")
     make_dir(root)
     final = root / f"step-{step:06d}"
     tmp = root / f".step-{step:06d}.tmp{os.getpid()}"
