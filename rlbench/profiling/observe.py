@@ -54,6 +54,16 @@ class ObserveOptions:
         return self
 
 
+def check_new_observation(out: Path, overwrite: bool) -> None:
+    """Refuse to observe into a folder whose samples.jsonl would be replaced, unless `overwrite`: it is the
+    only input `--from-samples` has (a killed observation is rebuilt from it, not observed again)."""
+    if not overwrite and (out / "samples.jsonl").exists():
+        raise UserError(
+            f"{out} already holds an observation: `rlbench observe --from-samples {out}` rebuilds its "
+            "report; pass --overwrite to replace it, or use another --out"
+        )
+
+
 def start_sampler(
     opts: ObserveOptions, out: Path, now: Callable[[], float], say: Callable[[str], None]
 ) -> Any:
@@ -134,11 +144,17 @@ def observe(opts: ObserveOptions, out: Path, duration_s: float, say: Callable[[s
     return finish(out, rows, opts, base, sampler.notes)
 
 
+def samples_to_rebuild(out: Path) -> Path:
+    """`out`/samples.jsonl, or a one-line refusal when there is none (checked before `out` is locked,
+    which would create it)."""
+    if not (out / "samples.jsonl").is_file():
+        raise UserError(f"{out}: no samples.jsonl to rebuild from")
+    return out / "samples.jsonl"
+
+
 def from_samples(opts: ObserveOptions, out: Path) -> dict[str, Any]:
     """Rebuild trace, metrics and report from a run directory's samples.jsonl (a killed observation)."""
-    path = out / "samples.jsonl"
-    if not path.is_file():
-        raise UserError(f"{out}: no samples.jsonl to rebuild from")
+    path = samples_to_rebuild(out)
     rows = read_jsonl(path, check=row_problem)  # a hand-edited or foreign file: one line naming file:line
     old = read_json(out / "metrics.json") if (out / "metrics.json").is_file() else {}
     run = old.get("run", {"kind": "observe"})
