@@ -129,3 +129,35 @@ def test_weights_that_cannot_be_a_model_are_one_line_in_generate_and_eval(
 def test_a_device_that_holds_no_data_is_refused(tiny_model_dir, tmp_path):
     res = cli("generate", "--model", str(tiny_model_dir), "--prompt", "x", "--device", "meta", tmp=tmp_path)
     assert_one_line_error(res, "device 'meta': rlbench runs on cpu, cuda or mps")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--temperature", "1e-320", "--temperature must be 0 (greedy) or in 1e-05..100, got 1e-320"),
+        ("--temperature", "5e-324", "--temperature must be 0 (greedy) or in 1e-05..100"),
+        ("--temperature", "1e300", "--temperature must be 0 (greedy) or in 1e-05..100"),
+        ("--top-p", "1e-320", "--top-p must be >= 1e-06 and <= 1"),
+    ],
+)
+def test_sampling_values_that_vanish_in_float32_are_refused(tiny_model_dir, tmp_path, option, value, message):
+    """A subnormal temperature or top-p passed "finite and > 0" and became 0 in float32: an index past the
+    vocabulary in generate, eval and train alike."""
+    res = cli("generate", "--model", str(tiny_model_dir), "--prompt", "x", option, value, tmp=tmp_path)
+    assert_one_line_error(res, message)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "amc23.jsonl").write_text(json.dumps({"id": "a", "problem": "1+1?", "answer": "2"}) + "\n")
+    res = cli("eval", "--suite", "amc23", "--data-dir", str(data), "--model", str(tiny_model_dir), option,
+              value, "--out", "ev", tmp=tmp_path)  # fmt: skip
+    assert_one_line_error(res, message)
+    if option == "--temperature":  # train samples only (no greedy rollouts, no --top-p)
+        res = cli("train", "--model", str(tiny_model_dir), *TINY, option, value, "--out", "run", tmp=tmp_path)
+        assert_one_line_error(res, f"--temperature must be in 1e-05..100, got {float(value)!r}")
+
+
+@pytest.mark.parametrize("option", ["--lr", "--kl-coef"])
+def test_update_coefficients_that_overflow_float32_are_refused(tiny_model_dir, tmp_path, option):
+    res = cli("train", "--model", str(tiny_model_dir), *TINY, option, "1e300", "--out", "run", tmp=tmp_path)
+    assert_one_line_error(res, "must be ")
+    assert "<= 1e+06, got 1e+300" in res.stderr and not (tmp_path / "run").exists()

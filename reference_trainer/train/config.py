@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from reference_trainer.engine.factory import check_engine_kind, check_worker_backend
-from reference_trainer.errors import MAX_SEED, MAX_THREADS, UserError, check_integer, check_number
+from reference_trainer.errors import (
+    MAX_COEFFICIENT,
+    MAX_SEED,
+    MAX_THREADS,
+    UserError,
+    check_integer,
+    check_number,
+    check_temperature,
+    check_top_p,
+)
 from reference_trainer.modes import get_mode
 from reference_trainer.tasks import get_task, response_budget
 from reference_trainer.trace.records import read_json
@@ -55,23 +64,23 @@ class GRPOConfig:
 
     def check(self) -> None:
         """Every number finite and in range; one line naming the first that is not."""
-        check_number("lr", self.lr, low=0.0, low_open=True)
+        check_number("lr", self.lr, low=0.0, low_open=True, high=MAX_COEFFICIENT)
         for beta in self.betas:
             check_number("betas", beta, low=0.0, high=1.0, high_open=True)
-        check_number("weight_decay", self.weight_decay, low=0.0)
-        check_number("max_grad_norm", self.max_grad_norm)
+        check_number("weight_decay", self.weight_decay, low=0.0, high=MAX_COEFFICIENT)
+        check_number("max_grad_norm", self.max_grad_norm, high=MAX_COEFFICIENT)
         check_integer("micro_batch_size", self.micro_batch_size, low=1)
-        check_number("max_logits_mib", self.max_logits_mib, low=0.0, low_open=True)
-        check_number("clip_low", self.clip_low, low=0.0)
-        check_number("clip_high", self.clip_high, low=0.0)
+        check_number("max_logits_mib", self.max_logits_mib, low=0.0, low_open=True, high=2**30)  # 1 PiB
+        check_number("clip_low", self.clip_low, low=0.0, high=MAX_COEFFICIENT)
+        check_number("clip_high", self.clip_high, low=0.0, high=MAX_COEFFICIENT)
         if self.aggregation not in ("token-mean", "seq-mean"):
             raise UserError(f"aggregation must be token-mean or seq-mean, got {self.aggregation!r}")
-        check_number("kl_coef", self.kl_coef, low=0.0)
+        check_number("kl_coef", self.kl_coef, low=0.0, high=MAX_COEFFICIENT)
         if self.temperature is not None:
-            check_number("grpo.temperature", self.temperature, low=0.0, low_open=True)
+            check_temperature("grpo.temperature", self.temperature, greedy=False)
         check_integer("ppo_epochs", self.ppo_epochs, low=1)
         if self.tis_cap is not None:
-            check_number("tis_cap", self.tis_cap, low=0.0, low_open=True)
+            check_number("tis_cap", self.tis_cap, low=0.0, low_open=True, high=MAX_COEFFICIENT)
         if self.autocast not in AUTOCAST:
             raise UserError(f"grpo.autocast must be one of {', '.join(AUTOCAST)}, got {self.autocast!r}")
 
@@ -135,8 +144,8 @@ class TrainConfig:
             check_integer("threads", self.threads, low=1, high=MAX_THREADS)
         if isinstance(self.temperature, (int, float)) and self.temperature <= 0:
             raise UserError("training samples at --temperature > 0 (greedy rollouts have no log-probs)")
-        check_number("temperature", self.temperature, low=0.0, low_open=True)
-        check_number("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_temperature("temperature", self.temperature, greedy=False)
+        check_top_p("top_p", self.top_p)
         self.grpo.check()
         self._check_task()
         self._check_mode()
