@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -94,7 +93,9 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> ModelConfig:
-        return cls.from_hf_dict(json.loads(Path(path).read_text()))
+        from reference_trainer.trace.records import read_json
+
+        return cls.from_hf_dict(read_json(path))
 
 
 def check_hf_dict(raw: Any) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import torch
 from reference_trainer.errors import ModelLoadError
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM, rope_inv_freq
-from reference_trainer.trace.records import make_dir, write_json, write_safetensors
+from reference_trainer.trace.records import make_dir, read_json, write_json, write_safetensors
 
 
 def resolve_device(device: str) -> torch.device:
@@ -65,9 +64,10 @@ def read_config(model_dir: str | Path) -> ModelConfig:
     path = model_dir / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{model_dir} has no config.json: not a model directory")
+    raw = read_json(path)  # the project's one JSON reader: a malformed file is one line naming it
     try:
-        return ModelConfig.from_hf_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
+        return ModelConfig.from_hf_dict(raw)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
         raise ModelLoadError(f"{path}: {err}") from None
 
 

@@ -17,8 +17,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from reference_trainer.errors import ModelLoadError
-from reference_trainer.trace.records import make_dir, write_text
+from reference_trainer.errors import ModelLoadError, UserError
+from reference_trainer.trace.records import make_dir, read_json, write_text
 
 CHAR_TOKENIZER_FILE = "char_tokenizer.json"
 HF_TOKENIZER_FILE = "tokenizer.json"
@@ -79,12 +79,16 @@ class CharTokenizer:
 
     @classmethod
     def load(cls, directory: str | Path) -> CharTokenizer:
-        raw = json.loads((Path(directory) / CHAR_TOKENIZER_FILE).read_text())
+        path = Path(directory) / CHAR_TOKENIZER_FILE
+        raw = _read_json(path)
         if raw.get("type") != "char":
-            raise ValueError(
-                f"{directory}/{CHAR_TOKENIZER_FILE}: type is {raw.get('type')!r}, expected 'char'"
-            )
-        return cls(raw["vocab"])
+            raise ModelLoadError(f"{path}: type is {raw.get('type')!r}, expected 'char'")
+        vocab = raw.get("vocab")
+        if not (isinstance(vocab, list) and all(isinstance(t, str) for t in vocab)):
+            raise ModelLoadError(f"{path}: vocab is not a list of strings")
+        if vocab[: len(_SPECIALS)] != list(_SPECIALS):
+            raise ModelLoadError(f"{path}: vocab must start with {list(_SPECIALS)}")
+        return cls(vocab)
 
 
 def _token_content(value: Any) -> str | None:
@@ -99,9 +103,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelLoadError(f"{path}: not readable JSON ({err})") from None
+        raw = read_json(path)  # the project's one JSON reader (depth, huge integers, not UTF-8)
+    except UserError as err:
+        raise ModelLoadError(str(err)) from None  # a ValueError too, as load_tokenizer's callers catch
     if not isinstance(raw, dict):
         raise ModelLoadError(f"{path}: not a JSON object")
     return raw

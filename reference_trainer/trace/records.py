@@ -265,10 +265,27 @@ def read_json(path: str | Path) -> Any:
         raise UserError(f"{path}: not UTF-8 text") from None
     except OSError as err:  # a directory, no permission
         raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
+    value, why, line = decode_json(text)
+    if why:
+        raise UserError(f"{path}:{line}: {why}" if line else f"{path}: {why}") from None
+    return value
+
+
+def decode_json(raw: str | bytes) -> tuple[Any, str, int | None]:
+    """(value, "", None) for JSON text, or (None, why, line or None) for what the project cannot read:
+    malformed text, not UTF-8, nesting deeper than the interpreter's recursion limit, an integer past
+    Python's 4,300-digit conversion limit. Every reader of the project's JSON files goes through here, so
+    each of these is one line naming the file rather than a RecursionError or ValueError traceback."""
     try:
-        return json.loads(text)
+        return json.loads(raw), "", None
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text", None
     except json.JSONDecodeError as err:
-        raise UserError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from None
+        return None, f"malformed JSON ({err.msg})", err.lineno
+    except RecursionError:
+        return None, "JSON nested too deeply to read", None
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        return None, "an integer of more than 4,300 digits, which JSON readers refuse", None
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
@@ -279,12 +296,9 @@ def _line(obj: Any) -> str:
 
 
 def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
-    try:
-        value = json.loads(raw)
-    except UnicodeDecodeError:
-        return None, "not UTF-8 text"
-    except json.JSONDecodeError as err:
-        return None, f"malformed JSON row ({err.msg})"
+    value, why, _ = decode_json(raw)  # the row's line number is the caller's
+    if why:
+        return None, why.replace("malformed JSON (", "malformed JSON row (")
     if not isinstance(value, dict):
         return None, "row is not a JSON object"
     return value, ""

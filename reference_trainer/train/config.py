@@ -8,6 +8,7 @@ before torch or a model loads.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -169,6 +170,7 @@ class TrainConfig:
             )
 
     def _check_task(self) -> None:
+        self._check_task_option_types()
         try:
             get_task(self.task, **self.task_options)
         except TypeError as err:  # an unknown keyword: "... got an unexpected keyword argument 'foo'"
@@ -178,6 +180,29 @@ class TrainConfig:
         except ValueError as err:
             message = str(err) if str(err).startswith("unknown task") else f"task {self.task!r}: {err}"
             raise UserError(message) from None
+
+    def _check_task_option_types(self) -> None:
+        """Each --task-option of the type its default has (a number where the task compares numbers): the
+        task's own range checks would otherwise fail on `'<=' not supported between str and int`."""
+        import inspect
+
+        from reference_trainer.tasks import TASKS
+
+        if self.task not in TASKS:
+            return  # get_task names the valid tasks
+        params = inspect.signature(TASKS[self.task]).parameters
+        for key, value in self.task_options.items():
+            default = params[key].default if key in params else None
+            if isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, (int, float)):
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                ok = ok and (isinstance(value, int) or not isinstance(default, int))
+            else:
+                continue
+            if not ok:
+                kind = "true or false" if isinstance(default, bool) else type(default).__name__
+                raise UserError(f"task {self.task!r}: option {key} must be {kind}, got {value!r}")
 
     def _check_mode(self) -> None:
         mode = get_mode(self.mode)

@@ -15,7 +15,6 @@ When py-spy is missing or cannot attach (ptrace denied, not a Python process), t
 from __future__ import annotations
 
 import html
-import json
 import os
 import shutil
 import signal
@@ -26,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.trace.records import open_own, write_text
+from reference_trainer.trace.records import open_own, read_json, write_text
 
 
 def find_py_spy() -> str | None:
@@ -186,7 +185,7 @@ def record_command(
 
 def collapse_speedscope(path: str | Path) -> dict[tuple[str, ...], float]:
     """Stack (root first) -> total weight (samples), merged over all threads/processes of the profile."""
-    data = json.loads(Path(path).read_text())
+    data = read_json(path)
     frames = data["shared"]["frames"]
     names = [
         f"{f.get('name', '?')} ({Path(str(f.get('file', '?'))).name}:{f.get('line', '?')})" for f in frames
