@@ -72,7 +72,7 @@ def observe_command(
     # One writer, into an observation (or a profile that observed its servers) or a new folder.
     with claim(out, "observe", accepts=("observe",)):
         if from_samples is not None:
-            doc = rebuild(opts, out)
+            doc = rebuild(opts, out, say=lambda line: typer.echo(line, err=True))
         else:
             check_new_observation(out, overwrite)
             typer.echo(f"observing {len(opts.urls)} server(s) for {duration:g} s, every {interval:g} s")

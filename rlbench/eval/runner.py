@@ -99,7 +99,10 @@ def _check_stored_config(out: Path, cfg: EvalConfig, overwrite: bool) -> None:
                 f"{out} holds {PROGRESS_FILE} but no {CONFIG_FILE}; use --overwrite or another --out"
             )
         return
-    stored = read_json(path).get("config", {})
+    raw = read_json(path)
+    stored = raw.get("config") if isinstance(raw, dict) else None
+    if not isinstance(stored, dict):
+        raise UserError(f"{path}: not an evaluation's settings; pass --overwrite to start over")
     diff = [f"{k}: {stored.get(k)!r} -> {v!r}" for k, v in asdict(cfg).items() if stored.get(k) != v]
     if diff:
         raise UserError(

@@ -192,17 +192,26 @@ def as_row(t: float, index: int, result: Scrape | ScrapeError) -> dict[str, Any]
     return {"t": t, "server": index, "flavor": result.server, **result.values, **hist}
 
 
+# Bounds on what a samples.jsonl row can hold, so the rebuild's arithmetic and memory stay bounded: a server
+# index makes a per-server table (an index of 1e9, a billion entries), a counter past 2**60 is no server's,
+# and an observation lasts at most --duration's 1e7 s.
+MAX_SERVERS = 4096
+MAX_COUNTER = 2.0**60
+MAX_SECONDS = 1e7
+
+
 def row_problem(row: dict[str, Any]) -> str | None:
     """What is wrong with a samples.jsonl row read back (`observe --from-samples`), or None."""
-    if not is_number(row.get("t")):
-        return f"t is {row.get('t')!r}, not a number"
-    if type(row.get("server")) is not int or row["server"] < 0:
-        return f"server is {row.get('server')!r}, not a server index"
+    if not is_number(row.get("t")) or not 0 <= row["t"] <= MAX_SECONDS:
+        return f"t is {row.get('t')!r}, not seconds into an observation"
+    if type(row.get("server")) is not int or not 0 <= row["server"] < MAX_SERVERS:
+        return f"server is {row.get('server')!r}, not a server index (0..{MAX_SERVERS - 1})"
     if "error" in row:
         return None
     for quantity in NAMES["vllm"]:
-        if row.get(quantity) is not None and not is_number(row[quantity]):
-            return f"{quantity} is {row[quantity]!r}, not a number"
+        value = row.get(quantity)
+        if value is not None and not (is_number(value) and abs(value) <= MAX_COUNTER):
+            return f"{quantity} is {value!r}, not a number a server reports"
     for key in HISTOGRAMS["vllm"]:
         hist = row.get(key)
         if hist is None:

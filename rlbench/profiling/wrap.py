@@ -99,7 +99,7 @@ def _wrap(
         "pyspy": pyspy,
     }
     if servers is not None:
-        doc = finish(out, server_rows or [], observe, doc, servers.notes)
+        doc = finish(out, server_rows or [], observe, doc, servers.notes, say)
     else:
         write_json(out / "metrics.json", doc)
         render_profile(out, doc, [])
