@@ -41,6 +41,13 @@ CUT_OFF = "no answer before the observation ended"
 _READ = 1 << 16
 
 # quantity -> metric family names, first match wins (prometheus_client strips `_total` from counters)
+# Bounds on what a scrape or a samples.jsonl row can hold, so the derivation's arithmetic and memory stay
+# bounded: a server index makes a per-server table (an index of 1e9, a billion entries), a counter past
+# 2**60 is no server's, and an observation lasts at most --duration's 1e7 s.
+MAX_SERVERS = 4096
+MAX_COUNTER = 2.0**60
+MAX_SECONDS = 1e7
+
 NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     "vllm": {
         "running": ("vllm:num_requests_running",),
@@ -153,8 +160,9 @@ def parse(text: str) -> Scrape:
         family = next((families[n] for n in names if n in families), None)
         samples = [s for s in family.samples if not s.name.endswith("_created")] if family else []
         total = sum(s.value for s in samples) if samples else None
-        if total is not None and not math.isfinite(total):
-            problems.append(f"{quantity} is {total}: left null")
+        if total is not None and not (math.isfinite(total) and abs(total) <= MAX_COUNTER):
+            past = ", past 2**60" if math.isfinite(total) else ""
+            problems.append(f"{quantity} is {total}{past}: left null")
             total = None
         values[quantity] = total
         if family is None and names:
@@ -172,7 +180,7 @@ def parse(text: str) -> Scrape:
                 except (KeyError, ValueError):
                     problems.append(f"{name}: a bucket without a numeric le label, skipped")
                     continue
-                if math.isnan(le) or not math.isfinite(s.value):
+                if math.isnan(le) or not (math.isfinite(s.value) and 0 <= s.value <= MAX_COUNTER):
                     problems.append(f"{name}: a bucket with le {le} and count {s.value}, skipped")
                     continue
                 buckets[le] = buckets.get(le, 0.0) + s.value
@@ -190,14 +198,6 @@ def as_row(t: float, index: int, result: Scrape | ScrapeError) -> dict[str, Any]
         return {"t": t, "server": index, "error": str(result)}
     hist = {k: {str(le): n for le, n in sorted(v.items())} for k, v in result.histograms.items()}
     return {"t": t, "server": index, "flavor": result.server, **result.values, **hist}
-
-
-# Bounds on what a samples.jsonl row can hold, so the rebuild's arithmetic and memory stay bounded: a server
-# index makes a per-server table (an index of 1e9, a billion entries), a counter past 2**60 is no server's,
-# and an observation lasts at most --duration's 1e7 s.
-MAX_SERVERS = 4096
-MAX_COUNTER = 2.0**60
-MAX_SECONDS = 1e7
 
 
 def row_problem(row: dict[str, Any]) -> str | None:
