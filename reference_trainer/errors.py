@@ -91,3 +91,16 @@ def check_temperature(name: str, value: Any, greedy: bool = True) -> float:
 
 def check_top_p(name: str, value: Any) -> float:
     return check_number(name, value, low=MIN_TOP_P, high=1.0)
+
+
+# Sequences one step or one problem holds at once (prompts x group size in training, -k samples per
+# problem in eval): what a large RL step uses (1,024 prompts x 16) with room to spare. Past it, 2**31 - 1
+# passes the count check and ends in a MemoryError or a minute of silence: refused up front, as simulate
+# refuses its sizes.
+MAX_SEQUENCES = 1 << 16
+
+
+def check_sequences(what: str, count: int) -> int:
+    if count > MAX_SEQUENCES:
+        raise UserError(f"{what} is {count:,} sequences at once; at most {MAX_SEQUENCES:,}")
+    return count

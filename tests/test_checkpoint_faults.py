@@ -161,3 +161,22 @@ def test_update_coefficients_that_overflow_float32_are_refused(tiny_model_dir, t
     res = cli("train", "--model", str(tiny_model_dir), *TINY, option, "1e300", "--out", "run", tmp=tmp_path)
     assert_one_line_error(res, "must be ")
     assert "<= 1e+06, got 1e+300" in res.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("train", "--group-size", "2147483647"), "--prompts-per-step x --group-size is "),
+        (("train", "--prompts-per-step", "2147483647"), "--prompts-per-step x --group-size is "),
+        (("train", "--prompts-per-step", "512", "--group-size", "256"), "at most 65,536"),
+        (("eval", "-k", "2147483647"), "--samples (-k) is 2,147,483,647 sequences at once; at most 65,536"),
+    ],
+)
+def test_sizes_that_cannot_run_are_refused_before_anything_loads(tiny_model_dir, tmp_path, args, message):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "amc23.jsonl").write_text(json.dumps({"id": "a", "problem": "1+1?", "answer": "2"}) + "\n")
+    rest = ("--suite", "amc23", "--data-dir", str(data)) if args[0] == "eval" else TINY[4:]
+    res = cli(*args, "--model", str(tiny_model_dir), *rest, "--out", "run", tmp=tmp_path)
+    assert_one_line_error(res, message)
+    assert not (tmp_path / "run").exists()

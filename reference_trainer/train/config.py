@@ -21,6 +21,7 @@ from reference_trainer.errors import (
     UserError,
     check_integer,
     check_number,
+    check_sequences,
     check_temperature,
     check_top_p,
 )
@@ -135,6 +136,8 @@ class TrainConfig:
         for name in ("max_prefill_tokens", "checkpoint_every", "eval_problems", "eval_samples", "workers"):
             check_integer(name, getattr(self, name), low=1)
         check_integer("eval_every", self.eval_every, low=0)
+        check_sequences("--prompts-per-step x --group-size", self.prompts_per_step * self.group_size)
+        check_sequences("eval_problems x eval_samples", self.eval_problems * self.eval_samples)
         check_integer("seed", self.seed, low=0, high=MAX_SEED)
         check_integer("heldout_seed", self.heldout_seed, low=0, high=MAX_SEED)
         if self.max_tokens is not None:  # a response leaves room for at least one prompt token

@@ -19,6 +19,7 @@ from reference_trainer.errors import (
     MAX_SEED,
     UserError,
     check_integer,
+    check_sequences,
     check_temperature,
     check_top_p,
 )
@@ -52,6 +53,7 @@ class EvalConfig:
     def check(self) -> None:
         """Every option in range before anything loads: one line naming the first that is not."""
         check_integer("--samples", self.samples, low=1)
+        check_sequences("--samples (-k)", self.samples)
         check_integer("--max-tokens", self.max_tokens, low=1)
         check_temperature("--temperature", self.temperature)
         check_top_p("--top-p", self.top_p)
