@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from reference_trainer.errors import UserError
-from reference_trainer.trace.records import cannot_write, make_dir, open_own, replace_dir
+from reference_trainer.trace.records import cannot_write, make_dir, open_own, replace_dir, temp_beside
 
 try:
     import fcntl
@@ -38,7 +38,7 @@ def build_once(
     path.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(path.with_name(path.name + ".lock"), on_wait):
         if not ready(path):  # checked again: the holder we waited for has usually built it
-            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            tmp = temp_beside(path, f".tmp{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
             try:
                 build(tmp)

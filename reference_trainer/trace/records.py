@@ -50,7 +50,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     existing = _check_target(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    tmp = temp_beside(path, f".{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as err:
@@ -59,9 +59,13 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         try:
             if existing is not None:
                 os.fchmod(fd, stat.S_IMODE(existing.st_mode))
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
         finally:
             os.close(fd)
         yield tmp
+        # A library that writes the file itself may recreate it (safetensors does, 0600): the mode chosen
+        # above is set again, so a checkpoint stays readable by whoever could read the file it replaces.
+        os.chmod(tmp, mode)
         _fsync_path(tmp)
         os.replace(tmp, path)
     except OSError as err:
@@ -71,6 +75,14 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def temp_beside(path: Path, suffix: str) -> Path:
+    """A hidden temp path beside `path`, ending in `suffix`, whose name fits NAME_MAX (255 bytes): a legal
+    250-byte file name must not be refused because its temp name would be longer."""
+    room = 255 - len(suffix.encode()) - 1  # the leading dot
+    name = path.name.encode()[:room].decode("utf-8", errors="ignore")
+    return path.with_name(f".{name}{suffix}")
 
 
 def write_safetensors(
