@@ -94,3 +94,33 @@ def test_trace_times_and_counts_past_any_run_are_one_line(tmp_path, change, why)
     }
     (run / "trace.jsonl").write_text(json.dumps(event) + "\n")  # json.dumps writes inf as Infinity
     assert_one_line_error(cli("report", str(run), tmp=tmp_path), f"trace.jsonl: event 1 (decode): {why}")
+
+
+@pytest.mark.parametrize(("file", "doc", "why"), [
+    ("metrics.json", {"summary": {"bubble_ratio": float("inf")}, "steps": []},
+     "metrics.json: summary: bubble_ratio is inf, not a share between 0 and 1"),
+    ("metrics.json", {"summary": {"step_time_s": -5}, "steps": []},
+     "metrics.json: summary: step_time_s is -5, not a time or rate >= 0"),
+    ("metrics.json", {"summary": {}, "steps": [{"step": 0, "bubble_ratio": 1.5}]},
+     "metrics.json: step row 1: bubble_ratio is 1.5"),
+    ("compare.json", {"runs": [{"mode": "baseline", "summary": {"step_time_s": float("nan")}, "steps": []}]},
+     "compare.json: baseline's summary: step_time_s is nan, not a time or rate >= 0"),
+])  # fmt: skip
+def test_saved_numbers_a_report_would_print_wrongly_are_one_line(tmp_path, file, doc, why):
+    """A report printed "inf%", "-5 s" and nan speed-ups from these, with exit 0."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / file).write_text(json.dumps(doc))
+    assert_one_line_error(cli("report", "run", tmp=tmp_path), why)
+
+
+def test_a_char_tokenizer_that_is_not_the_models_is_refused(tiny_model_dir, tmp_path):
+    import shutil
+
+    from reference_trainer.model.tokenizer import CharTokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "char_tokenizer.json").unlink()
+    CharTokenizer(["<pad>", "<bos>", "<eos>", "a"]).save(model)
+    res = cli("generate", "--model", str(model), "--prompt", "a", "--max-tokens", "2", tmp=tmp_path)
+    assert_one_line_error(res, "char_tokenizer.json: 4 tokens, where config.json's vocab_size is 99")

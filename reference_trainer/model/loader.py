@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from reference_trainer.errors import ModelLoadError
+from reference_trainer.errors import ModelLoadError, UserError
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM, rope_inv_freq
 from reference_trainer.trace.records import make_dir, read_json, write_json, write_safetensors
@@ -64,7 +64,10 @@ def read_config(model_dir: str | Path) -> ModelConfig:
     path = model_dir / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{model_dir} has no config.json: not a model directory")
-    raw = read_json(path)  # the project's one JSON reader: a malformed file is one line naming it
+    try:
+        raw = read_json(path)  # the project's one JSON reader: a malformed file is one line naming it
+    except UserError as err:
+        raise ModelLoadError(str(err)) from None  # a ValueError too, as callers of load_model catch
     try:
         return ModelConfig.from_hf_dict(raw)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:

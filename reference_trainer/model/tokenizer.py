@@ -236,15 +236,35 @@ class HFTokenizer:
         return directory / HF_TOKENIZER_FILE
 
 
+def _fits_model(tok: Any, model_dir: Path) -> Any:
+    """`tok` if it can be the tokenizer of the model in `model_dir`: a char tokenizer has exactly the
+    model's vocabulary (its models are never padded; a 4-token one beside a 99-token model decoded most
+    tokens as '?', silently), and no tokenizer's end-of-sequence id lies past the model's embedding (it
+    could never be sampled: generation would not stop). HF models may pad their embedding past the
+    tokenizer, so a smaller HF vocabulary is fine."""
+    try:
+        vocab = _read_json(model_dir / "config.json").get("vocab_size")
+    except ModelLoadError:  # read_config says what is wrong with it, where the model is loaded
+        return tok
+    if type(vocab) is not int:
+        return tok  # no model beside it (a tokenizer directory), or read_config says what is wrong
+    where = model_dir / (CHAR_TOKENIZER_FILE if isinstance(tok, CharTokenizer) else HF_TOKENIZER_FILE)
+    if isinstance(tok, CharTokenizer) and tok.vocab_size != vocab:
+        raise ModelLoadError(f"{where}: {tok.vocab_size} tokens, where config.json's vocab_size is {vocab}")
+    if past := sorted(i for i in tok.eos_token_ids if i >= vocab):
+        raise ModelLoadError(f"{where}: end-of-sequence id {past[0]} is past the model's {vocab} tokens")
+    return tok
+
+
 def load_tokenizer(model_dir: str | Path) -> CharTokenizer | HFTokenizer:
     """The tokenizer a model directory holds: char_tokenizer.json or tokenizer.json."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory not found: {model_dir}")
     if (model_dir / CHAR_TOKENIZER_FILE).is_file():
-        return CharTokenizer.load(model_dir)
+        return _fits_model(CharTokenizer.load(model_dir), model_dir)
     if (model_dir / HF_TOKENIZER_FILE).is_file():
-        return HFTokenizer(model_dir)
+        return _fits_model(HFTokenizer(model_dir), model_dir)
     raise FileNotFoundError(
         f"no tokenizer in {model_dir}: expected {CHAR_TOKENIZER_FILE} or {HF_TOKENIZER_FILE}"
     )
