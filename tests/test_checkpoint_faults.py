@@ -180,3 +180,24 @@ def test_sizes_that_cannot_run_are_refused_before_anything_loads(tiny_model_dir,
     res = cli(*args, "--model", str(tiny_model_dir), *rest, "--out", "run", tmp=tmp_path)
     assert_one_line_error(res, message)
     assert not (tmp_path / "run").exists()
+
+
+def test_weights_the_user_may_not_read_are_said_to_be_so(tiny_model_dir, monkeypatch):
+    """safetensors says "No such file or directory" for a file it may not read (tests run as root, who
+    may read anything: the refusal is the OS's, simulated)."""
+    import builtins
+    import errno
+
+    from reference_trainer.errors import ModelLoadError
+    from reference_trainer.model.loader import tensor_shapes
+
+    real = builtins.open
+
+    def refuse(file, *args, **kwargs):
+        if str(file).endswith(".safetensors"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refuse)
+    with pytest.raises(ModelLoadError, match=r"model.safetensors: Permission denied$"):
+        tensor_shapes(tiny_model_dir)

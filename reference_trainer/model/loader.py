@@ -104,13 +104,19 @@ def tensor_shapes(model_dir: str | Path) -> dict[str, tuple[tuple[int, ...], Pat
     shapes: dict[str, tuple[tuple[int, ...], Path]] = {}
     for file in files:
         try:
+            # Opened here first: safetensors reports a file it may not read as "No such file or directory"
+            # (a checkpoint another user wrote 0600); the OS's own error names the real cause.
+            with open(file, "rb"):
+                pass
             with safe_open(str(file), framework="pt") as handle:
                 for name in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                     tensor = handle.get_slice(name)
                     if tensor.get_dtype() not in FLOAT_DTYPES:
                         raise ModelLoadError(f"{file}: {name} is {tensor.get_dtype()}, not floating point")
                     shapes[name] = (tuple(tensor.get_shape()), file)
-        except (SafetensorError, OSError) as err:
+        except OSError as err:
+            raise ModelLoadError(f"cannot read {file}: {err.strerror or err}") from None
+        except SafetensorError as err:
             raise ModelLoadError(f"cannot read {file}: {err}") from None
     return shapes
 
