@@ -115,6 +115,8 @@ def restoring(path: Path) -> Iterator[None]:
     try:
         yield
     except UserError as err:
+        if str(path) not in str(err):  # not about this checkpoint's files (a device, say): as it is
+            raise
         raise UserError(f"{err}; {REMEDY}") from None
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError, OverflowError) as err:
         why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
