@@ -15,7 +15,8 @@ Groups (each case is one command, or a kill and a resume, judged by what it must
 - inputs: model directories whose config.json lies, refused chat templates, bad suite rows, wrongly typed
   traces, run configs and saved results.
 - servers: `rlbench observe` against hostile metrics servers on 127.0.0.1 (a byte at a time, endless, huge,
-  garbage, silent, bad histogram labels), beside a readable one.
+  garbage, silent, bad histogram labels, a success counter 1e9 higher on every scrape), beside a readable
+  one.
 - fuzz: every numeric option of every command fed 0, -3, nan, inf, 1e999 and 2**70; a value that passes the
   checks up front is then run for real.
 - hostile: run files that are symlinks, folders holding another command's run, damaged checkpoints and
