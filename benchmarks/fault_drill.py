@@ -15,11 +15,16 @@ Groups (each case is one command, or a kill and a resume, judged by what it must
 - inputs: model directories whose config.json lies, refused chat templates, bad suite rows, wrongly typed
   traces, run configs and saved results.
 - servers: `rlbench observe` against hostile metrics servers on 127.0.0.1 (a byte at a time, endless, huge,
-  garbage, silent, bad histogram labels), beside a readable one.
+  garbage, silent, bad histogram labels, a success counter 1e9 higher on every scrape), beside a readable
+  one.
 - fuzz: every numeric option of every command fed 0, -3, nan, inf, 1e999 and 2**70; a value that passes the
   checks up front is then run for real.
+- hostile: run files that are symlinks, folders holding another command's run, damaged checkpoints and
+  weights, sampling values that vanish in float32, JSON the interpreter refuses, shapes and sizes past any
+  run, unbounded claims of servers and files, saved numbers a report would print wrongly, paths.
 
-The first four groups are in fault_runs.py, the inputs in fault_inputs.py, servers and fuzz in fault_fuzz.py.
+The first four groups are in fault_runs.py, the inputs in fault_inputs.py, servers and fuzz in fault_fuzz.py,
+the hostile round in fault_hostile.py.
 
 A case fails when the command does not end as it must; a traceback is any "Traceback" a command printed (or an
 exception escaping it in process); "lost" counts finished work or intact data that did not survive the fault.
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.fault_fuzz import hostile_servers, option_fuzz
+from benchmarks.fault_hostile import hostile_round3
 from benchmarks.fault_inputs import Check, Outcome, corrupt_inputs
 from benchmarks.fault_runs import ROOT, concurrency, disks, kill_resume, signals
 from reference_trainer.trace.records import write_json
@@ -55,6 +61,7 @@ GROUPS: dict[str, Callable[[Path], Iterator[tuple[str, Check]]]] = {
     "inputs": corrupt_inputs,
     "servers": hostile_servers,
     "fuzz": option_fuzz,
+    "hostile": hostile_round3,
 }
 
 

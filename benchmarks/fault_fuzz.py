@@ -49,6 +49,7 @@ class Hostile:
         self.sock.settimeout(0.2)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/metrics"
         self.stop = threading.Event()
+        self.scrapes = 0
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -89,6 +90,11 @@ class Hostile:
                 return
             elif self.kind == "silent":
                 self.stop.wait(30)
+            elif self.kind == "jumping counter":  # a success counter 1e9 higher on every scrape
+                self.scrapes += 1
+                page = (PAGE + "# TYPE vllm:request_success_total counter\n"
+                        f"vllm:request_success_total {self.scrapes * 10**9}\n").encode()  # fmt: skip
+                conn.sendall(head + b"Content-Length: %d\r\n\r\n" % len(page) + page)
             else:  # "bad le": histogram buckets without a numeric le, and a NaN gauge
                 page = (
                     PAGE + "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting NaN\n"
@@ -101,7 +107,7 @@ class Hostile:
 
 
 SERVER_KINDS = ("slow body", "slow headers", "endless body", "one huge line", "binary garbage", "HTTP 500",
-                "hang up", "silent", "bad le")  # fmt: skip
+                "hang up", "silent", "bad le", "jumping counter")  # fmt: skip
 
 
 def hostile_servers(work: Path) -> Iterator[tuple[str, Check]]:

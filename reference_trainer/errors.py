@@ -62,3 +62,45 @@ def check_number(
         upper = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
         raise UserError(f"{name} must be {' and '.join(b for b in (lower, upper) if b)}, got {value:g}")
     return value
+
+
+# Sampling runs in float32: logits are divided by the temperature and a top-p mass is compared with a
+# cumulative sum. A temperature of 1e-320 passes "finite and > 0" but is 0 in float32 (the logits become
+# inf, and the draw an index past the vocabulary); so is a top-p of 1e-320 (no token is kept). Below these
+# bounds nothing differs from greedy (temperature) or from keeping the top token (top-p) anyway.
+MIN_TEMPERATURE = 1e-5
+MAX_TEMPERATURE = 100.0
+MIN_TOP_P = 1e-6
+# A coefficient of the update (lr, kl_coef, clip ranges, ...) multiplies float32 tensors: 1e300 does not
+# convert. No useful setting comes near this bound.
+MAX_COEFFICIENT = 1e6
+
+
+def check_temperature(name: str, value: Any, greedy: bool = True) -> float:
+    """`value` if it is 0 (greedy, where `greedy` allows it) or in [MIN_TEMPERATURE, MAX_TEMPERATURE]."""
+    check_number(name, value)
+    if greedy and value == 0:
+        return 0.0
+    if not MIN_TEMPERATURE <= value <= MAX_TEMPERATURE:
+        zero = "0 (greedy) or " if greedy else ""
+        raise UserError(
+            f"{flag(name)} must be {zero}in {MIN_TEMPERATURE:g}..{MAX_TEMPERATURE:g}, got {value!r}"
+        )
+    return value
+
+
+def check_top_p(name: str, value: Any) -> float:
+    return check_number(name, value, low=MIN_TOP_P, high=1.0)
+
+
+# Sequences one step or one problem holds at once (prompts x group size in training, -k samples per
+# problem in eval): what a large RL step uses (1,024 prompts x 16) with room to spare. Past it, 2**31 - 1
+# passes the count check and ends in a MemoryError or a minute of silence: refused up front, as simulate
+# refuses its sizes.
+MAX_SEQUENCES = 1 << 16
+
+
+def check_sequences(what: str, count: int) -> int:
+    if count > MAX_SEQUENCES:
+        raise UserError(f"{what} is {count:,} sequences at once; at most {MAX_SEQUENCES:,}")
+    return count

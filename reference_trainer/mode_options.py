@@ -4,7 +4,6 @@ mode takes which. Imports nothing heavy."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Any
 
 from reference_trainer.errors import MAX_COUNT, UserError
 from reference_trainer.rollout.placement import ORDERS, PLACEMENTS
+from reference_trainer.trace.records import decode_json
 
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
@@ -186,9 +186,8 @@ def parse_option_pairs(pairs: Sequence[str], flag: str = "--mode-option") -> dic
         key, sep, raw = pair.partition("=")
         if not sep or not key:
             raise UserError(f"{flag} needs KEY=VALUE, got {pair!r}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
+        value, why, _ = decode_json(raw)  # depth and 4,300-digit integers too: a string, never a traceback
+        if why:
             value = raw
         head, _, sub = key.partition(".")
         if sub:

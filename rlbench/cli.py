@@ -104,15 +104,20 @@ _group(
 app_.command("doctor")(doctor.doctor_command)
 
 
+def one_line(message: str) -> str:
+    """`message` on one line: a path may hold a newline (a legal file name), which would split the error."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def app() -> None:
     """Entry point: run the Typer app, turning UserError into one line on stderr and exit code 2."""
     try:
         rc = app_(standalone_mode=False)
     except Interrupted as err:
-        typer.echo(str(err), err=True)
+        typer.echo(one_line(str(err)), err=True)
         sys.exit(err.exit_code)
     except UserError as err:
-        typer.echo(f"error: {err}", err=True)
+        typer.echo(one_line(f"error: {err}"), err=True)
         sys.exit(err.exit_code)
     except typer.Abort:
         typer.echo("aborted", err=True)
@@ -124,7 +129,7 @@ def app() -> None:
         if err.errno not in DISK_ERRNOS:
             raise
         where = f"{err.filename}: " if err.filename else ""
-        typer.echo(f"error: {where}{err.strerror or err}", err=True)
+        typer.echo(one_line(f"error: {where}{err.strerror or err}"), err=True)
         sys.exit(UserError.exit_code)
     except Exception as err:
         # Usage errors (bad option values, unknown options) come from click, or from the copy of click
@@ -133,7 +138,7 @@ def app() -> None:
         exit_code = getattr(err, "exit_code", None)
         if callable(format_message) and isinstance(exit_code, int):
             if message := format_message():  # empty after no-args help, which is already printed
-                typer.echo(f"error: {message}", err=True)
+                typer.echo(one_line(f"error: {message}"), err=True)
             sys.exit(exit_code)
         if isinstance(exit_code, int):  # click/typer Exit
             sys.exit(exit_code)

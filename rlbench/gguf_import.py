@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.trace.records import replace_dir, write_json, write_safetensors, write_text
+from reference_trainer.trace.records import (
+    replace_dir,
+    temp_beside,
+    write_json,
+    write_safetensors,
+    write_text,
+)
 
 GGUF_EXTRA = "pip install 'rlbench[gguf]'"
 # GGUF architecture -> the Hugging Face class our decoder implements (and transformers' GGUF loader knows).
@@ -107,7 +113,7 @@ def convert_gguf(
     info = source if isinstance(source, GGUFInfo) else inspect_gguf(source)
     out_dir = Path(out_dir)
     say = on_phase or (lambda _msg: None)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
+    tmp = temp_beside(out_dir, f".tmp{os.getpid()}")
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -10,7 +10,6 @@ import-gguf`). Imported models live in `<cache>/models/<name>/` as normal Huggin
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import sys
@@ -23,6 +22,7 @@ from reference_trainer.errors import UserError
 from reference_trainer.model.embedded import default_model_dir, shipped_dir
 from reference_trainer.model.tokenizer import load_tokenizer
 from reference_trainer.trace.locks import build_once
+from reference_trainer.trace.records import read_json
 from rlbench.gguf_import import GGUFImportError, build_directory, inspect_gguf
 
 EMBEDDED = "embedded"
@@ -188,9 +188,11 @@ def _imported_dirs() -> list[Path]:
 def describe_dir(path: Path) -> str:
     """Architecture, size and tokenizer of a model directory, in a few words (reads config.json only)."""
     try:
-        raw: dict[str, Any] = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        raw = read_json(path / "config.json")
+    except UserError:
         return "no readable config.json"
+    if not isinstance(raw, dict):
+        return "config.json is not an object"
     arch = (raw.get("architectures") or ["?"])[0]
     layers, hidden, vocab = raw.get("num_hidden_layers"), raw.get("hidden_size"), raw.get("vocab_size")
     tok = "chat template" if _has_chat_template(path) else "no chat template"
@@ -201,9 +203,10 @@ def _has_chat_template(path: Path) -> bool:
     if (path / "chat_template.jinja").is_file():
         return True
     try:
-        return bool(json.loads((path / "tokenizer_config.json").read_text()).get("chat_template"))
-    except (OSError, json.JSONDecodeError):
+        raw = read_json(path / "tokenizer_config.json")
+    except UserError:
         return False
+    return isinstance(raw, dict) and bool(raw.get("chat_template"))
 
 
 def list_models(paths: Sequence[Path] = ()) -> list[dict[str, str]]:

@@ -213,3 +213,66 @@ def test_an_interrupted_run_keeps_its_steps_without_rewriting_them(tiny_model_di
     logs = {name: (tmp_path / "run" / name).stat().st_mtime_ns for name in ("metrics.jsonl", "trace.jsonl")}
     assert cli("train", "--resume", "run", tmp=tmp_path).returncode == 0  # nothing left to run
     assert logs == {name: (tmp_path / "run" / name).stat().st_mtime_ns for name in logs}
+
+
+def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_kept(tiny_model_dir, tmp_path):
+    """The lock is truncated and written with the holder's pid: followed, a planted link would overwrite
+    the file it points to, outside the run."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    data = tiny_suite(tmp_path / "data")
+    eval_args = ("eval", "--suite", "amc23", "--data-dir", str(data), "--model", str(tiny_model_dir))
+    for name, command in {
+        "train": ("train", *tiny_run(tiny_model_dir)),
+        "profile": ("profile", *tiny_run(tiny_model_dir)),
+        "compare": ("compare", "--modes", "baseline", *tiny_run(tiny_model_dir)),
+        "eval": eval_args,
+    }.items():
+        run = tmp_path / name
+        run.mkdir()
+        (run / ".rlbench.lock").symlink_to(notes)
+        assert_one_line_error(cli(*command, "--out", str(run), tmp=tmp_path), ".rlbench.lock: is a symlink")
+        assert notes.read_text() == "mine", name
+    dangling = tmp_path / "dangling"
+    dangling.mkdir()
+    (dangling / ".rlbench.lock").symlink_to(tmp_path / "created-outside")
+    res = cli("train", "--out", str(dangling), *tiny_run(tiny_model_dir), tmp=tmp_path)
+    assert_one_line_error(res, ".rlbench.lock: is a symlink")
+    assert not (tmp_path / "created-outside").exists()
+
+
+def test_a_lock_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    from reference_trainer.errors import UserError
+    from reference_trainer.trace.locks import build_once, run_lock
+
+    (tmp_path / "run").mkdir()
+    os.mkfifo(tmp_path / "run" / ".rlbench.lock")
+    with pytest.raises(UserError, match="not a regular file"), run_lock(tmp_path / "run"):
+        pass
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    (tmp_path / "model.lock").symlink_to(notes)
+    with pytest.raises(UserError, match="model.lock: is a symlink"):
+        build_once(tmp_path / "model", lambda p: p.mkdir(), lambda p: p.is_dir())
+    assert notes.read_text() == "mine" and not (tmp_path / "model").exists()
+
+
+def test_appends_and_checkpoints_never_follow_a_link_out_of_the_run(tmp_path):
+    from reference_trainer.errors import UserError
+    from reference_trainer.trace.records import append_jsonl
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text('{"mine": 1}\n{"torn')
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").symlink_to(notes)
+    with pytest.raises(UserError, match="metrics.jsonl: is a symlink"):
+        append_jsonl(tmp_path / "run" / "metrics.jsonl", {"step": 0})
+    assert notes.read_text() == '{"mine": 1}\n{"torn'  # not trimmed, not appended to
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "step-000001").mkdir()
+    (tmp_path / "run" / "checkpoints").symlink_to(tmp_path / "elsewhere")
+    from reference_trainer.train.checkpoint import save_checkpoint
+
+    with pytest.raises(UserError, match="checkpoints: is a symlink"):
+        save_checkpoint(tmp_path / "run" / "checkpoints", 5, None, None, {}, {})  # type: ignore[arg-type]
+    assert [p.name for p in (tmp_path / "elsewhere").iterdir()] == ["step-000001"]

@@ -66,7 +66,7 @@ def test_input_errors_come_before_the_model_is_resolved(tmp_path: Path, no_model
         ([*ok, "-k", "0"], r"--samples must be in 1\.\."),
         ([*ok, "--max-tokens", "0"], r"--max-tokens must be in 1\.\."),
         ([*ok, "--limit", "0"], r"--limit must be in 1\.\."),
-        ([*ok, "--top-p", "1.5"], r"--top-p must be > 0 and <= 1, got 1\.5"),
+        ([*ok, "--top-p", "1.5"], r"--top-p must be >= 1e-06 and <= 1, got 1\.5"),
         ([*ok, "--temperature", "nan"], r"--temperature must be a finite number, got nan"),
         ([*ok, "--template", "fancy"], r"unknown template 'fancy'"),
         (["--suite", "aime24", "--data-dir", str(empty_dir)], r"needs aime24\.jsonl in the data dir"),

@@ -98,7 +98,12 @@ def test_report_on_wrongly_typed_results_is_one_line(tmp_path):
     for change, message in (
         ({"samples": "2"}, "samples is '2', not a positive integer"),
         ({"pass_at_k": {"1": 0.5}}, "pass_at_k is {'1': 0.5}, not a {k: value} table with k = 2"),
-        ({"accuracy": None}, "accuracy is None, not a number"),
+        ({"accuracy": None}, "accuracy is None, not a share between 0 and 1"),
+        ({"accuracy": 45.0}, "accuracy is 45.0, not a share between 0 and 1"),  # was shown as 4500%
+        (
+            {"pass_at_k": {"2": float("inf")}},
+            "pass_at_k is {'2': inf}, not a {k: share between 0 and 1} table",
+        ),
         ({"sampling": None}, "sampling is None, not the sampling settings"),
         ({"problems": [{"id": "a"}]}, "problem 1: lacks gold"),
         (

@@ -77,9 +77,12 @@ def test_a_rebuild_from_wrongly_typed_samples_is_one_line(tmp_path):
     run.mkdir()
     good = {"t": 0.5, "server": 0, "running": 1, "waiting": 0}
     for bad, why in (
-        ({"t": "soon", "server": 0}, "t is 'soon', not a number"),
+        ({"t": "soon", "server": 0}, "t is 'soon', not seconds into an observation"),
+        ({"t": 1e308, "server": 0}, "t is 1e+308, not seconds into an observation"),
         ({"t": 1.0, "server": -1}, "server is -1, not a server index"),
-        ({**good, "running": [3]}, "running is [3], not a number"),
+        ({"t": 1.0, "server": 10**9}, "server is 1000000000, not a server index (0..4095)"),
+        ({**good, "running": [3]}, "running is [3], not a number a server reports"),
+        ({**good, "finished": 1e300}, "finished is 1e+300, not a number a server reports"),
         ({**good, "response_hist": {"many": 1}}, "response_hist is not a {le: count} histogram"),
     ):
         (run / "samples.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")

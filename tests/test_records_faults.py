@@ -5,6 +5,7 @@ directory."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import subprocess
@@ -115,3 +116,39 @@ def test_a_second_writer_of_a_run_directory_is_refused(tmp_path):
         holder.wait()
     with run_lock(run), run_lock(run):  # the dead holder's lock is gone; one process may nest it
         assert (run / LOCK_FILE).read_text().strip() == str(os.getpid())
+
+
+def test_a_file_written_by_a_library_keeps_the_mode_a_plain_write_gets(tmp_path):
+    """safetensors recreates the temp file 0600: a checkpoint another user may read must not become one it
+    cannot (then told "No such file or directory")."""
+    import stat
+
+    import torch
+
+    from reference_trainer.trace.records import write_safetensors, write_text
+
+    old = os.umask(0o022)
+    try:
+        write_safetensors(tmp_path / "w.safetensors", {"a": torch.zeros(2)})
+        write_text(tmp_path / "t.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "w.safetensors").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "t.txt").stat().st_mode) == 0o644
+
+
+def test_a_file_name_of_250_bytes_is_written(tmp_path):
+    from reference_trainer.trace.records import write_json
+
+    name = "é" * 120 + "x.json"  # 246 bytes: legal, and its temp name must fit NAME_MAX as well
+    write_json(tmp_path / name, {"ok": 1})
+    assert json.loads((tmp_path / name).read_text()) == {"ok": 1}
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no temp left
+
+
+def test_a_newline_in_a_path_keeps_the_error_on_one_line(tmp_path):
+    from conftest import assert_one_line_error, cli
+
+    odd = tmp_path / "a\nb"
+    res = cli("report", str(odd), tmp=tmp_path)
+    assert_one_line_error(res, "a\\nb")

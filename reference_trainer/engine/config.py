@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reference_trainer.errors import MAX_SEED, UserError, check_integer, check_number
+from reference_trainer.errors import MAX_SEED, UserError, check_integer, check_temperature, check_top_p
 
 # How decode and verify forwards attend over the KV cache (model/attention.py IMPLEMENTATIONS, plus auto).
 # Named here rather than imported so that checking a config loads no torch.
@@ -31,8 +31,8 @@ class SamplingParams:
     def check(self) -> SamplingParams:
         """Self, if every number is finite and in range; else a one-line UserError naming the option (a NaN
         temperature would sample nothing, a seed past int64 would fail in torch's generator)."""
-        check_number("--temperature", self.temperature, low=0.0)
-        check_number("--top-p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_temperature("--temperature", self.temperature)
+        check_top_p("--top-p", self.top_p)
         check_integer("--top-k", self.top_k, low=0)
         check_integer("--max-tokens", self.max_tokens, low=1)
         if self.seed is not None:

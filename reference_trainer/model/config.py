@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from reference_trainer.trace.records import read_json
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
 MAX_DIM = 1 << 20  # vocabularies reach ~256k, widths ~32k, depths ~100: beyond this it is not a real config
@@ -94,7 +95,7 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> ModelConfig:
-        return cls.from_hf_dict(json.loads(Path(path).read_text()))
+        return cls.from_hf_dict(read_json(path))
 
 
 def check_hf_dict(raw: Any) -> None:

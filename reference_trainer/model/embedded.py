@@ -7,12 +7,11 @@ names it, never a silently different model. Nothing is trained on first use.
 from __future__ import annotations
 
 import hashlib
-import json
 from importlib import resources
 from pathlib import Path
 
 from reference_trainer.errors import ModelLoadError
-from reference_trainer.trace.records import write_text
+from reference_trainer.trace.records import read_json, write_text
 
 WEIGHTS_PACKAGE = "reference_trainer.model"
 WEIGHTS_DIR = "weights"
@@ -78,5 +77,5 @@ def label() -> str:
     directory = shipped_dir()
     digest = recorded_sums(directory).get("model.safetensors", "unknown")[:12]
     card = directory / CARD
-    version = json.loads(card.read_text()).get("recipe_version", "?") if card.is_file() else "?"
+    version = read_json(card).get("recipe_version", "?") if card.is_file() else "?"  # shipped: checksummed
     return f"embedded (recipe v{version}, sha256 {digest})"

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 
-from reference_trainer.errors import ModelLoadError
+from reference_trainer.errors import ModelLoadError, UserError
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM, rope_inv_freq
-from reference_trainer.trace.records import make_dir, write_json, write_safetensors
+from reference_trainer.trace.records import make_dir, read_json, write_json, write_safetensors
 
 
 def resolve_device(device: str) -> torch.device:
@@ -23,9 +22,12 @@ def resolve_device(device: str) -> torch.device:
             f"device {device!r} requested but CUDA is not available on this machine (use --device cpu)"
         )
     try:
-        return torch.device(device)
+        found = torch.device(device)
     except RuntimeError as err:
         raise ModelLoadError(f"unknown device {device!r}: {err}") from None
+    if found.type not in ("cpu", "cuda", "mps"):  # meta holds no data; others are not built for here
+        raise ModelLoadError(f"device {device!r}: rlbench runs on cpu, cuda or mps")
+    return found
 
 
 def resolve_threads(threads: int | None) -> int:
@@ -63,8 +65,12 @@ def read_config(model_dir: str | Path) -> ModelConfig:
     if not path.is_file():
         raise ModelLoadError(f"{model_dir} has no config.json: not a model directory")
     try:
-        return ModelConfig.from_hf_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
+        raw = read_json(path)  # the project's one JSON reader: a malformed file is one line naming it
+    except UserError as err:
+        raise ModelLoadError(str(err)) from None  # a ValueError too, as callers of load_model catch
+    try:
+        return ModelConfig.from_hf_dict(raw)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
         raise ModelLoadError(f"{path}: {err}") from None
 
 
@@ -88,7 +94,8 @@ def read_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
 
 def tensor_shapes(model_dir: str | Path) -> dict[str, tuple[tuple[int, ...], Path]]:
     """name -> (shape, file) of every tensor in the directory's *.safetensors, read from their headers
-    alone (no tensor data)."""
+    alone (no tensor data). A tensor that is not floating point (int8, bool, I32 weights) is refused here:
+    cast silently, it would load and then fail hundreds of frames deep in the first forward."""
     from safetensors import SafetensorError, safe_open
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
@@ -97,12 +104,24 @@ def tensor_shapes(model_dir: str | Path) -> dict[str, tuple[tuple[int, ...], Pat
     shapes: dict[str, tuple[tuple[int, ...], Path]] = {}
     for file in files:
         try:
+            # Opened here first: safetensors reports a file it may not read as "No such file or directory"
+            # (a checkpoint another user wrote 0600); the OS's own error names the real cause.
+            with open(file, "rb"):
+                pass
             with safe_open(str(file), framework="pt") as handle:
                 for name in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                    shapes[name] = (tuple(handle.get_slice(name).get_shape()), file)
-        except (SafetensorError, OSError) as err:
+                    tensor = handle.get_slice(name)
+                    if tensor.get_dtype() not in FLOAT_DTYPES:
+                        raise ModelLoadError(f"{file}: {name} is {tensor.get_dtype()}, not floating point")
+                    shapes[name] = (tuple(tensor.get_shape()), file)
+        except OSError as err:
+            raise ModelLoadError(f"cannot read {file}: {err.strerror or err}") from None
+        except SafetensorError as err:
             raise ModelLoadError(f"cannot read {file}: {err}") from None
     return shapes
+
+
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the weight types a model may hold
 
 
 def load_model(model_dir: str | Path, device: str = "cpu", dtype: str = "auto") -> DecoderLM:
@@ -133,6 +152,11 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: str = "auto") 
                 f"{file}: {name} has shape {list(shape)}, where config.json implies {list(expected[name])}"
             )
     state = read_state_dict(model_dir)
+    for name, tensor in state.items():  # a NaN weight reaches the sampler as an index past the vocabulary
+        if not bool(torch.isfinite(tensor).all()):
+            raise ModelLoadError(
+                f"{found.get(name, (None, model_dir))[1]}: {name} holds NaN or infinite values"
+            )
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     model.load_state_dict(state, strict=False, assign=True)  # one copy of the weights in memory, not two

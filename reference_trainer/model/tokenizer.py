@@ -17,8 +17,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from reference_trainer.errors import ModelLoadError
-from reference_trainer.trace.records import make_dir, write_text
+from reference_trainer.errors import ModelLoadError, UserError
+from reference_trainer.trace.records import make_dir, read_json, write_text
 
 CHAR_TOKENIZER_FILE = "char_tokenizer.json"
 HF_TOKENIZER_FILE = "tokenizer.json"
@@ -79,12 +79,16 @@ class CharTokenizer:
 
     @classmethod
     def load(cls, directory: str | Path) -> CharTokenizer:
-        raw = json.loads((Path(directory) / CHAR_TOKENIZER_FILE).read_text())
+        path = Path(directory) / CHAR_TOKENIZER_FILE
+        raw = _read_json(path)
         if raw.get("type") != "char":
-            raise ValueError(
-                f"{directory}/{CHAR_TOKENIZER_FILE}: type is {raw.get('type')!r}, expected 'char'"
-            )
-        return cls(raw["vocab"])
+            raise ModelLoadError(f"{path}: type is {raw.get('type')!r}, expected 'char'")
+        vocab = raw.get("vocab")
+        if not (isinstance(vocab, list) and all(isinstance(t, str) for t in vocab)):
+            raise ModelLoadError(f"{path}: vocab is not a list of strings")
+        if vocab[: len(_SPECIALS)] != list(_SPECIALS):
+            raise ModelLoadError(f"{path}: vocab must start with {list(_SPECIALS)}")
+        return cls(vocab)
 
 
 def _token_content(value: Any) -> str | None:
@@ -99,9 +103,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelLoadError(f"{path}: not readable JSON ({err})") from None
+        raw = read_json(path)  # the project's one JSON reader (depth, huge integers, not UTF-8)
+    except UserError as err:
+        raise ModelLoadError(str(err)) from None  # a ValueError too, as load_tokenizer's callers catch
     if not isinstance(raw, dict):
         raise ModelLoadError(f"{path}: not a JSON object")
     return raw
@@ -232,15 +236,35 @@ class HFTokenizer:
         return directory / HF_TOKENIZER_FILE
 
 
+def _fits_model(tok: Any, model_dir: Path) -> Any:
+    """`tok` if it can be the tokenizer of the model in `model_dir`: a char tokenizer has exactly the
+    model's vocabulary (its models are never padded; a 4-token one beside a 99-token model decoded most
+    tokens as '?', silently), and no tokenizer's end-of-sequence id lies past the model's embedding (it
+    could never be sampled: generation would not stop). HF models may pad their embedding past the
+    tokenizer, so a smaller HF vocabulary is fine."""
+    try:
+        vocab = _read_json(model_dir / "config.json").get("vocab_size")
+    except ModelLoadError:  # read_config says what is wrong with it, where the model is loaded
+        return tok
+    if type(vocab) is not int:
+        return tok  # no model beside it (a tokenizer directory), or read_config says what is wrong
+    where = model_dir / (CHAR_TOKENIZER_FILE if isinstance(tok, CharTokenizer) else HF_TOKENIZER_FILE)
+    if isinstance(tok, CharTokenizer) and tok.vocab_size != vocab:
+        raise ModelLoadError(f"{where}: {tok.vocab_size} tokens, where config.json's vocab_size is {vocab}")
+    if past := sorted(i for i in tok.eos_token_ids if i >= vocab):
+        raise ModelLoadError(f"{where}: end-of-sequence id {past[0]} is past the model's {vocab} tokens")
+    return tok
+
+
 def load_tokenizer(model_dir: str | Path) -> CharTokenizer | HFTokenizer:
     """The tokenizer a model directory holds: char_tokenizer.json or tokenizer.json."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory not found: {model_dir}")
     if (model_dir / CHAR_TOKENIZER_FILE).is_file():
-        return CharTokenizer.load(model_dir)
+        return _fits_model(CharTokenizer.load(model_dir), model_dir)
     if (model_dir / HF_TOKENIZER_FILE).is_file():
-        return HFTokenizer(model_dir)
+        return _fits_model(HFTokenizer(model_dir), model_dir)
     raise FileNotFoundError(
         f"no tokenizer in {model_dir}: expected {CHAR_TOKENIZER_FILE} or {HF_TOKENIZER_FILE}"
     )

@@ -1,18 +1,22 @@
 """One writer at a time: `run_lock` makes a process the only writer of a run directory (a second `train`,
 `profile`, `compare` or `eval` on it is refused with one line naming the holder), and `build_once` builds a
 directory once however many processes ask for it (the embedded model, an imported model). Both use
-fcntl.flock on a lock file, which the OS releases when its holder dies."""
+fcntl.flock on a lock file, which the OS releases when its holder dies.
+
+A lock file is opened without following a symlink (O_NOFOLLOW) and must be a regular file: the holder
+truncates it and writes its pid, so a lock that linked elsewhere would overwrite a file outside the run."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from reference_trainer.errors import UserError
-from reference_trainer.trace.records import cannot_write, make_dir, replace_dir
+from reference_trainer.trace.records import cannot_write, make_dir, open_own, replace_dir, temp_beside
 
 try:
     import fcntl
@@ -34,7 +38,7 @@ def build_once(
     path.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(path.with_name(path.name + ".lock"), on_wait):
         if not ready(path):  # checked again: the holder we waited for has usually built it
-            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            tmp = temp_beside(path, f".tmp{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
             try:
                 build(tmp)
@@ -50,17 +54,34 @@ def _exclusive_lock(lock_path: Path, on_wait: Callable[[], None] | None) -> Iter
     if fcntl is None:  # not POSIX: builders may race, and the rename still keeps the result whole
         yield
         return
-    with open(lock_path, "a") as fh:
+    fd = open_lock_file(lock_path)
+    try:
         try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if on_wait is not None:
                 on_wait()
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def open_lock_file(lock: Path) -> int:
+    """A read-write descriptor on lock file `lock`, created if missing. A symlink there is refused, not
+    followed (O_NOFOLLOW), and so is anything but a regular file (a FIFO would block the open: O_NONBLOCK),
+    each as one line naming the path: the file is truncated and written, and must be the run's own."""
+    try:
+        fd = open_own(lock, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)
+    except OSError as err:
+        raise cannot_write(lock, err) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{lock}: exists and is not a regular file; a lock file must be one (remove it)")
+    return fd
 
 
 LOCK_FILE = ".rlbench.lock"
@@ -84,11 +105,7 @@ def run_lock(directory: str | Path) -> Iterator[Path]:
             if not _run_locks[key]:
                 del _run_locks[key]
         return
-    lock = directory / LOCK_FILE
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as err:
-        raise cannot_write(lock, err) from None
+    fd = open_lock_file(directory / LOCK_FILE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

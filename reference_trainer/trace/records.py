@@ -12,8 +12,9 @@ naming the file and line, which the CLI prints as one line. `read_json` does the
 
 Faults: a writer never replaces what is not a regular file (a device such as /dev/null, a FIFO, a socket:
 an `--out` pointing at one is refused), and a full, read-only or forbidden disk is a one-line UserError
-naming the path. `make_dir` creates an output directory the same way (locks.py makes one process the
-only writer of a run directory).
+naming the path. A file written in place (appended, trimmed) is opened with `open_own`, which refuses a
+symlink rather than follow it out of the run. `make_dir` creates an output directory the same way
+(locks.py makes one process the only writer of a run directory).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     existing = _check_target(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    tmp = temp_beside(path, f".{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as err:
@@ -58,9 +59,13 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         try:
             if existing is not None:
                 os.fchmod(fd, stat.S_IMODE(existing.st_mode))
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
         finally:
             os.close(fd)
         yield tmp
+        # A library that writes the file itself may recreate it (safetensors does, 0600): the mode chosen
+        # above is set again, so a checkpoint stays readable by whoever could read the file it replaces.
+        os.chmod(tmp, mode)
         _fsync_path(tmp)
         os.replace(tmp, path)
     except OSError as err:
@@ -70,6 +75,14 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def temp_beside(path: Path, suffix: str) -> Path:
+    """A hidden temp path beside `path`, ending in `suffix`, whose name fits NAME_MAX (255 bytes): a legal
+    250-byte file name must not be refused because its temp name would be longer."""
+    room = 255 - len(suffix.encode()) - 1  # the leading dot
+    name = path.name.encode()[:room].decode("utf-8", errors="ignore")
+    return path.with_name(f".{name}{suffix}")
 
 
 def write_safetensors(
@@ -125,7 +138,7 @@ def extend_jsonl(path: str | Path, rows: Iterable[Any]) -> None:
     try:
         if not created:
             trim_torn_tail(path)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        fd = open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             _write_all(fd, payload)
             os.fsync(fd)
@@ -141,7 +154,7 @@ def trim_torn_tail(path: str | Path) -> bool:
     """Make `path` end in a newline: an unterminated last line that parses as a row gets its newline, a
     fragment is cut off (said once on stderr). True when the file changed."""
     path = Path(path)
-    with open(path, "r+b") as fh:
+    with os.fdopen(open_own(path, os.O_RDWR), "r+b") as fh:
         size = fh.seek(0, os.SEEK_END)
         if size == 0:
             return False
@@ -178,6 +191,18 @@ def replace_dir(tmp: str | Path, final: str | Path) -> Path:
         raise cannot_write(final, err) from None
     _fsync_dir(final.parent)
     return final
+
+
+def open_own(path: str | Path, flags: int) -> int:
+    """os.open for a run's file written in place (appended, trimmed, truncated): a symlink at `path` is
+    refused, not followed (O_NOFOLLOW), so a link planted in a run directory never leads a write to a file
+    outside it. A writer that renames into place needs no such care: rename replaces the link itself."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError:
+        if os.path.islink(path):  # ELOOP (Linux), EMLINK (BSD)
+            raise UserError(f"{path}: is a symlink; rlbench writes only its own files (remove it)") from None
+        raise
 
 
 def make_dir(path: str | Path) -> Path:
@@ -252,10 +277,27 @@ def read_json(path: str | Path) -> Any:
         raise UserError(f"{path}: not UTF-8 text") from None
     except OSError as err:  # a directory, no permission
         raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
+    value, why, line = decode_json(text)
+    if why:
+        raise UserError(f"{path}:{line}: {why}" if line else f"{path}: {why}") from None
+    return value
+
+
+def decode_json(raw: str | bytes) -> tuple[Any, str, int | None]:
+    """(value, "", None) for JSON text, or (None, why, line or None) for what the project cannot read:
+    malformed text, not UTF-8, nesting deeper than the interpreter's recursion limit, an integer past
+    Python's 4,300-digit conversion limit. Every reader of the project's JSON files goes through here, so
+    each of these is one line naming the file rather than a RecursionError or ValueError traceback."""
     try:
-        return json.loads(text)
+        return json.loads(raw), "", None
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text", None
     except json.JSONDecodeError as err:
-        raise UserError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from None
+        return None, f"malformed JSON ({err.msg})", err.lineno
+    except RecursionError:
+        return None, "JSON nested too deeply to read", None
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        return None, "an integer of more than 4,300 digits, which JSON readers refuse", None
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
@@ -266,12 +308,9 @@ def _line(obj: Any) -> str:
 
 
 def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
-    try:
-        value = json.loads(raw)
-    except UnicodeDecodeError:
-        return None, "not UTF-8 text"
-    except json.JSONDecodeError as err:
-        return None, f"malformed JSON row ({err.msg})"
+    value, why, _ = decode_json(raw)  # the row's line number is the caller's
+    if why:
+        return None, why.replace("malformed JSON (", "malformed JSON row (")
     if not isinstance(value, dict):
         return None, "row is not a JSON object"
     return value, ""

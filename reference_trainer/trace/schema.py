@@ -38,6 +38,11 @@ NUMBERS: dict[str, tuple[str, ...]] = {
     CAPTURE: ("t_start", "t_end"),
 }
 NULLABLE = {SEQUENCE}
+# Past this, no number in an event is a time (30,000 years in seconds) or a count a run makes; 1e308 times
+# are finite, but their differences are not (a bubble ratio of -inf%).
+MAX_MAGNITUDE = 1e12
+# Optional counts the readers add up (a forward's tokens, a verify's drafted and accepted tokens).
+COUNTS = ("tokens", "drafted", "accepted", "draft_seqs")
 WORKER_FIELDS = ("worker", "from", "to")
 
 
@@ -55,6 +60,14 @@ def problem(event: Any) -> str | None:
         value = event.get(key)
         if not is_number(value) and not (kind in NULLABLE and value is None):
             return f"{key} is {value!r}, not a number"
+    for key in (*NUMBERS.get(kind, ()), *COUNTS):  # Infinity parses as JSON; 1e308 is finite
+        value = event.get(key)
+        if value is None and (key in COUNTS or kind in NULLABLE):
+            continue
+        if not is_number(value) or abs(value) > MAX_MAGNITUDE or (key in COUNTS and value < 0):
+            return f"{key} is {value!r}, not a time or count a run makes"
+    if kind in NUMBERS and "t_end" in NUMBERS[kind] and event["t_end"] < event["t_start"]:
+        return f"t_end {event['t_end']:g} is before t_start {event['t_start']:g}"
     for key in WORKER_FIELDS:
         value = event.get(key)
         if value is not None and not (type(value) is int and value >= 0):

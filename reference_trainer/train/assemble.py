@@ -57,9 +57,11 @@ def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
     torch.set_num_threads(resolve_threads(config.threads))
     device = str(resolve_device(config.device))  # "auto" becomes what it means here, for every part
     model_dir = Path(config.model) if config.model else default_model_dir()
+    # The weights first: a config.json that lies is named by the weights it disagrees with, before the
+    # tokenizer is compared with it.
+    policy = load_model(model_dir, device=device, dtype="float32")
     tokenizer = load_tokenizer(model_dir)
     task = get_task(config.task, **styled_task_options(config, tokenizer))
-    policy = load_model(model_dir, device=device, dtype="float32")
     ref_model = copy.deepcopy(policy).eval().requires_grad_(False) if grpo.kl_coef else None
     trace = trace if trace is not None else Trace()
     engine = build_rollout_engine(

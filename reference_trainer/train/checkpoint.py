@@ -10,12 +10,16 @@ kill at any moment leaves the previous checkpoint intact. Nothing is pickled.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from reference_trainer.errors import UserError
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import save_model
 from reference_trainer.trace.records import (
@@ -60,6 +64,8 @@ def save_checkpoint(
     optimizer: dict[str, Any],
     trainer_state: dict[str, Any],
 ) -> Path:
+    if root.is_symlink():  # its old checkpoints are pruned below: never in a folder outside the run
+        raise UserError(f"{root}: is a symlink; a run's checkpoints must be its own folder (remove it)")
     make_dir(root)
     final = root / f"step-{step:06d}"
     tmp = root / f".step-{step:06d}.tmp{os.getpid()}"
@@ -85,17 +91,73 @@ def latest_checkpoint(root: Path) -> Path | None:
     pointer = root / "latest"
     if not pointer.is_file():
         return None
-    path = root / pointer.read_text().strip()
+    try:
+        name = pointer.read_bytes().decode("ascii").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{pointer}: not a checkpoint's name ({err}); {REMEDY}") from None
+    if not re.fullmatch(r"step-\d{6,}", name):  # written by save_checkpoint: never a path elsewhere
+        raise UserError(f"{pointer}: {name[:40]!r} is not a checkpoint's name; {REMEDY}")
+    path = root / name
     return path if (path / "trainer" / "trainer_state.json").is_file() else None
 
 
+REMEDY = "the run's checkpoint is damaged: start again with --overwrite, or restore the file"
+# trainer_state.json's fields and what each must be; a checkpoint from this code always passes.
+STATE_FIELDS: dict[str, type] = {"step": int, "policy_version": int, "stream": dict, "strategy": dict,
+                                 "torch_rng": list}  # fmt: skip
+
+
+@contextmanager
+def restoring(path: Path) -> Iterator[None]:
+    """Where a checkpoint is read and applied (weights, optimizer, stream, strategy, RNG): whatever a damaged
+    file makes fail (a truncated safetensors, a wrong field, a tensor of the wrong shape or type) is one
+    line naming the checkpoint, not a traceback from deep inside torch."""
+    try:
+        yield
+    except UserError as err:
+        if str(path) not in str(err):  # not about this checkpoint's files (a device, say): as it is
+            raise
+        raise UserError(f"{err}; {REMEDY}") from None
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, OverflowError) as err:
+        why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        raise UserError(f"{path}: cannot restore it ({type(err).__name__}: {why}); {REMEDY}") from None
+
+
 def load_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(optimizer state_dict, trainer_state); the weights are loaded with loader.load_model(path)."""
-    from safetensors.torch import load_file
+    """(optimizer state_dict, trainer_state), each checked for the shape the trainer restores; the weights
+    are loaded with loader.load_model(path). Call it inside `restoring(path)`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
 
     state_dir = path / "trainer"
-    optimizer = optimizer_state(
-        load_file(str(state_dir / "optimizer.safetensors")),
-        read_json(state_dir / "optimizer.json"),
-    )
-    return optimizer, read_json(state_dir / "trainer_state.json")
+    tensors_file = state_dir / "optimizer.safetensors"
+    try:
+        tensors = load(tensors_file.read_bytes())
+    except (SafetensorError, OSError) as err:
+        raise UserError(f"cannot read {tensors_file}: {err}") from None
+    if bad := [k for k, v in tensors.items() if not v.is_floating_point() and k.split(".", 1)[-1] != "step"]:
+        raise UserError(f"{tensors_file}: {bad[0]} is not a floating-point tensor")
+    scalars = read_json(state_dir / "optimizer.json")
+    if not (isinstance(scalars, dict) and isinstance(scalars.get("param_groups"), list)
+            and all(isinstance(g, dict) for g in scalars["param_groups"])
+            and isinstance(scalars.get("state"), dict)
+            and all(isinstance(v, dict) for v in scalars["state"].values())):  # fmt: skip
+        raise UserError(f"{state_dir / 'optimizer.json'}: not an optimizer's state")
+    state = read_json(state_dir / "trainer_state.json")
+    where = state_dir / "trainer_state.json"
+    if not isinstance(state, dict):
+        raise UserError(f"{where}: not a trainer's state")
+    for field, kind in STATE_FIELDS.items():
+        value = state.get(field)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise UserError(f"{where}: {field} is {json_type(value)}, not {kind.__name__}")
+    rng = state["torch_rng"]
+    if len(rng) != len(torch.get_rng_state()) or not all(type(b) is int and 0 <= b < 256 for b in rng):
+        raise UserError(f"{where}: torch_rng is not a torch RNG state ({len(rng)} values)")
+    if state["step"] < 0 or state["policy_version"] < 0:
+        raise UserError(f"{where}: step and policy_version must be >= 0")
+    return optimizer_state(tensors, scalars), state
+
+
+def json_type(value: Any) -> str:
+    return "missing" if value is None else type(value).__name__

@@ -8,14 +8,26 @@ before torch or a model loads.
 
 from __future__ import annotations
 
+import inspect
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from reference_trainer.engine.factory import check_engine_kind, check_worker_backend
-from reference_trainer.errors import MAX_SEED, MAX_THREADS, UserError, check_integer, check_number
+from reference_trainer.errors import (
+    MAX_COEFFICIENT,
+    MAX_SEED,
+    MAX_THREADS,
+    UserError,
+    check_integer,
+    check_number,
+    check_sequences,
+    check_temperature,
+    check_top_p,
+)
 from reference_trainer.modes import get_mode
-from reference_trainer.tasks import get_task, response_budget
+from reference_trainer.tasks import TASKS, get_task, response_budget
 from reference_trainer.trace.records import read_json
 
 HELD_OUT_SEED = 999_999  # the held-out set's default problem seed (train/heldout.py)
@@ -55,23 +67,23 @@ class GRPOConfig:
 
     def check(self) -> None:
         """Every number finite and in range; one line naming the first that is not."""
-        check_number("lr", self.lr, low=0.0, low_open=True)
+        check_number("lr", self.lr, low=0.0, low_open=True, high=MAX_COEFFICIENT)
         for beta in self.betas:
             check_number("betas", beta, low=0.0, high=1.0, high_open=True)
-        check_number("weight_decay", self.weight_decay, low=0.0)
-        check_number("max_grad_norm", self.max_grad_norm)
+        check_number("weight_decay", self.weight_decay, low=0.0, high=MAX_COEFFICIENT)
+        check_number("max_grad_norm", self.max_grad_norm, high=MAX_COEFFICIENT)
         check_integer("micro_batch_size", self.micro_batch_size, low=1)
-        check_number("max_logits_mib", self.max_logits_mib, low=0.0, low_open=True)
-        check_number("clip_low", self.clip_low, low=0.0)
-        check_number("clip_high", self.clip_high, low=0.0)
+        check_number("max_logits_mib", self.max_logits_mib, low=0.0, low_open=True, high=2**30)  # 1 PiB
+        check_number("clip_low", self.clip_low, low=0.0, high=MAX_COEFFICIENT)
+        check_number("clip_high", self.clip_high, low=0.0, high=MAX_COEFFICIENT)
         if self.aggregation not in ("token-mean", "seq-mean"):
             raise UserError(f"aggregation must be token-mean or seq-mean, got {self.aggregation!r}")
-        check_number("kl_coef", self.kl_coef, low=0.0)
+        check_number("kl_coef", self.kl_coef, low=0.0, high=MAX_COEFFICIENT)
         if self.temperature is not None:
-            check_number("grpo.temperature", self.temperature, low=0.0, low_open=True)
+            check_temperature("grpo.temperature", self.temperature, greedy=False)
         check_integer("ppo_epochs", self.ppo_epochs, low=1)
         if self.tis_cap is not None:
-            check_number("tis_cap", self.tis_cap, low=0.0, low_open=True)
+            check_number("tis_cap", self.tis_cap, low=0.0, low_open=True, high=MAX_COEFFICIENT)
         if self.autocast not in AUTOCAST:
             raise UserError(f"grpo.autocast must be one of {', '.join(AUTOCAST)}, got {self.autocast!r}")
 
@@ -125,6 +137,8 @@ class TrainConfig:
         for name in ("max_prefill_tokens", "checkpoint_every", "eval_problems", "eval_samples", "workers"):
             check_integer(name, getattr(self, name), low=1)
         check_integer("eval_every", self.eval_every, low=0)
+        check_sequences("--prompts-per-step x --group-size", self.prompts_per_step * self.group_size)
+        check_sequences("eval_problems x eval_samples", self.eval_problems * self.eval_samples)
         check_integer("seed", self.seed, low=0, high=MAX_SEED)
         check_integer("heldout_seed", self.heldout_seed, low=0, high=MAX_SEED)
         if self.max_tokens is not None:  # a response leaves room for at least one prompt token
@@ -135,8 +149,8 @@ class TrainConfig:
             check_integer("threads", self.threads, low=1, high=MAX_THREADS)
         if isinstance(self.temperature, (int, float)) and self.temperature <= 0:
             raise UserError("training samples at --temperature > 0 (greedy rollouts have no log-probs)")
-        check_number("temperature", self.temperature, low=0.0, low_open=True)
-        check_number("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_temperature("temperature", self.temperature, greedy=False)
+        check_top_p("top_p", self.top_p)
         self.grpo.check()
         self._check_task()
         self._check_mode()
@@ -160,6 +174,7 @@ class TrainConfig:
             )
 
     def _check_task(self) -> None:
+        self._check_task_option_types()
         try:
             get_task(self.task, **self.task_options)
         except TypeError as err:  # an unknown keyword: "... got an unexpected keyword argument 'foo'"
@@ -169,6 +184,25 @@ class TrainConfig:
         except ValueError as err:
             message = str(err) if str(err).startswith("unknown task") else f"task {self.task!r}: {err}"
             raise UserError(message) from None
+
+    def _check_task_option_types(self) -> None:
+        """Each --task-option of the type its default has (a number where the task compares numbers): the
+        task's own range checks would otherwise fail on `'<=' not supported between str and int`."""
+        if self.task not in TASKS:
+            return  # get_task names the valid tasks
+        params = inspect.signature(TASKS[self.task]).parameters
+        for key, value in self.task_options.items():
+            default = params[key].default if key in params else None
+            if isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, (int, float)):
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                ok = ok and (isinstance(value, int) or not isinstance(default, int))
+            else:
+                continue
+            if not ok:
+                kind = "true or false" if isinstance(default, bool) else type(default).__name__
+                raise UserError(f"task {self.task!r}: option {key} must be {kind}, got {value!r}")
 
     def _check_mode(self) -> None:
         mode = get_mode(self.mode)

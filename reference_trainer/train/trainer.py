@@ -31,7 +31,7 @@ from reference_trainer.trace.records import append_jsonl, make_dir, read_jsonl, 
 from reference_trainer.trace.schema import HELDOUT, REWARD, ROLLOUT, SYNC, UPDATE
 from reference_trainer.trace.writer import Trace
 from reference_trainer.train.assemble import RunParts, assemble
-from reference_trainer.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from reference_trainer.train.checkpoint import latest_checkpoint, load_checkpoint, restoring, save_checkpoint
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.grpo import NonFiniteUpdate, RolloutBatch
 from reference_trainer.train.heldout import HeldOut, check_disjoint, held_out_problems
@@ -102,15 +102,16 @@ class Trainer:
         step finished since: those steps are re-run, not logged again."""
         ckpt = latest_checkpoint(self.out_dir / "checkpoints")
         if ckpt is not None:
-            optimizer, state = load_checkpoint(ckpt)
-            weights = load_model(ckpt, device=self.config.device, dtype="float32").state_dict()
-            self.policy.load_state_dict(weights)
-            self.updater.load_state_dict(optimizer)
-            self.engine.update_weights(self.policy.state_dict(), version=state["policy_version"])
-            self.stream.load_state_dict(state["stream"])
-            self.strategy.load_state_dict(state["strategy"])
-            torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
-            self.step = state["step"]
+            with restoring(ckpt):  # a damaged file is one line naming the checkpoint
+                optimizer, state = load_checkpoint(ckpt)
+                weights = load_model(ckpt, device=self.config.device, dtype="float32").state_dict()
+                self.policy.load_state_dict(weights)
+                self.updater.load_state_dict(optimizer)
+                self.engine.update_weights(self.policy.state_dict(), version=state["policy_version"])
+                self.stream.load_state_dict(state["stream"])
+                self.strategy.load_state_dict(state["strategy"])
+                torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+                self.step = state["step"]
         metrics = self.out_dir / "metrics.jsonl"
         logged = read_jsonl(metrics) if metrics.exists() else []
         finished: list[dict[str, Any]] = []

@@ -30,8 +30,8 @@ def compare_command(
 
     from reference_trainer.mode_options import parse_option_pairs
     from reference_trainer.modes import get_mode
-    from reference_trainer.trace.locks import run_lock
     from rlbench.profiling.session import check_new_run
+    from rlbench.rundirs import check_new_comparison, claim
     from rlbench.training import build_config
 
     names = [m.strip() for m in modes.split(",") if m.strip()]
@@ -54,15 +54,16 @@ def compare_command(
     from rlbench.report.compare_report import drift_note, ratio_rows, render_compare
     from rlbench.training import interleave, make_trainer
 
-    for config in configs:  # refused before any mode runs
-        check_new_run(out / config.mode, overwrite)
     # Each mode in its own profile session (trace, NVML, report), their trainers taking one step each in
     # turn: a change in machine load hits every mode alike instead of whichever ran during it. One writer:
-    # a second compare (or a profile of one of its modes) on --out is refused.
+    # a second compare (or a profile of one of its modes) on --out is refused, and so is a folder holding
+    # another command's run or, without --overwrite, a comparison; all before any mode runs.
     with ExitStack() as stack:
-        stack.enter_context(run_lock(out))
+        stack.enter_context(claim(out, "compare", accepts=("compare",)))
+        check_new_comparison(out, names, overwrite)
         for config in configs:
-            stack.enter_context(run_lock(out / config.mode))
+            stack.enter_context(claim(out / config.mode, "compare", accepts=("train", "profile")))
+            check_new_run(out / config.mode, overwrite)
         sessions = {
             c.mode: stack.enter_context(ProfileSession(out / c.mode, run={"mode": c.mode, "task": c.task,
                                                                          "steps": c.steps, "seed": c.seed}))

@@ -51,7 +51,7 @@ def build_command(
 
     from reference_trainer.errors import UserError, check_integer
     from reference_trainer.model import embedded
-    from reference_trainer.trace.records import replace_dir, write_json
+    from reference_trainer.trace.records import replace_dir, temp_beside, write_json
     from reference_trainer.train import recipe
 
     if steps is not None:
@@ -70,7 +70,7 @@ def build_command(
                 typer.echo(f"SFT step {step + 1}/{total}, loss {loss:.3f}, {elapsed:.0f} s", err=True)
 
         # built aside and renamed into place: a killed build leaves no half-written model at `out`
-        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+        tmp = temp_beside(out, f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             recipe.build(tmp, steps=steps, on_step=on_step)

@@ -43,9 +43,9 @@ def eval_command(
     from dataclasses import replace
 
     from reference_trainer.engine.factory import check_engine_kind
-    from reference_trainer.trace.locks import run_lock
     from rlbench.eval.runner import PROGRESS_FILE, REPORT_FILE, RESULTS_FILE, EvalConfig, plan_eval, run_eval
     from rlbench.models import EMBEDDED_NOTE, is_embedded, resolve_model
+    from rlbench.rundirs import claim
 
     check_engine_kind(engine)  # before the embedded model is built
     cfg = EvalConfig(
@@ -73,7 +73,7 @@ def eval_command(
 
     resolve_device(device)  # --device cuda without a GPU: one line, before the run directory exists
     torch.set_num_threads(resolve_threads(threads))
-    with run_lock(out):  # one writer: a second eval (or train, profile) on --out is refused
+    with claim(out, "eval", accepts=("eval",)):  # one writer, into an evaluation (or a new folder)
         # A directory, a model name, or the embedded default model (shipped, checked against its SHA-256).
         model = resolve_model(model)
         if is_embedded(model):

@@ -46,6 +46,9 @@ def observe_command(
         typer.Option("--from-samples", help="Rebuild a run directory from its samples.jsonl instead."),
     ] = None,
     out: OutDir = Path("runs/observe"),
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an observation already in --out (its samples too).")
+    ] = False,
 ) -> None:
     """Sample running vLLM/SGLang servers' metrics: slot occupancy, bubble ratio, tail share, tokens/s,
     queueing, and what SortedRL/RhymeRL would buy on their request lengths.
@@ -53,9 +56,10 @@ def observe_command(
     Example: `rlbench observe 127.0.0.1:8000 --duration 120 --capacity 256 --out runs/vllm`.
     """
     from reference_trainer.errors import UserError, check_number
-    from rlbench.profiling.observe import ObserveOptions
+    from rlbench.profiling.observe import ObserveOptions, check_new_observation, samples_to_rebuild
     from rlbench.profiling.observe import from_samples as rebuild
     from rlbench.profiling.observe import observe as run
+    from rlbench.rundirs import claim
 
     if from_samples is None and not urls:
         raise UserError("give the servers' metrics URLs (e.g. 127.0.0.1:8000), or --from-samples DIR")
@@ -64,11 +68,15 @@ def observe_command(
                                    request_log, interval_s=interval, idle_gap_s=idle_gap, gpu=gpu,
                                    model_size=model_size)  # fmt: skip
     if from_samples is not None:
-        doc = rebuild(opts, from_samples)
-        out = from_samples
-    else:
-        typer.echo(f"observing {len(opts.urls)} server(s) for {duration:g} s, every {interval:g} s")
-        doc = run(opts, out, duration, say=lambda line: typer.echo(line, err=True))
+        out = samples_to_rebuild(from_samples).parent
+    # One writer, into an observation (or a profile that observed its servers) or a new folder.
+    with claim(out, "observe", accepts=("observe",)):
+        if from_samples is not None:
+            doc = rebuild(opts, out, say=lambda line: typer.echo(line, err=True))
+        else:
+            check_new_observation(out, overwrite)
+            typer.echo(f"observing {len(opts.urls)} server(s) for {duration:g} s, every {interval:g} s")
+            doc = run(opts, out, duration, say=lambda line: typer.echo(line, err=True))
     for line in summary_lines(doc):
         typer.echo(line)
     typer.echo(f"report: {out / 'report.html'}")

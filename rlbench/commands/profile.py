@@ -82,7 +82,7 @@ def profile_command(
             )  # fmt: skip
         say = lambda line: typer.echo(line, err=True)  # noqa: E731
         code, doc = wrap_command(cmd, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz,
-                                 observe=observe, say=say)  # fmt: skip
+                                 observe=observe, say=say, overwrite=overwrite)  # fmt: skip
         if observe is not None:
             from rlbench.commands.observe import summary_lines
 

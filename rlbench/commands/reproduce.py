@@ -36,6 +36,7 @@ def reproduce_command(
     from rlbench.reproduce.index import write_index
     from rlbench.reproduce.runner import check_names, runnable_here
     from rlbench.reproduce.spec import load_specs
+    from rlbench.rundirs import claim
 
     if list_:
         for name, spec in load_specs().items():
@@ -62,25 +63,27 @@ def reproduce_command(
     for name in left_out:
         typer.echo(f"{name}: a real model at full size, left out on the CPU "
                    f"(run it with `rlbench reproduce {name} --device cuda`)")  # fmt: skip
-    failed = []
-    for name in chosen:
-        typer.echo(f"== {name}")
-        try:
-            result = run_one(name, specs[name], root, device, quick, str(model) if model else None)
-        except UserError:
-            raise
-        except ModuleNotFoundError as err:  # an optional dependency: histopipe and scale run Ray workers
-            failed.append(name)
-            typer.echo(
-                f"{name}: needs the optional package {err.name} (pip install 'rlbench[ray]')", err=True
-            )
-            continue
-        except Exception as err:  # one reproduction failing must not lose the others' results
-            failed.append(name)
-            typer.echo(f"{name}: failed: {type(err).__name__}: {err}", err=True)
-            continue
-        typer.echo(f"{name}: {result['verdict']} ({result['measured'].get('headline', '')}), "
-                   f"{result['wall_s']:.0f} s")  # fmt: skip
-    typer.echo(f"index: {write_index(specs, root)}")
+    # One writer of the results root; a folder holding another command's run is refused.
+    with claim(root, "reproduce", accepts=()):
+        failed = []
+        for name in chosen:
+            typer.echo(f"== {name}")
+            try:
+                result = run_one(name, specs[name], root, device, quick, str(model) if model else None)
+            except UserError:
+                raise
+            except ModuleNotFoundError as err:  # an optional dependency: histopipe and scale run Ray workers
+                failed.append(name)
+                typer.echo(
+                    f"{name}: needs the optional package {err.name} (pip install 'rlbench[ray]')", err=True
+                )
+                continue
+            except Exception as err:  # one reproduction failing must not lose the others' results
+                failed.append(name)
+                typer.echo(f"{name}: failed: {type(err).__name__}: {err}", err=True)
+                continue
+            typer.echo(f"{name}: {result['verdict']} ({result['measured'].get('headline', '')}), "
+                       f"{result['wall_s']:.0f} s")  # fmt: skip
+        typer.echo(f"index: {write_index(specs, root)}")
     if failed:
         raise UserError(f"{len(failed)} reproduction(s) failed: {', '.join(failed)}")

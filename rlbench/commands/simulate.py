@@ -96,7 +96,8 @@ def simulate_command(
     import json
 
     from reference_trainer.errors import MAX_SEED, check_integer, check_number
-    from reference_trainer.trace.records import make_dir, write_json
+    from reference_trainer.trace.records import write_json
+    from rlbench.rundirs import claim
 
     # Every number in range before anything is built (one line naming the first that is not).
     for flag, value in (("--capacity", capacity), ("--groups-per-worker", groups_per_worker)):
@@ -137,70 +138,70 @@ def simulate_command(
                        f"{r['bubble_ratio']:.1%}")  # fmt: skip
         typer.echo(f"report: {out / 'report.html'}")
         return
-    make_dir(out)
-    if validate is not None:
-        from rlbench.simulate.replay import validate as run_validation
+    with claim(out, "simulate", accepts=("simulate",)):  # one writer, into a simulation or a new folder
+        if validate is not None:
+            from rlbench.simulate.replay import validate as run_validation
 
-        doc = run_validation(validate)
-        write_json(out / "validation.json", doc)
-        typer.echo(json.dumps({k: doc[k] for k in ("measured_bubble", "simulated_bubble")}))
-        typer.echo(f"validation: {out / 'validation.json'}")
-        return
-    from reference_trainer.mode_options import parse_option_pairs
-    from rlbench.report.simulate_report import render
-    from rlbench.simulate import simulate as run_sim
-    from rlbench.simulate import workload
-    from rlbench.simulate.cost import calibrate as fit
-    from rlbench.simulate.cost import preset
-    from rlbench.simulate.modes import parse_sim_modes
-    from rlbench.simulate.replay import read_events
+            doc = run_validation(validate)
+            write_json(out / "validation.json", doc)
+            typer.echo(json.dumps({k: doc[k] for k in ("measured_bubble", "simulated_bubble")}))
+            typer.echo(f"validation: {out / 'validation.json'}")
+            return
+        from reference_trainer.mode_options import parse_option_pairs
+        from rlbench.report.simulate_report import render
+        from rlbench.simulate import simulate as run_sim
+        from rlbench.simulate import workload
+        from rlbench.simulate.cost import calibrate as fit
+        from rlbench.simulate.cost import preset
+        from rlbench.simulate.modes import parse_sim_modes
+        from rlbench.simulate.replay import read_events
 
-    names = [m.strip() for m in (modes or _all_modes()).split(",") if m.strip()]
-    options = parse_option_pairs(mode_option or [])
-    parse_sim_modes(names, options)  # a bad name or option fails before the workload is built
-    if (trace is None) == (not synthetic):
-        raise UserError("give exactly one of --trace FILE or --synthetic")
-    if calibrate is not None:
-        events = read_events(calibrate)
-        cost = fit(events, source=str(calibrate))
-        caps = [int(e.get("capacity", 0)) for e in events if e.get("kind") in (PREFILL, DECODE)]
-        capacity = capacity or max(caps, default=256)
-    else:
-        cost = preset(gpu, model_size)
-    if synthetic:
-        lt = workload.synthetic(
-            steps=steps or 10,
-            prompts=max(prompts, (groups_per_worker or 0) * max(worker_counts)),
-            group_size=group_size,
-            mean_tokens=mean_tokens,
-            sigma=sigma,
-            max_tokens=max_tokens,
+        names = [m.strip() for m in (modes or _all_modes()).split(",") if m.strip()]
+        options = parse_option_pairs(mode_option or [])
+        parse_sim_modes(names, options)  # a bad name or option fails before the workload is built
+        if (trace is None) == (not synthetic):
+            raise UserError("give exactly one of --trace FILE or --synthetic")
+        if calibrate is not None:
+            events = read_events(calibrate)
+            cost = fit(events, source=str(calibrate))
+            caps = [int(e.get("capacity", 0)) for e in events if e.get("kind") in (PREFILL, DECODE)]
+            capacity = capacity or max(caps, default=256)
+        else:
+            cost = preset(gpu, model_size)
+        if synthetic:
+            lt = workload.synthetic(
+                steps=steps or 10,
+                prompts=max(prompts, (groups_per_worker or 0) * max(worker_counts)),
+                group_size=group_size,
+                mean_tokens=mean_tokens,
+                sigma=sigma,
+                max_tokens=max_tokens,
+                rank_corr=rank_corr,
+                overlap=overlap,
+                seed=seed,
+            )
+        else:
+            lt = workload.load(trace)  # type: ignore[arg-type]
+        doc = run_sim(
+            lt,
+            cost,
+            worker_counts,
+            names,
+            capacity or 256,
+            steps=steps,
+            groups_per_worker=groups_per_worker,
+            mode_options=options,
+            acceptance=acceptance,
             rank_corr=rank_corr,
-            overlap=overlap,
+            max_prefill_tokens=max_prefill_tokens,
             seed=seed,
         )
-    else:
-        lt = workload.load(trace)  # type: ignore[arg-type]
-    doc = run_sim(
-        lt,
-        cost,
-        worker_counts,
-        names,
-        capacity or 256,
-        steps=steps,
-        groups_per_worker=groups_per_worker,
-        mode_options=options,
-        acceptance=acceptance,
-        rank_corr=rank_corr,
-        max_prefill_tokens=max_prefill_tokens,
-        seed=seed,
-    )
-    write_json(out / "simulate.json", doc)
-    page = render(doc, out)
-    for r in doc["results"]:
-        typer.echo(
-            f"W={r['workers']:>5} {r['policy']:<16} speed-up {r['speedup']:.2f}x  "
-            f"bubble {r['bubble_ratio']:.1%}  idle {r['worker_idle_share']:.1%}  "
-            f"step {r['step_time_s']:.1f}s"
-        )
-    typer.echo(f"simulated in {doc['elapsed_s']:.1f} s: {out / 'simulate.json'}, {page}")
+        write_json(out / "simulate.json", doc)
+        page = render(doc, out)
+        for r in doc["results"]:
+            typer.echo(
+                f"W={r['workers']:>5} {r['policy']:<16} speed-up {r['speedup']:.2f}x  "
+                f"bubble {r['bubble_ratio']:.1%}  idle {r['worker_idle_share']:.1%}  "
+                f"step {r['step_time_s']:.1f}s"
+            )
+        typer.echo(f"simulated in {doc['elapsed_s']:.1f} s: {out / 'simulate.json'}, {page}")

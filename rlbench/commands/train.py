@@ -28,7 +28,7 @@ def train_command(
 ) -> None:
     """Train with GRPO; writes metrics.jsonl, trace.jsonl and checkpoints/ to the run directory."""
     from reference_trainer.errors import Interrupted
-    from reference_trainer.trace.locks import run_lock
+    from rlbench.rundirs import claim
     from rlbench.training import build_config, run_training
 
     if resume is not None:
@@ -44,7 +44,8 @@ def train_command(
             )
         )
         out_dir = out or Path("runs") / f"{run.task}-{mode}-s{run.seed}"
-    with run_lock(out_dir):  # one writer: a second train (or profile, eval) on the directory is refused
+    # One writer, and only into a trainer run: a second writer, or another command's run, is refused.
+    with claim(out_dir, "train", accepts=("train",)):
         if resume is None and (out_dir / "train_config.json").exists() and not overwrite:
             raise UserError(f"{out_dir} already holds a run: --resume {out_dir} to continue, or --overwrite")
         try:

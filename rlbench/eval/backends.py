@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -128,8 +127,9 @@ class VLLMBackend:
             self.tokenizer: Any = load_tokenizer(model_dir)
         except (FileNotFoundError, ValueError) as err:
             raise UserError(f"{model_dir}: {str(err).splitlines()[0]}") from None
-        raw = json.loads((Path(model_dir) / "config.json").read_text())
-        self._max_len = int(raw.get("max_position_embeddings", 2048))
+        from reference_trainer.model.loader import read_config  # torch: only once a backend is built
+
+        self._max_len = read_config(model_dir).max_position_embeddings  # the checked config
         cfg = EngineConfig(
             max_num_seqs=max_num_seqs, max_model_len=self._max_len, device=resolve_device(device)
         )

@@ -15,7 +15,14 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from reference_trainer.engine.config import SamplingParams
-from reference_trainer.errors import MAX_SEED, UserError, check_integer, check_number
+from reference_trainer.errors import (
+    MAX_SEED,
+    UserError,
+    check_integer,
+    check_sequences,
+    check_temperature,
+    check_top_p,
+)
 from reference_trainer.tasks.grading import GradeItem, GradeResult, VoteItem, text_classes
 from reference_trainer.tasks.prompts import TEMPLATES, build_prompt, resolve_template
 from reference_trainer.trace.records import append_jsonl, read_json, read_jsonl, trim_torn_tail, write_json
@@ -46,9 +53,10 @@ class EvalConfig:
     def check(self) -> None:
         """Every option in range before anything loads: one line naming the first that is not."""
         check_integer("--samples", self.samples, low=1)
+        check_sequences("--samples (-k)", self.samples)
         check_integer("--max-tokens", self.max_tokens, low=1)
-        check_number("--temperature", self.temperature, low=0.0)
-        check_number("--top-p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_temperature("--temperature", self.temperature)
+        check_top_p("--top-p", self.top_p)
         check_integer("--seed", self.seed, low=0, high=MAX_SEED)
         if self.template not in TEMPLATES:
             raise UserError(f"unknown template {self.template!r}; choose from {', '.join(TEMPLATES)}")
@@ -93,7 +101,10 @@ def _check_stored_config(out: Path, cfg: EvalConfig, overwrite: bool) -> None:
                 f"{out} holds {PROGRESS_FILE} but no {CONFIG_FILE}; use --overwrite or another --out"
             )
         return
-    stored = read_json(path).get("config", {})
+    raw = read_json(path)
+    stored = raw.get("config") if isinstance(raw, dict) else None
+    if not isinstance(stored, dict):
+        raise UserError(f"{path}: not an evaluation's settings; pass --overwrite to start over")
     diff = [f"{k}: {stored.get(k)!r} -> {v!r}" for k, v in asdict(cfg).items() if stored.get(k) != v]
     if diff:
         raise UserError(

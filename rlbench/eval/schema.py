@@ -91,16 +91,16 @@ def _results_problem(doc: Any) -> str | None:
     samples = doc.get("samples")
     if type(samples) is not int or samples < 1:
         return f"samples is {short(samples)}, not a positive integer"
-    if not is_number(doc.get("accuracy")):
-        return f"accuracy is {short(doc.get('accuracy'))}, not a number"
+    if not (is_number(doc.get("accuracy")) and 0 <= doc["accuracy"] <= 1):
+        return f"accuracy is {short(doc.get('accuracy'))}, not a share between 0 and 1"
     if not _count(doc.get("problems_evaluated")):
         return f"problems_evaluated is {short(doc.get('problems_evaluated'))}, not a count"
     for name in ("pass_at_k", "maj_at_k"):
         table = doc.get(name)
         if not isinstance(table, dict) or str(samples) not in table:
             return f"{name} is {short(table)}, not a {{k: value}} table with k = {samples}"
-        if not all(k.isdigit() and is_number(v) for k, v in table.items()):
-            return f"{name} is {short(table)}, not a {{k: value}} table"
+        if not all(k.isdigit() and is_number(v) and 0 <= v <= 1 for k, v in table.items()):
+            return f"{name} is {short(table)}, not a {{k: share between 0 and 1}} table"
     sampling = doc.get("sampling")
     numbers = ("temperature", "top_p", "max_tokens", "seed")
     if not isinstance(sampling, dict) or not all(is_number(sampling.get(k)) for k in numbers):

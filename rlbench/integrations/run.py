@@ -15,11 +15,12 @@ from typing import Any
 
 from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics
-from reference_trainer.trace.records import make_dir, write_json, write_jsonl
+from reference_trainer.trace.records import write_json, write_jsonl
 from reference_trainer.trace.schema import check_events
 from rlbench.integrations import lengthlog
 from rlbench.integrations.lengthlog import Group
 from rlbench.report.import_report import render_import
+from rlbench.rundirs import claim
 from rlbench.simulate import simulate
 from rlbench.simulate.cost import preset
 
@@ -87,8 +88,19 @@ def write_run(
 ) -> dict[str, Any]:
     """Write the run folder and return its metrics doc. `run` names the source (framework, files, slots);
     `integration` holds what the framework logged and what its logs cannot tell."""
-    make_dir(out)
     check_events(events, "the rebuilt trace")  # a bug here is ours: refuse before anything is written
+    with claim(out, "import", accepts=("import",)):  # one writer; never over another command's run
+        return _write(out, events, groups, run, integration, whatif_doc)
+
+
+def _write(
+    out: Path,
+    events: list[dict[str, Any]],
+    groups: list[Group],
+    run: dict[str, Any],
+    integration: dict[str, Any],
+    whatif_doc: dict[str, Any] | None,
+) -> dict[str, Any]:
     computed = metrics.compute(events)
     if groups:
         integration = {**integration, "length_variance": lengthlog.variance_split(groups)}
@@ -104,6 +116,7 @@ def write_run(
         "integration": integration,
         "whatif": whatif_doc or {"available": False, "reason": "no per-sample lengths in what was read"},
     }
+    write_json(out / "imported.json", doc["run"])  # first: what the folder holds (rlbench/rundirs.py)
     write_jsonl(out / "trace.jsonl", events)
     if groups:
         lengthlog.write(out / "lengths.jsonl", groups)

@@ -38,10 +38,19 @@ class Phase:
     t_end: float
 
 
+# A counter read back is the server's word: a success counter that grows by more than this between two
+# scrapes is not counting requests (no server finishes 100,000 in one scrape interval), and recording one
+# event per request it claims would take memory without bound. Past MAX_SEQUENCES finished requests in one
+# observation, requests are still counted in the rates but no longer recorded one by one.
+MAX_FINISHED_PER_SCRAPE = 100_000
+MAX_SEQUENCES = 500_000
+
+
 def _bucket_values(
-    now: dict[str, float] | None, before: dict[str, float] | None
+    now: dict[str, float] | None, before: dict[str, float] | None, limit: int
 ) -> list[tuple[float, float]]:
-    """(representative length, upper bound) per request counted between two cumulative histograms."""
+    """(representative length, upper bound) per request counted between two cumulative histograms, for
+    the first `limit` requests (what a histogram claims is bounded by what the success counter says)."""
     if not now:
         return []
     edges = sorted((float(le), n) for le, n in now.items())
@@ -49,7 +58,7 @@ def _bucket_values(
     out: list[tuple[float, float]] = []
     lower, below_now, below_old = 0.0, 0.0, 0.0
     for le, cum in edges:
-        new = max(0, round((cum - below_now) - (old.get(le, 0.0) - below_old)))
+        new = max(0, min(limit - len(out), round((cum - below_now) - (old.get(le, 0.0) - below_old))))
         mid = lower if math.isinf(le) else (lower + le) / 2 if lower else le
         out += [(max(1.0, mid), le)] * new
         lower, below_now, below_old = le, cum, old.get(le, 0.0)
@@ -127,6 +136,17 @@ def to_trace(
     def phase_of(t: float) -> Phase | None:
         return next((p for p in found if p.t_start <= t <= p.t_end), None)
 
+    implausible: set[int] = set()
+    recorded, capped = 0, False
+    for s, srows in per_server.items():
+        restarts = sum(1 for r in srows[1:] if r.get("restarted"))
+        if restarts >= 3 and restarts * 4 >= len(srows):  # a real restart is rare; this is every few scrapes
+            notes.append(
+                f"server {s}: its counters went backwards in {restarts} of {len(srows)} scrapes, which is "
+                "not restarts but one URL in front of several servers (a load balancer): its tokens/s and "
+                "requests are not one server's; observe each server's own metrics URL"
+            )
+
     for s, srows in per_server.items():
         for a, b in zip(srows, srows[1:], strict=False):
             p = phase_of((a["t"] + b["t"]) / 2)
@@ -149,12 +169,26 @@ def to_trace(
                                "active_slots": int(row["running"]), "capacity": caps[s], "tokens": n,
                                "worker": s, "waiting": row.get("waiting"),
                                "kv_usage": row.get("kv_usage")})  # fmt: skip
-            finished = int(_growth(b, a, "finished"))
+            finished = int(min(_growth(b, a, "finished"), MAX_FINISHED_PER_SCRAPE + 1))
+            if finished > MAX_FINISHED_PER_SCRAPE:
+                if s not in implausible:
+                    implausible.add(s)
+                    notes.append(
+                        f"server {s}: its success counter grew by more than {MAX_FINISHED_PER_SCRAPE:,} "
+                        "between two scrapes; not counted as requests"
+                    )
+                continue
+            if recorded + finished > MAX_SEQUENCES:
+                if not capped:
+                    capped = True
+                    notes.append(f"more than {MAX_SEQUENCES:,} finished requests: later ones not recorded")
+                continue
+            recorded += finished
             lengths = _bucket_values(
-                b.get("response_hist"), None if b.get("restarted") else a.get("response_hist")
+                b.get("response_hist"), None if b.get("restarted") else a.get("response_hist"), finished
             )
             prompts = _bucket_values(
-                b.get("prompt_hist"), None if b.get("restarted") else a.get("prompt_hist")
+                b.get("prompt_hist"), None if b.get("restarted") else a.get("prompt_hist"), finished
             )
             for k in range(finished):
                 seq: Row = {"kind": SEQUENCE, "step": p.step, "id": f"s{s}-{b['t']:.3f}-{k}",

@@ -41,6 +41,13 @@ CUT_OFF = "no answer before the observation ended"
 _READ = 1 << 16
 
 # quantity -> metric family names, first match wins (prometheus_client strips `_total` from counters)
+# Bounds on what a scrape or a samples.jsonl row can hold, so the derivation's arithmetic and memory stay
+# bounded: a server index makes a per-server table (an index of 1e9, a billion entries), a counter past
+# 2**60 is no server's, and an observation lasts at most --duration's 1e7 s.
+MAX_SERVERS = 4096
+MAX_COUNTER = 2.0**60
+MAX_SECONDS = 1e7
+
 NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     "vllm": {
         "running": ("vllm:num_requests_running",),
@@ -153,8 +160,9 @@ def parse(text: str) -> Scrape:
         family = next((families[n] for n in names if n in families), None)
         samples = [s for s in family.samples if not s.name.endswith("_created")] if family else []
         total = sum(s.value for s in samples) if samples else None
-        if total is not None and not math.isfinite(total):
-            problems.append(f"{quantity} is {total}: left null")
+        if total is not None and not (math.isfinite(total) and abs(total) <= MAX_COUNTER):
+            past = ", past 2**60" if math.isfinite(total) else ""
+            problems.append(f"{quantity} is {total}{past}: left null")
             total = None
         values[quantity] = total
         if family is None and names:
@@ -172,7 +180,7 @@ def parse(text: str) -> Scrape:
                 except (KeyError, ValueError):
                     problems.append(f"{name}: a bucket without a numeric le label, skipped")
                     continue
-                if math.isnan(le) or not math.isfinite(s.value):
+                if math.isnan(le) or not (math.isfinite(s.value) and 0 <= s.value <= MAX_COUNTER):
                     problems.append(f"{name}: a bucket with le {le} and count {s.value}, skipped")
                     continue
                 buckets[le] = buckets.get(le, 0.0) + s.value
@@ -194,15 +202,16 @@ def as_row(t: float, index: int, result: Scrape | ScrapeError) -> dict[str, Any]
 
 def row_problem(row: dict[str, Any]) -> str | None:
     """What is wrong with a samples.jsonl row read back (`observe --from-samples`), or None."""
-    if not is_number(row.get("t")):
-        return f"t is {row.get('t')!r}, not a number"
-    if type(row.get("server")) is not int or row["server"] < 0:
-        return f"server is {row.get('server')!r}, not a server index"
+    if not is_number(row.get("t")) or not 0 <= row["t"] <= MAX_SECONDS:
+        return f"t is {row.get('t')!r}, not seconds into an observation"
+    if type(row.get("server")) is not int or not 0 <= row["server"] < MAX_SERVERS:
+        return f"server is {row.get('server')!r}, not a server index (0..{MAX_SERVERS - 1})"
     if "error" in row:
         return None
     for quantity in NAMES["vllm"]:
-        if row.get(quantity) is not None and not is_number(row[quantity]):
-            return f"{quantity} is {row[quantity]!r}, not a number"
+        value = row.get(quantity)
+        if value is not None and not (is_number(value) and abs(value) <= MAX_COUNTER):
+            return f"{quantity} is {value!r}, not a number a server reports"
     for key in HISTOGRAMS["vllm"]:
         hist = row.get(key)
         if hist is None:

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.errors import UserError, check_integer, check_number
+from reference_trainer.errors import MAX_COUNT, UserError, check_integer, check_number
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import read_json, read_jsonl, write_json, write_jsonl
+from reference_trainer.trace.schema import is_number
 from rlbench.observe.derive import server_stats, to_trace
 from rlbench.observe.nvml import NvmlSampler
 from rlbench.observe.sampler import ServerSampler
-from rlbench.observe.scrape import row_problem
+from rlbench.observe.scrape import MAX_SERVERS, row_problem
 from rlbench.observe.whatif import predict
 from rlbench.report.profile_report import render_profile
 
@@ -54,6 +55,16 @@ class ObserveOptions:
         return self
 
 
+def check_new_observation(out: Path, overwrite: bool) -> None:
+    """Refuse to observe into a folder whose samples.jsonl would be replaced, unless `overwrite`: it is the
+    only input `--from-samples` has (a killed observation is rebuilt from it, not observed again)."""
+    if not overwrite and (out / "samples.jsonl").exists():
+        raise UserError(
+            f"{out} already holds an observation: `rlbench observe --from-samples {out}` rebuilds its "
+            "report; pass --overwrite to replace it, or use another --out"
+        )
+
+
 def start_sampler(
     opts: ObserveOptions, out: Path, now: Callable[[], float], say: Callable[[str], None]
 ) -> Any:
@@ -63,12 +74,21 @@ def start_sampler(
 
 
 def finish(
-    out: Path, rows: list[dict[str, Any]], opts: ObserveOptions, base: dict[str, Any], notes: list[str]
+    out: Path,
+    rows: list[dict[str, Any]],
+    opts: ObserveOptions,
+    base: dict[str, Any],
+    notes: list[str],
+    say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Derive the trace and metrics from the scrapes, merge them into `base` (a profile document: run,
-    summary, gpu, pyspy), write trace.jsonl, metrics.json and report.html; return the document."""
+    summary, gpu, pyspy), write trace.jsonl, metrics.json and report.html; return the document. What the
+    derivation doubts (counters of several servers behind one URL, implausible jumps) is said, not only
+    written into the report."""
     opts.idle_gap_s = 1.0 if opts.idle_gap_s is None else opts.idle_gap_s
     events, derive_notes = to_trace(rows, opts.capacity or None, opts.idle_gap_s)
+    for note in derive_notes:
+        say(f"note: {note}")
     notes = [*notes, *derive_notes]
     write_jsonl(out / "trace.jsonl", events)
     computed = metrics.compute(events, base.get("gpu")) if events else {"summary": {}, "steps": []}
@@ -131,17 +151,44 @@ def observe(opts: ObserveOptions, out: Path, duration_s: float, say: Callable[[s
     rows = sampler.stop()
     gpu = gpu_sampler.stop()
     base = {"run": {"kind": "observe", "wall_time_s": now()}, "summary": {}, "gpu": gpu, "pyspy": None}
-    return finish(out, rows, opts, base, sampler.notes)
+    return finish(out, rows, opts, base, sampler.notes, say)
 
 
-def from_samples(opts: ObserveOptions, out: Path) -> dict[str, Any]:
-    """Rebuild trace, metrics and report from a run directory's samples.jsonl (a killed observation)."""
-    path = out / "samples.jsonl"
-    if not path.is_file():
+def samples_to_rebuild(out: Path) -> Path:
+    """`out`/samples.jsonl, or a one-line refusal when there is none (checked before `out` is locked,
+    which would create it)."""
+    if not (out / "samples.jsonl").is_file():
         raise UserError(f"{out}: no samples.jsonl to rebuild from")
+    return out / "samples.jsonl"
+
+
+def observed_run_problem(run: Any) -> str | None:
+    """What is wrong with an earlier metrics.json's `run` for a rebuild (None: nothing): the settings it
+    carries over (servers, interval, idle gap, capacities) must be what observe wrote."""
+    if not isinstance(run, dict):
+        return "not an observation's metrics"
+    servers, caps = run.get("servers"), run.get("capacity_given")
+    if servers is not None and not (isinstance(servers, list) and all(isinstance(u, str) for u in servers)):
+        return "run.servers is not a list of URLs"
+    for key, low, high in (("interval_s", 0.01, 3600.0), ("idle_gap_s", 0.0, 1e6)):
+        value = run.get(key)
+        if value is not None and not (is_number(value) and low <= value <= high):
+            return f"run.{key} is {value!r}, not a number in {low:g}..{high:g}"
+    if caps is not None and not (
+        isinstance(caps, list) and all(type(c) is int and 1 <= c <= MAX_COUNT for c in caps)
+    ):
+        return "run.capacity_given is not a list of slot counts"
+    return None
+
+
+def from_samples(opts: ObserveOptions, out: Path, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Rebuild trace, metrics and report from a run directory's samples.jsonl (a killed observation)."""
+    path = samples_to_rebuild(out)
     rows = read_jsonl(path, check=row_problem)  # a hand-edited or foreign file: one line naming file:line
     old = read_json(out / "metrics.json") if (out / "metrics.json").is_file() else {}
-    run = old.get("run", {"kind": "observe"})
+    run = old.get("run", {"kind": "observe"}) if isinstance(old, dict) else None
+    if (why := observed_run_problem(run)) is not None:
+        raise UserError(f"{out / 'metrics.json'}: {why}; remove it to rebuild from samples.jsonl alone")
     servers = max((int(r["server"]) for r in rows), default=-1) + 1
     opts.urls = opts.urls or run.get("servers") or [f"server {i}" for i in range(servers)]
     opts.interval_s = run.get("interval_s", opts.interval_s)
@@ -151,7 +198,7 @@ def from_samples(opts: ObserveOptions, out: Path) -> dict[str, Any]:
         opts.capacity = list(run["capacity_given"])
     summary = {k: v for k, v in old.get("summary", {}).items() if k in ("wall_time_s", "exit_code")}
     base = {"run": run, "summary": summary, "gpu": old.get("gpu"), "pyspy": old.get("pyspy")}
-    return finish(out, rows, opts, base, [])
+    return finish(out, rows, opts, base, [], say)
 
 
 def server_urls(text: str) -> list[str]:
@@ -169,6 +216,8 @@ def server_urls(text: str) -> list[str]:
         urls.append(part)
     if not urls:
         raise UserError("no engine metrics URL given")
+    if len(urls) > MAX_SERVERS:  # each server is sampled in a thread of its own
+        raise UserError(f"{len(urls)} metrics URLs: at most {MAX_SERVERS} servers in one observation")
     return urls
 
 

@@ -15,7 +15,6 @@ When py-spy is missing or cannot attach (ptrace denied, not a Python process), t
 from __future__ import annotations
 
 import html
-import json
 import os
 import shutil
 import signal
@@ -25,6 +24,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from reference_trainer.trace.records import open_own, read_json, write_text
 
 
 def find_py_spy() -> str | None:
@@ -102,8 +103,12 @@ class PySpyRecorder:
             cmd.append("--subprocesses")
         if self.nonblocking:
             cmd.append("--nonblocking")
-        # a file, not a pipe: a full pipe would stall py-spy; closed in _finish_log
-        self._log_fh = open(self.log, "wb")  # noqa: SIM115
+        # a file, not a pipe: a full pipe would stall py-spy; closed in _finish_log. Neither file may be a
+        # link out of the run: the log is opened without following one, and py-spy (which writes the
+        # speedscope file itself, following links) gets a fresh path.
+        self._log_fh = os.fdopen(open_own(self.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
+        if self.speedscope.is_symlink():
+            self.speedscope.unlink()
         self._proc = subprocess.Popen(
             cmd, stdout=self._log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
@@ -180,7 +185,7 @@ def record_command(
 
 def collapse_speedscope(path: str | Path) -> dict[tuple[str, ...], float]:
     """Stack (root first) -> total weight (samples), merged over all threads/processes of the profile."""
-    data = json.loads(Path(path).read_text())
+    data = read_json(path)
     frames = data["shared"]["frames"]
     names = [
         f"{f.get('name', '?')} ({Path(str(f.get('file', '?'))).name}:{f.get('line', '?')})" for f in frames
@@ -245,7 +250,7 @@ def speedscope_to_svg(src: str | Path, dst: str | Path, title: str = "flame grap
         f'<text x="{width / 2}" y="22" text-anchor="middle" style="font-size:15px">'
         f"{html.escape(title)} — {total:.0f} samples</text>{''.join(rects)}</svg>"
     )
-    Path(dst).write_text(svg)
+    write_text(dst, svg)
     return int(round(total))
 
 

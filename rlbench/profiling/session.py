@@ -22,13 +22,13 @@ from typing import Any
 
 from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics
-from reference_trainer.trace.locks import run_lock
 from reference_trainer.trace.records import make_dir, write_json
 from reference_trainer.trace.schema import read_trace
 from reference_trainer.trace.writer import Trace
 from rlbench.observe.nvml import NvmlSampler
 from rlbench.profiling.pyspy import PySpyRecorder
 from rlbench.report.profile_report import render_profile
+from rlbench.rundirs import claim
 from rlbench.training import run_training
 
 
@@ -120,7 +120,7 @@ def run_profile(
     The process is the only writer of `out` meanwhile (locks.run_lock)."""
     train = train_fn or default_train_fn()
     run = {"mode": config.mode, "task": config.task, "steps": config.steps, "seed": config.seed}
-    with run_lock(out):
+    with claim(out, "profile", accepts=("train", "profile")):
         check_new_run(out, overwrite)
         with ProfileSession(out, run, py_spy=py_spy, sample_interval_s=sample_interval_s) as session:
             # TRAINER HOOK: the single place the trainer runs.

@@ -19,9 +19,10 @@ from typing import Any
 from reference_trainer.errors import UserError
 from reference_trainer.trace.records import write_json
 from rlbench.observe.nvml import NvmlSampler, mean_util, no_gpu_note
-from rlbench.profiling.observe import finish, start_sampler
+from rlbench.profiling.observe import check_new_observation, finish, start_sampler
 from rlbench.profiling.pyspy import PySpyRecorder
 from rlbench.report.profile_report import render_profile
+from rlbench.rundirs import claim
 
 
 def wrap_command(
@@ -32,12 +33,20 @@ def wrap_command(
     nvml: Any = None,
     observe: Any = None,
     say: Any = print,
+    overwrite: bool = False,
 ) -> tuple[int, dict[str, Any]]:
     """Run `cmd`, write out/metrics.json and out/report.html; return (exit code, metrics document)."""
     if not cmd:
         raise UserError("no command given after --")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with claim(out, "profile", accepts=("profile", "observe")):  # one writer, into a profile or a new folder
+        if observe is not None:
+            check_new_observation(Path(out), overwrite)
+        return _wrap(cmd, Path(out), py_spy, sample_interval_s, nvml, observe, say)
+
+
+def _wrap(
+    cmd: Sequence[str], out: Path, py_spy: bool, sample_interval_s: float, nvml: Any, observe: Any, say: Any
+) -> tuple[int, dict[str, Any]]:
     t0 = time.perf_counter()
 
     def now() -> float:
@@ -90,7 +99,7 @@ def wrap_command(
         "pyspy": pyspy,
     }
     if servers is not None:
-        doc = finish(out, server_rows or [], observe, doc, servers.notes)
+        doc = finish(out, server_rows or [], observe, doc, servers.notes, say)
     else:
         write_json(out / "metrics.json", doc)
         render_profile(out, doc, [])

@@ -19,6 +19,7 @@ from reference_trainer.trace.compare import drift_check, step_speedups
 from reference_trainer.trace.records import read_json
 from rlbench.report.figures import PALETTE, _fig, note, steps_axis
 from rlbench.report.page import table, write_page
+from rlbench.report.profile_report import summary_problem
 
 CURVES = [
     ("bubble_ratio", "Bubble ratio per step", "%", 100.0),
@@ -42,6 +43,11 @@ def check_compare_doc(doc: Any, source: Any) -> dict[str, Any]:
         for r in runs
     ):  # fmt: skip
         raise UserError(f"{source}: not a comparison (runs, each with a mode, a summary and steps)")
+    for run in runs:
+        for n, row in enumerate([run["summary"], *run.get("steps", [])]):
+            if isinstance(row, dict) and (why := summary_problem(row)) is not None:
+                where = "summary" if n == 0 else f"step row {n}"
+                raise UserError(f"{source}: {run['mode']}'s {where}: {why}")
     return doc
 
 

@@ -7,6 +7,7 @@ timeline is built in timeline.py; shared plot helpers live in figures.py.
 from __future__ import annotations
 
 import html
+import math
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -294,7 +295,25 @@ def check_profile_doc(doc: Any, source: Any) -> dict[str, Any]:
         isinstance(s, dict) and type(s.get("step")) is int for s in steps
     ):
         raise UserError(f"{source}: steps is not a list of step rows (objects with an integer step)")
+    for n, row in enumerate([doc.get("summary") or {}, *steps]):
+        if (why := summary_problem(row)) is not None:
+            raise UserError(f"{source}: {'summary' if n == 0 else f'step row {n}'}: {why}")
     return doc
+
+
+def summary_problem(summary: dict[str, Any]) -> str | None:
+    """What a report would print wrongly from a summary or step row (None: nothing): a share or ratio
+    outside 0..1 ("inf%", "4500%"), a time or rate that is negative or not finite ("-5 s")."""
+    for key, value in summary.items():
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if key.endswith(("_ratio", "_share", "_ratio_gpu")) and not (
+            math.isfinite(value) and 0 <= value <= 1
+        ):
+            return f"{key} is {value!r}, not a share between 0 and 1"
+        if key.endswith("_s") and not (math.isfinite(value) and value >= 0):
+            return f"{key} is {value!r}, not a time or rate >= 0"
+    return None
 
 
 def load_run(run_dir: Path) -> tuple[dict[str, Any], list[Event]]:

@@ -1,0 +1,80 @@
+"""Which command's run a directory holds, and the one place a command claims a directory to write.
+
+Every command that writes a run directory (`train`, `profile`, `compare`, `eval`, `observe`, `simulate`,
+`reproduce`, `import`) enters `claim(out, command, accepts)`: it holds the directory's lock
+(locks.run_lock, so a second writer is refused at once) and refuses a directory that holds another
+command's run, whose files it would otherwise replace (`report.html`, `trace.jsonl`, `metrics.json` are
+written by several commands).
+What a directory holds is read from the files each command leaves first (`held_by`), so runs written
+before this check are recognised too.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from reference_trainer.errors import UserError
+from reference_trainer.trace.locks import run_lock
+
+# (file, kind), most specific first: a compare's or an observation's folder also holds a profile's files, a
+# profile's also a trainer run's. The first file present names what the directory holds.
+MARKERS: tuple[tuple[str, str], ...] = (
+    ("compare.json", "compare"),
+    ("run_config.json", "eval"),
+    ("problems.jsonl", "eval"),
+    ("results.json", "eval"),
+    ("samples.jsonl", "observe"),
+    ("simulate.json", "simulate"),
+    ("validation.json", "simulate"),
+    ("imported.json", "import"),  # an imported run also holds a profile's metrics.json and trace.jsonl
+    ("metrics.json", "profile"),
+    ("train_config.json", "train"),
+)
+# What each kind is called in a refusal.
+NAMES = {
+    "compare": "a comparison",
+    "eval": "an evaluation",
+    "observe": "an observation",
+    "simulate": "a simulation",
+    "import": "an imported run",
+    "profile": "a profile",
+    "train": "a training run",
+}
+
+
+def held_by(directory: Path) -> tuple[str, str] | None:
+    """(kind, the file that says so) for what `directory` holds; None for an empty or foreign folder."""
+    for name, kind in MARKERS:
+        if (directory / name).exists() or (directory / name).is_symlink():
+            return kind, name
+    return None
+
+
+@contextmanager
+def claim(directory: str | Path, command: str, accepts: tuple[str, ...]) -> Iterator[Path]:
+    """Hold `directory` as its only writer (created if needed), refusing it when it holds a run of a kind
+    not in `accepts` (checked under the lock: a run that another process has just begun counts too)."""
+    with run_lock(directory) as held:
+        found = held_by(held)
+        if found is not None and found[0] not in accepts:
+            kind, marker = found
+            raise UserError(f"{held} holds {NAMES[kind]} ({marker}), not {command}'s run: use another --out")
+        yield held
+
+
+def check_new_comparison(out: Path, modes: list[str], overwrite: bool) -> None:
+    """Refuse to compare into a folder that holds a finished comparison unless `overwrite`: its compare.json
+    and page would be replaced by the new modes' alone. With `overwrite`, the old comparison's mode folders
+    that the new one does not rewrite are removed with it, so none is left orphaned beside the new one."""
+    if not (out / "compare.json").exists():
+        return
+    if not overwrite:
+        raise UserError(
+            f"{out} already holds a comparison: pass --overwrite to replace it, or use another --out"
+        )
+    for folder in sorted(p for p in out.iterdir() if p.is_dir() and not p.is_symlink()):
+        if folder.name not in modes and (held_by(folder) or ("", ""))[0] in ("train", "profile"):
+            shutil.rmtree(folder)
