@@ -75,8 +75,8 @@ def stages(
         Stage("tests", 200, [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rfEs",
                              str(ROOT / "tests")], ()),
         Stage("compare", 120, [py, "-m", "rlbench.cli", "compare", "--modes", "baseline,sorted",
-                               "--steps", "3", "--device", "cpu" if dry_run else "cuda", "--overwrite", "--out",
-                               str(compare_out)], (str(compare_out / "compare.json"),)),
+                               "--steps", "3", "--device", "cpu" if dry_run else "cuda", "--overwrite",
+                               "--out", str(compare_out)], (str(compare_out / "compare.json"),)),
         Stage("attention", 150, ([py, "-c", "print('the attention table needs CUDA')"] if dry_run else
                                  [py, "-m", "benchmarks.gpu", "--tables", "attention,verify", "--batches",
                                   "1,64", "--attention-batches", batches, "--out", str(out)]),
@@ -124,8 +124,8 @@ def real_model_stages(parts: Path, work: Path, dry_run: bool) -> list[Stage]:
         Stage("learning", 480, learning, (str(result),), min_s=360 if not dry_run else 20),
         Stage("compare-real", 240, [py, "-m", "rlbench.cli", "compare", "--model", str(model), "--device",
                                     "cpu" if dry_run else "cuda", "--task", "arith", "--task-option",
-                                    "max_ops=4", *size, "--modes", "baseline,sorted,rhyme", "--overwrite", "--out",
-                                    str(compare_out)], (str(compare_out / "compare.json"),)),
+                                    "max_ops=4", *size, "--modes", "baseline,sorted,rhyme", "--overwrite",
+                                    "--out", str(compare_out)], (str(compare_out / "compare.json"),)),
     ]  # fmt: skip
 
 
