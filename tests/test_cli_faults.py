@@ -152,7 +152,7 @@ def test_ctrl_c_says_what_was_kept_and_a_profile_rerun_is_refused(tiny_model_dir
         "interrupted: t keeps every finished step; `rlbench train --resume t` continues\n"
     )
     monkeypatch.setattr(
-        "rlbench.eval.suites.suite_sizes", lambda data_dir: (_ for _ in ()).throw(KeyboardInterrupt)
+        "rlbench.eval.suites.suite_sizes", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt)
     )
     res = cli("suites", tmp=tmp_path)
     assert (res.returncode, res.stderr) == (130, "interrupted\n")

@@ -39,7 +39,8 @@ def load_results(d: Path) -> tuple[dict[str, Any], bool]:
     progress = d / PROGRESS_FILE
     rows = read_jsonl(progress, check=row_problem) if progress.is_file() else []
     rows = [r for r in rows if len(r.get("correct", [])) == cfg.samples]
-    return summarize(get_suite(cfg.suite), cfg, stored.get("template", "?"), rows), True
+    suite = get_suite(stored.get("suite_file") or cfg.suite)  # the file the run read, wherever it was found
+    return summarize(suite, cfg, stored.get("template", "?"), rows), True
 
 
 def render_eval(d: Path) -> Path:
