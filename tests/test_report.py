@@ -250,7 +250,8 @@ def test_compare_ratios():
     base, fast = ratio_rows(runs, "baseline")
     assert base["speed-up (step time)"] == 1.0
     assert fast["speed-up (step time)"] == 2.0 and fast["throughput ×"] == 1.5
-    assert fast["bubble ×"] == pytest.approx(0.2) and fast["reward ×"] == 1.0
+    assert fast["reward ×"] == 1.0 and fast["bubble (%)"] == pytest.approx(10.0)
+    assert fast["bubble vs baseline (pts)"] == pytest.approx(-40.0)  # percentage points, not a ratio
 
 
 def test_cli_report_rerenders_profile_and_compare(tmp_path):

@@ -1,11 +1,14 @@
-"""The compare report: modes side by side, ratios against the baseline, overlaid per-step curves.
+"""The compare report, in the terminal and on the page: the bubble first (each mode beside the baseline, with
+its range over rounds), then the step time split into rollout, update, reward and other (which part a mode
+changed), the rollout's throughput in generated and in trained tokens, the other ratios, per-step curves.
 
 Input (`compare.json`):
     {"baseline": "baseline", "runs": [{"mode": "baseline", "summary": {...}, "steps": [...]}, ...],
      "workload": {...optional, shown as the subtitle}}
-`runs` may also be a dict {mode: {"summary": ..., "steps": ...}}. Ratios are only against a baseline run
-from the same file (same process, prompts and seeds): ratios across processes or machines would mix
-noise and hardware into the speed-up.
+`runs` may also be a dict {mode: {"summary": ..., "steps": ...}}; what is read from the runs side by side
+(`compare_doc`) is computed again from them. Ratios are only against a baseline run from the same file
+(same process, prompts and seeds): ratios across processes or machines would mix noise and hardware into
+the speed-up.
 """
 
 from __future__ import annotations
@@ -15,7 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.errors import UserError
-from reference_trainer.trace.compare import drift_check, step_speedups
+from reference_trainer.trace.compare import (
+    GPU_ROLLOUT_SHARE,
+    PHASES,
+    at_gpu_split,
+    drift_check,
+    per_step_range,
+    phase_seconds,
+    speedup_parts,
+    step_speedups,
+)
 from reference_trainer.trace.records import read_json
 from rlbench.report.figures import PALETTE, _fig, note, steps_axis
 from rlbench.report.page import table, write_page
@@ -56,27 +68,36 @@ def _div(a: Any, b: Any) -> float | None:
     return float(a) / float(b) if a is not None and b not in (None, 0) else None
 
 
+def _pct(value: Any) -> float | None:
+    return None if value is None else 100.0 * float(value)
+
+
 def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
-    """One row per mode: its summary and its ratios to the baseline (speed-up > 1 means faster)."""
+    """One row per mode: its summary (shares in percent) and its ratios to the baseline (speed-up > 1 means
+    faster; the bubble's change in percentage points)."""
     base = next((r["summary"] for r in runs if r["mode"] == baseline), None)
     rows = []
     for r in runs:
         s = r["summary"]
         row: dict[str, Any] = {
             "mode": r["mode"],
+            "bubble (%)": _pct(s.get("bubble_ratio")),
             "step time (s)": s.get("step_time_s"),
             "rollout tokens/s": s.get("rollout_tokens_per_s"),
-            "bubble ratio": s.get("bubble_ratio"),
-            "GPU idle in rollout": s.get("bubble_ratio_gpu"),
-            "tail share": s.get("tail_time_share"),
-            "acceptance": s.get("acceptance_rate"),
+            "trained tokens/rollout-s": s.get("trained_tokens_per_rollout_s"),
+            "GPU idle in rollout (%)": _pct(s.get("bubble_ratio_gpu")),
+            "tail share (%)": _pct(s.get("tail_time_share")),
+            "acceptance (%)": _pct(s.get("acceptance_rate")),
             "reward": s.get("reward_mean"),
             "accuracy": s.get("accuracy"),
         }
         if base is not None:
+            bubble, base_bubble = s.get("bubble_ratio"), base.get("bubble_ratio")
+            row["bubble vs baseline (pts)"] = (
+                100.0 * (bubble - base_bubble) if bubble is not None and base_bubble is not None else None
+            )
             row["speed-up (step time)"] = _div(base.get("step_time_s"), s.get("step_time_s"))
             row["throughput ×"] = _div(s.get("rollout_tokens_per_s"), base.get("rollout_tokens_per_s"))
-            row["bubble ×"] = _div(s.get("bubble_ratio"), base.get("bubble_ratio"))
             row["reward ×"] = _div(s.get("reward_mean"), base.get("reward_mean"))
         rows.append(row)
     return rows
@@ -84,9 +105,114 @@ def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]
 
 # Why a column can be empty for every mode: said under the table instead of showing blank cells.
 UNMEASURED_WHY = {
-    "GPU idle in rollout": "NVML's GPU utilisation, on a GPU",
-    "acceptance": "no mode drafts tokens",
+    "GPU idle in rollout (%)": "NVML's GPU utilisation, on a GPU",
+    "acceptance (%)": "no mode drafts tokens",
 }
+
+
+def compare_doc(
+    runs: list[dict[str, Any]], baseline: str, workload: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """compare.json: the runs, and what is read from them side by side."""
+    summaries = {r["mode"]: r["summary"] for r in runs}
+    steps = {r["mode"]: r.get("steps") or [] for r in runs}
+    parts = speedup_parts(summaries, baseline)
+    base = phase_seconds(summaries.get(baseline, {})) or {}
+    return {
+        "baseline": baseline,
+        "workload": workload or {},
+        "interleaved": True,
+        "runs": runs,
+        "ratios": ratio_rows(runs, baseline),
+        "bubble_per_round": per_step_range(steps, "bubble_ratio"),
+        "speedup_per_round": step_speedups(steps, baseline),
+        "parts": parts,
+        "gpu_split_model": {m: at_gpu_split(p, base) for m, p in parts.items()},
+        "drift": drift_check(summaries),
+    }
+
+
+def _range(spread: dict[str, Any] | None, scale: float = 1.0, unit: str = "") -> str:
+    if not spread or spread.get("min") is None:
+        return ""
+    digits = 1 if scale != 1 else 2
+    return f"{scale * spread['min']:.{digits}f}-{scale * spread['max']:.{digits}f}{unit}"
+
+
+def summary_lines(doc: dict[str, Any]) -> list[str]:
+    """What `rlbench compare` prints: the bubble first, then each mode's step time in parts with the
+    speed-up and the part that produced it, then the rollout's throughput and the trained lengths."""
+    runs, baseline = normalise(doc)
+    derived = compare_doc(runs, baseline, doc.get("workload"))
+    summaries = {r["mode"]: r["summary"] for r in runs}
+    base = summaries.get(baseline, {})
+    lines = ["bubble: idle slot-time in rollout, % of the slots' capacity (range over rounds)"]
+    for mode, s in summaries.items():
+        b = s.get("bubble_ratio")
+        gpu = (
+            f", GPU idle {100 * s['bubble_ratio_gpu']:.1f}%" if s.get("bubble_ratio_gpu") is not None else ""
+        )
+        versus = ""
+        if mode != baseline and b is not None and base.get("bubble_ratio") is not None:
+            versus = f"  {100 * (b - base['bubble_ratio']):+.1f} pts vs {baseline}"
+        span = _range(derived["bubble_per_round"].get(mode), 100.0)
+        text = "n/a" if b is None else f"{100 * b:5.1f}%" + (f" ({span})" if span else "")
+        lines.append(f"{mode:>16}: {text}{gpu}{versus}")
+    lines.append(
+        "time per step (s): rollout + update + reward + other; speed-up vs baseline (range per round)"
+    )
+    for mode, parts in derived["parts"].items():
+        secs = parts["seconds"]
+        if secs is None:
+            lines.append(f"{mode:>16}: not measured")
+            continue
+        split = " + ".join(f"{secs[p]:.2f}" for p in PHASES) + f" = {sum(secs.values()):.2f} s"
+        speed = ""
+        if parts["speedup"] is not None:
+            span = _range(derived["speedup_per_round"].get(mode), unit="x")
+            speed = f"  {parts['speedup']:.2f}x" + (f" ({span})" if span and mode != baseline else "")
+        lines.append(f"{mode:>16}: {split}{speed}{_produced_by(parts) if mode != baseline else ''}")
+    lines.append(
+        "rollout: generated / trained tokens per rollout-second; trained response length mean / longest"
+    )
+    for mode, s in summaries.items():
+        gen, trained = s.get("rollout_tokens_per_s"), s.get("trained_tokens_per_rollout_s")
+        aside = max(0, int(s.get("rollout_tokens") or 0) - int(s.get("trained_tokens") or 0))
+        lines.append(
+            f"{mode:>16}: {gen or 0:.0f} / {trained or 0:.0f} tok/s ({aside:,} generated tokens not "
+            f"trained); length {_lengths(s)}"
+        )
+    if (note_text := split_note(derived)) is not None:
+        lines.append(f"note: {note_text}")
+    return lines
+
+
+def _produced_by(parts: dict[str, Any]) -> str:
+    """Which part of the step produced a mode's change in step time: `: update saved 4.47 s (96%)...`."""
+    saved, share = parts.get("saved_s"), parts.get("share")
+    if not saved or not share:
+        return ""
+    order = sorted(PHASES, key=lambda p: -abs(saved[p]))[:2]
+    said = ", ".join(
+        f"{p} {'saved' if saved[p] >= 0 else 'cost'} {abs(saved[p]):.2f} s ({100 * share[p]:.0f}%)"
+        for p in order
+    )
+    return f": {said}"
+
+
+def split_note(doc: dict[str, Any]) -> str | None:
+    """Where the baseline's update outweighs its rollout (the CPU here; GPU RL spends ~75% of a step in
+    rollout), say so and what the measured phase changes would buy at GPU RL's split, labelled a model."""
+    base = (doc.get("parts") or {}).get(doc.get("baseline", "baseline"), {}).get("seconds")
+    if not base or not base.get("rollout") or base["update"] <= base["rollout"]:
+        return None
+    modelled = (doc.get("gpu_split_model") or {}).items()
+    model = ", ".join(f"{m} {v:.2f}x" for m, v in modelled if v is not None and m != doc.get("baseline"))
+    return (
+        f"here the update takes {base['update'] / base['rollout']:.1f}x the rollout's time; GPU RL spends "
+        f"about {100 * GPU_ROLLOUT_SHARE:.0f}% of a step in rollout. At that split the same rollout and "
+        f"update changes would give (a model, not a measurement): {model or 'n/a'}"
+    )
 
 
 def drift_note(drift: dict[str, Any]) -> str | None:
@@ -108,36 +234,34 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
     if doc is None:
         doc = check_compare_doc(read_json(compare_dir / "compare.json"), compare_dir / "compare.json")
     runs, baseline = normalise(doc)
-    rows = ratio_rows(runs, baseline)
-    spread = step_speedups({r["mode"]: r.get("steps") or [] for r in runs}, baseline)
+    derived = compare_doc(runs, baseline, doc.get("workload"))
+    rows = derived["ratios"]
     for row in rows:
-        if (s := spread.get(row["mode"])) and s["min"] is not None:
+        if (s := derived["speedup_per_round"].get(row["mode"])) and s["min"] is not None:
             row["speed-up per round (min-max)"] = f"{s['min']:.2f}-{s['max']:.2f}x"
-    drift = doc.get("drift") or drift_check({r["mode"]: r["summary"] for r in runs})
+    drift = doc.get("drift") or derived["drift"]
+    has_base = any(r["mode"] == baseline for r in runs)
+    bubble: list[Any] = [_bubble_table(derived), _bubble_figure(runs)]
+    parts: list[Any] = [_parts_table(derived, runs)] if has_base else []
+    if has_base:
+        parts.append(_parts_figure(derived))
+    if (text := split_note(derived)) is not None:
+        parts.append(note(text))
     intro: list[Any] = [note(message)] if (message := drift_note(drift)) else []
     unmeasured = [c for c in rows[0] if all(r.get(c) is None for r in rows)]
     intro.append(table(rows, [c for c in rows[0] if c not in unmeasured]))
     if unmeasured:
         why = ", ".join(f"{c} ({UNMEASURED_WHY.get(c, 'not in the runs')})" for c in unmeasured)
         intro.append(f'<p class="sub">Not measured here: {html.escape(why)}.</p>')
-    if not any(r["mode"] == baseline for r in runs):
+    if not has_base:
         intro.append(note(f"No '{baseline}' run in this comparison: ratios are not shown."))
     else:
         intro.append(
             '<p class="sub">Ratios are against the baseline run of the same process, prompts and seeds, '
             "the modes taking their steps in turn. speed-up = baseline step time / mode step time (the "
-            "range: per round, step k of each); throughput, bubble and reward: mode / baseline.</p>"
+            "range: per round, step k of each); throughput and reward: mode / baseline; the bubble's "
+            "change in percentage points.</p>"
         )
-        speed = _fig("Speed-up over baseline (end-to-end step time)", "mode", "×")
-        speed.add_trace(
-            go.Bar(
-                x=[r["mode"] for r in rows],
-                y=[r.get("speed-up (step time)") for r in rows],
-                marker_color=[PALETTE[i % len(PALETTE)] for i in range(len(rows))],
-            )
-        )
-        speed.add_hline(y=1.0, line_dash="dot", line_color="#888")
-        intro.append(speed)
     curves: list[Any] = []
     for key, title, unit, scale in CURVES:
         fig = _fig(title, "step", unit)
@@ -158,5 +282,90 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
             curves.append(steps_axis(fig, [s["step"] for r in runs for s in r.get("steps") or []]))
     workload = doc.get("workload") or {}
     subtitle = " · ".join(f"{k}: {v}" for k, v in workload.items() if not isinstance(v, (dict, list)))
-    sections = [("Modes side by side", intro), ("Per-step curves", curves or [note("No per-step data.")])]
+    sections = [
+        ("The bubble", bubble),
+        ("Where the step time went", parts or [note(f"No '{baseline}' run: no split against it.")]),
+        ("Modes side by side", intro),
+        ("Per-step curves", curves or [note("No per-step data.")]),
+    ]
     return write_page(compare_dir / "report.html", "rlbench compare", sections, subtitle)
+
+
+def _bubble_table(derived: dict[str, Any]) -> str:
+    baseline = derived["baseline"]
+    base = next((r["summary"].get("bubble_ratio") for r in derived["runs"] if r["mode"] == baseline), None)
+    rows = []
+    for r in derived["runs"]:
+        b = r["summary"].get("bubble_ratio")
+        rows.append(
+            {
+                "mode": r["mode"],
+                "bubble (%)": _pct(b),
+                "range over rounds (%)": _range(derived["bubble_per_round"].get(r["mode"]), 100.0),
+                "vs baseline (pts)": 100.0 * (b - base) if b is not None and base is not None else None,
+                "GPU idle in rollout (%)": _pct(r["summary"].get("bubble_ratio_gpu")),
+            }
+        )
+    columns = [c for c in rows[0] if any(row.get(c) not in (None, "") for row in rows)]
+    why = (
+        '<p class="sub">Bubble: the share of the rollout\'s slot-time (slots x rollout wall time) in which '
+        "no sequence ran, over all steps (docs/metrics.md); the range is over the rounds, one step each.</p>"
+    )
+    return table(rows, columns) + why
+
+
+def _bubble_figure(runs: list[dict[str, Any]]) -> Any:
+    import plotly.graph_objects as go
+
+    fig = _fig("Bubble ratio per mode", "mode", "%")
+    fig.add_trace(
+        go.Bar(
+            x=[r["mode"] for r in runs],
+            y=[_pct(r["summary"].get("bubble_ratio")) for r in runs],
+            marker_color=[PALETTE[i % len(PALETTE)] for i in range(len(runs))],
+        )
+    )
+    return fig
+
+
+def _parts_table(derived: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    rows = []
+    for r in runs:
+        parts = derived["parts"].get(r["mode"]) or {}
+        secs = parts.get("seconds") or {}
+        s = r["summary"]
+        rows.append(
+            {
+                "mode": r["mode"],
+                **{f"{p} (s)": secs.get(p) for p in PHASES},
+                "step (s)": sum(secs.values()) if secs else None,
+                "speed-up": parts.get("speedup"),
+                "produced by": _produced_by(parts).removeprefix(": "),
+                "trained length mean / longest": _lengths(s),
+                "generated tokens/rollout-s": s.get("rollout_tokens_per_s"),
+                "trained tokens/rollout-s": s.get("trained_tokens_per_rollout_s"),
+            }
+        )
+    why = (
+        '<p class="sub">Mean seconds per step. rollout: generation (wall time); update: the policy update, '
+        "whose cost grows with the trained responses' lengths; reward: grading; other: weight sync and the "
+        "gaps between phases. Held-out evaluation is outside the step. Generated tokens count aborted and "
+        "carried-over ones; trained tokens are those the update used.</p>"
+    )
+    return table(rows) + why
+
+
+def _parts_figure(derived: dict[str, Any]) -> Any:
+    import plotly.graph_objects as go
+
+    fig = _fig("Step time in parts", "mode", "seconds per step")
+    modes = list(derived["parts"])
+    for i, phase in enumerate(PHASES):
+        ys = [(derived["parts"][m].get("seconds") or {}).get(phase) for m in modes]
+        fig.add_trace(go.Bar(name=phase, x=modes, y=ys, marker_color=PALETTE[i % len(PALETTE)]))
+    fig.update_layout(barmode="stack")
+    return fig
+
+
+def _lengths(summary: dict[str, Any]) -> str:
+    return f"{summary.get('response_len_mean') or 0:.0f} / {summary.get('response_len_max') or 0}"

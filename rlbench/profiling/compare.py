@@ -1,0 +1,68 @@
+"""`rlbench compare` below the command: several modes, each in a profile session of its own, run interleaved
+(`rlbench.training.run_modes`), then compare.json (the bubble, the step time in parts, the ratios and their
+spread per round, a load-drift check) and the side-by-side page."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from reference_trainer.model.embedded import label as embedded_label
+from reference_trainer.model.loader import resolve_threads
+from reference_trainer.trace.locks import run_lock
+from reference_trainer.trace.records import write_json
+from reference_trainer.train.config import TrainConfig
+from rlbench.profiling.session import ProfileSession, check_new_run
+from rlbench.report.compare_report import compare_doc, render_compare
+from rlbench.training import run_modes
+
+
+def run_compare(
+    configs: dict[str, TrainConfig], out: Path, overwrite: bool = False, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Run every config's mode for its steps, one step of each in turn (a change in machine load hits every
+    mode alike), each in OUT/<mode>; write OUT/compare.json and OUT/report.html; return the compare doc.
+    One writer: a second compare (or a profile of one of its modes) on `out` is refused."""
+    for mode in configs:  # refused before any mode runs
+        check_new_run(out / mode, overwrite)
+    first = next(iter(configs.values()))
+    with ExitStack() as stack:
+        stack.enter_context(run_lock(out))
+        for mode in configs:
+            stack.enter_context(run_lock(out / mode))
+        sessions = {
+            m: stack.enter_context(
+                ProfileSession(out / m, run={"mode": m, "task": c.task, "steps": c.steps, "seed": c.seed})
+            )
+            for m, c in configs.items()
+        }
+        run_modes(
+            configs,
+            {m: out / m for m in configs},
+            first.steps,
+            say=say,
+            around={m: s.running for m, s in sessions.items()},
+            traces={m: s.trace for m, s in sessions.items()},
+        )
+    runs = [{"mode": m, "summary": s.doc["summary"], "steps": s.doc["steps"]} for m, s in sessions.items()]
+    doc = compare_doc(runs, "baseline" if "baseline" in configs else next(iter(configs)), workload(first))
+    write_json(out / "compare.json", doc)
+    render_compare(out, doc)
+    return doc
+
+
+def workload(config: TrainConfig) -> dict[str, Any]:
+    return {
+        "task": config.task,
+        "steps": config.steps,
+        "seed": config.seed,
+        "model": config.model or embedded_label(),
+        "engine": config.engine,
+        "workers": config.workers,
+        "prompts_per_step": config.prompts_per_step,
+        "group_size": config.group_size,
+        "max_tokens": config.response_tokens,
+        "threads": resolve_threads(config.threads),
+    }
