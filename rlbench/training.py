@@ -158,11 +158,12 @@ def run_modes(
     say: Callable[[str], None] = print,
     around: Mapping[str, Callable[[], AbstractContextManager[Any]]] | None = None,
     traces: Mapping[str, Any] | None = None,
+    until: Callable[[str, dict[str, Any]], bool] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run several modes, interleaved: one trainer per config, `steps` steps each, one step of each in turn
-    (`interleave`), every trainer closed at the end. Returns each run's metrics rows."""
+    (`interleave`; `until` stops one early), every trainer closed at the end. Returns each run's rows."""
     with open_trainers(configs, dirs, traces) as trainers:
-        return interleave(trainers, steps, say, around)
+        return interleave(trainers, steps, say, around, until)
 
 
 def interleave(
@@ -170,16 +171,23 @@ def interleave(
     steps: int,
     say: Callable[[str], None] = print,
     around: Mapping[str, Callable[[], AbstractContextManager[Any]]] | None = None,
+    until: Callable[[str, dict[str, Any]], bool] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Train every trainer for `steps` more steps, one step of each in turn, so a drift in the machine's load
     hits all of them alike (comparisons of modes, reproductions, benchmarks). `around[name]()` wraps each of
-    that trainer's steps (a profile session's clock). Returns each trainer's metrics rows."""
+    that trainer's steps (a profile session's clock); a trainer stops early once `until(name, row)` holds
+    for its latest row (a target reached). Returns each trainer's metrics rows."""
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in trainers}
+    stopped: set[str] = set()
     for k in range(steps):
         for name, trainer in trainers.items():
+            if name in stopped:
+                continue
             with around[name]() if around else nullcontext():
                 row = trainer.train_step()
             rows[name].append(row)
+            if until is not None and until(name, row):
+                stopped.add(name)
             say(
                 f"step {k + 1}/{steps} {name:>14}: {row['step_time_s']:.1f} s, "
                 f"reward {row['reward_mean']:.3f}, len {row['response_len_mean']:.0f}"

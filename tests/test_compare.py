@@ -7,16 +7,19 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import assert_one_line_error, cli
 
 from reference_trainer.trace.compare import (
     at_gpu_split,
     drift_check,
     phase_seconds,
+    reached,
     speedup_parts,
     step_speedups,
+    time_to_target,
 )
 from rlbench.report.compare_report import render_compare, summary_lines
+from rlbench.training import interleave
 
 
 def test_step_speedups_are_per_round_ratios() -> None:
@@ -157,3 +160,47 @@ def test_profile_summary_shows_the_gpu_idle_share_beside_the_slot_bubble() -> No
     )
     assert "the engine itself" in engine_bound[1]
     assert len(bubble_lines({"bubble_ratio": 0.5, "bubble_ratio_gpu": 0.6, "rollout_tokens_per_s": 1})) == 1
+
+
+def test_time_to_target_counts_the_steps_before_the_evaluation_that_reached_it() -> None:
+    rows = [
+        {"step": 0, "val/heldout_greedy_acc": 0.16, "step_time_s": 3.0, "timing_s/gen": 1.0,
+         "timing_s/update": 1.5, "samples": 64, "rollout_tokens": 900},
+        {"step": 1, "step_time_s": 2.0, "timing_s/gen": 1.0, "timing_s/update": 0.8, "samples": 64,
+         "rollout_tokens": 800},
+        {"step": 2, "val/heldout_greedy_acc": 0.25, "step_time_s": 9.0, "samples": 64, "rollout_tokens": 1},
+    ]  # fmt: skip
+    spent = time_to_target(rows, 0.2)
+    assert spent["reached"] and spent["steps"] == 2 and spent["wall_s"] == 5.0
+    assert (spent["rollout_s"], spent["update_s"], spent["samples"], spent["rollout_tokens"]) == (
+        2.0,
+        2.3,
+        128,
+        1700,
+    )
+    missed = time_to_target(rows, 0.3)
+    assert not missed["reached"] and missed["steps"] == 3 and missed["wall_s"] == 14.0  # the whole budget
+
+
+def test_interleave_stops_a_trainer_once_its_target_is_reached() -> None:
+    class Fake:
+        def __init__(self, accuracies: list[float]) -> None:
+            self.accuracies, self.step = accuracies, 0
+
+        def train_step(self) -> dict:
+            row = {"step": self.step, "step_time_s": 1.0, "reward_mean": 0.0, "response_len_mean": 1.0,
+                   "val/heldout_greedy_acc": self.accuracies[self.step]}  # fmt: skip
+            self.step += 1
+            return row
+
+    trainers = {"fast": Fake([0.1, 0.3, 0.4, 0.5]), "slow": Fake([0.1, 0.1, 0.1, 0.1])}
+    rows = interleave(trainers, 4, say=lambda line: None, until=lambda mode, row: reached(row, 0.3))
+    assert [r["step"] for r in rows["fast"]] == [0, 1] and [r["step"] for r in rows["slow"]] == [0, 1, 2, 3]
+
+
+def test_a_bad_target_accuracy_is_one_line(tmp_path: Path) -> None:
+    assert_one_line_error(
+        cli("compare", "--target-accuracy", "1.5", "--out", str(tmp_path)), "--target-accuracy"
+    )
+    res = cli("compare", "--target-accuracy", "0.3", "--eval-every", "0", "--out", str(tmp_path))
+    assert_one_line_error(res, "--target-accuracy needs held-out evaluations")

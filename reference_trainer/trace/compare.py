@@ -113,3 +113,37 @@ def per_step_range(steps_by_run: dict[str, list[Event]], key: str) -> dict[str, 
             "max": values[-1] if values else None,
         }
     return out
+
+
+HELDOUT_ACCURACY = "val/heldout_greedy_acc"  # the metrics row's held-out evaluation, made before its step
+
+
+def reached(row: Event, target: float) -> bool:
+    """Whether a metrics row's held-out evaluation (of the policy its step starts from) reaches `target`."""
+    return row.get(HELDOUT_ACCURACY) is not None and float(row[HELDOUT_ACCURACY]) >= target
+
+
+def time_to_target(rows: list[Event], target: float) -> dict[str, Any]:
+    """What a run spent before held-out greedy accuracy first reached `target`: the steps before the
+    evaluation that reached it (their wall time, held-out evaluations excluded; the rollout and update
+    time inside it; trained samples; rollout tokens generated). `reached` False: not within these rows,
+    and the totals are what the whole budget spent."""
+    spent: list[Event] = []
+    hit = False
+    for row in rows:
+        if reached(row, target):
+            hit = True
+            break
+        spent.append(row)
+    return {
+        "reached": hit,
+        "steps": len(spent),
+        "wall_s": sum(float(r.get("step_time_s") or 0.0) for r in spent),
+        "rollout_s": sum(float(r.get("timing_s/gen") or 0.0) for r in spent),
+        "update_s": sum(float(r.get("timing_s/update") or 0.0) for r in spent),
+        "samples": sum(int(r.get("samples") or 0) for r in spent),
+        "rollout_tokens": sum(int(r.get("rollout_tokens") or 0) for r in spent),
+        "accuracy_start": next(
+            (r[HELDOUT_ACCURACY] for r in rows if r.get(HELDOUT_ACCURACY) is not None), None
+        ),
+    }

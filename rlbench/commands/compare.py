@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from reference_trainer.errors import UserError, check_number
 from rlbench.options import OutDir, RunOptions, Steps, with_run_options
 
 
@@ -22,17 +23,32 @@ def compare_command(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace runs already in --out (their checkpoints too).")
     ] = False,
+    target_accuracy: Annotated[
+        float | None,
+        typer.Option(
+            "--target-accuracy",
+            help="Run each mode until its held-out greedy accuracy reaches this (--steps: the budget; "
+            "held-out evaluation every step unless --eval-every says otherwise) and report the time, "
+            "samples and rollout tokens it took.",
+        ),
+    ] = None,
 ) -> None:
     """Run the modes side by side, one step of each in turn (same prompts, seeds, model); print each mode's
     bubble, its step time split into rollout, update, reward and other, and its rollout throughput; write
-    compare.json and a side-by-side page."""
+    compare.json and a side-by-side page. With --target-accuracy, also the time each mode took to reach it."""
     from rlbench.profiling.compare import run_compare
     from rlbench.report.compare_report import drift_note, summary_lines
     from rlbench.training import build_configs
 
     names = [m.strip() for m in modes.split(",") if m.strip()]
-    configs = build_configs(names, **run.config_kwargs(steps=steps))  # every mode checked before any runs
-    doc = run_compare(configs, out, overwrite=overwrite, say=typer.echo)
+    eval_every = run.eval_every
+    if target_accuracy is not None:
+        check_number("--target-accuracy", target_accuracy, low=0.0, high=1.0, low_open=True)
+        if eval_every == 0:
+            raise UserError("--target-accuracy needs held-out evaluations: leave --eval-every out or >= 1")
+        eval_every = eval_every or 1
+    configs = build_configs(names, **run.config_kwargs(steps=steps, eval_every=eval_every))  # all checked
+    doc = run_compare(configs, out, overwrite=overwrite, say=typer.echo, target_accuracy=target_accuracy)
     for line in summary_lines(doc):
         typer.echo(line)
     if message := drift_note(doc["drift"]):

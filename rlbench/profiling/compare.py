@@ -11,6 +11,7 @@ from typing import Any
 
 from reference_trainer.model.embedded import label as embedded_label
 from reference_trainer.model.loader import resolve_threads
+from reference_trainer.trace.compare import reached, time_to_target
 from reference_trainer.trace.locks import run_lock
 from reference_trainer.trace.records import write_json
 from reference_trainer.train.config import TrainConfig
@@ -20,11 +21,17 @@ from rlbench.training import run_modes
 
 
 def run_compare(
-    configs: dict[str, TrainConfig], out: Path, overwrite: bool = False, say: Callable[[str], None] = print
+    configs: dict[str, TrainConfig],
+    out: Path,
+    overwrite: bool = False,
+    say: Callable[[str], None] = print,
+    target_accuracy: float | None = None,
 ) -> dict[str, Any]:
     """Run every config's mode for its steps, one step of each in turn (a change in machine load hits every
     mode alike), each in OUT/<mode>; write OUT/compare.json and OUT/report.html; return the compare doc.
-    One writer: a second compare (or a profile of one of its modes) on `out` is refused."""
+    With `target_accuracy`, a mode stops once its held-out greedy accuracy reaches it (the steps are the
+    budget), and the doc says what each spent to get there. One writer: a second compare (or a profile of
+    one of its modes) on `out` is refused."""
     for mode in configs:  # refused before any mode runs
         check_new_run(out / mode, overwrite)
     first = next(iter(configs.values()))
@@ -38,16 +45,20 @@ def run_compare(
             )
             for m, c in configs.items()
         }
-        run_modes(
+        rows = run_modes(
             configs,
             {m: out / m for m in configs},
             first.steps,
             say=say,
             around={m: s.running for m, s in sessions.items()},
             traces={m: s.trace for m, s in sessions.items()},
+            until=None if target_accuracy is None else lambda mode, row: reached(row, target_accuracy),
         )
     runs = [{"mode": m, "summary": s.doc["summary"], "steps": s.doc["steps"]} for m, s in sessions.items()]
     doc = compare_doc(runs, "baseline" if "baseline" in configs else next(iter(configs)), workload(first))
+    if target_accuracy is not None:
+        spent = {m: time_to_target(r, target_accuracy) for m, r in rows.items()}
+        doc["time_to_accuracy"] = {"target": target_accuracy, "budget_steps": first.steps, "modes": spent}
     write_json(out / "compare.json", doc)
     render_compare(out, doc)
     return doc

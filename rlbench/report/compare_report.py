@@ -182,8 +182,28 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
             f"{mode:>16}: {gen or 0:.0f} / {trained or 0:.0f} tok/s ({aside:,} generated tokens not "
             f"trained); length {_lengths(s)}"
         )
+    lines += accuracy_lines(doc.get("time_to_accuracy"))
     if (note_text := split_note(derived)) is not None:
         lines.append(f"note: {note_text}")
+    return lines
+
+
+def accuracy_lines(spent: dict[str, Any] | None) -> list[str]:
+    """Time to a held-out accuracy: per mode, the training time before it was reached (held-out evaluations
+    excluded), the rollout and update time inside it, the trained samples and the rollout tokens."""
+    if not spent:
+        return []
+    lines = [
+        f"time to held-out greedy accuracy {spent['target']:.2f} (budget {spent['budget_steps']} steps): "
+        "training s (rollout + update), trained samples, rollout tokens"
+    ]
+    for mode, t in spent["modes"].items():
+        figures = (
+            f"{t['wall_s']:.1f} s ({t['rollout_s']:.1f} + {t['update_s']:.1f}), {t['samples']:,} samples, "
+            f"{t['rollout_tokens']:,} tokens"
+        )
+        where = f"after {t['steps']} steps" if t["reached"] else f"not reached; the budget spent {figures}"
+        lines.append(f"{mode:>16}: {figures}, {where}" if t["reached"] else f"{mode:>16}: {where}")
     return lines
 
 
