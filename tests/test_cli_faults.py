@@ -213,3 +213,24 @@ def test_an_interrupted_run_keeps_its_steps_without_rewriting_them(tiny_model_di
     logs = {name: (tmp_path / "run" / name).stat().st_mtime_ns for name in ("metrics.jsonl", "trace.jsonl")}
     assert cli("train", "--resume", "run", tmp=tmp_path).returncode == 0  # nothing left to run
     assert logs == {name: (tmp_path / "run" / name).stat().st_mtime_ns for name in logs}
+
+
+def test_ctrl_c_during_compare_writes_the_report_of_what_finished(tiny_model_dir, tmp_path, monkeypatch):
+    import rlbench.training
+
+    real = rlbench.training.interleave
+
+    def one_round_then_ctrl_c(trainers, steps, say, around=None, until=None):
+        real(trainers, 1, say, around, until)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rlbench.training, "interleave", one_round_then_ctrl_c)
+    res = cli("compare", "--modes", "baseline,sorted", "--steps", "3", "--out", "c", "--device", "cpu",
+              *tiny_run(tiny_model_dir), tmp=tmp_path)  # fmt: skip
+    assert res.returncode == 130 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(
+        "interrupted: c/report.html shows the steps that finished (baseline 1, sorted 1)"
+    )
+    doc = json.loads((tmp_path / "c" / "compare.json").read_text())
+    assert doc["interrupted"] is True and [len(r["steps"]) for r in doc["runs"]] == [1, 1]
+    assert (tmp_path / "c" / "report.html").is_file()

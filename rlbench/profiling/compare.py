@@ -9,6 +9,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from reference_trainer.errors import Interrupted
 from reference_trainer.model.embedded import label as embedded_label
 from reference_trainer.model.loader import resolve_threads
 from reference_trainer.trace.compare import reached, time_to_target
@@ -45,17 +46,30 @@ def run_compare(
             )
             for m, c in configs.items()
         }
-        rows = run_modes(
-            configs,
-            {m: out / m for m in configs},
-            first.steps,
-            say=say,
-            around={m: s.running for m, s in sessions.items()},
-            traces={m: s.trace for m, s in sessions.items()},
-            until=None if target_accuracy is None else lambda mode, row: reached(row, target_accuracy),
-        )
+        try:
+            rows = run_modes(
+                configs,
+                {m: out / m for m in configs},
+                first.steps,
+                say=say,
+                around={m: s.running for m, s in sessions.items()},
+                traces={m: s.trace for m, s in sessions.items()},
+                until=None if target_accuracy is None else lambda mode, row: reached(row, target_accuracy),
+            )
+            interrupted = False
+        except KeyboardInterrupt:  # Ctrl-C: the sessions keep what finished, and the report shows it
+            rows, interrupted = {m: [] for m in configs}, True
     runs = [{"mode": m, "summary": s.doc["summary"], "steps": s.doc["steps"]} for m, s in sessions.items()]
     doc = compare_doc(runs, "baseline" if "baseline" in configs else next(iter(configs)), workload(first))
+    if interrupted:
+        doc["interrupted"] = True
+        write_json(out / "compare.json", doc)
+        render_compare(out, doc)
+        done = ", ".join(f"{r['mode']} {len(r['steps'])}" for r in runs)
+        raise Interrupted(
+            f"interrupted: {out / 'report.html'} shows the steps that finished ({done}); "
+            "pass --overwrite to run the comparison again"
+        )
     if target_accuracy is not None:
         spent = {m: time_to_target(r, target_accuracy) for m, r in rows.items()}
         doc["time_to_accuracy"] = {"target": target_accuracy, "budget_steps": first.steps, "modes": spent}
