@@ -204,3 +204,20 @@ def test_a_bad_target_accuracy_is_one_line(tmp_path: Path) -> None:
     )
     res = cli("compare", "--target-accuracy", "0.3", "--eval-every", "0", "--out", str(tmp_path))
     assert_one_line_error(res, "--target-accuracy needs held-out evaluations")
+
+
+def test_a_session_taking_turns_draws_its_page_on_its_own_clock() -> None:
+    from rlbench.profiling.session import own_clock
+
+    events = [
+        {"kind": "rollout", "t_start": 1.0, "t_end": 2.0},
+        {"kind": "rollout", "t_start": 5.0, "t_end": 6.5},
+    ]
+    gpu = {
+        "available": True,
+        "samples": [{"t": 1.5, "util": 50}, {"t": 3.5, "util": 0}, {"t": 6.0, "util": 70}],
+    }
+    doc, moved = own_clock({"gpu": gpu}, events, [(1.0, 2.0), (5.0, 6.5)])  # the other mode ran from 2 to 5
+    assert [(e["t_start"], e["t_end"]) for e in moved] == [(1.0, 2.0), (2.0, 3.5)]
+    assert [x["t"] for x in doc["gpu"]["samples"]] == [1.5, 3.0]  # the other mode's turn is left out
+    assert events[1]["t_start"] == 5.0  # the trace itself keeps the true clock
