@@ -18,7 +18,8 @@ from reference_trainer.trace.compare import (
     step_speedups,
     time_to_target,
 )
-from rlbench.report.compare_report import render_compare, summary_lines
+from rlbench.report.compare_report import render_compare
+from rlbench.report.compare_summary import summary_lines
 from rlbench.training import interleave
 
 

@@ -14,7 +14,8 @@ import pytest
 from conftest import cli
 
 from reference_trainer.trace import metrics
-from rlbench.report.compare_report import ratio_rows, render_compare
+from rlbench.report.compare_report import render_compare
+from rlbench.report.compare_summary import ratio_rows
 from rlbench.report.profile_report import render_profile
 from rlbench.report.timeline import slot_bars
 

@@ -37,7 +37,7 @@ def compare_command(
     bubble, its step time split into rollout, update, reward and other, and its rollout throughput; write
     compare.json and a side-by-side page. With --target-accuracy, also the time each mode took to reach it."""
     from rlbench.profiling.compare import run_compare
-    from rlbench.report.compare_report import drift_note, summary_lines
+    from rlbench.report.compare_summary import drift_note, summary_lines
     from rlbench.training import build_configs
 
     names = [m.strip() for m in modes.split(",") if m.strip()]

@@ -17,7 +17,8 @@ from reference_trainer.trace.locks import run_lock
 from reference_trainer.trace.records import write_json
 from reference_trainer.train.config import TrainConfig
 from rlbench.profiling.session import ProfileSession, check_new_run
-from rlbench.report.compare_report import compare_doc, render_compare
+from rlbench.report.compare_report import render_compare
+from rlbench.report.compare_summary import compare_doc
 from rlbench.training import run_modes
 
 

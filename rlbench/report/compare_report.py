@@ -1,6 +1,7 @@
-"""The compare report, in the terminal and on the page: the bubble first (each mode beside the baseline, with
-its range over rounds), then the step time split into rollout, update, reward and other (which part a mode
-changed), the rollout's throughput in generated and in trained tokens, the other ratios, per-step curves.
+"""The compare page: the bubble first (each mode beside the baseline, with its range over rounds), then the
+step time split into rollout, update, reward and other (which part a mode changed), the rollout's
+throughput in generated and in trained tokens, the other ratios, per-step curves. compare_summary.py reads
+the runs side by side and writes the terminal's lines.
 
 Input (`compare.json`):
     {"baseline": "baseline", "runs": [{"mode": "baseline", "summary": {...}, "steps": [...]}, ...],
@@ -17,18 +18,20 @@ import html
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.errors import UserError
-from reference_trainer.trace.compare import (
-    GPU_ROLLOUT_SHARE,
-    PHASES,
-    at_gpu_split,
-    drift_check,
-    per_step_range,
-    phase_seconds,
-    speedup_parts,
-    step_speedups,
-)
+from reference_trainer.trace.compare import PHASES
 from reference_trainer.trace.records import read_json
+from rlbench.report.compare_summary import (
+    UNMEASURED_WHY,
+    check_compare_doc,
+    compare_doc,
+    drift_note,
+    lengths_text,
+    normalise,
+    percent,
+    produced_by,
+    span_text,
+    split_note,
+)
 from rlbench.report.figures import PALETTE, _fig, note, steps_axis
 from rlbench.report.page import table, write_page
 
@@ -40,210 +43,6 @@ CURVES = [
     ("accuracy", "Accuracy per step", "accuracy", 1.0),
     ("acceptance_rate", "Draft acceptance per step", "%", 100.0),
 ]
-
-
-def check_compare_doc(doc: Any, source: Any) -> dict[str, Any]:
-    """`doc` if it has the shape of compare.json (runs with a mode, a summary and step rows), else a one-line
-    UserError naming `source`."""
-    runs = doc.get("runs") if isinstance(doc, dict) else None
-    if isinstance(runs, dict):
-        runs = [{"mode": mode, **run} if isinstance(run, dict) else run for mode, run in runs.items()]
-    if not isinstance(runs, list) or not all(
-        isinstance(r, dict) and isinstance(r.get("mode"), str) and isinstance(r.get("summary"), dict)
-        and isinstance(r.get("steps", []), list)
-        for r in runs
-    ):  # fmt: skip
-        raise UserError(f"{source}: not a comparison (runs, each with a mode, a summary and steps)")
-    return doc
-
-
-def normalise(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
-    runs = doc.get("runs") or []
-    if isinstance(runs, dict):
-        runs = [{"mode": mode, **run} for mode, run in runs.items()]
-    return runs, str(doc.get("baseline", "baseline"))
-
-
-def _div(a: Any, b: Any) -> float | None:
-    return float(a) / float(b) if a is not None and b not in (None, 0) else None
-
-
-def _pct(value: Any) -> float | None:
-    return None if value is None else 100.0 * float(value)
-
-
-def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
-    """One row per mode: its summary (shares in percent) and its ratios to the baseline (speed-up > 1 means
-    faster; the bubble's change in percentage points)."""
-    base = next((r["summary"] for r in runs if r["mode"] == baseline), None)
-    rows = []
-    for r in runs:
-        s = r["summary"]
-        row: dict[str, Any] = {
-            "mode": r["mode"],
-            "bubble (%)": _pct(s.get("bubble_ratio")),
-            "step time (s)": s.get("step_time_s"),
-            "rollout tokens/s": s.get("rollout_tokens_per_s"),
-            "trained tokens/rollout-s": s.get("trained_tokens_per_rollout_s"),
-            "GPU idle in rollout (%)": _pct(s.get("bubble_ratio_gpu")),
-            "tail share (%)": _pct(s.get("tail_time_share")),
-            "acceptance (%)": _pct(s.get("acceptance_rate")),
-            "reward": s.get("reward_mean"),
-            "accuracy": s.get("accuracy"),
-        }
-        if base is not None:
-            bubble, base_bubble = s.get("bubble_ratio"), base.get("bubble_ratio")
-            row["bubble vs baseline (pts)"] = (
-                100.0 * (bubble - base_bubble) if bubble is not None and base_bubble is not None else None
-            )
-            row["speed-up (step time)"] = _div(base.get("step_time_s"), s.get("step_time_s"))
-            row["throughput ×"] = _div(s.get("rollout_tokens_per_s"), base.get("rollout_tokens_per_s"))
-            row["reward ×"] = _div(s.get("reward_mean"), base.get("reward_mean"))
-        rows.append(row)
-    return rows
-
-
-# Why a column can be empty for every mode: said under the table instead of showing blank cells.
-UNMEASURED_WHY = {
-    "GPU idle in rollout (%)": "NVML's GPU utilisation, on a GPU",
-    "acceptance (%)": "no mode drafts tokens",
-}
-
-
-def compare_doc(
-    runs: list[dict[str, Any]], baseline: str, workload: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """compare.json: the runs, and what is read from them side by side."""
-    summaries = {r["mode"]: r["summary"] for r in runs}
-    steps = {r["mode"]: r.get("steps") or [] for r in runs}
-    parts = speedup_parts(summaries, baseline)
-    base = phase_seconds(summaries.get(baseline, {})) or {}
-    return {
-        "baseline": baseline,
-        "workload": workload or {},
-        "interleaved": True,
-        "runs": runs,
-        "ratios": ratio_rows(runs, baseline),
-        "bubble_per_round": per_step_range(steps, "bubble_ratio"),
-        "speedup_per_round": step_speedups(steps, baseline),
-        "parts": parts,
-        "gpu_split_model": {m: at_gpu_split(p, base) for m, p in parts.items()},
-        "drift": drift_check(summaries),
-    }
-
-
-def _range(spread: dict[str, Any] | None, scale: float = 1.0, unit: str = "") -> str:
-    if not spread or spread.get("min") is None:
-        return ""
-    digits = 1 if scale != 1 else 2
-    return f"{scale * spread['min']:.{digits}f}-{scale * spread['max']:.{digits}f}{unit}"
-
-
-def summary_lines(doc: dict[str, Any]) -> list[str]:
-    """What `rlbench compare` prints: the bubble first, then each mode's step time in parts with the
-    speed-up and the part that produced it, then the rollout's throughput and the trained lengths."""
-    runs, baseline = normalise(doc)
-    derived = compare_doc(runs, baseline, doc.get("workload"))
-    summaries = {r["mode"]: r["summary"] for r in runs}
-    base = summaries.get(baseline, {})
-    lines = ["bubble: idle slot-time in rollout, % of the slots' capacity (range over rounds)"]
-    for mode, s in summaries.items():
-        b = s.get("bubble_ratio")
-        gpu = (
-            f", GPU idle {100 * s['bubble_ratio_gpu']:.1f}%" if s.get("bubble_ratio_gpu") is not None else ""
-        )
-        versus = ""
-        if mode != baseline and b is not None and base.get("bubble_ratio") is not None:
-            versus = f"  {100 * (b - base['bubble_ratio']):+.1f} pts vs {baseline}"
-        span = _range(derived["bubble_per_round"].get(mode), 100.0)
-        text = "n/a" if b is None else f"{100 * b:5.1f}%" + (f" ({span})" if span else "")
-        lines.append(f"{mode:>16}: {text}{gpu}{versus}")
-    lines.append(
-        "time per step (s): rollout + update + reward + other; speed-up vs baseline (range per round)"
-    )
-    for mode, parts in derived["parts"].items():
-        secs = parts["seconds"]
-        if secs is None:
-            lines.append(f"{mode:>16}: not measured")
-            continue
-        split = " + ".join(f"{secs[p]:.2f}" for p in PHASES) + f" = {sum(secs.values()):.2f} s"
-        speed = ""
-        if parts["speedup"] is not None:
-            span = _range(derived["speedup_per_round"].get(mode), unit="x")
-            speed = f"  {parts['speedup']:.2f}x" + (f" ({span})" if span and mode != baseline else "")
-        lines.append(f"{mode:>16}: {split}{speed}{_produced_by(parts) if mode != baseline else ''}")
-    lines.append(
-        "rollout: generated / trained tokens per rollout-second; trained response length mean / longest"
-    )
-    for mode, s in summaries.items():
-        gen, trained = s.get("rollout_tokens_per_s"), s.get("trained_tokens_per_rollout_s")
-        aside = max(0, int(s.get("rollout_tokens") or 0) - int(s.get("trained_tokens") or 0))
-        lines.append(
-            f"{mode:>16}: {gen or 0:.0f} / {trained or 0:.0f} tok/s ({aside:,} generated tokens not "
-            f"trained); length {_lengths(s)}"
-        )
-    lines += accuracy_lines(doc.get("time_to_accuracy"))
-    if (note_text := split_note(derived)) is not None:
-        lines.append(f"note: {note_text}")
-    return lines
-
-
-def accuracy_lines(spent: dict[str, Any] | None) -> list[str]:
-    """Time to a held-out accuracy: per mode, the training time before it was reached (held-out evaluations
-    excluded), the rollout and update time inside it, the trained samples and the rollout tokens."""
-    if not spent:
-        return []
-    lines = [
-        f"time to held-out greedy accuracy {spent['target']:.2f} (budget {spent['budget_steps']} steps): "
-        "training s (rollout + update), trained samples, rollout tokens"
-    ]
-    for mode, t in spent["modes"].items():
-        figures = (
-            f"{t['wall_s']:.1f} s ({t['rollout_s']:.1f} + {t['update_s']:.1f}), {t['samples']:,} samples, "
-            f"{t['rollout_tokens']:,} tokens"
-        )
-        where = f"after {t['steps']} steps" if t["reached"] else f"not reached; the budget spent {figures}"
-        lines.append(f"{mode:>16}: {figures}, {where}" if t["reached"] else f"{mode:>16}: {where}")
-    return lines
-
-
-def _produced_by(parts: dict[str, Any]) -> str:
-    """Which part of the step produced a mode's change in step time: `: update saved 4.47 s (96%)...`."""
-    saved, share = parts.get("saved_s"), parts.get("share")
-    if not saved or not share:
-        return ""
-    order = sorted(PHASES, key=lambda p: -abs(saved[p]))[:2]
-    said = ", ".join(
-        f"{p} {'saved' if saved[p] >= 0 else 'cost'} {abs(saved[p]):.2f} s ({100 * share[p]:.0f}%)"
-        for p in order
-    )
-    return f": {said}"
-
-
-def split_note(doc: dict[str, Any]) -> str | None:
-    """Where the baseline's update outweighs its rollout (the CPU here; GPU RL spends ~75% of a step in
-    rollout), say so and what the measured phase changes would buy at GPU RL's split, labelled a model."""
-    base = (doc.get("parts") or {}).get(doc.get("baseline", "baseline"), {}).get("seconds")
-    if not base or not base.get("rollout") or base["update"] <= base["rollout"]:
-        return None
-    modelled = (doc.get("gpu_split_model") or {}).items()
-    model = ", ".join(f"{m} {v:.2f}x" for m, v in modelled if v is not None and m != doc.get("baseline"))
-    return (
-        f"here the update takes {base['update'] / base['rollout']:.1f}x the rollout's time; GPU RL spends "
-        f"about {100 * GPU_ROLLOUT_SHARE:.0f}% of a step in rollout. At that split the same rollout and "
-        f"update changes would give (a model, not a measurement): {model or 'n/a'}"
-    )
-
-
-def drift_note(drift: dict[str, Any]) -> str | None:
-    if not drift.get("flagged"):
-        return None
-    costs = ", ".join(f"{m} {c:.3g}" for m, c in drift["s_per_ktoken"].items() if c)
-    return (
-        f"Machine load drifted during this comparison: the update, which no mode changes, cost {costs} s per "
-        f"1,000 trained tokens ({drift['ratio']:.2f}x apart, tolerance {drift['tolerance']:.2f}x). Treat the "
-        "speed-ups as unreliable and rerun on a quiet machine."
-    )
 
 
 def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -> Path:
@@ -320,10 +119,10 @@ def _bubble_table(derived: dict[str, Any]) -> str:
         rows.append(
             {
                 "mode": r["mode"],
-                "bubble (%)": _pct(b),
-                "range over rounds (%)": _range(derived["bubble_per_round"].get(r["mode"]), 100.0),
+                "bubble (%)": percent(b),
+                "range over rounds (%)": span_text(derived["bubble_per_round"].get(r["mode"]), 100.0),
                 "vs baseline (pts)": 100.0 * (b - base) if b is not None and base is not None else None,
-                "GPU idle in rollout (%)": _pct(r["summary"].get("bubble_ratio_gpu")),
+                "GPU idle in rollout (%)": percent(r["summary"].get("bubble_ratio_gpu")),
             }
         )
     columns = [c for c in rows[0] if any(row.get(c) not in (None, "") for row in rows)]
@@ -341,7 +140,7 @@ def _bubble_figure(runs: list[dict[str, Any]]) -> Any:
     fig.add_trace(
         go.Bar(
             x=[r["mode"] for r in runs],
-            y=[_pct(r["summary"].get("bubble_ratio")) for r in runs],
+            y=[percent(r["summary"].get("bubble_ratio")) for r in runs],
             marker_color=[PALETTE[i % len(PALETTE)] for i in range(len(runs))],
         )
     )
@@ -360,8 +159,8 @@ def _parts_table(derived: dict[str, Any], runs: list[dict[str, Any]]) -> str:
                 **{f"{p} (s)": secs.get(p) for p in PHASES},
                 "step (s)": sum(secs.values()) if secs else None,
                 "speed-up": parts.get("speedup"),
-                "produced by": _produced_by(parts).removeprefix(": "),
-                "trained length mean / longest": _lengths(s),
+                "produced by": produced_by(parts).removeprefix(": "),
+                "trained length mean / longest": lengths_text(s),
                 "generated tokens/rollout-s": s.get("rollout_tokens_per_s"),
                 "trained tokens/rollout-s": s.get("trained_tokens_per_rollout_s"),
             }
@@ -385,7 +184,3 @@ def _parts_figure(derived: dict[str, Any]) -> Any:
         fig.add_trace(go.Bar(name=phase, x=modes, y=ys, marker_color=PALETTE[i % len(PALETTE)]))
     fig.update_layout(barmode="stack")
     return fig
-
-
-def _lengths(summary: dict[str, Any]) -> str:
-    return f"{summary.get('response_len_mean') or 0:.0f} / {summary.get('response_len_max') or 0}"
