@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from reference_trainer.errors import MAX_THREADS, Interrupted, UserError, check_integer
+from reference_trainer.errors import UserError
 from rlbench.options import DataDir, Device, Engine, ModelDir, Seed, Threads
-
-if TYPE_CHECKING:
-    from rlbench.eval.runner import EvalPlan
-
 
 SuiteSpec = Annotated[
     str,
@@ -67,80 +63,27 @@ def eval_command(
     ] = False,
 ) -> None:
     """Evaluate a model on a suite (or each suite of a group); resumable (re-run the same command)."""
-    from reference_trainer.engine.factory import check_engine_kind
-    from rlbench.eval.runner import EvalConfig, plan_eval
-    from rlbench.eval.suite_file import Group
-    from rlbench.eval.suites import group_members, resolve
+    from rlbench.eval.runner import REPORT_FILE, RESULTS_FILE, EvalConfig
+    from rlbench.evaluate import EvalJob, evaluate
 
-    check_engine_kind(engine)  # before the embedded model is built
-    if threads is not None:
-        check_integer("--threads", threads, low=1, high=MAX_THREADS)
-    include = include_path or []
-    grouped = isinstance(resolve(suite, include), Group)  # a group's suites each run in OUT/<suite>
-    members = group_members(suite, include)
-    # Options, suites and data are checked (and the data read) before the model is resolved: resolving a
-    # model name can mean reading hundreds of megabytes, wasted on a typo.
-    plans = [
-        plan_eval(
-            EvalConfig(suite=str(member.path) if grouped else suite, model="", engine=engine, samples=samples,
-                       template=template, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                       seed=seed),
-            data_dir, limit, include,
+    settings = EvalConfig(suite=suite, model="", engine=engine, samples=samples, template=template,
+                          temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)  # fmt: skip
+    job = EvalJob(settings, model=model, out=out, data_dir=data_dir, include=include_path or [], limit=limit,
+                  device=device, threads=threads, overwrite=overwrite)  # fmt: skip
+    for results in evaluate(job, say=lambda line: typer.echo(line, err=True)):
+        k, run = results["samples"], Path(results["out"])
+        figures = {
+            "avg@k": f"avg@{k} {results['accuracy']:.4f}",
+            "pass@k": f"pass@{k} {results['pass_at_k'][str(k)]:.4f}",
+            "maj@k": f"maj@{k} {results['maj_at_k'][str(k)]:.4f}",
+        }
+        failures = results["grading_failures"]
+        typer.echo(
+            f"{results['suite']}: {results['problems_evaluated']} problems, "
+            + ", ".join(figures[m] for m in results["metrics"])
+            + (f", {failures} grading failures" if failures else "")
         )
-        for member in members
-    ]  # fmt: skip
-    out = out or Path("runs") / f"eval-{Path(suite).stem}"
-    for plan in plans:
-        _evaluate(plan, model, out / plan.suite.name if grouped else out, device, threads, overwrite)
-
-
-def _evaluate(plan: EvalPlan, model: Path | None, out: Path, device: str, threads: int | None,
-              overwrite: bool) -> None:  # fmt: skip
-    """One suite's run: the model resolved and built, the suite run, its results and page written."""
-    from dataclasses import replace
-
-    import torch  # the heavy imports, once every input has been checked
-
-    from reference_trainer.model.loader import resolve_device, resolve_threads
-    from reference_trainer.trace.locks import run_lock
-    from rlbench.eval import backends
-    from rlbench.eval.runner import PROGRESS_FILE, REPORT_FILE, RESULTS_FILE, run_eval
-    from rlbench.models import EMBEDDED_NOTE, is_embedded, resolve_model
-    from rlbench.report.eval_report import write_eval_report
-
-    resolve_device(device)  # --device cuda without a GPU: one line, before the run directory exists
-    torch.set_num_threads(resolve_threads(threads))
-    with run_lock(out):  # one writer: a second eval (or train, profile) on --out is refused
-        # A directory, a model name, or the embedded default model (shipped, checked against its SHA-256).
-        path = resolve_model(model)
-        if is_embedded(path):
-            typer.echo(f"note: {EMBEDDED_NOTE}", err=True)
-        cfg = replace(plan.config, model=str(path.resolve()))
-        plan = replace(plan, config=cfg)
-        try:
-            results = run_eval(
-                cfg,
-                lambda: backends.make_backend(cfg.engine, path, device, cfg.seed),
-                out,
-                overwrite=overwrite,
-                plan=plan,
-            )
-        except KeyboardInterrupt:
-            kept = f"{out / PROGRESS_FILE} keeps every finished problem"
-            raise Interrupted(f"interrupted: {kept}; the same command continues where it stopped") from None
-        write_eval_report(Path(out) / REPORT_FILE, results)
-    k = results["samples"]
-    figures = {
-        "avg@k": f"avg@{k} {results['accuracy']:.4f}",
-        "pass@k": f"pass@{k} {results['pass_at_k'][str(k)]:.4f}",
-        "maj@k": f"maj@{k} {results['maj_at_k'][str(k)]:.4f}",
-    }
-    typer.echo(
-        f"{results['suite']}: {results['problems_evaluated']} problems, "
-        + ", ".join(figures[m] for m in plan.suite.metrics)
-        + (f", {results['grading_failures']} grading failures" if results["grading_failures"] else "")
-    )
-    typer.echo(f"wrote {Path(out) / RESULTS_FILE} and {Path(out) / REPORT_FILE}")
+        typer.echo(f"wrote {run / RESULTS_FILE} and {run / REPORT_FILE}")
 
 
 def suites_command(ctx: typer.Context, data_dir: DataDir = None, include_path: IncludePath = None) -> None:
