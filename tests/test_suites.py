@@ -144,14 +144,23 @@ def test_parse_tells_a_group_from_a_suite() -> None:
     assert isinstance(group, Group) and isinstance(suite, Suite) and suite.grader == "kk"
 
 
-@pytest.mark.e2e
-def test_a_wheel_carries_the_suites(tmp_path: Path) -> None:
-    """`pip wheel` then an install elsewhere: the suites come from the installed package."""
-    src = tmp_path / "src"  # a copy: an in-tree build would leave build/ in the checkout
+PROBE = "from rlbench.eval.suites import BUILTIN_DIR, suite_files; print(BUILTIN_DIR, sorted(suite_files()))"
+
+
+def _source_copy(tmp_path: Path) -> Path:
+    """The package's sources in tmp_path/src: a build in the checkout would leave build/ behind."""
+    src = tmp_path / "src"
     for name in ("rlbench", "reference_trainer", "suites"):
         shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
+    return src
+
+
+@pytest.mark.e2e
+def test_a_wheel_carries_the_suites(tmp_path: Path) -> None:
+    """`pip wheel` then an install elsewhere: the suites come from the installed package."""
+    src = _source_copy(tmp_path)
     pip = [sys.executable, "-m", "pip"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "whl"),
                     str(src)], check=True, cwd=tmp_path)  # fmt: skip
@@ -159,10 +168,23 @@ def test_a_wheel_carries_the_suites(tmp_path: Path) -> None:
     subprocess.run(
         [*pip, "install", "-q", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)], check=True
     )
-    probe = (
-        "from rlbench.eval.suites import BUILTIN_DIR, suite_files; print(BUILTIN_DIR, sorted(suite_files()))"
-    )
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(str(tmp_path / "site" / "rlbench" / "suites")) and "math500" in out.stdout
+
+
+@pytest.mark.e2e
+def test_an_editable_install_reads_the_top_level_suites(tmp_path: Path) -> None:
+    """`pip install -e` (setuptools' import finder): the suites come from the source tree's suites/."""
+    src = _source_copy(tmp_path)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    subprocess.run([*pip, "--prefix", str(tmp_path / "prefix"), "-e", str(src)], check=True, cwd=tmp_path)
+    site_dir = next((tmp_path / "prefix").glob("lib/python*/site-packages"))
+    # the new install's finder first (its .pth), then this interpreter's own packages for the dependencies
+    probe = f"import site, sys; site.addsitedir({str(site_dir)!r}); sys.path.extend(sys.argv[1:]); {PROBE}"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-S", "-c", probe, *[p for p in sys.path if "site-packages" in p]],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(str(src / "rlbench" / "suites")) and "math500" in out.stdout
