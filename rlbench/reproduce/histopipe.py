@@ -15,6 +15,7 @@ HistoPipe places by each prompt's response lengths in the previous epoch, so the
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import shutil
@@ -132,7 +133,9 @@ def ray_session(num_cpus: int) -> Iterator[None]:
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
+    # logging_level WARNING: without it Ray prints "INFO ... Started a local Ray instance." into the output
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _temp_dir=temp,
+             logging_level=logging.WARNING)  # fmt: skip
     try:
         yield
     finally:
