@@ -96,6 +96,10 @@ def test_validate_checks_the_grader_imports_and_the_data_resolves(tmp_path: Path
     assert any("names no hub dataset" in p for p in validate(path, None))
     assert_one_line_error(cli("eval", "--suite", str(tmp_path / "none.yaml")), "suite file not found")
     assert_one_line_error(cli("suites", "--data-dir", str(path)), "is a file; pass the folder")
+    (tmp_path / "broken.yaml").write_text("name: x\n  bad: [\n")
+    res = cli("suites", "validate", str(tmp_path / "broken.yaml"), str(tmp_path / "capitals.yaml"))
+    assert res.returncode == 2 and f"{tmp_path / 'broken.yaml'}: not valid YAML: " in res.stderr
+    assert f"{tmp_path / 'capitals.yaml'}: suite 'capitals' names no hub dataset" in res.stderr  # checked too
 
 
 def test_a_users_suite_runs_with_its_prompt_grader_and_sampling(tmp_path: Path) -> None:

@@ -127,7 +127,12 @@ def read_raw(path: Path) -> tuple[Any, str]:
 def parse_file(path: Path, first: bool = True) -> tuple[Suite | Group | None, list[str]]:
     """The suite or group in `path`, and the problems found (with `first`, the first raises instead)."""
     problems = _Problems(path, first)
-    doc, sha = read_raw(path)
+    try:
+        doc, sha = read_raw(path)
+    except UserError as err:  # unreadable or not YAML/JSON: with `first`, the one line; else one problem
+        if first:
+            raise
+        return None, [str(err).removeprefix(f"{path}: ")]
     if not isinstance(doc, dict):
         problems.add("not a suite (a mapping of keys such as name, data, prompt, grader)")
         return None, problems.found
