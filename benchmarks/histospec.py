@@ -26,8 +26,8 @@ from reference_trainer.errors import UserError
 from reference_trainer.mode_options import parse_option_pairs
 from reference_trainer.trace.compare import DRIFT_TOLERANCE
 from reference_trainer.trace.records import write_json
-from rlbench.reproduce.histospec import Workload, epoch_row, make_trainers
-from rlbench.training import interleave
+from rlbench.reproduce.histospec import Workload, epoch_row, mode_configs
+from rlbench.training import interleave, open_trainers
 
 
 def undrafted(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
@@ -97,9 +97,12 @@ def main() -> None:
                  group_size=args.group, max_tokens=args.max_tokens, temperature=args.temperature,
                  histospec=tuple(sorted(histospec.items())), seed=args.seed, seeds=1, lr=args.lr,
                  task_options=tuple(sorted(task_options.items())))  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp_name:
-        mdir, source = resolve_model(args.model)
-        trainers = make_trainers(w, str(mdir), args.device, Path(tmp_name))
+    mdir, source = resolve_model(args.model)
+    configs = mode_configs(w, str(mdir), args.device)
+    with (
+        tempfile.TemporaryDirectory() as tmp_name,
+        open_trainers(configs, {m: Path(tmp_name) / m for m in configs}) as trainers,
+    ):
         steps_per_epoch = args.pool // args.prompts_per_step
         spec = trainers["rhyme"].engine.speculator
         print(

@@ -28,7 +28,7 @@ from reference_trainer.trace.records import read_jsonl, write_json
 from reference_trainer.train.trainer import Trainer
 from rlbench.reproduce.sortedrl import MODES, Workload, mode_config
 from rlbench.reproduce.sortedrl import summarize as trace_summary
-from rlbench.training import interleave
+from rlbench.training import interleave, open_trainers
 
 
 def config(args: argparse.Namespace, mode: str, model: Path) -> Any:
@@ -85,10 +85,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     path, label = resolve_model(args.model)
     runs = Path(tempfile.mkdtemp(prefix="rlbench-sorted-"))
-    trainers = {m: Trainer(config(args, m, path), runs / m) for m in MODES}
     start = time.perf_counter()
-    interleave(trainers, args.steps)  # one step of each mode in turn
-    results = {m: summarize(t, runs / m) for m, t in trainers.items()}
+    with open_trainers({m: config(args, m, path) for m in MODES}, {m: runs / m for m in MODES}) as trainers:
+        interleave(trainers, args.steps)  # one step of each mode in turn
+        results = {m: summarize(t, runs / m) for m, t in trainers.items()}
     base = results["baseline"]
     for r in results.values():
         r["speedup_wall"] = base["wall_time_s"] / r["wall_time_s"]

@@ -25,18 +25,23 @@ from reference_trainer.mode_options import (
     flatten_options,
 )
 
-# One-engine strategies by name; "placed" is the synchronous baseline spread over a WorkerPool.
-STRATEGY_PATHS: dict[str, str] = {
-    "baseline": "reference_trainer.rollout.base:SynchronousRollout",
-    "sorted": "reference_trainer.rollout.sorted:SortedRollout",
-    "sorted-partial": "reference_trainer.rollout.sorted:SortedPartialRollout",
-    "placed": "reference_trainer.rollout.placed:PlacedRollout",
-}
-STRATEGY_TITLES = {
-    "baseline": "synchronous",
-    "sorted": "SortedRL, on-policy",
-    "sorted-partial": "SortedRL, partial rollouts",
-    "placed": "synchronous over W workers",
+
+@dataclass(frozen=True)
+class Strategy:
+    """A rollout strategy: its class, by import path (resolved when one is built), and its title."""
+
+    path: str  # "module:Class"
+    title: str
+
+
+# The rollout strategies by name, in one table; "placed" is the synchronous baseline spread over a WorkerPool.
+STRATEGY_TABLE: dict[str, Strategy] = {
+    "baseline": Strategy("reference_trainer.rollout.base:SynchronousRollout", "synchronous"),
+    "sorted": Strategy("reference_trainer.rollout.sorted:SortedRollout", "SortedRL, on-policy"),
+    "sorted-partial": Strategy(
+        "reference_trainer.rollout.sorted:SortedPartialRollout", "SortedRL, partial rollouts"
+    ),
+    "placed": Strategy("reference_trainer.rollout.placed:PlacedRollout", "synchronous over W workers"),
 }
 
 
@@ -61,14 +66,14 @@ class _LazyClasses(Mapping[str, type]):
         return len(self._paths)
 
 
-STRATEGIES: Mapping[str, type] = _LazyClasses(STRATEGY_PATHS)
+STRATEGIES: Mapping[str, type] = _LazyClasses({name: s.path for name, s in STRATEGY_TABLE.items()})
 
 
 @dataclass(frozen=True)
 class ModeSpec:
     name: str
     description: str
-    strategy: str  # a key of STRATEGY_PATHS: the strategy on one worker
+    strategy: str  # a key of STRATEGY_TABLE: the strategy on one worker
     speculation: str | None = None  # "histospec": HistoSpec drafting attached to every engine
     # With --workers > 1: the default placement of the "placed" strategy; None = the mode needs one engine.
     placement: str | None = "round-robin"
@@ -217,8 +222,8 @@ def get_mode(name: str) -> ModeSpec:
 
 def make_strategy(name: str, **options: Any) -> Any:
     """A RolloutStrategy by strategy name (imports it, and torch, now)."""
-    if name not in STRATEGY_PATHS:
-        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGY_PATHS)}")
+    if name not in STRATEGY_TABLE:
+        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGY_TABLE)}")
     return STRATEGIES[name](**options)
 
 

@@ -79,7 +79,10 @@ app_.command("simulate")(simulate.simulate_command)
 app_.command("modes")(modes.modes_command)
 # Evaluate models
 app_.command("eval")(eval.eval_command)
-app_.command("suites")(eval.suites_command)
+suites = typer.Typer(help="The evaluation suites: list them, check suite files.", invoke_without_command=True)
+suites.callback()(eval.suites_command)
+suites.command("validate")(eval.validate_command)
+app_.add_typer(suites, name="suites")
 app_.command("generate")(generate.generate_command)
 # Results
 app_.command("report")(report.report_command)

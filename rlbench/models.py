@@ -20,6 +20,7 @@ from typing import Any
 
 from reference_trainer.errors import UserError
 from reference_trainer.model.embedded import default_model_dir, shipped_dir
+from reference_trainer.model.embedded import label as embedded_label
 from reference_trainer.model.tokenizer import load_tokenizer
 from reference_trainer.trace.locks import build_once
 from reference_trainer.trace.records import read_json
@@ -117,6 +118,15 @@ EMBEDDED_NOTE = (
 def is_embedded(path: Path) -> bool:
     """Whether a resolved model directory is the shipped embedded model."""
     return path.resolve() == shipped_dir().resolve()
+
+
+def model_label(path: str | Path) -> str:
+    """How a page names a resolved model directory: the embedded model's label, an imported model's name
+    (its folder in the cache, e.g. smollm2-135m-instruct), else the path as given."""
+    path = Path(path)
+    if path.is_dir() and is_embedded(path):
+        return embedded_label()
+    return path.name if path.parent.resolve() == imports_root().resolve() else str(path)
 
 
 def resolve_model(value: str | Path | None, on_phase: Callable[[str], None] | None = None) -> Path:

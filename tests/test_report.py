@@ -14,7 +14,8 @@ import pytest
 from conftest import cli
 
 from reference_trainer.trace import metrics
-from rlbench.report.compare_report import ratio_rows, render_compare
+from rlbench.report.compare_report import render_compare
+from rlbench.report.compare_summary import ratio_rows
 from rlbench.report.profile_report import render_profile
 from rlbench.report.timeline import slot_bars
 
@@ -250,7 +251,8 @@ def test_compare_ratios():
     base, fast = ratio_rows(runs, "baseline")
     assert base["speed-up (step time)"] == 1.0
     assert fast["speed-up (step time)"] == 2.0 and fast["throughput ×"] == 1.5
-    assert fast["bubble ×"] == pytest.approx(0.2) and fast["reward ×"] == 1.0
+    assert fast["reward ×"] == 1.0 and fast["bubble (%)"] == pytest.approx(10.0)
+    assert fast["bubble vs baseline (pts)"] == pytest.approx(-40.0)  # percentage points, not a ratio
 
 
 def test_cli_report_rerenders_profile_and_compare(tmp_path):
@@ -424,3 +426,14 @@ def test_table_cells_never_show_e_notation() -> None:
     html = table([{"tiny": 1.149e-05, "neg": -2e-5, "zero": 0.0, "ratio": 0.8986, "big": 123456.7, "n": 3}])
     cells = html.split("<td>")[1:]
     assert [c.split("</td>")[0] for c in cells] == ["&lt;0.001", "-&lt;0.001", "0", "0.8986", "123,457", "3"]
+
+
+def test_the_eval_page_names_a_model_not_its_cache_path(tmp_path, monkeypatch):
+    from reference_trainer.model.embedded import shipped_dir
+    from rlbench.models import model_label
+
+    monkeypatch.setenv("RLBENCH_CACHE_DIR", str(tmp_path))
+    (tmp_path / "models" / "smollm2-135m-instruct").mkdir(parents=True)
+    assert model_label(tmp_path / "models" / "smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert model_label(shipped_dir()).startswith("embedded")
+    assert model_label("/some/dir") == "/some/dir"

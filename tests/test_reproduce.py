@@ -1,5 +1,5 @@
-"""`rlbench reproduce`: specs and registry agree, the verdict rule, result.json and its page, the index, and
-one-line errors."""
+"""`rlbench reproduce`: every spec names its runner, the verdict rule, result.json and its page, the index,
+and one-line errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from conftest import assert_one_line_error, cli
 
 from reference_trainer.trace.records import read_json, write_json
-from rlbench.reproduce import registry
 from rlbench.reproduce import runner as runner_module
 from rlbench.reproduce.base import Context, Outcome
 from rlbench.reproduce.index import index_text
@@ -18,6 +17,7 @@ from rlbench.reproduce.runner import reproduce, runnable_here
 from rlbench.reproduce.spec import load_specs, parse_spec
 
 SPEC = """
+runner = "test_reproduce:fake_runner"
 claim = "X halves Y."
 source = "Paper, arXiv 0000.00000, Table 1"
 paper_value = "50%"
@@ -32,8 +32,9 @@ checks = [{ metric = "y_vs_baseline.x", op = "<=", value = 0.5 }]
 """
 
 
-def test_every_spec_has_a_runner_and_every_runner_a_spec():
-    assert set(load_specs()) == set(registry.RUNNERS)
+def test_every_spec_names_a_runner_that_imports():
+    for spec in load_specs().values():
+        assert callable(spec.run_function()), spec.name
 
 
 def test_the_verdict_follows_the_rule():
@@ -73,8 +74,7 @@ def fake_runner(ctx: Context) -> Outcome:
     )
 
 
-def test_a_run_writes_result_json_and_a_page_and_the_index_reads_them(tmp_path, monkeypatch):
-    monkeypatch.setitem(registry.RUNNERS, "toy", "test_reproduce:fake_runner")
+def test_a_run_writes_result_json_and_a_page_and_the_index_reads_them(tmp_path):
     spec = parse_spec("toy", SPEC)
     result = reproduce("toy", spec, tmp_path, device="cpu", quick=False, model=None)
     saved = read_json(tmp_path / "toy" / "cpu" / "result.json")
@@ -87,7 +87,7 @@ def test_a_run_writes_result_json_and_a_page_and_the_index_reads_them(tmp_path, 
     page = (tmp_path / "toy" / "cpu" / "report.html").read_text()
     assert "X halves Y." in page and "a caveat" in page and "a part" in page and "reproduced" in page
     index = index_text({"toy": spec}, tmp_path)
-    row = next(line for line in index.splitlines() if line.startswith("| **toy**"))
+    row = next(line for line in index.splitlines() if line.startswith("| **[toy]("))
     assert "[0.6 → 0.2](toy/cpu/report.html) (reproduced)" in row
     assert "| not run |" in row  # no GPU result
     # a GPU result, where one exists, decides the index's verdict
@@ -95,7 +95,7 @@ def test_a_run_writes_result_json_and_a_page_and_the_index_reads_them(tmp_path, 
     (tmp_path / "toy" / "gpu").mkdir()
     write_json(tmp_path / "toy" / "gpu" / "result.json", gpu)
     row = next(
-        line for line in index_text({"toy": spec}, tmp_path).splitlines() if line.startswith("| **toy**")
+        line for line in index_text({"toy": spec}, tmp_path).splitlines() if line.startswith("| **[toy](")
     )
     assert "| not reproduced |" in row
 
@@ -113,11 +113,12 @@ def test_bad_input_is_one_line(args, text, tmp_path):
     assert_one_line_error(cli(*args, tmp=tmp_path), text)
 
 
-def test_list_names_every_reproduction(tmp_path):
+def test_list_names_every_reproduction_in_lines_a_terminal_shows(tmp_path):
     res = cli("reproduce", "--list", tmp=tmp_path)
     assert res.returncode == 0
-    for name in registry.RUNNERS:
-        assert name in res.stdout
+    names = [line for line in res.stdout.splitlines() if not line.startswith(" ")]
+    assert names == list(load_specs())
+    assert max(len(line) for line in res.stdout.splitlines()) <= 100
 
 
 @pytest.mark.e2e
@@ -147,7 +148,6 @@ def test_sortedrl_bubble_quick_end_to_end_and_resumed(tmp_path):
 
 
 def test_runs_of_another_commit_or_config_are_said_and_recomputed_never_mixed(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(registry.RUNNERS, "toy", "test_reproduce:fake_runner")
     monkeypatch.setattr(runner_module, "source_commit", lambda: "c0ffee")
     spec = parse_spec("toy", SPEC)
     work = tmp_path / "toy" / "cpu" / "work"
@@ -197,12 +197,11 @@ def test_real_model_claims_name_their_model_and_need_a_gpu_under_all():
     assert runnable_here(specs, list(specs), all_=True, device="cuda") == (list(specs), [])
     assert runnable_here(specs, real[:1], all_=False, device="cpu") == (real[:1], [])  # named: it runs
     index = index_text(specs, Path("/nonexistent"))
-    row = next(line for line in index.splitlines() if line.startswith(f"| **{real[0]}**"))
+    row = next(line for line in index.splitlines() if line.startswith(f"| **[{real[0]}]("))
     assert "| GPU only | not run |" in row
 
 
-def test_a_spec_model_is_the_default_and_the_command_names_only_an_override(tmp_path, monkeypatch):
-    monkeypatch.setitem(registry.RUNNERS, "toy", "test_reproduce:fake_runner")
+def test_a_spec_model_is_the_default_and_the_command_names_only_an_override(tmp_path):
     spec = replace(parse_spec("toy", SPEC), model="embedded")
     result = reproduce("toy", spec, tmp_path, device="cpu", quick=False, model=None)
     assert result["command"] == "rlbench reproduce toy"

@@ -11,6 +11,7 @@ import pytest
 from rlbench.reproduce import histospec, real_model, sortedrl
 from rlbench.reproduce.base import Context
 from rlbench.reproduce.spec import load_specs
+from rlbench.training import open_trainers
 
 
 def quick(tmp_path: Path, lines: list[str] | None = None) -> Context:
@@ -34,10 +35,11 @@ def test_the_real_workloads_train_on_the_setting_within_reach(tmp_path):
 
 def test_histospec_runs_update_at_the_workload_rate(tiny_model_dir, tmp_path):
     w = real_model.histospec_workload(Context(device="cpu", quick=True, model=None, work_dir=tmp_path))
-    trainers = histospec.make_trainers(w, str(tiny_model_dir), "cpu", tmp_path)
-    assert [t.updater.optimizer.param_groups[0]["lr"] for t in trainers.values()] == [1e-5, 1e-5]
-    default = histospec.make_trainers(histospec.Workload(), str(tiny_model_dir), "cpu", tmp_path / "default")
-    assert default["rhyme"].config.grpo.lr == 1e-4  # the embedded model's claims keep the trainer's rate
+    configs = histospec.mode_configs(w, str(tiny_model_dir), "cpu")
+    with open_trainers(configs, {m: tmp_path / m for m in configs}) as trainers:
+        assert [t.updater.optimizer.param_groups[0]["lr"] for t in trainers.values()] == [1e-5, 1e-5]
+    default = histospec.mode_configs(histospec.Workload(), str(tiny_model_dir), "cpu")
+    assert default["rhyme"].grpo.lr == 1e-4  # the embedded model's claims keep the trainer's rate
 
 
 @pytest.mark.e2e

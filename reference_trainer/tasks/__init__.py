@@ -10,9 +10,8 @@ from reference_trainer.tasks.kk import KKTask, parse_compact_assignment
 
 TASKS: dict[str, type] = {ArithTask.name: ArithTask, KKTask.name: KKTask}
 
-# What a run's task is when --task-option says nothing else: kk puzzles of 3 people (the embedded model's
-# search traces cover up to 3). The embedded model's card is measured on the same settings.
-RUN_TASK_OPTIONS: dict[str, dict[str, Any]] = {"arith": {}, "kk": {"num_people": 3}}
+# What a run's task is when --task-option says nothing else: each task class's `run_options`.
+RUN_TASK_OPTIONS: dict[str, dict[str, Any]] = {name: dict(cls.run_options) for name, cls in TASKS.items()}
 
 
 def get_task(name: str, **kwargs: Any) -> Task:

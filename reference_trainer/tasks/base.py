@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from reference_trainer.tasks.prompts import user_message
 
@@ -93,6 +93,8 @@ class BaseTask:
     name: str = ""
     # Response budget when a run sets none (train --max-tokens, the card): room for the longest SFT trace.
     max_response_tokens: int = 400
+    # What an RL run's task is when --task-option says nothing else (constructor arguments).
+    run_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, format_reward: float = 0.0, style: str = "compact") -> None:
         if not 0.0 <= format_reward < 1.0:

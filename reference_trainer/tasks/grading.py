@@ -31,6 +31,7 @@ from reference_trainer.tasks.answer_extraction import locate_answer
 from reference_trainer.tasks.answer_forms import clean_value, text_only
 from reference_trainer.tasks.answer_forms import prose_start as prose_start
 from reference_trainer.tasks.kk_answers import format_assignment, parse_free_form_assignment
+from reference_trainer.tasks.user_grader import grade_with, is_user_grader
 
 VERIFY_TIMEOUT_S = 1  # math-verify's own (signal) limit per parse or comparison, in whole seconds
 RETRY_VERIFY_TIMEOUT_S = 3  # the limit of the one retry after a timeout (a busy CPU, not the answer)
@@ -184,7 +185,7 @@ def format_kk_assignment(assignment: dict[str, bool]) -> str:
 
 @dataclass
 class GradeItem:
-    grader: str  # "math" | "kk"
+    grader: str  # "math" | "kk" | "python:module:function" (a suite's own, user_grader.py)
     response: str
     gold: str
     names: list[str] | None = None
@@ -205,6 +206,9 @@ class GradeResult:
 
 def grade_item(item: GradeItem) -> GradeResult:
     """Extract and grade one response; runs inside a pool worker."""
+    if is_user_grader(item.grader):
+        extracted, correct = grade_with(item.grader, item.response, item.gold)
+        return GradeResult(extracted=extracted, correct=correct, key=extracted)
     if item.grader == "kk":
         names = item.names or []
         pred = parse_free_form_assignment(item.response, names)
@@ -246,7 +250,7 @@ def answer_classes(item: VoteItem) -> list[int | None]:
     for key, response in zip(item.keys, item.responses, strict=True):
         if key is None or key in label:
             continue
-        if item.grader == "kk":
+        if item.grader == "kk" or is_user_grader(item.grader):
             label[key] = len(label)
             continue
         parsed = parse_answer(response, item.verify_timeout_s)

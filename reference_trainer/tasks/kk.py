@@ -39,7 +39,7 @@ import itertools
 import random
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from reference_trainer.tasks.base import (
     ANSWER_MARKER,
@@ -204,6 +204,9 @@ class KKTask(BaseTask):
 
     name = "kk"
     max_response_tokens = 1000  # a 3-person search is up to about 860 characters
+    # RL runs use puzzles of 3 people (the embedded model's search traces cover up to 3); the embedded
+    # model's card is measured on the same settings.
+    run_options: ClassVar[dict[str, Any]] = {"num_people": 3}
 
     def __init__(
         self,

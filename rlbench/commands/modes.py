@@ -14,7 +14,7 @@ WIDTH = 110
 def registry_doc() -> dict[str, Any]:
     """The registry as JSON: every mode, and every option with the modes that take it."""
     from reference_trainer.mode_options import VLLM_HISTOSPEC_OPTIONS, Option
-    from reference_trainer.modes import MODES, STRATEGY_TITLES
+    from reference_trainer.modes import MODES, STRATEGY_TABLE
 
     def option(o: Option) -> dict[str, Any]:
         return {
@@ -32,7 +32,7 @@ def registry_doc() -> dict[str, Any]:
         modes[m.name] = {
             "description": m.description,
             "strategy": m.strategy,
-            "strategy_title": STRATEGY_TITLES[m.strategy],
+            "strategy_title": STRATEGY_TABLE[m.strategy].title,
             "speculation": m.speculation,
             "placement": m.placement,
             "multi_worker": m.placement is not None,
@@ -54,13 +54,13 @@ def _wrap(label: str, text: str) -> list[str]:
 
 
 def render_table() -> str:
-    from reference_trainer.modes import MODES, STRATEGY_TITLES
+    from reference_trainer.modes import MODES, STRATEGY_TABLE
 
     cols = ("MODE", "STRATEGY", "SPECULATION", "PLACEMENT (W>1)", "OFF-POLICY CORRECTION")
     rows = [
         (
             m.name,
-            STRATEGY_TITLES[m.strategy],
+            STRATEGY_TABLE[m.strategy].title,
             "HistoSpec" if m.speculative else "none",
             m.placement or "one engine only",
             f"TIS, cap {m.tis_cap:g}" if m.tis_cap is not None else "none",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from reference_trainer.errors import UserError
 from rlbench.options import ModelDir
+
+if TYPE_CHECKING:
+    from rlbench.reproduce.spec import Spec
 
 QUICK_OUT = Path("runs/reproduce-quick")
 
@@ -40,8 +43,7 @@ def reproduce_command(
 
     if list_:
         for name, spec in load_specs().items():
-            where = f"{'':28} GPU, {spec.model or 'embedded model'}\n" if spec.needs_gpu else ""
-            typer.echo(f"{name:28} {spec.paper_value}\n{where}{'':28} {spec.claim}")
+            typer.echo(list_entry(name, spec))
         return
     if device not in ("auto", "cpu", "cuda"):
         raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
@@ -82,8 +84,22 @@ def reproduce_command(
                 failed.append(name)
                 typer.echo(f"{name}: failed: {type(err).__name__}: {err}", err=True)
                 continue
-            typer.echo(f"{name}: {result['verdict']} ({result['measured'].get('headline', '')}), "
-                       f"{result['wall_s']:.0f} s")  # fmt: skip
+            verdict = f"{result['verdict']} (quick)" if quick else result["verdict"]
+            typer.echo(
+                f"{name}: {verdict}: {result['measured'].get('headline', '')}, {result['wall_s']:.0f} s"
+            )
         typer.echo(f"index: {write_index(specs, root)}")
     if failed:
         raise UserError(f"{len(failed)} reproduction(s) failed: {', '.join(failed)}")
+
+
+def list_entry(name: str, spec: Spec, width: int = 100) -> str:
+    """One reproduction as `--list` shows it: its name, then the paper's number, where it runs and the
+    claim, wrapped to `width` columns under an indent."""
+    import textwrap
+
+    where = f"GPU, {spec.model or 'embedded model'}" if spec.needs_gpu else "CPU or GPU, embedded model"
+    indent = " " * 4
+    body = [f"paper: {spec.paper_value}", f"runs on: {where}", spec.claim]
+    wrapped = [textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent) for line in body]
+    return "\n".join([name, *wrapped])

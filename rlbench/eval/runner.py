@@ -7,8 +7,8 @@ skips the problems already there; one with different settings is refused unless 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ from rlbench.eval.backends import GenerationBackend
 from rlbench.eval.estimators import avg_at_k, majority_correct, majority_vote, pass_at_k, pass_ks
 from rlbench.eval.pool import GradingPool
 from rlbench.eval.schema import GROUP_FIELDS, row_problem
-from rlbench.eval.suites import Problem, Suite, get_suite, load_problems
+from rlbench.eval.suite_file import SAMPLING_DEFAULTS, Suite
+from rlbench.eval.suites import Problem, data_path, get_suite, import_path, load_problems
 
 PROGRESS_FILE = "problems.jsonl"
 CONFIG_FILE = "run_config.json"
@@ -40,14 +41,17 @@ REPORT_FILE = "report.html"
 
 @dataclass
 class EvalConfig:
-    suite: str
+    """One eval's settings, as stored in run_config.json. Sampling left None comes from the suite file's
+    `sampling` (plan_eval fills it in)."""
+
+    suite: str  # a name or a suite file
     model: str
     engine: str = "reference"
-    samples: int = 1
+    samples: int | None = 1
     template: str = "auto"
-    temperature: float = 0.6
-    top_p: float = 0.95
-    max_tokens: int = 1024
+    temperature: float | None = 0.6
+    top_p: float | None = 0.95
+    max_tokens: int | None = 1024
     seed: int = 0
 
     def check(self) -> None:
@@ -69,18 +73,23 @@ class EvalPlan:
 
     suite: Suite
     problems: list[Problem]
+    config: EvalConfig  # with the suite's sampling defaults filled in
 
 
-def plan_eval(cfg: EvalConfig, data_dir: Path | None = None, limit: int | None = None) -> EvalPlan:
-    cfg.check()
+def plan_eval(
+    cfg: EvalConfig, data_dir: Path | None = None, limit: int | None = None, include: Sequence[Path] = ()
+) -> EvalPlan:
     if limit is not None:
         check_integer("--limit", limit, low=1)
-    suite = get_suite(cfg.suite)
+    suite = get_suite(cfg.suite, include)
+    unset = {k: suite.sampling[k] for k in SAMPLING_DEFAULTS if getattr(cfg, k) is None}
+    cfg = replace(cfg, **unset)
+    cfg.check()
     problems = load_problems(suite, data_dir)
     if not problems:
-        where = Path(data_dir) / suite.data_file if data_dir is not None else suite.hub_source
+        where = data_path(suite, data_dir) or suite.hub_source
         raise UserError(f"suite {suite.name!r}: no problems in {where}")
-    return EvalPlan(suite, problems[:limit] if limit is not None else problems)
+    return EvalPlan(suite, problems[:limit] if limit is not None else problems, cfg)
 
 
 def sample_seed(seed: int, problem_id: str, sample: int) -> int:
@@ -172,6 +181,9 @@ def summarize(
     return {
         "suite": suite.name,
         "title": suite.title,
+        "suite_file": str(suite.path) if suite.path else None,
+        "suite_sha256": suite.sha256,
+        "metrics": suite.metrics,
         "model": cfg.model,
         "engine": cfg.engine,
         "samples": k,
@@ -211,7 +223,8 @@ def run_eval(
     results (`rlbench.report.eval_report` renders them).
     `plan` (from `plan_eval`) skips checking and loading the suite again."""
     plan = plan or plan_eval(cfg, data_dir, limit)
-    suite, problems = plan.suite, plan.problems
+    suite, problems, cfg = plan.suite, plan.problems, plan.config
+    import_path(suite)  # a python:module:function grader, imported by the pool's workers
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _check_stored_config(out, cfg, overwrite)
@@ -233,7 +246,9 @@ def run_eval(
     backend = backend_factory() if todo else None
     if backend is not None:
         template = resolve_template(cfg.template, suite.template, backend.tokenizer)
-        write_json(stored_cfg, {"config": asdict(cfg), "template": template, "suite_title": suite.title})
+        suite_file = str(suite.path.resolve()) if suite.path else None
+        write_json(stored_cfg, {"config": asdict(cfg), "template": template, "suite_title": suite.title,
+                                "suite_file": suite_file})  # fmt: skip
 
     own_pool = pool is None and bool(todo)
     pool = GradingPool() if own_pool else pool
@@ -369,7 +384,7 @@ def _answer_classes(
         for i, p in enumerate(chunk)
     ]
     classes = [text_classes(v.keys) for v in votes]
-    need = [i for i, c in enumerate(classes) if grader != "kk" and len(set(c) - {None}) > 1]
+    need = [i for i, c in enumerate(classes) if grader == "math" and len(set(c) - {None}) > 1]
     for i, found in zip(need, pool.classes([votes[i] for i in need]) if need else [], strict=True):
         classes[i] = found
     return classes

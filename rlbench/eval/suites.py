@@ -1,9 +1,9 @@
-"""Suite manifests (`manifests/<name>.json`, package data) and loading their problems from a data dir or
-the HF hub.
+"""Finding suite files (suites/, --include-path, or a path) and loading their problems from a data dir, a
+data file beside the suite file, or the HF hub (suite_file.py says what a suite file holds).
 
-A data dir holds one JSONL file per suite (the manifest's `data_file`), one problem per line with `id`,
+A data dir holds one JSONL file per suite (the suite's `data.file`), one problem per line with `id`,
 `problem`, `answer` and suite-specific extras (e.g. K&K's `names`); the hub path maps each dataset's own
-field names onto that schema with the manifest's `hub.fields`.
+field names onto that schema with the suite's `data.fields`.
 """
 
 from __future__ import annotations
@@ -12,15 +12,19 @@ import math
 import os
 import re
 import socket
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from reference_trainer.errors import UserError
-from reference_trainer.trace.records import read_json, read_jsonl
+from reference_trainer.tasks.prompts import plain_prompt
+from reference_trainer.tasks.user_grader import is_user_grader, load_grader
+from reference_trainer.trace.records import read_jsonl
 from rlbench.eval.schema import is_text, short
+from rlbench.eval.suite_file import SUITE_SUFFIXES, Group, Suite, parse_file
 
 # Extra fields kept from data rows: report grouping and the K&K grader need them.
 EXTRA_FIELDS = ("subject", "level", "exam", "names", "solution", "n_people", "answer_type")
@@ -63,41 +67,69 @@ class Problem:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class Suite:
-    name: str
-    title: str
-    size: int
-    hub: dict[str, Any]
-    data_file: str
-    template: str
-    grader: str
-    group_by: list[str]
-    license: str = ""
-
-    @property
-    def hub_source(self) -> str:
-        cfg = f" [{self.hub['config']}]" if self.hub.get("config") else ""
-        files = f" files={','.join(self.hub['data_files'])}" if self.hub.get("data_files") else ""
-        return f"{self.hub['id']}{cfg} split={self.hub['split']}{files}"
+# The suites shipped with rlbench: the repository's top-level suites/, reached through the package's
+# rlbench/suites link (a wheel holds the files themselves there).
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "suites"
 
 
-MANIFEST_DIR = Path(__file__).resolve().parent / "manifests"  # package data: one <name>.json per suite
+def suite_files(include: Sequence[Path] = ()) -> dict[str, Path]:
+    """Every suite or group file by name (its stem): the --include-path folders first, then the built-in
+    ones, so a user's file of the same name is the one used."""
+    found: dict[str, Path] = {}
+    for folder in [*include, BUILTIN_DIR]:
+        if not Path(folder).is_dir():
+            raise UserError(f"--include-path {folder}: not a folder")
+        for path in sorted(Path(folder).iterdir()):
+            if path.suffix in SUITE_SUFFIXES and path.is_file():
+                found.setdefault(path.stem, path)
+    return found
 
 
-def available_suites() -> dict[str, Path]:
-    return {path.stem: path for path in sorted(MANIFEST_DIR.glob("*.json"))}
+def available_suites(include: Sequence[Path] = ()) -> dict[str, Path]:
+    return suite_files(include)
 
 
-def get_suite(name: str) -> Suite:
-    suites = available_suites()
-    if name not in suites:
-        raise UserError(
-            f"unknown suite {name!r}; valid suites: {', '.join(sorted(suites)) or '(none found)'}"
-        )
-    raw = read_json(suites[name])
-    keys = Suite.__dataclass_fields__
-    return Suite(**{k: v for k, v in raw.items() if k in keys})
+def find_suite_file(spec: str, include: Sequence[Path] = ()) -> Path:
+    """--suite NAME_OR_FILE: a path to a suite file, or a name in the include folders or the built-ins."""
+    if Path(spec).suffix in SUITE_SUFFIXES or "/" in spec:
+        if not Path(spec).is_file():
+            raise UserError(f"suite file not found: {spec}")
+        return Path(spec)
+    files = suite_files(include)
+    if spec not in files:
+        raise UserError(f"unknown suite {spec!r}; valid suites: {', '.join(sorted(files)) or '(none found)'}")
+    return files[spec]
+
+
+def resolve(spec: str, include: Sequence[Path] = ()) -> Suite | Group:
+    record, _ = parse_file(find_suite_file(spec, include))
+    assert record is not None  # parse_file raises at the first problem
+    return record
+
+
+def get_suite(spec: str, include: Sequence[Path] = ()) -> Suite:
+    record = resolve(spec, include)
+    if isinstance(record, Group):
+        raise UserError(f"{spec!r} is a group of suites ({', '.join(record.suites)}), not one suite")
+    return record
+
+
+def group_members(spec: str, include: Sequence[Path] = ()) -> list[Suite]:
+    """The suites `spec` names: itself, or a group's members (each checked before any runs)."""
+    record = resolve(spec, include)
+    if isinstance(record, Suite):
+        return [record]
+    base = [record.path.parent] if record.path is not None else []
+    return [get_suite(member, [*base, *include]) for member in record.suites]
+
+
+def import_path(suite: Suite) -> None:
+    """A `python:module:function` grader is imported from the suite file's folder first (pool workers
+    inherit sys.path)."""
+    if is_user_grader(suite.grader) and suite.path is not None:
+        folder = str(suite.path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
 
 
 def _clean_gold(value: Any) -> str:
@@ -171,16 +203,34 @@ def read_data_file(path: Path, grader: str = "math") -> list[dict[str, Any]]:
     )
 
 
-def load_problems(suite: Suite, data_dir: Path | None) -> list[Problem]:
+def check_data_dir(data_dir: Path) -> None:
+    if Path(data_dir).is_file():
+        raise UserError(
+            f"--data-dir {data_dir} is a file; pass the folder that holds the suites' JSONL files"
+        )
+    if not Path(data_dir).is_dir():
+        raise UserError(f"data dir not found: {data_dir}")
+
+
+def data_path(suite: Suite, data_dir: Path | None) -> Path | None:
+    """Where the suite's rows are read from: the data dir's file, else the file beside the suite file;
+    None: the hub dataset. A data dir without the file, with no other source, is one line."""
     if data_dir is not None:
-        data_dir = Path(data_dir)
-        if not data_dir.is_dir():
-            raise UserError(f"data dir not found: {data_dir}")
-        path = data_dir / suite.data_file
-        if not path.is_file():
-            raise UserError(
-                f"suite {suite.name!r} needs {suite.data_file} in the data dir {data_dir}; not found"
-            )
+        check_data_dir(data_dir)
+        if suite.data_file is not None and (Path(data_dir) / suite.data_file).is_file():
+            return Path(data_dir) / suite.data_file
+    if suite.local_file is not None:
+        return suite.local_file
+    if data_dir is not None:
+        raise UserError(f"suite {suite.name!r} needs {suite.data_file} in the data dir {data_dir}; not found")
+    if suite.hub is None:
+        raise UserError(f"suite {suite.name!r} names no hub dataset, and {suite.data_file} is not beside it")
+    return None
+
+
+def load_problems(suite: Suite, data_dir: Path | None) -> list[Problem]:
+    path = data_path(suite, data_dir)
+    if path is not None:
         identity = {"id": "id", "problem": "problem", "answer": "answer"}
         rows = read_data_file(path, suite.grader)
         problems = [_row_to_problem(r, identity, i, suite) for i, r in enumerate(rows)]
@@ -216,6 +266,7 @@ def _load_from_hub(suite: Suite) -> list[Problem]:
     import datasets
 
     hub = suite.hub
+    assert hub is not None  # data_path said so
     try:
         ds = datasets.load_dataset(
             hub["id"], hub.get("config"), split=hub["split"], data_files=hub.get("data_files")
@@ -227,25 +278,71 @@ def _load_from_hub(suite: Suite) -> list[Problem]:
     return [_row_to_problem(dict(r), hub["fields"], i, suite) for i, r in enumerate(ds)]
 
 
-def suite_sizes(data_dir: Path | None) -> list[dict[str, Any]]:
-    """Rows for `rlbench suites`: size counted from the data dir when one is given, else the manifest's."""
+def _count_rows(path: Path) -> int:
+    try:  # counted as bytes: a listing need not decode (eval checks the rows themselves)
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError as err:
+        raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
+
+
+def suite_sizes(data_dir: Path | None, include: Sequence[Path] = ()) -> list[dict[str, Any]]:
+    """Rows for `rlbench suites`: size counted from the data file when there is one, else the suite's."""
     rows = []
-    for name in available_suites():
-        suite = get_suite(name)
-        size: int | str = suite.size
-        source = suite.hub_source
-        if data_dir is not None:
-            path = Path(data_dir) / suite.data_file
-            if path.is_file():
-                try:  # counted as bytes: a listing need not decode (eval checks the rows themselves)
-                    with open(path, "rb") as fh:
-                        size = sum(1 for line in fh if line.strip())
-                except OSError as err:
-                    raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
-                source = str(path)
-            else:
-                source = f"{suite.hub_source} ({suite.data_file} not in data dir)"
-        rows.append(
-            {"suite": name, "title": suite.title, "size": size, "source": source, "grader": suite.grader}
-        )
+    for name, file in suite_files(include).items():
+        record, _ = parse_file(file)
+        if isinstance(record, Group):
+            rows.append({"suite": name, "title": record.title, "size": "", "grader": "",
+                         "source": f"group: {', '.join(record.suites)}"})  # fmt: skip
+            continue
+        assert record is not None
+        size: int | str = record.size if record.size is not None else "?"
+        source = record.hub_source
+        local = Path(data_dir) / record.data_file if data_dir is not None and record.data_file else None
+        if local is not None and local.is_file() or record.local_file is not None:
+            path = local if local is not None and local.is_file() else record.local_file
+            assert path is not None
+            size, source = _count_rows(path), str(path)
+        elif data_dir is not None:
+            source = f"{record.hub_source} ({record.data_file} not in data dir)"
+        rows.append({"suite": name, "title": record.title, "size": size, "source": source,
+                     "grader": record.grader})  # fmt: skip
     return rows
+
+
+def validate(path: Path, data_dir: Path | None, include: Sequence[Path] = ()) -> list[str]:
+    """Every problem of one suite or group file, before any model loads: its keys and values, the prompt
+    rendering, the grader importing, the data resolving (the rows read and checked when they are local;
+    a hub dataset is named, not fetched). Empty: the file is good."""
+    record, found = parse_file(Path(path), first=False)
+    if record is None or found:
+        return found
+    if isinstance(record, Group):
+        for member in record.suites:
+            try:
+                get_suite(member, [Path(path).parent, *include])
+            except UserError as err:
+                found.append(f"suites: {member}: {err}")
+        return found
+    for check in (_check_prompt, _check_grader, lambda s: _check_data(s, data_dir)):
+        try:
+            check(record)
+        except UserError as err:
+            found.append(str(err))
+    return found
+
+
+def _check_prompt(suite: Suite) -> None:
+    plain_prompt("What is 1 + 1?", suite.template)
+
+
+def _check_grader(suite: Suite) -> None:
+    if is_user_grader(suite.grader):
+        import_path(suite)
+        load_grader(suite.grader)
+
+
+def _check_data(suite: Suite, data_dir: Path | None) -> None:
+    path = data_path(suite, data_dir)
+    if path is not None and not read_data_file(path, suite.grader):
+        raise UserError(f"{path}: no problems")

@@ -70,17 +70,19 @@ class ProfileSession:
             self.pyspy.start()
         self._wall0 = time.perf_counter()
         self._running_s: float | None = None
+        self._spans: list[tuple[float, float]] = []  # this session's own turns, on the trace's clock
         return self
 
     @contextmanager
     def running(self) -> Iterator[None]:
         """Count a block as this session's run time. Sessions whose trainers take steps in turn (`compare`)
         each count only their own steps; a session that never uses it counts its whole life."""
-        start = time.perf_counter()
+        start, t0 = time.perf_counter(), self.trace.now()
         try:
             yield
         finally:
             self._running_s = (self._running_s or 0.0) + time.perf_counter() - start
+            self._spans.append((t0, self.trace.now()))
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         wall = time.perf_counter() - self._wall0 if self._running_s is None else self._running_s
@@ -97,8 +99,36 @@ class ProfileSession:
             "pyspy": pyspy,
         }
         write_json(self.out / "metrics.json", self.doc)
-        self.report = render_profile(self.out, self.doc, events)
+        # Sessions taking turns (compare) draw their timeline on their own clock: the other sessions' turns
+        # are cut out instead of showing as idle gaps. trace.jsonl and metrics.json keep the true clock.
+        page_doc, page_events = (
+            own_clock(self.doc, events, self._spans) if self._spans else (self.doc, events)
+        )
+        self.report = render_profile(self.out, page_doc, page_events)
         # never swallow the trainer's exception: the caller decides how to report it
+
+
+def own_clock(
+    doc: dict[str, Any], events: list[dict[str, Any]], spans: list[tuple[float, float]]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Copies of a session's doc and events with every time moved onto the session's own clock: the time
+    between its turns (`spans`, sorted) removed. NVML samples outside its turns are left out."""
+    gaps = [(end, start - end) for (_, end), (start, _) in zip(spans, spans[1:], strict=False) if start > end]
+
+    def shift(t: float) -> float:
+        return t - sum(length for at, length in gaps if t >= at + length)
+
+    def inside(t: float) -> bool:
+        return any(a <= t <= b for a, b in spans)
+
+    moved = [
+        {**e, **{k: shift(float(e[k])) for k in ("t_start", "t_end") if e.get(k) is not None}} for e in events
+    ]
+    gpu = doc.get("gpu") or {}
+    if gpu.get("samples"):
+        samples = [{**x, "t": shift(float(x["t"]))} for x in gpu["samples"] if inside(float(x["t"]))]
+        doc = {**doc, "gpu": {**gpu, "samples": samples}}
+    return doc, moved
 
 
 def check_new_run(out: str | Path, overwrite: bool) -> None:

@@ -12,6 +12,7 @@ from reference_trainer.trace.records import read_json, read_jsonl
 from rlbench.eval.runner import CONFIG_FILE, PROGRESS_FILE, EvalConfig, summarize
 from rlbench.eval.schema import check_results, row_problem
 from rlbench.eval.suites import get_suite
+from rlbench.models import model_label
 from rlbench.report.figures import _fig, note
 from rlbench.report.page import kpis, table, write_page
 
@@ -39,7 +40,8 @@ def load_results(d: Path) -> tuple[dict[str, Any], bool]:
     progress = d / PROGRESS_FILE
     rows = read_jsonl(progress, check=row_problem) if progress.is_file() else []
     rows = [r for r in rows if len(r.get("correct", [])) == cfg.samples]
-    return summarize(get_suite(cfg.suite), cfg, stored.get("template", "?"), rows), True
+    suite = get_suite(stored.get("suite_file") or cfg.suite)  # the file the run read, wherever it was found
+    return summarize(suite, cfg, stored.get("template", "?"), rows), True
 
 
 def render_eval(d: Path) -> Path:
@@ -142,7 +144,8 @@ def write_eval_report(path: Path, results: dict[str, Any], partial: bool = False
     estimators += [{"estimator": "maj@k", "k": int(kk), "value": v} for kk, v in results["maj_at_k"].items()]
     s = results["sampling"]
     settings = {
-        "model": results["model"],
+        "model": model_label(results["model"]),
+        "model directory": results["model"],
         "engine": results["engine"],
         "template": results["template"],
         "temperature": s["temperature"],
@@ -163,5 +166,5 @@ def write_eval_report(path: Path, results: dict[str, Any], partial: bool = False
         path,
         f"rlbench eval: {results.get('title', results['suite'])}",
         sections,
-        subtitle=f"{results['model']} · {results['engine']} engine · {k} sample{'s' * (k != 1)} per problem",
+        subtitle=f"{settings['model']} · {results['engine']} engine · {k} sample{'s' * (k != 1)} per problem",
     )

@@ -68,17 +68,21 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
         ("timing_s/reward", "reward"),
         ("timing_s/update", "update"),
         ("timing_s/sync", "sync"),
-        ("timing_s/heldout", "heldout"),
     ):
         split.add_trace(
-            go.Bar(
-                x=x,
-                y=[s.get(key) or 0.0 for s in steps],
-                name="held-out evaluation" if name == "heldout" else name,
-                marker_color=PHASE_COLOURS[name],
-            )  # fmt: skip
+            go.Bar(x=x, y=[s.get(key) or 0.0 for s in steps], name=name, marker_color=PHASE_COLOURS[name])
         )
     split.update_layout(barmode="stack", legend_traceorder="normal")
+    # The held-out evaluation runs before a step, outside it: shown apart so it does not dwarf the phases.
+    heldout_s = [s.get("timing_s/heldout") or 0.0 for s in steps]
+    where = [split]
+    if any(heldout_s):
+        evaluation = _fig("Held-out evaluation per step (outside the step time)", "step", "seconds")
+        evaluation.add_trace(
+            go.Bar(x=x, y=heldout_s, name="held-out evaluation", marker_color=PHASE_COLOURS["heldout"])
+        )
+        steps_axis(evaluation, x)
+        where.append(evaluation)
 
     thr = _fig("Rollout throughput per step (accepted tokens / rollout wall time)", "step", "tokens/s")
     line(thr, "rollout_tokens_per_s", "tokens/s")
@@ -87,7 +91,7 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
         steps_axis(fig, x)
     sections: list[tuple[str, list[Any]]] = [
         ("Bubbles", [bubble]),
-        ("Where the time goes", [split]),
+        ("Where the time goes", where),
         ("Throughput", [thr]),
     ]
     if any(s.get("acceptance_rate") is not None for s in steps):

@@ -15,6 +15,7 @@ HistoPipe places by each prompt's response lengths in the previous epoch, so the
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import shutil
@@ -33,7 +34,7 @@ from rlbench.models import resolve_model
 from rlbench.report.figures import _fig, note, steps_axis
 from rlbench.report.page import table
 from rlbench.reproduce.base import Context, Outcome
-from rlbench.training import interleave
+from rlbench.training import run_modes
 
 # name -> PlacedRollout options. histopipe is RhymeRL's (alternating order + migration); histopipe-lpt keeps
 # the balanced placement and migration but orders every worker's queue longest-first on every step.
@@ -132,7 +133,9 @@ def ray_session(num_cpus: int) -> Iterator[None]:
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
+    # logging_level WARNING: without it Ray prints "INFO ... Started a local Ray instance." into the output
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _temp_dir=temp,
+             logging_level=logging.WARNING)  # fmt: skip
     try:
         yield
     finally:
@@ -152,19 +155,13 @@ def run_placements(
     at which the placements' samples differed (empty when they agree, as they should)."""
     import torch
 
-    from reference_trainer.train.trainer import Trainer
-
     torch.manual_seed(w.seed)
-    trainers = {p: Trainer(train_config(w, p, model, device, backend), runs / p) for p in w.placements}
-    try:
-        rows = interleave(trainers, w.epochs * w.steps_per_epoch, say=progress)
-        differ = [step for step, same in enumerate(zip(*rows.values(), strict=True))
-                  if len({row["response_len_mean"] for row in same}) != 1]  # fmt: skip
-        if differ:
-            progress(f"warning: the placements generated different samples at steps {differ}")
-    finally:
-        for trainer in trainers.values():
-            trainer.close()
+    configs = {p: train_config(w, p, model, device, backend) for p in w.placements}
+    rows = run_modes(configs, {p: runs / p for p in w.placements}, w.epochs * w.steps_per_epoch, say=progress)
+    differ = [step for step, same in enumerate(zip(*rows.values(), strict=True))
+              if len({row["response_len_mean"] for row in same}) != 1]  # fmt: skip
+    if differ:
+        progress(f"warning: the placements generated different samples at steps {differ}")
     return {p: per_epoch(runs / p, w.steps_per_epoch) for p in w.placements}, differ
 
 

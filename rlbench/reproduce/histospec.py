@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,11 +20,10 @@ import torch
 from reference_trainer.trace.compare import DRIFT_TOLERANCE, drift_check
 from reference_trainer.trace.metrics import step_metrics, summary
 from reference_trainer.train.config import TrainConfig
-from reference_trainer.train.trainer import Trainer
 from rlbench.models import resolve_model
 from rlbench.report.page import table
 from rlbench.reproduce.base import Context, Outcome
-from rlbench.training import interleave
+from rlbench.training import interleave, open_trainers
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,7 @@ def epoch_metrics(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
     }
 
 
-def make_trainers(w: Workload, model: str, device: str, folder: Path) -> dict[str, Trainer]:
+def mode_configs(w: Workload, model: str, device: str) -> dict[str, TrainConfig]:
     """The two runs: plain decoding (`baseline`) and HistoSpec (`rhyme`), alike in everything else."""
 
     def run_config(mode: str) -> TrainConfig:
@@ -98,10 +96,10 @@ def make_trainers(w: Workload, model: str, device: str, folder: Path) -> dict[st
             config.grpo.lr = w.lr
         return config
 
-    return {mode: Trainer(run_config(mode), folder / mode) for mode in ("baseline", "rhyme")}
+    return {mode: run_config(mode) for mode in ("baseline", "rhyme")}
 
 
-def epoch_row(trainers: dict[str, Trainer], epoch: int, steps: range) -> dict[str, Any]:
+def epoch_row(trainers: dict[str, Any], epoch: int, steps: range) -> dict[str, Any]:
     """One epoch of both runs: their metrics, the pooled speed-up, its per-step range, the drift check."""
     plain, rhyme = (epoch_metrics(t.trace.events, steps) for t in trainers.values())
     per_step = sorted(r / p for p, r in zip(plain["tokens_per_s_per_step"], rhyme["tokens_per_s_per_step"],
@@ -121,18 +119,18 @@ def run_epochs(ctx: Context, w: Workload) -> list[dict[str, Any]]:
     if (done := ctx.finished(f"seed{w.seed}/epochs.json", asdict(w), f"runs of seed {w.seed}")) is not None:
         return done
     torch.manual_seed(w.seed)
-    trainers = make_trainers(w, str(resolve_model(ctx.model)), ctx.device, ctx.work_dir / f"seed{w.seed}")
+    configs = mode_configs(w, str(resolve_model(ctx.model)), ctx.device)
     per_epoch = w.pool // w.prompts_per_step
     epochs = []
-    for epoch in range(w.epochs):
-        interleave(trainers, per_epoch, say=lambda line: None)
-        row = epoch_row(trainers, epoch, range(epoch * per_epoch, (epoch + 1) * per_epoch))
-        drift = " (load drifted)" if row["drift"]["flagged"] else ""
-        ctx.progress(f"seed {w.seed} epoch {epoch + 1}/{w.epochs}: speed-up {row['speedup']:.2f}x{drift}, "
-                     f"acceptance {row['rhyme']['acceptance_rate'] or 0:.1%}")  # fmt: skip
-        epochs.append(row)
-    for trainer in trainers.values():
-        trainer.close()
+    with open_trainers(configs, {m: ctx.work_dir / f"seed{w.seed}" / m for m in configs}) as trainers:
+        for epoch in range(w.epochs):
+            interleave(trainers, per_epoch, say=lambda line: None)
+            row = epoch_row(trainers, epoch, range(epoch * per_epoch, (epoch + 1) * per_epoch))
+            drift = " (load drifted)" if row["drift"]["flagged"] else ""
+            accepted = row["rhyme"]["acceptance_rate"] or 0
+            speedup = f"speed-up {row['speedup']:.2f}x{drift}, acceptance {accepted:.1%}"
+            ctx.progress(f"seed {w.seed} epoch {epoch + 1}/{w.epochs}: {speedup}")
+            epochs.append(row)
     return ctx.finish(f"seed{w.seed}/epochs.json", asdict(w), epochs)
 
 

@@ -19,7 +19,6 @@ from reference_trainer.errors import UserError
 from reference_trainer.trace.records import read_json, write_json
 from rlbench.reproduce.base import Context, Outcome
 from rlbench.reproduce.page import write_report
-from rlbench.reproduce.registry import RUNNERS, runner
 from rlbench.reproduce.spec import Spec, load_specs
 
 
@@ -56,7 +55,7 @@ def source_commit() -> str | None:
             return None
         # only what produces results counts: the reproductions' own outputs (reports/, the README's index)
         # must not mark the next reproduction of the same run "+dirty"
-        source = [":(top)rlbench", ":(top)reference_trainer", ":(top)pyproject.toml"]
+        source = [":(top)rlbench", ":(top)reference_trainer", ":(top)suites", ":(top)pyproject.toml"]
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *source],
                                cwd=here, capture_output=True, text=True, timeout=10)  # fmt: skip
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
@@ -82,7 +81,7 @@ def clear_stale_work(work: Path, origin: dict[str, Any], say: Any) -> None:
 def check_names(names: list[str]) -> dict[str, Spec]:
     specs = load_specs()
     for name in names:
-        if name not in RUNNERS or name not in specs:
+        if name not in specs:
             raise UserError(f"no reproduction named {name!r}; `rlbench reproduce --list` shows them")
     return specs
 
@@ -114,7 +113,7 @@ def reproduce(
     clear_stale_work(folder / "work", {"commit": source_commit(), "device": device, "quick": quick,
                                        "model": ctx.model_label(), "seed": seed}, say)  # fmt: skip
     start = time.perf_counter()
-    outcome: Outcome = runner(name)(ctx)
+    outcome: Outcome = spec.run_function()(ctx)
     wall = time.perf_counter() - start
     verdict, reasons = spec.verdict(outcome.measured)
     result = {

@@ -25,7 +25,7 @@ from rlbench.report.timeline import slot_timeline
 from rlbench.reproduce.base import Context, Outcome
 from rlbench.simulate import simulate, workload
 from rlbench.simulate.cost import calibrate, preset
-from rlbench.training import interleave
+from rlbench.training import run_modes
 
 MODES = ("baseline", "sorted", "sorted-partial")
 
@@ -98,22 +98,19 @@ def summarize(out: Path) -> dict[str, Any]:
     }
 
 
-def run_modes(ctx: Context, w: Workload) -> dict[str, dict[str, Any]]:
-    """Train every mode for w.steps, interleaved; the summaries (kept in work_dir/seed<S>: a rerun reuses
-    them)."""
+def run_seed(ctx: Context, w: Workload) -> dict[str, dict[str, Any]]:
+    """Train every mode for w.steps, interleaved (`rlbench.training.run_modes`); the summaries (kept in
+    work_dir/seed<S>: a rerun reuses them)."""
     import torch
-
-    from reference_trainer.train.trainer import Trainer
 
     folder = f"seed{w.seed}"
     if (runs := ctx.finished(f"{folder}/modes.json", asdict(w), f"runs of seed {w.seed}")) is not None:
         return runs
     torch.manual_seed(w.seed)
     model = str(resolve_model(ctx.model))
-    trainers = {m: Trainer(mode_config(w, m, model, ctx.device), ctx.work_dir / folder / m) for m in MODES}
-    interleave(trainers, w.steps, say=lambda line: ctx.progress(f"seed {w.seed} {line}"))
-    for trainer in trainers.values():
-        trainer.close()
+    configs = {m: mode_config(w, m, model, ctx.device) for m in MODES}
+    dirs = {m: ctx.work_dir / folder / m for m in MODES}
+    run_modes(configs, dirs, w.steps, say=lambda line: ctx.progress(f"seed {w.seed} {line}"))
     summaries = {m: summarize(ctx.work_dir / folder / m) for m in MODES}
     return ctx.finish(f"{folder}/modes.json", asdict(w), summaries)
 
@@ -121,7 +118,7 @@ def run_modes(ctx: Context, w: Workload) -> dict[str, dict[str, Any]]:
 def run_seeds(ctx: Context, w: Workload) -> dict[int, dict[str, dict[str, Any]]]:
     """The workload on `seeds` seeds (3, or 1 under --quick): per seed, every mode's summary. Seeds change
     the prompts, the sampling and the machine's moment alike, so their spread is the result's."""
-    return {w.seed + k: run_modes(ctx, replace(w, seed=w.seed + k)) for k in range(w.seeds)}
+    return {w.seed + k: run_seed(ctx, replace(w, seed=w.seed + k)) for k in range(w.seeds)}
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:

@@ -8,11 +8,15 @@ metric missing from the measurement, makes the verdict "inconclusive". No result
 
 from __future__ import annotations
 
+import importlib
 import operator
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rlbench.reproduce.base import Context, Outcome
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"  # one <name>.toml per claim
 
@@ -51,6 +55,7 @@ class Spec:
     modes: list[str]
     metric: str  # the metric that decides
     rule: str  # the verdict rule in words
+    runner: str  # "module:function": the function of a Context that measures it and returns an Outcome
     checks: list[Check] = field(default_factory=list)
     requires: list[Check] = field(default_factory=list)
     # The model the claim is about, when not the embedded one (e.g. a pretrained model's name); --model
@@ -58,6 +63,11 @@ class Spec:
     model: str | None = None
     # A claim about a real model at full size needs a GPU: `--all` on a CPU leaves it out (named, it runs).
     needs_gpu: bool = False
+
+    def run_function(self) -> Callable[[Context], Outcome]:
+        """The runner, imported only when the reproduction runs."""
+        module, function = self.runner.split(":")
+        return getattr(importlib.import_module(module), function)
 
     def verdict(self, measured: dict[str, Any] | None) -> tuple[str, list[str]]:
         """The verdict and the reasons behind it, one line per check."""
@@ -97,7 +107,7 @@ def parse_spec(name: str, text: str) -> Spec:
     raw = tomllib.loads(text)
     verdict = raw.get("verdict", {})
     where = f"rlbench/reproduce/specs/{name}.toml"
-    missing = [k for k in ("claim", "source", "paper_value", "workload", "metric") if k not in raw]
+    missing = [k for k in ("runner", "claim", "source", "paper_value", "workload", "metric") if k not in raw]
     if missing or "rule" not in verdict:
         raise ValueError(
             f"{where} lacks {', '.join(missing + ([] if 'rule' in verdict else ['verdict.rule']))}"
@@ -111,6 +121,7 @@ def parse_spec(name: str, text: str) -> Spec:
         modes=list(raw.get("modes", [])),
         metric=raw["metric"],
         rule=verdict["rule"],
+        runner=raw["runner"],
         checks=_checks(verdict.get("checks", []), where),
         requires=_checks(verdict.get("requires", []), where),
         model=raw.get("model"),

@@ -1,0 +1,249 @@
+"""A suite file (YAML, or JSON): what one evaluation suite is, read and checked into one `Suite` record.
+
+    name: math500                  # how --suite finds it (the file's stem, in suites/ or an --include-path)
+    title: MATH-500
+    license: MIT (PRM800K / MATH)
+    size: 500                      # listed by `rlbench suites`; the data decides what runs
+    data:
+      file: math500.jsonl          # JSONL (id, problem, answer): in --data-dir, or beside this file
+      hub: {id: HuggingFaceH4/MATH-500, split: test, config: null, data_files: null}
+      fields: {id: unique_id, problem: problem, answer: answer}   # suite field: the hub dataset's field
+    prompt: math                   # math | kk | a text holding {problem}
+    grader: math                   # math | kk | python:module:function (your own)
+    sampling: {temperature: 0.6, top_p: 0.95, max_tokens: 1024, samples: 1}
+    metrics: [avg@k, pass@k, maj@k]
+    group_by: [subject, level]
+
+A group file names several suites: `group: NAME`, `title`, `suites: [NAME_OR_FILE, ...]`.
+Every key is checked here; an unknown one is refused with its name (a typo must not be a silent default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reference_trainer.errors import UserError
+
+SUITE_SUFFIXES = (".yaml", ".yml", ".json")
+PROMPTS = ("math", "kk")
+GRADERS = ("math", "kk")
+METRICS = ("avg@k", "pass@k", "maj@k")
+SAMPLING_DEFAULTS: dict[str, float | int] = {
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "max_tokens": 1024,
+    "samples": 1,
+}
+HUB_KEYS = ("id", "split", "config", "data_files")
+DATA_KEYS = ("file", "hub", "fields")
+SUITE_KEYS = (
+    "name",
+    "title",
+    "license",
+    "size",
+    "data",
+    "prompt",
+    "grader",
+    "sampling",
+    "metrics",
+    "group_by",
+)
+GROUP_KEYS = ("group", "title", "suites")
+
+
+@dataclass
+class Suite:
+    name: str
+    title: str
+    data_file: str | None  # a JSONL file in --data-dir, or beside the suite file
+    template: str  # the prompt: math | kk | a text holding {problem}
+    grader: str  # math | kk | python:module:function
+    hub: dict[str, Any] | None = None  # id, split, config, data_files, fields
+    size: int | None = None
+    license: str = ""
+    sampling: dict[str, float | int] = field(default_factory=lambda: dict(SAMPLING_DEFAULTS))
+    metrics: list[str] = field(default_factory=lambda: list(METRICS))
+    group_by: list[str] = field(default_factory=list)
+    path: Path | None = None  # the suite file
+    sha256: str = ""  # of the suite file's bytes, recorded in results.json
+
+    @property
+    def hub_source(self) -> str:
+        if not self.hub:
+            return "(no hub dataset)"
+        cfg = f" [{self.hub['config']}]" if self.hub.get("config") else ""
+        files = f" files={','.join(self.hub['data_files'])}" if self.hub.get("data_files") else ""
+        return f"{self.hub['id']}{cfg} split={self.hub['split']}{files}"
+
+    @property
+    def local_file(self) -> Path | None:
+        """The data file beside the suite file, when there is one."""
+        if self.data_file is None or self.path is None:
+            return None
+        path = self.path.parent / self.data_file
+        return path if path.is_file() else None
+
+
+@dataclass
+class Group:
+    name: str
+    title: str
+    suites: list[str]  # names or files, resolved as --suite resolves them
+    path: Path | None = None
+
+
+class _Problems:
+    """Collects every problem of a file (for `rlbench suites validate`); `first` raises at the first."""
+
+    def __init__(self, source: Path, first: bool) -> None:
+        self.source, self.first = source, first
+        self.found: list[str] = []
+
+    def add(self, message: str) -> None:
+        if self.first:
+            raise UserError(f"{self.source}: {message}")
+        self.found.append(message)
+
+
+def read_raw(path: Path) -> tuple[Any, str]:
+    """A suite file's parsed contents and its SHA-256; an unreadable or malformed file is one line."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
+    try:
+        doc = json.loads(data) if path.suffix == ".json" else yaml.safe_load(data)
+    except Exception as err:  # yaml/json syntax errors: the parser's first line names the place
+        raise UserError(f"{path}: not valid {path.suffix[1:].upper()}: {str(err).splitlines()[0]}") from None
+    return doc, hashlib.sha256(data).hexdigest()
+
+
+def parse_file(path: Path, first: bool = True) -> tuple[Suite | Group | None, list[str]]:
+    """The suite or group in `path`, and the problems found (with `first`, the first raises instead)."""
+    problems = _Problems(path, first)
+    try:
+        doc, sha = read_raw(path)
+    except UserError as err:  # unreadable or not YAML/JSON: with `first`, the one line; else one problem
+        if first:
+            raise
+        return None, [str(err).removeprefix(f"{path}: ")]
+    if not isinstance(doc, dict):
+        problems.add("not a suite (a mapping of keys such as name, data, prompt, grader)")
+        return None, problems.found
+    if "group" in doc:
+        return _parse_group(doc, path, problems), problems.found
+    return _parse_suite(doc, path, sha, problems), problems.found
+
+
+def _unknown(doc: dict[str, Any], allowed: tuple[str, ...], where: str, problems: _Problems) -> None:
+    for key in doc:
+        if key not in allowed:
+            problems.add(f"unknown key {where + str(key)!r}; allowed: {', '.join(allowed)}")
+
+
+def _text(doc: dict[str, Any], key: str, problems: _Problems, required: bool = True, where: str = "") -> str:
+    value = doc.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or not value.strip():
+        problems.add(f"{where}{key} is {value!r}, not a non-empty text")
+        return ""
+    return value
+
+
+def _names(value: Any, key: str, problems: _Problems, allowed: tuple[str, ...] | None = None) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        problems.add(f"{key} is {value!r}, not a list of names")
+        return []
+    for v in value:
+        if allowed is not None and v not in allowed:
+            problems.add(f"{key}: unknown {v!r}; choose from {', '.join(allowed)}")
+    return value
+
+
+def _parse_group(doc: dict[str, Any], path: Path, problems: _Problems) -> Group:
+    _unknown(doc, GROUP_KEYS, "", problems)
+    suites = _names(doc.get("suites"), "suites", problems)
+    if not suites:
+        problems.add("suites: a group names at least one suite")
+    return Group(_text(doc, "group", problems), _text(doc, "title", problems, required=False), suites, path)
+
+
+def _parse_data(doc: Any, problems: _Problems) -> tuple[str | None, dict[str, Any] | None]:
+    if not isinstance(doc, dict):
+        problems.add(f"data is {doc!r}, not a mapping with file, hub and fields")
+        return None, None
+    _unknown(doc, DATA_KEYS, "data.", problems)
+    file = _text(doc, "file", problems, required=False, where="data.") or None
+    hub = doc.get("hub")
+    if hub is None:
+        if file is None:
+            problems.add("data names neither a file nor a hub dataset")
+        return file, None
+    if not isinstance(hub, dict):
+        problems.add(f"data.hub is {hub!r}, not a mapping with id and split")
+        return file, None
+    _unknown(hub, HUB_KEYS, "data.hub.", problems)
+    _text(hub, "id", problems, where="data.hub.")
+    _text(hub, "split", problems, where="data.hub.")
+    if hub.get("data_files") is not None:
+        _names(hub["data_files"], "data.hub.data_files", problems)
+    fields = doc.get("fields", {"id": "id", "problem": "problem", "answer": "answer"})
+    if not isinstance(fields, dict) or not all(isinstance(v, str) or v is None for v in fields.values()):
+        problems.add(f"data.fields is {fields!r}, not a mapping of suite field: dataset field")
+        fields = {}
+    for key in ("problem", "answer"):
+        if not fields.get(key):
+            problems.add(f"data.fields needs {key} (the dataset's field holding it)")
+    return file, {**{k: hub.get(k) for k in HUB_KEYS}, "fields": fields}
+
+
+def _parse_sampling(value: Any, problems: _Problems) -> dict[str, float | int]:
+    if value is None:
+        return dict(SAMPLING_DEFAULTS)
+    if not isinstance(value, dict):
+        problems.add(f"sampling is {value!r}, not a mapping")
+        return dict(SAMPLING_DEFAULTS)
+    _unknown(value, tuple(SAMPLING_DEFAULTS), "sampling.", problems)
+    for key, given in value.items():
+        integer = key in ("max_tokens", "samples")
+        ok = type(given) is int if integer else type(given) in (int, float)
+        if key in SAMPLING_DEFAULTS and not ok:
+            problems.add(f"sampling.{key} is {given!r}, not {'an integer' if integer else 'a number'}")
+    return {**SAMPLING_DEFAULTS, **{k: v for k, v in value.items() if k in SAMPLING_DEFAULTS}}
+
+
+def _parse_suite(doc: dict[str, Any], path: Path, sha: str, problems: _Problems) -> Suite:
+    _unknown(doc, SUITE_KEYS, "", problems)
+    name = _text(doc, "name", problems)
+    data_file, hub = _parse_data(doc.get("data"), problems)
+    prompt = _text(doc, "prompt", problems)
+    if prompt and prompt not in PROMPTS and "{problem}" not in prompt:
+        problems.add(f"prompt {prompt!r} is neither {' nor '.join(PROMPTS)} nor a text holding {{problem}}")
+    grader = _text(doc, "grader", problems)
+    if grader and grader not in GRADERS and not grader.startswith("python:"):
+        problems.add(f"grader {grader!r} is not {', '.join(GRADERS)} or python:module:function")
+    size = doc.get("size")
+    if size is not None and (type(size) is not int or size < 0):
+        problems.add(f"size is {size!r}, not a count")
+    return Suite(
+        name=name,
+        title=_text(doc, "title", problems, required=False) or name,
+        data_file=data_file,
+        template=prompt,
+        grader=grader,
+        hub=hub,
+        size=size if type(size) is int else None,
+        license=_text(doc, "license", problems, required=False),
+        sampling=_parse_sampling(doc.get("sampling"), problems),
+        metrics=_names(doc.get("metrics", list(METRICS)), "metrics", problems, METRICS),
+        group_by=_names(doc.get("group_by", []), "group_by", problems),
+        path=path,
+        sha256=sha,
+    )

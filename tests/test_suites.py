@@ -1,0 +1,194 @@
+"""Suite files as data: the built-in ones in suites/, a user's own (a path or --include-path), their checks
+before any model loads, and the package carrying them (editable and wheel installs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, assert_one_line_error, cli
+
+from reference_trainer.errors import UserError
+from reference_trainer.tasks.grading import GradeItem, grade_item
+from rlbench.eval.pool import GradingPool
+from rlbench.eval.runner import EvalConfig, run_eval
+from rlbench.eval.suite_file import Group, Suite, parse_file
+from rlbench.eval.suites import BUILTIN_DIR, get_suite, group_members, import_path, suite_files, validate
+
+GRADER = """def grade(response, gold):
+    answer = response.strip().split()[-1]
+    return answer, answer == gold
+"""
+
+
+def _user_suite(folder: Path, **overrides: object) -> Path:
+    """capitals.yaml, its data beside it and its own grader (capital_grader.grade)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "name": "capitals",
+        "title": "Capital cities",
+        "data": {"file": "capitals.jsonl"},
+        "prompt": "Name the capital. {problem}\nAnswer:",
+        "grader": "python:capital_grader:grade",
+        "sampling": {"temperature": 0.0, "max_tokens": 8},
+        "metrics": ["avg@k", "pass@k"],
+        **overrides,
+    }
+    (folder / "capitals.yaml").write_text(json.dumps(doc))  # JSON is YAML
+    (folder / "capital_grader.py").write_text(GRADER)
+    rows = [
+        {"id": "fr", "problem": "France?", "answer": "Paris"},
+        {"id": "it", "problem": "Italy?", "answer": "Rome"},
+    ]
+    (folder / "capitals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder / "capitals.yaml"
+
+
+class EchoBackend:
+    """Answers "Paris" to every prompt, and remembers the prompts."""
+
+    name, model, tokenizer = "echo", "echo", None
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def generate(self, prompts: list[str], params: list, on_text=None) -> list[str]:
+        self.prompts += prompts
+        return ["The capital is Paris" for _ in prompts]
+
+    def close(self) -> None:
+        pass
+
+
+def test_builtin_suites_live_in_the_top_level_folder_and_validate() -> None:
+    assert BUILTIN_DIR.resolve() == (ROOT / "suites").resolve()
+    files = suite_files()
+    assert {"math500", "aime24", "amc23", "olympiadbench", "kk", "kk-ood", "math"} <= files.keys()
+    for path in files.values():
+        assert validate(path, None) == [], path
+    assert get_suite("math500").hub["fields"]["id"] == "unique_id"
+    assert [s.name for s in group_members("math")] == ["math500", "aime24", "amc23", "olympiadbench"]
+
+
+def test_unknown_keys_and_bad_values_are_refused_with_their_names(tmp_path: Path) -> None:
+    path = _user_suite(tmp_path, titel="typo", sampling={"temprature": 0.5}, metrics=["best@k"])
+    problems = validate(path, None)
+    assert "unknown key 'titel'; allowed: name, title" in problems[0]
+    assert any("unknown key 'sampling.temprature'" in p for p in problems)
+    assert any("metrics: unknown 'best@k'" in p for p in problems)
+    with pytest.raises(UserError, match=r"capitals.yaml: unknown key 'titel'"):
+        get_suite(str(path))
+    res = cli("suites", "validate", str(path))
+    assert (
+        res.returncode == 2 and res.stderr.count("\n") == len(problems) + 1 and "Traceback" not in res.stderr
+    )
+
+
+def test_validate_checks_the_grader_imports_and_the_data_resolves(tmp_path: Path) -> None:
+    path = _user_suite(tmp_path, grader="python:capital_grader:nothere")
+    assert validate(path, None) == ["grader 'python:capital_grader:nothere': capital_grader has no nothere"]
+    (tmp_path / "capitals.jsonl").unlink()
+    assert any("names no hub dataset" in p for p in validate(path, None))
+    assert_one_line_error(cli("eval", "--suite", str(tmp_path / "none.yaml")), "suite file not found")
+    assert_one_line_error(cli("suites", "--data-dir", str(path)), "is a file; pass the folder")
+    (tmp_path / "broken.yaml").write_text("name: x\n  bad: [\n")
+    res = cli("suites", "validate", str(tmp_path / "broken.yaml"), str(tmp_path / "capitals.yaml"))
+    assert res.returncode == 2 and f"{tmp_path / 'broken.yaml'}: not valid YAML: " in res.stderr
+    assert f"{tmp_path / 'capitals.yaml'}: suite 'capitals' names no hub dataset" in res.stderr  # checked too
+
+
+def test_a_users_suite_runs_with_its_prompt_grader_and_sampling(tmp_path: Path) -> None:
+    path = _user_suite(tmp_path / "mine")
+    cfg = EvalConfig(
+        suite=str(path), model="echo", samples=None, temperature=None, top_p=None, max_tokens=None
+    )
+    backend = EchoBackend()
+    with GradingPool(workers=1) as pool:
+        res = run_eval(cfg, lambda: backend, tmp_path / "out", pool=pool, progress=False)
+    assert (
+        backend.prompts[0]
+        == "Question: Name the capital. France?\nAnswer:\nAnswer: Let's think step by step."
+    )
+    assert res["sampling"]["temperature"] == 0.0 and res["sampling"]["max_tokens"] == 8  # the suite's
+    assert res["accuracy"] == 0.5 and [p["extracted"] for p in res["problems"]] == [["Paris"], ["Paris"]]
+    assert res["suite_sha256"] == __import__("hashlib").sha256(path.read_bytes()).hexdigest()
+    assert res["metrics"] == ["avg@k", "pass@k"]
+
+
+def test_include_path_finds_a_users_suite_by_name(tmp_path: Path) -> None:
+    _user_suite(tmp_path)
+    (tmp_path / "mine.yaml").write_text("group: mine\nsuites: [capitals, aime24]\n")
+    assert get_suite("capitals", [tmp_path]).title == "Capital cities"
+    assert [s.name for s in group_members("mine", [tmp_path])] == ["capitals", "aime24"]
+    listing = cli("suites", "--include-path", str(tmp_path))
+    assert "capitals" in listing.stdout and "group: capitals, aime24" in listing.stdout
+    assert_one_line_error(cli("eval", "--suite", "capitals"), "unknown suite 'capitals'")
+
+
+def test_a_user_grader_grades_in_a_pool_worker(tmp_path: Path) -> None:
+    suite = get_suite(str(_user_suite(tmp_path)))
+    import_path(suite)
+    try:
+        item = GradeItem(suite.grader, "so it is Rome", "Rome")
+        assert grade_item(item).correct
+        with GradingPool(workers=1) as pool:
+            assert [r.extracted for r in pool.grade([item])] == ["Rome"]
+    finally:
+        sys.path.remove(str(tmp_path.resolve()))
+
+
+def test_parse_tells_a_group_from_a_suite() -> None:
+    group, _ = parse_file(BUILTIN_DIR / "math.yaml")
+    suite, _ = parse_file(BUILTIN_DIR / "kk.yaml")
+    assert isinstance(group, Group) and isinstance(suite, Suite) and suite.grader == "kk"
+
+
+PROBE = "from rlbench.eval.suites import BUILTIN_DIR, suite_files; print(BUILTIN_DIR, sorted(suite_files()))"
+
+
+def _source_copy(tmp_path: Path) -> Path:
+    """The package's sources in tmp_path/src: a build in the checkout would leave build/ behind."""
+    src = tmp_path / "src"
+    for name in ("rlbench", "reference_trainer", "suites"):
+        shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    return src
+
+
+@pytest.mark.e2e
+def test_a_wheel_carries_the_suites(tmp_path: Path) -> None:
+    """`pip wheel` then an install elsewhere: the suites come from the installed package."""
+    src = _source_copy(tmp_path)
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "whl"),
+                    str(src)], check=True, cwd=tmp_path)  # fmt: skip
+    wheel = next((tmp_path / "whl").glob("rlbench-*.whl"))
+    subprocess.run(
+        [*pip, "install", "-q", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)], check=True
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(str(tmp_path / "site" / "rlbench" / "suites")) and "math500" in out.stdout
+
+
+@pytest.mark.e2e
+def test_an_editable_install_reads_the_top_level_suites(tmp_path: Path) -> None:
+    """`pip install -e` (setuptools' import finder): the suites come from the source tree's suites/."""
+    src = _source_copy(tmp_path)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    subprocess.run([*pip, "--prefix", str(tmp_path / "prefix"), "-e", str(src)], check=True, cwd=tmp_path)
+    site_dir = next((tmp_path / "prefix").glob("lib/python*/site-packages"))
+    # the new install's finder first (its .pth), then this interpreter's own packages for the dependencies
+    probe = f"import site, sys; site.addsitedir({str(site_dir)!r}); sys.path.extend(sys.argv[1:]); {PROBE}"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-S", "-c", probe, *[p for p in sys.path if "site-packages" in p]],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(str(src / "rlbench" / "suites")) and "math500" in out.stdout
