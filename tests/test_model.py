@@ -12,6 +12,13 @@ from reference_trainer.errors import ModelLoadError
 from reference_trainer.model.loader import load_model, save_model
 
 
+def cached(model, ids, start, cache, rows, select=None, **batch):  # type: ignore[no-untyped-def]
+    """The engine's cached forward: [B, Q] ids continuing at `start` in `rows` of `cache`."""
+    from reference_trainer.model.attention import CachedBatch
+
+    return model.forward_cached(ids, CachedBatch(start, ids.shape[1], cache, rows, **batch), select=select)
+
+
 def hf_model(model_dir):
     from transformers import AutoModelForCausalLM
 
@@ -43,8 +50,8 @@ def test_cached_forward_matches_full_forward(family, request):
     tables = torch.tensor([[7, 2, 5, 0, 3], [1, 6, 4, 9, 8]])
     with torch.no_grad():
         full = model(ids)
-        first = model.forward_cached(ids[:, :12], torch.tensor([0, 0]), cache, tables[:, :3])
-        rest = model.forward_cached(ids[:, 12:], torch.tensor([12, 12]), cache, tables)
+        first = cached(model, ids[:, :12], torch.tensor([0, 0]), cache, tables[:, :3])
+        rest = cached(model, ids[:, 12:], torch.tensor([12, 12]), cache, tables)
     assert torch.allclose(torch.cat([first, rest], 1), full, atol=1e-5)
 
 
@@ -59,7 +66,8 @@ def test_cached_forward_ragged_rows(llama_dir):
     tables = torch.tensor([[1, 2, 3], [4, 5, 0]])  # row 1 owns two blocks: its padding must not touch 0..3
     with torch.no_grad():
         full = model(ids)
-        got = model.forward_cached(
+        got = cached(
+            model,
             ids,
             torch.tensor([0, 0]),
             cache,
@@ -67,7 +75,7 @@ def test_cached_forward_ragged_rows(llama_dir):
             num_new=torch.tensor([9, 6]),
             select=torch.tensor([8, 5]),
         )
-        after = model.forward_cached(ids[:1, :1], torch.tensor([9]), cache, tables[:1])
+        after = cached(model, ids[:1, :1], torch.tensor([9]), cache, tables[:1])
     assert torch.allclose(got[0, 0], full[0, 8], atol=1e-5)
     assert torch.allclose(got[1, 0], full[1, 5], atol=1e-5)
     # row 0's cache is intact: continuing it matches a full forward over the 10 tokens
@@ -86,10 +94,11 @@ def test_slot_cache_forward_matches_full_forward(family, request):
     cache = SlotKVCache(model.config, capacity=4, max_len=32, device=torch.device("cpu"), dtype=torch.float32)
     with torch.no_grad():
         full = model(ids)
-        first = model.forward_cached(ids[:, :12], torch.tensor([0, 0]), cache, torch.tensor([3, 1]))
-        mid = model.forward_cached(ids[:, 12:16], torch.tensor([12, 12]), cache, torch.tensor([3, 1]))
+        first = cached(model, ids[:, :12], torch.tensor([0, 0]), cache, torch.tensor([3, 1]))
+        mid = cached(model, ids[:, 12:16], torch.tensor([12, 12]), cache, torch.tensor([3, 1]))
         # slots 1..3 as one view; slot 2 is idle and gets a dummy row at position 0
-        view = model.forward_cached(
+        view = cached(
+            model,
             torch.stack([ids[1, 16:], torch.zeros(4, dtype=torch.long), ids[0, 16:]]),
             torch.tensor([16, 0, 16]),
             cache,

@@ -13,7 +13,7 @@ from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.histospec import HistoryDrafter, attach_histospec
 from reference_trainer.engine.speculative import CostModel, Speculator, coupled_accept
-from reference_trainer.model.attention import PagedKVCache
+from reference_trainer.model.attention import CachedBatch, PagedKVCache
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.trace.metrics import step_metrics
@@ -119,9 +119,8 @@ def test_rollback_leaves_the_cache_equal_to_a_fresh_prefill(model):
         fresh = PagedKVCache(model.config, 8, engine.slots.block_size, torch.device("cpu"), torch.float32)
         blocks = list(range(-(-n // engine.slots.block_size)))
         with torch.no_grad():
-            model.forward_cached(
-                torch.tensor([seq.all_ids[:n]]), torch.tensor([0]), fresh, torch.tensor([blocks])
-            )
+            ids = torch.tensor([seq.all_ids[:n]])
+            model.forward_cached(ids, CachedBatch(torch.tensor([0]), n, fresh, torch.tensor([blocks])))
         for layer in range(model.config.num_hidden_layers):
             for ours, ref in zip(
                 engine.slots.read(seq.slot, layer, n), fresh.read(layer, blocks, n), strict=True

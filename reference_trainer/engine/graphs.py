@@ -31,6 +31,7 @@ import torch
 
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.transfers import PAD_ID, padded, upload
+from reference_trainer.model.attention import CachedBatch
 from reference_trainer.model.decoder import DecoderLM
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -167,9 +168,10 @@ class StaticForward:
         return True
 
     def _forward(self, ids: torch.Tensor, starts: torch.Tensor, where: torch.Tensor, span: int) -> None:
-        hidden = self.model.hidden_cached(
-            ids, starts, self.slots.cache, where, key_len=span, attention=self.attention
+        batch = CachedBatch(
+            starts, ids.shape[1], self.slots.cache, where, key_len=span, attention=self.attention
         )
+        hidden = self.model.hidden_cached(ids, batch)
         self.hidden[: ids.numel()].view_as(hidden).copy_(hidden)
 
     def _replay(self, shape: tuple[int, int, int], args: tuple) -> None:

@@ -18,7 +18,7 @@ from reference_trainer.engine.graphs import StaticForward
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.sequence import Sequence
 from reference_trainer.engine.transfers import PAD_ID, padded, upload
-from reference_trainer.model.attention import resolve_attention
+from reference_trainer.model.attention import CachedBatch, resolve_attention
 from reference_trainer.model.decoder import DecoderLM
 
 
@@ -74,15 +74,17 @@ class ModelRunner:
         if ragged:
             parts["num_new"] = lengths
         inputs = upload(parts, self.device)
-        logits = self.model.forward_cached(
-            inputs["ids"].view(len(seqs), width),
+        batch = CachedBatch(
             inputs["starts"],
+            width,
             self.slots.cache,
             self._rows(inputs["rows"], len(seqs)),
             num_new=inputs["num_new"] if ragged else None,
-            select=inputs["select"],
             key_len=max(starts) + width,
             attention=self.own_shape_attention,  # applies to short prefills (width <= attention.SMALL_Q)
+        )
+        logits = self.model.forward_cached(
+            inputs["ids"].view(len(seqs), width), batch, select=inputs["select"]
         )
         for seq in seqs:
             seq.num_cached = seq.length
@@ -174,16 +176,19 @@ class ModelRunner:
             | ({"order": order} if needs_order else {}),
             self.device,
         )
-        logits = self.model.forward_cached(
-            inputs["ids"].view(len(rows), width),
+        batch = CachedBatch(
             inputs["starts"],
+            width,
             self.slots.cache,
             torch.arange(lo, hi, device=self.device) if slot_range else self._rows(inputs["rows"], len(rows)),
             contiguous=slot_range is not None,
             key_len=max(starts) + width,
             slot_range=slot_range,
             attention=self.own_shape_attention,
-        ).view(len(rows) * width, -1)
+        )
+        logits = self.model.forward_cached(inputs["ids"].view(len(rows), width), batch).view(
+            len(rows) * width, -1
+        )
         return (logits[inputs["order"]] if needs_order else logits), inputs
 
     def _rows(self, where: torch.Tensor, batch: int) -> torch.Tensor:

@@ -138,7 +138,7 @@ class CachedBatch:
     ) -> None:
         if attention not in IMPLEMENTATIONS:
             raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {attention!r}")
-        self.num_q, self.start_pos = num_q, start_pos
+        self.num_q, self.start_pos, self.cache = num_q, start_pos, cache
         self.flex = attention == "flex" and num_q <= SMALL_Q
         self.sdpa = attention == "sdpa"
         self.block_mask: flex.BlockMask | None = None

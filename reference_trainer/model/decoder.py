@@ -4,10 +4,10 @@ RMSNorm, rotary embeddings (the config's theta, HF's rotate-half layout), groupe
 optional QKV bias and optional tied embeddings. Two entry points:
 
 * `forward(input_ids)` — plain causal forward over right-padded rows (training, log-prob recomputation);
-* `forward_cached(input_ids, start_pos, cache, rows)` — the engine's path: each row continues its own
-  sequence at `start_pos`, reading and writing K/V in its blocks of a paged cache or its slot of a slot
-  cache (attention.py). With Q > 1 this is prefill, resume or multi-token verification; with Q == 1 it is a
-  decode step.
+* `forward_cached(input_ids, batch)` — the engine's path: each row continues its own sequence where
+  `batch` (attention.CachedBatch, built once per forward by the engine's runner) says, reading and writing
+  K/V in its blocks of a paged cache or its slot of a slot cache (attention.py). With Q > 1 this is
+  prefill, resume or multi-token verification; with Q == 1 it is a decode step.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_trainer.model.attention import CachedBatch, PagedKVCache, SlotKVCache, write_and_attend
+from reference_trainer.model.attention import CachedBatch, write_and_attend
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.packed import InferenceLinear
 
@@ -92,7 +92,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache: PagedKVCache | SlotKVCache | None = None,
+        cache: object | None = None,  # attention.PagedKVCache or SlotKVCache
         batch: CachedBatch | None = None,
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -219,51 +219,19 @@ class DecoderLM(nn.Module):
         return self.logits(self._hidden(input_ids, positions))
 
     def forward_cached(
-        self,
-        input_ids: torch.Tensor,
-        start_pos: torch.Tensor,
-        cache: PagedKVCache | SlotKVCache,
-        rows: torch.Tensor,
-        num_new: torch.Tensor | None = None,
-        select: torch.Tensor | None = None,
-        contiguous: bool = False,
-        key_len: int | None = None,
-        slot_range: tuple[int, int] | None = None,
-        attention: str = "matmul",
+        self, input_ids: torch.Tensor, batch: CachedBatch, select: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Continue each row's sequence at start_pos[b], its K/V at rows[b] of the cache (its block table
-        for a paged cache, its slot for a slot cache; attention.py): [B, Q] ids -> [B, Q, V] logits.
-
-        Rows with fewer than Q real tokens (num_new[b]; default all Q) are right-padded; padded columns
-        are computed but never stored. `select[b]` limits the logits to one position per row ([B, 1, V]),
-        as prefill needs. `contiguous`: the slots are a consecutive range, read as a view of the cache.
-        `key_len` and `slot_range`: host-side facts about a slot cache's rows (attention.CachedBatch).
-        `attention`: how decode and verify forwards attend (attention.IMPLEMENTATIONS; all agree).
-        """
-        hidden = self.hidden_cached(
-            input_ids, start_pos, cache, rows, num_new, select, contiguous, key_len, slot_range, attention
-        )
+        """Continue each row's sequence as `batch` says (attention.CachedBatch: where each row starts, its
+        K/V's blocks or slot in the cache, its real tokens, how it attends): [B, Q] ids -> [B, Q, V] logits.
+        `select[b]` limits the logits to one position per row ([B, 1, V]), as prefill needs."""
         # Sampling works on fp32 logits whatever the model's dtype (one upcast here, a no-op for fp32).
-        return self.logits(hidden).float()
+        return self.logits(self.hidden_cached(input_ids, batch, select)).float()
 
     def hidden_cached(
-        self,
-        input_ids: torch.Tensor,
-        start_pos: torch.Tensor,
-        cache: PagedKVCache | SlotKVCache,
-        rows: torch.Tensor,
-        num_new: torch.Tensor | None = None,
-        select: torch.Tensor | None = None,
-        contiguous: bool = False,
-        key_len: int | None = None,
-        slot_range: tuple[int, int] | None = None,
-        attention: str = "matmul",
+        self, input_ids: torch.Tensor, batch: CachedBatch, select: torch.Tensor | None = None
     ) -> torch.Tensor:
         """`forward_cached` up to the final norm: [B, Q, H] hidden states, for `logits` to finish."""
-        batch = CachedBatch(
-            start_pos, input_ids.shape[1], cache, rows, num_new, contiguous, key_len, slot_range, attention
-        )
-        return self._hidden(input_ids, batch.positions, cache, batch, select)
+        return self._hidden(input_ids, batch.positions, batch.cache, batch, select)
 
     @torch.no_grad()
     def fuse_projections(self, pack: bool = True) -> DecoderLM:
