@@ -7,13 +7,18 @@ comma separates them ("So \\boxed{3}. Wait, recheck: \\boxed{5}" gives 3,5), and
 fires on a negated or cut-off sentence ("The answer is not 204; it is 210." gives 204). It has no option for
 any of these, so the answer is located here and only the answer's own text is handed to math-verify to parse:
 
-1. An answer statement is a box (`\\boxed{}`/`\\fbox{}`; boxes separated only by commas, "and" or "or" are
-   one answer, a list) or an answer phrase ("final answer: X", "the final answer is X", "answer: X", "the
-   answer is X"); a phrase followed by "not" states nothing.
+1. An answer statement is a box (`\\boxed{}`/`\\fbox{}`; boxes in one sentence joined by commas, "and" or
+   "or", with or without labels between them, are one answer, a list; joined under conditions, "3 if ...,
+   and 6 if ...", they are a hedge, which states no answer) or an answer phrase ("final answer: X", "the
+   final answer is X", "answer: X", "the answer is X", "Answer $X$"); a phrase followed by "not" states
+   nothing.
 2. The last statement in the response is its answer: a later statement corrects an earlier one.
-3. Without any statement, the last clause that holds maths is read (math-verify's rightmost expression),
-   but not when the response stops mid-sentence (cut off at its token limit), when that clause is negated
-   ("would not be 204") or when it is a question.
+3. A response that is only an answer ("-5", "7,425,000", "$\\frac{10}{9}$", "28 %") is that answer.
+4. Otherwise the last clause that holds maths is read (math-verify's rightmost expression), but not when
+   the response stops mid-sentence (cut off at its token limit), when a negation bears on that clause's
+   last maths ("would not be 204"; "is not 10 which is 1,000.99" answers 1,000.99) or when it is a
+   question; and, when the problem is known, not a clause whose numbers only repeat the problem when a
+   conclusion ("so ... is 76", "therefore", "=") was stated before it: that conclusion is the answer.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class LocatedAnswer:
     start: int
     value: str | None = None
     text: str = ""
+    hedged: bool = False  # different answers under conditions ("3 if unordered, and 6 if ordered"): none
 
 
 # ----------------------------------------------------------------------------- math environments
@@ -92,23 +98,55 @@ def boxes(text: str) -> list[tuple[int, int, str]]:
     return found
 
 
+# Between boxes of one sentence: labels joined by a comma or "and" list parts of one answer ("\\boxed{1}
+# papers and \\boxed{2} bins"); a condition makes them a hedge ("\\boxed{3} if unordered, and \\boxed{6} if
+# ordered"); a correction or a consequence makes the later box a statement of its own.
+_JOINING_WORDS = re.compile(r",|\band\b", re.IGNORECASE)
+_CONDITION = re.compile(
+    r"\b(?:if|when|whenever|unless|otherwise|depending|assuming|provided|suppose|case)\b", re.IGNORECASE
+)
+_NEW_STATEMENT = re.compile(
+    r"\b(?:wait|actually|but|however|instead|rather|recheck|check|mistake|oops|sorry|no|not|wrong|"
+    r"incorrect|correct\w*|so|thus|hence|therefore|gives?|giving|then|let|redo|again|final)\b|n't\b|=",
+    re.IGNORECASE,
+)
+_MAX_LABEL_GAP_CHARS = 80
+
+
+def _gap_joins(gap: str, words: str) -> bool:
+    """Do the words between two boxes (`gap`, and `words`: the gap with its maths masked) make them parts
+    of one answer (or of one hedge)?"""
+    if _LIST_SEPARATOR.fullmatch(gap):
+        return True
+    return (
+        len(gap) <= _MAX_LABEL_GAP_CHARS
+        and _SENTENCE_END.search(words) is None
+        and _NEW_STATEMENT.search(words) is None
+        and _JOINING_WORDS.search(words) is not None
+    )
+
+
 def _box_answers(text: str) -> list[LocatedAnswer]:
-    """One answer per run of boxes that only separators join (a list of answers, as math-verify reads
-    them); a box with words before the next one is an answer of its own ("\\boxed{3}. Wait: \\boxed{5}")."""
+    """One answer per run of boxes that separators or labels join (a list of answers); a box with a
+    sentence end, a correction or a consequence before the next one is an answer of its own
+    ("\\boxed{3}. Wait: \\boxed{5}")."""
     answers: list[LocatedAnswer] = []
     run: list[tuple[int, int, str]] = []
+    masked = mask_math(text)
     for box in boxes(text):
-        if run and not _LIST_SEPARATOR.fullmatch(text[run[-1][1] : box[0]]):
-            answers.append(_join(run))
+        if run and not _gap_joins(text[run[-1][1] : box[0]], masked[run[-1][1] : box[0]]):
+            answers.append(_join(run, masked))
             run = []
         run.append(box)
     if run:
-        answers.append(_join(run))
-    return [a for a in answers if a.value]
+        answers.append(_join(run, masked))
+    return [a for a in answers if a.value or a.hedged]
 
 
-def _join(run: list[tuple[int, int, str]]) -> LocatedAnswer:
+def _join(run: list[tuple[int, int, str]], masked: str) -> LocatedAnswer:
     contents = list(dict.fromkeys(clean_value(content) for _, _, content in run))  # a repeated box once
+    if len(contents) > 1 and _CONDITION.search(masked[run[0][1] : run[-1][0]]):
+        return LocatedAnswer(run[0][0], hedged=True)
     return LocatedAnswer(run[0][0], ", ".join(c for c in contents if c))
 
 
@@ -117,7 +155,15 @@ def _join(run: list[tuple[int, int, str]]) -> LocatedAnswer:
 _PHRASE = re.compile(
     r"(?P<final>\bfinal\s+answer\b(?:\s+(?:to|for)\b[^.\n:$]{0,60}?)?(?:\s*[*_]{1,2})?\s*(?:is\b|:|=)?)"
     r"|(?P<colon>\banswer\s*[*_]{0,2}\s*[:=])"
-    r"|(?P<is>\banswer\s+is\b(?:\s+(?:therefore|thus|then|indeed|clearly|simply|just))?)",
+    r"|(?P<is>\banswer\s+is\b(?:\s+(?:therefore|thus|then|indeed|clearly|simply|just))?)"
+    r"|(?P<heading>(?:^|(?<=\n))[ \t#*_]*answer[*_]{0,2}(?=[ \t]*(?:\$|\\M)))",  # "Answer \\( 9 \\)", masked
+    re.IGNORECASE,
+)
+# A stated value under a condition, then another value: "The answer is 3 if unordered, and 6 if ordered."
+_HEDGED_VALUE = re.compile(
+    r"\s*(?:\$M*\$|\\M*[)\]]|-?[\d.,/]+)\s*(?:[A-Za-z]+\s+){0,3}?"  # masked maths (`mask_math`)
+    r"(?:if|when|unless|assuming|provided)\b[^.!?\n]*?(?:,|\band\b|\bor\b|\botherwise\b|\bwhile\b)"
+    r"[^.!?\n]*?(?:\d|\$|\\M)",
     re.IGNORECASE,
 )
 # A phrase followed by "not" states nothing ("The answer is not 204"); "Answer: no" is an answer.
@@ -145,7 +191,9 @@ def _statement_answers(text: str) -> list[LocatedAnswer]:
     answers = []
     for m in _PHRASE.finditer(masked):
         value = _statement_value(text, masked, m.end(), loose=m.lastgroup == "is")
-        if value is not None:
+        if value is not None and _HEDGED_VALUE.match(masked, _LEAD.match(text, m.end()).end()):  # type: ignore[union-attr]
+            answers.append(LocatedAnswer(m.start(), hedged=True))
+        elif value is not None:
             answers.append(LocatedAnswer(m.start(), value))
     return answers
 
@@ -189,40 +237,111 @@ def _statement_value(text: str, masked: str, at: int, loose: bool) -> str | None
     return None
 
 
+# ---------------------------------------------------------------------- a response that is only an answer
+
+_MAX_WHOLE_ANSWER_CHARS = 80
+_DELIMITERS = re.compile(r"\$|\\[()\[\]]")
+_CURRENCY = re.compile(r"[€£¥]")
+
+
+def whole_answer(text: str) -> LocatedAnswer | None:
+    """The response when it is only an answer, maths without prose ("-5", "1 000", "$\\frac{10}{9}$",
+    "28 %"): it is that answer, though it ends no sentence."""
+    bare = text.strip()
+    if len(bare) > _MAX_WHOLE_ANSWER_CHARS or "\n" in bare or not re.search(r"\d|\\[A-Za-z]", bare):
+        return None
+    bare = _CURRENCY.sub("", _DELIMITERS.sub(" ", _EMPHASIS.sub("", bare))).strip().rstrip(".").strip()
+    value = clean_value(bare)
+    if not value or prose_start(value) is not None:
+        return None
+    return LocatedAnswer(0, value)
+
+
 # ----------------------------------------------------------------------------- fallback: the last clause
 
 _CLAUSE_END = re.compile(r"(?<!\\)[.;!?:](?=\s|$)|(?<!\\),\s|\n")
 _HAS_MATHS = re.compile(r"\d|[$]|\\\(|\\\[")
+# Maths in masked text (`mask_math`): an environment, or a number outside one.
+_MATHS_SPAN = re.compile(r"\$M*\$|\\M*[)\]]|\d(?:[\d,.]*\d)?")
+_CONCLUSION_WORD = re.compile(
+    r"\W*(?:so|therefore|thus|hence|consequently|finally|overall|altogether|in\s+total)\b", re.IGNORECASE
+)
+_NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
+_MAX_ANSWER_LINE_CHARS = 100
+_ENDS_ON_NUMBER = re.compile(r"\d\s*(?:[€£¥$%]|m²|m³|cm²)?$")
 
 
 def ends_complete(text: str) -> bool:
-    """Does the response end a sentence or a formula (rather than stop mid-sentence, or trail off)?"""
+    """Does the response end a sentence or a formula (rather than stop mid-sentence, or trail off)? One
+    short line that ends on a number (with its unit sign) is a whole answer line: "so the number is 10
+    which is 1,000.99m²"; a response cut at its token limit is longer than that."""
     tail = text.rstrip().rstrip("*_`").rstrip()
     if tail.endswith(("...", "…")):
         return False
+    one_line = len(tail) <= _MAX_ANSWER_LINE_CHARS and "\n" not in tail and tail.count("{") == tail.count("}")
+    if one_line and _ENDS_ON_NUMBER.search(tail):  # (an unclosed brace is a cut-off formula: "\\boxed{20")
+        return True
     return tail.endswith((".", "!", "?", "$", "\\]", "\\)")) or bool(re.search(r"\\end\{[a-z*]+\}$", tail))
 
 
-def last_clause(text: str) -> LocatedAnswer | None:
+def _numbers(text: str) -> set[str]:
+    return {n.replace(",", "") for n in _NUMBER.findall(text)}
+
+
+def repeats_problem(clause: str, problem: str) -> bool:
+    """Are the clause's numbers all numbers of the problem statement ("This is the sum of the proper
+    divisors of 284." after a problem about 284)?"""
+    numbers = _numbers(clause)
+    return bool(numbers) and numbers <= _numbers(problem)
+
+
+def _negated(masked_clause: str) -> bool:
+    """Does a negation bear on the clause's last maths: anywhere after the maths before it ("would not be
+    204", "204, but that is wrong"), not before it ("is not 10 which is 1,000.99")?"""
+    spans = list(_MATHS_SPAN.finditer(masked_clause))
+    since = spans[-2].end() if len(spans) > 1 else 0
+    return _CLAUSE_NEGATION.search(masked_clause, since) is not None
+
+
+def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
     """The last clause with maths in a response that states no answer; None when the response is cut
-    off, or that clause is negated or asks a question."""
+    off, or that clause is negated or asks a question. A clause whose numbers only repeat the problem
+    gives way to a conclusion stated before it ("So the total is 76. This is the sum of the proper
+    divisors of 284.")."""
     if not ends_complete(text):
         return None
     masked = mask_math(text)
     ends = [0] + [m.end() for m in _CLAUSE_END.finditer(masked)] + [len(text)]
-    for a, b in zip(reversed(ends[:-1]), reversed(ends[1:]), strict=True):
-        if _HAS_MATHS.search(masked[a:b]):
-            clause = masked[a:b].strip()
-            if clause.endswith("?") or _CLAUSE_NEGATION.search(clause):
-                return None
-            return LocatedAnswer(a, None, text[a:b])
-    return None
+    spans = [
+        (a, b)
+        for a, b in zip(reversed(ends[:-1]), reversed(ends[1:]), strict=True)
+        if _HAS_MATHS.search(masked[a:b])
+    ]
+    if not spans:
+        return None
+    a, b = spans[0]
+    if problem and repeats_problem(text[a:b], problem):
+        conclusion = next(
+            (
+                (x, y)
+                for x, y in spans[1:]
+                if (_CONCLUSION_WORD.match(masked, x) or "=" in text[x:y])
+                and not repeats_problem(text[x:y], problem)
+            ),
+            None,
+        )
+        a, b = conclusion or (a, b)
+    clause = masked[a:b].strip()
+    if clause.endswith("?") or _negated(clause):
+        return None
+    return LocatedAnswer(a, None, text[a:b])
 
 
-def locate_answer(response: str) -> LocatedAnswer | None:
-    """The response's answer under the policy above; None when it gives none."""
+def locate_answer(response: str, problem: str = "") -> LocatedAnswer | None:
+    """The response's answer under the policy above; None when it gives none. `problem` is the problem
+    statement, where known (rule 4)."""
     text = response[-MAX_RESPONSE_CHARS:]
     stated = _box_answers(text) + _statement_answers(text)
     if stated:
         return max(stated, key=lambda a: a.start)
-    return last_clause(text)
+    return whole_answer(text) or last_clause(text, problem)
