@@ -208,9 +208,9 @@ def test_the_answer_located() -> None:
     assert _value("\\boxed{5}\n\nFinal Answer\nThe answer is above.") == "5"  # a sentence, not words
     assert _value("An unfinished \\boxed{20") == "(no answer)"
     assert _value("") == "(no answer)"
-    assert ends_complete("x = $5$") and ends_complete("so 12.") and not ends_complete("so we get")
-    assert ends_complete("so 12")  # one short line ending on a number is a whole answer line...
-    assert not ends_complete("Adding the cases one by one. " * 4 + "so 12")  # ...a longer response is cut off
+    assert ends_complete("x = $5$") and ends_complete("so 12.") and not ends_complete("so 12")
+    assert ends_complete("so it is 12")  # one short line that states a number is a whole answer line...
+    assert not ends_complete("Adding the cases one by one. " * 4 + "so it is 12")  # ...a long one is cut off
     assert not ends_complete("and then...") and ends_complete("\\[ x = 1 \\]")
 
 

@@ -105,12 +105,16 @@ _JOINING_WORDS = re.compile(r",|\band\b", re.IGNORECASE)
 _CONDITION = re.compile(
     r"\b(?:if|when|whenever|unless|otherwise|depending|assuming|provided|suppose|case)\b", re.IGNORECASE
 )
-_NEW_STATEMENT = re.compile(
-    r"\b(?:wait|actually|but|however|instead|rather|recheck|check|mistake|oops|sorry|no|not|wrong|"
-    r"incorrect|correct\w*|so|thus|hence|therefore|gives?|giving|then|let|redo|again|final)\b|n't\b|=",
+_CORRECTION = re.compile(
+    r"\b(?:wait|actually|but|however|instead|rather|re-?check\w*|check\w*|mistake|oops|sorry|wrong|"
+    r"incorrect|correct\w*|redo|again|error)\b",
     re.IGNORECASE,
 )
+_CONSEQUENCE_OR_NEGATION = re.compile(
+    r"\b(?:so|thus|hence|therefore|gives?|giving|then|let|final|no|not)\b|n't\b|=", re.IGNORECASE
+)
 _MAX_LABEL_GAP_CHARS = 80
+_MAX_HEDGE_SPAN_CHARS = 200  # two answers further apart than this are not one hedged sentence pair
 
 
 def _gap_joins(gap: str, words: str) -> bool:
@@ -121,7 +125,8 @@ def _gap_joins(gap: str, words: str) -> bool:
     return (
         len(gap) <= _MAX_LABEL_GAP_CHARS
         and _SENTENCE_END.search(words) is None
-        and _NEW_STATEMENT.search(words) is None
+        and _CORRECTION.search(words) is None
+        and _CONSEQUENCE_OR_NEGATION.search(words) is None
         and _JOINING_WORDS.search(words) is not None
     )
 
@@ -216,6 +221,8 @@ def _statement_value(text: str, masked: str, at: int, loose: bool) -> str | None
         if sep is None or _MATH_ENV.match(text, sep.end()) is None:
             break
         pos = sep.end()
+    if envs and envs[0].startswith(("\\boxed", "\\fbox")):
+        return None  # "The answer is $\\boxed{7}$": the box is the statement
     if envs:
         return ", ".join(clean_value(e) for e in envs if e) or None
     end = _SENTENCE_END.search(masked, at, at + _MAX_SENTENCE_CHARS)
@@ -240,17 +247,21 @@ def _statement_value(text: str, masked: str, at: int, loose: bool) -> str | None
 # ---------------------------------------------------------------------- a response that is only an answer
 
 _MAX_WHOLE_ANSWER_CHARS = 80
-_DELIMITERS = re.compile(r"\$|\\[()\[\]]")
+_DELIMITERS = re.compile(r"\\?\$|\\[()\[\]]")  # math delimiters, and "\\$" of a price ("\\$18.90")
 _CURRENCY = re.compile(r"[€£¥]")
+_WHOLE_ANSWER_MATHS = re.compile(r"\d|\\[A-Za-z]|[=+\-*/^<>]")
+_CHOICE = re.compile(r"\([A-E]\)")
 
 
 def whole_answer(text: str) -> LocatedAnswer | None:
     """The response when it is only an answer, maths without prose ("-5", "1 000", "$\\frac{10}{9}$",
     "28 %"): it is that answer, though it ends no sentence."""
     bare = text.strip()
-    if len(bare) > _MAX_WHOLE_ANSWER_CHARS or "\n" in bare or not re.search(r"\d|\\[A-Za-z]", bare):
+    if len(bare) > _MAX_WHOLE_ANSWER_CHARS or "\n" in bare:
         return None
     bare = _CURRENCY.sub("", _DELIMITERS.sub(" ", _EMPHASIS.sub("", bare))).strip().rstrip(".").strip()
+    if not (_WHOLE_ANSWER_MATHS.search(bare) or _CHOICE.fullmatch(bare)):  # not a lone word or variable
+        return None
     value = clean_value(bare)
     if not value or prose_start(value) is not None:
         return None
@@ -267,19 +278,23 @@ _CONCLUSION_WORD = re.compile(
     r"\W*(?:so|therefore|thus|hence|consequently|finally|overall|altogether|in\s+total)\b", re.IGNORECASE
 )
 _NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
+_CLOSING = re.compile(r"[\s.,;:!*_]*")
 _MAX_ANSWER_LINE_CHARS = 100
 _ENDS_ON_NUMBER = re.compile(r"\d\s*(?:[€£¥$%]|m²|m³|cm²)?$")
+# A line that states its number ("it's 1,000.99"), not a heading ("Step 1").
+_STATES = re.compile(r"\b(?:is|are|was|equals?|gives?|get|got|makes?)\b|=|'s\b", re.IGNORECASE)
 
 
 def ends_complete(text: str) -> bool:
     """Does the response end a sentence or a formula (rather than stop mid-sentence, or trail off)? One
-    short line that ends on a number (with its unit sign) is a whole answer line: "so the number is 10
-    which is 1,000.99m²"; a response cut at its token limit is longer than that."""
+    short line that states a number and ends on it (with its unit sign) is a whole answer line: "so the
+    number is 10 which is 1,000.99m²"; a response cut at its token limit is longer than that."""
     tail = text.rstrip().rstrip("*_`").rstrip()
     if tail.endswith(("...", "…")):
         return False
+    # (an unclosed brace is a formula cut off: "\\boxed{20")
     one_line = len(tail) <= _MAX_ANSWER_LINE_CHARS and "\n" not in tail and tail.count("{") == tail.count("}")
-    if one_line and _ENDS_ON_NUMBER.search(tail):  # (an unclosed brace is a cut-off formula: "\\boxed{20")
+    if one_line and _ENDS_ON_NUMBER.search(tail) and _STATES.search(tail):
         return True
     return tail.endswith((".", "!", "?", "$", "\\]", "\\)")) or bool(re.search(r"\\end\{[a-z*]+\}$", tail))
 
@@ -334,14 +349,35 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
     clause = masked[a:b].strip()
     if clause.endswith("?") or _negated(clause):
         return None
+    last_maths = list(_MATHS_SPAN.finditer(masked, a, b))[-1]
+    if last_maths.group(0)[0] in "$\\" and _CLOSING.fullmatch(masked, last_maths.end(), b):
+        # the clause ends on a formula ("... the value is $10 \\text{ hundred}$."): its own text is the
+        # answer, read as a statement's maths is (the answer forms apply)
+        env = _strip_delimiters(text[last_maths.start() : last_maths.end()])
+        return LocatedAnswer(a, clean_value(env) or None, text[a:b])
     return LocatedAnswer(a, None, text[a:b])
+
+
+def _hedges(masked: str, before: LocatedAnswer, last: LocatedAnswer) -> bool:
+    """Are the last two statements different answers under conditions, with no correction between them
+    ("If order matters the answer is \\boxed{6}; if not, it is \\boxed{3}.")?"""
+    if before.hedged or last.hedged or before.value == last.value:
+        return False
+    too_far = last.start - before.start > _MAX_HEDGE_SPAN_CHARS
+    if too_far or _CORRECTION.search(masked, before.start, last.start):
+        return False
+    sentence_end = _SENTENCE_END.search(masked, last.start)
+    end = sentence_end.start() if sentence_end else len(masked)
+    return _CONDITION.search(masked, max(0, before.start - _MAX_LABEL_GAP_CHARS), end) is not None
 
 
 def locate_answer(response: str, problem: str = "") -> LocatedAnswer | None:
     """The response's answer under the policy above; None when it gives none. `problem` is the problem
     statement, where known (rule 4)."""
     text = response[-MAX_RESPONSE_CHARS:]
-    stated = _box_answers(text) + _statement_answers(text)
+    stated = sorted(_box_answers(text) + _statement_answers(text), key=lambda a: a.start)
+    if len(stated) > 1 and _hedges(mask_math(text), stated[-2], stated[-1]):
+        return LocatedAnswer(stated[-1].start, hedged=True)
     if stated:
-        return max(stated, key=lambda a: a.start)
+        return stated[-1]
     return whole_answer(text) or last_clause(text, problem)

@@ -137,6 +137,7 @@ _LABEL_LHS = re.compile(
     r"\s*((?:\\(?:angle|triangle|overline)\s*)?\{?[A-Za-z]+(?:_\{?\w+\}?)?\}?\s*[:/]?\s*)+=([^=]+)"
 )
 _PERCENT = re.compile(r"\s*\\?%\s*$")
+_DECIMAL_COMMA = re.compile(r"-?\d+,\d{1,2}")  # "1,22": not thousands (3 digits after the comma)
 
 
 @functools.lru_cache(maxsize=256)  # a problem's K samples share one gold, usually in one worker's chunk
@@ -157,6 +158,8 @@ def parse_gold(gold: str, timeout_s: int = VERIFY_TIMEOUT_S) -> tuple[Any, ...]:
     candidates = parse_value(text, timeout_s) + labelled
     if _PERCENT.search(text):
         candidates += parse_value(_PERCENT.sub("", text), timeout_s)
+    if _DECIMAL_COMMA.fullmatch(text):  # a decimal comma ("1,22" = 1.22, as math-verify reads "0,111")
+        candidates += parse_value(text.replace(",", "."), timeout_s)
     return tuple(candidates)
 
 

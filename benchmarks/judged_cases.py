@@ -1,0 +1,391 @@
+"""A judged case set for the maths grader: each case is a response, a gold and the verdict a careful human
+grader signs (True: the response answers the gold). Written for rlbench in the style of the public graders'
+own suites (math-verify's number, notation, percent and model-output tests, lighteval's extractive match,
+MARIO_EVAL's and Qwen2.5-Math's equivalence tables, lm-eval Minerva's "Final Answer: The final answer is
+... I hope it is correct."), not copied from them. `benchmarks/grader_cases.py` grades them.
+
+Two parts:
+* PAIRS: an answer, a gold and whether they are equal, each written into every one of FRAMES (a box in a
+  sentence, Minerva's sentence, "The answer is:", a prose conclusion, the answer alone, a bold "Answer:");
+  the frames only place the answer, so each frame keeps the pair's verdict.
+* RESPONSES: whole responses for what the frames cannot show: which part is the answer (corrections,
+  hedges, several boxes, negations, trailing text, a sentence that repeats the problem).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Case(NamedTuple):
+    response: str
+    gold: str
+    correct: bool
+    problem: str = ""  # the problem statement, where the verdict depends on it
+    kind: str = ""
+
+
+FRAMES = {
+    "box": "Putting the steps together, the result is $\\boxed{{{a}}}$.",
+    "minerva": "We simplify as above.\nFinal Answer: The final answer is ${a}$. I hope it is correct.",
+    "metamath": "Following the steps, we get the result.\nThe answer is: {a}",
+    "prose": "Working through each case above, we find that the value is ${a}$.",
+    "alone": "{a}",
+    "bold": "All conditions hold.\n\n**Answer:** ${a}$",
+}
+
+# (answer, gold, equal)
+PAIRS: dict[str, list[tuple[str, str, bool]]] = {
+    "numbers": [
+        ("-5", "-5", True),
+        ("5", "-5", False),
+        ("7,425,000", "7425000", True),
+        ("7,425,001", "7425000", False),
+        ("1 000", "1000", True),
+        ("1 001", "1000", False),
+        ("1000.0", "1000", True),
+        ("1,000.0", "1000.0", True),
+        ("1,000.99", "1000.99", True),
+        ("1,000.98", "1000.99", False),
+        (".4", "0.4", True),
+        (".5", "0.4", False),
+        ("0.111", "0,111", True),
+        ("0.112", "0,111", False),
+        ("1.22", "1,22", True),
+        ("12", "12.0", True),
+        ("012", "12", True),
+        ("13", "12", False),
+        ("1{,}024", "1024", True),
+        ("1\\,024", "1024", True),
+        ("1\\,025", "1024", False),
+        ("2^{10}", "1024", True),
+        ("2^{10}", "1023", False),
+        ("5!", "120", True),
+        ("\\binom{5}{2}", "10", True),
+        ("\\binom{5}{3}", "9", False),
+        ("\\log_2 8", "3", True),
+        ("1.5\\times10^{3}", "1500", True),
+        ("1.5 \\cdot 10^{3}", "1500", True),
+        ("1.5\\times10^{4}", "1500", False),
+        ("10^{-3}", "0.001", True),
+        ("10^{-2}", "0.001", False),
+    ],
+    "fractions": [
+        ("\\frac{10}{9}", "10/9", True),
+        ("-\\frac{10}{9}", "-10/9", True),
+        ("\\frac{9}{10}", "10/9", False),
+        ("\\frac{10}{9}", "-10/9", False),
+        ("\\dfrac{3}{4}", "0.75", True),
+        ("\\tfrac{1}{3}", "\\frac13", True),
+        ("\\cfrac{1}{3}", "1/3", True),
+        ("\\frac13", "\\frac{1}{3}", True),
+        ("\\frac3{3}", "1", True),
+        ("\\frac{2}{4}", "\\frac12", True),
+        ("\\frac{1}{2}", "\\frac{1}{3}", False),
+        ("0.33", "\\frac13", False),
+        ("0.5", "\\frac{1}{2}", True),
+        ("0.25", "\\frac{1}{2}", False),
+        ("2\\frac{1}{2}", "\\frac52", True),
+        ("-1\\frac{1}{3}", "-\\frac43", True),
+        ("0.\\overline{3}", "\\frac13", True),
+        ("0.\\overline{6}", "\\frac13", False),
+        ("\\left( \\frac{1}{3} \\right)", "1/3", True),
+        ("\\frac{14}{3}", "\\frac{14}{3}", True),
+        ("\\frac{13}{3}", "\\frac{14}{3}", False),
+    ],
+    "roots-pi-angles": [
+        ("\\sqrt3", "\\sqrt{3}", True),
+        ("2\\sqrt{2}", "\\sqrt{8}", True),
+        ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt2}", True),
+        ("\\sqrt{3}", "3", False),
+        ("3\\sqrt{2}", "2\\sqrt{3}", False),
+        ("\\sqrt{2}+\\sqrt{3}", "\\sqrt{5+2\\sqrt6}", True),
+        ("2\\pi", "2\\pi", True),
+        ("\\frac{\\pi}{2}", "\\pi/2", True),
+        ("\\frac{\\pi}{3}", "\\pi/2", False),
+        ("4\\pi", "2\\pi", False),
+        ("90^\\circ", "90^\\circ", True),
+        ("90", "90^\\circ", True),
+        ("45^\\circ", "90^\\circ", False),
+        ("\\frac{3\\sqrt{3}}{4}", "\\frac{3}{4}\\sqrt{3}", True),
+        ("\\frac{\\sqrt{3}}{4}", "\\frac{3}{4}\\sqrt{3}", False),
+    ],
+    "expressions-equations": [
+        ("(x+1)^2", "x^2+2x+1", True),
+        ("3+2x", "2x+3", True),
+        ("2x-3", "2x+3", False),
+        ("(x-1)(x+1)", "x^2-1", True),
+        ("(x-1)^2", "x^2-1", False),
+        ("b+a", "a+b", True),
+        ("2-2p", "2-2p", True),
+        ("2+2p", "2-2p", False),
+        ("y = 3 + 2x", "y=2x+3", True),
+        ("y = 2x - 3", "y=2x+3", False),
+        ("k = \\frac{1}{3}", "\\frac13", True),
+        ("x=5", "5", True),
+        ("x=6", "5", False),
+        ("3+4i", "3+4i", True),
+        ("4i+3", "3+4i", True),
+        ("3-4i", "3+4i", False),
+        ("\\frac{x+1}{2}", "\\frac{1}{2}x+\\frac{1}{2}", True),
+        ("\\frac{x+1}{2}", "\\frac{x}{2}+1", False),
+    ],
+    "sets-tuples-intervals": [
+        ("[0,1)", "[0,1)", True),
+        ("(0,1)", "[0,1)", False),
+        ("[0,9)", "(0,9)", False),
+        ("(-\\infty, 2)\\cup(3,\\infty)", "(-\\infty,2)\\cup(3,\\infty)", True),
+        ("(-\\infty, 2]\\cup(3,\\infty)", "(-\\infty,2)\\cup(3,\\infty)", False),
+        ("\\{1,2,3\\}", "\\{3,2,1\\}", True),
+        ("\\{1,2\\}", "\\{1,2,3\\}", False),
+        ("3, 2, 1", "1,2,3", True),
+        ("1, 2", "1,2,3", False),
+        ("(3, \\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
+        ("(3, \\pi)", "\\left( 3, \\frac{\\pi}{2} \\right)", False),
+        ("(1,2)", "(2,1)", False),
+        ("(3,-1)", "(3,-1)", True),
+        ("x \\in [2,5]", "[2,5]", True),
+        ("x > 2", "(2,\\infty)", True),
+        ("x \\geq 2", "(2,\\infty)", False),
+        ("x \\le 3", "(-\\infty,3]", True),
+        ("p=-1, p=\\frac{15}{8}", "p=-1,p=\\frac{15}{8}", True),
+        ("p = -1 \\text{ and } p = \\dfrac{15}{8}", "p=-1,p=\\frac{15}{8}", True),
+        ("p = -1 \\text{ and } p = \\dfrac{15}{7}", "p=-1,p=\\frac{15}{8}", False),
+        (
+            "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+            "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}",
+            True,
+        ),
+        (
+            "\\begin{pmatrix} 1 & 2 \\\\ 4 & 3 \\end{pmatrix}",
+            "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}",
+            False,
+        ),
+        ("(1,2,3)", "\\begin{pmatrix}1\\\\2\\\\3\\end{pmatrix}", True),
+    ],
+    "percent-units-money": [
+        ("28\\%", "28\\%", True),
+        ("28", "28\\%", True),
+        ("0.28", "28\\%", True),
+        ("29\\%", "28\\%", False),
+        ("28 percent", "28\\%", True),
+        ("28 pct", "28\\%", True),
+        ("28 %", "28\\%", True),
+        ("28", "0.28", False),
+        ("28", "\\frac{28}{100}", False),
+        ("28/100", "28", False),
+        ("10 \\text{ cm}", "10", True),
+        ("10\\text{ meters}", "10", True),
+        ("11 \\text{ cm}", "10", False),
+        ("5 \\text{ dollars}", "5", True),
+        ("\\$18.90", "18.90", True),
+        ("18.9", "\\$18.90", True),
+        ("\\$19", "\\$18.90", False),
+        ("10 \\text{ hundred}", "10", False),
+        ("3 \\text{ dozen}", "3", False),
+    ],
+    "labels-text-choices": [
+        ("7:32", "S_{MBCN}:S=7:32", True),
+        ("7:33", "S_{MBCN}:S=7:32", False),
+        ("S_{MBCN}:S=7:32", "7:32", True),
+        ("AB = 5", "5", True),
+        ("AB = 6", "5", False),
+        ("\\text{Evelyn}", "\\text{Evelyn}", True),
+        ("\\text{Briana}", "\\text{Evelyn}", False),
+        ("\\text{(C)}", "\\text{(C)}", True),
+        ("(C)", "\\text{(C)}", True),
+        ("(D)", "\\text{(C)}", False),
+        ("\\textbf{(E)}\\ 27", "27", True),
+        ("\\textbf{(E)}\\ 27", "28", False),
+    ],
+}
+
+PROPER_DIVISORS = (
+    "Let $a$ be the sum of the proper divisors of 284. What is the sum of the proper divisors of $a$?"
+)
+AREA = "A rectangle has sides 12 and 5. What is the length of its diagonal?"
+
+RESPONSES: dict[str, list[Case]] = {
+    "only-an-answer": [
+        Case("-5", "-5", True),
+        Case("7,425,000", "7425000", True),
+        Case("1 000", "1000", True),
+        Case("1000.0", "1000", True),
+        Case(".4", "0.4", True),
+        Case("1,000.99", "1000.99", True),
+        Case("$1,000.99", "1000.99", True),
+        Case("1,000.99$", "1000.99", True),
+        Case("\\frac{10}{9}", "10/9", True),
+        Case("-\\frac{10}{9}", "-10/9", True),
+        Case("0.111", "0,111", True),
+        Case("$\\frac{14}{3}$", "\\frac{14}{3}", True),
+        Case("**42**", "42", True),
+        Case("42.", "42", True),
+        Case("43", "42", False),
+        Case("AZYUK2A", "2", False),
+        Case("3 or 6", "6", False),
+        Case("Step 1", "1", False),
+        Case("x", "5", False),
+    ],
+    "answer-notation": [
+        Case("Answer \\[ 9 \\]", "9", True),
+        Case("Answer $ 9 $", "9", True),
+        Case("Answer $$ 9 $$", "9", True),
+        Case("Answer \\( 9 \\)", "9", True),
+        Case("Answer \\( (9+1) \\)", "10", True),
+        Case("Answer \\[ \n 9 \n \\]", "9", True),
+        Case("Answer \\( 8 \\)", "9", False),
+        Case("$\\frac{1}{3} \\textbf{meters}$", "1/3", True),
+        Case("$k = \\frac{1}{3}$", "1/3", True),
+        Case("$\\boxed{\\frac{1}{3}}$", "1/3", True),
+    ],
+    "percent": [
+        Case("28 percent", "28\\%", True),
+        Case("28 pct", "28\\%", True),
+        Case("28 %", "28\\%", True),
+        Case("$28$ %", "28\\%", True),
+        Case("$28$ percent", "28\\%", True),
+        Case("$\\boxed{28}$ pct", "28\\%", True),
+        Case("$\\boxed{28 pct}$", "28\\%", True),
+        Case("$\\boxed{28 percent}$", "28\\%", True),
+        Case("$\\boxed{28 percentage}$", "28\\%", True),
+        Case("28", "28\\%", True),
+        Case("28", "0.28", False),
+        Case("28", "28/100", False),
+        Case("28/100", "28", False),
+        Case("28", "\\frac{28}{100}", False),
+        Case("28", "28*\\frac{1}{100}", False),
+        Case("The loss is 28 percent.", "28\\%", True),
+        Case("The loss is 27 percent.", "28\\%", False),
+    ],
+    "trailing-words-units": [
+        Case("the number is not 10 which is 1,000.99€", "1000.99", True),
+        Case("so the number is 10 which is 1,000.99m²", "1000.99", True),
+        Case("not it's not 10 it's 1,000.99m²", "1000.99", True),
+        Case("the number is 1,000.99€, not 10", "10", False),
+        Case("the number is not 1,000.99€", "1000.99", False),
+        Case("The total would not be 204", "204", False),
+        Case("So the total cost is $18.90 dollars.", "18.90", True),
+        Case("Each side measures 12 cm.", "12", True),
+        Case("Each side measures 12 cm, not 13 cm.", "13", False),
+    ],
+    "several-boxes": [
+        Case("\\boxed{(3, 3)} for part (a) and \\boxed{(1, 1)}", "(3, 3), (1, 1)", True),
+        Case("\\boxed{1} papers and \\boxed{2} bins", "1,2", True),
+        Case("\\boxed{1} papers and \\boxed{2} bins", "2", False),
+        Case("The roots are $\\boxed{2}$ and $\\boxed{-3}$.", "2,-3", True),
+        Case("The roots are $\\boxed{2}$ and $\\boxed{-3}$.", "-3", False),
+        Case("\\boxed{12} cm for the length, \\boxed{5} cm for the width", "12, 5", True),
+        Case("\\boxed{1}, \\boxed{3}", "1, 3", True),
+        Case("So \\boxed{3}. Wait, recheck: \\boxed{5}", "5", True),
+        Case("So \\boxed{3}. Wait, recheck: \\boxed{5}", "3", False),
+        Case("First \\boxed{4}, but that is wrong, and the right count is \\boxed{6}.", "6", True),
+        Case("We get $x = \\boxed{2}$, so $y = \\boxed{7}$.", "7", True),
+    ],
+    "hedged": [
+        Case(
+            "The answer is $\\boxed{3}$ if we count unordered pairs, and $\\boxed{6}$ if order matters.",
+            "6",
+            False,
+        ),
+        Case(
+            "The answer is $\\boxed{3}$ if we count unordered pairs, and $\\boxed{6}$ if order matters.",
+            "3",
+            False,
+        ),
+        Case("If the order matters the answer is $\\boxed{6}$; if not, it is $\\boxed{3}$.", "3", False),
+        Case("The answer is 10 if repetition is allowed, and 6 otherwise.", "6", False),
+        Case("The answer is $4$ when $n$ is even and $5$ when $n$ is odd.", "4", False),
+        Case("The answer is 6 if order matters. If not, the answer is 3.", "3", False),
+        Case("Either way the count is the same: \\boxed{6} if ordered and \\boxed{6} otherwise.", "6", True),
+        Case("The answer is $\\boxed{6}$ if order matters, which it does here.", "6", True),
+    ],
+    "gold-labels": [
+        Case("\\boxed{7:32}", "S_{MBCN}:S=7:32", True),
+        Case("\\boxed{32:7}", "S_{MBCN}:S=7:32", False),
+        Case("$\\boxed{p = -1 \\text{ and } p = \\dfrac{15}{8}}$", "p=-1,p=\\frac{15}{8}", True),
+        Case("\\boxed{AB = 5}", "5", True),
+        Case("\\boxed{N = 12}", "N=12", True),
+        Case("\\boxed{x^2+y^2=25}", "x^2+y^2=25", True),
+        Case("\\boxed{25}", "x^2+y^2=25", False),
+    ],
+    "prose-conclusion": [
+        Case(
+            "The first term is 3 and the ratio is 2, so the fifth term is $3 \\cdot 2^4 = 48$.",
+            "48",
+            True,
+        ),
+        Case(
+            "Adding the three cases gives 4 + 5 + 6. Therefore the total number of ways is 15.",
+            "15",
+            True,
+        ),
+        Case(
+            "The perimeter is 2(12 + 5) = 34 and the area is 60. Thus the area is 60 square units.",
+            "60",
+            True,
+        ),
+        Case("We have $a = 2$ and $b = 3$, hence $a^2 + b^2 = 13$.", "13", True),
+        Case("Thus, the smallest such number is 14,916.", "14916", True),
+        Case(
+            "So the total is 76. This is the sum of the proper divisors of 284.",
+            "284",
+            False,
+            PROPER_DIVISORS,
+        ),
+        Case(
+            "So the total is 76. This is the sum of the proper divisors of 284.", "76", True, PROPER_DIVISORS
+        ),
+        Case(
+            "The proper divisors of 220 add up to 284, and those of 284 add up to 220. Therefore the answer "
+            "is 220, which is the sum of the proper divisors of 284.",
+            "220",
+            True,
+            PROPER_DIVISORS,
+        ),
+        Case(
+            "By Pythagoras, $\\sqrt{12^2 + 5^2} = 13$. This is the diagonal of the rectangle with sides 12 "
+            "and 5.",
+            "13",
+            True,
+            AREA,
+        ),
+        Case(
+            "By Pythagoras, $\\sqrt{12^2 + 5^2} = 13$. This is the diagonal of the rectangle with sides 12 "
+            "and 5.",
+            "5",
+            False,
+            AREA,
+        ),
+        Case("The diagonal is longer than both sides, 12 and 5.", "12", False, AREA),
+        Case("The value of x is 5. Note that 5 is not 6.", "6", False),
+        Case("So is it 204?", "204", False),
+        Case("So far we have 204 pairs, but we still need to add the cases where", "204", False),
+        Case("Counting again from the start...", "3", False),
+        Case("The answer is not 204; it is 210.", "210", True),
+        Case("The answer is not 204; it is 210.", "204", False),
+    ],
+    "corrections": [
+        Case("\\boxed{204} ... I must add 24 more: the answer is 228.", "228", True),
+        Case("\\boxed{204} ... I must add 24 more: the answer is 228.", "204", False),
+        Case("We get \\boxed{3}. The final answer is 4.", "4", True),
+        Case("We get \\boxed{3}. The final answer is 4.", "3", False),
+        Case("\\boxed{56}. Let me verify: $7 \\cdot 8 = 56$. So the answer is correct.", "56", True),
+        Case("The answer is: **42**.", "42", True),
+        Case("**Final Answer**\n\\[\n\\boxed{5}\n\\]", "5", True),
+        Case("An unfinished \\boxed{20", "20", False),
+    ],
+}
+
+
+def all_cases() -> list[Case]:
+    """Every pair in every frame, then the whole responses, each with its kind."""
+    cases = [
+        Case(frame.format(a=answer), gold, equal, kind=f"{group}/{name}")
+        for group, pairs in PAIRS.items()
+        for answer, gold, equal in pairs
+        for name, frame in FRAMES.items()
+    ]
+    for kind, responses in RESPONSES.items():
+        cases += [case._replace(kind=kind) for case in responses]
+    return cases
