@@ -377,6 +377,109 @@ RESPONSES: dict[str, list[Case]] = {
     ],
 }
 
+SALLY = "Sally has 20 dollars and wants a game that costs 35 dollars. How many more dollars does she need?"
+POWER = "What is $2^{10}$?"
+NOTE = "Note: The solution above is incorrect. The correct approach is as follows:"
+RESPONSES["model-outputs"] = [
+    Case(
+        "The base area is $\\frac{1}{2} \\times 5 \\times 6 = 15$ and the height is 4. Final Answer: The "
+        "volume of $ABCDEFGH$ is 120. I hope it is correct.",
+        "120",
+        True,
+    ),
+    Case(
+        f"So the loss is $100\\% - 72\\% = 28\\%$. Final Answer: The final answer is $28 \\%$. I hope it is "
+        f"correct. {NOTE}",
+        "28\\%",
+        True,
+    ),
+    Case(
+        "The sum is $12,\\!000,\\!023$. Final Answer: The final answer is 12,000,023. I hope it is correct. "
+        "<|im_start|>user",
+        "12000023",
+        True,
+    ),
+    Case(
+        "Rounded to the nearest cent, the investment is worth $\\boxed{\\$16,\\!386.20}$. The answer is "
+        "$16,\\!386.20$. I apologize for the repetition. Here is the correct solution: To find the value we "
+        "use the formula",
+        "16386.20",
+        True,
+    ),
+    Case(
+        "Rounded to the nearest cent, the investment is worth $\\boxed{\\$16386.17}$ after 5 years.",
+        "16386.17",
+        True,
+    ),
+    Case("Solving for $x$ yields $x=1/5$, or $\\boxed{20}$ percent.", "20\\%", True),
+    Case(
+        "Dividing by 3, $b = \\boxed{\\frac{5}{3}}$. Final Answer: The final answer is $\\frac{5}{3}$. I "
+        "hope it is correct. <|im_start|>user Another one: solve $4x = 32$. <|im_start|>assistant We get "
+        "$x = \\boxed{8}$.",
+        "\\frac53",
+        True,
+    ),
+    Case(
+        "Dividing by 3, $b = \\boxed{\\frac{5}{3}}$. <|im_start|>user Another one: solve $4x = 32$. "
+        "<|im_start|>assistant We get $x = \\boxed{8}$.",
+        "8",
+        False,
+    ),
+    Case("So, the number of ways is 12.\n\nTherefore, the answer is 12.", "12", True),
+    Case("The sum of the roots is $-\\frac{b}{a} = -\\frac{-6}{2} = 3$.", "3", True),
+    Case("\\[ x = \\frac{6 \\pm 2}{4} \\]\nSo $x = 2$ or $x = 1$.", "1, 2", True),
+    Case("\\[ x = \\frac{6 \\pm 2}{4} \\]\nSo $x = 2$ or $x = 1$.", "1", False),
+    Case("The possible values are $1$, $2$, and $3$.", "1,2,3", True),
+    Case("Hence the minimum value is $\\boxed{-4}$, attained at $x = 2$.", "-4", True),
+    Case(
+        "The area is $\\boxed{24}$ square units. To double-check, the legs are 6 and 8, so "
+        "$\\frac{1}{2}\\cdot 6 \\cdot 8 = 24$.",
+        "24",
+        True,
+    ),
+    Case("\\boxed{24}\n\nNote: the problem gives a perimeter of 30.", "30", False),
+    Case(
+        "The divisors of 360 are 1, 2, 3, 4, 5, 6, 8, 9, 10, 12, 15, 18, 20, 24, 30, 36, 40, 45, 60, 72, 90, "
+        "120, 180, 360.",
+        "24",
+        False,
+    ),
+    Case("We need to compute $2^{10}$.", "1024", False, POWER),
+    Case("So $2^{10} = 1024$.", "1024", True, POWER),
+    Case("There are 5 apples left, so she ate 3.", "3", True),
+    Case("The answer is 5 apples.", "5", True),
+    Case("The final answer is $\\boxed{B}$.", "\\text{(B)}", True),
+    Case("The final answer is $\\boxed{C}$.", "\\text{(B)}", False),
+    Case("So $x = 3$ and $y = -2$, that is $(x, y) = (3, -2)$.", "(3,-2)", True),
+    Case("The probability is $\\frac{3}{8}$, or 37.5%.", "\\frac38", True),
+    Case("She needs 15 more dollars. She has 20 dollars.", "15", True, SALLY),
+    Case("She needs 15 more dollars. She has 20 dollars.", "20", False, SALLY),
+    Case("Then $n^2 = 49$, so $n = 7$ or $n = -7$. Since $n$ is positive, $n = 7$.", "7", True),
+    Case("$$\\boxed{x = 7}$$", "7", True),
+    Case("**Step 3:** Add them up: 4 + 9 = 13\n\n**Answer:** 13", "13", True),
+    Case("The answer is $\\boxed{\\text{No}}$.", "\\text{No}", True),
+    Case(
+        "Final Answer: The final answer is $3.0 \\times 10^8$ m/s. I hope it is correct.",
+        "3 \\times 10^8",
+        True,
+    ),
+    Case("Final Answer: The final answer is $\\frac{1}{4}$. I hope it is correct.", "0.25", True),
+    Case("I think the answer is 12, but I'm not sure. It could be 13.", "12", False),
+    Case("I think the answer is 12, but I'm not sure. It could be 13.", "13", False),
+    Case(
+        "The sum of the proper divisors of 284 is 220. The sum of the proper divisors of 220 is 284.",
+        "284",
+        True,
+        PROPER_DIVISORS,
+    ),
+    Case(
+        "To find the sum of the proper divisors of 284, we list them: 1, 2, 4, 71, 142. Their sum is",
+        "220",
+        False,
+        PROPER_DIVISORS,
+    ),
+]
+
 
 def all_cases() -> list[Case]:
     """Every pair in every frame, then the whole responses, each with its kind."""

@@ -167,8 +167,8 @@ _PHRASE = re.compile(
 # A stated value under a condition, then another value: "The answer is 3 if unordered, and 6 if ordered."
 _HEDGED_VALUE = re.compile(
     r"\s*(?:\$M*\$|\\M*[)\]]|-?[\d.,/]+)\s*(?:[A-Za-z]+\s+){0,3}?"  # masked maths (`mask_math`)
-    r"(?:if|when|unless|assuming|provided)\b[^.!?\n]*?(?:,|\band\b|\bor\b|\botherwise\b|\bwhile\b)"
-    r"[^.!?\n]*?(?:\d|\$|\\M)",
+    r"(?:if|when|unless|assuming|provided)\b[^.!?\n]{0,200}?(?:,|\band\b|\bor\b|\botherwise\b|\bwhile\b)"
+    r"[^.!?\n]{0,200}?(?:\d|\$|\\M)",  # bounded: one sentence, and linear on hostile text
     re.IGNORECASE,
 )
 # A phrase followed by "not" states nothing ("The answer is not 204"); "Answer: no" is an answer.
@@ -336,26 +336,47 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
         return None
     a, b = spans[0]
     if problem and repeats_problem(text[a:b], problem):
-        conclusion = next(
-            (
-                (x, y)
-                for x, y in spans[1:]
-                if (_CONCLUSION_WORD.match(masked, x) or "=" in text[x:y])
-                and not repeats_problem(text[x:y], problem)
-            ),
-            None,
-        )
-        a, b = conclusion or (a, b)
+        # a result stated before it ("So the total is 76.", "She needs 15 more dollars.") is the answer
+        result = next(((x, y) for x, y in spans[1:] if not repeats_problem(text[x:y], problem)), None)
+        a, b = result or (a, b)
     clause = masked[a:b].strip()
     if clause.endswith("?") or _negated(clause):
         return None
-    last_maths = list(_MATHS_SPAN.finditer(masked, a, b))[-1]
-    if last_maths.group(0)[0] in "$\\" and _CLOSING.fullmatch(masked, last_maths.end(), b):
-        # the clause ends on a formula ("... the value is $10 \\text{ hundred}$."): its own text is the
-        # answer, read as a statement's maths is (the answer forms apply)
-        env = _strip_delimiters(text[last_maths.start() : last_maths.end()])
-        return LocatedAnswer(a, clean_value(env) or None, text[a:b])
+    formulas = _closing_formulas(text, masked, a, b)
+    if formulas and problem and not _states_result(text, masked, a, b) and copies_problem(formulas, problem):
+        return None  # "We need to compute $2^{10}$.": the problem's own formula, not an answer
+    if formulas:
+        # the clause ends on formulas ("... the value is $10 \\text{ hundred}$.", "are $1$, $2$ and $3$."):
+        # their own text is the answer, read as a statement's maths is (the answer forms apply)
+        return LocatedAnswer(a, ", ".join(clean_value(f) for f in formulas) or None, text[a:b])
     return LocatedAnswer(a, None, text[a:b])
+
+
+def copies_problem(formulas: list[str], problem: str) -> bool:
+    """Is every formula written, as it stands, in the problem statement?"""
+    statement = re.sub(r"\s+", "", problem)
+    return all(re.sub(r"\s+", "", f) in statement for f in formulas)
+
+
+def _states_result(text: str, masked: str, a: int, b: int) -> bool:
+    return bool(_CONCLUSION_WORD.match(masked, a)) or "=" in text[a:b]
+
+
+def _closing_formulas(text: str, masked: str, a: int, b: int) -> list[str]:
+    """The formulas a clause ends on: its last math environment, with the ones before it that separators
+    join ("$1$, $2$, and $3$", "$x = 2$ or $x = 1$", across the commas that end clauses); [] when the
+    clause ends on a bare number or words."""
+    found = list(_MATHS_SPAN.finditer(masked, max(0, a - _MAX_SENTENCE_CHARS), b))
+    if not found or found[-1].start() < a or not _CLOSING.fullmatch(masked, found[-1].end(), b):
+        return []
+    run: list[re.Match[str]] = []
+    for m in reversed(found):
+        if m.group(0)[0] not in "$\\" or (
+            run and not _ENV_SEPARATOR.fullmatch(masked, m.end(), run[0].start())
+        ):
+            break
+        run.insert(0, m)
+    return [_strip_delimiters(text[m.start() : m.end()]).strip() for m in run]
 
 
 def _hedges(masked: str, before: LocatedAnswer, last: LocatedAnswer) -> bool:
@@ -371,12 +392,43 @@ def _hedges(masked: str, before: LocatedAnswer, last: LocatedAnswer) -> bool:
     return _CONDITION.search(masked, max(0, before.start - _MAX_LABEL_GAP_CHARS), end) is not None
 
 
+# Doubt about the stated answer, offering another: "I think the answer is 12, but ... It could be 13."
+_DOUBT = re.compile(
+    r"\b(?:it|answer|this|that|value|result)\s+(?:could|might|may)\s+(?:also\s+)?be\b|\bor\s+(?:maybe|perhaps)\b",
+    re.IGNORECASE,
+)
+# A chat template's turn marker: what follows is another turn (a hallucinated user), not this response.
+_TURN_MARKER = re.compile(r"<\|(?:im_start|im_end|eot_id|endoftext|start_header_id|end_of_turn)\|>")
+
+
+def _doubted(masked: str, last: LocatedAnswer) -> bool:
+    doubt = _DOUBT.search(masked, last.start + 1)
+    if doubt is None:
+        return False
+    sentence_end = _SENTENCE_END.search(masked, doubt.end())
+    return (
+        _MATHS_SPAN.search(masked, doubt.end(), sentence_end.start() if sentence_end else len(masked))
+        is not None
+    )
+
+
+def own_turn(response: str) -> str:
+    """The response up to the first turn marker that follows some text of its own."""
+    for marker in _TURN_MARKER.finditer(response):
+        if response[: marker.start()].strip():
+            return response[: marker.start()]
+    return response
+
+
 def locate_answer(response: str, problem: str = "") -> LocatedAnswer | None:
     """The response's answer under the policy above; None when it gives none. `problem` is the problem
     statement, where known (rule 4)."""
-    text = response[-MAX_RESPONSE_CHARS:]
+    text = own_turn(response[-MAX_RESPONSE_CHARS:])
     stated = sorted(_box_answers(text) + _statement_answers(text), key=lambda a: a.start)
-    if len(stated) > 1 and _hedges(mask_math(text), stated[-2], stated[-1]):
+    masked = mask_math(text) if stated else ""
+    if stated and (
+        len(stated) > 1 and _hedges(masked, stated[-2], stated[-1]) or _doubted(masked, stated[-1])
+    ):
         return LocatedAnswer(stated[-1].start, hedged=True)
     if stated:
         return stated[-1]
