@@ -381,6 +381,13 @@ SALLY = "Sally has 20 dollars and wants a game that costs 35 dollars. How many m
 POWER = "What is $2^{10}$?"
 NOTE = "Note: The solution above is incorrect. The correct approach is as follows:"
 RESPONSES["model-outputs"] = [
+    # SmolLM2-135M-Instruct, math500-precalculus/927 (greedy, 2026-11-26), the end of its response
+    Case(
+        "So, the angle between these lines is the inverse tangent of 90 degrees.\n\nThis is the answer.",
+        "90^\\circ",
+        False,
+    ),
+    Case("So the total is 76. This is the sum of the proper divisors of 284.", "284", False),
     Case(
         "The base area is $\\frac{1}{2} \\times 5 \\times 6 = 15$ and the height is 4. Final Answer: The "
         "volume of $ABCDEFGH$ is 120. I hope it is correct.",

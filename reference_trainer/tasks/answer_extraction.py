@@ -279,6 +279,12 @@ _CONCLUSION_WORD = re.compile(
 )
 _NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
 _CLOSING = re.compile(r"[\s.,;:!*_]*")
+# A named function of the clause's last number: the clause states its value, not the number.
+_FUNCTION_OF = re.compile(
+    r"\b(?:tangent|sine|cosine|arc\w+|root|logarithm|log|sum|product|square|cube|reciprocal|half|twice|double|"
+    r"factorial|divisors?|inverse)\s+of\s+(?:the\s+number\s+)?$",
+    re.IGNORECASE,
+)
 _MAX_ANSWER_LINE_CHARS = 100
 _ENDS_ON_NUMBER = re.compile(r"\d\s*(?:[€£¥$%]|m²|m³|cm²)?$")
 # A line that states its number ("it's 1,000.99"), not a heading ("Step 1").
@@ -342,6 +348,11 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
     clause = masked[a:b].strip()
     if clause.endswith("?") or _negated(clause):
         return None
+    maths = list(_MATHS_SPAN.finditer(masked, a, b))
+    if not maths:
+        return None  # a lone "$", no formula or number
+    if _FUNCTION_OF.search(masked, a, maths[-1].start()):
+        return None  # "the angle is the inverse tangent of 90 degrees" states arctan(90), not 90
     formulas = _closing_formulas(text, masked, a, b)
     if formulas and problem and not _states_result(text, masked, a, b) and copies_problem(formulas, problem):
         return None  # "We need to compute $2^{10}$.": the problem's own formula, not an answer
