@@ -487,6 +487,62 @@ RESPONSES["model-outputs"] = [
     ),
 ]
 
+# Written after the grader changes above, before grading them once (the first result is in docs/eval.md).
+ERROR_FOUND = "The answer is $\\frac{1}{2}$. Wait, I made an error: the answer is $\\frac{1}{3}$."
+REMAINDER = "What is the remainder when 17 is divided by 5?"
+RESPONSES["held-out"] = [
+    Case("\\boxed{\\frac{\\sqrt{3}}{3}}", "\\frac{1}{\\sqrt{3}}", True),
+    Case("\\boxed{2\\sqrt{3}}", "\\sqrt{12}", True),
+    Case("\\boxed{3.14}", "\\pi", False),
+    Case("\\boxed{e^{i\\pi}}", "-1", True),
+    Case("\\boxed{\\infty}", "\\infty", True),
+    Case("\\boxed{-\\infty}", "\\infty", False),
+    Case("\\boxed{\\emptyset}", "\\varnothing", True),
+    Case("\\boxed{50\\%}", "\\frac{1}{2}", True),
+    Case("\\boxed{\\text{Monday}}", "\\text{monday}", True),
+    Case("\\boxed{\\text{(A)}}", "A", True),
+    Case("\\boxed{\\sin^2 x + \\cos^2 x}", "1", True),
+    Case("\\boxed{[1, 2]}", "[1,2]", True),
+    Case("\\boxed{(1,2]}", "[1,2]", False),
+    Case("\\boxed{x \\in (-\\infty, 0)}", "(-\\infty,0)", True),
+    Case("\\boxed{\\text{D}}", "D", True),
+    Case("\\boxed{(-\\infty,-1]\\cup[1,\\infty)}", "(-\\infty,-1] \\cup [1, \\infty)", True),
+    Case("\\boxed{y=-2x+1}", "y=-2x+1", True),
+    Case("\\boxed{2x+y-1=0}", "y=-2x+1", True),
+    Case("Final Answer: The final answer is $\\$4.50$. I hope it is correct.", "4.50", True),
+    Case("Final Answer: The final answer is 10\\%. I hope it is correct.", "10", True),
+    Case("Final Answer: The final answer is $x^2+7x+10$. I hope it is correct.", "(x+2)(x+5)", True),
+    Case("Final Answer: The final answer is $x^2+7x+12$. I hope it is correct.", "(x+2)(x+5)", False),
+    Case("We get \\boxed{}. The answer is 5.", "5", True),
+    Case("The answer is 5.", "-5", False),
+    Case("The final answer is $\\boxed{2}$ or $\\boxed{3}$.", "2", False),
+    Case("\\boxed{2, 3}", "2", False),
+    Case("\\boxed{x = 2}", "x = 2, x = 3", False),
+    Case(ERROR_FOUND, "\\frac12", False),
+    Case(ERROR_FOUND, "\\frac13", True),
+    Case("The answer is 4. Let me double-check: 2 + 2 = 4. Yes.", "4", True),
+    Case("We find $x=3$. However, $x=3$ makes the denominator zero, so there is no solution.", "3", False),
+    Case("The equation has solutions $x=2$ and $x=3$, but only $x=2$ satisfies the condition.", "2", True),
+    Case("The equation has solutions $x=2$ and $x=3$, but only $x=2$ satisfies the condition.", "2,3", False),
+    Case("The answer is 7. Do you want me to explain more?", "7", True),
+    Case("Answer: 7 or 8", "7", False),
+    Case("Let's say the number of apples is 5. Then the number of oranges is 5 + 3 = 8. So the total is "
+         "5 + 8 = 13.", "13", True),
+    Case("Let's say the number of apples is 5. Then the number of oranges is 5 + 3 = 8. So the total is "
+         "5 + 8 = 13.", "8", False),
+    Case("The answer is 12 (or 13 if we include zero).", "12", False),
+    Case("The answer is 12 (that is, a dozen).", "12", True),
+    Case("Thus there are $\\boxed{6}$ ways to arrange them, since $3! = 6$.", "6", True),
+    Case("So $a = 3$, $b = 4$, and the hypotenuse is $c = 5$.", "5", True),
+    Case("So $a = 3$, $b = 4$, and the hypotenuse is $c = 5$.", "4", False),
+    Case("The remainder is 2 when 17 is divided by 5.", "2", True, REMAINDER),
+    Case("When 17 is divided by 5, the remainder is 2.", "5", False, REMAINDER),
+    Case("The largest of 220 and 284 is 284.", "284", True, "Which is larger, 220 or 284?"),
+    Case("**Final Answer**\n\\[\n\\boxed{\\dfrac{7}{2}}\n\\]", "3.5", True),
+    Case("The answer is $\\boxed{7}$ because $7 = 3 + 4$, not $8$.", "7", True),
+    Case("The answer is $\\boxed{7}$ because $7 = 3 + 4$, not $8$.", "8", False),
+]  # fmt: skip
+
 
 def all_cases() -> list[Case]:
     """Every pair in every frame, then the whole responses, each with its kind."""

@@ -279,6 +279,13 @@ _CONCLUSION_WORD = re.compile(
 )
 _NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
 _CLOSING = re.compile(r"[\s.,;:!*_]*")
+_SUBORDINATE = re.compile(r"\b(?:when|if|since|because|where|given|for|after|as)\b", re.IGNORECASE)
+# A conclusion, in words, that there is no answer: the maths before it was ruled out.
+_NO_SOLUTION = re.compile(
+    r"\bno\s+(?:real\s+|integer\s+|such\s+|possible\s+)?(?:solutions?|answers?|values?)\b"
+    r"|\bdoes\s+not\s+exist\b|\bimpossible\b",
+    re.IGNORECASE,
+)
 # A named function of the clause's last number: the clause states its value, not the number.
 _FUNCTION_OF = re.compile(
     r"\b(?:tangent|sine|cosine|arc\w+|root|logarithm|log|sum|product|square|cube|reciprocal|half|twice|double|"
@@ -340,11 +347,15 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
     ]
     if not spans:
         return None
+    if _NO_SOLUTION.search(masked, spans[0][0]):
+        return None  # "We find $x=3$. However, $x=3$ makes the denominator zero, so there is no solution."
     a, b = spans[0]
     if problem and repeats_problem(text[a:b], problem):
         # a result stated before it ("So the total is 76.", "She needs 15 more dollars.") is the answer
         result = next(((x, y) for x, y in spans[1:] if not repeats_problem(text[x:y], problem)), None)
         a, b = result or (a, b)
+    if problem:
+        b = _without_restated_condition(text, masked, a, b, problem)
     clause = masked[a:b].strip()
     if clause.endswith("?") or _negated(clause):
         return None
@@ -361,6 +372,16 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
         # their own text is the answer, read as a statement's maths is (the answer forms apply)
         return LocatedAnswer(a, ", ".join(clean_value(f) for f in formulas) or None, text[a:b])
     return LocatedAnswer(a, None, text[a:b])
+
+
+def _without_restated_condition(text: str, masked: str, a: int, b: int, problem: str) -> int:
+    """Where the clause ends once a trailing condition that only repeats the problem is cut ("The
+    remainder is 2 | when 17 is divided by 5."): the end of the result it states before it."""
+    for word in _SUBORDINATE.finditer(masked, a, b):
+        before, after = text[a : word.start()], text[word.start() : b]
+        if repeats_problem(after, problem) and _numbers(before) - _numbers(problem):
+            return word.start()
+    return b
 
 
 def copies_problem(formulas: list[str], problem: str) -> bool:

@@ -13,7 +13,8 @@ parsing (no option of math-verify covers these):
 * `0.\\overline{3}` does not parse; a repeating decimal becomes its fraction.
 * `2 1/2` parses as 3/2; a mixed number written with a slash becomes one fraction (`2\\frac{1}{2}` is
   read as 5/2 by latex2sympy already).
-* `\\lor`/`\\vee` do not parse; they become "or" (see `answer_equality.or_union`).
+* `\\lor`/`\\vee` do not parse; they become "or" (see `answer_equality.or_union`); `\\varnothing` and
+  `\\{\\}` become `\\emptyset`, the empty set's one spelling math-verify parses.
 * number words ("two hundred four") become digits.
 * a number grouped in thousands by spaces (`1 000`, `1\\,000`) parses as the product 1*0: the separators go.
 * a percentage in words or spaced (`28 percent`, `28 pct`, `28 %`) is `28\\%`, as math-verify writes it.
@@ -77,6 +78,7 @@ _TRAILING_UNITS = re.compile(
 _REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\s*\{(\d+)\}")
 _MIXED = re.compile(r"\s*(-?)(\d+)\s+(\d+)\s*/\s*(\d+)\s*")
 _OR_SYMBOLS = re.compile(r"\\(?:lor|vee)(?![A-Za-z])")
+_EMPTY_SET = re.compile(r"\\varnothing(?![A-Za-z])|\\\{\s*\\\}")  # math-verify parses only \emptyset
 # Thousands separators math-verify does not know (it reads "7,425,000" and "1{,}000" already); "0,111" is
 # a decimal comma (math-verify: 0.111), never a grouped number.
 _GROUPED_NUMBER = re.compile(r"-?[1-9]\d{0,2}(?:(?:\s|~|\\[ ,;:!]|,|\{,\})\d{3})+(?:\.\d+)?")
@@ -119,6 +121,7 @@ def clean_value(value: str) -> str:
         sign, whole, num, den = m.groups()
         text = f"{sign}\\frac{{{int(whole) * int(den) + int(num)}}}{{{den}}}"
     text = _OR_SYMBOLS.sub(r"\\text{ or }", text)
+    text = _EMPTY_SET.sub(r"\\emptyset", text)
     if (number := number_from_words(text)) is not None:
         text = str(number)
     return text.strip()
