@@ -6,7 +6,7 @@ negatives per thousand cases, by kind.
 Every case is graded as `rlbench eval` grades a sample: in the grading pool (forked workers, the wall-clock
 limit and the one retry after a timeout), with the problem statement where the case has one. A false
 positive is a case judged wrong that the grader passes; a false negative one judged right that it fails.
-Prints a table and every disagreement, and writes benchmarks/results/grader_cases.json.
+Prints a table and every disagreement, and writes benchmarks/results/grader_cases.json (or --out).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from benchmarks.judged_cases import Case, all_cases
@@ -24,10 +25,16 @@ from rlbench.eval.pool import GradingPool
 RESULT_PATH = Path(__file__).parent / "results" / "grader_cases.json"
 
 
+def math_item(response: str, gold: str, item_id: str, problem: str) -> GradeItem:
+    """A maths item for the grader on the path; one older than the problem-aware grader (run with an older
+    checkout first on PYTHONPATH, to compare) is given no problem statement."""
+    if "problem" in {f.name for f in fields(GradeItem)}:
+        return GradeItem("math", response, gold, id=item_id, problem=problem)
+    return GradeItem("math", response, gold, id=item_id)
+
+
 def grade_cases(cases: list[Case], workers: int) -> list[GradeResult]:
-    items = [
-        GradeItem("math", c.response, c.gold, id=f"case-{i}", problem=c.problem) for i, c in enumerate(cases)
-    ]
+    items = [math_item(c.response, c.gold, f"case-{i}", c.problem) for i, c in enumerate(cases)]
     with GradingPool(workers=workers) as pool:
         return pool.grade(items)
 
@@ -40,6 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--show-agreeing", action="store_true", help="also print the cases graded as judged")
+    parser.add_argument("--out", type=Path, default=RESULT_PATH)
     args = parser.parse_args()
     cases = all_cases()
     start = time.perf_counter()
@@ -74,7 +82,7 @@ def main() -> None:
         print(f"{d['verdict'].upper()} [{d['kind']}] gold {d['gold']!r}: {d['response']!r}")
         print(f"    extracted {d['extracted']!r}")
     write_json(
-        RESULT_PATH,
+        args.out,
         {
             "cases": len(cases),
             "false_positives": total["fp"],

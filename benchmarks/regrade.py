@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import fields
 from pathlib import Path
 
+from benchmarks.grader_cases import math_item
 from reference_trainer.errors import UserError
-from reference_trainer.tasks.grading import GradeItem
 from reference_trainer.trace.records import read_json, read_jsonl, write_json
 from rlbench.eval.pool import GradingPool
 from rlbench.eval.suites import get_suite
@@ -32,14 +31,12 @@ def regrade(run_dir: Path, data_dir: Path, pool: GradingPool) -> dict[str, dict]
     """{"problem-id#sample": {"correct", "extracted"}} for every response of one run."""
     suite_name = read_json(run_dir / "run_config.json")["config"]["suite"]
     statements = _problems(data_dir, suite_name)
-    takes_problem = "problem" in {f.name for f in fields(GradeItem)}
     rows = read_jsonl(run_dir / "problems.jsonl", ("id", "gold", "responses"))
     items, keys = [], []
     for row in rows:
         statement = statements.get(row["id"], "")
         for j, response in enumerate(row["responses"]):
-            extra = {"problem": statement} if takes_problem else {}
-            items.append(GradeItem("math", response, row["gold"], id=f"{row['id']}#{j}", **extra))
+            items.append(math_item(response, row["gold"], f"{row['id']}#{j}", statement))
             keys.append(f"{row['id']}#{j}")
     results = pool.grade(items)
     return {k: {"correct": r.correct, "extracted": r.extracted} for k, r in zip(keys, results, strict=True)}

@@ -7,18 +7,26 @@ comma separates them ("So \\boxed{3}. Wait, recheck: \\boxed{5}" gives 3,5), and
 fires on a negated or cut-off sentence ("The answer is not 204; it is 210." gives 204). It has no option for
 any of these, so the answer is located here and only the answer's own text is handed to math-verify to parse:
 
-1. An answer statement is a box (`\\boxed{}`/`\\fbox{}`; boxes in one sentence joined by commas, "and" or
-   "or", with or without labels between them, are one answer, a list; joined under conditions, "3 if ...,
-   and 6 if ...", they are a hedge, which states no answer) or an answer phrase ("final answer: X", "the
-   final answer is X", "answer: X", "the answer is X", "Answer $X$"); a phrase followed by "not" states
-   nothing.
-2. The last statement in the response is its answer: a later statement corrects an earlier one.
-3. A response that is only an answer ("-5", "7,425,000", "$\\frac{10}{9}$", "28 %") is that answer.
-4. Otherwise the last clause that holds maths is read (math-verify's rightmost expression), but not when
-   the response stops mid-sentence (cut off at its token limit), when a negation bears on that clause's
-   last maths ("would not be 204"; "is not 10 which is 1,000.99" answers 1,000.99) or when it is a
-   question; and, when the problem is known, not a clause whose numbers only repeat the problem when a
-   conclusion ("so ... is 76", "therefore", "=") was stated before it: that conclusion is the answer.
+An answer statement is a box (`\\boxed{}`/`\\fbox{}`) or an answer phrase ("final answer: X", "the final
+answer is X", "answer: X", "the answer is X", "Answer $X$"). The rules, numbered as in docs/eval.md:
+
+1. The last statement in the response is its answer: a later statement corrects an earlier one. Boxes of
+   one sentence joined by separators or labels ("\\boxed{1} papers and \\boxed{2} bins") are one answer,
+   a list.
+2. Different answers under conditions ("\\boxed{3} if unordered, and \\boxed{6} if ordered"), or a stated
+   answer doubted in favour of another, are a hedge: no answer.
+3. A phrase states the maths or the few words after it; followed by "not" it states nothing.
+4. A response that is only an answer ("-5", "7,425,000", "$\\frac{10}{9}$", "28 %") is that answer.
+5. Otherwise the last clause that holds maths is read (math-verify's rightmost expression, or the
+   formulas it ends on), but not when the response stops mid-sentence (cut off at its token limit), when
+   a negation bears on that clause's last maths ("would not be 204"; "is not 10 which is 1,000.99"
+   answers 1,000.99), when it is a question or names a function of its number ("the inverse tangent of
+   90"), or when a later sentence says there is no solution. With the problem statement: a clause whose
+   numbers only repeat the problem gives way to an earlier clause with a number of its own ("So the total
+   is 76. This is the sum of the proper divisors of 284." answers 76), and a clause that only copies a
+   formula of the problem is no answer.
+
+Text after a chat template's turn marker ("<|im_start|>") is another turn, not the response.
 """
 
 from __future__ import annotations
@@ -454,7 +462,7 @@ def own_turn(response: str) -> str:
 
 def locate_answer(response: str, problem: str = "") -> LocatedAnswer | None:
     """The response's answer under the policy above; None when it gives none. `problem` is the problem
-    statement, where known (rule 4)."""
+    statement, where known (rule 5)."""
     text = own_turn(response[-MAX_RESPONSE_CHARS:])
     stated = sorted(_box_answers(text) + _statement_answers(text), key=lambda a: a.start)
     masked = mask_math(text) if stated else ""
