@@ -9,7 +9,7 @@ last clause (`ExprExtractionConfig` too: plain "1,250"). The gold is parsed the 
 suites' gold format needs: a single-letter "N=" prefix is dropped (math-verify folds case, so "N=n" would
 parse as Eq(n, n)); a percentage also matches its bare number (62.5% = 62.5, as the Qwen harness grades);
 a gold with prose after its formula ("f(x)=ax+b, where b is ...") is graded by that formula, or by the whole
-text verbatim.
+text verbatim; a gold with a label ("S_{MBCN}:S=7:32") also matches its value; "1,22" is also 1.22.
 
 Model output is untrusted text: nothing here evaluates it (no eval/exec/sympify). math-verify parses LaTeX
 with its own grammar and plain expressions only of digits and operators. Every call runs in a forked worker
@@ -171,7 +171,7 @@ def grade_math(
     response: str, gold: str, timeout_s: int = VERIFY_TIMEOUT_S, problem: str = ""
 ) -> tuple[str | None, bool]:
     """(extracted answer text, correct) for one response against the gold; `problem` is the problem
-    statement where known (a clause that only repeats it is not the answer after a conclusion)."""
+    statement where known (a clause that only repeats it gives way to a result stated before it)."""
     pred = parse_answer(response, timeout_s, problem)
     extracted = answer_text(pred)
     return extracted, extracted is not None and equivalent(parse_gold(gold, timeout_s), pred, timeout_s)
@@ -205,7 +205,7 @@ class GradeItem:
     solution: list[bool] | None = None
     id: str = ""  # "problem-id#sample", named in the one line a failure logs
     verify_timeout_s: int = VERIFY_TIMEOUT_S  # longer on the one retry after a timeout
-    problem: str = ""  # the problem statement (maths: a clause that only repeats it is not the answer)
+    problem: str = ""  # the problem statement (maths: a clause that only repeats it gives way, rule 5)
 
 
 @dataclass
