@@ -388,6 +388,14 @@ RESPONSES["model-outputs"] = [
         False,
     ),
     Case("So the total is 76. This is the sum of the proper divisors of 284.", "284", False),
+    # SmolLM2-135M-Instruct, math500-algebra/567 (greedy, 2026-11-26): the conclusion, then the problem again
+    Case(
+        "So, the solution to the equation is $x=3$.\n\nThis is the largest value of $x$ that satisfies the "
+        "equation $|5x-1|=x+3$.",
+        "3",
+        True,
+        "Find the largest value of $x$ that satisfies the equation $|5x-1|=x+3$.",
+    ),
     Case(
         "The base area is $\\frac{1}{2} \\times 5 \\times 6 = 15$ and the height is 4. Final Answer: The "
         "volume of $ABCDEFGH$ is 120. I hope it is correct.",

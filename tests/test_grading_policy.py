@@ -198,6 +198,7 @@ MATH_CASES = {
 # before it (SmolLM2-135M on MATH-500 number_theory/737 was graded correct by the 284 of its last sentence).
 DIVISORS = "Let $a$ be the sum of the proper divisors of 284. What is the sum of the proper divisors of $a$?"
 REMAINDER = "What is the remainder when 17 is divided by 5?"
+ABSOLUTE = "Find the largest value of $x$ that satisfies the equation $|5x-1|=x+3$."
 PROBLEM_AWARE = [
     ("So the total is 76. This is the sum of the proper divisors of 284.", "284", DIVISORS, False),
     ("So the total is 76. This is the sum of the proper divisors of 284.", "76", DIVISORS, True),
@@ -206,6 +207,14 @@ PROBLEM_AWARE = [
     ("We need to compute $2^{10}$.", "1024", "What is $2^{10}$?", False),
     ("So $2^{10} = 1024$.", "1024", "What is $2^{10}$?", True),
     ("The larger one is 284.", "284", "Which is larger, 220 or 284?", True),  # nothing stated before it
+    # SmolLM2-135M on MATH-500 algebra/567: the conclusion, then the problem's equation again
+    (
+        "So, the solution to the equation is $x=3$.\n\nThis is the largest value of $x$ that satisfies the "
+        "equation $|5x-1|=x+3$.",
+        "3",
+        ABSOLUTE,
+        True,
+    ),
 ]
 
 NAMES = ["Zoey", "Penelope", "David"]

@@ -286,6 +286,8 @@ _CONCLUSION_WORD = re.compile(
     r"\W*(?:so|therefore|thus|hence|consequently|finally|overall|altogether|in\s+total)\b", re.IGNORECASE
 )
 _NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
+_CONCLUSION_BEFORE = re.compile(r"\b(?:so|therefore|thus|hence|consequently|finally)\s*,\s*$", re.IGNORECASE)
+_MAX_RESULT_LOOKBACK_CLAUSES = 6  # a result further back than this is not what the ending restates
 _CLOSING = re.compile(r"[\s.,;:!*_]*")
 _SUBORDINATE = re.compile(r"\b(?:when|if|since|because|where|given|for|after|as)\b", re.IGNORECASE)
 # A conclusion, in words, that there is no answer: the maths before it was ruled out.
@@ -331,6 +333,11 @@ def repeats_problem(clause: str, problem: str) -> bool:
     return bool(numbers) and numbers <= _numbers(problem)
 
 
+def _affirms(masked_clause: str) -> bool:
+    """Does the clause state its maths: no question ("So is it 204?"), no negation bearing on it?"""
+    return not masked_clause.strip().endswith("?") and not _negated(masked_clause)
+
+
 def _negated(masked_clause: str) -> bool:
     """Does a negation bear on the clause's last maths: anywhere after the maths before it ("would not be
     204", "204, but that is wrong"), not before it ("is not 10 which is 1,000.99")?"""
@@ -358,14 +365,23 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
     if _NO_SOLUTION.search(masked, spans[0][0]):
         return None  # "We find $x=3$. However, $x=3$ makes the denominator zero, so there is no solution."
     a, b = spans[0]
-    if problem and repeats_problem(text[a:b], problem):
-        # a result stated before it ("So the total is 76.", "She needs 15 more dollars.") is the answer
-        result = next(((x, y) for x, y in spans[1:] if not repeats_problem(text[x:y], problem)), None)
+    if problem and repeats_problem(text[a:b], problem) and not _opens_conclusion(masked, a):
+        # a result stated shortly before it is the answer: a conclusion ("So the total is 76.", "so ... is
+        # $x=3$") or a number of its own ("She needs 15 more dollars.")
+        earlier = spans[1 : 1 + _MAX_RESULT_LOOKBACK_CLAUSES]
+        result = next(
+            (
+                (x, y)
+                for x, y in earlier
+                if (_states_result(text, masked, x, y) or not repeats_problem(text[x:y], problem))
+                and _affirms(masked[x:y])
+            ),
+            None,
+        )
         a, b = result or (a, b)
     if problem:
         b = _without_restated_condition(text, masked, a, b, problem)
-    clause = masked[a:b].strip()
-    if clause.endswith("?") or _negated(clause):
+    if not _affirms(masked[a:b]):
         return None
     maths = list(_MATHS_SPAN.finditer(masked, a, b))
     if not maths:
@@ -399,7 +415,13 @@ def copies_problem(formulas: list[str], problem: str) -> bool:
 
 
 def _states_result(text: str, masked: str, a: int, b: int) -> bool:
-    return bool(_CONCLUSION_WORD.match(masked, a)) or "=" in text[a:b]
+    """Is the clause a conclusion: opened by "so", "therefore", ... (its own first word, or its sentence's:
+    "So, the solution is $x=3$."), or an equation?"""
+    return _opens_conclusion(masked, a) or "=" in text[a:b]
+
+
+def _opens_conclusion(masked: str, a: int) -> bool:
+    return bool(_CONCLUSION_WORD.match(masked, a) or _CONCLUSION_BEFORE.search(masked, max(0, a - 20), a))
 
 
 def _closing_formulas(text: str, masked: str, a: int, b: int) -> list[str]:
