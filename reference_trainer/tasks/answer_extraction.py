@@ -373,7 +373,7 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
             (
                 (x, y)
                 for x, y in earlier
-                if (_states_result(text, masked, x, y) or not repeats_problem(text[x:y], problem))
+                if (_states_result(text, masked, x, y) or _numbers(text[x:y]) - _numbers(problem))
                 and _affirms(masked[x:y])
             ),
             None,
@@ -389,8 +389,9 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
     if _FUNCTION_OF.search(masked, a, maths[-1].start()):
         return None  # "the angle is the inverse tangent of 90 degrees" states arctan(90), not 90
     formulas = _closing_formulas(text, masked, a, b)
-    if formulas and problem and not _states_result(text, masked, a, b) and copies_problem(formulas, problem):
-        return None  # "We need to compute $2^{10}$.": the problem's own formula, not an answer
+    restates = formulas and problem and copies_problem(formulas, problem)
+    if restates and not _states_result(text, masked, a, b) and not _STATES.search(masked, a, b):
+        return None  # "We need to compute $2^{10}$." restates the problem ("It is $2^{10}$." answers)
     if formulas:
         # the clause ends on formulas ("... the value is $10 \\text{ hundred}$.", "are $1$, $2$ and $3$."):
         # their own text is the answer, read as a statement's maths is (the answer forms apply)
