@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import sys
 import time
 from dataclasses import fields
 from pathlib import Path
 
 from benchmarks.judged_cases import Case, all_cases
+from reference_trainer.errors import UserError
 from reference_trainer.tasks.grading import GradeItem, GradeResult
 from reference_trainer.trace.records import write_json
 from rlbench.eval.pool import GradingPool
@@ -44,8 +46,15 @@ def per_thousand(count: int, total: int) -> float:
 
 
 def main() -> None:
+    try:
+        _main()
+    except UserError as err:  # an --out that cannot be written: one line
+        sys.exit(f"error: {err}")
+
+
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, choices=range(1, 9), default=2, metavar="1..8")
     parser.add_argument("--show-agreeing", action="store_true", help="also print the cases graded as judged")
     parser.add_argument("--out", type=Path, default=RESULT_PATH)
     args = parser.parse_args()
