@@ -177,6 +177,7 @@ CLAUSES = [
      "8", False),
     ("So, the angle between these lines is the inverse tangent of 90 degrees.\n\nThis is the answer.",
      r"90^\circ", False),
+    ("So the total is 76. This is the sum of the proper divisors of 284.", "284", False),  # no problem given
     ("We find $x=3$. However, $x=3$ makes the denominator zero, so there is no solution.", "3", False),
 ]  # fmt: skip
 
