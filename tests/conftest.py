@@ -166,13 +166,14 @@ def toy_task(monkeypatch) -> str:
     return "toy"
 
 
-def grade_as_pool(response: str, gold: str):  # -> GradeResult
+def grade_as_pool(response: str, gold: str, problem: str = ""):  # -> GradeResult
     """A maths response graded as rlbench's grading pool grades it: a math-verify timeout (a busy CPU, not
     the answer) gets one retry with the longer limit, so a loaded test machine does not change a verdict."""
     from reference_trainer.tasks import grading
 
-    result = grading.grade_item(grading.GradeItem("math", response, gold))
+    result = grading.grade_item(grading.GradeItem("math", response, gold, problem=problem))
     if result.error == grading.MATH_VERIFY_TIMED_OUT:
         longer = grading.RETRY_VERIFY_TIMEOUT_S
-        result = grading.grade_item(grading.GradeItem("math", response, gold, verify_timeout_s=longer))
+        item = grading.GradeItem("math", response, gold, verify_timeout_s=longer, problem=problem)
+        result = grading.grade_item(item)
     return result

@@ -197,7 +197,7 @@ def test_a_math_verify_timeout_is_one_quiet_line(
     """math-verify logs a timeout with the whole unparsed answer; the run logs one line naming the item."""
     answer = "\\frac{" * 700  # ~4 KB
 
-    def timing_out_parse(response: str, timeout_s: int) -> list:
+    def timing_out_parse(response: str, timeout_s: int, problem: str = "") -> list:
         logging.getLogger("math_verify.parser").warning(f"Timeout during parsing: {response}")
         return []
 
@@ -223,7 +223,7 @@ def test_answer_classes_fall_back_to_exact_text(
 ) -> None:
     """Comparing a problem's answers that hangs ends at the pool's limit: that problem votes by exact text."""
 
-    def hanging_parse(response: str, timeout_s: int) -> list:
+    def hanging_parse(response: str, timeout_s: int, problem: str = "") -> list:
         time.sleep(600)
         return []
 
@@ -263,11 +263,11 @@ def test_a_math_verify_timeout_is_retried_with_its_longer_limit(monkeypatch: pyt
     RETRY_VERIFY_TIMEOUT_S and its verdict is the item's."""
     real_parse = grading.parse_answer
 
-    def parse_slowly(response: str, timeout_s: int) -> list:
+    def parse_slowly(response: str, timeout_s: int, problem: str = "") -> list:
         if timeout_s < grading.RETRY_VERIFY_TIMEOUT_S:  # the first attempt: "too slow for 1 s"
             logging.getLogger("math_verify.parser").warning("Timeout during parsing: ...")
             return []
-        return real_parse(response, timeout_s)
+        return real_parse(response, timeout_s, problem)
 
     monkeypatch.setattr(grading, "parse_answer", parse_slowly)  # inherited by the forked workers
     with GradingPool(workers=1) as pool:

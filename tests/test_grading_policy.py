@@ -1,4 +1,5 @@
-"""The grading policy, one table per cause of error in issue 37: each row is (response, gold, correct?).
+"""The grading policy, one table per cause of error in issues 37 and 44: each row is (response, gold,
+correct?).
 
 A row marked False is a wrong answer that a looser grader passed (a false positive); a row marked True is
 a right answer that a stricter one failed (a false negative). The cases are written here in the style of
@@ -111,6 +112,75 @@ WORDS = [
     ("Final answer: even", r"\text{odd}", False),
 ]
 
+# Issue 44. A response that is only an answer is that answer (it ends no sentence, yet is not cut off).
+ONLY_AN_ANSWER = [
+    ("-5", "-5", True),
+    ("7,425,000", "7425000", True),
+    ("1 000", "1000", True),
+    ("1000.0", "1000", True),
+    (".4", "0.4", True),
+    ("$1,000.99", "1000.99", True),
+    (r"-\frac{10}{9}", "-10/9", True),
+    ("0.111", "0,111", True),
+    ("(C)", r"\text{(C)}", True),
+    ("1 001", "1000", False),
+    ("3 or 6", "6", False),
+    ("Step 1", "1", False),
+]
+
+# "Answer" before a formula states it; percent in words or spaced; a number with a unit sign after a
+# correction.
+NOTATION_PERCENT_UNITS = [
+    (r"Answer \( 9 \)", "9", True),
+    (r"Answer \[ 9 \]", "9", True),
+    (r"Answer \( (9+1) \)", "10", True),
+    ("28 percent", r"28\%", True),
+    ("28 pct", "28", True),
+    ("$28$ %", r"28\%", True),
+    ("28", r"0.28", False),
+    ("the number is not 10 which is 1,000.99€", "1000.99", True),
+    ("so the number is 10 which is 1,000.99m²", "1000.99", True),
+    ("the number is 1,000.99€, not 10", "10", False),
+    ("the number is not 1,000.99€", "1000.99", False),
+]
+
+# Boxes of one sentence joined by labels are one answer, a list; joined under conditions they are a hedge,
+# and so are two statements under conditions or a stated answer doubted in favour of another.
+BOXES_AND_HEDGES = [
+    (r"\boxed{(3, 3)} for part (a) and \boxed{(1, 1)}", "(3, 3), (1, 1)", True),
+    (r"\boxed{1} papers and \boxed{2} bins", "1,2", True),
+    (r"\boxed{1} papers and \boxed{2} bins", "2", False),
+    (r"We get $x = \boxed{2}$, so $y = \boxed{7}$.", "7", True),
+    (r"The answer is $\boxed{3}$ if we count unordered pairs, and $\boxed{6}$ if order matters.", "6", False),
+    (r"If the order matters the answer is $\boxed{6}$; if not, it is $\boxed{3}$.", "3", False),
+    ("The answer is 10 if repetition is allowed, and 6 otherwise.", "6", False),
+    (r"Either way: \boxed{6} if ordered and \boxed{6} otherwise.", "6", True),
+    ("I think the answer is 12, but I'm not sure. It could be 13.", "12", False),
+]
+
+# A gold with a label matches its value; equations joined by "and" are a list, not their (empty) intersection.
+LABELS = [
+    (r"\boxed{7:32}", "S_{MBCN}:S=7:32", True),
+    (r"\boxed{32:7}", "S_{MBCN}:S=7:32", False),
+    (r"\boxed{p = -1 \text{ and } p = \dfrac{15}{8}}", r"p=-1,p=\frac{15}{8}", True),
+    (r"\boxed{25}", "x^2+y^2=25", False),
+]
+
+# Without a statement: the clause's own formulas, a turn marker ends the response, a function of a number
+# is not the number, "no solution" rules the maths out.
+CLAUSES = [
+    (r"Working through each case, the value is $10 \text{ hundred}$.", "10", False),
+    (r"Working through each case, the value is $0.\overline{3}$.", r"\frac13", True),
+    ("The possible values are $1$, $2$, and $3$.", "1,2,3", True),
+    ("So $x = 2$ or $x = 1$.", "1", False),
+    (r"So $b = \boxed{\frac{5}{3}}$. <|im_start|>user Solve $4x = 32$. <|im_start|>assistant $\boxed{8}$.",
+     "8", False),
+    ("So, the angle between these lines is the inverse tangent of 90 degrees.\n\nThis is the answer.",
+     r"90^\circ", False),
+    ("So the total is 76. This is the sum of the proper divisors of 284.", "284", False),  # no problem given
+    ("We find $x=3$. However, $x=3$ makes the denominator zero, so there is no solution.", "3", False),
+]  # fmt: skip
+
 MATH_CASES = {
     "exact": EXACT,
     "malformed": MALFORMED,
@@ -118,7 +188,35 @@ MATH_CASES = {
     "units-letters": UNITS_AND_LETTERS,
     "forms": FORMS,
     "words": WORDS,
+    "only-an-answer": ONLY_AN_ANSWER,
+    "notation-percent-units": NOTATION_PERCENT_UNITS,
+    "boxes-hedges": BOXES_AND_HEDGES,
+    "labels": LABELS,
+    "clauses": CLAUSES,
 }
+
+# Rule 4 with the problem statement: a clause that only repeats the problem gives way to a result stated
+# before it (SmolLM2-135M on MATH-500 number_theory/737 was graded correct by the 284 of its last sentence).
+DIVISORS = "Let $a$ be the sum of the proper divisors of 284. What is the sum of the proper divisors of $a$?"
+REMAINDER = "What is the remainder when 17 is divided by 5?"
+ABSOLUTE = "Find the largest value of $x$ that satisfies the equation $|5x-1|=x+3$."
+PROBLEM_AWARE = [
+    ("So the total is 76. This is the sum of the proper divisors of 284.", "284", DIVISORS, False),
+    ("So the total is 76. This is the sum of the proper divisors of 284.", "76", DIVISORS, True),
+    ("She needs 15 more dollars. She has 20 dollars.", "15", "Sally has 20 dollars; a game costs 35.", True),
+    ("The remainder is 2 when 17 is divided by 5.", "2", REMAINDER, True),
+    ("We need to compute $2^{10}$.", "1024", "What is $2^{10}$?", False),
+    ("So $2^{10} = 1024$.", "1024", "What is $2^{10}$?", True),
+    ("The larger one is 284.", "284", "Which is larger, 220 or 284?", True),  # nothing stated before it
+    # SmolLM2-135M on MATH-500 algebra/567: the conclusion, then the problem's equation again
+    (
+        "So, the solution to the equation is $x=3$.\n\nThis is the largest value of $x$ that satisfies the "
+        "equation $|5x-1|=x+3$.",
+        "3",
+        ABSOLUTE,
+        True,
+    ),
+]
 
 NAMES = ["Zoey", "Penelope", "David"]
 GOLD = [True, False, False]  # Zoey a knight, Penelope and David knaves
@@ -165,6 +263,25 @@ def test_math_policy(response: str, gold: str, correct: bool) -> None:
     assert _math(response, gold) is correct
 
 
+@pytest.mark.parametrize(
+    ("response", "gold", "problem", "correct"),
+    PROBLEM_AWARE,
+    ids=[f"problem-{i}" for i in range(len(PROBLEM_AWARE))],
+)
+def test_a_clause_that_repeats_the_problem(response: str, gold: str, problem: str, correct: bool) -> None:
+    assert grade_as_pool(response, gold, problem).correct is correct
+
+
+def test_the_problem_reaches_the_grader_in_the_pool() -> None:
+    """The eval runner's items carry the problem statement into the forked workers."""
+    from rlbench.eval.pool import GradingPool
+
+    response = "So the total is 76. This is the sum of the proper divisors of 284."
+    with GradingPool(workers=1) as pool:
+        graded = pool.grade([GradeItem("math", response, "284", problem=DIVISORS)])
+    assert graded[0].extracted == "76" and not graded[0].correct
+
+
 @pytest.mark.parametrize(("response", "correct"), KK_CASES, ids=[f"kk-{i}" for i in range(len(KK_CASES))])
 def test_kk_policy(response: str, correct: bool) -> None:
     item = GradeItem("kk", response, "", NAMES, GOLD)
@@ -209,6 +326,8 @@ def test_the_answer_located() -> None:
     assert _value("An unfinished \\boxed{20") == "(no answer)"
     assert _value("") == "(no answer)"
     assert ends_complete("x = $5$") and ends_complete("so 12.") and not ends_complete("so 12")
+    assert ends_complete("so it is 12")  # one short line that states a number is a whole answer line...
+    assert not ends_complete("Adding the cases one by one. " * 4 + "so it is 12")  # ...a long one is cut off
     assert not ends_complete("and then...") and ends_complete("\\[ x = 1 \\]")
 
 

@@ -108,13 +108,13 @@ def relations_as_set(latex: str, value: Any) -> Any:
     """`x < 2 or x > 3` (math-verify: the set {x < 2, x > 3}) as the union of intervals it describes, and
     `x > 1 and x < 3` as the intersection; None when `value` is not such a list or the joining word is
     not one "or" or "and" (a comma alone says neither)."""
-    from sympy import FiniteSet, Intersection, Union
+    from sympy import Eq, FiniteSet, Intersection, Union
     from sympy.core.relational import Relational
 
     if not isinstance(value, FiniteSet) or len(value.args) < 2:
         return None
-    if not all(isinstance(r, Relational) for r in value.args):
-        return None
+    if not all(isinstance(r, Relational) and not isinstance(r, Eq) for r in value.args):
+        return None  # equations joined by "and" are a list of solutions ("p = -1 and p = 15/8"), not a set
     symbols = {frozenset(r.free_symbols) for r in value.args}
     if len(symbols) != 1 or len(next(iter(symbols))) != 1:
         return None

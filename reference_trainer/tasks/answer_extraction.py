@@ -7,13 +7,26 @@ comma separates them ("So \\boxed{3}. Wait, recheck: \\boxed{5}" gives 3,5), and
 fires on a negated or cut-off sentence ("The answer is not 204; it is 210." gives 204). It has no option for
 any of these, so the answer is located here and only the answer's own text is handed to math-verify to parse:
 
-1. An answer statement is a box (`\\boxed{}`/`\\fbox{}`; boxes separated only by commas, "and" or "or" are
-   one answer, a list) or an answer phrase ("final answer: X", "the final answer is X", "answer: X", "the
-   answer is X"); a phrase followed by "not" states nothing.
-2. The last statement in the response is its answer: a later statement corrects an earlier one.
-3. Without any statement, the last clause that holds maths is read (math-verify's rightmost expression),
-   but not when the response stops mid-sentence (cut off at its token limit), when that clause is negated
-   ("would not be 204") or when it is a question.
+An answer statement is a box (`\\boxed{}`/`\\fbox{}`) or an answer phrase ("final answer: X", "the final
+answer is X", "answer: X", "the answer is X", "Answer $X$"). The rules, numbered as in docs/eval.md:
+
+1. The last statement in the response is its answer: a later statement corrects an earlier one. Boxes of
+   one sentence joined by separators or labels ("\\boxed{1} papers and \\boxed{2} bins") are one answer,
+   a list.
+2. Different answers under conditions ("\\boxed{3} if unordered, and \\boxed{6} if ordered"), or a stated
+   answer doubted in favour of another, are a hedge: no answer.
+3. A phrase states the maths or the few words after it; followed by "not" it states nothing.
+4. A response that is only an answer ("-5", "7,425,000", "$\\frac{10}{9}$", "28 %") is that answer.
+5. Otherwise the last clause that holds maths is read (math-verify's rightmost expression, or the
+   formulas it ends on), but not when the response stops mid-sentence (cut off at its token limit), when
+   a negation bears on that clause's last maths ("would not be 204"; "is not 10 which is 1,000.99"
+   answers 1,000.99), when it is a question or names a function of its number ("the inverse tangent of
+   90"), or when a later sentence says there is no solution. With the problem statement: a clause whose
+   numbers only repeat the problem gives way to an earlier clause with a number of its own ("So the total
+   is 76. This is the sum of the proper divisors of 284." answers 76), and a clause that only copies a
+   formula of the problem is no answer.
+
+Text after a chat template's turn marker ("<|im_start|>") is another turn, not the response.
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ class LocatedAnswer:
     start: int
     value: str | None = None
     text: str = ""
+    hedged: bool = False  # different answers under conditions ("3 if unordered, and 6 if ordered"): none
 
 
 # ----------------------------------------------------------------------------- math environments
@@ -92,23 +106,60 @@ def boxes(text: str) -> list[tuple[int, int, str]]:
     return found
 
 
+# Between boxes of one sentence: labels joined by a comma or "and" list parts of one answer ("\\boxed{1}
+# papers and \\boxed{2} bins"); a condition makes them a hedge ("\\boxed{3} if unordered, and \\boxed{6} if
+# ordered"); a correction or a consequence makes the later box a statement of its own.
+_JOINING_WORDS = re.compile(r",|\band\b", re.IGNORECASE)
+_CONDITION = re.compile(
+    r"\b(?:if|when|whenever|unless|otherwise|depending|assuming|provided|suppose|case)\b", re.IGNORECASE
+)
+_CORRECTION = re.compile(
+    r"\b(?:wait|actually|but|however|instead|rather|re-?check\w*|check\w*|mistake|oops|sorry|wrong|"
+    r"incorrect|correct\w*|redo|again|error)\b",
+    re.IGNORECASE,
+)
+_CONSEQUENCE_OR_NEGATION = re.compile(
+    r"\b(?:so|thus|hence|therefore|gives?|giving|then|let|final|no|not)\b|n't\b|=", re.IGNORECASE
+)
+_MAX_LABEL_GAP_CHARS = 80
+_MAX_HEDGE_SPAN_CHARS = 200  # two answers further apart than this are not one hedged sentence pair
+
+
+def _gap_joins(gap: str, words: str) -> bool:
+    """Do the words between two boxes (`gap`, and `words`: the gap with its maths masked) make them parts
+    of one answer (or of one hedge)?"""
+    if _LIST_SEPARATOR.fullmatch(gap):
+        return True
+    return (
+        len(gap) <= _MAX_LABEL_GAP_CHARS
+        and _SENTENCE_END.search(words) is None
+        and _CORRECTION.search(words) is None
+        and _CONSEQUENCE_OR_NEGATION.search(words) is None
+        and _JOINING_WORDS.search(words) is not None
+    )
+
+
 def _box_answers(text: str) -> list[LocatedAnswer]:
-    """One answer per run of boxes that only separators join (a list of answers, as math-verify reads
-    them); a box with words before the next one is an answer of its own ("\\boxed{3}. Wait: \\boxed{5}")."""
+    """One answer per run of boxes that separators or labels join (a list of answers); a box with a
+    sentence end, a correction or a consequence before the next one is an answer of its own
+    ("\\boxed{3}. Wait: \\boxed{5}")."""
     answers: list[LocatedAnswer] = []
     run: list[tuple[int, int, str]] = []
+    masked = mask_math(text)
     for box in boxes(text):
-        if run and not _LIST_SEPARATOR.fullmatch(text[run[-1][1] : box[0]]):
-            answers.append(_join(run))
+        if run and not _gap_joins(text[run[-1][1] : box[0]], masked[run[-1][1] : box[0]]):
+            answers.append(_join(run, masked))
             run = []
         run.append(box)
     if run:
-        answers.append(_join(run))
-    return [a for a in answers if a.value]
+        answers.append(_join(run, masked))
+    return [a for a in answers if a.value or a.hedged]
 
 
-def _join(run: list[tuple[int, int, str]]) -> LocatedAnswer:
+def _join(run: list[tuple[int, int, str]], masked: str) -> LocatedAnswer:
     contents = list(dict.fromkeys(clean_value(content) for _, _, content in run))  # a repeated box once
+    if len(contents) > 1 and _CONDITION.search(masked[run[0][1] : run[-1][0]]):
+        return LocatedAnswer(run[0][0], hedged=True)
     return LocatedAnswer(run[0][0], ", ".join(c for c in contents if c))
 
 
@@ -117,7 +168,15 @@ def _join(run: list[tuple[int, int, str]]) -> LocatedAnswer:
 _PHRASE = re.compile(
     r"(?P<final>\bfinal\s+answer\b(?:\s+(?:to|for)\b[^.\n:$]{0,60}?)?(?:\s*[*_]{1,2})?\s*(?:is\b|:|=)?)"
     r"|(?P<colon>\banswer\s*[*_]{0,2}\s*[:=])"
-    r"|(?P<is>\banswer\s+is\b(?:\s+(?:therefore|thus|then|indeed|clearly|simply|just))?)",
+    r"|(?P<is>\banswer\s+is\b(?:\s+(?:therefore|thus|then|indeed|clearly|simply|just))?)"
+    r"|(?P<heading>(?:^|(?<=\n))[ \t#*_]*answer[*_]{0,2}(?=[ \t]*(?:\$|\\M)))",  # "Answer \\( 9 \\)", masked
+    re.IGNORECASE,
+)
+# A stated value under a condition, then another value: "The answer is 3 if unordered, and 6 if ordered."
+_HEDGED_VALUE = re.compile(
+    r"\s*(?:\$M*\$|\\M*[)\]]|-?[\d.,/]+)\s*(?:[A-Za-z]+\s+){0,3}?"  # masked maths (`mask_math`)
+    r"(?:if|when|unless|assuming|provided)\b[^.!?\n]{0,200}?(?:,|\band\b|\bor\b|\botherwise\b|\bwhile\b)"
+    r"[^.!?\n]{0,200}?(?:\d|\$|\\M)",  # bounded: one sentence, and linear on hostile text
     re.IGNORECASE,
 )
 # A phrase followed by "not" states nothing ("The answer is not 204"); "Answer: no" is an answer.
@@ -145,7 +204,9 @@ def _statement_answers(text: str) -> list[LocatedAnswer]:
     answers = []
     for m in _PHRASE.finditer(masked):
         value = _statement_value(text, masked, m.end(), loose=m.lastgroup == "is")
-        if value is not None:
+        if value is not None and _HEDGED_VALUE.match(masked, _LEAD.match(text, m.end()).end()):  # type: ignore[union-attr]
+            answers.append(LocatedAnswer(m.start(), hedged=True))
+        elif value is not None:
             answers.append(LocatedAnswer(m.start(), value))
     return answers
 
@@ -168,6 +229,8 @@ def _statement_value(text: str, masked: str, at: int, loose: bool) -> str | None
         if sep is None or _MATH_ENV.match(text, sep.end()) is None:
             break
         pos = sep.end()
+    if envs and envs[0].startswith(("\\boxed", "\\fbox")):
+        return None  # "The answer is $\\boxed{7}$": the box is the statement
     if envs:
         return ", ".join(clean_value(e) for e in envs if e) or None
     end = _SENTENCE_END.search(masked, at, at + _MAX_SENTENCE_CHARS)
@@ -189,40 +252,247 @@ def _statement_value(text: str, masked: str, at: int, loose: bool) -> str | None
     return None
 
 
+# ---------------------------------------------------------------------- a response that is only an answer
+
+_MAX_WHOLE_ANSWER_CHARS = 80
+_DELIMITERS = re.compile(r"\\?\$|\\[()\[\]]")  # math delimiters, and "\\$" of a price ("\\$18.90")
+_CURRENCY = re.compile(r"[€£¥]")
+_WHOLE_ANSWER_MATHS = re.compile(r"\d|\\[A-Za-z]|[=+\-*/^<>]")
+_CHOICE = re.compile(r"\([A-E]\)")
+
+
+def whole_answer(text: str) -> LocatedAnswer | None:
+    """The response when it is only an answer, maths without prose ("-5", "1 000", "$\\frac{10}{9}$",
+    "28 %"): it is that answer, though it ends no sentence."""
+    bare = text.strip()
+    if len(bare) > _MAX_WHOLE_ANSWER_CHARS or "\n" in bare:
+        return None
+    bare = _CURRENCY.sub("", _DELIMITERS.sub(" ", _EMPHASIS.sub("", bare))).strip().rstrip(".").strip()
+    if not (_WHOLE_ANSWER_MATHS.search(bare) or _CHOICE.fullmatch(bare)):  # not a lone word or variable
+        return None
+    value = clean_value(bare)
+    if not value or prose_start(value) is not None:
+        return None
+    return LocatedAnswer(0, value)
+
+
 # ----------------------------------------------------------------------------- fallback: the last clause
 
 _CLAUSE_END = re.compile(r"(?<!\\)[.;!?:](?=\s|$)|(?<!\\),\s|\n")
 _HAS_MATHS = re.compile(r"\d|[$]|\\\(|\\\[")
+# Maths in masked text (`mask_math`): an environment, or a number outside one.
+_MATHS_SPAN = re.compile(r"\$M*\$|\\M*[)\]]|\d(?:[\d,.]*\d)?")
+_CONCLUSION_WORD = re.compile(
+    r"\W*(?:so|therefore|thus|hence|consequently|finally|overall|altogether|in\s+total)\b", re.IGNORECASE
+)
+_NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
+_CONCLUSION_BEFORE = re.compile(r"\b(?:so|therefore|thus|hence|consequently|finally)\s*,\s*$", re.IGNORECASE)
+_MAX_RESULT_LOOKBACK_CLAUSES = 6  # a result further back than this is not what the ending restates
+_CLOSING = re.compile(r"[\s.,;:!*_]*")
+_SUBORDINATE = re.compile(r"\b(?:when|if|since|because|where|given|for|after|as)\b", re.IGNORECASE)
+# A conclusion, in words, that there is no answer: the maths before it was ruled out.
+_NO_SOLUTION = re.compile(
+    r"\bno\s+(?:real\s+|integer\s+|such\s+|possible\s+)?(?:solutions?|answers?|values?)\b"
+    r"|\bdoes\s+not\s+exist\b|\bimpossible\b",
+    re.IGNORECASE,
+)
+# A named function of the clause's last number: the clause states its value, not the number.
+_FUNCTION_OF = re.compile(
+    r"\b(?:tangent|sine|cosine|arc\w+|root|logarithm|log|sum|product|square|cube|reciprocal|half|twice|double|"
+    r"factorial|divisors?|inverse)\s+of\s+(?:the\s+number\s+)?$",
+    re.IGNORECASE,
+)
+_MAX_ANSWER_LINE_CHARS = 100
+_ENDS_ON_NUMBER = re.compile(r"\d\s*(?:[€£¥$%]|m²|m³|cm²)?$")
+# A line that states its number ("it's 1,000.99"), not a heading ("Step 1").
+_STATES = re.compile(r"\b(?:is|are|was|equals?|gives?|get|got|makes?)\b|=|'s\b", re.IGNORECASE)
 
 
 def ends_complete(text: str) -> bool:
-    """Does the response end a sentence or a formula (rather than stop mid-sentence, or trail off)?"""
+    """Does the response end a sentence or a formula (rather than stop mid-sentence, or trail off)? One
+    short line that states a number and ends on it (with its unit sign) is a whole answer line: "so the
+    number is 10 which is 1,000.99m²"; a response cut at its token limit is longer than that."""
     tail = text.rstrip().rstrip("*_`").rstrip()
     if tail.endswith(("...", "…")):
         return False
+    # (an unclosed brace is a formula cut off: "\\boxed{20")
+    one_line = len(tail) <= _MAX_ANSWER_LINE_CHARS and "\n" not in tail and tail.count("{") == tail.count("}")
+    if one_line and _ENDS_ON_NUMBER.search(tail) and _STATES.search(tail):
+        return True
     return tail.endswith((".", "!", "?", "$", "\\]", "\\)")) or bool(re.search(r"\\end\{[a-z*]+\}$", tail))
 
 
-def last_clause(text: str) -> LocatedAnswer | None:
+def _numbers(text: str) -> set[str]:
+    return {n.replace(",", "") for n in _NUMBER.findall(text)}
+
+
+def repeats_problem(clause: str, problem: str) -> bool:
+    """Are the clause's numbers all numbers of the problem statement ("This is the sum of the proper
+    divisors of 284." after a problem about 284)?"""
+    numbers = _numbers(clause)
+    return bool(numbers) and numbers <= _numbers(problem)
+
+
+def _affirms(masked_clause: str) -> bool:
+    """Does the clause state its maths: no question ("So is it 204?"), no negation bearing on it?"""
+    return not masked_clause.strip().endswith("?") and not _negated(masked_clause)
+
+
+def _negated(masked_clause: str) -> bool:
+    """Does a negation bear on the clause's last maths: anywhere after the maths before it ("would not be
+    204", "204, but that is wrong"), not before it ("is not 10 which is 1,000.99")?"""
+    spans = list(_MATHS_SPAN.finditer(masked_clause))
+    since = spans[-2].end() if len(spans) > 1 else 0
+    return _CLAUSE_NEGATION.search(masked_clause, since) is not None
+
+
+def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
     """The last clause with maths in a response that states no answer; None when the response is cut
-    off, or that clause is negated or asks a question."""
+    off, or that clause is negated or asks a question. A clause whose numbers only repeat the problem
+    gives way to a conclusion stated before it ("So the total is 76. This is the sum of the proper
+    divisors of 284.")."""
     if not ends_complete(text):
         return None
     masked = mask_math(text)
     ends = [0] + [m.end() for m in _CLAUSE_END.finditer(masked)] + [len(text)]
-    for a, b in zip(reversed(ends[:-1]), reversed(ends[1:]), strict=True):
-        if _HAS_MATHS.search(masked[a:b]):
-            clause = masked[a:b].strip()
-            if clause.endswith("?") or _CLAUSE_NEGATION.search(clause):
-                return None
-            return LocatedAnswer(a, None, text[a:b])
-    return None
+    spans = [
+        (a, b)
+        for a, b in zip(reversed(ends[:-1]), reversed(ends[1:]), strict=True)
+        if _HAS_MATHS.search(masked[a:b])
+    ]
+    if not spans:
+        return None
+    if _NO_SOLUTION.search(masked, spans[0][0]):
+        return None  # "We find $x=3$. However, $x=3$ makes the denominator zero, so there is no solution."
+    a, b = spans[0]
+    if problem and repeats_problem(text[a:b], problem) and not _opens_conclusion(masked, a):
+        # a result stated shortly before it is the answer: a conclusion ("So the total is 76.", "so ... is
+        # $x=3$") or a number of its own ("She needs 15 more dollars.")
+        earlier = spans[1 : 1 + _MAX_RESULT_LOOKBACK_CLAUSES]
+        result = next(
+            (
+                (x, y)
+                for x, y in earlier
+                if (_states_result(text, masked, x, y) or _numbers(text[x:y]) - _numbers(problem))
+                and _affirms(masked[x:y])
+            ),
+            None,
+        )
+        a, b = result or (a, b)
+    if problem:
+        b = _without_restated_condition(text, masked, a, b, problem)
+    if not _affirms(masked[a:b]):
+        return None
+    maths = list(_MATHS_SPAN.finditer(masked, a, b))
+    if not maths:
+        return None  # a lone "$", no formula or number
+    if _FUNCTION_OF.search(masked, a, maths[-1].start()):
+        return None  # "the angle is the inverse tangent of 90 degrees" states arctan(90), not 90
+    formulas = _closing_formulas(text, masked, a, b)
+    restates = formulas and problem and copies_problem(formulas, problem)
+    if restates and not _states_result(text, masked, a, b) and not _STATES.search(masked, a, b):
+        return None  # "We need to compute $2^{10}$." restates the problem ("It is $2^{10}$." answers)
+    if formulas:
+        # the clause ends on formulas ("... the value is $10 \\text{ hundred}$.", "are $1$, $2$ and $3$."):
+        # their own text is the answer, read as a statement's maths is (the answer forms apply)
+        return LocatedAnswer(a, ", ".join(clean_value(f) for f in formulas) or None, text[a:b])
+    return LocatedAnswer(a, None, text[a:b])
 
 
-def locate_answer(response: str) -> LocatedAnswer | None:
-    """The response's answer under the policy above; None when it gives none."""
-    text = response[-MAX_RESPONSE_CHARS:]
-    stated = _box_answers(text) + _statement_answers(text)
+def _without_restated_condition(text: str, masked: str, a: int, b: int, problem: str) -> int:
+    """Where the clause ends once a trailing condition that only repeats the problem is cut ("The
+    remainder is 2 | when 17 is divided by 5."): the end of the result it states before it."""
+    for word in _SUBORDINATE.finditer(masked, a, b):
+        before, after = text[a : word.start()], text[word.start() : b]
+        if repeats_problem(after, problem) and _numbers(before) - _numbers(problem):
+            return word.start()
+    return b
+
+
+def copies_problem(formulas: list[str], problem: str) -> bool:
+    """Is every formula written, as it stands, in the problem statement?"""
+    statement = re.sub(r"\s+", "", problem)
+    return all(re.sub(r"\s+", "", f) in statement for f in formulas)
+
+
+def _states_result(text: str, masked: str, a: int, b: int) -> bool:
+    """Is the clause a conclusion: opened by "so", "therefore", ... (its own first word, or its sentence's:
+    "So, the solution is $x=3$."), or an equation?"""
+    return _opens_conclusion(masked, a) or "=" in text[a:b]
+
+
+def _opens_conclusion(masked: str, a: int) -> bool:
+    return bool(_CONCLUSION_WORD.match(masked, a) or _CONCLUSION_BEFORE.search(masked, max(0, a - 20), a))
+
+
+def _closing_formulas(text: str, masked: str, a: int, b: int) -> list[str]:
+    """The formulas a clause ends on: its last math environment, with the ones before it that separators
+    join ("$1$, $2$, and $3$", "$x = 2$ or $x = 1$", across the commas that end clauses); [] when the
+    clause ends on a bare number or words."""
+    found = list(_MATHS_SPAN.finditer(masked, max(0, a - _MAX_SENTENCE_CHARS), b))
+    if not found or found[-1].start() < a or not _CLOSING.fullmatch(masked, found[-1].end(), b):
+        return []
+    run: list[re.Match[str]] = []
+    for m in reversed(found):
+        if m.group(0)[0] not in "$\\" or (
+            run and not _ENV_SEPARATOR.fullmatch(masked, m.end(), run[0].start())
+        ):
+            break
+        run.insert(0, m)
+    return [_strip_delimiters(text[m.start() : m.end()]).strip() for m in run]
+
+
+def _hedges(masked: str, before: LocatedAnswer, last: LocatedAnswer) -> bool:
+    """Are the last two statements different answers under conditions, with no correction between them
+    ("If order matters the answer is \\boxed{6}; if not, it is \\boxed{3}.")?"""
+    if before.hedged or last.hedged or before.value == last.value:
+        return False
+    too_far = last.start - before.start > _MAX_HEDGE_SPAN_CHARS
+    if too_far or _CORRECTION.search(masked, before.start, last.start):
+        return False
+    sentence_end = _SENTENCE_END.search(masked, last.start)
+    end = sentence_end.start() if sentence_end else len(masked)
+    return _CONDITION.search(masked, max(0, before.start - _MAX_LABEL_GAP_CHARS), end) is not None
+
+
+# Doubt about the stated answer, offering another: "I think the answer is 12, but ... It could be 13."
+_DOUBT = re.compile(
+    r"\b(?:it|answer|this|that|value|result)\s+(?:could|might|may)\s+(?:also\s+)?be\b|\bor\s+(?:maybe|perhaps)\b",
+    re.IGNORECASE,
+)
+# A chat template's turn marker: what follows is another turn (a hallucinated user), not this response.
+_TURN_MARKER = re.compile(r"<\|(?:im_start|im_end|eot_id|endoftext|start_header_id|end_of_turn)\|>")
+
+
+def _doubted(masked: str, last: LocatedAnswer) -> bool:
+    doubt = _DOUBT.search(masked, last.start + 1)
+    if doubt is None:
+        return False
+    sentence_end = _SENTENCE_END.search(masked, doubt.end())
+    return (
+        _MATHS_SPAN.search(masked, doubt.end(), sentence_end.start() if sentence_end else len(masked))
+        is not None
+    )
+
+
+def own_turn(response: str) -> str:
+    """The response up to the first turn marker that follows some text of its own."""
+    for marker in _TURN_MARKER.finditer(response):
+        if response[: marker.start()].strip():
+            return response[: marker.start()]
+    return response
+
+
+def locate_answer(response: str, problem: str = "") -> LocatedAnswer | None:
+    """The response's answer under the policy above; None when it gives none. `problem` is the problem
+    statement, where known (rule 5)."""
+    text = own_turn(response[-MAX_RESPONSE_CHARS:])
+    stated = sorted(_box_answers(text) + _statement_answers(text), key=lambda a: a.start)
+    masked = mask_math(text) if stated else ""
+    if stated and (
+        len(stated) > 1 and _hedges(masked, stated[-2], stated[-1]) or _doubted(masked, stated[-1])
+    ):
+        return LocatedAnswer(stated[-1].start, hedged=True)
     if stated:
-        return max(stated, key=lambda a: a.start)
-    return last_clause(text)
+        return stated[-1]
+    return whole_answer(text) or last_clause(text, problem)

@@ -13,8 +13,11 @@ parsing (no option of math-verify covers these):
 * `0.\\overline{3}` does not parse; a repeating decimal becomes its fraction.
 * `2 1/2` parses as 3/2; a mixed number written with a slash becomes one fraction (`2\\frac{1}{2}` is
   read as 5/2 by latex2sympy already).
-* `\\lor`/`\\vee` do not parse; they become "or" (see `answer_equality.or_union`).
+* `\\lor`/`\\vee` do not parse; they become "or" (see `answer_equality.or_union`); `\\varnothing` and
+  `\\{\\}` become `\\emptyset`, the empty set's one spelling math-verify parses.
 * number words ("two hundred four") become digits.
+* a number grouped in thousands by spaces (`1 000`, `1\\,000`) parses as the product 1*0: the separators go.
+* a percentage in words or spaced (`28 percent`, `28 pct`, `28 %`) is `28\\%`, as math-verify writes it.
 
 Text that no rewrite makes a single value is parsed as text only (`text_only`): an ellipsis (`1, 2,
 \\ldots, n` parses as 2) and a line break `\\\\` outside a matrix (`x = 5 \\\\ y = 3` parses as 3).
@@ -27,6 +30,7 @@ import re
 # LaTeX whose braces hold words, not maths: \text{even}, \begin{pmatrix}, \operatorname{lcm}.
 _WORDY_COMMANDS = re.compile(
     r"\\(?:text\w*|math(?:rm|bf|it|sf|tt)|mbox|operatorname|begin|end)\s*\{[^{}]*\}|\\[A-Za-z]+"
+    r"|_\{[^{}]*\}"  # a subscript names something: S_{MBCN}
 )
 _PROSE_WORD = re.compile(r"(?<![A-Za-z])(?!and(?![A-Za-z]))[A-Za-z]{3,}(?![A-Za-z])")  # "1 and 2" is maths
 
@@ -74,6 +78,12 @@ _TRAILING_UNITS = re.compile(
 _REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\s*\{(\d+)\}")
 _MIXED = re.compile(r"\s*(-?)(\d+)\s+(\d+)\s*/\s*(\d+)\s*")
 _OR_SYMBOLS = re.compile(r"\\(?:lor|vee)(?![A-Za-z])")
+_EMPTY_SET = re.compile(r"\\varnothing(?![A-Za-z])|\\\{\s*\\\}")  # math-verify parses only \emptyset
+# Thousands separators math-verify does not know (it reads "7,425,000" and "1{,}000" already); "0,111" is
+# a decimal comma (math-verify: 0.111), never a grouped number.
+_GROUPED_NUMBER = re.compile(r"-?[1-9]\d{0,2}(?:(?:\s|~|\\[ ,;:!]|,|\{,\})\d{3})+(?:\.\d+)?")
+_GROUP_SEPARATOR = re.compile(r"\s|~|\\[ ,;:!]|,|\{,\}")
+_PERCENT_WORD = re.compile(r"(?<=[\d}])\s*(?:\\?%|percent(?:age)?|pct)\s*\.?\s*$", re.IGNORECASE)
 
 
 def _without_units(value: str) -> str:
@@ -102,12 +112,16 @@ def clean_value(value: str) -> str:
     if m := _CHOICE_LABEL.fullmatch(text):
         text = m.group("value").strip()
     text = _TEXT_NUMBER.sub(r"\1", text)
+    text = _PERCENT_WORD.sub(r"\\%", text)
     text = _without_units(text)
+    if _GROUPED_NUMBER.fullmatch(text):
+        text = _GROUP_SEPARATOR.sub("", text)
     text = _REPEATING.sub(_repeating_to_fraction, text)
     if m := _MIXED.fullmatch(text):
         sign, whole, num, den = m.groups()
         text = f"{sign}\\frac{{{int(whole) * int(den) + int(num)}}}{{{den}}}"
     text = _OR_SYMBOLS.sub(r"\\text{ or }", text)
+    text = _EMPTY_SET.sub(r"\\emptyset", text)
     if (number := number_from_words(text)) is not None:
         text = str(number)
     return text.strip()

@@ -127,7 +127,7 @@ class ArithTask(BaseTask):
         if self.style == "compact":
             return super().grade(problem, response)
 
-        return "\\boxed{" in response, grade_math(response, problem.answer)[1]
+        return "\\boxed{" in response, grade_math(response, problem.answer, problem=problem.prompt)[1]
 
     def sft_response(self, problem: Problem, rng: random.Random) -> str:
         """One line per state: the running value, then the operations still to apply. Each line applies the

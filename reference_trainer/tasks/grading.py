@@ -9,7 +9,7 @@ last clause (`ExprExtractionConfig` too: plain "1,250"). The gold is parsed the 
 suites' gold format needs: a single-letter "N=" prefix is dropped (math-verify folds case, so "N=n" would
 parse as Eq(n, n)); a percentage also matches its bare number (62.5% = 62.5, as the Qwen harness grades);
 a gold with prose after its formula ("f(x)=ax+b, where b is ...") is graded by that formula, or by the whole
-text verbatim.
+text verbatim; a gold with a label ("S_{MBCN}:S=7:32") also matches its value; "1,22" is also 1.22.
 
 Model output is untrusted text: nothing here evaluates it (no eval/exec/sympify). math-verify parses LaTeX
 with its own grammar and plain expressions only of digits and operators. Every call runs in a forked worker
@@ -112,11 +112,12 @@ def parse_text(text: str, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
     return parsed
 
 
-def parse_answer(response: str, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
-    """The response's answer (`answer_extraction.locate_answer`) parsed: [sympy object, text], [text]
-    when it does not parse, [] when the response gives no answer."""
-    located = locate_answer(response)
-    if located is None:
+def parse_answer(response: str, timeout_s: int = VERIFY_TIMEOUT_S, problem: str = "") -> list[Any]:
+    """The response's answer (`answer_extraction.locate_answer`; `problem`, where known, is the problem
+    statement) parsed: [sympy object, text], [text] when it does not parse, [] when the response gives no
+    answer (or a hedge: different answers under conditions)."""
+    located = locate_answer(response, problem)
+    if located is None or located.hedged:
         return []
     if located.value is not None:
         return parse_value(located.value, timeout_s)
@@ -132,7 +133,12 @@ def answer_text(parsed: Sequence[Any]) -> str | None:
 
 
 _LETTER_LHS = re.compile(r"\s*[A-Za-z](?:_\{?\w+\}?)?\s*=([^=]+)")
+# A name for the value, not a formula: letters, subscripts, ratios of names, \angle ("S_{MBCN}:S", "AB").
+_LABEL_LHS = re.compile(
+    r"\s*((?:\\(?:angle|triangle|overline)\s*)?\{?[A-Za-z]+(?:_\{?\w+\}?)?\}?\s*[:/]?\s*)+=([^=]+)"
+)
 _PERCENT = re.compile(r"\s*\\?%\s*$")
+_DECIMAL_COMMA = re.compile(r"-?\d+,\d{1,2}")  # "1,22": not thousands (3 digits after the comma)
 
 
 @functools.lru_cache(maxsize=256)  # a problem's K samples share one gold, usually in one worker's chunk
@@ -144,12 +150,17 @@ def parse_gold(gold: str, timeout_s: int = VERIFY_TIMEOUT_S) -> tuple[Any, ...]:
     if formula:  # the formula before the words, or the whole text verbatim (never its parse)
         whole = [s for s in parse_value(text, timeout_s) if isinstance(s, str)]
         return tuple(parse_value(clean_value(formula), timeout_s) + whole)
+    labelled: list[Any] = []
     if m := _LETTER_LHS.fullmatch(text):
         text = m.group(1).strip()
+    elif (m := _LABEL_LHS.fullmatch(text)) and not re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", m[2])):
+        labelled = parse_value(clean_value(m[2]), timeout_s)  # "S_{MBCN}:S=7:32" is also its value, 7:32
     text = clean_value(text)
-    candidates = parse_value(text, timeout_s)
+    candidates = parse_value(text, timeout_s) + labelled
     if _PERCENT.search(text):
         candidates += parse_value(_PERCENT.sub("", text), timeout_s)
+    if _DECIMAL_COMMA.fullmatch(text):  # a decimal comma ("1,22" = 1.22, as math-verify reads "0,111")
+        candidates += parse_value(text.replace(",", "."), timeout_s)
     return tuple(candidates)
 
 
@@ -157,9 +168,12 @@ def equivalent(gold: Sequence[Any], pred: Sequence[Any], timeout_s: int = VERIFY
     return answer_equality.equivalent(gold, pred, timeout_s)
 
 
-def grade_math(response: str, gold: str, timeout_s: int = VERIFY_TIMEOUT_S) -> tuple[str | None, bool]:
-    """(extracted answer text, correct) for one response against the gold."""
-    pred = parse_answer(response, timeout_s)
+def grade_math(
+    response: str, gold: str, timeout_s: int = VERIFY_TIMEOUT_S, problem: str = ""
+) -> tuple[str | None, bool]:
+    """(extracted answer text, correct) for one response against the gold; `problem` is the problem
+    statement where known (a clause that only repeats it gives way to a result stated before it)."""
+    pred = parse_answer(response, timeout_s, problem)
     extracted = answer_text(pred)
     return extracted, extracted is not None and equivalent(parse_gold(gold, timeout_s), pred, timeout_s)
 
@@ -192,6 +206,7 @@ class GradeItem:
     solution: list[bool] | None = None
     id: str = ""  # "problem-id#sample", named in the one line a failure logs
     verify_timeout_s: int = VERIFY_TIMEOUT_S  # longer on the one retry after a timeout
+    problem: str = ""  # the problem statement (maths: a clause that only repeats it gives way, rule 5)
 
 
 @dataclass
@@ -218,7 +233,7 @@ def grade_item(item: GradeItem) -> GradeResult:
         gold = kk_gold(item.gold, names, item.solution)
         return GradeResult(extracted=text, correct=pred == gold, key=text)
     before = _timeouts.count
-    extracted, correct = grade_math(item.response, item.gold, item.verify_timeout_s)
+    extracted, correct = grade_math(item.response, item.gold, item.verify_timeout_s, item.problem)
     # A timeout inside math-verify makes parse/verify give up quietly: a wrong grade may be the timeout's.
     error = MATH_VERIFY_TIMED_OUT if _timeouts.count > before and not correct else None
     return GradeResult(extracted=extracted, correct=correct, error=error, key=extracted)
@@ -237,6 +252,7 @@ class VoteItem:
     responses: list[str]
     id: str = ""
     verify_timeout_s: int = VERIFY_TIMEOUT_S
+    problem: str = ""
 
 
 def answer_classes(item: VoteItem) -> list[int | None]:
@@ -253,7 +269,7 @@ def answer_classes(item: VoteItem) -> list[int | None]:
         if item.grader == "kk" or is_user_grader(item.grader):
             label[key] = len(label)
             continue
-        parsed = parse_answer(response, item.verify_timeout_s)
+        parsed = parse_answer(response, item.verify_timeout_s, item.problem)
         found = next(
             (c for c, rep in enumerate(reps) if equivalent(rep, parsed, item.verify_timeout_s)), None
         )

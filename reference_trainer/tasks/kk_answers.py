@@ -105,7 +105,7 @@ def _statements(region: str, names: Sequence[str]) -> list[tuple[int, list[str],
 
 def _cut_off(text: str, names: Sequence[str]) -> bool:
     """Does a response without a stated answer stop mid-sentence (cut at its token limit)? Its last
-    statements are then reasoning that never concluded, as for a math response (answer_extraction, rule 3),
+    statements are then reasoning that never concluded, as for a math response (answer_extraction, rule 5),
     unless its last line is itself a whole statement (`Zoey: knave`, a table row `| Zoey | Knight |`)."""
     unquoted = re.sub(r"[\"'”’)\]]+$", "", text.rstrip())  # a sentence may close inside quotes or brackets
     if ends_complete(unquoted):

@@ -304,7 +304,8 @@ def _generate_and_grade(
             """Grade a problem whose samples are all in and append its row: a kill later loses nothing
             finished, and the bar counts problems as they complete."""
             items = [GradeItem(suite.grader, text, p.answer, p.extra.get("names"), p.extra.get("solution"),
-                               id=f"{p.id}#{j}") for j, text in enumerate(texts)]  # fmt: skip
+                               id=f"{p.id}#{j}", problem=p.problem)
+                     for j, text in enumerate(texts)]  # fmt: skip
             graded = pool.grade(items)
             classes = _answer_classes(suite.grader, [p], texts, graded, k, pool)[0]
             row = _problem_row(p, texts, graded, classes, cut, backend.tokenizer)
@@ -379,10 +380,10 @@ def _answer_classes(
 ) -> list[list[int | None]]:
     """Each problem's answer classes for maj@k. Only problems with differing answer texts need math-verify
     (in the pool); K&K answers are canonical texts already."""
-    votes = [
-        VoteItem(grader, [g.key for g in graded[i * k : (i + 1) * k]], texts[i * k : (i + 1) * k], id=p.id)
-        for i, p in enumerate(chunk)
-    ]
+    votes = []
+    for i, p in enumerate(chunk):
+        samples = slice(i * k, (i + 1) * k)
+        votes.append(VoteItem(grader, [g.key for g in graded[samples]], texts[samples], p.id, p.problem))
     classes = [text_classes(v.keys) for v in votes]
     need = [i for i, c in enumerate(classes) if grader == "math" and len(set(c) - {None}) > 1]
     for i, found in zip(need, pool.classes([votes[i] for i in need]) if need else [], strict=True):

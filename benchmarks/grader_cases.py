@@ -1,0 +1,109 @@
+"""The maths grader against the judged case set (`benchmarks/judged_cases.py`): false positives and false
+negatives per thousand cases, by kind.
+
+    python -m benchmarks.grader_cases [--workers 2] [--show-agreeing]
+
+Every case is graded as `rlbench eval` grades a sample: in the grading pool (forked workers, the wall-clock
+limit and the one retry after a timeout), with the problem statement where the case has one. A false
+positive is a case judged wrong that the grader passes; a false negative one judged right that it fails.
+Prints a table and every disagreement, and writes benchmarks/results/grader_cases.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from benchmarks.judged_cases import Case, all_cases
+from reference_trainer.errors import UserError
+from reference_trainer.tasks.grading import GradeItem, GradeResult
+from reference_trainer.trace.records import write_json
+from rlbench.eval.pool import GradingPool
+
+RESULT_PATH = Path(__file__).parent / "results" / "grader_cases.json"
+
+
+def math_item(response: str, gold: str, item_id: str, problem: str) -> GradeItem:
+    """A maths item for the grader on the path; one older than the problem-aware grader (run with an older
+    checkout first on PYTHONPATH, to compare) is given no problem statement."""
+    if "problem" in {f.name for f in fields(GradeItem)}:
+        return GradeItem("math", response, gold, id=item_id, problem=problem)
+    return GradeItem("math", response, gold, id=item_id)
+
+
+def grade_cases(cases: list[Case], workers: int) -> list[GradeResult]:
+    items = [math_item(c.response, c.gold, f"case-{i}", c.problem) for i, c in enumerate(cases)]
+    with GradingPool(workers=workers) as pool:
+        return pool.grade(items)
+
+
+def per_thousand(count: int, total: int) -> float:
+    return 1000 * count / total if total else 0.0
+
+
+def main() -> None:
+    try:
+        _main()
+    except UserError as err:  # an --out that cannot be written: one line
+        sys.exit(f"error: {err}")
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, choices=range(1, 9), default=2, metavar="1..8")
+    parser.add_argument("--show-agreeing", action="store_true", help="also print the cases graded as judged")
+    parser.add_argument("--out", type=Path, default=RESULT_PATH)
+    args = parser.parse_args()
+    cases = all_cases()
+    start = time.perf_counter()
+    results = grade_cases(cases, args.workers)
+    wall_s = time.perf_counter() - start
+
+    by_kind: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    disagreements = []
+    for case, result in zip(cases, results, strict=True):
+        group = case.kind.split("/")[0]
+        verdict = "ok" if result.correct == case.correct else "fp" if result.correct else "fn"
+        by_kind[group]["cases"] += 1
+        by_kind[group][verdict] += 1
+        if verdict != "ok" or args.show_agreeing:
+            disagreements.append(
+                {"kind": case.kind, "verdict": verdict, "response": case.response, "gold": case.gold,
+                 "judged": case.correct, "extracted": result.extracted, "error": result.error}
+            )  # fmt: skip
+
+    total = collections.Counter[str]()
+    for counts in by_kind.values():
+        total.update(counts)
+    print(f"{len(cases)} judged cases, graded in {wall_s:.1f} s ({args.workers} workers)")
+    print("| kind | cases | false positives | false negatives | FP per 1,000 | FN per 1,000 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for kind, c in [*sorted(by_kind.items()), ("all", total)]:
+        print(
+            f"| {kind} | {c['cases']} | {c['fp']} | {c['fn']} "
+            f"| {per_thousand(c['fp'], c['cases']):.1f} | {per_thousand(c['fn'], c['cases']):.1f} |"
+        )
+    for d in disagreements:
+        print(f"{d['verdict'].upper()} [{d['kind']}] gold {d['gold']!r}: {d['response']!r}")
+        print(f"    extracted {d['extracted']!r}")
+    write_json(
+        args.out,
+        {
+            "cases": len(cases),
+            "false_positives": total["fp"],
+            "false_negatives": total["fn"],
+            "fp_per_1000": per_thousand(total["fp"], len(cases)),
+            "fn_per_1000": per_thousand(total["fn"], len(cases)),
+            "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
+            "disagreements": disagreements,
+            "wall_s": wall_s,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
