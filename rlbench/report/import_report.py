@@ -12,7 +12,7 @@ from reference_trainer.trace.records import read_json
 from reference_trainer.trace.schema import read_trace
 from rlbench.report.figures import Event, _fig, note, num, pct, steps_axis
 from rlbench.report.page import table, write_page
-from rlbench.report.profile_report import check_profile_doc, headline, step_figures, summary_rows
+from rlbench.report.profile_report import check_profile_doc, headline, kpis, step_figures, summary_rows
 from rlbench.report.timeline import slot_timeline
 
 
@@ -63,8 +63,9 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
     steps = doc.get("steps") or []
     how = "".join(f"<li>{html.escape(str(x))}</li>" for x in info.get("method") or [])
     cannot = "".join(f"<li>{html.escape(str(x))}</li>" for x in info.get("limits") or [])
-    top = [headline(doc), f"<ul>{how}</ul>" if how else ""]
-    if run.get("time_unit") not in (None, "s"):
+    unit = run.get("time_unit") or "s"
+    top = [headline(doc) if unit == "s" else _headline_in(doc, unit), f"<ul>{how}</ul>" if how else ""]
+    if unit != "s":
         top.insert(
             0, note(f"This log has no clock: times on this page are in {run['time_unit']}s, not seconds.")
         )
@@ -107,9 +108,41 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
     subtitle = " · ".join(
         f"{k}: {v}" for k, v in run.items() if v is not None and not isinstance(v, (dict, list))
     )
+    if unit != "s":  # every chart's time axis and rate in the log's own unit, as the note above says
+        sections = [(title, [_relabel(part, unit) for part in parts]) for title, parts in sections]
     return write_page(
         run_dir / "report.html", f"rlbench import — {run.get('framework', 'run')}", sections, subtitle
     )
+
+
+def _headline_in(doc: dict[str, Any], unit: str) -> str:
+    """The headline figures of a log without a clock: times and rates per `unit` (a decode step)."""
+    s = doc.get("summary", {})
+    return kpis(
+        {
+            "bubble ratio": pct(s.get("bubble_ratio")),
+            f"rollout tokens per {unit}": num(s.get("rollout_tokens_per_s"), digits=4),
+            "mean step time": num(s.get("step_time_s"), f" {unit}s"),
+            "tail time share": pct(s.get("tail_time_share")),
+        }
+    )
+
+
+def _relabel(part: Any, unit: str) -> Any:
+    """A figure's titles with seconds read as `unit`s (an HTML part is left as it is)."""
+    if not hasattr(part, "layout"):
+        return part
+
+    def say(text: str | None) -> str | None:
+        if not text:
+            return text
+        text = text.replace("tokens/s", f"tokens per {unit}").replace("wall time", f"{unit}s")
+        return text.replace("(s)", f"({unit}s)").replace("seconds", f"{unit}s")
+
+    part.layout.title.text = say(part.layout.title.text)
+    for axis in (part.layout.xaxis, part.layout.yaxis):
+        axis.title.text = say(axis.title.text)
+    return part
 
 
 def is_import_run(run_dir: Path) -> bool:
