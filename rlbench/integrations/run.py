@@ -90,36 +90,25 @@ def write_run(
     `integration` holds what the framework logged and what its logs cannot tell."""
     check_events(events, "the rebuilt trace")  # a bug here is ours: refuse before anything is written
     with claim(out, "import", accepts=("import",)):  # one writer; never over another command's run
-        return _write(out, events, groups, run, integration, whatif_doc)
-
-
-def _write(
-    out: Path,
-    events: list[dict[str, Any]],
-    groups: list[Group],
-    run: dict[str, Any],
-    integration: dict[str, Any],
-    whatif_doc: dict[str, Any] | None,
-) -> dict[str, Any]:
-    computed = metrics.compute(events)
-    if groups:
-        integration = {**integration, "length_variance": lengthlog.variance_split(groups)}
-    doc = {
-        "run": {
-            "kind": "import",
-            "imported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            **run,
-        },  # fmt: skip
-        "summary": computed["summary"],
-        "steps": computed["steps"],
-        "gpu": {"available": False, "reason": NO_GPU},
-        "integration": integration,
-        "whatif": whatif_doc or {"available": False, "reason": "no per-sample lengths in what was read"},
-    }
-    write_json(out / "imported.json", doc["run"])  # first: what the folder holds (rlbench/rundirs.py)
-    write_jsonl(out / "trace.jsonl", events)
-    if groups:
-        lengthlog.write(out / "lengths.jsonl", groups)
-    write_json(out / "metrics.json", doc)
-    render_import(out, doc, events)
-    return doc
+        computed = metrics.compute(events)
+        if groups:
+            integration = {**integration, "length_variance": lengthlog.variance_split(groups)}
+        doc = {
+            "run": {
+                "kind": "import",
+                "imported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                **run,
+            },  # fmt: skip
+            "summary": computed["summary"],
+            "steps": computed["steps"],
+            "gpu": {"available": False, "reason": NO_GPU},
+            "integration": integration,
+            "whatif": whatif_doc or {"available": False, "reason": "no per-sample lengths in what was read"},
+        }
+        write_json(out / "imported.json", doc["run"])  # first: what the folder holds (rlbench/rundirs.py)
+        write_jsonl(out / "trace.jsonl", events)
+        if groups:
+            lengthlog.write(out / "lengths.jsonl", groups)
+        write_json(out / "metrics.json", doc)
+        render_import(out, doc, events)
+        return doc
