@@ -116,10 +116,10 @@ FUZZ_VALUES = ("0", "-3", "nan", "inf", "1e999", str(2**70))
 FUZZ_STUBS = {
     "train": "rlbench.training.run_training",
     "profile": "rlbench.profiling.session.run_profile",
-    "compare": "rlbench.profiling.session.ProfileSession",  # after every check, before anything runs
+    "compare": "rlbench.profiling.compare.ProfileSession",  # after every check, before anything runs
     "observe": "rlbench.profiling.observe.observe",
     "simulate": "rlbench.simulate.workload.synthetic",
-    "eval": "rlbench.eval.runner.run_eval",
+    "eval": "rlbench.evaluate.run_eval",
     "generate": "reference_trainer.engine.factory.build_rollout_engine",
     "embedded build": "reference_trainer.train.recipe.build",
     "import lengths": "rlbench.integrations.imports.import_lengths",
