@@ -1,5 +1,5 @@
-"""Modes, defined once: each mode is a rollout strategy plus, optionally, HistoSpec speculation, a placement
-over W > 1 workers and an off-policy correction, with typed options.
+"""Modes, defined once: each mode is a rollout strategy plus, optionally, speculation (HistoSpec's or
+SuffixDecoding's drafts), a placement over W > 1 workers and an off-policy correction, with typed options.
 
 `rlbench train/profile/compare` build the trainer from this registry, `rlbench simulate` builds its policies
 from it (rlbench/simulate/modes.py), and `rlbench modes` prints it. So a mode name means one algorithm
@@ -69,7 +69,8 @@ class ModeSpec:
     name: str
     description: str
     strategy: str  # a key of STRATEGY_PATHS: the strategy on one worker
-    speculation: str | None = None  # "histospec": HistoSpec drafting attached to every engine
+    # The drafter attached to every engine (mode_options.DRAFTERS): the default of option histospec.drafter.
+    speculation: str | None = None
     # With --workers > 1: the default placement of the "placed" strategy; None = the mode needs one engine.
     placement: str | None = "round-robin"
     # Truncated-importance-sampling cap for modes that train on tokens of older policies (GRPOConfig.tis_cap
@@ -101,7 +102,17 @@ class ModeSpec:
         if self.speculative:
             spec = VLLM_HISTOSPEC_OPTIONS if engine == "vllm" else HISTOSPEC_OPTIONS
             out.update({o.name: o for o in spec})
+            if "histospec.drafter" in out:
+                out["histospec.drafter"] = replace(out["histospec.drafter"], default=self.speculation)
+            if "histospec.method" in out and self.speculation == "suffix":  # vLLM's own SuffixDecoding
+                out["histospec.method"] = replace(out["histospec.method"], default="suffix")
         return out
+
+    def speculation_options(self, options: Mapping[str, Any], engine: str = "reference") -> dict[str, Any]:
+        """The engine's speculation options (a config's "histospec" dict) with this mode's drafter filled in
+        where they leave it out."""
+        key = "method" if engine == "vllm" else "drafter"
+        return {key: self.options(1, engine)[f"histospec.{key}"].default, **options}
 
     def check_options(
         self, options: Mapping[str, Any], workers: int | None = None, engine: str = "reference"
@@ -125,6 +136,10 @@ class ModeSpec:
                 out[key] = takes[key].check(value)
             except ValueError as err:
                 raise UserError(f"mode {self.name!r}: {err}") from None
+        drafter = out.get("histospec.drafter", self.speculation)
+        if other := [k for k in out if takes[k].drafter not in (None, drafter)]:
+            raise UserError(f"mode {self.name!r}: option {', '.join(other)} needs histospec.drafter="
+                            f"{takes[other[0]].drafter}; the drafter is {drafter}")  # fmt: skip
         return out
 
     def accepted(
@@ -204,6 +219,22 @@ MODES: dict[str, ModeSpec] = {
             speculation="histospec",
             placement=None,
             simulator_note=_ONE_ENGINE_SIM + " " + _SPEC_SIM,
+        ),
+        ModeSpec(
+            "suffix",
+            "The baseline with SuffixDecoding drafting: one suffix tree over every earlier response (all "
+            "prompts', from the first epoch on) plus the prompt; needs arctic-inference.",
+            strategy="baseline",
+            speculation="suffix",
+            simulator_note=_SPEC_SIM.replace("HistoSpec", "SuffixDecoding").replace("a history", "trees"),
+        ),
+        ModeSpec(
+            "sorted+suffix",
+            "SortedRL's on-policy strategy (as sorted) with SuffixDecoding drafting on its one engine.",
+            strategy="sorted",
+            speculation="suffix",
+            placement=None,
+            simulator_note=_ONE_ENGINE_SIM + " " + _SPEC_SIM.replace("HistoSpec", "SuffixDecoding"),
         ),
     )
 }

@@ -110,17 +110,18 @@ def sample_responses(
     history: Sequence[Sequence[Sequence[int]]] = (),
     temperature: float = 1.0,
     capacity: int = 64,
+    drafter: str = "histospec",
 ) -> Samples:
     """`n` seeded samples of each prompt through the reference engine (request j of prompt i has seed
-    first_seed + i * n + j): plain when `rule` is None, else with HistoSpec attached (drafts from
-    `history[i]`, earlier responses to prompt i, plus responses finishing during the run) verifying with
-    `rule`, and the drafted / accepted token counts from the engine's trace."""
+    first_seed + i * n + j): plain when `rule` is None, else with `drafter` attached (drafts from
+    `history[i]`, earlier responses to prompt i, plus responses of the run) verifying with `rule`, and the
+    drafted / accepted token counts from the engine's trace."""
     from reference_trainer.engine.engine import Engine
 
     max_len = max(len(p) for p in prompts) + max_tokens + 1
     engine = Engine(model, EngineConfig(max_num_seqs=capacity, max_model_len=max_len), eos_token_ids=eos_ids)
     if rule is not None:
-        spec = attach_histospec(engine, cost_model=FREE_VERIFY, accept_rule=rule)
+        spec = attach_histospec(engine, drafter, cost_model=FREE_VERIFY, accept_rule=rule)
         for prompt, responses in zip(prompts, history, strict=False):  # no history: none
             for response in responses:
                 spec.drafter.add_response(list(prompt), list(response))
