@@ -19,9 +19,13 @@ of the same shape (said in the output).
 from __future__ import annotations
 
 import argparse
+import os
+import platform
+import sys
 import tempfile
 import time
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +197,8 @@ def main() -> None:
             trainers |= make_trainers(mine, str(mdir), args.device, Path(tmp_name), (MODE_OF[d],))
         specs = {d: trainers[MODE_OF[d]].engine.speculator for d in drafters}
         for spec in specs.values():
+            # One cost table for every drafter (the first one's): the gate decides alike, only drafts differ.
+            spec.cost_model = specs[drafters[0]].cost_model
             spec.drafter = SourceCounter(spec.drafter)
         steps_per_epoch = args.pool // args.prompts_per_step
         print(
@@ -263,7 +269,14 @@ def main() -> None:
         for trainer in trainers.values():
             trainer.close()
         if args.json:
-            write_json(args.json, rows)
+            cpu = f"{os.cpu_count()}-core {platform.machine()} CPU" if args.device == "cpu" else args.device
+            write_json(args.json, {
+                "command": "python -m benchmarks.histospec " + " ".join(sys.argv[1:]),
+                "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "device": f"{cpu}, torch {torch.__version__}, {args.threads} threads",
+                "model": source,
+                "rows": rows,
+            })  # fmt: skip
 
 
 if __name__ == "__main__":

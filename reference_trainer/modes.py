@@ -146,9 +146,15 @@ class ModeSpec:
         self, options: Mapping[str, Any], workers: int = 1, engine: str = "reference"
     ) -> dict[str, Any]:
         """The part of `options` (nested as the config holds them) that this mode takes, for a command that
-        hands one set of options to several modes (`rlbench compare`)."""
+        hands one set of options to several modes (`rlbench compare`): of the speculation options, those of
+        its drafter and of any drafter."""
         takes = self.options(workers, engine)
-        return {k: v for k, v in options.items() if k in takes or (k == "histospec" and self.speculative)}
+        out = {k: v for k, v in options.items() if k in takes or (k == "histospec" and self.speculative)}
+        if isinstance(spec := out.get("histospec"), Mapping):
+            drafter = spec.get("drafter", self.speculation)
+            mine = {o.name.removeprefix("histospec."): o.drafter for o in takes.values()}
+            out["histospec"] = {k: v for k, v in spec.items() if mine.get(k) in (None, drafter)}
+        return out
 
 
 _ONE_ENGINE_SIM = (
@@ -160,6 +166,10 @@ _SPEC_SIM = (
     "HistoSpec is modelled as i.i.d. per-token acceptance (the trace's, else --acceptance) with one "
     "cost-aware draft length per run (1..histospec.max_draft), not per-sequence adaptive drafts from "
     "a history."
+)
+_SUFFIX_SIM = (
+    "SuffixDecoding is modelled as i.i.d. per-token acceptance (the trace's, else --acceptance) with one "
+    "cost-aware draft length per run (1..histospec.max_draft), not per-sequence drafts from suffix trees."
 )
 _PLACE_SIM = (
     "W > 1: histopipe placement is LPT over whole groups by predicted tokens (the trainer places each "
@@ -226,7 +236,7 @@ MODES: dict[str, ModeSpec] = {
             "prompts', from the first epoch on) plus the prompt; needs arctic-inference.",
             strategy="baseline",
             speculation="suffix",
-            simulator_note=_SPEC_SIM.replace("HistoSpec", "SuffixDecoding").replace("a history", "trees"),
+            simulator_note=_SUFFIX_SIM,
         ),
         ModeSpec(
             "sorted+suffix",
@@ -234,7 +244,7 @@ MODES: dict[str, ModeSpec] = {
             strategy="sorted",
             speculation="suffix",
             placement=None,
-            simulator_note=_ONE_ENGINE_SIM + " " + _SPEC_SIM.replace("HistoSpec", "SuffixDecoding"),
+            simulator_note=_ONE_ENGINE_SIM + " " + _SUFFIX_SIM,
         ),
     )
 }

@@ -86,5 +86,9 @@ def test_selected_per_mode_and_options_of_the_other_drafter_are_errors():
         suffix.check_options({"histospec": {"min_confidence": 0.2}})
     with pytest.raises(UserError, match="option histospec.suffix_min_prob needs histospec.drafter=suffix"):
         rhyme.check_options({"histospec": {"suffix_min_prob": 0.2}})
+    # One set of options for several modes (rlbench compare): each drafter takes its own and the shared ones.
+    both = {"histospec": {"min_confidence": 0.6, "suffix_min_prob": 0.2, "max_draft": 4}}
+    assert suffix.accepted(both) == {"histospec": {"suffix_min_prob": 0.2, "max_draft": 4}}
+    assert rhyme.accepted(both) == {"histospec": {"min_confidence": 0.6, "max_draft": 4}}
     with pytest.raises(UserError, match="unknown histospec.drafter 'eagle'"):
         rhyme.check_options({"histospec": {"drafter": "eagle"}})
