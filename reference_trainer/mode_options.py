@@ -136,7 +136,7 @@ PLACED_OPTIONS = (
 # Speculation on the reference engine: the drafter (histospec: HistoryDrafter, engine/histospec.py;
 # suffix: SuffixDrafter, engine/suffix.py), its constructor arguments and the Speculator's
 # (engine/histospec.py attach_histospec), except the Speculator's accept_rule, a callable.
-DRAFTERS = ("histospec", "suffix")
+DRAFTERS = {"histospec": "HistoSpec", "suffix": "SuffixDecoding"}  # name -> title
 
 
 def _speculation_options(drafter: str | None, rows: tuple[tuple[Any, ...], ...]) -> tuple[Option, ...]:
@@ -164,7 +164,7 @@ HISTOSPEC_OPTIONS = (
         "histospec",
         "histospec: this prompt's earlier responses; suffix: SuffixDecoding over all responses (needs "
         "arctic-inference); default: the mode's",
-        choices=DRAFTERS,
+        choices=tuple(DRAFTERS),
     ),
     *_speculation_options(
         "histospec",

@@ -62,7 +62,7 @@ def sampling(seeds: range, max_tokens: int = 12, **kw) -> list[SamplingParams]:
     return [SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=s, **kw) for s in seeds]
 
 
-@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
 def test_greedy_and_seeded_outputs_identical_with_drafts(model, drafter):
     needs(drafter)
     prompts = [PROMPT, [9, 10], [11, 12, 13, 14, 15], PROMPT] * 3
@@ -156,7 +156,7 @@ def _p_values(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> tuple[float
     return chi, ks
 
 
-@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
 def test_sampling_distribution_is_unchanged_and_a_wrong_rule_is_detected(model, drafter):
     needs(drafter)
     n = 300
