@@ -61,11 +61,9 @@ class SuffixDrafter:
         if max_draft < 1 or suffix_max_depth < 1 or suffix_max_cached == 0:
             raise ValueError("need max_draft >= 1, suffix_max_depth >= 1 and suffix_max_cached != 0")
         self.max_draft, self.max_depth = max_draft, suffix_max_depth
-        self.spec_factor, self.spec_offset, self.min_prob = (
-            suffix_spec_factor,
-            suffix_spec_offset,
-            suffix_min_prob,
-        )
+        self.spec_factor = suffix_spec_factor
+        self.spec_offset = suffix_spec_offset
+        self.min_prob = suffix_min_prob
         self.cache = SuffixDecodingCache(
             max_tree_depth=suffix_max_depth, max_cached_requests=suffix_max_cached
         )
