@@ -92,3 +92,26 @@ def test_selected_per_mode_and_options_of_the_other_drafter_are_errors():
     assert rhyme.accepted(both) == {"histospec": {"min_confidence": 0.6, "max_draft": 4}}
     with pytest.raises(UserError, match="unknown histospec.drafter 'eagle'"):
         rhyme.check_options({"histospec": {"drafter": "eagle"}})
+
+
+def test_the_benchmark_attributes_drafts_to_other_prompts():
+    from benchmarks.histospec import SourceCounter
+
+    counter = SourceCounter(SuffixDrafter(suffix_min_prob=0.0))
+    counter.add_response([1, 2], [10, 11, 12, 13, 14, 15])  # another prompt's response
+    other = seq([10, 11], prompt=[3, 4])
+    assert counter.draft(other, 4) == [12, 13]
+    counter.observe(other, 2, 1)
+    own = seq([10, 11], prompt=[10, 11, 12, 13])  # the prompt itself continues "10 11" the same way
+    assert counter.draft(own, 4) == [12, 13]
+    counter.observe(own, 2, 2)
+    taken = counter.take()
+    assert taken["verified_draft_tokens"] == 4
+    assert taken["from_other_prompts"] == 0.5 and taken["acceptance_from_other_prompts"] == 0.5
+    assert counter.take()["verified_draft_tokens"] == 0  # counts restart
+    other.response_ids += [12, 13, 20]
+    counter.on_done(other, epoch=0)  # a finished response is its prompt's own text from then on
+    again = seq([10, 11], prompt=[3, 4])
+    assert counter.draft(again, 4) == [12, 13]
+    counter.observe(again, 2, 0)
+    assert counter.take()["from_other_prompts"] == 0.0
