@@ -29,6 +29,7 @@ class Option:
     nullable: bool = False  # JSON null is allowed (and usually the default: "the component decides")
     multi_worker: bool = False  # takes effect only with --workers > 1
     simulated: bool = False  # rlbench simulate models it
+    drafter: str | None = None  # a speculation option of this drafter only (DRAFTERS); None: of any
 
     def check(self, value: Any) -> Any:
         """The value if it has this option's type, else a one-line ValueError."""
@@ -132,29 +133,100 @@ PLACED_OPTIONS = (
         simulated=True,
     ),
 )
-# HistoSpec on the reference engine: HistoryDrafter's and Speculator's constructor arguments
-# (rollout/histospec.py attach_histospec), except the Speculator's accept_rule, a callable.
-HISTOSPEC_OPTIONS = tuple(
-    Option(f"histospec.{name}", kind, default, text, minimum=low, nullable=nullable, simulated=sim)
-    for name, kind, default, low, nullable, sim, text in (
-        ("max_prompts", "int", 4096, 1, False, False, "prompts with a history (LRU)"),
-        ("max_responses", "int", 16, 1, False, False, "responses kept per prompt"),
-        ("max_epochs", "int", 2, 1, False, False, "policy versions a history spans"),
-        ("min_draft", "int", 1, 1, False, False, "shortest adaptive draft"),
-        ("max_draft", "int", 8, 1, False, True, "longest adaptive draft"),
-        ("init_draft", "int", 4, 1, False, False, "a new sequence's draft length"),
-        ("min_match", "int", 1, 0, False, False, "shortest suffix match that may draft"),
-        ("rematch_window", "int", 64, 1, False, False, "tokens re-matched after a history change"),
-        ("min_confidence", "float", 0.5, 0, False, False, "stop a draft below this cumulative share"),
-        ("cost_model", "list", None, None, True, False, "[[batch, q, seconds], ...]; none = measure"),
-        ("margin", "float", 0.05, 0, False, False, "verify must beat decode by this share or cost within it"),
-        ("prior_acceptance", "float", 0.7, 0, False, False, "acceptance assumed before any is seen"),
-        ("prior_weight", "float", 8.0, 0, False, False, "weight of that prior, in draft positions"),
-        ("decay", "float", 0.98, 0, False, False, "per-step decay of the acceptance counts"),
-        ("cost_batches", "list[int]", [1, 4, 16, 64], None, False, False, "batch sizes the cost table times"),
-        ("cost_qs", "list[int]", [1, 2, 4, 8, 16], None, False, False, "verify widths the cost table times"),
-        ("cost_repeats", "int", 3, 1, False, False, "timing repeats per cost-table cell"),
+# Speculation on the reference engine: the drafter (histospec: HistoryDrafter, engine/histospec.py;
+# suffix: SuffixDrafter, engine/suffix.py), its constructor arguments and the Speculator's
+# (engine/histospec.py attach_histospec), except the Speculator's accept_rule, a callable.
+DRAFTERS = {"histospec": "HistoSpec", "suffix": "SuffixDecoding"}  # name -> title
+
+
+def _speculation_options(drafter: str | None, rows: tuple[tuple[Any, ...], ...]) -> tuple[Option, ...]:
+    """Rows of (name, type, default, minimum, nullable, simulated, help) -> histospec.* options of
+    `drafter` only (None: of any drafter)."""
+    return tuple(
+        Option(
+            f"histospec.{name}",
+            kind,
+            default,
+            text,
+            minimum=low,
+            nullable=null,
+            simulated=sim,
+            drafter=drafter,
+        )
+        for name, kind, default, low, null, sim, text in rows
     )
+
+
+HISTOSPEC_OPTIONS = (
+    Option(
+        "histospec.drafter",
+        "str",
+        "histospec",
+        "histospec: this prompt's earlier responses; suffix: SuffixDecoding over all responses (needs "
+        "arctic-inference); default: the mode's",
+        choices=tuple(DRAFTERS),
+    ),
+    *_speculation_options(
+        "histospec",
+        (
+            ("max_prompts", "int", 4096, 1, False, False, "prompts with a history (LRU)"),
+            ("max_responses", "int", 16, 1, False, False, "responses kept per prompt"),
+            ("max_epochs", "int", 2, 1, False, False, "policy versions a history spans"),
+            ("min_draft", "int", 1, 1, False, False, "shortest adaptive draft"),
+            ("init_draft", "int", 4, 1, False, False, "a new sequence's draft length"),
+            ("min_match", "int", 1, 0, False, False, "shortest suffix match that may draft"),
+            ("rematch_window", "int", 64, 1, False, False, "tokens re-matched after a history change"),
+            ("min_confidence", "float", 0.5, 0, False, False, "stop a draft below this cumulative share"),
+        ),
+    ),
+    *_speculation_options(
+        "suffix",
+        (
+            ("suffix_max_depth", "int", 64, 1, False, False, "suffix trees' depth: longest match + draft"),
+            ("suffix_max_cached", "int", 10000, 1, False, False, "responses in the global tree (FIFO)"),
+            ("suffix_spec_factor", "float", 1.0, 0, False, False, "draft <= this x match length + offset"),
+            ("suffix_spec_offset", "float", 0.0, None, False, False, "that offset, in tokens"),
+            ("suffix_min_prob", "float", 0.1, 0, False, False, "stop at a token estimated below it"),
+        ),
+    ),
+    *_speculation_options(
+        None,
+        (
+            ("max_draft", "int", 8, 1, False, True, "longest draft"),
+            ("cost_model", "list", None, None, True, False, "[[batch, q, seconds], ...]; none = measure"),
+            (
+                "margin",
+                "float",
+                0.05,
+                0,
+                False,
+                False,
+                "verify must beat decode by this share or cost within it",
+            ),
+            ("prior_acceptance", "float", 0.7, 0, False, False, "acceptance assumed before any is seen"),
+            ("prior_weight", "float", 8.0, 0, False, False, "weight of that prior, in draft positions"),
+            ("decay", "float", 0.98, 0, False, False, "per-step decay of the acceptance counts"),
+            (
+                "cost_batches",
+                "list[int]",
+                [1, 4, 16, 64],
+                None,
+                False,
+                False,
+                "batch sizes the cost table times",
+            ),
+            (
+                "cost_qs",
+                "list[int]",
+                [1, 2, 4, 8, 16],
+                None,
+                False,
+                False,
+                "verify widths the cost table times",
+            ),
+            ("cost_repeats", "int", 3, 1, False, False, "timing repeats per cost-table cell"),
+        ),
+    ),
 )
 # --engine vllm maps the histospec keys onto vLLM's speculative_config (engine/vllm_engine.py).
 VLLM_HISTOSPEC_OPTIONS = (

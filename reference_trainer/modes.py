@@ -1,5 +1,5 @@
-"""Modes, defined once: each mode is a rollout strategy plus, optionally, HistoSpec speculation, a placement
-over W > 1 workers and an off-policy correction, with typed options.
+"""Modes, defined once: each mode is a rollout strategy plus, optionally, speculation (HistoSpec's or
+SuffixDecoding's drafts), a placement over W > 1 workers and an off-policy correction, with typed options.
 
 `rlbench train/profile/compare` build the trainer from this registry, `rlbench simulate` builds its policies
 from it (rlbench/simulate/modes.py), and `rlbench modes` prints it. So a mode name means one algorithm
@@ -74,7 +74,8 @@ class ModeSpec:
     name: str
     description: str
     strategy: str  # a key of STRATEGY_TABLE: the strategy on one worker
-    speculation: str | None = None  # "histospec": HistoSpec drafting attached to every engine
+    # The drafter attached to every engine (mode_options.DRAFTERS): the default of option histospec.drafter.
+    speculation: str | None = None
     # With --workers > 1: the default placement of the "placed" strategy; None = the mode needs one engine.
     placement: str | None = "round-robin"
     # Truncated-importance-sampling cap for modes that train on tokens of older policies (GRPOConfig.tis_cap
@@ -106,7 +107,17 @@ class ModeSpec:
         if self.speculative:
             spec = VLLM_HISTOSPEC_OPTIONS if engine == "vllm" else HISTOSPEC_OPTIONS
             out.update({o.name: o for o in spec})
+            if "histospec.drafter" in out:
+                out["histospec.drafter"] = replace(out["histospec.drafter"], default=self.speculation)
+            if "histospec.method" in out and self.speculation == "suffix":  # vLLM's own SuffixDecoding
+                out["histospec.method"] = replace(out["histospec.method"], default="suffix")
         return out
+
+    def speculation_options(self, options: Mapping[str, Any], engine: str = "reference") -> dict[str, Any]:
+        """The engine's speculation options (a config's "histospec" dict) with this mode's drafter filled in
+        where they leave it out."""
+        key = "method" if engine == "vllm" else "drafter"
+        return {key: self.options(1, engine)[f"histospec.{key}"].default, **options}
 
     def check_options(
         self, options: Mapping[str, Any], workers: int | None = None, engine: str = "reference"
@@ -130,15 +141,25 @@ class ModeSpec:
                 out[key] = takes[key].check(value)
             except ValueError as err:
                 raise UserError(f"mode {self.name!r}: {err}") from None
+        drafter = out.get("histospec.drafter", self.speculation)
+        if other := [k for k in out if takes[k].drafter not in (None, drafter)]:
+            raise UserError(f"mode {self.name!r}: option {', '.join(other)} needs histospec.drafter="
+                            f"{takes[other[0]].drafter}; the drafter is {drafter}")  # fmt: skip
         return out
 
     def accepted(
         self, options: Mapping[str, Any], workers: int = 1, engine: str = "reference"
     ) -> dict[str, Any]:
         """The part of `options` (nested as the config holds them) that this mode takes, for a command that
-        hands one set of options to several modes (`rlbench compare`)."""
+        hands one set of options to several modes (`rlbench compare`): of the speculation options, those of
+        its drafter and of any drafter."""
         takes = self.options(workers, engine)
-        return {k: v for k, v in options.items() if k in takes or (k == "histospec" and self.speculative)}
+        out = {k: v for k, v in options.items() if k in takes or (k == "histospec" and self.speculative)}
+        if isinstance(spec := out.get("histospec"), Mapping):
+            drafter = spec.get("drafter", self.speculation)
+            mine = {o.name.removeprefix("histospec."): o.drafter for o in takes.values()}
+            out["histospec"] = {k: v for k, v in spec.items() if mine.get(k) in (None, drafter)}
+        return out
 
 
 _ONE_ENGINE_SIM = (
@@ -150,6 +171,10 @@ _SPEC_SIM = (
     "HistoSpec is modelled as i.i.d. per-token acceptance (the trace's, else --acceptance) with one "
     "cost-aware draft length per run (1..histospec.max_draft), not per-sequence adaptive drafts from "
     "a history."
+)
+_SUFFIX_SIM = (
+    "SuffixDecoding is modelled as i.i.d. per-token acceptance (the trace's, else --acceptance) with one "
+    "cost-aware draft length per run (1..histospec.max_draft), not per-sequence drafts from suffix trees."
 )
 _PLACE_SIM = (
     "W > 1: histopipe placement is LPT over whole groups by predicted tokens (the trainer places each "
@@ -209,6 +234,22 @@ MODES: dict[str, ModeSpec] = {
             speculation="histospec",
             placement=None,
             simulator_note=_ONE_ENGINE_SIM + " " + _SPEC_SIM,
+        ),
+        ModeSpec(
+            "suffix",
+            "The baseline with SuffixDecoding drafting: one suffix tree over every earlier response (all "
+            "prompts', from the first epoch on) plus the prompt; needs arctic-inference.",
+            strategy="baseline",
+            speculation="suffix",
+            simulator_note=_SUFFIX_SIM,
+        ),
+        ModeSpec(
+            "sorted+suffix",
+            "SortedRL's on-policy strategy (as sorted) with SuffixDecoding drafting on its one engine.",
+            strategy="sorted",
+            speculation="suffix",
+            placement=None,
+            simulator_note=_ONE_ENGINE_SIM + " " + _SUFFIX_SIM,
         ),
     )
 }

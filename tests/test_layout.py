@@ -56,6 +56,7 @@ HEAVY = frozenset(
         "huggingface_hub",
         "jsonschema",
         "safetensors",
+        "arctic_inference",
     ]
 )
 COMMAND_UNITS = ("rlbench.commands", "rlbench.cli")

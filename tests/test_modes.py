@@ -60,13 +60,19 @@ def test_registry_options_are_the_strategy_constructor_arguments(strategy):
 def test_histospec_options_are_attach_histospec_arguments():
     from reference_trainer.engine.histospec import HistoryDrafter
     from reference_trainer.engine.speculative import Speculator
+    from reference_trainer.engine.suffix import SuffixDrafter
 
     # accept_rule is a callable, no command-line option; drafter is built by attach_histospec itself
-    params = {**_params(HistoryDrafter), **_params(Speculator, drop=("drafter", "accept_rule"))}
-    options = {o.name.removeprefix("histospec."): o.default for o in HISTOSPEC_OPTIONS}
+    drafters = {"histospec": _params(HistoryDrafter), "suffix": _params(SuffixDrafter)}
+    shared = _params(Speculator, drop=("drafter", "accept_rule"))
+    params = {**drafters["histospec"], **drafters["suffix"], **shared, "drafter": "histospec"}
+    options = {o.name.removeprefix("histospec."): o for o in HISTOSPEC_OPTIONS}
     assert options.keys() == params.keys()
     for name, default in params.items():
-        assert options[name] == (list(default) if isinstance(default, tuple) else default), name
+        assert options[name].default == (list(default) if isinstance(default, tuple) else default), name
+        owners = [d for d, p in drafters.items() if name in p]
+        assert options[name].drafter == (owners[0] if len(owners) == 1 else None), name
+    assert drafters["histospec"]["max_draft"] == drafters["suffix"]["max_draft"]  # one option, one default
     speculative_config = _speculative_config()
     for o in VLLM_HISTOSPEC_OPTIONS:  # every vLLM key is one the vLLM engine maps, with its default
         key = o.name.removeprefix("histospec.")
@@ -87,6 +93,7 @@ def test_modes_build_their_strategies():
             placed = make_mode_strategy(mode, 2, {})
             assert placed.migrate == (mode.placement == "histopipe")
     assert MODES["sorted+rhyme"].strategy == "sorted" and MODES["sorted+rhyme"].speculative
+    assert MODES["sorted+suffix"].strategy == "sorted" and MODES["sorted+suffix"].speculation == "suffix"
     assert MODES["sorted-partial"].tis_cap == 2.0 and MODES["sorted"].tis_cap is None
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
+from reference_trainer.engine.suffix import suffix_available
 from rlbench.reproduce.base import Context
 from rlbench.reproduce.lossless import generous_accept, homogeneity_test, lossless, no_residual_accept
 from rlbench.reproduce.spec import load_specs
@@ -80,6 +81,9 @@ def test_quick_reproduction_passes_the_exact_rule_and_catches_wrong_ones(tmp_pat
     assert m["p_value_biased"] < 1e-6 and m["p_value_no_residual"] < 0.01  # ...but the test sees wrong rules
     assert m["identical_with_same_seeds"] == 1.0  # the coupling: same seeds, same responses
     assert m["accepted_tokens"] > 1000 and m["rejected_tokens"] > 200 and 0.5 < m["acceptance_rate"] < 1
+    if suffix_available():  # the same verifier under SuffixDecoding's drafts
+        assert m["p_value_exact_suffix"] >= 0.01 and m["p_value_biased_suffix"] < 0.01
+        assert m["accepted_tokens_suffix"] > 1000 and m["rejected_tokens_suffix"] > 200
     spec = load_specs()["histospec-lossless"]
     assert spec.verdict(m)[0] == "reproduced"
     assert {c.metric for c in spec.checks + spec.requires} <= set(m)

@@ -13,6 +13,7 @@ from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.histospec import HistoryDrafter, attach_histospec
 from reference_trainer.engine.speculative import CostModel, Speculator, coupled_accept
+from reference_trainer.mode_options import DRAFTERS
 from reference_trainer.model.attention import CachedBatch, PagedKVCache
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
@@ -48,6 +49,11 @@ def make_engine(model: DecoderLM, capacity: int = 64, **spec) -> tuple[Engine, S
     return engine, (attach_histospec(engine, **spec) if spec else None)
 
 
+def needs(drafter: str) -> None:
+    if drafter == "suffix":
+        pytest.importorskip("arctic_inference.suffix_decoding")
+
+
 def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list:
     return engine.generate(prompts, params)
 
@@ -56,14 +62,16 @@ def sampling(seeds: range, max_tokens: int = 12, **kw) -> list[SamplingParams]:
     return [SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=s, **kw) for s in seeds]
 
 
-def test_greedy_and_seeded_outputs_identical_with_drafts(model):
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_greedy_and_seeded_outputs_identical_with_drafts(model, drafter):
+    needs(drafter)
     prompts = [PROMPT, [9, 10], [11, 12, 13, 14, 15], PROMPT] * 3
     for params in (
         [SamplingParams(temperature=0.0, max_tokens=30)] * len(prompts),
         sampling(range(len(prompts)), max_tokens=30, top_k=8, top_p=0.9),
     ):
         plain = run(make_engine(model)[0], prompts, params)
-        engine, spec = make_engine(model, cost_model=CHEAP)
+        engine, spec = make_engine(model, cost_model=CHEAP, drafter=drafter)
         assert spec is not None
         for p in {tuple(p) for p in prompts}:  # history: other samples of the same prompts
             for s in run(make_engine(model)[0], [list(p)] * 4, sampling(range(100, 104), max_tokens=30)):
@@ -128,9 +136,13 @@ def test_rollback_leaves_the_cache_equal_to_a_fresh_prefill(model):
                 torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-4)
 
 
-def _samples(model: DecoderLM, first_seed: int, n: int, rule=None) -> list[tuple[int, ...]]:
+def _samples(
+    model: DecoderLM, first_seed: int, n: int, rule=None, drafter: str = "histospec"
+) -> list[tuple[int, ...]]:
     history = [sample_responses(model, [PROMPT], 8, 900_000, [EOS], 12).responses[0]] if rule else []
-    out = sample_responses(model, [PROMPT], n, first_seed, [EOS], 12, rule=rule, history=history)
+    out = sample_responses(
+        model, [PROMPT], n, first_seed, [EOS], 12, rule=rule, history=history, drafter=drafter
+    )
     if rule is not None:
         assert out.accepted > 100  # drafts really were used
     return out.responses[0]
@@ -143,14 +155,16 @@ def _p_values(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> tuple[float
     return chi, ks
 
 
-def test_sampling_distribution_is_unchanged_and_a_wrong_rule_is_detected(model):
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_sampling_distribution_is_unchanged_and_a_wrong_rule_is_detected(model, drafter):
+    needs(drafter)
     n = 300
     plain = _samples(model, 0, n)
-    exact = _samples(model, 10_000, n, coupled_accept)  # other seeds: independent samples
+    exact = _samples(model, 10_000, n, coupled_accept, drafter)  # other seeds: independent samples
     chi, ks = _p_values(plain, exact)
     assert chi > 0.01 and ks > 0.01
     # A plausible bug: accept d with probability min(1, 2 p(d)) instead of p(d).
-    wrong = _samples(model, 10_000, n, generous_accept(0))
+    wrong = _samples(model, 10_000, n, generous_accept(0), drafter)
     chi_w, ks_w = _p_values(plain, wrong)
     assert min(chi_w, ks_w) < 0.01
 
@@ -184,12 +198,16 @@ def test_measured_cost_model_and_plain_steps_when_verification_is_expensive(mode
     assert kinds["verify"] == 0 and kinds["decode"] > 0  # falls back to plain decode steps
 
 
-def test_rhyme_mode_attaches_histospec_and_matches_baseline(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("spec_mode", ["rhyme", "suffix"])
+def test_speculative_modes_attach_their_drafter_and_match_baseline(tmp_path, tiny_model_dir, spec_mode):
+    from reference_trainer.engine.suffix import SuffixDrafter
+    from reference_trainer.modes import get_mode
     from reference_trainer.train.config import TrainConfig
     from reference_trainer.train.trainer import Trainer
 
+    needs(get_mode(spec_mode).speculation)
     rows, seqs = {}, {}
-    for mode in ("baseline", "rhyme"):
+    for mode in ("baseline", spec_mode):
         config = TrainConfig(
             eval_every=0,
             mode=mode,
@@ -204,15 +222,18 @@ def test_rhyme_mode_attaches_histospec_and_matches_baseline(tmp_path, tiny_model
             mode_options={
                 "histospec": {"cost_model": [[1, 1, 1.0], [64, 1, 1.0], [1, 16, 1.0], [64, 16, 1.0]]}
             }
-            if mode == "rhyme"
+            if mode == spec_mode
             else {},
         )
         trainer = Trainer(config, tmp_path / mode)
-        assert (trainer.engine.speculator is not None) == (mode == "rhyme")
+        assert (trainer.engine.speculator is not None) == (mode == spec_mode)
+        if mode == spec_mode:
+            drafter = trainer.engine.speculator.drafter
+            assert isinstance(drafter, SuffixDrafter if spec_mode == "suffix" else HistoryDrafter)
         rows[mode] = [trainer.train_step() for _ in range(2)]
         seqs[mode] = [
             (e["id"], e["response_tokens"]) for e in trainer.trace.events if e["kind"] == "sequence"
         ]
-    assert seqs["rhyme"] == seqs["baseline"]  # the pool repeats prompts; exact speculation, same samples
-    assert [r["reward_mean"] for r in rows["rhyme"]] == [r["reward_mean"] for r in rows["baseline"]]
-    assert len({sid for sid, _ in seqs["rhyme"]}) == 6  # 2 prompts x 3 samples, seen in both epochs
+    assert seqs[spec_mode] == seqs["baseline"]  # the pool repeats prompts; exact speculation, same samples
+    assert [r["reward_mean"] for r in rows[spec_mode]] == [r["reward_mean"] for r in rows["baseline"]]
+    assert len({sid for sid, _ in seqs[spec_mode]}) == 6  # 2 prompts x 3 samples, seen in both epochs

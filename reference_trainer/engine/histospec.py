@@ -12,11 +12,13 @@ Memory is bounded: at most `max_prompts` prompts (LRU) x `max_responses` respons
 
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
+from reference_trainer.engine.suffix import SuffixDrafter
 
 
 class SuffixAutomaton:
@@ -251,26 +253,27 @@ class HistoryDrafter:
         }
 
 
-def attach_histospec(engine: Any, **options: Any) -> Any:
-    """Attach HistoSpec drafting and cost-aware exact verification to an engine; returns the Speculator.
+def attach_histospec(engine: Any, drafter: str = "histospec", **options: Any) -> Any:
+    """Attach speculative drafting and cost-aware exact verification to an engine; returns the Speculator.
 
-    Options: the HistoryDrafter's (max_prompts, max_responses, max_epochs, min_draft, max_draft,
-    init_draft, min_match, rematch_window, min_confidence) and the Speculator's (margin, prior_acceptance,
-    cost_batches, cost_qs, cost_repeats, cost_model)."""
+    `drafter` "histospec" (this module's HistoryDrafter) or "suffix" (SuffixDecoding, engine/suffix.py).
+    Options: the drafter's constructor arguments (HistoryDrafter: max_prompts, max_responses, max_epochs,
+    min_draft, max_draft, init_draft, min_match, rematch_window, min_confidence; SuffixDrafter: max_draft,
+    suffix_*) and the Speculator's (margin, prior_acceptance, cost_batches, cost_qs, cost_repeats,
+    cost_model, accept_rule)."""
     from reference_trainer.engine.speculative import Speculator
 
-    drafter_keys = {
-        "max_prompts",
-        "max_responses",
-        "max_epochs",
-        "min_draft",
-        "max_draft",
-        "init_draft",
-        "min_match",
-        "rematch_window",
-        "min_confidence",
-    }
-    drafter = HistoryDrafter(**{k: v for k, v in options.items() if k in drafter_keys})
-    spec = Speculator(drafter, **{k: v for k, v in options.items() if k not in drafter_keys})
+    if drafter == "suffix":
+        cls: type = SuffixDrafter
+    elif drafter == "histospec":
+        cls = HistoryDrafter
+    else:
+        raise ValueError(f"unknown drafter {drafter!r}; valid: histospec, suffix")
+    own = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    shared = set(inspect.signature(Speculator.__init__).parameters) - {"self", "drafter"}
+    if unknown := sorted(set(options) - own - shared):
+        raise ValueError(f"drafter {drafter!r} takes no option {', '.join(unknown)}")
+    spec = Speculator(cls(**{k: v for k, v in options.items() if k in own}),
+                      **{k: v for k, v in options.items() if k not in own})  # fmt: skip
     spec.attach(engine)
     return spec

@@ -77,7 +77,9 @@ def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
         model_dir=model_dir,
         trace=trace,
         seed=config.seed,
-        histospec=config.mode_options.get("histospec", {}) if mode.speculative else None,
+        histospec=mode.speculation_options(config.mode_options.get("histospec", {}), config.engine)
+        if mode.speculative
+        else None,
         workers=config.workers,
         worker_backend=config.worker_backend,
         ray_address=config.ray_address,

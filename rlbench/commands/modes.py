@@ -54,6 +54,7 @@ def _wrap(label: str, text: str) -> list[str]:
 
 
 def render_table() -> str:
+    from reference_trainer.mode_options import DRAFTERS
     from reference_trainer.modes import MODES, STRATEGY_TABLE
 
     cols = ("MODE", "STRATEGY", "SPECULATION", "PLACEMENT (W>1)", "OFF-POLICY CORRECTION")
@@ -61,7 +62,7 @@ def render_table() -> str:
         (
             m.name,
             STRATEGY_TABLE[m.strategy].title,
-            "HistoSpec" if m.speculative else "none",
+            DRAFTERS[m.speculation] if m.speculation else "none",
             m.placement or "one engine only",
             f"TIS, cap {m.tis_cap:g}" if m.tis_cap is not None else "none",
         )
@@ -98,7 +99,7 @@ def render_options() -> str:
     for name, o in options.items():
         low = f" >= {o.minimum:g}" if o.minimum is not None else ""
         kind = o.type + ("|null" if o.nullable else "") + low
-        default = "per mode" if name == "placement" else o.shown_default()
+        default = "per mode" if name in ("placement", "histospec.drafter") else o.shown_default()
         sim = "simulated" if o.simulated else "trainer only"
         out += ["", f"{name}  [{kind}; default {default}; {sim}; modes: {', '.join(takers[name])}]"]
         out += _wrap("", o.help + (f" (choices: {', '.join(o.choices)})" if o.choices else ""))

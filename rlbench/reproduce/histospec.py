@@ -69,8 +69,11 @@ def epoch_metrics(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
     }
 
 
-def mode_configs(w: Workload, model: str, device: str) -> dict[str, TrainConfig]:
-    """The two runs: plain decoding (`baseline`) and HistoSpec (`rhyme`), alike in everything else."""
+def mode_configs(
+    w: Workload, model: str, device: str, modes: tuple[str, ...] = ("baseline", "rhyme")
+) -> dict[str, TrainConfig]:
+    """The runs, alike in everything but the mode: by default plain decoding (`baseline`) and HistoSpec
+    (`rhyme`). `w.histospec` holds the speculation options of every speculative mode among `modes`."""
 
     def run_config(mode: str) -> TrainConfig:
         config = TrainConfig(
@@ -90,27 +93,29 @@ def mode_configs(w: Workload, model: str, device: str) -> dict[str, TrainConfig]
             eval_every=0,
             checkpoint_every=10**9,
             device=device,
-            mode_options={"histospec": dict(w.histospec)} if mode == "rhyme" and w.histospec else {},
+            mode_options={"histospec": dict(w.histospec)} if mode != "baseline" and w.histospec else {},
         )
         if w.lr is not None:
             config.grpo.lr = w.lr
         return config
 
-    return {mode: run_config(mode) for mode in ("baseline", "rhyme")}
+    return {mode: run_config(mode) for mode in modes}
 
 
 def epoch_row(trainers: dict[str, Any], epoch: int, steps: range) -> dict[str, Any]:
-    """One epoch of both runs: their metrics, the pooled speed-up, its per-step range, the drift check."""
-    plain, rhyme = (epoch_metrics(t.trace.events, steps) for t in trainers.values())
-    per_step = sorted(r / p for p, r in zip(plain["tokens_per_s_per_step"], rhyme["tokens_per_s_per_step"],
+    """One epoch of two runs, plain first (keys: the trainers' names): their metrics, the pooled speed-up
+    of the second over the first, its per-step range and the drift check."""
+    (plain_name, plain), (spec_name, spec) = ((n, epoch_metrics(t.trace.events, steps))
+                                              for n, t in trainers.items())  # fmt: skip
+    per_step = sorted(r / p for p, r in zip(plain["tokens_per_s_per_step"], spec["tokens_per_s_per_step"],
                                             strict=True) if p and r)  # fmt: skip
     return {
         "epoch": epoch + 1,
-        "baseline": plain,
-        "rhyme": rhyme,
-        "speedup": rhyme["tokens_per_s"] / plain["tokens_per_s"],
+        plain_name: plain,
+        spec_name: spec,
+        "speedup": spec["tokens_per_s"] / plain["tokens_per_s"],
         "speedup_per_step": {"min": per_step[0], "max": per_step[-1]} if per_step else None,
-        "drift": drift_check({"baseline": plain, "rhyme": rhyme}),
+        "drift": drift_check({plain_name: plain, spec_name: spec}),
     }
 
 

@@ -1,5 +1,8 @@
 """HistoSpec is lossless: sampling with history drafts leaves the output distribution unchanged.
 
+So is SuffixDecoding (engine/suffix.py) under the same verifier: where arctic-inference is installed, the
+exact rule and the min(1, 2p) rule run again with its drafts (the `+suffix` rows).
+
 The same prompts (arith, embedded model by default) are sampled many times through the reference engine,
 plain and with HistoSpec attached (drafts from earlier responses to each prompt, every draft verified),
 each run with its own disjoint per-request seeds so the samples are independent. A stratified chi-square
@@ -21,6 +24,7 @@ import torch
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.histospec import attach_histospec
 from reference_trainer.engine.speculative import AcceptRule, CostModel, coupled_accept
+from reference_trainer.engine.suffix import suffix_available
 from reference_trainer.model.prompting import encode_prompt
 from reference_trainer.model.tokenizer import load_tokenizer
 from reference_trainer.tasks import get_task
@@ -110,17 +114,18 @@ def sample_responses(
     history: Sequence[Sequence[Sequence[int]]] = (),
     temperature: float = 1.0,
     capacity: int = 64,
+    drafter: str = "histospec",
 ) -> Samples:
     """`n` seeded samples of each prompt through the reference engine (request j of prompt i has seed
-    first_seed + i * n + j): plain when `rule` is None, else with HistoSpec attached (drafts from
-    `history[i]`, earlier responses to prompt i, plus responses finishing during the run) verifying with
-    `rule`, and the drafted / accepted token counts from the engine's trace."""
+    first_seed + i * n + j): plain when `rule` is None, else with `drafter` attached (drafts from
+    `history[i]`, earlier responses to prompt i, plus responses of the run) verifying with `rule`, and the
+    drafted / accepted token counts from the engine's trace."""
     from reference_trainer.engine.engine import Engine
 
     max_len = max(len(p) for p in prompts) + max_tokens + 1
     engine = Engine(model, EngineConfig(max_num_seqs=capacity, max_model_len=max_len), eos_token_ids=eos_ids)
     if rule is not None:
-        spec = attach_histospec(engine, cost_model=FREE_VERIFY, accept_rule=rule)
+        spec = attach_histospec(engine, drafter, cost_model=FREE_VERIFY, accept_rule=rule)
         for prompt, responses in zip(prompts, history, strict=False):  # no history: none
             for response in responses:
                 spec.drafter.add_response(list(prompt), list(response))
@@ -147,10 +152,13 @@ class Workload:
     max_tokens: int = 16
     temperature: float = 1.0
     seed: int = 0
+    suffix: bool = True  # also SuffixDecoding's drafts, exact and wrong rule (where arctic-inference is)
 
     @classmethod
     def for_context(cls, ctx: Context) -> Workload:
-        return cls(prompts=ctx.pick(8, 4), samples=ctx.pick(400, 240), seed=ctx.seed)
+        return cls(
+            prompts=ctx.pick(8, 4), samples=ctx.pick(400, 240), seed=ctx.seed, suffix=suffix_available()
+        )
 
 
 RULES = {
@@ -158,6 +166,12 @@ RULES = {
     "generous": "accept min(1, 2p(d))",
     "no-residual": "no residual (d kept on rejection)",
 }
+# The same verifier under SuffixDecoding's drafts (engine/suffix.py): the exact rule, a wrong one for power.
+SUFFIX_RULES = {
+    "exact+suffix": "SuffixDecoding (exact rule)",
+    "generous+suffix": "SuffixDecoding, accept min(1, 2p(d))",
+}
+LABELS = {**RULES, **SUFFIX_RULES}
 
 
 def run_rules(ctx: Context, w: Workload) -> tuple[dict[str, Samples], Samples, list[list[int]], Any]:
@@ -185,6 +199,12 @@ def run_rules(ctx: Context, w: Workload) -> tuple[dict[str, Samples], Samples, l
         runs[name] = sample_responses(
             model, prompts, w.samples, base + 2 * SEED_STRIDE, rule=rule, **drafting
         )
+    for name in SUFFIX_RULES if w.suffix else ():
+        ctx.progress(f"sampling {w.prompts} x {w.samples} with SuffixDecoding drafts, rule {name}")
+        rule = rules[name.removesuffix("+suffix")]
+        runs[name] = sample_responses(
+            model, prompts, w.samples, base + 2 * SEED_STRIDE, rule=rule, drafter="suffix", **drafting
+        )
     ctx.progress("the exact rule again on the plain run's seeds")
     same_seeds = sample_responses(
         model, prompts, w.samples, base + SEED_STRIDE, rule=coupled_accept, **drafting
@@ -201,7 +221,7 @@ def _frequency_figure(runs: dict[str, Samples], tokenizer: Any, top: int = 10) -
         got = Counter(runs[name].responses[0])
         n = len(runs[name].responses[0])
         y = [got[r] / n for r in shown] + [1 - sum(got[r] for r in shown) / n]
-        fig.add_bar(name=RULES.get(name, "plain (no drafts)"), x=[*labels, "(all others)"], y=y,
+        fig.add_bar(name=LABELS.get(name, "plain (no drafts)"), x=[*labels, "(all others)"], y=y,
                     marker_color=colour)  # fmt: skip
     fig.update_layout(barmode="group")
     fig.update_yaxes(tickformat=".0%")
@@ -212,7 +232,7 @@ def _p_value_figure(tests: dict[str, dict[str, Any]]) -> Any:
     fig = _fig("Chi-square p-value vs plain sampling, per prompt (log scale)", "prompt", "p-value", 340)
     for colour, (name, test) in zip(PALETTE[1:], tests.items(), strict=False):
         y = [max(p, 1e-300) for p in test["per_stratum"]]
-        fig.add_bar(name=RULES[name], x=[f"prompt {i + 1}" for i in range(len(y))], y=y, marker_color=colour)
+        fig.add_bar(name=LABELS[name], x=[f"prompt {i + 1}" for i in range(len(y))], y=y, marker_color=colour)
     fig.add_hline(y=0.01, line_dash="dot", annotation_text="0.01")
     fig.update_layout(barmode="group")
     fig.update_yaxes(type="log", exponentformat="power")
@@ -224,7 +244,7 @@ def lossless(ctx: Context) -> Outcome:
     w = Workload.for_context(ctx)
     runs, same_seeds, _, tokenizer = run_rules(ctx, w)
     plain = runs["plain"].responses
-    tests = {name: homogeneity_test(plain, runs[name].responses) for name in RULES}
+    tests = {name: homogeneity_test(plain, runs[name].responses) for name in LABELS if name in runs}
     exact = runs["exact"]
     pairs = [
         (x, y)
@@ -247,14 +267,24 @@ def lossless(ctx: Context) -> Outcome:
         "acceptance_rate_biased": runs["generous"].accepted / max(1, runs["generous"].drafted),
         "identical_with_same_seeds": identical,
     }
+    if "exact+suffix" in runs:
+        suffix = runs["exact+suffix"]
+        measured["headline"] += f"; p = {tests['exact+suffix']['p_value']:.3g} with SuffixDecoding's drafts"
+        measured |= {
+            "p_value_exact_suffix": tests["exact+suffix"]["p_value"],
+            "p_value_biased_suffix": tests["generous+suffix"]["p_value"],
+            "accepted_tokens_suffix": suffix.accepted,
+            "rejected_tokens_suffix": suffix.drafted - suffix.accepted,
+            "acceptance_rate_suffix": suffix.accepted / suffix.drafted if suffix.drafted else None,
+        }
     rows = [
-        {"sampling": RULES.get(name, "plain (no drafts)"), "samples": w.prompts * w.samples,
+        {"sampling": LABELS.get(name, "plain (no drafts)"), "samples": w.prompts * w.samples,
          "drafted": runs[name].drafted, "accepted": runs[name].accepted,
          "distinct responses": sum(len(set(r)) for r in runs[name].responses),
          "chi-square": tests[name]["statistic"] if name in tests else None,
          "dof": tests[name]["dof"] if name in tests else None,
          "p-value": tests[name]["p_value"] if name in tests else None}
-        for name in ("plain", *RULES)
+        for name in ("plain", *LABELS) if name in runs
     ]  # fmt: skip
     intro = (
         f"{w.prompts} {w.task} prompts, {w.samples} samples each per row, temperature {w.temperature}, up to "
