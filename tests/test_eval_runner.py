@@ -354,3 +354,35 @@ def test_majority_vote_runs_over_equivalence_classes(tmp_path: Path, pool: Gradi
     half = {r["id"]: r for r in res["problems"]}["fx-02"]  # gold 1/2: the same vote is right there
     assert half["maj_correct"] is True and half["n_correct"] == 3
     assert res["maj_at_k"]["4"] == pytest.approx(1 / 5)
+
+
+def test_graders_are_forked_before_the_engine_and_ignore_ctrl_c(tmp_path: Path, monkeypatch) -> None:
+    """Forked before any engine or progress-bar thread exists (a fork copies a lock another thread holds:
+    Ctrl-C once hung the run), and deaf to the process group's SIGINT, which the parent answers alone."""
+    import os
+    import signal
+
+    order = []
+    started = GradingPool.start
+
+    def start(self) -> None:  # type: ignore[no-untyped-def]
+        started(self)
+        order.append(("pool", self.worker_pids()))
+
+    monkeypatch.setattr(GradingPool, "start", start)
+
+    def backend() -> FakeBackend:
+        order.append(("backend", []))
+        return FakeBackend()
+
+    data = _write_suite(tmp_path / "data")
+    res = run_eval(_cfg(), backend, tmp_path / "out", data_dir=data, progress=False)
+    assert [name for name, _ in order] == ["pool", "backend"] and order[0][1]
+    assert res["problems_evaluated"] == 5
+    with GradingPool(workers=1) as pool:
+        pool.start()
+        (pid,) = pool.worker_pids()
+        os.kill(pid, signal.SIGINT)
+        time.sleep(0.3)
+        assert pool.worker_pids() == [pid]  # still alive, and still grading
+        assert pool.grade([GradeItem("math", "The answer is $\\boxed{2}$.", "2")])[0].correct

@@ -67,6 +67,9 @@ def die_with_parent(parent: int) -> None:
         threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="watch-parent").start()
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
+    # Ctrl-C reaches the whole process group; the parent alone answers it (it kills the workers), so a
+    # worker neither prints a KeyboardInterrupt traceback nor waits on a lock its fork copied held.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run_chunk(fn: Callable[[T], R], items: list[T]) -> list[R]:
@@ -113,6 +116,10 @@ class GradingPool:
                 initargs=(os.getpid(),),
             )
         return self._pool
+
+    def start(self) -> None:
+        """Fork the workers now (a round trip through each start-up) rather than at the first grade."""
+        self._executor().submit(int).result()
 
     def worker_pids(self) -> list[int]:
         pool = self._pool

@@ -243,17 +243,21 @@ def run_eval(
 
     stored_cfg = out / CONFIG_FILE
     template = read_json(stored_cfg).get("template") if stored_cfg.is_file() else None
-    backend = backend_factory() if todo else None
-    if backend is not None:
-        template = resolve_template(cfg.template, suite.template, backend.tokenizer)
-        suite_file = str(suite.path.resolve()) if suite.path else None
-        write_json(stored_cfg, {"config": asdict(cfg), "template": template, "suite_title": suite.title,
-                                "suite_file": suite_file})  # fmt: skip
-
     own_pool = pool is None and bool(todo)
     pool = GradingPool() if own_pool else pool
+    backend = None
     per_chunk = max(1, chunk_seqs // cfg.samples)
     try:
+        if own_pool and pool is not None:
+            # The graders are forked now, before the engine's and the progress bar's threads exist: a fork
+            # copies a lock another thread holds, and a worker that touched it (Ctrl-C) hung the run.
+            pool.start()
+        backend = backend_factory() if todo else None
+        if backend is not None:
+            template = resolve_template(cfg.template, suite.template, backend.tokenizer)
+            suite_file = str(suite.path.resolve()) if suite.path else None
+            write_json(stored_cfg, {"config": asdict(cfg), "template": template, "suite_title": suite.title,
+                                    "suite_file": suite_file})  # fmt: skip
         if backend is not None and pool is not None:
             _generate_and_grade(
                 todo,
