@@ -9,6 +9,7 @@ may move not-yet-started requests from a busy worker to an idle one.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -219,7 +220,7 @@ class RayWorkerPool:
 
         if not ray.is_initialized():
             if address:
-                ray.init(address=address, log_to_driver=False)
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
             else:
                 temp = os.environ.get("RLBENCH_RAY_TMPDIR") or tempfile.mkdtemp(prefix="rlbench-ray-")
                 ray.init(
@@ -227,6 +228,8 @@ class RayWorkerPool:
                     include_dashboard=False,
                     log_to_driver=False,
                     _temp_dir=temp,
+                    # without it Ray prints "INFO ... Started a local Ray instance." into the run's output
+                    logging_level=logging.WARNING,
                 )
         self._ray = ray
         self.size, self.capacity, self.trace, self.budget_s = (
