@@ -142,17 +142,22 @@ def check_readbacks(device: str, shape: ModelConfig) -> dict[str, Any]:
     steps, counts = 16, []
     for _ in range(steps):
         torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                engine.step()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        counts.append(sum("synchroniz" in str(w.message) for w in caught))
+        counts.append(syncs_during(engine.step))
     while engine.has_unfinished():
         engine.step()
     return {"steps": steps, "syncs_per_step": counts, "passed": max(counts) <= 1}
+
+
+def syncs_during(work: Callable[[], object]) -> int:
+    """Host synchronisations while `work` runs, as CUDA's sync debug mode reports them (one warning each)."""
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            work()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def check_logits(device: str, shape: ModelConfig) -> dict[str, Any]:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import copy
 import math
 import random
-import warnings
 
 import pytest
 import torch
 from test_sync_free import counting
 
+from benchmarks.gpu_checks import syncs_during
 from reference_trainer.errors import UserError
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
@@ -326,14 +326,7 @@ def test_on_cuda_the_update_autocasts_fuses_adamw_and_syncs_a_constant_number_of
         )
         cuda_updater.update(batch)  # warm-up: the caching allocators fill
         torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                cuda_updater.update(batch)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        return sum("synchroniz" in str(w.message) for w in caught)
+        return syncs_during(lambda: cuda_updater.update(batch))
 
     assert syncs(8) == syncs(2) <= 2
 

@@ -9,7 +9,6 @@ sees every op). The GPU test checks the same with CUDA's own sync debug mode."""
 from __future__ import annotations
 
 import copy
-import warnings
 from collections import Counter
 from contextlib import contextmanager
 
@@ -17,6 +16,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.gpu_checks import syncs_during
 from reference_trainer.engine import kv_cache
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
@@ -202,15 +202,9 @@ def test_on_cuda_a_decode_and_a_verify_step_synchronise_once(model):
     checked: Counter[str] = Counter()
     while engine.has_unfinished():
         captured = len(engine.runner.static.graphs)
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                engine.step()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        syncs = syncs_during(engine.step)
         kind = engine.trace.events[-1]["kind"]
         if kind in ("decode", "verify") and len(engine.runner.static.graphs) == captured:
-            assert sum("synchroniz" in str(w.message) for w in caught) == 1, kind
+            assert syncs == 1, kind
             checked[kind] += 1
     assert checked["verify"] >= 1 and checked["decode"] + checked["verify"] >= 5

@@ -77,6 +77,10 @@ class StaticForward:
     def _blocks(self, span: int) -> int:
         return 1 if self.slots.contiguous else span // self.slots.block_size
 
+    def bucket(self, batch: int) -> int:
+        """The padded batch size a forward of `batch` rows runs at."""
+        return next(b for b in self.buckets if b >= batch)
+
     def fits(self, batch: int, width: int) -> bool:
         return batch <= self.buckets[-1] and width <= self.max_width
 
@@ -92,7 +96,7 @@ class StaticForward:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Hidden states [bucket, width, H] of rows continuing at `starts` in `slots` (padding rows past
         len(rows)), and `extras` uploaded with the inputs, as device views."""
-        bucket = next(b for b in self.buckets if b >= len(rows))
+        bucket = self.bucket(len(rows))
         width = max(len(r) for r in rows)
         span = self.span(max(starts) + width)
         pad = bucket - len(rows)
@@ -160,9 +164,9 @@ class StaticForward:
         speculator calls this before timing its verify forward, so the capture is its own trace event."""
         if not self.capture or not self.fits(batch, width):
             return False
-        bucket = next(b for b in self.buckets if b >= batch)
-        span = self.span(longest)
-        if (bucket, width, span) in self.graphs and self.slots.cache.k[0].data_ptr() == self._captured_over:
+        bucket, span = self.bucket(batch), self.span(longest)
+        self._drop_stale()
+        if (bucket, width, span) in self.graphs:
             return False
         self._replay((bucket, width, span), self.padding_args(bucket, width, span))
         return True
@@ -174,11 +178,15 @@ class StaticForward:
         hidden = self.model.hidden_cached(ids, batch)
         self.hidden[: ids.numel()].view_as(hidden).copy_(hidden)
 
-    def _replay(self, shape: tuple[int, int, int], args: tuple) -> None:
+    def _drop_stale(self) -> None:
+        """Forget the graphs captured over an older cache: first use, or the paged pool grew (new tensors)."""
         cache_ptr = self.slots.cache.k[0].data_ptr()
-        if cache_ptr != self._captured_over:  # first use, or the paged pool grew: new cache tensors
+        if cache_ptr != self._captured_over:
             self.graphs.clear()
             self._pool, self._captured_over = None, cache_ptr
+
+    def _replay(self, shape: tuple[int, int, int], args: tuple) -> None:
+        self._drop_stale()
         graph = self.graphs.get(shape)
         if graph is None:
             graph = self.graphs[shape] = self._capture(args)
