@@ -37,6 +37,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -169,32 +170,36 @@ def main() -> None:
     parser.add_argument("--stages", default="", help="comma-separated subset, in the order above")
     parser.add_argument("--engine-path", help="a checkout whose engine is the decode table's before column")
     parser.add_argument("--decode-sides", help="the decode stage's sides (benchmarks/decode_step.py --sides)")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/rlbench-gpu-run"), help="runs' own files")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="runs' own files (default: a new temporary folder, so that "
+        "nothing existing is written over; kept out of --out, whose files a call returns)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="the same stages on the CPU at tiny shapes")
     parser.add_argument("--real-model", type=Path, metavar="PARTS_DIR",
                         help="the real model's mode: a folder of the GGUF's parts (*.part*)")  # fmt: skip
     args = parser.parse_args()
     deadline = time.perf_counter() + args.budget_s
-    if args.real_model is not None:
-        plan = real_model_stages(args.real_model.resolve(), args.work.resolve(), args.dry_run)
-    else:
-        plan = stages(
-            args.out.resolve(), args.work.resolve(), args.dry_run, args.engine_path, args.decode_sides
-        )
-    if args.stages:
-        wanted = args.stages.split(",")
-        unknown = set(wanted) - {s.name for s in plan}
-        if unknown:
-            sys.exit(
-                f"error: --stages takes {', '.join(s.name for s in plan)}; not {', '.join(sorted(unknown))}"
-            )
-        plan = [s for s in plan if s.name in wanted]
+
+    def plan_in(work: Path) -> list[Stage]:
+        if args.real_model is not None:
+            return real_model_stages(args.real_model.resolve(), work, args.dry_run)
+        return stages(args.out.resolve(), work, args.dry_run, args.engine_path, args.decode_sides)
+
+    names = [s.name for s in plan_in(Path("."))]
+    wanted = args.stages.split(",") if args.stages else names
+    if unknown := sorted(set(wanted) - set(names)):
+        sys.exit(f"error: --stages takes {', '.join(names)}; not {', '.join(unknown)}")
     if not args.dry_run:
         import torch
 
         if not torch.cuda.is_available():
             sys.exit("error: benchmarks.gpu_run needs a CUDA GPU (--dry-run rehearses it on the CPU)")
     args.out.mkdir(parents=True, exist_ok=True)
+    # the runs' own files: a new folder unless one is given, so nothing that exists is written over
+    work = (args.work or Path(tempfile.mkdtemp(prefix="rlbench-gpu-run-"))).resolve()
+    plan = [s for s in plan_in(work) if s.name in wanted]
     log = args.out / "gpu_run.log"
     summary: dict[str, Any] = {**record("cpu" if args.dry_run else "cuda"), "dry_run": args.dry_run,
                                "budget_s": args.budget_s, "stages": {}}  # fmt: skip

@@ -60,9 +60,9 @@ class ModelRunner:
         # verify do), where nothing reads it before a real token overwrites it: no mask of real tokens, whose
         # boolean indexing would make the host wait for the device. Only where that room would pass a
         # sequence's length does the prefill mask its padding instead (host-known, rare).
-        ragged = min(lengths) != width and max(starts) + width > self.slots.max_len
+        masked = min(lengths) != width and max(starts) + width > self.slots.max_len
         for slot, row, start in zip(slots, rows, starts, strict=True):
-            self.slots.reserve(slot, start + (len(row) if ragged else width))
+            self.slots.reserve(slot, start + (len(row) if masked else width))
         parts = {
             "ids": padded(rows, width),
             "starts": starts,
@@ -71,7 +71,7 @@ class ModelRunner:
             "slots": slots,
             "positions": [s.length for s in seqs],
         }
-        if ragged:
+        if masked:
             parts["num_new"] = lengths
         inputs = upload(parts, self.device)
         batch = CachedBatch(
@@ -79,7 +79,7 @@ class ModelRunner:
             width,
             self.slots.cache,
             self._rows(inputs["rows"], len(seqs)),
-            num_new=inputs["num_new"] if ragged else None,
+            num_new=inputs["num_new"] if masked else None,
             key_len=max(starts) + width,
             attention=self.own_shape_attention,  # applies to short prefills (width <= attention.SMALL_Q)
         )
