@@ -7,6 +7,7 @@ import io
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# The interpreter's `rlbench` console script, where an install made one (CI's next step runs it).
+RLBENCH_SCRIPT = Path(sysconfig.get_path("scripts")) / "rlbench"
+RLBENCH_SCRIPT_AT_START = RLBENCH_SCRIPT.exists()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The tests leave the interpreter's own packages alone: a test's `pip install --prefix` once uninstalled
+    the venv's rlbench, and CI's next step found no `rlbench` command."""
+    if RLBENCH_SCRIPT_AT_START and not RLBENCH_SCRIPT.exists():
+        print(f"\nerror: the tests removed {RLBENCH_SCRIPT} (an uninstall of this interpreter's rlbench)")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
