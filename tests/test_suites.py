@@ -184,7 +184,8 @@ def test_an_editable_install_reads_the_top_level_suites(tmp_path: Path) -> None:
     src = _source_copy(tmp_path)
     # --ignore-installed: without it pip uninstalls this interpreter's own rlbench (and its `rlbench` script)
     # before installing into the new prefix, a change outside tmp_path.
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--ignore-installed"]
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    pip.append("--ignore-installed")
     subprocess.run([*pip, "--prefix", str(tmp_path / "prefix"), "-e", str(src)], check=True, cwd=tmp_path)
     site_dir = next((tmp_path / "prefix").glob("lib/python*/site-packages"))
     # the new install's finder first (its .pth), then this interpreter's own packages for the dependencies
