@@ -131,9 +131,12 @@ def test_missing_ray_is_a_clear_error(tiny_model_dir, toy_task, tmp_path, monkey
 
 
 @pytest.mark.e2e
-def test_two_ray_actors_end_to_end(tiny_model_dir, toy_task, tmp_path, monkeypatch):
+def test_two_ray_actors_end_to_end(tiny_model_dir, toy_task, tmp_path, monkeypatch, capfd):
     ray = pytest.importorskip("ray")
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    # Ray's defaults: token auth with a token written to ~/.ray/auth_token (outside the run) and a WARNING
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("RLBENCH_RAY_TMPDIR", tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     local = Trainer(config(tiny_model_dir, toy_task, steps=2), tmp_path / "local")
     local_rows = local.run()
@@ -145,6 +148,9 @@ def test_two_ray_actors_end_to_end(tiny_model_dir, toy_task, tmp_path, monkeypat
         trainer.close()
         ray.shutdown()
     assert len(set(pids)) == 2 and os.getpid() not in pids  # two real actor processes
+    out = capfd.readouterr()
+    assert "Token authentication" not in out.err + out.out and "Started a local Ray" not in out.err + out.out
+    assert os.environ["RAY_AUTH_MODE"] == "token" and not (tmp_path / "home").exists()  # auth on, no file
     # Same samples and the same updates as the in-process pool.
     assert [r["response_len_mean"] for r in rows] == [r["response_len_mean"] for r in local_rows]
     assert [r["reward_mean"] for r in rows] == [r["reward_mean"] for r in local_rows]

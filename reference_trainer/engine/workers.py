@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import tempfile
 import time
 from collections.abc import Mapping
@@ -203,6 +204,28 @@ class LocalWorkerPool:
         self.workers = []
 
 
+def start_local_ray(num_cpus: int, temp_dir: str) -> None:
+    """A local Ray instance for this process's actors, quiet and private:
+    - token authentication stays on, with a fresh token held only in this process's environment (inherited
+      by Ray's own processes): Ray's default writes one to ~/.ray/auth_token, outside the run, and warns;
+    - logging level WARNING: without it Ray prints "INFO ... Started a local Ray instance." into the output.
+    A RAY_AUTH_MODE the user set is kept as it is."""
+    import ray
+
+    if "RAY_AUTH_MODE" not in os.environ:
+        try:  # Rays with token authentication (Ray 2.60 has it); older ones neither write a token nor warn
+            from ray._private.authentication import authentication_token_setup as auth
+            from ray._raylet import AuthenticationTokenLoader
+        except ImportError:
+            pass
+        else:
+            os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+            auth._enable_token_auth()  # RAY_AUTH_MODE=token, and Ray's config (read at import) refreshed
+            AuthenticationTokenLoader.instance().reset_cache()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir,
+             logging_level=logging.WARNING)  # fmt: skip
+
+
 class RayWorkerPool:
     """W `RolloutWorker` actors, one CPU (or one GPU with device cuda) each; weights go out through Ray's
     object store once per update and every actor copies them in place."""
@@ -223,14 +246,7 @@ class RayWorkerPool:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
             else:
                 temp = os.environ.get("RLBENCH_RAY_TMPDIR") or tempfile.mkdtemp(prefix="rlbench-ray-")
-                ray.init(
-                    num_cpus=max(workers, os.cpu_count() or 1),
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    _temp_dir=temp,
-                    # without it Ray prints "INFO ... Started a local Ray instance." into the run's output
-                    logging_level=logging.WARNING,
-                )
+                start_local_ray(max(workers, os.cpu_count() or 1), temp)
         self._ray = ray
         self.size, self.capacity, self.trace, self.budget_s = (
             workers,

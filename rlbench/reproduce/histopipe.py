@@ -15,9 +15,7 @@ HistoPipe places by each prompt's response lengths in the previous epoch, so the
 from __future__ import annotations
 
 import importlib.util
-import logging
 import math
-import os
 import shutil
 import statistics
 import tempfile
@@ -27,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from reference_trainer.engine.workers import start_local_ray
 from reference_trainer.trace import metrics
 from reference_trainer.trace.schema import read_trace
 from reference_trainer.train.config import TrainConfig
@@ -131,11 +130,8 @@ def ray_session(num_cpus: int) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    # logging_level WARNING: without it Ray prints "INFO ... Started a local Ray instance." into the output
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _temp_dir=temp,
-             logging_level=logging.WARNING)  # fmt: skip
+    start_local_ray(num_cpus, temp)
     try:
         yield
     finally:
