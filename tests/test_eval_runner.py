@@ -386,3 +386,39 @@ def test_graders_are_forked_before_the_engine_and_ignore_ctrl_c(tmp_path: Path, 
         time.sleep(0.3)
         assert pool.worker_pids() == [pid]  # still alive, and still grading
         assert pool.grade([GradeItem("math", "The answer is $\\boxed{2}$.", "2")])[0].correct
+
+
+def test_the_bar_keeps_the_finished_count_when_interrupted(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C after two problems: the bar's last frame says 2/5 (it once reset to 0/5 just before the
+    message that every finished problem was kept), and a resumed run's bar starts from 2."""
+    import rich.progress
+
+    from rlbench.eval import runner
+
+    frames: list[tuple[float, float]] = []
+    starts: list[float] = []
+
+    class RecordingProgress(rich.progress.Progress):
+        def add_task(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            starts.append(kwargs.get("completed", 0))
+            return super().add_task(*args, **kwargs)
+
+        def __exit__(self, *exc) -> None:  # type: ignore[no-untyped-def]
+            frames.extend((t.completed, t.total or 0) for t in self.tasks)  # what the last frame shows
+            super().__exit__(*exc)
+
+    class InterruptedBackend(FakeBackend):
+        def generate(self, prompts: list[str], params: list, on_text=None) -> list[str]:
+            if self.calls == 2:
+                raise KeyboardInterrupt
+            return super().generate(prompts, params, on_text)
+
+    monkeypatch.setattr(runner, "Progress", RecordingProgress)
+    data = _write_suite(tmp_path / "data")
+    with pytest.raises(KeyboardInterrupt):  # chunks of one problem (chunk_seqs=2, K=2)
+        run_eval(_cfg(), InterruptedBackend, tmp_path / "out", data_dir=data, chunk_seqs=2)
+    assert frames == [(2, 5)]
+    assert len((tmp_path / "out" / "problems.jsonl").read_text().splitlines()) == 2
+    frames.clear()
+    run_eval(_cfg(), FakeBackend, tmp_path / "out", data_dir=data, chunk_seqs=2)
+    assert starts == [0, 2] and frames == [(5, 5)]
