@@ -61,6 +61,22 @@ def test_pool_grows_keeping_its_blocks():
     assert slots.blocks_in_use == start + 16
 
 
+def test_a_preallocated_pool_never_grows(monkeypatch):
+    """The graph path's pool (preallocate): every slot at full length from the start, so reserving all of it
+    keeps the same tensors the graphs were captured over; on CUDA only while it fits half the free memory."""
+    slots = SlotManager(CONFIG, capacity=4, max_len=256, device=CPU, dtype=torch.float32, contiguous=False,
+                        preallocate=True)  # fmt: skip
+    assert slots.cache.num_blocks == slots.max_blocks + 1
+    pointer = slots.cache.k[0].data_ptr()
+    for slot in [slots.allocate() for _ in range(4)]:
+        slots.reserve(slot, 256)
+    assert slots.cache.k[0].data_ptr() == pointer and slots.blocks_in_use == slots.max_blocks
+    per_block = kv_cache.BLOCK_SIZE * kv_cache.bytes_per_token(CONFIG, torch.float32)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 * per_block * 65, 0))
+    assert kv_cache.fits_whole_pool(65, kv_cache.BLOCK_SIZE, CONFIG, torch.float32, torch.device("cuda"))
+    assert not kv_cache.fits_whole_pool(66, kv_cache.BLOCK_SIZE, CONFIG, torch.float32, torch.device("cuda"))
+
+
 def test_layout_follows_the_size_of_a_full_preallocation(monkeypatch):
     small = SlotManager(CONFIG, capacity=4, max_len=256, device=CPU, dtype=torch.float32)
     # every slot at full length, and no more: the scratch slot waits for a static-shape forward

@@ -49,9 +49,11 @@ class Engine(RequestBook):
         )
         max_len = min(config.max_model_len, model.config.max_position_embeddings)
         self._init_book(config, max_len, eos_token_ids, tokenizer, trace)
+        graphs = config.cuda_graphs and device.type == "cuda"  # the pool they are captured over stays put
         self.slots = SlotManager(
-            model.config, config.max_num_seqs, max_len + config.max_verify_tokens, device, dtype
-        )
+            model.config, config.max_num_seqs, max_len + config.max_verify_tokens, device, dtype,
+            preallocate=graphs,
+        )  # fmt: skip
         self.scheduler = Scheduler(self.slots, config.max_prefill_tokens)
         self.runner = ModelRunner(model, config, self.slots)
         self.device = device

@@ -18,7 +18,8 @@ as the trace's `capture` event, which no metric counts); a verify shape just bef
 own `capture` event (`ensure_captured`, called by the speculator). A shape first met elsewhere is captured
 when it runs (a warm-up run, which does the step's real work, then the capture, then a replay that writes
 the same K/V again). A grown paged pool is a new tensor, so the graphs
-captured over the old one are dropped and recaptured. With `capture=False` the same static forward runs
+captured over the old one are dropped and recaptured; so under graphs the engine preallocates the whole pool
+(kv_cache.py `preallocate`), and only a pool too big for half the free memory still grows. With `capture=False` the same static forward runs
 eagerly: what the CPU tests compare with the engine's own-shape forward, and on CUDA what graphs are
 compared with.
 """

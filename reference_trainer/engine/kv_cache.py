@@ -33,6 +33,20 @@ INITIAL_BLOCKS_PER_SLOT = 4  # a paged pool starts at 64 positions per slot and 
 CONTIGUOUS_KV_BYTES = 512 * 2**20  # up to this, preallocate every slot at full length (contiguous layout)
 
 
+WHOLE_POOL_SHARE = 0.5  # preallocate the whole paged pool only if it takes at most this share of free memory
+
+
+def fits_whole_pool(
+    blocks: int, block_size: int, config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> bool:
+    """Whether a pool of `blocks` fits in WHOLE_POOL_SHARE of the device's free memory (CUDA); elsewhere
+    (CPU, and the meta device of the rehearsal tests) memory is not queried and it does."""
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return blocks * block_size * bytes_per_token(config, dtype) <= WHOLE_POOL_SHARE * free
+
+
 class SlotManager:
     def __init__(
         self,
@@ -43,7 +57,12 @@ class SlotManager:
         dtype: torch.dtype,
         block_size: int = BLOCK_SIZE,
         contiguous: bool | None = None,
+        preallocate: bool = False,
     ) -> None:
+        """`preallocate`: a paged pool holds every slot at full length from the start, when that fits the
+        device's free memory (`fits_whole_pool`), and never grows. CUDA graphs (graphs.py) want it: they
+        are captured over the pool's tensors, and a grown pool is new tensors, so every graph would be
+        dropped and recaptured inside a timed step."""
         self.capacity = capacity
         self.max_len = max_len
         self.block_size = block_size
@@ -58,7 +77,10 @@ class SlotManager:
             self.scratch: int | None = None  # the extra slot, made by `ensure_scratch` when first needed
             initial = 0
         else:
-            initial = min(self.max_blocks, capacity * INITIAL_BLOCKS_PER_SLOT) + 1
+            whole = preallocate and fits_whole_pool(self.max_blocks + 1, block_size, config, dtype, device)
+            initial = (
+                self.max_blocks if whole else min(self.max_blocks, capacity * INITIAL_BLOCKS_PER_SLOT)
+            ) + 1
             self.cache = PagedKVCache(config, initial, block_size, device, dtype)
             self.scratch = 0  # block 0
         self.device = device
