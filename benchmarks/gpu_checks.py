@@ -108,6 +108,7 @@ def check_graphs(device: str, shape: ModelConfig, batches: tuple[int, ...]) -> d
                     config.max_verify_tokens,
                     False,
                     engine.runner.static.attention,
+                    sampling=engine.sampling,  # as the runner's: decode samples inside the forward
                 )
             start = time.perf_counter()
             out = [s.response_ids for s in engine.generate(prompts, params)]

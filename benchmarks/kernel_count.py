@@ -7,8 +7,8 @@ FakeTensorMode (needs a CUDA build of torch, which installs and runs on a machin
 (any build). A TorchDispatchMode sees each ATen op after autograd and composite decompositions, i.e. what
 a device backend is asked to run; ops that only make views or allocate (view, permute, slice, expand,
 empty, ...) launch nothing and are not counted; every other op counts as one kernel launch. The ops run
-inside `StaticForward._forward` are what a CUDA graph captures (replayed as one graph launch); the rest of
-the step (the step's upload, the LM head over the sampled rows, the sampler, the read-back) runs outside.
+inside `StaticForward._forward` are what a CUDA graph captures (replayed as one graph launch): the forward,
+the LM head and the sampler; the rest of the step (its upload and its read-back) runs outside.
 Flex attention's compiled call is counted as FLEX_KERNELS (inductor's decoding kernel and its reduction).
 
 On `meta` a composite op may decompose differently than on `cuda` (e.g. rms_norm, which has a fused CUDA
@@ -106,9 +106,7 @@ def decode_step_counts(
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(kv_cache, "CONTIGUOUS_KV_BYTES", contiguous_bytes))
         # No data to read back: the sampled tokens come back as zeros; the host logic around them is real.
-        stack.enter_context(mock.patch.object(
-            engine_module, "read_back", lambda *rows: [[0.0] * rows[0].shape[0] for _ in rows]
-        ))  # fmt: skip
+        stack.enter_context(mock.patch.object(engine_module, "read_back", counted_read_back(counter)))
         stack.enter_context(mock.patch.object(flex, "attend", counted_flex(counter)))
         # no random init: a CPU build of torch has no CUDA generator, and the weights' values never matter
         for init in ("uniform_", "normal_"):
@@ -128,7 +126,9 @@ def decode_step_counts(
         # the engine seeds its unseeded-request stream from torch (a real number, not a fake one)
         with mock.patch.object(torch, "randint", lambda *a, **k: real_number(real_randint, *a, **k)):
             engine = Engine(model, config, eos_token_ids=[])
-        static = StaticForward(engine.model, engine.slots, config.max_verify_tokens, False, attention)
+        static = StaticForward(
+            engine.model, engine.slots, config.max_verify_tokens, False, attention, sampling=engine.sampling
+        )  # fmt: skip (as the runner builds it on CUDA)
         engine.runner.static = static
         forward = static._forward
 
@@ -165,6 +165,19 @@ def real_number(fn: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
 
     with unset_fake_temporarily():
         return fn(*args, **kwargs, device="cpu")
+
+
+def counted_read_back(counter: KernelCounter):  # type: ignore[no-untyped-def]
+    """transfers.read_back as the GPU runs it (its kernels and its one device-to-host copy, counted), with
+    zeros for the values, which a device without data does not have."""
+
+    def read_back(*rows: torch.Tensor) -> list[list[float]]:
+        torch.stack([r.double() for r in rows])
+        if counter.counting:
+            counter.ops["outside"]["copy (device to host)"] += 1
+        return [[0.0] * rows[0].shape[0] for _ in rows]
+
+    return read_back
 
 
 def counted_flex(counter: KernelCounter):  # type: ignore[no-untyped-def]

@@ -20,6 +20,7 @@ from reference_trainer.engine import engine as engine_module
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.graphs import StaticForward
+from reference_trainer.engine.sampler import SamplerOps
 from reference_trainer.model.decoder import DecoderLM
 
 SHAPE = dataclasses.replace(SMOLLM2_SHAPE, num_hidden_layers=2)  # every width of SmolLM2, two layers
@@ -62,12 +63,14 @@ def rehearse(layout: str, attention: str, stray: torch.Tensor | None = None) -> 
             mock.patch.object(flex, "attend", lambda q, k, v, mask: torch.empty_like(q)):  # fmt: skip
         # (flex's compiled kernel is the GPU's; its eager reference is tested against matmul elsewhere)
         engine = Engine(model, EngineConfig(max_num_seqs=batch, max_model_len=128, device="meta"), [])
-        static = StaticForward(engine.model, engine.slots, engine.config.max_verify_tokens, False, attention)
+        static = StaticForward(engine.model, engine.slots, engine.config.max_verify_tokens, False, attention,
+                               sampling=engine.sampling)  # fmt: skip
         engine.runner.static = static
         allowed = {storage(t) for t in [*engine.model.parameters(), *engine.model.buffers()]}
-        allowed |= {
-            storage(t) for t in [*engine.slots.cache.k, *engine.slots.cache.v, static.inputs, static.hidden]
-        }
+        table = engine.sampling  # the per-slot sampling settings the decode graph's sampler gathers
+        buffers = [static.inputs, static.hidden, static.tokens, static.logprobs]
+        tables = [table.key, table.divisor, table.top_p, table.top_k, table.greedy]
+        allowed |= {storage(t) for t in [*engine.slots.cache.k, *engine.slots.cache.v, *buffers, *tables]}
         reads = CapturedReads(allowed)
         forward = static._forward
 
@@ -128,22 +131,29 @@ def test_the_decode_shapes_captured_before_step_0_run_on_meta_in_inference_mode(
     with torch.device("meta"):
         model = DecoderLM(SHAPE).to(torch.bfloat16)
     engine = Engine(model, EngineConfig(max_num_seqs=8, max_model_len=256, device="meta"), [])
-    static = StaticForward(engine.model, engine.slots, engine.config.max_verify_tokens, False, "matmul")
+    static = StaticForward(engine.model, engine.slots, engine.config.max_verify_tokens, False, "matmul",
+                           sampling=engine.sampling)  # fmt: skip
+    ops = SamplerOps.of([SamplingParams(temperature=0.7, top_p=0.9)])
     shapes = []
     with torch.inference_mode():
-        for shape, args in static.decode_shapes():
+        for shape, args in static.decode_shapes(ops):
             static._forward(*args)
-            ids, starts = args[0], args[1]  # views of the persistent buffer, where `run` writes them
-            assert storage(ids) == storage(starts) == storage(static.inputs)
-            assert (ids.storage_offset(), starts.storage_offset()) == (0, shape[0])
+            ids, starts, where = args[0], args[1], args[2]  # views of the persistent buffer, where `decode`
+            slots, positions, _ = args[
+                4
+            ]  # writes them: ids, starts, rows, then the sampler's slots, positions
+            bucket = shape[0]
+            assert {storage(t) for t in (ids, starts, slots, positions)} == {storage(static.inputs)}
+            offsets = [t.storage_offset() for t in (ids, starts, slots, positions)]
+            assert offsets == [0, bucket, 2 * bucket + where.numel(), 3 * bucket + where.numel()]
             shapes.append(shape)
     spans = static.spans()
     assert spans[0] == 64 and spans[-1] == static.limit and len(set(spans)) == len(spans)
-    assert shapes == [(b, 1, s) for b in static.buckets for s in spans]
+    assert shapes == [(b, 1, s, ops) for b in static.buckets for s in spans]
     modes = []
     static.capture = True  # the capture itself needs CUDA: record the mode it would run in instead
     static._replay = lambda shape, args: modes.append(torch.is_inference_mode_enabled())  # type: ignore[method-assign]
-    static.capture_decode()
+    static.capture_decode(ops)
     assert modes == [True] * len(shapes)
 
 
@@ -163,6 +173,6 @@ def test_a_verify_width_is_captured_once_before_its_first_forward():
 
     static._replay = replay  # type: ignore[method-assign]
     assert static.ensure_captured(3, 5, 100) is True
-    assert seen == [((4, 5, 128), (4, 5), True)]  # bucket 4, width 5, the span covering position 99
+    assert seen == [((4, 5, 128, None), (4, 5), True)]  # bucket 4, width 5, the span covering position 99
     assert static.ensure_captured(4, 5, 120) is False and len(seen) == 1  # the same shape: not again
     assert static.ensure_captured(3, static.max_width + 1, 100) is False  # too wide for the graphs

@@ -65,12 +65,14 @@ def run(model, prompts, params, eos, layout, static, monkeypatch, history=None):
     assert engine.runner.static is None  # CPU: eager at each step's own shape unless told otherwise
     shapes: Counter[tuple[int, int]] = Counter()
     if static:
-        forward = StaticForward(model, engine.slots, engine.config.max_verify_tokens, capture=False)
+        # with the engine's sampling table, as the runner builds it on CUDA: decode samples inside the forward
+        forward = StaticForward(model, engine.slots, engine.config.max_verify_tokens, capture=False,
+                                sampling=engine.sampling)  # fmt: skip
         run_shape = forward._forward
 
-        def spy(ids, starts, where, span):  # type: ignore[no-untyped-def]
+        def spy(ids, starts, where, span, *sampled):  # type: ignore[no-untyped-def]
             shapes[tuple(ids.shape)] += 1
-            return run_shape(ids, starts, where, span)
+            return run_shape(ids, starts, where, span, *sampled)
 
         forward._forward = spy  # type: ignore[method-assign]
         engine.runner.static = forward
@@ -124,7 +126,8 @@ def test_cuda_graphs_emit_the_eager_tokens(layout, request, monkeypatch):
     def generate(graphs: bool, capture: bool, history=None, params=params):  # type: ignore[no-untyped-def]
         engine = Engine(model, EngineConfig(max_num_seqs=4, max_model_len=256, cuda_graphs=graphs), [2])
         if graphs and not capture:
-            engine.runner.static = StaticForward(model, engine.slots, engine.config.max_verify_tokens, False)
+            engine.runner.static = StaticForward(model, engine.slots, engine.config.max_verify_tokens, False,
+                                                 sampling=engine.sampling)  # fmt: skip
         if history:
             spec = attach_histospec(engine, cost_model=FREE_VERIFY)
             for prompt, response in history:

@@ -12,7 +12,7 @@ from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.requests import RequestBook
 from reference_trainer.engine.runner import ModelRunner, Scored
-from reference_trainer.engine.sampler import SlotParams, sample, seed_key
+from reference_trainer.engine.sampler import SamplerOps, SlotParams, sample, seed_key
 from reference_trainer.engine.scheduler import Scheduler
 from reference_trainer.engine.sequence import Sequence
 from reference_trainer.engine.transfers import read_back
@@ -55,18 +55,15 @@ class Engine(RequestBook):
             preallocate=graphs,
         )  # fmt: skip
         self.scheduler = Scheduler(self.slots, config.max_prefill_tokens)
-        self.runner = ModelRunner(model, config, self.slots)
+        self.sampling = SlotParams(config.max_num_seqs, device)  # per slot, on the device
+        self.runner = ModelRunner(model, config, self.slots, self.sampling)
         self.device = device
         # Each request's random stream key (sampler.py): from its seed, or for an unseeded request from the
         # engine's own source, itself seeded from torch's global generator (torch.manual_seed governs it).
         self._keys: dict[str, int] = {}
         self._unseeded = random.Random(int(torch.randint(0, 2**62, ())))
-        self.sampling = SlotParams(config.max_num_seqs, device)  # per slot, on the device
         # Optional speculative decoder (engine/speculative.py); it takes over decode steps when attached.
         self.speculator: Speculator | None = None
-        if self.runner.static is not None:  # CUDA graphs: every decode shape captured before step 0
-            with self.trace.phase(CAPTURE) as fields:
-                fields["graphs"] = self.runner.static.capture_decode()
 
     # ---- requests ----------------------------------------------------------------------------------------
     def add_request(
@@ -118,6 +115,8 @@ class Engine(RequestBook):
         kind, seqs = self.scheduler.schedule()
         if not seqs:
             return []
+        if kind == "decode":
+            self._capture_decode_graphs(seqs)
         t_start = self.trace.now()
         occupied = {slot: s.seq_id for slot, s in self.scheduler.running.items()}
         if kind == "decode" and self.speculator is not None:
@@ -133,11 +132,27 @@ class Engine(RequestBook):
         self.trace.engine_step(kind, t_start, self.trace.now(), occupied, self.slots.capacity, len(seqs))
         return finished
 
+    def _capture_decode_graphs(self, seqs: list[Sequence]) -> None:
+        """CUDA graphs: before the first decode step with these sequences' sampler ops, every decode shape
+        with them is captured, as the trace's `capture` event, outside any timed step (and again after a
+        grown pool dropped the graphs)."""
+        static = self.runner.static
+        ops = SamplerOps.of([s.params for s in seqs])
+        longest = max(s.num_cached for s in seqs) + 1
+        if static is not None and static.decode_graph_missing(len(seqs), longest, ops):
+            with self.trace.phase(CAPTURE) as fields:
+                fields["graphs"] = static.capture_decode(ops)
+
     def emit(self, seqs: list[Sequence], scored: Scored) -> list[Sequence]:
-        """Sample one token per sequence from its row of `scored`, read the tokens back (the step's one
-        device-to-host transfer) and append them; returns the sequences that finished."""
-        params = [s.params for s in seqs]
-        tokens, logprobs = sample(scored.logits, self.sampling.batch(scored.slots, scored.positions, params))
+        """Sample one token per sequence from its row of `scored` (unless a decode graph did), read the
+        tokens back (the step's one device-to-host transfer) and append them; returns the sequences that
+        finished."""
+        if scored.sampled is not None:
+            tokens, logprobs = scored.sampled
+        else:
+            params = [s.params for s in seqs]
+            batch = self.sampling.batch(scored.slots, scored.positions, params)  # type: ignore[arg-type]
+            tokens, logprobs = sample(scored.logits, batch)  # type: ignore[arg-type]
         tokens_l, logprobs_l = read_back(tokens, logprobs)
         return self._append_one_each(seqs, tokens_l, logprobs_l)
 

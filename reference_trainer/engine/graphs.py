@@ -10,18 +10,24 @@ bucket and replays it. The same idea over this engine's cached forward (model/de
 * every input (token ids, start positions, slots or block tables) is written in place into one persistent
   device buffer, in the step's one upload together with the sampler's per-row values (transfers.py);
   rows that only pad the batch write their K/V into the cache's scratch slot or block (kv_cache.py);
-* the captured part ends at the final norm and copies the hidden states into a persistent buffer; the LM
-  head runs eagerly over the rows that are sampled (runner.py), so padding costs no vocabulary matmul.
+* a decode forward (`decode`, given the engine's per-slot sampling table) holds the whole step: the LM
+  head over every row of the bucket and the sampler (sampler.py, keyed by slot and position, so a padding
+  row's draw changes no real row's), writing tokens and log-probs into persistent buffers; outside the graph
+  a step is its one upload and its one read-back. The sampler's optional ops (temperature, top-k, top-p,
+  greedy rows: `SamplerOps`) are part of the captured shape;
+* a verify forward ends at the final norm and copies the hidden states into a persistent buffer; the LM
+  head runs eagerly over the rows that are sampled (runner.py), and the speculator's accept/reject rule
+  after it.
 
-Every decode shape is captured before the engine's first step (`capture_decode`, over padding rows, recorded
-as the trace's `capture` event, which no metric counts); a verify shape just before its first use, as its
-own `capture` event (`ensure_captured`, called by the speculator). A shape first met elsewhere is captured
-when it runs (a warm-up run, which does the step's real work, then the capture, then a replay that writes
-the same K/V again). A grown paged pool is a new tensor, so the graphs
-captured over the old one are dropped and recaptured; so under graphs the engine preallocates the whole pool
-(kv_cache.py `preallocate`), and only a pool too big for half the free memory still grows. With `capture=False` the same static forward runs
-eagerly: what the CPU tests compare with the engine's own-shape forward, and on CUDA what graphs are
-compared with.
+Every decode shape of a batch's sampler ops is captured when the engine first decodes with them, before
+that step (`capture_decode`, over padding rows, recorded as the trace's `capture` event, which no metric
+counts); a verify shape just before its first use, as its own `capture` event (`ensure_captured`, called by
+the speculator). A shape first met elsewhere is captured when it runs (a warm-up run, which does the step's
+real work, then the capture, then a replay that writes the same K/V again). A grown paged pool is a new
+tensor, so the graphs captured over the old one are dropped and recaptured; so under graphs the engine
+preallocates the whole pool (kv_cache.py `preallocate`), and only a pool too big for half the free memory
+still grows. With `capture=False` the same static forward runs eagerly: what the CPU tests compare with the
+engine's own-shape forward, and on CUDA what graphs are compared with.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from collections.abc import Iterator
 import torch
 
 from reference_trainer.engine.kv_cache import SlotManager
+from reference_trainer.engine.sampler import SamplerOps, SlotParams, sample
 from reference_trainer.engine.transfers import PAD_ID, padded, upload
 from reference_trainer.model.attention import CachedBatch
 from reference_trainer.model.decoder import DecoderLM
@@ -45,11 +52,21 @@ def batch_buckets(capacity: int) -> list[int]:
     return [b for b in BATCH_BUCKETS if b < capacity] + [capacity]
 
 
+Shape = tuple[int, int, int, SamplerOps | None]  # (bucket, width, key span, sampler ops of a decode)
+
+
 class StaticForward:
     def __init__(
-        self, model: DecoderLM, slots: SlotManager, max_width: int, capture: bool, attention: str = "matmul"
+        self,
+        model: DecoderLM,
+        slots: SlotManager,
+        max_width: int,
+        capture: bool,
+        attention: str = "matmul",
+        sampling: SlotParams | None = None,
     ) -> None:
-        self.model, self.slots, self.capture = model, slots, capture
+        """`sampling`: the engine's per-slot sampling table; with it `decode` samples inside the graph."""
+        self.model, self.slots, self.capture, self.sampling = model, slots, capture, sampling
         self.scratch = slots.ensure_scratch()  # where padding rows write their K/V
         self.attention = attention  # model/attention.py IMPLEMENTATIONS: every path is static-shape
         self.device = next(model.parameters()).device
@@ -64,7 +81,10 @@ class StaticForward:
         )
         dtype = next(model.parameters()).dtype
         self.hidden = torch.zeros(most, model.config.hidden_size, dtype=dtype, device=self.device)
-        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        # what a sampling decode forward writes: one token and its log-prob per row of the bucket
+        self.tokens = torch.zeros(self.buckets[-1], dtype=torch.long, device=self.device)
+        self.logprobs = torch.zeros(self.buckets[-1], dtype=torch.float32, device=self.device)
+        self.graphs: dict[Shape, torch.cuda.CUDAGraph] = {}
         self._pool: object = None
         self._captured_over = 0  # data pointer of the cache the graphs write (a grown pool is a new one)
 
@@ -114,10 +134,42 @@ class StaticForward:
             span,
         )
         if self.capture:
-            self._replay((bucket, width, span), args)
+            self._replay((bucket, width, span, None), args)
         else:
             self._forward(*args)
         return self.hidden[: bucket * width].view(bucket, width, -1), inputs
+
+    def decode(
+        self, tokens: list[int], starts: list[int], slots: list[int], positions: list[int], ops: SamplerOps
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step, sampled: each row feeds `tokens[i]` at `starts[i]` in `slots[i]` and draws the
+        token at `positions[i]`; returns the drawn tokens and their log-probs ([len(tokens)] device views)."""
+        n, bucket = len(tokens), self.bucket(len(tokens))
+        span = self.span(max(starts) + 1)
+        pad, blocks = bucket - n, self._blocks(span)
+        parts = {
+            "ids": tokens + [PAD_ID] * pad,
+            "starts": starts + [0] * pad,
+            "rows": self.slots.where(slots, blocks) + [self.scratch] * (pad * blocks),
+            "slots": slots + [0] * pad,  # a padding row samples with slot 0's settings; nothing reads it
+            "positions": positions + [0] * pad,
+        }
+        args = self._decode_args(upload(parts, self.device, into=self.inputs), bucket, span, ops)
+        if self.capture:
+            self._replay((bucket, 1, span, ops), args)
+        else:
+            self._forward(*args)
+        return self.tokens[:n], self.logprobs[:n]
+
+    def _decode_args(self, inputs: dict[str, torch.Tensor], bucket: int, span: int, ops: SamplerOps) -> tuple:
+        where = inputs["rows"] if self.slots.contiguous else inputs["rows"].view(bucket, self._blocks(span))
+        return (
+            inputs["ids"].view(bucket, 1),
+            inputs["starts"],
+            where,
+            span,
+            (inputs["slots"], inputs["positions"], ops),
+        )
 
     def spans(self) -> list[int]:
         """Every key span a forward can have: powers of two from MIN_KEY_SPAN, then the cache's limit."""
@@ -126,58 +178,95 @@ class StaticForward:
             spans.append(min(spans[-1] * 2, self.limit))
         return spans
 
-    def padding_args(self, bucket: int, width: int, span: int) -> tuple:
+    def padding_args(self, bucket: int, width: int, span: int, ops: SamplerOps | None = None) -> tuple:
         """Forward arguments of shape (bucket, width, span) over padding rows only, which write nothing
-        but the scratch slot or block; the inputs where `run` puts them (ids, starts, rows lead the input
-        buffer), since a captured graph reads those addresses on every replay."""
+        but the scratch slot or block; the inputs where `run` and `decode` put them (ids, starts, rows, then
+        a decode's slots and positions lead the input buffer), since a captured graph reads those addresses
+        on every replay."""
         blocks = self._blocks(span)
         parts = {
             "ids": [PAD_ID] * (bucket * width),
             "starts": [0] * bucket,
             "rows": [self.scratch] * (bucket * blocks),
         }
+        if ops is not None:
+            inputs = upload(parts | {"slots": [0] * bucket, "positions": [0] * bucket}, self.device,
+                            into=self.inputs)  # fmt: skip
+            return self._decode_args(inputs, bucket, span, ops)
         inputs = upload(parts, self.device, into=self.inputs)
         where = inputs["rows"] if self.slots.contiguous else inputs["rows"].view(bucket, blocks)
         return inputs["ids"].view(bucket, width), inputs["starts"], where, span
 
-    def decode_shapes(self) -> Iterator[tuple[tuple[int, int, int], tuple]]:
-        """Every decode shape (each batch bucket, width 1, each key span) with its padding arguments."""
+    def decode_shapes(self, ops: SamplerOps | None = None) -> Iterator[tuple[Shape, tuple]]:
+        """Every decode shape (each batch bucket, width 1, each key span; sampling with `ops`, or without
+        a sampling table, ending at the hidden states) with its padding arguments."""
+        ops = ops if self.sampling is not None else None
         for bucket in self.buckets:
             for span in self.spans():
-                yield (bucket, 1, span), self.padding_args(bucket, 1, span)
+                yield (bucket, 1, span, ops), self.padding_args(bucket, 1, span, ops)
 
     @torch.inference_mode()  # as every engine forward: a capture outside it records autograd state (and
     # compiled flex, seeing inputs that require grad, refuses a block mask built for inference only)
-    def capture_decode(self) -> int:
-        """Capture every decode shape now: the engine does this once before its first step, so no timed
-        step pays a capture (nor, on CUDA with flex, a compile). Returns the number of graphs captured."""
+    def capture_decode(self, ops: SamplerOps | None = None) -> int:
+        """Capture every decode shape with sampler ops `ops` now: the engine does this before its first
+        decode step with them, so no timed step pays a capture (nor, on CUDA with flex, a compile). Returns
+        the number of graphs captured."""
         if not self.capture:
             return 0
+        self._drop_stale()
         before = len(self.graphs)
-        for shape, args in self.decode_shapes():
-            self._replay(shape, args)
+        for shape, args in self.decode_shapes(ops):
+            if shape not in self.graphs:
+                self._replay(shape, args)
         return len(self.graphs) - before
 
+    def decode_graph_missing(self, batch: int, longest: int, ops: SamplerOps) -> bool:
+        """Whether a decode of `batch` rows reaching position `longest` - 1 with sampler ops `ops` would
+        run a shape not captured yet (its ops' first decode, or after a grown pool dropped the graphs)."""
+        if not self.capture:
+            return False
+        self._drop_stale()
+        ops_or_none = ops if self.sampling is not None else None
+        return (self.bucket(batch), 1, self.span(longest), ops_or_none) not in self.graphs
+
     @torch.inference_mode()
-    def ensure_captured(self, batch: int, width: int, longest: int) -> bool:
+    def ensure_captured(self, batch: int, width: int, longest: int, ops: SamplerOps | None = None) -> bool:
         """Capture the shape a forward of `batch` rows of `width` tokens reaching position `longest` - 1
         will run at, if it is not yet captured (a verify width's first use); True if it captured. The
         speculator calls this before timing its verify forward, so the capture is its own trace event."""
         if not self.capture or not self.fits(batch, width):
             return False
         bucket, span = self.bucket(batch), self.span(longest)
+        ops = ops if width == 1 and self.sampling is not None else None
         self._drop_stale()
-        if (bucket, width, span) in self.graphs:
+        if (bucket, width, span, ops) in self.graphs:
             return False
-        self._replay((bucket, width, span), self.padding_args(bucket, width, span))
+        self._replay((bucket, width, span, ops), self.padding_args(bucket, width, span, ops))
         return True
 
-    def _forward(self, ids: torch.Tensor, starts: torch.Tensor, where: torch.Tensor, span: int) -> None:
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        starts: torch.Tensor,
+        where: torch.Tensor,
+        span: int,
+        sampled: tuple[torch.Tensor, torch.Tensor, SamplerOps] | None = None,
+    ) -> None:
+        """The captured region. `sampled` (a decode: slots, positions, ops): then the LM head over every
+        row and the sampler, into `tokens` and `logprobs`; else the hidden states, into `hidden`."""
         batch = CachedBatch(
             starts, ids.shape[1], self.slots.cache, where, key_len=span, attention=self.attention
         )
         hidden = self.model.hidden_cached(ids, batch)
-        self.hidden[: ids.numel()].view_as(hidden).copy_(hidden)
+        if sampled is None:
+            self.hidden[: ids.numel()].view_as(hidden).copy_(hidden)
+            return
+        assert self.sampling is not None
+        slots, positions, ops = sampled
+        logits = self.model.logits(hidden.view(ids.shape[0], -1)).float()
+        tokens, logprobs = sample(logits, self.sampling.gather(slots, positions, ops))
+        self.tokens[: ids.shape[0]].copy_(tokens)
+        self.logprobs[: ids.shape[0]].copy_(logprobs)
 
     def _drop_stale(self) -> None:
         """Forget the graphs captured over an older cache: first use, or the paged pool grew (new tensors)."""
@@ -186,7 +275,7 @@ class StaticForward:
             self.graphs.clear()
             self._pool, self._captured_over = None, cache_ptr
 
-    def _replay(self, shape: tuple[int, int, int], args: tuple) -> None:
+    def _replay(self, shape: Shape, args: tuple) -> None:
         self._drop_stale()
         graph = self.graphs.get(shape)
         if graph is None:

@@ -1,7 +1,8 @@
 """The model runner: turns scheduled sequences into batched forwards over the KV cache (kv_cache.py).
 
 Every forward takes its inputs from one upload (transfers.py) and hands the sampler device tensors only:
-the logits of the rows to sample, each row's slot and the position of the token drawn from it (`Scored`).
+the logits of the rows to sample, each row's slot and the position of the token drawn from it (`Scored`);
+a decode forward on the graph path samples inside its graph and hands over the tokens instead.
 Nothing in a decode or verify forward reads a device value back: what the forward needs to know about its
 shape (the key span, the slot range) the host already knows. On CUDA, decode and verify forwards run at
 static shapes, captured as CUDA graphs (graphs.py; `EngineConfig.cuda_graphs`); prefill stays eager.
@@ -16,6 +17,7 @@ import torch
 from reference_trainer.engine.config import EngineConfig
 from reference_trainer.engine.graphs import StaticForward
 from reference_trainer.engine.kv_cache import SlotManager
+from reference_trainer.engine.sampler import SamplerOps, SlotParams
 from reference_trainer.engine.sequence import Sequence
 from reference_trainer.engine.transfers import PAD_ID, padded, upload
 from reference_trainer.model.attention import CachedBatch, resolve_attention
@@ -26,14 +28,18 @@ from reference_trainer.model.decoder import DecoderLM
 class Scored:
     """The rows a step samples from, in sequence order (a verified sequence has one row per position)."""
 
-    logits: torch.Tensor  # [N, V] float32
-    slots: torch.Tensor  # [N] long: the slot of each row's sequence
-    positions: torch.Tensor  # [N] long: the position, in its sequence, of the token drawn from the row
+    logits: torch.Tensor | None  # [N, V] float32; None when `sampled`
+    slots: torch.Tensor | None  # [N] long: the slot of each row's sequence
+    positions: torch.Tensor | None  # [N] long: the position, in its sequence, of the token drawn from the row
     drafts: torch.Tensor | None = None  # [N] long (extend): the input token after the row, -1 after the last
+    sampled: tuple[torch.Tensor, torch.Tensor] | None = None  # (tokens, log-probs) a decode graph drew
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, config: EngineConfig, slots: SlotManager) -> None:
+    def __init__(
+        self, model: DecoderLM, config: EngineConfig, slots: SlotManager, sampling: SlotParams | None = None
+    ) -> None:
+        """`sampling`: the engine's per-slot sampling table, which the graph path's decode samples from."""
         self.model = model
         self.config = config
         self.slots = slots
@@ -45,7 +51,9 @@ class ModelRunner:
         self.own_shape_attention = "sdpa" if compiled_flex else self.attention
         self.static: StaticForward | None = None  # the graph path (graphs.py); None: own-shape forwards
         if config.cuda_graphs and self.device.type == "cuda":
-            self.static = StaticForward(model, slots, config.max_verify_tokens, True, self.attention)
+            self.static = StaticForward(
+                model, slots, config.max_verify_tokens, True, self.attention, sampling=sampling
+            )
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> Scored:
@@ -92,8 +100,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> Scored:
-        """Feed each sequence's newest token; one row per sequence."""
-        scored = self._continue(seqs, [[s.last_token] for s in seqs], verify=False)
+        """Feed each sequence's newest token; one row per sequence (sampled already on the graph path)."""
+        static = self.static
+        if static is not None and static.sampling is not None and static.fits(len(seqs), 1):
+            slots: list[int] = [s.slot for s in seqs]  # type: ignore[misc]
+            starts = [s.num_cached for s in seqs]
+            for slot, start in zip(slots, starts, strict=True):
+                self.slots.reserve(slot, start + 1)
+            ops = SamplerOps.of([s.params for s in seqs])
+            sampled = static.decode([s.last_token for s in seqs], starts, slots, [s + 1 for s in starts], ops)
+            scored = Scored(None, None, None, sampled=sampled)
+        else:
+            scored = self._continue(seqs, [[s.last_token] for s in seqs], verify=False)
         for seq in seqs:
             seq.num_cached = seq.length
         return scored

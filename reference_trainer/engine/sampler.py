@@ -131,15 +131,41 @@ class SlotParams:
     ) -> SamplingBatch:
         """Rows sampling for the sequences in `slots` ([N] device) at `positions` ([N] device); `params`
         are the rows' host-side parameters, which decide what is gathered."""
-        sampling = [p for p in params if not p.greedy]
-        any_greedy = len(sampling) < len(params)
+        return self.gather(slots, positions, SamplerOps.of(params))
+
+    def gather(self, slots: torch.Tensor, positions: torch.Tensor, ops: SamplerOps) -> SamplingBatch:
+        """The rows' settings for the optional ops `ops` runs (all gathered on the device: a CUDA graph
+        can hold this, given `slots` and `positions` in static buffers)."""
         return SamplingBatch(
             keys=self.key[slots],
             positions=positions,
-            divisor=self.divisor[slots] if any(p.temperature != 1.0 for p in sampling) else None,
-            greedy=self.greedy[slots] if any_greedy else None,
-            top_k=self.top_k[slots] if any(p.top_k > 0 for p in sampling) else None,
-            top_p=self.top_p[slots] if any(p.top_p < 1 for p in sampling) else None,
+            divisor=self.divisor[slots] if ops.divisor else None,
+            greedy=self.greedy[slots] if ops.greedy else None,
+            top_k=self.top_k[slots] if ops.top_k else None,
+            top_p=self.top_p[slots] if ops.top_p else None,
+            all_greedy=ops.all_greedy,
+        )
+
+
+@dataclass(frozen=True)
+class SamplerOps:
+    """Which optional sampling ops a batch of rows runs, from their host-side parameters: the part of a
+    sampling step's shape that is not a size (a CUDA graph that samples is captured per value)."""
+
+    divisor: bool  # some sampling row has a temperature other than 1
+    greedy: bool  # some row is greedy
+    top_k: bool  # some sampling row truncates by top-k
+    top_p: bool  # some sampling row truncates by top-p
+    all_greedy: bool  # every row is greedy: argmax only
+
+    @classmethod
+    def of(cls, params: list[SamplingParams]) -> SamplerOps:
+        sampling = [p for p in params if not p.greedy]
+        return cls(
+            divisor=any(p.temperature != 1.0 for p in sampling),
+            greedy=len(sampling) < len(params),
+            top_k=any(p.top_k > 0 for p in sampling),
+            top_p=any(p.top_p < 1 for p in sampling),
             all_greedy=not sampling,
         )
 
