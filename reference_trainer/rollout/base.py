@@ -140,48 +140,51 @@ class BubbleFill:
 
     When to fill, and how much, is a cost question: a lookahead row makes every decode step of the step's own
     samples wider, and its prefill is a forward they wait for. So lookahead starts only where nothing real is
-    waiting, a whole group's samples at a time at least (at most one prefill per group), and only as many
+    waiting, a group's worth of samples at a time at least (at most one prefill per group), and only as many
     rows as the Speculator's cost gate (`Speculator.free_rows`) says cost at most its `margin` more per decode
     step. A real request that finds no free slot (SortedRL admits lazily) stops lookahead runs to get one.
     """
 
     def __init__(self) -> None:
         self.seqs: dict[str, tuple[int, Sequence]] = {}  # lookahead id -> (prompt position, sequence)
+        self._upcoming: tuple[int, list[tuple[int, Request]]] = (-1, [])  # (first position, its requests)
 
     def fill(self, ctx: RolloutContext, waiting: int = 0) -> None:
         """Between engine steps: stop the runs whose prompt the step has since taken for real (their tokens
         are its drafts now) and the latest ones until `waiting` real requests find free slots; then, when
-        nothing waits, start the next prompts' samples in idle slots, within the cost gate."""
+        nothing waits, start the next prompts' samples in idle slots, within the cost gate. Called before
+        every engine step, so the common case (no slot free, or the gate closed) returns before any request
+        is built."""
         engine, first = ctx.engine, ctx.stream.next_index
         capacity = int(engine.config.max_num_seqs)
-        for index, seq in list(self.seqs.values()):
-            if index < first and not seq.is_finished:
-                engine.abort(seq)
-        short = waiting - (capacity - len(engine.running))
-        for _, seq in reversed(list(self.seqs.values())):
-            if short <= 0:
-                break
-            if not seq.is_finished:
-                engine.abort(seq)
-                short -= 1
-        if engine.waiting:
-            return
+        if self.seqs:
+            for index, seq in list(self.seqs.values()):
+                if index < first and not seq.is_finished:
+                    engine.abort(seq)
+            short = waiting - (capacity - len(engine.running))
+            for _, seq in reversed(list(self.seqs.values())):
+                if short <= 0:
+                    break
+                if not seq.is_finished:
+                    engine.abort(seq)
+                    short -= 1
         running = engine.running
+        free = capacity - len(running)
+        if free <= 0 or engine.waiting:
+            return
         real = sum(not is_lookahead(s.seq_id) for s in running)
         ahead = len(running) - real
-        todo = []
-        for index in range(first, first + ctx.update_batch):
-            problem = ctx.stream.problem(index)
-            for k in range(ctx.group_size):
-                request = ctx.request(index, problem, k)
-                if lookahead_id(request.seq_id) not in self.seqs:
-                    todo.append((index, request))
-        n = min(capacity - len(running), len(todo))
         speculator = getattr(engine, "speculator", None)
-        if speculator is not None:
-            n = min(n, speculator.free_rows(real, ahead + n) - ahead)
-        if n <= 0 or n < min(ctx.group_size, len(todo)):
+        n = free if speculator is None else min(free, speculator.free_rows(real, ahead + free) - ahead)
+        if n < ctx.group_size:  # at most one prefill per group: a prefill is a forward the samples wait for
             return
+        if self._upcoming[0] != first:  # the next prompts' requests, built once per position of the stream
+            upcoming = []
+            for index in range(first, first + ctx.update_batch):
+                problem = ctx.stream.problem(index)
+                upcoming += [(index, ctx.request(index, problem, k)) for k in range(ctx.group_size)]
+            self._upcoming = (first, upcoming)
+        todo = [(i, r) for i, r in self._upcoming[1] if lookahead_id(r.seq_id) not in self.seqs]
         for index, r in todo[:n]:
             seq = engine.add_request(
                 r.prompt_ids,
