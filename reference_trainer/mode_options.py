@@ -134,9 +134,10 @@ PLACED_OPTIONS = (
     ),
 )
 # Speculation on the reference engine: the drafter (histospec: HistoryDrafter, engine/histospec.py;
-# suffix: SuffixDrafter, engine/suffix.py), its constructor arguments and the Speculator's
-# (engine/histospec.py attach_histospec), except the Speculator's accept_rule, a callable.
-DRAFTERS = {"histospec": "HistoSpec", "suffix": "SuffixDecoding"}  # name -> title
+# suffix: SuffixDrafter, engine/suffix.py; lookahead: LookaheadDrafter alone, engine/lookahead.py), its
+# constructor arguments and the Speculator's (engine/histospec.py attach_histospec), except the Speculator's
+# accept_rule, a callable.
+DRAFTERS = {"histospec": "HistoSpec", "suffix": "SuffixDecoding", "lookahead": "Lookahead"}  # name -> title
 
 
 def _speculation_options(drafter: str | None, rows: tuple[tuple[Any, ...], ...]) -> tuple[Option, ...]:
@@ -163,7 +164,8 @@ HISTOSPEC_OPTIONS = (
         "str",
         "histospec",
         "histospec: this prompt's earlier responses; suffix: SuffixDecoding over all responses (needs "
-        "arctic-inference); default: the mode's",
+        "arctic-inference); lookahead: only the request's own run in the last bubble (lookahead modes); "
+        "default: the mode's",
         choices=tuple(DRAFTERS),
     ),
     *_speculation_options(

@@ -1,5 +1,6 @@
-"""Modes, defined once: each mode is a rollout strategy plus, optionally, speculation (HistoSpec's or
-SuffixDecoding's drafts), a placement over W > 1 workers and an off-policy correction, with typed options.
+"""Modes, defined once: each mode is a rollout strategy plus, optionally, speculation (HistoSpec's,
+SuffixDecoding's or lookahead drafts), lookahead in the bubble, a placement over W > 1 workers and an
+off-policy correction, with typed options.
 
 `rlbench train/profile/compare` build the trainer from this registry, `rlbench simulate` builds its policies
 from it (rlbench/simulate/modes.py), and `rlbench modes` prints it. So a mode name means one algorithm
@@ -82,6 +83,9 @@ class ModeSpec:
     # takes it when the run's config leaves that None); None = no off-policy correction.
     tis_cap: float | None = None
     simulator_note: str = ""  # how `rlbench simulate` models the mode, where it only approximates it
+    # The strategy runs the next step's requests in the bubble (rollout/base.py BubbleFill) and the drafter
+    # puts their tokens first (engine/lookahead.py); on the reference engine, one engine only.
+    lookahead: bool = False
 
     @property
     def speculative(self) -> bool:
@@ -117,7 +121,10 @@ class ModeSpec:
         """The engine's speculation options (a config's "histospec" dict) with this mode's drafter filled in
         where they leave it out."""
         key = "method" if engine == "vllm" else "drafter"
-        return {key: self.options(1, engine)[f"histospec.{key}"].default, **options}
+        out = {key: self.options(1, engine)[f"histospec.{key}"].default, **options}
+        if self.lookahead and engine != "vllm":
+            out["lookahead"] = True
+        return out
 
     def check_options(
         self, options: Mapping[str, Any], workers: int | None = None, engine: str = "reference"
@@ -142,6 +149,15 @@ class ModeSpec:
             except ValueError as err:
                 raise UserError(f"mode {self.name!r}: {err}") from None
         drafter = out.get("histospec.drafter", self.speculation)
+        if self.lookahead and engine == "vllm":
+            raise UserError(
+                f"mode {self.name!r} runs lookahead on the reference engine: use --engine reference"
+            )
+        if drafter == "lookahead" and not self.lookahead:
+            lookahead = ", ".join(m.name for m in MODES.values() if m.lookahead)
+            raise UserError(
+                f"mode {self.name!r}: histospec.drafter=lookahead needs a lookahead mode ({lookahead})"
+            )
         if other := [k for k in out if takes[k].drafter not in (None, drafter)]:
             raise UserError(f"mode {self.name!r}: option {', '.join(other)} needs histospec.drafter="
                             f"{takes[other[0]].drafter}; the drafter is {drafter}")  # fmt: skip
@@ -175,6 +191,10 @@ _SPEC_SIM = (
 _SUFFIX_SIM = (
     "SuffixDecoding is modelled as i.i.d. per-token acceptance (the trace's, else --acceptance) with one "
     "cost-aware draft length per run (1..histospec.max_draft), not per-sequence drafts from suffix trees."
+)
+_LOOKAHEAD_SIM = (
+    "Lookahead is modelled as speculation with the trace's acceptance (else --acceptance); the bubble slots "
+    "its runs fill are counted idle, and their cost and the drafts' coverage are not modelled."
 )
 _PLACE_SIM = (
     "W > 1: histopipe placement is LPT over whole groups by predicted tokens (the trainer places each "
@@ -251,6 +271,36 @@ MODES: dict[str, ModeSpec] = {
             placement=None,
             simulator_note=_ONE_ENGINE_SIM + " " + _SUFFIX_SIM,
         ),
+        ModeSpec(
+            "lookahead",
+            "The baseline, with the next step's requests started in the bubble under the current weights; "
+            "their tokens are those requests' drafts after the update (BubbleSpec/SRT), verified exactly.",
+            strategy="baseline",
+            speculation="lookahead",
+            placement=None,
+            lookahead=True,
+            simulator_note=_LOOKAHEAD_SIM,
+        ),
+        ModeSpec(
+            "sorted+lookahead",
+            "SortedRL's on-policy strategy (as sorted) with lookahead: slots idle while the oversubscription "
+            "bound holds admission back run the stream's next prompts, whose tokens draft for them.",
+            strategy="sorted",
+            speculation="lookahead",
+            placement=None,
+            lookahead=True,
+            simulator_note=_ONE_ENGINE_SIM + " " + _LOOKAHEAD_SIM,
+        ),
+        ModeSpec(
+            "rhyme+lookahead",
+            "rhyme on one engine with lookahead: a request drafts from its lookahead run first, then from "
+            "HistoSpec's history of its prompt.",
+            strategy="baseline",
+            speculation="histospec",
+            placement=None,
+            lookahead=True,
+            simulator_note=_SPEC_SIM + " " + _LOOKAHEAD_SIM,
+        ),
     )
 }
 
@@ -272,6 +322,8 @@ def make_mode_strategy(mode: ModeSpec, workers: int, options: dict[str, Any]) ->
     """The mode's strategy for `workers` rollout workers from its strategy options (histospec excluded);
     options of a placement are dropped on one worker, where there is nothing to place."""
     name = mode.strategy_for(workers)
+    if mode.lookahead:
+        options = {**options, "lookahead": True}
     if name == "placed":
         options = {"placement": mode.placement, **options}
     else:

@@ -10,6 +10,7 @@ import torch
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.kv_cache import SlotManager
+from reference_trainer.engine.lookahead import is_lookahead
 from reference_trainer.engine.requests import RequestBook
 from reference_trainer.engine.runner import ModelRunner, Scored
 from reference_trainer.engine.sampler import SamplerOps, SlotParams, sample, seed_key
@@ -129,7 +130,7 @@ class Engine(RequestBook):
             )
         scored = self.runner.prefill(seqs) if kind == "prefill" else self.runner.decode(seqs)
         finished = self.emit(seqs, scored)
-        self.trace.engine_step(kind, t_start, self.trace.now(), occupied, self.slots.capacity, len(seqs))
+        self.trace_forward(kind, t_start, occupied, seqs, len(seqs))
         return finished
 
     def _capture_decode_graphs(self, seqs: list[Sequence]) -> None:
@@ -142,6 +143,29 @@ class Engine(RequestBook):
         if static is not None and static.decode_graph_missing(len(seqs), longest, ops):
             with self.trace.phase(CAPTURE) as fields:
                 fields["graphs"] = static.capture_decode(ops)
+
+    def trace_forward(
+        self,
+        kind: str,
+        t_start: float,
+        occupied: dict[int, str],
+        seqs: list[Sequence],
+        tokens: int,
+        lookahead_tokens: int | None = None,
+        **extra: object,
+    ) -> None:
+        """The trace event of one forward over `seqs` that emitted `tokens`. Lookahead requests' work is its
+        own kind (engine/lookahead.py): their slots and tokens are counted apart and not in `tokens`, so the
+        step's samples' throughput is not inflated by tokens no update trains on. `lookahead_tokens` None:
+        one per lookahead request in `seqs` (a prefill or decode step emits one token per sequence)."""
+        if lookahead_tokens is None:
+            lookahead_tokens = sum(is_lookahead(s.seq_id) for s in seqs)
+        slots = sum(is_lookahead(i) for i in occupied.values())
+        if slots or lookahead_tokens:
+            extra.update(lookahead_slots=slots, lookahead_tokens=lookahead_tokens)
+        self.trace.engine_step(
+            kind, t_start, self.trace.now(), occupied, self.slots.capacity, tokens - lookahead_tokens, **extra
+        )
 
     def emit(self, seqs: list[Sequence], scored: Scored) -> list[Sequence]:
         """Sample one token per sequence from its row of `scored` (unless a decode graph did), read the

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from reference_trainer.engine.lookahead import LookaheadDrafter
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
 from reference_trainer.engine.suffix import SuffixDrafter
 
@@ -253,27 +254,41 @@ class HistoryDrafter:
         }
 
 
-def attach_histospec(engine: Any, drafter: str = "histospec", **options: Any) -> Any:
+def attach_histospec(engine: Any, drafter: str = "histospec", lookahead: bool = False, **options: Any) -> Any:
     """Attach speculative drafting and cost-aware exact verification to an engine; returns the Speculator.
 
-    `drafter` "histospec" (this module's HistoryDrafter) or "suffix" (SuffixDecoding, engine/suffix.py).
-    Options: the drafter's constructor arguments (HistoryDrafter: max_prompts, max_responses, max_epochs,
-    min_draft, max_draft, init_draft, min_match, rematch_window, min_confidence; SuffixDrafter: max_draft,
-    suffix_*) and the Speculator's (margin, prior_acceptance, cost_batches, cost_qs, cost_repeats,
-    cost_model, accept_rule)."""
+    `drafter` "histospec" (this module's HistoryDrafter), "suffix" (SuffixDecoding, engine/suffix.py) or
+    "lookahead" (drafts from lookahead runs only, engine/lookahead.py). `lookahead` puts lookahead drafts in
+    front of HistoSpec's or SuffixDecoding's (the LookaheadDrafter falls back to them). Options: the
+    drafters' constructor arguments (HistoryDrafter: max_prompts, max_responses, max_epochs, min_draft,
+    max_draft, init_draft, min_match, rematch_window, min_confidence; SuffixDrafter: max_draft, suffix_*;
+    LookaheadDrafter: max_draft) and the Speculator's (margin, prior_acceptance, cost_batches, cost_qs,
+    cost_repeats, cost_model, accept_rule)."""
     from reference_trainer.engine.speculative import Speculator
 
-    if drafter == "suffix":
-        cls: type = SuffixDrafter
-    elif drafter == "histospec":
-        cls = HistoryDrafter
-    else:
-        raise ValueError(f"unknown drafter {drafter!r}; valid: histospec, suffix")
-    own = set(inspect.signature(cls.__init__).parameters) - {"self"}
-    shared = set(inspect.signature(Speculator.__init__).parameters) - {"self", "drafter"}
+    classes: dict[str, type | None] = {
+        "histospec": HistoryDrafter,
+        "suffix": SuffixDrafter,
+        "lookahead": None,
+    }
+    if drafter not in classes:
+        raise ValueError(f"unknown drafter {drafter!r}; valid: {', '.join(classes)}")
+    cls = classes[drafter]
+    lookahead = lookahead or cls is None
+    own = _parameters(cls) | (_parameters(LookaheadDrafter) - {"fallback"} if lookahead else set())
+    shared = _parameters(Speculator) - {"drafter"}
     if unknown := sorted(set(options) - own - shared):
         raise ValueError(f"drafter {drafter!r} takes no option {', '.join(unknown)}")
-    spec = Speculator(cls(**{k: v for k, v in options.items() if k in own}),
-                      **{k: v for k, v in options.items() if k not in own})  # fmt: skip
+    base = cls(**{k: v for k, v in options.items() if k in _parameters(cls)}) if cls is not None else None
+    chosen = base
+    if lookahead:
+        mine = _parameters(LookaheadDrafter) - {"fallback"}
+        chosen = LookaheadDrafter(base, **{k: v for k, v in options.items() if k in mine})
+    spec = Speculator(chosen, **{k: v for k, v in options.items() if k not in own})
     spec.attach(engine)
     return spec
+
+
+def _parameters(cls: type | None) -> set[str]:
+    """A class's constructor arguments (none for no class)."""
+    return set(inspect.signature(cls.__init__).parameters) - {"self"} if cls is not None else set()

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import torch
 
 from reference_trainer.engine.config import SamplingParams
+from reference_trainer.engine.lookahead import is_lookahead
 from reference_trainer.engine.sampler import plain_tokens, scaled_logits, token_logprobs
 from reference_trainer.engine.sequence import Sequence
 from reference_trainer.engine.transfers import read_back
@@ -237,6 +238,19 @@ class Speculator:
             self.correction["verify"] or decode_corr,
         )
 
+    def free_rows(self, batch: int, want: int) -> int:
+        """The cost gate of lookahead (rollout/lookahead.py): how many of `want` more rows may join decode
+        steps of `batch` rows while a step costs at most `margin` more, from the cost table. Filling the
+        bubble pays only where its slots are free: on a GPU, whose decode is memory-bound, most of them; on a
+        CPU, whose decode time grows with the batch, few or none, so there lookahead leaves the rollout as
+        fast as plain decoding."""
+        assert self.cost_model is not None
+        limit = (1.0 + self.margin) * self.cost_model.cost(max(batch, 1), 1)
+        n = max(0, want)
+        while n > 0 and self.cost_model.cost(batch + n, 1) > limit:
+            n -= 1
+        return n
+
     def _observe_time(self, kind: str, batch: int, q: int, seconds: float) -> None:
         assert self.cost_model is not None
         ratio = min(max(seconds / self.cost_model.cost(batch, q), 0.05), 20.0)
@@ -271,9 +285,7 @@ class Speculator:
         t0 = time.perf_counter()
         finished = engine.emit(seqs, engine.runner.decode(seqs))
         self._observe_time("decode", len(seqs), 1, time.perf_counter() - t0)
-        engine.trace.engine_step(
-            "decode", t_start, engine.trace.now(), occupied, engine.slots.capacity, len(seqs)
-        )
+        engine.trace_forward("decode", t_start, occupied, seqs, len(seqs))
         return finished
 
     @torch.inference_mode()
@@ -309,7 +321,7 @@ class Speculator:
 
         accept_l, emit_l, logp_l = read_back(accept, emit_flat, logp_flat)  # the step's one read-back
         finished: list[Sequence] = []
-        emitted = drafted = accepted = draft_seqs = draft_emitted = 0
+        emitted = drafted = accepted = draft_seqs = draft_emitted = ahead = 0
         start = 0
         for b, (seq, d) in enumerate(zip(seqs, drafts, strict=True)):
             n_acc = 0
@@ -333,17 +345,18 @@ class Speculator:
                 self._tried += min(n_acc + 1, len(d))
                 self._accepted += n_acc
             emitted += n_out
+            ahead += n_out if is_lookahead(seq.seq_id) else 0
             drafted += len(d)
             accepted += min(n_acc, n_out)
             start += counts[b]
         self._observe_time("verify", len(seqs), q + 1, time.perf_counter() - t0)
-        engine.trace.engine_step(
+        engine.trace_forward(
             "verify",
             t_start,
-            engine.trace.now(),
             occupied,
-            engine.slots.capacity,
+            seqs,
             emitted,
+            ahead,
             drafted=drafted,
             accepted=accepted,
             draft_seqs=draft_seqs,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from reference_trainer.engine.config import SamplingParams
+from reference_trainer.engine.lookahead import is_lookahead, lookahead_id
 from reference_trainer.engine.protocol import RequestEngine
 from reference_trainer.engine.sequence import Sequence
 from reference_trainer.engine.workers import Request
@@ -120,11 +121,100 @@ def run_to_completion(engine: RequestEngine) -> None:
         engine.step()
 
 
+LOOKAHEAD_PRIORITY = 2  # behind every real request (the strategies' priorities are 0 and 1)
+LOOKAHEAD = "lookahead"  # the status of a lookahead run's sequence event
+
+
+class BubbleFill:
+    """The lookahead runs of one rollout step: started in its bubble, stopped when it ends.
+
+    Lookahead in the bubble (BubbleSpec, arXiv 2605.08862; SRT, arXiv 2601.09083): the slots a step leaves
+    idle while its last samples finish run the next step's requests under the current weights.
+
+    The prompt stream fixes the next step's prompts in advance (the next `update_batch` positions of the
+    stream), and a request's seed depends only on (run, prompt position, sample, attempt), so the request a
+    lookahead run precedes is known exactly: same prompt, same sampling parameters, same seed. When the step
+    ends the lookahead runs are stopped; their tokens become those requests' drafts (engine/lookahead.py),
+    verified exactly under the new weights. Nothing a lookahead run generates is a sample: it is never in a
+    group, its sequence event says status "lookahead", and the engine counts its slots and tokens apart.
+
+    When to fill, and how much, is a cost question: a lookahead row makes every decode step of the step's own
+    samples wider, and its prefill is a forward they wait for. So lookahead starts only where nothing real is
+    waiting, a group's worth of samples at a time at least (at most one prefill per group), and only as many
+    rows as the Speculator's cost gate (`Speculator.free_rows`) says cost at most its `margin` more per decode
+    step. A real request that finds no free slot (SortedRL admits lazily) stops lookahead runs to get one.
+    """
+
+    def __init__(self) -> None:
+        self.seqs: dict[str, tuple[int, Sequence]] = {}  # lookahead id -> (prompt position, sequence)
+        self._upcoming: tuple[int, list[tuple[int, Request]]] = (-1, [])  # (first position, its requests)
+
+    def fill(self, ctx: RolloutContext, waiting: int = 0) -> None:
+        """Between engine steps: stop the runs whose prompt the step has since taken for real (their tokens
+        are its drafts now) and the latest ones until `waiting` real requests find free slots; then, when
+        nothing waits, start the next prompts' samples in idle slots, within the cost gate. Called before
+        every engine step, so the common case (no slot free, or the gate closed) returns before any request
+        is built."""
+        engine, first = ctx.engine, ctx.stream.next_index
+        capacity = int(engine.config.max_num_seqs)
+        if self.seqs:
+            for index, seq in list(self.seqs.values()):
+                if index < first and not seq.is_finished:
+                    engine.abort(seq)
+            short = waiting - (capacity - len(engine.running))
+            for _, seq in reversed(list(self.seqs.values())):
+                if short <= 0:
+                    break
+                if not seq.is_finished:
+                    engine.abort(seq)
+                    short -= 1
+        running = engine.running
+        free = capacity - len(running)
+        if free <= 0 or engine.waiting:
+            return
+        real = sum(not is_lookahead(s.seq_id) for s in running)
+        ahead = len(running) - real
+        speculator = getattr(engine, "speculator", None)
+        n = free if speculator is None else min(free, speculator.free_rows(real, ahead + free) - ahead)
+        if n < ctx.group_size:  # at most one prefill per group: a prefill is a forward the samples wait for
+            return
+        if self._upcoming[0] != first:  # the next prompts' requests, built once per position of the stream
+            upcoming = []
+            for index in range(first, first + ctx.update_batch):
+                problem = ctx.stream.problem(index)
+                upcoming += [(index, ctx.request(index, problem, k)) for k in range(ctx.group_size)]
+            self._upcoming = (first, upcoming)
+        todo = [(i, r) for i, r in self._upcoming[1] if lookahead_id(r.seq_id) not in self.seqs]
+        for index, r in todo[:n]:
+            seq = engine.add_request(
+                r.prompt_ids,
+                r.params,
+                seq_id=lookahead_id(r.seq_id),
+                priority=LOOKAHEAD_PRIORITY,
+                meta=r.meta,
+            )
+            self.seqs[seq.seq_id] = (index, seq)
+
+    def stop(self, ctx: RolloutContext) -> None:
+        """The step is over: stop every lookahead run (its tokens become its request's draft) and record
+        them as lookahead work, never as samples."""
+        for _, seq in self.seqs.values():
+            ctx.engine.abort(seq)
+            if seq.response_ids:  # one that never got a slot did no work
+                ctx.record(seq, LOOKAHEAD)
+        self.seqs.clear()
+
+
 class SynchronousRollout:
     """The baseline: admit `update_batch` prompts x `group_size` samples and wait for every one to finish.
     The slowest sample sets the step's length, which is where the bubbles come from."""
 
     name = "baseline"
+
+    def __init__(self, lookahead: bool = False) -> None:
+        """`lookahead`: the slots the step's last samples leave idle run the next step's requests
+        (`BubbleFill`), whose tokens become their drafts."""
+        self.bubble: BubbleFill | None = BubbleFill() if lookahead else None
 
     def collect(self, ctx: RolloutContext) -> list[Group]:
         groups = []
@@ -133,7 +223,14 @@ class SynchronousRollout:
             groups.append(
                 Group(index, problem, [ctx.submit(index, problem, k) for k in range(ctx.group_size)])
             )
-        run_to_completion(ctx.engine)
+        if self.bubble is None:
+            run_to_completion(ctx.engine)
+        else:
+            samples = [seq for group in groups for seq in group.samples]
+            while not all(seq.is_finished for seq in samples):
+                self.bubble.fill(ctx)
+                ctx.engine.step()
+            self.bubble.stop(ctx)
         for group in groups:
             for seq in group.samples:
                 ctx.record(seq)

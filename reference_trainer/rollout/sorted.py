@@ -29,8 +29,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from reference_trainer.engine.lookahead import is_lookahead
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
-from reference_trainer.rollout.base import Group, RolloutContext
+from reference_trainer.rollout.base import BubbleFill, Group, RolloutContext
 
 REQUEUED, NEW = 0, 1  # engine priorities: lower is admitted first
 
@@ -109,7 +110,10 @@ class SortedRollout:
         max_staleness: int = 1,
         max_attempts: int | None = None,
         refill_margin: int | None = None,
+        lookahead: bool = False,
     ) -> None:
+        """`lookahead`: slots idle while the oversubscription bound holds admission back run the stream's
+        next prompts ahead (base.BubbleFill); their tokens draft for those prompts when admitted."""
         if oversubscription < 1.0:
             raise ValueError(f"oversubscription must be >= 1, got {oversubscription}")
         if max_staleness < 0:
@@ -120,6 +124,7 @@ class SortedRollout:
         self.dropped: list[int] = []  # prompt indices given up after max_attempts regenerations
         self.stats = {"admitted": 0, "trained": 0, "aborted": 0, "cached": 0, "regenerated": 0, "stale": 0}
         self._inflight: dict[int, tuple[PromptState, Sample]] = {}  # id(seq) -> owner, during collect only
+        self.bubble: BubbleFill | None = BubbleFill() if lookahead else None
 
     # ---- the step ---------------------------------------------------------------------------------------
     def collect(self, ctx: RolloutContext) -> list[Group]:
@@ -141,6 +146,8 @@ class SortedRollout:
             self._refill(ctx)
             if not engine.has_unfinished():
                 raise RuntimeError("rollout stalled: nothing in flight and too few complete groups")
+            if self.bubble is not None:
+                self.bubble.fill(ctx, waiting=len(self._waiting()))
             for seq in engine.step():
                 owner = self._inflight.pop(id(seq), None)
                 if owner is None:
@@ -153,6 +160,8 @@ class SortedRollout:
         # Early termination: the update_batch shortest complete groups; the micro-curriculum's order.
         chosen = sorted(complete, key=lambda p: (p.tokens(), p.index))[: ctx.update_batch]
         self._stop_the_rest(ctx, chosen)
+        if self.bubble is not None:
+            self.bubble.stop(ctx)
         groups = [self._group(ctx, p) for p in chosen]
         self.stats["trained"] += len(chosen)
         return groups
@@ -183,7 +192,8 @@ class SortedRollout:
         margin = ctx.group_size if self.refill_margin is None else self.refill_margin
         while self.unfinished() + ctx.group_size <= cap:
             waiting = [seq for seq, _ in self._waiting()]
-            free = self._capacity(ctx) - len(ctx.engine.running)
+            # Lookahead runs hold slots only until real work needs them (BubbleFill.make_room).
+            free = self._capacity(ctx) - sum(not is_lookahead(s.seq_id) for s in ctx.engine.running)
             if sum(seq.priority == REQUEUED for seq in waiting) > free:
                 return
             if len(waiting) >= free + margin:

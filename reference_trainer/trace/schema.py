@@ -42,7 +42,7 @@ NULLABLE = {SEQUENCE}
 # are finite, but their differences are not (a bubble ratio of -inf%).
 MAX_MAGNITUDE = 1e12
 # Optional counts the readers add up (a forward's tokens, a verify's drafted and accepted tokens).
-COUNTS = ("tokens", "drafted", "accepted", "draft_seqs")
+COUNTS = ("tokens", "drafted", "accepted", "draft_seqs", "lookahead_slots", "lookahead_tokens")
 WORKER_FIELDS = ("worker", "from", "to")
 
 

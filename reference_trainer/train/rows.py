@@ -62,6 +62,8 @@ TIMING_FIELDS = frozenset(
         "rollout_start",
         "rollout_end",
         "slot_time",
+        "lookahead_slot_share",
+        "lookahead_slot_time",
     }
 )
 

@@ -34,6 +34,7 @@ def registry_doc() -> dict[str, Any]:
             "strategy": m.strategy,
             "strategy_title": STRATEGY_TABLE[m.strategy].title,
             "speculation": m.speculation,
+            "lookahead": m.lookahead,
             "placement": m.placement,
             "multi_worker": m.placement is not None,
             "tis_cap": m.tis_cap,
@@ -62,7 +63,8 @@ def render_table() -> str:
         (
             m.name,
             STRATEGY_TABLE[m.strategy].title,
-            DRAFTERS[m.speculation] if m.speculation else "none",
+            (DRAFTERS[m.speculation] if m.speculation else "none")
+            + (" + lookahead" if m.lookahead and m.speculation != "lookahead" else ""),
             m.placement or "one engine only",
             f"TIS, cap {m.tis_cap:g}" if m.tis_cap is not None else "none",
         )

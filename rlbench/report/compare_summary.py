@@ -74,6 +74,10 @@ def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]
             "GPU idle in rollout (%)": percent(s.get("bubble_ratio_gpu")),
             "tail share (%)": percent(s.get("tail_time_share")),
             "acceptance (%)": percent(s.get("acceptance_rate")),
+            # The bubble's slot-time lookahead took; blank where none ran (no lookahead, or its cost gate).
+            "lookahead fill (%)": percent(s.get("lookahead_slot_share"))
+            if s.get("lookahead_tokens")
+            else None,
             "reward": s.get("reward_mean"),
             "accuracy": s.get("accuracy"),
         }
@@ -93,6 +97,7 @@ def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]
 UNMEASURED_WHY = {
     "GPU idle in rollout (%)": "NVML's GPU utilisation, on a GPU",
     "acceptance (%)": "no mode drafts tokens",
+    "lookahead fill (%)": "no mode runs lookahead",
 }
 
 

@@ -1,0 +1,324 @@
+"""Lookahead (BubbleSpec/SRT): the next step's requests run in the bubble and draft for themselves after the
+update. Exact (statistically and token for token), it fills idle slots without being trained on, the second
+step drafts from the first step's lookahead runs, and it passes the cost gate as every drafter does."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import cli
+from scipy import stats
+
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.engine import Engine
+from reference_trainer.engine.histospec import attach_histospec
+from reference_trainer.engine.lookahead import LookaheadDrafter, is_lookahead, lookahead_id
+from reference_trainer.engine.sequence import Sequence
+from reference_trainer.engine.speculative import CostModel, Speculator, coupled_accept
+from reference_trainer.mode_options import DRAFTERS
+from reference_trainer.model.config import ModelConfig
+from reference_trainer.model.decoder import DecoderLM
+from reference_trainer.modes import MODES, get_mode
+from reference_trainer.trace.metrics import step_metrics
+from reference_trainer.train.config import TrainConfig
+from reference_trainer.train.trainer import Trainer
+from rlbench.reproduce.lossless import homogeneity_test, sample_responses
+from rlbench.simulate import workload
+from rlbench.simulate.cost import preset
+from rlbench.simulate.modes import SIM_MODES
+from rlbench.simulate.scheduler import simulate_mode
+
+PROMPT = [5, 6, 7, 8]
+EOS = 2
+FREE = CostModel({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})  # rows and verifies cost nothing
+# A CPU's shape: a decode step's time grows with its rows, a verify of q tokens costs about q decode steps.
+CPU = CostModel({(b, q): 1e-3 * (1 + 0.1 * b) * q for b in (1, 4, 16, 64) for q in (1, 2, 4, 8, 16)})
+LOOKAHEAD_MODES = ("lookahead", "sorted+lookahead", "rhyme+lookahead")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Matrices this small run faster on one thread, and far faster on a machine whose cores are busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model() -> DecoderLM:
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=32,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    m = DecoderLM(cfg)
+    with torch.no_grad():  # peaked, like a trained model; EOS as likely as a common token: lengths vary
+        m.lm_head.weight.mul_(6.0)
+        m.lm_head.weight[EOS] = m.lm_head.weight[30]
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def old(model: DecoderLM) -> DecoderLM:
+    """The weights before an update: the model, moved a little."""
+    torch.manual_seed(1)
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return m.eval()
+
+
+def engine_of(model: DecoderLM) -> Engine:
+    return Engine(model, EngineConfig(max_num_seqs=64, max_model_len=96), eos_token_ids=[EOS])
+
+
+def sampling(first_seed: int, n: int, max_tokens: int = 12) -> list[SamplingParams]:
+    return [SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=first_seed + j) for j in range(n)]
+
+
+def lookahead_runs(old: DecoderLM, params: list[SamplingParams], steps: int) -> list[Sequence]:
+    """What a bubble leaves: the requests run ahead under the old weights for `steps` engine steps."""
+    engine = engine_of(old)
+    seqs = [engine.add_request(PROMPT, p, seq_id=lookahead_id(f"r{i}")) for i, p in enumerate(params)]
+    for _ in range(steps):
+        engine.step()
+    return [engine.abort(s) for s in seqs]
+
+
+def with_lookahead(model, old, params, rule=coupled_accept, steps=9, cost=FREE):
+    """The requests under `model`, drafting from their lookahead runs under `old`: sequences, verifies."""
+    engine = engine_of(model)
+    spec = attach_histospec(engine, "lookahead", cost_model=cost, accept_rule=rule)
+    for run in lookahead_runs(old, params, steps):
+        spec.drafter.on_done(run, 0)
+    out = engine.generate([PROMPT] * len(params), params)
+    return out, [e for e in engine.trace.events if e["kind"] == "verify"]
+
+
+# ---- exactness ---------------------------------------------------------------------------------------------
+
+
+def test_lookahead_drafts_leave_the_sampling_distribution_unchanged(model, old):
+    """The lossless test of test_speculative.py on real lookahead drafts (same seeds, older weights). Its
+    power check (a wrong rule is caught) runs there on the lookahead drafter too (DRAFTERS); here the drafts
+    are so close to the target that min(1, 2 p(d)) barely moves the distribution."""
+    n = 300
+    plain = sample_responses(model, [PROMPT], n, 0, [EOS], 12).responses[0]
+
+    def drafted(rule):
+        out, verify = with_lookahead(model, old, sampling(10_000, n), rule)
+        assert sum(e["accepted"] for e in verify) > 100  # the drafts really were used
+        responses = [tuple(s.response_ids) for s in out]
+        chi = homogeneity_test([[s[:4] for s in plain]], [[s[:4] for s in responses]])["p_value"]
+        return chi, stats.ks_2samp([len(s) for s in plain], [len(s) for s in responses]).pvalue
+
+    assert min(drafted(coupled_accept)) > 0.01
+
+
+def test_seeded_outputs_are_plain_decoding_s_and_the_coupling_accepts_what_the_weights_kept(model, old):
+    params = sampling(500, 16, max_tokens=20)
+    plain = [s.response_ids for s in engine_of(model).generate([PROMPT] * 16, params)]
+    same, verify_same = with_lookahead(model, model, params)  # no update between: every draft token holds
+    moved, verify_moved = with_lookahead(model, old, params)
+    assert [s.response_ids for s in same] == [s.response_ids for s in moved] == plain
+    drafted = sum(e["drafted"] for e in verify_same)
+    assert drafted > 0 and sum(e["accepted"] for e in verify_same) == drafted
+    drafted, accepted = sum(e["drafted"] for e in verify_moved), sum(e["accepted"] for e in verify_moved)
+    assert 0 < accepted < drafted  # moved weights: some draws differ, the rest of such a draft is dropped
+
+
+def test_a_draft_ends_at_its_first_mismatch_and_goes_with_its_request():
+    drafter = LookaheadDrafter(max_draft=3)
+    params = SamplingParams(seed=7)
+    ahead = Sequence(lookahead_id("p/0"), PROMPT, params, response_ids=[10, 11, 12, 13, 14])
+    drafter.on_done(ahead, 0)
+    assert drafter.draft(ahead, 8) == []  # a lookahead run never drafts
+    seq = Sequence("p/0", PROMPT, params)
+    assert drafter.draft(seq, 8) == [10, 11, 12]  # max_draft
+    assert drafter.draft(Sequence("p/1", PROMPT, SamplingParams(seed=8)), 8) == []  # another seed
+    seq.response_ids += [10, 11]
+    assert drafter.draft(seq, 1) == [12]
+    seq.response_ids += [99]  # the verifier drew another token: the rest followed a token not drawn
+    assert drafter.draft(seq, 8) == []
+    drafter.on_done(seq, 0)
+    assert not drafter.drafts  # memory: a draft goes with its request
+
+
+# ---- in the trainer ----------------------------------------------------------------------------------------
+
+
+def train(tmp: Path, model_dir: Path, mode: str, steps: int = 2, cost: list | None = None, **options):
+    spec = get_mode(mode).speculative
+    config = TrainConfig(
+        eval_every=0,
+        mode=mode,
+        model=str(model_dir),
+        steps=steps,
+        prompts_per_step=2,
+        group_size=3,
+        max_tokens=24,
+        max_num_seqs=8,
+        max_model_len=256,
+        prompt_pool=4,
+        temperature=1.0,
+        mode_options={
+            **options,
+            **(
+                {"histospec": {"cost_model": cost or [[b, q, 1.0] for b in (1, 64) for q in (1, 16)]}}
+                if spec
+                else {}
+            ),
+        },
+    )
+    trainer = Trainer(config, tmp / mode)
+    return trainer
+
+
+def finished(trainer: Trainer) -> list[tuple[tuple[int, str], int]]:
+    """((step, request id), response tokens) of the trained samples."""
+    return [
+        ((e["step"], e["id"]), e["response_tokens"])
+        for e in trainer.trace.events
+        if e["kind"] == "sequence" and e["status"] == "finished"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mode", "plain", "options"),
+    [("lookahead", "baseline", {}), ("sorted+lookahead", "sorted", {"oversubscription": 1.0})],
+)
+def test_lookahead_fills_idle_slots_never_trains_its_tokens_and_the_next_step_drafts_from_it(
+    tmp_path, tiny_model_dir, mode, plain, options
+):
+    trainer = train(tmp_path, tiny_model_dir, mode, **options)
+    drafter = trainer.engine.speculator.drafter
+    assert (
+        isinstance(drafter, LookaheadDrafter) and drafter.fallback is None
+    )  # drafts come from lookahead only
+    runs: dict[str, list[int]] = {}  # lookahead id -> its tokens, as the drafter was handed them
+    drafts: list[tuple[str, int, list[int]]] = []  # (request, response length, draft) of every draft made
+    on_done, draft = drafter.on_done, drafter.draft
+
+    def spy_done(seq, epoch):
+        if is_lookahead(seq.seq_id):
+            runs[seq.seq_id] = list(seq.response_ids)
+        on_done(seq, epoch)
+
+    def spy_draft(seq, limit):
+        out = draft(seq, limit)
+        if out:
+            drafts.append((seq.seq_id, len(seq.response_ids), out))
+        return out
+
+    drafter.on_done, drafter.draft = spy_done, spy_draft
+    collect = trainer.strategy.collect
+    trained: list[str] = []
+    trainer.strategy.collect = lambda ctx: [  # type: ignore[method-assign]
+        g for g in collect(ctx) if not trained.extend(s.seq_id for s in g.samples)
+    ]
+    rows = [trainer.train_step() for _ in range(2)]
+
+    events = trainer.trace.events
+    step0 = [e for e in events if e.get("step") == 0 and e["kind"] in ("prefill", "decode", "verify")]
+    filling = [e for e in step0 if e.get("lookahead_slots")]
+    # Lookahead ran while the step's own samples held fewer than all slots: the bubble.
+    assert filling and all(e["active_slots"] - e["lookahead_slots"] < e["capacity"] for e in filling)
+    m = step_metrics(events)
+    assert m[0]["lookahead_tokens"] > 0 and m[0]["lookahead_slot_share"] > 0
+    own = 1 - (m[0]["slot_time"] - m[0]["lookahead_slot_time"]) / (m[0]["capacity"] * m[0]["timing_s/gen"])
+    assert m[0]["bubble_ratio"] < own  # the bubble the samples left, less what lookahead filled
+    assert m[0]["bubble_ratio"] + m[0]["lookahead_slot_share"] == pytest.approx(own)
+    # Never trained, never a sample: not in any group, not a finished sequence event, not in the row's counts.
+    assert trained and not any(is_lookahead(s) for s in trained)
+    assert all(r["samples"] == 6 for r in rows) and rows[0]["sequences"]["lookahead"] > 0
+    assert not any(is_lookahead(sid) for (_, sid), _ in finished(trainer))
+    assert m[0]["drafted_tokens"] == 0 < m[1]["drafted_tokens"]  # step 0 has no lookahead to draft from
+    # Step 1's drafts are step 0's lookahead runs of the same requests, continued where the response is.
+    assert drafts and all(d == runs[lookahead_id(sid)][n : n + len(d)] for sid, n, d in drafts)
+    # Exact: each request's sample is the one the mode without lookahead draws for it. The baseline trains
+    # on the same requests; SortedRL may pick other groups, since drafts change which finish first.
+    base = train(tmp_path, tiny_model_dir, plain, **options)
+    base_rows = [base.train_step() for _ in range(2)]
+    ours, theirs = dict(finished(trainer)), dict(finished(base))
+    assert all(ours[k] == theirs[k] for k in ours.keys() & theirs.keys())
+    if plain == "baseline":
+        assert finished(base) == finished(trainer)
+        assert [r["reward_mean"] for r in base_rows] == [r["reward_mean"] for r in rows]
+
+
+def test_rhyme_plus_lookahead_drafts_from_lookahead_first_then_history(tmp_path, tiny_model_dir):
+    trainer = train(tmp_path, tiny_model_dir, "rhyme+lookahead")
+    drafter = trainer.engine.speculator.drafter
+    assert isinstance(drafter, LookaheadDrafter) and type(drafter.fallback).__name__ == "HistoryDrafter"
+    rows = [trainer.train_step() for _ in range(2)]
+    assert rows[0]["lookahead_tokens"] > 0 and rows[1]["drafted_tokens"] > 0
+    assert drafter.counts["used"] > 0 and drafter.fallback.stats()["responses"] > 0
+
+
+# ---- the cost gate -----------------------------------------------------------------------------------------
+
+
+def test_lookahead_starts_only_where_its_rows_are_free(tmp_path, tiny_model_dir):
+    assert Speculator(LookaheadDrafter(), cost_model=FREE).free_rows(2, 6) == 6
+    assert Speculator(LookaheadDrafter(), cost_model=CPU).free_rows(2, 6) == 0  # each row 10% dearer
+    cpu = [[b, q, t] for (b, q), t in CPU.table.items()]
+    trainer = train(tmp_path, tiny_model_dir, "lookahead", cost=cpu)
+    rows = [trainer.train_step() for _ in range(2)]
+    assert all(r["lookahead_tokens"] == 0 and r["drafted_tokens"] == 0 for r in rows)
+    assert "lookahead" not in rows[0]["sequences"]
+
+
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_every_drafter_goes_through_the_cost_gate(model, old, drafter):
+    """Drafts that a costly verify cannot pay for are not verified: plain decode steps, as without drafts."""
+    if drafter == "suffix":
+        pytest.importorskip("arctic_inference.suffix_decoding")
+    params = sampling(700, 8, max_tokens=16)
+    plain = [s.response_ids for s in engine_of(model).generate([PROMPT] * 8, params)]
+    for cost, verifies in ((CPU, False), (FREE, True)):
+        engine = engine_of(model)
+        spec = attach_histospec(engine, drafter, cost_model=cost, prior_acceptance=0.5)
+        for run in lookahead_runs(old, params, 12):  # drafts for every drafter: runs, or their responses
+            spec.drafter.on_done(run, 0) if drafter == "lookahead" else spec.drafter.add_response(
+                PROMPT, run.response_ids
+            )
+        out = engine.generate([PROMPT] * 8, params)
+        assert [s.response_ids for s in out] == plain
+        assert any(e["kind"] == "verify" for e in engine.trace.events) == verifies
+
+
+# ---- the registry, the command and the simulator -----------------------------------------------------------
+
+
+def test_the_modes_are_registered_listed_and_simulated(tmp_path):
+    for name in LOOKAHEAD_MODES:
+        mode = MODES[name]
+        assert mode.lookahead and mode.placement is None and mode.speculation_options({})["lookahead"]
+        sim = SIM_MODES[name]
+        assert sim.spec and sim.mode == name
+        tr = workload.synthetic(steps=2, prompts=8, group_size=4, mean_tokens=400, max_tokens=2000, seed=1)
+        acc = np.full(len(tr), 0.7)
+        out = simulate_mode(sim, tr, workload.fill_predictions(tr, 0.9), acc, preset("h100", "7b"), 1, 16, 2)
+        assert out["mode"] == name and out["draft_len"] > 0  # cost-aware speculation on the H100 model
+    assert (
+        MODES["sorted+lookahead"].strategy == "sorted" and MODES["rhyme+lookahead"].speculation == "histospec"
+    )
+    table = cli("modes", tmp=tmp_path).stdout
+    for name in LOOKAHEAD_MODES:
+        assert any(line.split()[:1] == [name] for line in table.splitlines())
+    assert "HistoSpec + lookahead" in table
+    with pytest.raises(Exception, match="needs a lookahead mode"):
+        get_mode("rhyme").check_options({"histospec": {"drafter": "lookahead"}})
+    with pytest.raises(Exception, match="use --engine reference"):
+        get_mode("lookahead").check_options({}, engine="vllm")
