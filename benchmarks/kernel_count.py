@@ -7,9 +7,9 @@ FakeTensorMode (needs a CUDA build of torch, which installs and runs on a machin
 (any build). A TorchDispatchMode sees each ATen op after autograd and composite decompositions, i.e. what
 a device backend is asked to run; ops that only make views or allocate (view, permute, slice, expand,
 empty, ...) launch nothing and are not counted; every other op counts as one kernel launch. The ops run
-inside `StaticForward._forward` are what a CUDA graph captures (replayed as one graph launch): the forward
-(counted per decoder layer), then the LM head and the sampler (counted apart: a step's, not a layer's); the
-rest of the step (its upload and its read-back) runs outside.
+inside `StaticForward._forward` are what a CUDA graph captures (replayed as one graph launch): the decoder
+layers' (counted per layer), the forward's shared ops (embedding, RoPE table, attention mask, final norm),
+then the LM head and the sampler; the rest of the step (its upload and its read-back) runs outside.
 Flex attention's compiled call is counted as FLEX_KERNELS (inductor's decoding kernel and its reduction).
 
 On `meta` a composite op may decompose differently than on `cuda` (e.g. rms_norm, which has a fused CUDA
@@ -58,6 +58,9 @@ FLEX_KERNELS = 2  # a compiled flex-decoding call: the attention kernel and its 
 LAYER_BUDGET, OUTSIDE_BUDGET = 16, 10
 
 
+SECTIONS = ("layers", "shared", "head", "outside")  # in the graph: decoder layers, shared ops, head; outside
+
+
 class KernelCounter(TorchDispatchMode):
     """Counts the ops that launch a kernel, apart for inside and outside the captured forward."""
 
@@ -66,8 +69,14 @@ class KernelCounter(TorchDispatchMode):
         self.backend = backend  # dispatch key whose kernels count as one launch: "CUDA" (or "CPU" for meta)
         self.inside = False
         self.head = False  # inside: in the LM head and the sampler after it
+        self.in_layer = False  # inside: in a decoder layer (the rest of the forward is shared by the layers)
         self.counting = False  # set around the counted step (flex's stand-in counts only then)
-        self.ops: dict[str, Counter[str]] = {"inside": Counter(), "head": Counter(), "outside": Counter()}
+        self.ops: dict[str, Counter[str]] = {k: Counter() for k in SECTIONS}
+
+    def section(self) -> str:
+        if not self.inside:
+            return "outside"
+        return "head" if self.head else "layers" if self.in_layer else "shared"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -82,7 +91,7 @@ class KernelCounter(TorchDispatchMode):
             with self:
                 return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
         if name not in NO_KERNEL and not name.startswith("prim::"):
-            self.ops[("head" if self.head else "inside") if self.inside else "outside"][name] += 1
+            self.ops[self.section()][name] += 1
         return func(*args, **kwargs)
 
 
@@ -149,6 +158,9 @@ def decode_step_counts(
 
         static._forward = captured  # type: ignore[method-assign]
         engine.model.logits = head  # type: ignore[method-assign]
+        for layer in engine.model.model.layers:
+            layer.register_forward_pre_hook(lambda *_: setattr(counter, "in_layer", True))
+            layer.register_forward_hook(lambda *_: setattr(counter, "in_layer", False))
         params = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=64, ignore_eos=True, seed=0)
         for i in range(batch):
             engine.add_request([1, *range(3, 34)], params, seq_id=str(i))
@@ -158,15 +170,13 @@ def decode_step_counts(
             engine.step()
         counter.counting = False
     layers = shape.num_hidden_layers
-    inside, head, outside = (sum(counter.ops[k].values()) for k in ("inside", "head", "outside"))
+    in_layers, shared, head, outside = (sum(counter.ops[k].values()) for k in SECTIONS)
     return {
         "batch": batch, "device": device, "attention": attention, "layout": layout,
-        "inside": inside, "per_layer": inside / layers, "head_and_sampler": head, "graph": inside + head,
-        "outside": outside,
-        "within_budget": inside / layers <= LAYER_BUDGET and outside <= OUTSIDE_BUDGET,
-        "ops_inside": dict(counter.ops["inside"].most_common()),
-        "ops_head_and_sampler": dict(counter.ops["head"].most_common()),
-        "ops_outside": dict(counter.ops["outside"].most_common()),
+        "per_layer": in_layers / layers, "shared": shared, "head_and_sampler": head,
+        "graph": in_layers + shared + head, "outside": outside,
+        "within_budget": in_layers / layers <= LAYER_BUDGET and outside <= OUTSIDE_BUDGET,
+        **{f"ops_{k}": dict(counter.ops[k].most_common()) for k in SECTIONS},
     }  # fmt: skip
 
 
@@ -196,12 +206,19 @@ def counted_flex(counter: KernelCounter):  # type: ignore[no-untyped-def]
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
         if counter.counting:
-            counter.ops["inside" if counter.inside else "outside"]["flex_attention (compiled)"] += (
-                FLEX_KERNELS
-            )
+            counter.ops[counter.section()]["flex_attention (compiled)"] += FLEX_KERNELS
         return torch.empty_like(q)
 
     return attend
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = "| attention | layout | batch | graph | per layer | shared | head + sampler | outside | budget |"
+    print(head + "\n|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        cells = [r["attention"], r["layout"], r["batch"], r["graph"], f"{r['per_layer']:.1f}", r["shared"],
+                 r["head_and_sampler"], r["outside"], "within" if r["within_budget"] else "over"]  # fmt: skip
+        print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
 def main() -> None:
@@ -222,14 +239,7 @@ def main() -> None:
         for layout in args.layouts.split(",")
         for b in args.batches.split(",")
     ]
-    print(
-        "| attention | layout | batch | graph: forward | per layer | graph: head+sampler | outside | budget |"
-    )
-    print("|---|---|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        verdict = "within" if r["within_budget"] else "over"
-        print(f"| {r['attention']} | {r['layout']} | {r['batch']} | {r['inside']} | {r['per_layer']:.1f} | "
-              f"{r['head_and_sampler']} | {r['outside']} | {verdict} |")  # fmt: skip
+    print_table(rows)
     if args.out:
         from reference_trainer.trace.records import write_json
         from rlbench.reproduce.runner import source_commit
