@@ -14,7 +14,8 @@ Flex attention's compiled call is counted as FLEX_KERNELS (inductor's decoding k
 
 On `meta` a composite op may decompose differently than on `cuda` (e.g. rms_norm, which has a fused CUDA
 kernel), so the budgets are stated for `cuda`; tests/test_kernel_budget.py holds the meta counts, which CI
-can make, to the same budget as a guard. The engine's tokens are read back as zeros (there is no data):
+can make, as a guard: the count outside the graph to the budget, the per-layer count to its value when the
+sampler moved into the graph. The engine's tokens are read back as zeros (there is no data):
 the step's host logic is the real one. Prints a table and writes the counts per op.
 """
 
