@@ -185,3 +185,24 @@ def test_a_resumed_seeded_request_continues_its_stream(model):
     while engine.has_unfinished():
         engine.step()
     assert 0 < len(seq.response_ids) < 30 and resumed.response_ids == full.response_ids
+
+
+def test_sampler_ops_are_the_rows_optional_ops() -> None:
+    """SamplerOps.of (one loop, on the host's hot path) against its definition, over mixed batches."""
+    import itertools
+
+    from reference_trainer.engine.sampler import SamplerOps
+
+    kinds = [SamplingParams(temperature=t, top_k=k, top_p=p)
+             for t, k, p in itertools.product([0.0, 0.7, 1.0], [0, 5], [1.0, 0.9])]  # fmt: skip
+    rng = random.Random(0)
+    for _ in range(300):
+        params = rng.sample(kinds, rng.randint(1, 4))
+        sampling = [p for p in params if not p.greedy]
+        assert SamplerOps.of(params) == SamplerOps(
+            divisor=any(p.temperature != 1.0 for p in sampling),
+            greedy=len(sampling) < len(params),
+            top_k=any(p.top_k > 0 for p in sampling),
+            top_p=any(p.top_p < 1 for p in sampling),
+            all_greedy=not sampling,
+        )

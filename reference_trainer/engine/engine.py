@@ -65,6 +65,7 @@ class Engine(RequestBook):
         self._unseeded = random.Random(int(torch.randint(0, 2**62, ())))
         # Optional speculative decoder (engine/speculative.py); it takes over decode steps when attached.
         self.speculator: Speculator | None = None
+        self._lookahead_seen = False  # a lookahead request (engine/lookahead.py) was ever added
 
     # ---- requests ----------------------------------------------------------------------------------------
     def add_request(
@@ -89,6 +90,7 @@ class Engine(RequestBook):
         # uninterrupted run would be: it neither replays its first draws nor needs a shifted seed.
         seed = params.seed if params.seed is not None else self._unseeded.getrandbits(64)
         self._keys[seq.seq_id] = seed_key(seed)
+        self._lookahead_seen = self._lookahead_seen or is_lookahead(seq.seq_id)
         self.scheduler.add(seq)
         return seq
 
@@ -138,9 +140,11 @@ class Engine(RequestBook):
         with them is captured, as the trace's `capture` event, outside any timed step (and again after a
         grown pool dropped the graphs)."""
         static = self.runner.static
+        if static is None or not static.capture:
+            return
         ops = SamplerOps.of([s.params for s in seqs])
         longest = max(s.num_cached for s in seqs) + 1
-        if static is not None and static.decode_graph_missing(len(seqs), longest, ops):
+        if static.decode_graph_missing(len(seqs), longest, ops):
             with self.trace.phase(CAPTURE) as fields:
                 fields["graphs"] = static.capture_decode(ops)
 
@@ -158,9 +162,12 @@ class Engine(RequestBook):
         own kind (engine/lookahead.py): their slots and tokens are counted apart and not in `tokens`, so the
         step's samples' throughput is not inflated by tokens no update trains on. `lookahead_tokens` None:
         one per lookahead request in `seqs` (a prefill or decode step emits one token per sequence)."""
-        if lookahead_tokens is None:
-            lookahead_tokens = sum(is_lookahead(s.seq_id) for s in seqs)
-        slots = sum(is_lookahead(i) for i in occupied.values())
+        slots = 0
+        if self._lookahead_seen:  # a per-row scan, in series with the GPU: only where lookahead ever ran
+            if lookahead_tokens is None:
+                lookahead_tokens = sum(is_lookahead(s.seq_id) for s in seqs)
+            slots = sum(is_lookahead(i) for i in occupied.values())
+        lookahead_tokens = lookahead_tokens or 0
         if slots or lookahead_tokens:
             extra.update(lookahead_slots=slots, lookahead_tokens=lookahead_tokens)
         self.trace.engine_step(

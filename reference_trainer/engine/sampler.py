@@ -160,14 +160,18 @@ class SamplerOps:
 
     @classmethod
     def of(cls, params: list[SamplingParams]) -> SamplerOps:
-        sampling = [p for p in params if not p.greedy]
-        return cls(
-            divisor=any(p.temperature != 1.0 for p in sampling),
-            greedy=len(sampling) < len(params),
-            top_k=any(p.top_k > 0 for p in sampling),
-            top_p=any(p.top_p < 1 for p in sampling),
-            all_greedy=not sampling,
-        )
+        # One plain loop: it runs every decode step over every row, in series with the GPU (issue 49's
+        # host-work budget); five generator passes took 41 us at 256 rows.
+        divisor = greedy = top_k = top_p = sampling = False
+        for p in params:
+            if p.temperature <= 0.0:  # SamplingParams.greedy, inlined
+                greedy = True
+                continue
+            sampling = True
+            divisor = divisor or p.temperature != 1.0
+            top_k = top_k or p.top_k > 0
+            top_p = top_p or p.top_p < 1
+        return cls(divisor=divisor, greedy=greedy, top_k=top_k, top_p=top_p, all_greedy=not sampling)
 
 
 def scaled_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
