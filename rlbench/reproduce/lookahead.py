@@ -305,7 +305,9 @@ def speedup(ctx: Context, w: Workload | None = None, setting_note: str = CPU_NOT
         if m["lookahead_tokens"]
         else "The cost gate kept lookahead off in every seed on this device: no lookahead token was "
         "generated, so the shipped mode ran as the baseline with a speculator attached and the verdict is "
-        "inconclusive. The gate-removed run shows what the mechanism does here when forced."
+        f"inconclusive. Its {_x(m['rollout_speedup'])} is that speculator's per-step checks (and the "
+        "machine's noise); its bubble, the baseline's idle slots over that longer rollout. The gate-removed "
+        "run shows what the mechanism does here when forced."
     )
     samples_agree = all(
         f[name]["all"]["tokens"] == f["baseline"]["all"]["tokens"] for f in per_seed.values() for name in RUNS
