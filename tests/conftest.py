@@ -191,3 +191,26 @@ def grade_as_pool(response: str, gold: str, problem: str = ""):  # -> GradeResul
         item = grading.GradeItem("math", response, gold, verify_timeout_s=longer, problem=problem)
         result = grading.grade_item(item)
     return result
+
+
+def peaked_model():  # type: ignore[no-untyped-def]
+    """A tiny DecoderLM, peaked (low-entropy) like a trained one so drafts get accepted, with EOS as likely
+    as a common token so lengths vary: the speculative and lookahead tests' model."""
+    from reference_trainer.model.config import ModelConfig
+    from reference_trainer.model.decoder import DecoderLM
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=32,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    m = DecoderLM(cfg)
+    with torch.no_grad():
+        m.lm_head.weight.mul_(6.0)
+        m.lm_head.weight[2] = m.lm_head.weight[30]  # EOS (id 2)
+    return m.eval()

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import cli
+from conftest import cli, peaked_model
 from scipy import stats
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
@@ -20,7 +20,6 @@ from reference_trainer.engine.lookahead import LookaheadDrafter, is_lookahead, l
 from reference_trainer.engine.sequence import Sequence
 from reference_trainer.engine.speculative import CostModel, Speculator, coupled_accept
 from reference_trainer.mode_options import DRAFTERS
-from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.modes import MODES, get_mode
 from reference_trainer.trace.metrics import step_metrics
@@ -51,21 +50,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def model() -> DecoderLM:
-    torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=32,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    m = DecoderLM(cfg)
-    with torch.no_grad():  # peaked, like a trained model; EOS as likely as a common token: lengths vary
-        m.lm_head.weight.mul_(6.0)
-        m.lm_head.weight[EOS] = m.lm_head.weight[30]
-    return m.eval()
+    return peaked_model()
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import peaked_model
 from scipy import stats
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
@@ -15,7 +16,6 @@ from reference_trainer.engine.histospec import HistoryDrafter, attach_histospec
 from reference_trainer.engine.speculative import CostModel, Speculator, coupled_accept
 from reference_trainer.mode_options import DRAFTERS
 from reference_trainer.model.attention import CachedBatch, PagedKVCache
-from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.trace.metrics import step_metrics
 from rlbench.reproduce.lossless import generous_accept, homogeneity_test, sample_responses
@@ -27,21 +27,7 @@ CHEAP = CostModel({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})  # v
 
 @pytest.fixture(scope="module")
 def model() -> DecoderLM:
-    torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=32,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    m = DecoderLM(cfg)
-    with torch.no_grad():  # a peaked (low-entropy) model, like a trained one: drafts get accepted
-        m.lm_head.weight.mul_(6.0)
-        m.lm_head.weight[EOS] = m.lm_head.weight[30]  # EOS as likely as a common token: lengths vary
-    return m.eval()
+    return peaked_model()
 
 
 def make_engine(model: DecoderLM, capacity: int = 64, **spec) -> tuple[Engine, Speculator | None]:
