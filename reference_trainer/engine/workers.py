@@ -212,16 +212,18 @@ def start_local_ray(num_cpus: int, temp_dir: str) -> None:
     A RAY_AUTH_MODE the user set is kept as it is."""
     import ray
 
-    if "RAY_AUTH_MODE" not in os.environ:
-        try:  # Rays with token authentication (Ray 2.60 has it); older ones neither write a token nor warn
-            from ray._private.authentication import authentication_token_setup as auth
-            from ray._raylet import AuthenticationTokenLoader
-        except ImportError:
-            pass
-        else:
+    try:  # Rays with token authentication (Ray 2.60 has it); older ones neither write a token nor warn
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:
+        pass
+    else:
+        if "RAY_AUTH_MODE" not in os.environ:
+            os.environ["RAY_AUTH_MODE"] = "token"
             os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
-            auth._enable_token_auth()  # RAY_AUTH_MODE=token, and Ray's config (read at import) refreshed
-            AuthenticationTokenLoader.instance().reset_cache()
+        # Ray reads the mode into its config once, at import: refreshed (as Ray's own default does) so that
+        # this start follows the environment as it is now, also after an earlier start in this process.
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir,
              logging_level=logging.WARNING)  # fmt: skip
 
