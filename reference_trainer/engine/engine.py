@@ -118,8 +118,7 @@ class Engine(RequestBook):
         kind, seqs = self.scheduler.schedule()
         if not seqs:
             return []
-        if kind == "decode":
-            self._capture_decode_graphs(seqs)
+        ops = self._capture_decode_graphs(seqs) if kind == "decode" else None
         t_start = self.trace.now()
         occupied = {slot: s.seq_id for slot, s in self.scheduler.running.items()}
         if kind == "decode" and self.speculator is not None:
@@ -130,23 +129,24 @@ class Engine(RequestBook):
                 [s.params for s in seqs],
                 [self._keys[s.seq_id] for s in seqs],
             )
-        scored = self.runner.prefill(seqs) if kind == "prefill" else self.runner.decode(seqs)
+        scored = self.runner.prefill(seqs) if kind == "prefill" else self.runner.decode(seqs, ops)
         finished = self.emit(seqs, scored)
         self.trace_forward(kind, t_start, occupied, seqs, len(seqs))
         return finished
 
-    def _capture_decode_graphs(self, seqs: list[Sequence]) -> None:
+    def _capture_decode_graphs(self, seqs: list[Sequence]) -> SamplerOps | None:
         """CUDA graphs: before the first decode step with these sequences' sampler ops, every decode shape
         with them is captured, as the trace's `capture` event, outside any timed step (and again after a
-        grown pool dropped the graphs)."""
+        grown pool dropped the graphs). Returns the ops (None without graphs), which the step reuses."""
         static = self.runner.static
         if static is None or not static.capture:
-            return
+            return None
         ops = SamplerOps.of([s.params for s in seqs])
         longest = max(s.num_cached for s in seqs) + 1
         if static.decode_graph_missing(len(seqs), longest, ops):
             with self.trace.phase(CAPTURE) as fields:
                 fields["graphs"] = static.capture_decode(ops)
+        return ops
 
     def trace_forward(
         self,

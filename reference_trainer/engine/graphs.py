@@ -127,16 +127,7 @@ class StaticForward:
         inputs = upload(
             {"ids": ids, "starts": starts + [0] * pad, "rows": where, **extras}, self.device, into=self.inputs
         )
-        args = (
-            inputs["ids"].view(bucket, width),
-            inputs["starts"],
-            inputs["rows"] if self.slots.contiguous else inputs["rows"].view(bucket, blocks),
-            span,
-        )
-        if self.capture:
-            self._replay((bucket, width, span, None), args)
-        else:
-            self._forward(*args)
+        self._execute((bucket, width, span, None), self._args(inputs, bucket, width, span))
         return self.hidden[: bucket * width].view(bucket, width, -1), inputs
 
     def decode(
@@ -154,22 +145,29 @@ class StaticForward:
             "slots": slots + [0] * pad,  # a padding row samples with slot 0's settings; nothing reads it
             "positions": positions + [0] * pad,
         }
-        args = self._decode_args(upload(parts, self.device, into=self.inputs), bucket, span, ops)
-        if self.capture:
-            self._replay((bucket, 1, span, ops), args)
-        else:
-            self._forward(*args)
+        inputs = upload(parts, self.device, into=self.inputs)
+        self._execute((bucket, 1, span, ops), self._args(inputs, bucket, 1, span, ops))
         return self.tokens[:n], self.logprobs[:n]
 
-    def _decode_args(self, inputs: dict[str, torch.Tensor], bucket: int, span: int, ops: SamplerOps) -> tuple:
+    def _args(
+        self,
+        inputs: dict[str, torch.Tensor],
+        bucket: int,
+        width: int,
+        span: int,
+        ops: SamplerOps | None = None,
+    ) -> tuple:
+        """`_forward`'s arguments from the uploaded inputs: a sampling decode's (`ops` given) end with its
+        slots, positions and ops."""
         where = inputs["rows"] if self.slots.contiguous else inputs["rows"].view(bucket, self._blocks(span))
-        return (
-            inputs["ids"].view(bucket, 1),
-            inputs["starts"],
-            where,
-            span,
-            (inputs["slots"], inputs["positions"], ops),
-        )
+        args = (inputs["ids"].view(bucket, width), inputs["starts"], where, span)
+        return args if ops is None else (*args, (inputs["slots"], inputs["positions"], ops))
+
+    def _execute(self, shape: Shape, args: tuple) -> None:
+        if self.capture:
+            self._replay(shape, args)
+        else:
+            self._forward(*args)
 
     def spans(self) -> list[int]:
         """Every key span a forward can have: powers of two from MIN_KEY_SPAN, then the cache's limit."""
@@ -190,12 +188,8 @@ class StaticForward:
             "rows": [self.scratch] * (bucket * blocks),
         }
         if ops is not None:
-            inputs = upload(parts | {"slots": [0] * bucket, "positions": [0] * bucket}, self.device,
-                            into=self.inputs)  # fmt: skip
-            return self._decode_args(inputs, bucket, span, ops)
-        inputs = upload(parts, self.device, into=self.inputs)
-        where = inputs["rows"] if self.slots.contiguous else inputs["rows"].view(bucket, blocks)
-        return inputs["ids"].view(bucket, width), inputs["starts"], where, span
+            parts |= {"slots": [0] * bucket, "positions": [0] * bucket}
+        return self._args(upload(parts, self.device, into=self.inputs), bucket, width, span, ops)
 
     def decode_shapes(self, ops: SamplerOps | None = None) -> Iterator[tuple[Shape, tuple]]:
         """Every decode shape (each batch bucket, width 1, each key span; sampling with `ops`, or without

@@ -99,15 +99,16 @@ class ModelRunner:
         return Scored(logits[:, 0], inputs["slots"], inputs["positions"])
 
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence]) -> Scored:
-        """Feed each sequence's newest token; one row per sequence (sampled already on the graph path)."""
+    def decode(self, seqs: list[Sequence], ops: SamplerOps | None = None) -> Scored:
+        """Feed each sequence's newest token; one row per sequence (sampled already on the graph path, with
+        the sequences' sampler ops: `ops` where the caller has them)."""
         static = self.static
         if static is not None and static.sampling is not None and static.fits(len(seqs), 1):
             slots: list[int] = [s.slot for s in seqs]  # type: ignore[misc]
             starts = [s.num_cached for s in seqs]
             for slot, start in zip(slots, starts, strict=True):
                 self.slots.reserve(slot, start + 1)
-            ops = SamplerOps.of([s.params for s in seqs])
+            ops = ops or SamplerOps.of([s.params for s in seqs])
             sampled = static.decode([s.last_token for s in seqs], starts, slots, [s + 1 for s in starts], ops)
             scored = Scored(None, None, None, sampled=sampled)
         else:
