@@ -3,15 +3,18 @@ nothing, so what is timed is what runs on the CPU in series with a GPU (scheduli
 and upload, the read-back, appending tokens and the stop rules, the trace event), per batch size, against
 another checkout's engine in the same run, interleaved.
 
-    python -m benchmarks.host_step [--before CHECKOUT] [--batches 1,64,256] [--steps 200] [--repeats 5]
-                                   [--out FILE]
+    python -m benchmarks.host_step [--before CHECKOUT] [--path graph|eager] [--batches 1,64,256]
+                                   [--steps 200] [--repeats 5] [--out FILE]
 
-Each (side, batch, repeat) runs in a process of its own (PYTHONPATH = that side's checkout), one thread, on
-the CPU: B requests are prefilled, then --steps decode steps are timed and the mean per step reported; the
-median over repeats, sides alternating within each repeat so that a change in machine load hits both. The
-forward returns a preallocated [B, V] logits tensor and the sampler preallocated tokens, so the per-step
-cost does not depend on the model. Target (issue 49): at most 0.06 / 0.15 / 0.4 ms at batch 1 / 64 / 256
-on an idle CPU.
+--path graph (the default) times the path a GPU takes with CUDA graphs (runner.decode into the static
+forward, graphs.py, with its replay replaced by nothing); --path eager the own-shape forward a CPU (or a
+GPU without graphs) takes, whose per-step input tensors (CachedBatch's masks) are the forward's own tensor
+work, counted here although a GPU would run it as kernels. Each (side, batch, repeat) runs in a process of
+its own (PYTHONPATH = that side's checkout), one thread, on the CPU: B requests are prefilled, then --steps
+decode steps are timed and the mean per step reported; the median over repeats, sides alternating within
+each repeat so that a change in machine load hits both. The forward returns a preallocated [B, V] logits
+tensor and the sampler preallocated tokens, so the per-step cost does not depend on the model. Target
+(issue 49): at most 0.06 / 0.15 / 0.4 ms at batch 1 / 64 / 256 on an idle CPU.
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ def forward_cached(ids, *args, select=None, **kwargs):
 model.forward_cached = forward_cached
 engine_module.sample = lambda scored_logits, batch_params: (tokens[: scored_logits.shape[0]],
                                                              logprobs[: scored_logits.shape[0]])
+if spec["path"] == "graph":  # the static forward a GPU replays as a graph, run as nothing
+    from reference_trainer.engine.graphs import StaticForward
+    static = StaticForward(model, engine.slots, engine.config.max_verify_tokens, False, "matmul",
+                           sampling=engine.sampling)
+    static._forward = lambda *args: None
+    engine.runner.static = static
 params = SamplingParams(temperature=1.0, max_tokens=steps + 8, ignore_eos=True, seed=0)
 for i in range(batch):
     engine.add_request([1] + [3 + i % 50] * 16, params)
@@ -68,9 +77,9 @@ print(json.dumps({"ms": (time.perf_counter() - start) / steps * 1e3}))
 """
 
 
-def run_side(path: Path, batch: int, steps: int) -> float:
+def run_side(path: Path, batch: int, steps: int, engine_path: str) -> float:
     env = {**os.environ, "PYTHONPATH": str(path), "OMP_NUM_THREADS": "1"}
-    spec = json.dumps({"batch": batch, "steps": steps})
+    spec = json.dumps({"batch": batch, "steps": steps, "path": engine_path})
     done = subprocess.run(
         [sys.executable, "-c", CHILD, spec], env=env, capture_output=True, text=True, check=False
     )
@@ -85,6 +94,10 @@ def main() -> None:
         "--before", type=Path, help="another checkout (e.g. `git worktree add ../before HEAD~1`)"
     )
     parser.add_argument("--batches", default="1,64,256")
+    parser.add_argument(
+        "--path", choices=("graph", "eager"), default="graph",
+        help="graph: the static forward a GPU replays (the default there); eager: the own-shape forward",
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path)
@@ -101,7 +114,7 @@ def main() -> None:
         for batch in batches:
             order = list(sides) if repeat % 2 == 0 else list(reversed(sides))  # alternate who goes first
             for side in order:
-                runs[side][batch].append(run_side(sides[side], batch, args.steps))
+                runs[side][batch].append(run_side(sides[side], batch, args.steps, args.path))
         print(f"repeat {repeat + 1}/{args.repeats} done", flush=True)
     rows: list[dict[str, Any]] = []
     print("| batch | engine ms/step | before ms/step | before / engine | target |")
@@ -122,6 +135,7 @@ def main() -> None:
 
         write_json(args.out, {"command": " ".join(["python -m benchmarks.host_step", *sys.argv[1:]]),
                               "commit": source_commit(), "before": str(args.before) if args.before else None,
+                              "path": args.path,
                               "cpu_count": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
                               "steps": args.steps, "repeats": args.repeats, "rows": rows})  # fmt: skip
 

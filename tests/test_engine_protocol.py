@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.protocol import RequestEngine, RolloutEngine
-from reference_trainer.engine.requests import STOP_TAIL_TOKENS, stop_reason
+from reference_trainer.engine.requests import STOP_TAIL_TOKENS, RequestBook, stop_reason
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
 from reference_trainer.engine.vllm_engine import VLLMEngine
 from reference_trainer.engine.workers import LocalWorkerPool, RayWorkerPool, WorkerPool, WorkerSpec
@@ -151,3 +153,56 @@ def test_stop_strings_need_a_tokenizer() -> None:
     seq = seq_with([0, 1], stop=["ab"])
     assert stop_reason(seq, 1, {2}, None, 100) is None
     assert stop_reason(seq, 1, {2}, Chars(), 100) == "stop"
+
+
+class Book(RequestBook):
+    """The shared request book alone: sequences finish where its rules say, and nothing else happens."""
+
+    def __init__(self, max_model_len: int) -> None:
+        self._init_book(EngineConfig(), max_model_len, [2], Chars(), None)
+
+    def _release(self, seq: Sequence) -> None:
+        pass
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    prompt=st.integers(1, 6),
+    resumed=st.integers(0, 3),
+    max_tokens=st.integers(1, 8),
+    max_model_len=st.integers(8, 14),
+    ignore_eos=st.booleans(),
+    stop_token_ids=st.sampled_from([[], [7]]),
+    stop=st.sampled_from([[], ["hh"]]),
+    tokens=st.lists(st.integers(0, 8), min_size=1, max_size=12),
+)
+def test_a_decode_steps_append_stops_where_the_rules_say(
+    prompt: int,
+    resumed: int,
+    max_tokens: int,
+    max_model_len: int,
+    ignore_eos: bool,
+    stop_token_ids: list[int],
+    stop: list[str],
+    tokens: list[int],
+) -> None:
+    """`_append_one_each` (a decode step's loop, which calls `stop_reason` only where a rule could fire)
+    finishes each sequence at the same token, for the same reason, as `_append` (the rules at every token)."""
+    params = SamplingParams(
+        max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_token_ids, stop=stop
+    )
+    if prompt + resumed >= max_model_len or resumed >= max_tokens:
+        return
+
+    def make(book: Book) -> Sequence:
+        return book._new_sequence([0] * prompt, params, "s", [1] * resumed or None, None, None, 0, None)
+
+    step_book, rule_book = Book(max_model_len), Book(max_model_len)
+    stepped, ruled = make(step_book), make(rule_book)
+    for token in tokens:
+        if ruled.is_finished:
+            break
+        finished = step_book._append_one_each([stepped], [float(token)], [-1.0])
+        assert finished == ([stepped] if rule_book._append(ruled, [token], [-1.0]) else [])
+    assert stepped.response_ids == ruled.response_ids
+    assert (stepped.status, stepped.finish_reason) == (ruled.status, ruled.finish_reason)

@@ -121,10 +121,10 @@ def fake_trainer(config, out_dir, trace):
             t0 = trace.now()
             time.sleep(0.01)
             t1 = trace.now()
-            trace.engine_step("decode", t0, t1, {0: f"a{step}", 1: f"b{step}"}, capacity=2, tokens=2)
+            trace.engine_step("decode", t0, t1, {"0": f"a{step}", "1": f"b{step}"}, capacity=2, tokens=2)
             time.sleep(0.01)
             t2 = trace.now()
-            trace.engine_step("decode", t1, t2, {0: f"a{step}"}, capacity=2, tokens=1)
+            trace.engine_step("decode", t1, t2, {"0": f"a{step}"}, capacity=2, tokens=1)
             for sid, n, t_fin in ((f"a{step}", 2, t2), (f"b{step}", 1, t1)):
                 trace.add(
                     {

@@ -116,7 +116,7 @@ class FakeEngine:
         if len(self._running) < capacity:  # an idle slot only when the oversubscription bound is reached
             self.idle_slot_steps += 1
             assert strategy.unfinished() + ctx.group_size > strategy.max_unfinished(ctx)
-        occupied = {i: s.seq_id for i, s in enumerate(self._running)}
+        occupied = {str(i): s.seq_id for i, s in enumerate(self._running)}
         finished = []
         for seq in list(self._running):
             seq.response_ids.append(7)

@@ -8,6 +8,7 @@ sees every op). The GPU test checks the same with CUDA's own sync debug mode."""
 
 from __future__ import annotations
 
+import array
 import copy
 from collections import Counter
 from contextlib import contextmanager
@@ -75,15 +76,21 @@ def counting():
 
         return method
 
-    original_tensor = torch.tensor
+    # A host tensor is built from Python values with torch.tensor or, through a C array, torch.frombuffer
+    # (transfers.upload): both count as one upload's making.
+    constructors = {name: getattr(torch, name) for name in ("tensor", "frombuffer")}
 
-    def tensor(*args, **kwargs):  # type: ignore[no-untyped-def]
-        uploads["torch.tensor"] += 1
-        return original_tensor(*args, **kwargs)
+    def counted(name):  # type: ignore[no-untyped-def]
+        def construct(*args, **kwargs):  # type: ignore[no-untyped-def]
+            uploads["host tensor"] += 1
+            return constructors[name](*args, **kwargs)
+
+        return construct
 
     for name in READS:
         setattr(torch.Tensor, name, wrap(name))
-    torch.tensor = tensor  # type: ignore[assignment]
+    for name in constructors:
+        setattr(torch, name, counted(name))
     mode = _SyncingOps()
     try:
         with mode:
@@ -91,7 +98,8 @@ def counting():
     finally:
         for name, method in originals.items():
             setattr(torch.Tensor, name, method)
-        torch.tensor = original_tensor  # type: ignore[assignment]
+        for name, construct in constructors.items():
+            setattr(torch, name, construct)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +162,7 @@ def test_a_decode_step_uploads_once_and_reads_back_once(model, layout, monkeypat
     with counting() as (reads, uploads, syncing):
         engine.step()
     assert engine.trace.events[-1]["kind"] == "decode"
-    assert dict(reads) == {"tolist": 1} and dict(uploads) == {"torch.tensor": 1} and not syncing
+    assert dict(reads) == {"tolist": 1} and dict(uploads) == {"host tensor": 1} and not syncing
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "paged", "static-paged"])
@@ -171,17 +179,18 @@ def test_a_verify_step_uploads_once_and_reads_back_once(model, layout, monkeypat
         engine.step()
     event = engine.trace.events[-1]
     assert event["kind"] == "verify" and event["drafted"] > 0
-    assert dict(reads) == {"tolist": 1} and dict(uploads) == {"torch.tensor": 1} and not syncing
+    assert dict(reads) == {"tolist": 1} and dict(uploads) == {"host tensor": 1} and not syncing
 
 
 def test_the_counters_see_what_they_count(model, monkeypatch):
-    """The instruments work: a boolean mask, an .item() and a list built into a tensor are all seen."""
+    """The instruments work: a boolean mask, an .item() and lists built into tensors are all seen."""
     x = torch.arange(6)
     with counting() as (reads, uploads, syncing):
         x[x > 2].sum().item()
         torch.tensor([1, 2])
+        torch.frombuffer(array.array("q", [1, 2]), dtype=torch.long)
         bool(x[0])
-    assert reads["item"] == 1 and reads["__bool__"] == 1 and uploads["torch.tensor"] == 1
+    assert reads["item"] == 1 and reads["__bool__"] == 1 and uploads["host tensor"] == 2
     assert syncing["aten.index.Tensor"] == 1 and syncing["aten._local_scalar_dense.default"] == 2
 
 

@@ -66,6 +66,7 @@ class Engine(RequestBook):
         # Optional speculative decoder (engine/speculative.py); it takes over decode steps when attached.
         self.speculator: Speculator | None = None
         self._lookahead_seen = False  # a lookahead request (engine/lookahead.py) was ever added
+        self._decode_ops: tuple[int, SamplerOps] | None = None  # (scheduler membership, running rows' ops)
 
     # ---- requests ----------------------------------------------------------------------------------------
     def add_request(
@@ -120,7 +121,7 @@ class Engine(RequestBook):
             return []
         ops = self._capture_decode_graphs(seqs) if kind == "decode" else None
         t_start = self.trace.now()
-        occupied = {slot: s.seq_id for slot, s in self.scheduler.running.items()}
+        occupied = dict(self.scheduler.occupied)
         if kind == "decode" and self.speculator is not None:
             return self.speculator.step(seqs, t_start, occupied)
         if kind == "prefill":  # the slots' sampling parameters change only when their requests do
@@ -139,9 +140,14 @@ class Engine(RequestBook):
         with them is captured, as the trace's `capture` event, outside any timed step (and again after a
         grown pool dropped the graphs). Returns the ops (None without graphs), which the step reuses."""
         static = self.runner.static
-        if static is None or not static.capture:
+        if static is None:
             return None
-        ops = SamplerOps.of([s.params for s in seqs])
+        membership = self.scheduler.membership  # the running set, hence its ops, changes only with it
+        if self._decode_ops is None or self._decode_ops[0] != membership:
+            self._decode_ops = (membership, SamplerOps.of([s.params for s in seqs]))
+        ops = self._decode_ops[1]
+        if not static.capture:
+            return ops
         longest = max(s.num_cached for s in seqs) + 1
         if static.decode_graph_missing(len(seqs), longest, ops):
             with self.trace.phase(CAPTURE) as fields:
@@ -152,7 +158,7 @@ class Engine(RequestBook):
         self,
         kind: str,
         t_start: float,
-        occupied: dict[int, str],
+        occupied: dict[str, str],
         seqs: list[Sequence],
         tokens: int,
         lookahead_tokens: int | None = None,

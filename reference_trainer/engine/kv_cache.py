@@ -136,6 +136,14 @@ class SlotManager:
             self._grow(need - len(self._free_blocks))
         table.extend(self._free_blocks.pop() for _ in range(need))
 
+    def reserve_each(self, slots: list[int], ends: list[int]) -> None:
+        """`reserve(slot, end)` for each pair, calling it only where a slot needs a new block or the end is
+        past the cache (a decode step's per-row check, in series with the GPU)."""
+        tables, size, max_len = self.tables, self.block_size, self.max_len
+        for slot, end in zip(slots, ends, strict=True):
+            if end > len(tables[slot]) * size or end > max_len:
+                self.reserve(slot, end)
+
     def _grow(self, at_least: int) -> None:
         assert isinstance(self.cache, PagedKVCache)
         old = self.cache.num_blocks

@@ -131,25 +131,19 @@ class RequestBook:
     def _append_one_each(
         self, seqs: list[Sequence], tokens: list[float], logprobs: list[float]
     ) -> list[Sequence]:
-        """`_append` of one token to each sequence (a decode step), in one loop: the rules are
-        `stop_reason`'s, with its common case (no EOS, no stop token or string, not at a length limit)
-        decided inline, since at batch 256 the call per token is most of a step's host time. Returns the
-        sequences that finished."""
+        """`_append` of one token to each sequence (a decode step), in one loop: `stop_reason` runs only
+        where a rule could fire (an EOS token, or past the length below which nothing else can stop the
+        sequence: `Sequence.stops_only_on_eos_below`), since at batch 256 a call per token is most of a
+        step's host time. Returns the sequences that finished."""
         finished = []
         version, eos, limit = self.policy_version, self.eos_token_ids, self.max_model_len
         for seq, value, logprob in zip(seqs, tokens, logprobs, strict=True):
             token = int(value)
-            response, params = seq.response_ids, seq.params
+            response = seq.response_ids
             response.append(token)
             seq.logprobs.append(logprob)
             seq.policy_versions.append(version)
-            if (
-                (token in eos and not params.ignore_eos)
-                or params.stop_token_ids
-                or params.stop
-                or len(response) >= params.max_tokens
-                or len(seq.prompt_ids) + len(response) >= limit
-            ):
+            if token in eos or len(response) >= seq.stops_only_on_eos_below:
                 reason = stop_reason(seq, token, eos, self.tokenizer, limit)
                 if reason is not None:
                     self._finish(seq, reason)

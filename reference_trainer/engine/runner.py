@@ -106,10 +106,10 @@ class ModelRunner:
         if static is not None and static.sampling is not None and static.fits(len(seqs), 1):
             slots: list[int] = [s.slot for s in seqs]  # type: ignore[misc]
             starts = [s.num_cached for s in seqs]
-            for slot, start in zip(slots, starts, strict=True):
-                self.slots.reserve(slot, start + 1)
+            ends = [start + 1 for start in starts]  # also the position of the token each row draws
+            self.slots.reserve_each(slots, ends)
             ops = ops or SamplerOps.of([s.params for s in seqs])
-            sampled = static.decode([s.last_token for s in seqs], starts, slots, [s + 1 for s in starts], ops)
+            sampled = static.decode([s.last_token for s in seqs], starts, slots, ends, ops)
             scored = Scored(None, None, None, sampled=sampled)
         else:
             scored = self._continue(seqs, [[s.last_token] for s in seqs], verify=False)
@@ -136,9 +136,7 @@ class ModelRunner:
         slots: list[int] = [s.slot for s in seqs]  # type: ignore[misc]
         starts = [s.num_cached for s in seqs]
         width = max(len(r) for r in rows)
-        reserve = self.slots.reserve
-        for slot, start in zip(slots, starts, strict=True):
-            reserve(slot, start + width)
+        self.slots.reserve_each(slots, [start + width for start in starts])
         if width == 1:  # a decode step: one sampled row per sequence, in order (the host's hot path)
             sample = {"slots": slots, "positions": [start + 1 for start in starts]}
             order = list(range(len(rows)))
@@ -181,11 +179,14 @@ class ModelRunner:
             packed_starts = [0] * (hi - lo)
             for slot, row, start in zip(slots, rows, starts, strict=True):
                 packed[slot - lo], packed_starts[slot - lo] = row, start
-            order = [
-                (slot - lo) * width + j
-                for slot, row in zip(slots, rows, strict=True)
-                for j in range(len(row))
-            ]
+            if width == 1:  # a decode step (the host's hot path)
+                order = [slot - lo for slot in slots]
+            else:
+                order = [
+                    (slot - lo) * width + j
+                    for slot, row in zip(slots, rows, strict=True)
+                    for j in range(len(row))
+                ]
             rows, starts, where, slot_range = packed, packed_starts, [], (lo, hi)
         else:
             where, slot_range = self.slots.where(slots), None

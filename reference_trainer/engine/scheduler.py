@@ -18,6 +18,11 @@ class Scheduler:
         self._waiting: list[tuple[int, int, Sequence]] = []
         self._arrival = itertools.count()
         self.running: dict[int, Sequence] = {}  # slot -> sequence
+        # What a decode step reads of `running`, kept between the steps that change it (an admission or a
+        # release): a decode step runs in series with the GPU, so it should not re-sort and re-key 256 rows.
+        self.membership = 0  # counts changes to `running`
+        self.occupied: dict[str, str] = {}  # str(slot) -> seq_id, as the trace records a step's slots
+        self._decode: list[Sequence] | None = []  # running sequences by slot; None: to be rebuilt
 
     def add(self, seq: Sequence) -> None:
         heapq.heappush(self._waiting, (seq.priority, next(self._arrival), seq))
@@ -51,16 +56,27 @@ class Scheduler:
             heapq.heappop(self._waiting)
             seq.slot = self.slots.allocate()
             seq.status = SequenceStatus.RUNNING
-            self.running[seq.slot] = seq
+            self._occupy(seq.slot, seq)
             admitted.append(seq)
             longest = longest_if
         if admitted:
             return "prefill", admitted
-        return "decode", [self.running[s] for s in sorted(self.running)]
+        if self._decode is None:
+            self._decode = [self.running[s] for s in sorted(self.running)]
+        return "decode", list(self._decode)
 
     def release(self, seq: Sequence) -> None:
         """Free a finished or aborted sequence's slot."""
         if seq.slot is not None and self.running.get(seq.slot) is seq:
-            del self.running[seq.slot]
+            self._occupy(seq.slot, None)
             self.slots.release(seq.slot)
         seq.slot = None
+
+    def _occupy(self, slot: int, seq: Sequence | None) -> None:
+        """Put `seq` in `slot` (None: empty it), keeping the decode order and the trace's view in step."""
+        if seq is None:
+            del self.running[slot], self.occupied[str(slot)]
+        else:
+            self.running[slot], self.occupied[str(slot)] = seq, seq.seq_id
+        self._decode = None
+        self.membership += 1

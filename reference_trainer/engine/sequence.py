@@ -50,6 +50,10 @@ class Sequence:
     drafted: int = 0
     accepted: int = 0
     resumed_tokens: int = 0  # response tokens that came in with the request (not generated here)
+    # The response length before which only an EOS token can stop the sequence (no stop tokens or strings,
+    # below max_tokens and the context's end): a decode step checks the stop rules of the rest only. 0:
+    # check every token (a sequence not built by `for_request`).
+    stops_only_on_eos_below: int = 0
 
     @classmethod
     def for_request(
@@ -86,6 +90,8 @@ class Sequence:
             meta=dict(meta or {}),
             resumed_tokens=len(response_ids),
         )
+        if not params.stop and not params.stop_token_ids:
+            seq.stops_only_on_eos_below = min(params.max_tokens, max_model_len - len(prompt_ids))
         if len(seq.logprobs) != len(response_ids) or len(seq.policy_versions) != len(response_ids):
             raise ValueError("logprobs and policy_versions must have one entry per response token")
         return seq

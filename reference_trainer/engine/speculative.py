@@ -261,7 +261,7 @@ class Speculator:
     def on_done(self, seq: Sequence) -> None:
         self.drafter.on_done(seq, self.engine.policy_version)
 
-    def step(self, seqs: list[Sequence], t_start: float, occupied: dict[int, str]) -> list[Sequence]:
+    def step(self, seqs: list[Sequence], t_start: float, occupied: dict[str, str]) -> list[Sequence]:
         """One decode step of the running sequences: plain, or a verification of their drafts."""
         engine = self.engine
         drafts = []
@@ -280,7 +280,7 @@ class Speculator:
             return self._plain(seqs, t_start, occupied)
         return self._verify(seqs, [d[:q] for d in drafts], q, t_start, occupied)
 
-    def _plain(self, seqs: list[Sequence], t_start: float, occupied: dict[int, str]) -> list[Sequence]:
+    def _plain(self, seqs: list[Sequence], t_start: float, occupied: dict[str, str]) -> list[Sequence]:
         engine = self.engine
         t0 = time.perf_counter()
         finished = engine.emit(seqs, engine.runner.decode(seqs))
@@ -295,7 +295,7 @@ class Speculator:
         drafts: list[list[int]],
         q: int,
         t_start: float,
-        occupied: dict[int, str],
+        occupied: dict[str, str],
     ) -> list[Sequence]:
         engine = self.engine
         static, width = engine.runner.static, 1 + max(len(d) for d in drafts)

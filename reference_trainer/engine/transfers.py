@@ -4,6 +4,9 @@ the host never waits for the device except at the read-back (tests/test_sync_fre
 
 from __future__ import annotations
 
+import array
+import itertools
+
 import torch
 
 PAD_ID = 0  # any valid id: padded columns are computed but never read
@@ -11,6 +14,8 @@ PAD_ID = 0  # any valid id: padded columns are computed but never read
 
 def padded(rows: list[list[int]], width: int) -> list[int]:
     """Rows right-padded to `width`, flat."""
+    if all(len(r) == width for r in rows):  # a decode step's rows, or verify rows of one width
+        return list(itertools.chain.from_iterable(rows))
     return [tok for r in rows for tok in r + [PAD_ID] * (width - len(r))]
 
 
@@ -27,7 +32,9 @@ def upload(
 ) -> dict[str, torch.Tensor]:
     """Integer lists as int64 views of one device tensor, in one copy: `into`'s first elements when given (a
     persistent buffer, written in place), else a new tensor."""
-    host = torch.tensor([v for values in parts.values() for v in values], dtype=torch.long)
+    # Through a C array: a third of torch.tensor's time on a list of 1,280 Python ints (this runs every step).
+    values = array.array("q", itertools.chain.from_iterable(parts.values()))
+    host = torch.frombuffer(values, dtype=torch.long) if values else torch.zeros(0, dtype=torch.long)
     if into is None:
         flat = to_device(host, device)
     else:

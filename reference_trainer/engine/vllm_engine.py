@@ -214,7 +214,7 @@ class VLLMEngine(RequestBook):
         outputs = self.llm.step()
         t_end = self.trace.now()
         admitted = self._mark_running(outputs)
-        occupied = {s.slot: s.seq_id for s in self._live.values() if s.slot is not None}
+        occupied = {str(s.slot): s.seq_id for s in self._live.values() if s.slot is not None}
         finished, tokens = [], 0
         for out in outputs:
             seq = self._live.get(out.request_id)

@@ -38,11 +38,13 @@ class Trace:
         kind: str,
         t_start: float,
         t_end: float,
-        slots: dict[int, str],
+        slots: dict[str, str],
         capacity: int,
         tokens: int,
         **extra: Any,
     ) -> None:
+        """One engine forward. `slots`: str(slot) -> sequence id of every occupied slot, keyed as JSON keys
+        them already (the engine keeps this map between steps; it is recorded as given, not copied)."""
         self.add(
             {
                 "kind": kind,
@@ -52,7 +54,7 @@ class Trace:
                 "capacity": capacity,
                 "tokens": tokens,
                 "worker": self.worker,
-                "slots": {str(k): v for k, v in slots.items()},
+                "slots": slots,
                 **extra,
             }
         )
