@@ -121,9 +121,9 @@ def sweep(args: argparse.Namespace, path: Path, label: str) -> None:
     runs: dict[tuple[int, str], list[dict]] = {(b, side): [] for b in batches for side in sides}
     requests = {b: max(b, 4) * args.rounds for b in batches}
     script = Path(__file__).with_name("rollout_runs.py")
-    for _ in range(args.repeats):  # interleaved, so drifting machine load hits every side alike
+    for repeat in range(args.repeats):  # interleaved, so drifting machine load hits every side alike
         for b in batches:
-            for side in sides:
+            for side in sides if repeat % 2 == 0 else sides[::-1]:  # and no side always goes first
                 spec = {
                     "side": side if side in ("transformers", "vllm") else "engine",
                     "model": str(path),

@@ -138,7 +138,8 @@ class Engine(RequestBook):
     def _capture_decode_graphs(self, seqs: list[Sequence]) -> SamplerOps | None:
         """CUDA graphs: before the first decode step with these sequences' sampler ops, every decode shape
         with them is captured, as the trace's `capture` event, outside any timed step (and again after a
-        grown pool dropped the graphs). Returns the ops (None without graphs), which the step reuses."""
+        grown pool dropped the graphs). Returns the ops (None without a static forward), which the step
+        reuses; they are kept while the running set is unchanged (its scheduler membership)."""
         static = self.runner.static
         if static is None:
             return None
