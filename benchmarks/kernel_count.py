@@ -25,7 +25,7 @@ import argparse
 import contextlib
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.gpu import SMOLLM2_SHAPE
 from reference_trainer.engine import engine as engine_module
-from reference_trainer.engine import kv_cache
+from reference_trainer.engine import kv_cache, transfers
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.graphs import StaticForward
@@ -108,6 +108,11 @@ def no_data(device: str) -> Iterator[None]:
         yield
 
 
+def fake_host_longs(values: Iterable[int]) -> torch.Tensor:
+    """transfers.host_longs through torch.tensor, which FakeTensorMode sees."""
+    return torch.tensor(list(values), dtype=torch.long)
+
+
 def decode_step_counts(
     batch: int, shape: ModelConfig, device: str, attention: str, layout: str
 ) -> dict[str, Any]:
@@ -125,6 +130,8 @@ def decode_step_counts(
             stack.enter_context(mock.patch.object(torch.Tensor, init, lambda self, *a, **k: self))
         # pinned host memory needs a driver; the upload's one host-to-device copy is counted all the same
         stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
+        # a tensor made from a buffer would stay real under FakeTensorMode (and its copy run on a real GPU)
+        stack.enter_context(mock.patch.object(transfers, "host_longs", fake_host_longs))
         stack.enter_context(no_data(device))
         torch.manual_seed(0)
         default_dtype = torch.get_default_dtype()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import array
 import itertools
+from collections.abc import Iterable
 
 import torch
 
@@ -17,6 +18,14 @@ def padded(rows: list[list[int]], width: int) -> list[int]:
     if all(len(r) == width for r in rows):  # a decode step's rows, or verify rows of one width
         return list(itertools.chain.from_iterable(rows))
     return [tok for r in rows for tok in r + [PAD_ID] * (width - len(r))]
+
+
+def host_longs(values: Iterable[int]) -> torch.Tensor:
+    """Python ints as a CPU int64 tensor, through a C array: a third of torch.tensor's time on 1,280 ints
+    (this runs every step). Under FakeTensorMode a tensor made from a buffer stays real, so
+    benchmarks/kernel_count.py builds it with torch.tensor instead."""
+    longs = array.array("q", values)
+    return torch.frombuffer(longs, dtype=torch.long) if longs else torch.zeros(0, dtype=torch.long)
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -32,9 +41,7 @@ def upload(
 ) -> dict[str, torch.Tensor]:
     """Integer lists as int64 views of one device tensor, in one copy: `into`'s first elements when given (a
     persistent buffer, written in place), else a new tensor."""
-    # Through a C array: a third of torch.tensor's time on a list of 1,280 Python ints (this runs every step).
-    values = array.array("q", itertools.chain.from_iterable(parts.values()))
-    host = torch.frombuffer(values, dtype=torch.long) if values else torch.zeros(0, dtype=torch.long)
+    host = host_longs(itertools.chain.from_iterable(parts.values()))
     if into is None:
         flat = to_device(host, device)
     else:
