@@ -82,7 +82,7 @@ def run_side(path: Path, batch: int, steps: int, engine_path: str) -> float:
     spec = json.dumps({"batch": batch, "steps": steps, "path": engine_path})
     done = subprocess.run(
         [sys.executable, "-c", CHILD, spec], env=env, capture_output=True, text=True, check=False, cwd=path
-    )  # in the side's checkout: `python -c` puts the working directory first on sys.path, before PYTHONPATH
+    )  # in the side's checkout: `python -c` imports from the working directory before PYTHONPATH
     if done.returncode != 0:
         raise SystemExit(f"error: the engine of {path} failed at batch {batch}:\n{done.stderr[-2000:]}")
     return float(json.loads(done.stdout.strip().splitlines()[-1])["ms"])
