@@ -27,6 +27,22 @@ class Interrupted(UserError):
     exit_code = 130
 
 
+# Where a missing module comes from: the extra that installs it, or (any other) rlbench's own requirements,
+# which a partial environment may lack (a lent GPU machine has no package index).
+EXTRA_OF_MODULE = {
+    "ray": "ray", "arctic_inference": "suffix", "vllm": "vllm", "trl": "trl", "gguf": "gguf",
+    "accelerate": "gguf", "transformers": "gguf",
+}  # fmt: skip
+
+
+def missing_module(name: str | None) -> str:
+    """One line for a ModuleNotFoundError of module `name`: what is missing and how to install it."""
+    top = (name or "?").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(top)
+    fix = f"pip install 'rlbench[{extra}]'" if extra else "pip install -e . (rlbench's requirements)"
+    return f"the Python package {top!r} is not installed: {fix}"
+
+
 def flag(name: str) -> str:
     """How the CLI spells a setting (a message names what the user typed, where it was typed)."""
     return name if name.startswith("-") else "--" + name.replace("_", "-").replace(".", "-")

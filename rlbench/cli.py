@@ -12,7 +12,7 @@ try:  # Ctrl-C while the imports run (the first second of every command) is a cl
 
     import typer
 
-    from reference_trainer.errors import Interrupted, UserError
+    from reference_trainer.errors import Interrupted, UserError, missing_module
     from rlbench import __version__
     from rlbench.commands import (
         compare,
@@ -128,6 +128,9 @@ def app() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except ModuleNotFoundError as err:  # an environment without one of rlbench's packages: one line, exit 2
+        typer.echo(one_line(f"error: {missing_module(err.name)}"), err=True)
+        sys.exit(UserError.exit_code)
     except OSError as err:
         if err.errno not in DISK_ERRNOS:
             raise

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from reference_trainer.errors import UserError
+from reference_trainer.errors import UserError, missing_module
 from rlbench.options import ModelDir
 
 if TYPE_CHECKING:
@@ -74,11 +74,9 @@ def reproduce_command(
                 result = run_one(name, specs[name], root, device, quick, str(model) if model else None)
             except UserError:
                 raise
-            except ModuleNotFoundError as err:  # an optional dependency: histopipe and scale run Ray workers
+            except ModuleNotFoundError as err:  # e.g. Ray, which histopipe and scale run workers on
                 failed.append(name)
-                typer.echo(
-                    f"{name}: needs the optional package {err.name} (pip install 'rlbench[ray]')", err=True
-                )
+                typer.echo(f"{name}: {missing_module(err.name)}", err=True)
                 continue
             except Exception as err:  # one reproduction failing must not lose the others' results
                 failed.append(name)
