@@ -123,7 +123,7 @@ class Engine(RequestBook):
         t_start = self.trace.now()
         occupied = dict(self.scheduler.occupied)
         if kind == "decode" and self.speculator is not None:
-            return self.speculator.step(seqs, t_start, occupied)
+            return self.speculator.step(seqs, t_start, occupied, ops)
         if kind == "prefill":  # the slots' sampling parameters change only when their requests do
             self.sampling.assign(
                 [s.slot for s in seqs],  # type: ignore[misc]

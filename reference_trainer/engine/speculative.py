@@ -31,7 +31,7 @@ import torch
 
 from reference_trainer.engine.config import SamplingParams
 from reference_trainer.engine.lookahead import is_lookahead
-from reference_trainer.engine.sampler import plain_tokens, scaled_logits, token_logprobs
+from reference_trainer.engine.sampler import SamplerOps, plain_tokens, scaled_logits, token_logprobs
 from reference_trainer.engine.sequence import Sequence
 from reference_trainer.engine.transfers import read_back
 from reference_trainer.trace.schema import CAPTURE
@@ -261,8 +261,11 @@ class Speculator:
     def on_done(self, seq: Sequence) -> None:
         self.drafter.on_done(seq, self.engine.policy_version)
 
-    def step(self, seqs: list[Sequence], t_start: float, occupied: dict[str, str]) -> list[Sequence]:
-        """One decode step of the running sequences: plain, or a verification of their drafts."""
+    def step(
+        self, seqs: list[Sequence], t_start: float, occupied: dict[str, str], ops: SamplerOps | None = None
+    ) -> list[Sequence]:
+        """One decode step of the running sequences: plain (with the engine's sampler ops for them, where it
+        has them), or a verification of their drafts."""
         engine = self.engine
         drafts = []
         for s in seqs:
@@ -277,13 +280,15 @@ class Speculator:
         self._tried *= self.decay
         self._accepted *= self.decay
         if q == 0:
-            return self._plain(seqs, t_start, occupied)
+            return self._plain(seqs, t_start, occupied, ops)
         return self._verify(seqs, [d[:q] for d in drafts], q, t_start, occupied)
 
-    def _plain(self, seqs: list[Sequence], t_start: float, occupied: dict[str, str]) -> list[Sequence]:
+    def _plain(
+        self, seqs: list[Sequence], t_start: float, occupied: dict[str, str], ops: SamplerOps | None
+    ) -> list[Sequence]:
         engine = self.engine
         t0 = time.perf_counter()
-        finished = engine.emit(seqs, engine.runner.decode(seqs))
+        finished = engine.emit(seqs, engine.runner.decode(seqs, ops))
         self._observe_time("decode", len(seqs), 1, time.perf_counter() - t0)
         engine.trace_forward("decode", t_start, occupied, seqs, len(seqs))
         return finished

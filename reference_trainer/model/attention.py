@@ -174,7 +174,8 @@ class CachedBatch:
             keys = torch.arange(self.key_len, device=device)
             self.mask = keys[None, None, :] <= self.positions[:, :, None]  # [B, Q, K]
             self._grouped: dict[tuple[int, bool], torch.Tensor] = {(1, True): self.mask}
-            if not self.sdpa:  # matmul adds a bias (SDPA takes the boolean mask): one kernel for all layers
+            # Only the few-query matmul path adds a bias (SDPA takes the mask): built once for every layer.
+            if num_q <= SMALL_Q and not self.sdpa:
                 self._grouped[1, False] = torch.where(self.mask, 0.0, float("-inf"))
         self._buffers: dict[int, torch.Tensor] = {}  # gather targets for K and V, shared by the layers
 
@@ -201,8 +202,6 @@ class CachedBatch:
         """The bias (or boolean mask) for g query heads per KV head folded into the query axis: [B, g*Q, K],
         row g_i*Q + q_i is query q_i's. Built once per forward, not per layer."""
         if (group, boolean) not in self._grouped:
-            if (1, boolean) not in self._grouped:
-                self._grouped[1, boolean] = torch.where(self.mask, 0.0, float("-inf"))
             self._grouped[group, boolean] = self._grouped[1, boolean].repeat(1, group, 1)
         return self._grouped[group, boolean]
 

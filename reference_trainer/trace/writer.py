@@ -44,7 +44,7 @@ class Trace:
         **extra: Any,
     ) -> None:
         """One engine forward. `slots`: str(slot) -> sequence id of every occupied slot, keyed as JSON keys
-        them already (the engine keeps this map between steps; it is recorded as given, not copied)."""
+        them, recorded as given (the caller passes a map of its own: the engine a copy of its scheduler's)."""
         self.add(
             {
                 "kind": kind,
