@@ -120,7 +120,7 @@ FUZZ_STUBS = {
     "observe": "rlbench.profiling.observe.observe",
     "simulate": "rlbench.simulate.workload.synthetic",
     "eval": "rlbench.evaluate.run_eval",
-    "generate": "reference_trainer.engine.factory.build_rollout_engine",
+    "generate": "reference_trainer.rollout.engines.build_rollout_engine",
     "embedded build": "reference_trainer.train.recipe.build",
     "import lengths": "rlbench.integrations.imports.import_lengths",
     "import verl": "rlbench.integrations.imports.import_verl",

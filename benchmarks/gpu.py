@@ -34,13 +34,13 @@ import torch
 from benchmarks.common import resolve_model
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
-from reference_trainer.engine.speculative import measure_cost_model
 from reference_trainer.model.attention import IMPLEMENTATIONS, resolve_attention
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import load_model, save_model
 from reference_trainer.model.prompting import encode_prompt
 from reference_trainer.model.tokenizer import CharTokenizer
+from reference_trainer.speculation.cost import measure_cost_model
 from reference_trainer.tasks import get_task
 from reference_trainer.trace.records import write_json
 

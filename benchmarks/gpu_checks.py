@@ -35,6 +35,7 @@ from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.graphs import StaticForward
 from reference_trainer.engine.sampler import SamplingBatch, sample, seed_key
+from reference_trainer.engine.sequence import Request
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import load_model, save_model
@@ -137,7 +138,7 @@ def check_readbacks(device: str, shape: ModelConfig) -> dict[str, Any]:
     params = SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True, seed=0)
     engine.generate(prompts, params)  # warm-up: graphs captured, allocator filled
     for prompt in prompts:
-        engine.add_request(prompt, params)
+        engine.add_request(Request(prompt, params))
     for _ in range(3):  # prefill, then the first decode steps at this batch
         engine.step()
     steps, counts = 16, []

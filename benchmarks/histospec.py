@@ -33,7 +33,8 @@ import torch
 
 from benchmarks.common import resolve_model
 from reference_trainer.errors import UserError
-from reference_trainer.mode_options import DRAFTERS, parse_option_pairs
+from reference_trainer.mode_options import parse_option_pairs
+from reference_trainer.speculation.drafters import DRAFTERS
 from reference_trainer.trace.compare import DRIFT_TOLERANCE
 from reference_trainer.trace.records import write_json
 from rlbench.reproduce.histospec import Workload, epoch_row, mode_configs
@@ -190,13 +191,13 @@ def main() -> None:
     mdir, source = resolve_model(args.model)
     configs = mode_configs(w, str(mdir), args.device, ("baseline",))
     for d in drafters:
-        mine = replace(w, histospec=tuple(sorted(options[d].items())))
+        mine = replace(w, spec=tuple(sorted(options[d].items())))
         configs |= mode_configs(mine, str(mdir), args.device, (MODE_OF[d],))
     with (
         tempfile.TemporaryDirectory() as tmp_name,
         open_trainers(configs, {m: Path(tmp_name) / m for m in configs}) as trainers,
     ):
-        specs = {d: trainers[MODE_OF[d]].engine.speculator for d in drafters}
+        specs = {d: trainers[MODE_OF[d]].engine.speculation for d in drafters}
         for spec in specs.values():
             # One cost table for every drafter (the first one's): the gate decides alike, only drafts differ.
             spec.cost_model = specs[drafters[0]].cost_model

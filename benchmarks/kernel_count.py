@@ -39,6 +39,7 @@ from reference_trainer.engine import kv_cache, transfers
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.graphs import StaticForward
+from reference_trainer.engine.sequence import Request
 from reference_trainer.model import flex
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
@@ -171,7 +172,7 @@ def decode_step_counts(
             layer.register_forward_hook(lambda *_: setattr(counter, "in_layer", False))
         params = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=64, ignore_eos=True, seed=0)
         for i in range(batch):
-            engine.add_request([1, *range(3, 34)], params, seq_id=str(i))
+            engine.add_request(Request([1, *range(3, 34)], params, seq_id=str(i)))
         engine.step()  # the prefill, not counted
         counter.counting = True
         with counter:

@@ -7,32 +7,39 @@ from it (rlbench/simulate/modes.py), and `rlbench modes` prints it. So a mode na
 everywhere; where the simulator only approximates part of a mode, `simulator_note` says how.
 
 This module imports nothing heavy (no torch): strategy classes are resolved by import path only when a
-strategy is built, so `rlbench --help`, `rlbench modes` and CLI validation stay instant.
+strategy is built, and the drafter table (speculation/drafters.py) holds classes that import no torch, so
+`rlbench --help`, `rlbench modes` and CLI validation stay instant.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from reference_trainer.errors import UserError
-from reference_trainer.mode_options import (
-    HISTOSPEC_OPTIONS,
-    STRATEGY_OPTIONS,
-    VLLM_HISTOSPEC_OPTIONS,
-    Option,
-    flatten_options,
+from reference_trainer.mode_options import SPEC, STRATEGY_OPTIONS, flatten_options
+from reference_trainer.option import Option
+from reference_trainer.speculation.drafters import (
+    LOOKAHEAD_OPTIONS,
+    VLLM_SPEC_OPTIONS,
+    drafters_taking,
+    spec_options,
 )
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """A rollout strategy: its class, by import path (resolved when one is built), and its title."""
+    """A rollout strategy: its class, by import path (imported when one is built: strategies import torch),
+    and its title."""
 
     path: str  # "module:Class"
     title: str
+
+    def load(self) -> type:
+        module, _, name = self.path.partition(":")
+        return getattr(importlib.import_module(module), name)
 
 
 # The rollout strategies by name, in one table; "placed" is the synchronous baseline spread over a WorkerPool.
@@ -46,36 +53,12 @@ STRATEGY_TABLE: dict[str, Strategy] = {
 }
 
 
-def _resolve(path: str) -> type:
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-class _LazyClasses(Mapping[str, type]):
-    """name -> class, imported on first access (the strategies import torch)."""
-
-    def __init__(self, paths: dict[str, str]) -> None:
-        self._paths = paths
-
-    def __getitem__(self, name: str) -> type:
-        return _resolve(self._paths[name])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._paths)
-
-    def __len__(self) -> int:
-        return len(self._paths)
-
-
-STRATEGIES: Mapping[str, type] = _LazyClasses({name: s.path for name, s in STRATEGY_TABLE.items()})
-
-
 @dataclass(frozen=True)
 class ModeSpec:
     name: str
     description: str
     strategy: str  # a key of STRATEGY_TABLE: the strategy on one worker
-    # The drafter attached to every engine (mode_options.DRAFTERS): the default of option histospec.drafter.
+    # The drafter attached to every engine (speculation/drafters.py DRAFTERS): the default of spec.drafter.
     speculation: str | None = None
     # With --workers > 1: the default placement of the "placed" strategy; None = the mode needs one engine.
     placement: str | None = "round-robin"
@@ -84,7 +67,7 @@ class ModeSpec:
     tis_cap: float | None = None
     simulator_note: str = ""  # how `rlbench simulate` models the mode, where it only approximates it
     # The strategy runs the next step's requests in the bubble (rollout/base.py BubbleFill) and the drafter
-    # puts their tokens first (engine/lookahead.py); on the reference engine, one engine only.
+    # puts their tokens first (speculation/lookahead.py); on the reference engine, one engine only.
     lookahead: bool = False
 
     @property
@@ -108,34 +91,49 @@ class ModeSpec:
         out = {o.name: o for n in names for o in STRATEGY_OPTIONS[n]}
         if "placement" in out and self.placement is not None:
             out["placement"] = replace(out["placement"], default=self.placement)
-        if self.speculative:
-            spec = VLLM_HISTOSPEC_OPTIONS if engine == "vllm" else HISTOSPEC_OPTIONS
-            out.update({o.name: o for o in spec})
-            if "histospec.drafter" in out:
-                out["histospec.drafter"] = replace(out["histospec.drafter"], default=self.speculation)
-            if "histospec.method" in out and self.speculation == "suffix":  # vLLM's own SuffixDecoding
-                out["histospec.method"] = replace(out["histospec.method"], default="suffix")
+        if not self.speculative:
+            return out
+        if engine == "vllm":
+            out.update({o.name: o for o in VLLM_SPEC_OPTIONS})
+            if self.speculation == "suffix":  # vLLM's own SuffixDecoding
+                out["spec.method"] = replace(out["spec.method"], default="suffix")
+        else:
+            out.update(spec_options())
+            out["spec.drafter"] = replace(out["spec.drafter"], default=self.speculation)
         return out
 
     def speculation_options(self, options: Mapping[str, Any], engine: str = "reference") -> dict[str, Any]:
-        """The engine's speculation options (a config's "histospec" dict) with this mode's drafter filled in
+        """The engine's speculation options (a config's "spec" dict) with this mode's drafter filled in
         where they leave it out."""
         key = "method" if engine == "vllm" else "drafter"
-        out = {key: self.options(1, engine)[f"histospec.{key}"].default, **options}
+        out = {key: self.options(1, engine)[f"{SPEC}.{key}"].default, **options}
         if self.lookahead and engine != "vllm":
             out["lookahead"] = True
         return out
 
+    def strategy_options(self, options: Mapping[str, Any], workers: int) -> dict[str, Any]:
+        """The part of a config's mode options that the strategy on `workers` workers takes (a placement's
+        options mean nothing on one worker, where there is nothing to place)."""
+        takes = {o.name for o in STRATEGY_OPTIONS[self.strategy_for(workers)]}
+        return {k: v for k, v in options.items() if k in takes}
+
+    def _drafter_takes(self, name: str, drafter: str | None) -> bool:
+        """Whether option `name` goes with `drafter` (the speculator's options go with any; a lookahead
+        mode's LookaheadDrafter takes its own in front of any drafter)."""
+        owners = drafters_taking(name)
+        ahead = self.lookahead and any(o.name == name for o in LOOKAHEAD_OPTIONS)
+        return not owners or drafter in owners or ahead
+
     def check_options(
         self, options: Mapping[str, Any], workers: int | None = None, engine: str = "reference"
     ) -> dict[str, Any]:
-        """Check `options` (flat keys, or histospec options nested under "histospec") against the registry:
+        """Check `options` (flat keys, or speculation options nested under "spec") against the registry:
         a one-line UserError naming the mode for a key it does not take (on `workers` workers, with
         `engine`) or a wrong type or value. Returns them flat."""
         takes = self.options(workers, engine)
         flat = flatten_options(options)
         groups = sorted({key.split(".")[0] for key in flat if key not in takes})
-        unknown = [g for g in groups if g != "histospec" or not self.speculative]
+        unknown = [g for g in groups if g != SPEC or not self.speculative]
         if multi := [k for k in unknown if k in self.options()]:
             raise UserError(f"mode {self.name!r} takes option {', '.join(multi)} only with --workers > 1")
         if unknown:
@@ -148,19 +146,20 @@ class ModeSpec:
                 out[key] = takes[key].check(value)
             except ValueError as err:
                 raise UserError(f"mode {self.name!r}: {err}") from None
-        drafter = out.get("histospec.drafter", self.speculation)
         if self.lookahead and engine == "vllm":
             raise UserError(
                 f"mode {self.name!r} runs lookahead on the reference engine: use --engine reference"
             )
+        drafter = out.get("spec.drafter", self.speculation)
         if drafter == "lookahead" and not self.lookahead:
             lookahead = ", ".join(m.name for m in MODES.values() if m.lookahead)
             raise UserError(
-                f"mode {self.name!r}: histospec.drafter=lookahead needs a lookahead mode ({lookahead})"
+                f"mode {self.name!r}: spec.drafter=lookahead needs a lookahead mode ({lookahead})"
             )
-        if other := [k for k in out if takes[k].drafter not in (None, drafter)]:
-            raise UserError(f"mode {self.name!r}: option {', '.join(other)} needs histospec.drafter="
-                            f"{takes[other[0]].drafter}; the drafter is {drafter}")  # fmt: skip
+        if engine != "vllm" and (other := [k for k in out if not self._drafter_takes(k, drafter)]):
+            owner = drafters_taking(other[0])[0]
+            raise UserError(f"mode {self.name!r}: option {', '.join(other)} needs spec.drafter={owner}; "
+                            f"the drafter is {drafter}")  # fmt: skip
         return out
 
     def accepted(
@@ -170,11 +169,10 @@ class ModeSpec:
         hands one set of options to several modes (`rlbench compare`): of the speculation options, those of
         its drafter and of any drafter."""
         takes = self.options(workers, engine)
-        out = {k: v for k, v in options.items() if k in takes or (k == "histospec" and self.speculative)}
-        if isinstance(spec := out.get("histospec"), Mapping):
+        out = {k: v for k, v in options.items() if k in takes or (k == SPEC and self.speculative)}
+        if isinstance(spec := out.get(SPEC), Mapping) and engine != "vllm":
             drafter = spec.get("drafter", self.speculation)
-            mine = {o.name.removeprefix("histospec."): o.drafter for o in takes.values()}
-            out["histospec"] = {k: v for k, v in spec.items() if mine.get(k) in (None, drafter)}
+            out[SPEC] = {k: v for k, v in spec.items() if self._drafter_takes(f"{SPEC}.{k}", drafter)}
         return out
 
 
@@ -185,12 +183,12 @@ _ONE_ENGINE_SIM = (
 )
 _SPEC_SIM = (
     "HistoSpec is modelled as i.i.d. per-token acceptance (the trace's, else --acceptance) with one "
-    "cost-aware draft length per run (1..histospec.max_draft), not per-sequence adaptive drafts from "
+    "cost-aware draft length per run (1..spec.max_draft), not per-sequence adaptive drafts from "
     "a history."
 )
 _SUFFIX_SIM = (
     "SuffixDecoding is modelled as i.i.d. per-token acceptance (the trace's, else --acceptance) with one "
-    "cost-aware draft length per run (1..histospec.max_draft), not per-sequence drafts from suffix trees."
+    "cost-aware draft length per run (1..spec.max_draft), not per-sequence drafts from suffix trees."
 )
 _LOOKAHEAD_SIM = (
     "Lookahead is modelled as speculation with the trace's acceptance (else --acceptance); the bubble slots "
@@ -311,21 +309,13 @@ def get_mode(name: str) -> ModeSpec:
     return MODES[name]
 
 
-def make_strategy(name: str, **options: Any) -> Any:
-    """A RolloutStrategy by strategy name (imports it, and torch, now)."""
-    if name not in STRATEGY_TABLE:
-        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGY_TABLE)}")
-    return STRATEGIES[name](**options)
-
-
-def make_mode_strategy(mode: ModeSpec, workers: int, options: dict[str, Any]) -> Any:
-    """The mode's strategy for `workers` rollout workers from its strategy options (histospec excluded);
-    options of a placement are dropped on one worker, where there is nothing to place."""
+def make_mode_strategy(mode: ModeSpec, workers: int, options: Mapping[str, Any]) -> Any:
+    """The mode's rollout strategy for `workers` rollout workers, from a config's mode options (imports the
+    strategy, and torch, now)."""
     name = mode.strategy_for(workers)
+    kwargs = mode.strategy_options(options, workers)
     if mode.lookahead:
-        options = {**options, "lookahead": True}
+        kwargs["lookahead"] = True
     if name == "placed":
-        options = {"placement": mode.placement, **options}
-    else:
-        options = {k: v for k, v in options.items() if k not in ("placement", "migrate", "order")}
-    return make_strategy(name, **options)
+        kwargs = {"placement": mode.placement, **kwargs}
+    return STRATEGY_TABLE[name].load()(**kwargs)

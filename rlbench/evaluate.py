@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.engine.factory import check_engine_kind
 from reference_trainer.errors import MAX_THREADS, Interrupted, check_integer
+from reference_trainer.rollout.engines import check_engine_kind
 from rlbench.eval import backends
 from rlbench.eval.runner import PROGRESS_FILE, REPORT_FILE, EvalConfig, EvalPlan, plan_eval, run_eval
 from rlbench.eval.suite_file import Group

@@ -76,7 +76,7 @@ ModeOption = Annotated[
     typer.Option(
         "--mode-option",
         help="KEY=VALUE for the mode (repeatable), e.g. oversubscription=3, max_staleness=2, "
-        "histospec.max_draft=8. Values are JSON where they parse, else strings.",
+        "spec.max_draft=8. Values are JSON where they parse, else strings.",
     ),
 ]
 TaskOption = Annotated[

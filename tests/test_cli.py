@@ -116,8 +116,8 @@ def test_train_without_a_terminal_says_each_step_and_each_evaluation(tiny_model_
         (("train", "--mode", "sorted", "--mode-option", "bogus=1"), "mode 'sorted' takes no option bogus"),
         (("train", "--mode", "sorted", "--mode-option", "oversubscription"), "needs KEY=VALUE"),
         (
-            ("compare", "--modes", "baseline,sorted", "--mode-option", "histospec.max_draft=4"),
-            "no selected mode takes option histospec",
+            ("compare", "--modes", "baseline,sorted", "--mode-option", "spec.max_draft=4"),
+            "no selected mode takes option spec",
         ),
         (("train", "--task-option", "foo=1"), "task 'arith' takes no option 'foo'"),
         (
@@ -139,12 +139,12 @@ def test_train_without_a_terminal_says_each_step_and_each_evaluation(tiny_model_
             "mode 'sorted': option oversubscription must be a number, got 'abc'",
         ),
         (
-            ("train", "--mode", "rhyme", "--mode-option", "histospec.max_draft=1.5"),
-            "mode 'rhyme': option histospec.max_draft must be an integer, got 1.5",
+            ("train", "--mode", "rhyme", "--mode-option", "spec.max_draft=1.5"),
+            "mode 'rhyme': option spec.max_draft must be an integer, got 1.5",
         ),
         (
-            ("train", "--mode", "rhyme", "--mode-option", "histospec.bogus=1"),
-            "mode 'rhyme': unknown option histospec.bogus",
+            ("train", "--mode", "rhyme", "--mode-option", "spec.bogus=1"),
+            "mode 'rhyme': unknown option spec.bogus",
         ),
         (
             ("train", "--mode", "baseline", "--mode-option", "placement=histopipe"),
@@ -167,9 +167,12 @@ def test_bad_input_is_one_line(args, text, tmp_path):
 
 
 def test_parse_option_pairs():
-    assert parse_option_pairs(
-        ["oversubscription=3", "max_staleness=2", "histospec.max_draft=8", "x=abc"]
-    ) == {"oversubscription": 3, "max_staleness": 2, "histospec": {"max_draft": 8}, "x": "abc"}
+    assert parse_option_pairs(["oversubscription=3", "max_staleness=2", "spec.max_draft=8", "x=abc"]) == {
+        "oversubscription": 3,
+        "max_staleness": 2,
+        "spec": {"max_draft": 8},
+        "x": "abc",
+    }
     with pytest.raises(UserError):
         parse_option_pairs(["=3"])
 

@@ -10,9 +10,9 @@ from benchmarks.gpu import SMOLLM2_SHAPE
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.graphs import StaticForward
-from reference_trainer.engine.speculative import CostModel, expected_tokens, measure_cost_model, verify_width
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
+from reference_trainer.speculation.cost import CostModel, expected_tokens, measure_cost_model, verify_width
 
 MARGIN = 0.05  # the Speculator's default
 

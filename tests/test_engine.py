@@ -7,6 +7,7 @@ import torch
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
+from reference_trainer.engine.sequence import Request
 from reference_trainer.model.loader import load_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -54,7 +55,7 @@ def test_staggered_arrivals_match_one_at_a_time(llama_dir):
     seqs, pending = [], list(batch)
     while pending or engine.has_unfinished():
         if pending:  # a new request arrives every step, mid-flight
-            seqs.append(engine.add_request(pending.pop(0), GREEDY))
+            seqs.append(engine.add_request(Request(pending.pop(0), GREEDY)))
         engine.step()
     assert [s.response_ids for s in seqs] == alone
     assert max(e["active_slots"] for e in engine.trace.events) == 4
@@ -108,18 +109,20 @@ def test_abort_and_resume_continues_exactly(llama_dir):
     prompt = prompts(1, seed=17)[0]
     full = make_engine(model).generate([prompt], GREEDY)[0]
     engine = make_engine(model)
-    seq = engine.add_request(prompt, GREEDY)
+    seq = engine.add_request(Request(prompt, GREEDY))
     for _ in range(8):
         engine.step()
     engine.abort(seq)
     assert seq.finish_reason == "abort" and 0 < len(seq.response_ids) < 24
     assert not engine.has_unfinished() and engine.slots.num_free == engine.slots.capacity
     resumed = engine.add_request(
-        prompt,
-        GREEDY,
-        response_ids=seq.response_ids,
-        logprobs=seq.logprobs,
-        policy_versions=[7] * len(seq.response_ids),
+        Request(
+            prompt,
+            GREEDY,
+            response_ids=seq.response_ids,
+            logprobs=seq.logprobs,
+            policy_versions=[7] * len(seq.response_ids),
+        )
     )
     while engine.has_unfinished():
         engine.step()

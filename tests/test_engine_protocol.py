@@ -16,10 +16,10 @@ from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.protocol import RequestEngine, RolloutEngine
 from reference_trainer.engine.requests import STOP_TAIL_TOKENS, RequestBook, stop_reason
-from reference_trainer.engine.sequence import Sequence, SequenceStatus
+from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus
 from reference_trainer.engine.vllm_engine import VLLMEngine
-from reference_trainer.engine.workers import LocalWorkerPool, RayWorkerPool, WorkerPool, WorkerSpec
 from reference_trainer.model.loader import load_model
+from reference_trainer.rollout.workers import LocalWorkerPool, RayWorkerPool, WorkerPool, WorkerSpec
 from reference_trainer.trace.writer import Trace
 
 
@@ -110,7 +110,7 @@ def test_instances_satisfy_their_protocols(tiny_model_dir: Path) -> None:
 def test_close_aborts_unfinished_requests(tiny_model_dir: Path) -> None:
     engine = Engine(load_model(tiny_model_dir), EngineConfig(max_num_seqs=1, max_model_len=64))
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-    first, second = engine.add_request([1, 5], params), engine.add_request([1, 6], params)
+    first, second = engine.add_request(Request([1, 5], params)), engine.add_request(Request([1, 6], params))
     engine.step()  # the first is admitted to the only slot; the second waits
     assert engine.running == [first] and engine.waiting == [second]
     engine.close()
@@ -195,7 +195,7 @@ def test_a_decode_steps_append_stops_where_the_rules_say(
         return
 
     def make(book: Book) -> Sequence:
-        return book._new_sequence([0] * prompt, params, "s", [1] * resumed or None, None, None, 0, None)
+        return book._new_sequence(Request([0] * prompt, params, "s", response_ids=[1] * resumed))
 
     step_book, rule_book = Book(max_model_len), Book(max_model_len)
     stepped, ruled = make(step_book), make(rule_book)

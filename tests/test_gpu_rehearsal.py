@@ -21,6 +21,7 @@ from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.graphs import StaticForward
 from reference_trainer.engine.sampler import SamplerOps
+from reference_trainer.engine.sequence import Request
 from reference_trainer.model.decoder import DecoderLM
 
 SHAPE = dataclasses.replace(SMOLLM2_SHAPE, num_hidden_layers=2)  # every width of SmolLM2, two layers
@@ -87,7 +88,7 @@ def rehearse(layout: str, attention: str, stray: torch.Tensor | None = None) -> 
             engine.model.model.norm.forward = lambda x: norm(x) + stray  # type: ignore[method-assign]
         params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=16, ignore_eos=True, seed=1)
         for i in range(batch):
-            engine.add_request([1, *range(3, 3 + 5 * (i + 1))], params)
+            engine.add_request(Request([1, *range(3, 3 + 5 * (i + 1))], params))
         engine.step()  # prefill (eager, outside any graph)
         with reads:
             engine.step()  # a decode step

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from reference_trainer.engine.config import SamplingParams
-from reference_trainer.engine.histospec import HistoryDrafter, SuffixAutomaton
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
+from reference_trainer.speculation.histospec import HistoryDrafter, SuffixAutomaton
 
 PROMPT = [7, 8, 9]
 

@@ -15,13 +15,14 @@ from scipy import stats
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
-from reference_trainer.engine.histospec import attach_histospec
-from reference_trainer.engine.lookahead import LookaheadDrafter, is_lookahead, lookahead_id
-from reference_trainer.engine.sequence import Sequence
-from reference_trainer.engine.speculative import CostModel, Speculator, coupled_accept
-from reference_trainer.mode_options import DRAFTERS
+from reference_trainer.engine.sampler import coupled_accept
+from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.modes import MODES, get_mode
+from reference_trainer.speculation.cost import CostModel
+from reference_trainer.speculation.drafters import DRAFTERS, attach
+from reference_trainer.speculation.lookahead import LookaheadDrafter
+from reference_trainer.speculation.speculator import Speculator
 from reference_trainer.trace.metrics import step_metrics
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.trainer import Trainer
@@ -75,7 +76,10 @@ def sampling(first_seed: int, n: int, max_tokens: int = 12) -> list[SamplingPara
 def lookahead_runs(old: DecoderLM, params: list[SamplingParams], steps: int) -> list[Sequence]:
     """What a bubble leaves: the requests run ahead under the old weights for `steps` engine steps."""
     engine = engine_of(old)
-    seqs = [engine.add_request(PROMPT, p, seq_id=lookahead_id(f"r{i}")) for i, p in enumerate(params)]
+    seqs = [
+        engine.add_request(Request(PROMPT, p, seq_id=f"ahead-{i}", lookahead=True))
+        for i, p in enumerate(params)
+    ]
     for _ in range(steps):
         engine.step()
     return [engine.abort(s) for s in seqs]
@@ -84,7 +88,7 @@ def lookahead_runs(old: DecoderLM, params: list[SamplingParams], steps: int) -> 
 def with_lookahead(model, old, params, rule=coupled_accept, steps=9, cost=FREE):
     """The requests under `model`, drafting from their lookahead runs under `old`: sequences, verifies."""
     engine = engine_of(model)
-    spec = attach_histospec(engine, "lookahead", cost_model=cost, accept_rule=rule)
+    spec = attach(engine, {"drafter": "lookahead", "cost_model": cost}, accept_rule=rule)
     for run in lookahead_runs(old, params, steps):
         spec.drafter.on_done(run, 0)
     out = engine.generate([PROMPT] * len(params), params)
@@ -126,7 +130,7 @@ def test_seeded_outputs_are_plain_decoding_s_and_the_coupling_accepts_what_the_w
 def test_a_draft_ends_at_its_first_mismatch_and_goes_with_its_request():
     drafter = LookaheadDrafter(max_draft=3)
     params = SamplingParams(seed=7)
-    ahead = Sequence(lookahead_id("p/0"), PROMPT, params, response_ids=[10, 11, 12, 13, 14])
+    ahead = Sequence("lookahead:p/0", PROMPT, params, response_ids=[10, 11, 12, 13, 14], lookahead=True)
     drafter.on_done(ahead, 0)
     assert drafter.draft(ahead, 8) == []  # a lookahead run never drafts
     seq = Sequence("p/0", PROMPT, params)
@@ -141,6 +145,9 @@ def test_a_draft_ends_at_its_first_mismatch_and_goes_with_its_request():
 
 
 # ---- in the trainer ----------------------------------------------------------------------------------------
+
+
+AHEAD = "lookahead:"  # a lookahead run's id in the trace: this and the id of the request it runs ahead of
 
 
 def train(tmp: Path, model_dir: Path, mode: str, steps: int = 2, cost: list | None = None, **options):
@@ -160,7 +167,7 @@ def train(tmp: Path, model_dir: Path, mode: str, steps: int = 2, cost: list | No
         mode_options={
             **options,
             **(
-                {"histospec": {"cost_model": cost or [[b, q, 1.0] for b in (1, 64) for q in (1, 16)]}}
+                {"spec": {"cost_model": cost or [[b, q, 1.0] for b in (1, 64) for q in (1, 16)]}}
                 if spec
                 else {}
             ),
@@ -187,7 +194,7 @@ def test_lookahead_fills_idle_slots_never_trains_its_tokens_and_the_next_step_dr
     tmp_path, tiny_model_dir, mode, plain, options
 ):
     trainer = train(tmp_path, tiny_model_dir, mode, **options)
-    drafter = trainer.engine.speculator.drafter
+    drafter = trainer.engine.speculation.drafter
     assert (
         isinstance(drafter, LookaheadDrafter) and drafter.fallback is None
     )  # drafts come from lookahead only
@@ -196,7 +203,7 @@ def test_lookahead_fills_idle_slots_never_trains_its_tokens_and_the_next_step_dr
     on_done, draft = drafter.on_done, drafter.draft
 
     def spy_done(seq, epoch):
-        if is_lookahead(seq.seq_id):
+        if seq.lookahead:
             runs[seq.seq_id] = list(seq.response_ids)
         on_done(seq, epoch)
 
@@ -225,12 +232,12 @@ def test_lookahead_fills_idle_slots_never_trains_its_tokens_and_the_next_step_dr
     assert m[0]["bubble_ratio"] < own  # the bubble the samples left, less what lookahead filled
     assert m[0]["bubble_ratio"] + m[0]["lookahead_slot_share"] == pytest.approx(own)
     # Never trained, never a sample: not in any group, not a finished sequence event, not in the row's counts.
-    assert trained and not any(is_lookahead(s) for s in trained)
+    assert trained and not any(s.startswith(AHEAD) for s in trained)
     assert all(r["samples"] == 6 for r in rows) and rows[0]["sequences"]["lookahead"] > 0
-    assert not any(is_lookahead(sid) for (_, sid), _ in finished(trainer))
+    assert not any(sid.startswith(AHEAD) for (_, sid), _ in finished(trainer))
     assert m[0]["drafted_tokens"] == 0 < m[1]["drafted_tokens"]  # step 0 has no lookahead to draft from
     # Step 1's drafts are step 0's lookahead runs of the same requests, continued where the response is.
-    assert drafts and all(d == runs[lookahead_id(sid)][n : n + len(d)] for sid, n, d in drafts)
+    assert drafts and all(d == runs[AHEAD + sid][n : n + len(d)] for sid, n, d in drafts)
     # Exact: each request's sample is the one the mode without lookahead draws for it. The baseline trains
     # on the same requests; SortedRL may pick other groups, since drafts change which finish first.
     base = train(tmp_path, tiny_model_dir, plain, **options)
@@ -244,7 +251,7 @@ def test_lookahead_fills_idle_slots_never_trains_its_tokens_and_the_next_step_dr
 
 def test_rhyme_plus_lookahead_drafts_from_lookahead_first_then_history(tmp_path, tiny_model_dir):
     trainer = train(tmp_path, tiny_model_dir, "rhyme+lookahead")
-    drafter = trainer.engine.speculator.drafter
+    drafter = trainer.engine.speculation.drafter
     assert isinstance(drafter, LookaheadDrafter) and type(drafter.fallback).__name__ == "HistoryDrafter"
     rows = [trainer.train_step() for _ in range(2)]
     assert rows[0]["lookahead_tokens"] > 0 and rows[1]["drafted_tokens"] > 0
@@ -273,7 +280,7 @@ def test_every_drafter_goes_through_the_cost_gate(model, old, drafter):
     plain = [s.response_ids for s in engine_of(model).generate([PROMPT] * 8, params)]
     for cost, verifies in ((CPU, False), (FREE, True)):
         engine = engine_of(model)
-        spec = attach_histospec(engine, drafter, cost_model=cost, prior_acceptance=0.5)
+        spec = attach(engine, {"drafter": drafter, "cost_model": cost, "prior_acceptance": 0.5})
         for run in lookahead_runs(old, params, 12):  # drafts for every drafter: runs, or their responses
             spec.drafter.on_done(run, 0) if drafter == "lookahead" else spec.drafter.add_response(
                 PROMPT, run.response_ids
@@ -304,6 +311,6 @@ def test_the_modes_are_registered_listed_and_simulated(tmp_path):
         assert any(line.split()[:1] == [name] for line in table.splitlines())
     assert "HistoSpec + lookahead" in table
     with pytest.raises(Exception, match="needs a lookahead mode"):
-        get_mode("rhyme").check_options({"histospec": {"drafter": "lookahead"}})
+        get_mode("rhyme").check_options({"spec": {"drafter": "lookahead"}})
     with pytest.raises(Exception, match="use --engine reference"):
         get_mode("lookahead").check_options({}, engine="vllm")

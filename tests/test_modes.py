@@ -15,8 +15,14 @@ from conftest import cli
 from test_simulate import UnitCost, heavy, run_policy
 
 from reference_trainer.errors import UserError
-from reference_trainer.mode_options import HISTOSPEC_OPTIONS, STRATEGY_OPTIONS, VLLM_HISTOSPEC_OPTIONS
-from reference_trainer.modes import MODES, STRATEGIES, get_mode, make_mode_strategy
+from reference_trainer.mode_options import STRATEGY_OPTIONS
+from reference_trainer.modes import MODES, STRATEGY_TABLE, get_mode, make_mode_strategy
+from reference_trainer.speculation.drafters import (
+    DRAFTERS,
+    LOOKAHEAD_OPTIONS,
+    SPECULATOR_OPTIONS,
+    VLLM_SPEC_OPTIONS,
+)
 from rlbench.simulate import workload
 from rlbench.simulate.modes import parse_sim_modes, sim_mode
 from rlbench.simulate.scheduler import simulate_mode
@@ -37,49 +43,41 @@ def _params(cls: type, drop: tuple[str, ...] = ()) -> dict[str, object]:
     return {k: p.default for k, p in sig.items() if k != "self" and k not in drop}
 
 
-def _speculative_config():
-    """The histospec -> vLLM speculative_config mapping, wherever the engine package keeps it."""
-    import importlib
-
-    for module in ("reference_trainer.engine.vllm_engine", "reference_trainer.engine.factory"):
-        if fn := getattr(importlib.import_module(module), "speculative_config", None):
-            return fn
-    raise AssertionError("speculative_config not found")
-
-
 # ---- the registry and the strategies -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGY_OPTIONS))
 def test_registry_options_are_the_strategy_constructor_arguments(strategy):
-    params = _params(STRATEGIES[strategy])
+    params = _params(STRATEGY_TABLE[strategy].load())
     options = {o.name: o.default for o in STRATEGY_OPTIONS[strategy]}
     if strategy != "placed":  # lookahead is the mode's (ModeSpec.lookahead), not an option
         assert params.pop("lookahead") is False
     assert options == params  # the same names, and the same defaults
 
 
-def test_histospec_options_are_attach_histospec_arguments():
-    from reference_trainer.engine.histospec import HistoryDrafter
-    from reference_trainer.engine.speculative import Speculator
-    from reference_trainer.engine.suffix import SuffixDrafter
+def test_each_drafter_option_is_its_constructor_argument():
+    """The drafter table is the one source: a drafter's options are its constructor's arguments with their
+    defaults, the speculator's options are the Speculator's, and the vLLM keys are those the vLLM engine
+    maps."""
+    from reference_trainer.engine.vllm_engine import speculative_config
+    from reference_trainer.speculation.lookahead import LookaheadDrafter
+    from reference_trainer.speculation.speculator import Speculator
 
-    # accept_rule is a callable, no command-line option; drafter is built by attach_histospec itself
-    drafters = {"histospec": _params(HistoryDrafter), "suffix": _params(SuffixDrafter)}
-    shared = _params(Speculator, drop=("drafter", "accept_rule"))
-    params = {**drafters["histospec"], **drafters["suffix"], **shared, "drafter": "histospec"}
-    options = {o.name.removeprefix("histospec."): o for o in HISTOSPEC_OPTIONS}
-    assert options.keys() == params.keys()
-    for name, default in params.items():
-        assert options[name].default == (list(default) if isinstance(default, tuple) else default), name
-        owners = [d for d, p in drafters.items() if name in p]
-        assert options[name].drafter == (owners[0] if len(owners) == 1 else None), name
-    assert drafters["histospec"]["max_draft"] == drafters["suffix"]["max_draft"]  # one option, one default
-    speculative_config = _speculative_config()
-    for o in VLLM_HISTOSPEC_OPTIONS:  # every vLLM key is one the vLLM engine maps, with its default
-        key = o.name.removeprefix("histospec.")
-        speculative_config({key: o.default})
-        assert key in speculative_config.__doc__ or key == "max_draft"
+    def defaults(options):
+        return {o.key: o.default for o in options}
+
+    def listed(params):  # tuples in signatures, lists in JSON options
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
+
+    for spec in DRAFTERS.values():
+        cls = spec.cls or LookaheadDrafter
+        assert defaults(spec.options) == _params(cls, drop=("fallback", "max_entries")), spec.name
+    assert defaults(LOOKAHEAD_OPTIONS) == _params(LookaheadDrafter, drop=("fallback", "max_entries"))
+    # accept_rule is a callable, no command-line option; the drafter is built from the table
+    assert defaults(SPECULATOR_OPTIONS) == listed(_params(Speculator, drop=("drafter", "accept_rule")))
+    for o in VLLM_SPEC_OPTIONS:  # every vLLM key is one the vLLM engine maps, with its default
+        speculative_config({o.key: o.default})
+        assert o.key in speculative_config.__doc__
     with pytest.raises(ValueError):
         speculative_config({"min_confidence": 0.5})
 
@@ -87,7 +85,7 @@ def test_histospec_options_are_attach_histospec_arguments():
 def test_modes_build_their_strategies():
     for mode in MODES.values():
         strategy = make_mode_strategy(mode, 1, {})
-        assert type(strategy) is STRATEGIES[mode.strategy]
+        assert type(strategy) is STRATEGY_TABLE[mode.strategy].load()
         if mode.placement is None:
             with pytest.raises(UserError, match="runs on one engine"):
                 mode.strategy_for(2)
@@ -116,13 +114,13 @@ def test_option_types_and_values_are_checked_from_the_registry():
             sorted_mode.check_options(options)
     with pytest.raises(UserError, match="unknown placement 'fifo'; valid: round-robin"):
         rhyme.check_options({"placement": "fifo"})
-    with pytest.raises(UserError, match="unknown option histospec.bogus"):
-        rhyme.check_options({"histospec": {"bogus": 1}})
-    assert rhyme.check_options({"histospec": {"max_draft": 4}}) == {"histospec.max_draft": 4}
-    # the engine picks the histospec keys: vLLM's n-gram method is no reference-engine option
-    assert rhyme.check_options({"histospec": {"method": "ngram"}}, 1, "vllm")
-    with pytest.raises(UserError, match="unknown option histospec.method"):
-        rhyme.check_options({"histospec": {"method": "ngram"}})
+    with pytest.raises(UserError, match="unknown option spec.bogus"):
+        rhyme.check_options({"spec": {"bogus": 1}})
+    assert rhyme.check_options({"spec": {"max_draft": 4}}) == {"spec.max_draft": 4}
+    # the engine picks the spec keys: vLLM's n-gram method is no reference-engine option
+    assert rhyme.check_options({"spec": {"method": "ngram"}}, 1, "vllm")
+    with pytest.raises(UserError, match="unknown option spec.method"):
+        rhyme.check_options({"spec": {"method": "ngram"}})
     # placement options exist only where there is something to place
     baseline = get_mode("baseline")
     assert "placement" not in baseline.options(1) and "placement" in baseline.options(2)
@@ -159,7 +157,7 @@ def test_simulator_option_errors_are_one_line_user_errors():
         (["turbo"], {}, "unknown mode 'turbo'; valid modes: baseline, sorted"),
         (["least-loaded"], {}, "now baseline:placement=least-outstanding"),
         (["sorted"], {"max_attempts": 3}, "cannot model option max_attempts of mode 'sorted'"),
-        (["rhyme"], {"histospec": {"min_draft": 2}}, "cannot model option histospec.min_draft"),
+        (["rhyme"], {"spec": {"min_draft": 2}}, "cannot model option spec.min_draft"),
         (["sorted"], {"oversubscription": "x"}, "mode 'sorted': option oversubscription must be a number"),
         (["baseline", "rhyme"], {"max_staleness": 2}, "no selected mode takes option max_staleness"),
         (["rhyme", "rhyme"], {}, "lists an entry twice"),
@@ -242,7 +240,7 @@ def test_modes_command_lists_every_mode(tmp_path):
     assert res.returncode == 0, res.stderr
     rows = [line.split()[0] for line in res.stdout.splitlines() if line and not line.startswith(" ")]
     assert [r for r in rows if r in MODES] == list(MODES)
-    assert "simulator:" in res.stdout and "histospec.max_draft" in res.stdout
+    assert "simulator:" in res.stdout and "spec.max_draft" in res.stdout
     doc = json.loads(cli("modes", "--json", tmp=tmp_path).stdout)
     assert list(doc["modes"]) == list(MODES)
     assert doc["modes"]["sorted-partial"]["tis_cap"] == 2.0

@@ -9,10 +9,10 @@ import tempfile
 import pytest
 import torch
 
-from reference_trainer.engine.workers import LocalWorkerPool, WorkerSpec
 from reference_trainer.errors import UserError
 from reference_trainer.rollout.base import PromptStream, RolloutContext
 from reference_trainer.rollout.placed import PlacedRollout
+from reference_trainer.rollout.workers import LocalWorkerPool, WorkerSpec
 from reference_trainer.trace.metrics import compute
 from reference_trainer.trace.writer import Trace
 from reference_trainer.train.config import TrainConfig

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from reference_trainer.engine.suffix import suffix_available
+from reference_trainer.speculation.suffix import suffix_available
 from rlbench.reproduce.base import Context
 from rlbench.reproduce.lossless import generous_accept, homogeneity_test, lossless, no_residual_accept
 from rlbench.reproduce.spec import load_specs

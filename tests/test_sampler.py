@@ -23,6 +23,7 @@ from reference_trainer.engine.sampler import (
     splitmix64,
     uniforms,
 )
+from reference_trainer.engine.sequence import Request
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 
@@ -177,11 +178,13 @@ def test_a_resumed_seeded_request_continues_its_stream(model):
     params = SamplingParams(temperature=1.0, max_tokens=30, seed=99, ignore_eos=True)
     full = _generate(model, [[5, 6, 7]], [params], capacity=2)[0]
     engine = Engine(model, EngineConfig(max_num_seqs=2, max_model_len=96), eos_token_ids=[EOS])
-    seq = engine.add_request([5, 6, 7], params)
+    seq = engine.add_request(Request([5, 6, 7], params))
     for _ in range(10):
         engine.step()
     engine.abort(seq)
-    resumed = engine.add_request([5, 6, 7], params, response_ids=seq.response_ids, logprobs=seq.logprobs)
+    resumed = engine.add_request(
+        Request([5, 6, 7], params, response_ids=seq.response_ids, logprobs=seq.logprobs)
+    )
     while engine.has_unfinished():
         engine.step()
     assert 0 < len(seq.response_ids) < 30 and resumed.response_ids == full.response_ids

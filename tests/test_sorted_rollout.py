@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
-from reference_trainer.engine.sequence import Sequence, SequenceStatus
+from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus
 from reference_trainer.model.tokenizer import CharTokenizer
-from reference_trainer.modes import MODES, STRATEGIES
+from reference_trainer.modes import MODES, STRATEGY_TABLE
 from reference_trainer.rollout.base import PromptStream, RolloutContext
 from reference_trainer.rollout.sorted import NEW, REQUEUED, SortedPartialRollout, SortedRollout
 from reference_trainer.tasks.arith import ArithTask
@@ -50,36 +50,26 @@ class FakeEngine:
     def _queued(self) -> list[Sequence]:
         return [s for *_, s in self._waiting if s.status == SequenceStatus.WAITING]
 
-    def add_request(
-        self,
-        prompt_ids,
-        params,
-        *,
-        seq_id,
-        response_ids=None,
-        logprobs=None,
-        policy_versions=None,
-        priority=0,
-        meta=None,
-    ) -> Sequence:
+    def add_request(self, request: Request) -> Sequence:
+        params, priority, response_ids = request.params, request.priority, list(request.response_ids)
+        logprobs, policy_versions = request.logprobs, request.policy_versions
         if priority == NEW:  # no new prompt while re-queued work cannot all start at the next step,
             requeued = sum(s.priority == REQUEUED for s in self._queued())
             assert requeued <= self.config.max_num_seqs - len(self._running)
             # nor beyond the oversubscription bound (regenerations may exceed it: they are not admissions)
             assert self.strategy is not None and self.ctx is not None
             assert self.strategy.unfinished() <= self.strategy.max_unfinished(self.ctx)
-        response_ids = list(response_ids or [])
         assert len(logprobs or []) == len(policy_versions or []) == len(response_ids)
         assert len(response_ids) < self.target_of(params)
         seq = Sequence(
-            seq_id,
-            list(prompt_ids),
+            str(request.seq_id),
+            list(request.prompt_ids),
             params,
             response_ids,
             list(logprobs or []),
             list(policy_versions or []),
             priority=priority,
-            meta=dict(meta or {}),
+            meta=dict(request.meta),
         )
         seq.t_admit = self.trace.now()
         heapq.heappush(self._waiting, (priority, next(self._arrival), seq))
@@ -295,7 +285,8 @@ def test_sorted_regenerates_with_a_new_attempt():
 
 def test_registries_and_options():
     assert {"sorted", "sorted-partial"} <= set(MODES) and MODES["sorted-partial"].tis_cap == 2.0
-    assert STRATEGIES["sorted"] is SortedRollout and STRATEGIES["sorted-partial"] is SortedPartialRollout
+    assert STRATEGY_TABLE["sorted"].load() is SortedRollout
+    assert STRATEGY_TABLE["sorted-partial"].load() is SortedPartialRollout
     with pytest.raises(ValueError):
         SortedRollout(oversubscription=0.5)
     with pytest.raises(ValueError):

@@ -12,11 +12,14 @@ from scipy import stats
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
-from reference_trainer.engine.histospec import HistoryDrafter, attach_histospec
-from reference_trainer.engine.speculative import CostModel, Speculator, coupled_accept
-from reference_trainer.mode_options import DRAFTERS
+from reference_trainer.engine.sampler import coupled_accept
+from reference_trainer.engine.sequence import Request
 from reference_trainer.model.attention import CachedBatch, PagedKVCache
 from reference_trainer.model.decoder import DecoderLM
+from reference_trainer.speculation.cost import CostModel
+from reference_trainer.speculation.drafters import DRAFTERS, attach
+from reference_trainer.speculation.histospec import HistoryDrafter
+from reference_trainer.speculation.speculator import Speculator
 from reference_trainer.trace.metrics import step_metrics
 from rlbench.reproduce.lossless import generous_accept, homogeneity_test, sample_responses
 
@@ -32,7 +35,7 @@ def model() -> DecoderLM:
 
 def make_engine(model: DecoderLM, capacity: int = 64, **spec) -> tuple[Engine, Speculator | None]:
     engine = Engine(model, EngineConfig(max_num_seqs=capacity, max_model_len=96), eos_token_ids=[EOS])
-    return engine, (attach_histospec(engine, **spec) if spec else None)
+    return engine, (attach(engine, spec) if spec else None)
 
 
 def needs(drafter: str) -> None:
@@ -100,7 +103,7 @@ def test_rollback_leaves_the_cache_equal_to_a_fresh_prefill(model):
     history = run(make_engine(model)[0], [PROMPT] * 3, sampling(range(3), max_tokens=40))
     for s in history:
         spec.drafter.add_response(PROMPT, s.response_ids)
-    seqs = [engine.add_request(PROMPT, p) for p in sampling(range(10, 14), max_tokens=40)]
+    seqs = [engine.add_request(Request(PROMPT, p)) for p in sampling(range(10, 14), max_tokens=40)]
     for _ in range(6):
         engine.step()
     assert any(e["kind"] == "verify" and e["accepted"] < e["drafted"] for e in engine.trace.events)
@@ -186,8 +189,8 @@ def test_measured_cost_model_and_plain_steps_when_verification_is_expensive(mode
 
 @pytest.mark.parametrize("spec_mode", ["rhyme", "suffix"])
 def test_speculative_modes_attach_their_drafter_and_match_baseline(tmp_path, tiny_model_dir, spec_mode):
-    from reference_trainer.engine.suffix import SuffixDrafter
     from reference_trainer.modes import get_mode
+    from reference_trainer.speculation.suffix import SuffixDrafter
     from reference_trainer.train.config import TrainConfig
     from reference_trainer.train.trainer import Trainer
 
@@ -205,16 +208,14 @@ def test_speculative_modes_attach_their_drafter_and_match_baseline(tmp_path, tin
             max_num_seqs=6,
             max_model_len=256,
             prompt_pool=2,
-            mode_options={
-                "histospec": {"cost_model": [[1, 1, 1.0], [64, 1, 1.0], [1, 16, 1.0], [64, 16, 1.0]]}
-            }
+            mode_options={"spec": {"cost_model": [[1, 1, 1.0], [64, 1, 1.0], [1, 16, 1.0], [64, 16, 1.0]]}}
             if mode == spec_mode
             else {},
         )
         trainer = Trainer(config, tmp_path / mode)
-        assert (trainer.engine.speculator is not None) == (mode == spec_mode)
+        assert (trainer.engine.speculation is not None) == (mode == spec_mode)
         if mode == spec_mode:
-            drafter = trainer.engine.speculator.drafter
+            drafter = trainer.engine.speculation.drafter
             assert isinstance(drafter, SuffixDrafter if spec_mode == "suffix" else HistoryDrafter)
         rows[mode] = [trainer.train_step() for _ in range(2)]
         seqs[mode] = [

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from reference_trainer.engine.config import SamplingParams
-from reference_trainer.engine.histospec import HistoryDrafter
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
 from reference_trainer.errors import UserError
 from reference_trainer.modes import get_mode
+from reference_trainer.speculation.histospec import HistoryDrafter
 
 pytest.importorskip("arctic_inference.suffix_decoding")
 
-from reference_trainer.engine.suffix import SuffixDrafter  # noqa: E402
+from reference_trainer.speculation.suffix import SuffixDrafter  # noqa: E402
 
 PROMPT = [7, 8, 9]
 
@@ -80,18 +80,18 @@ def test_selected_per_mode_and_options_of_the_other_drafter_are_errors():
     assert suffix.speculation_options({}) == {"drafter": "suffix"}
     assert rhyme.speculation_options({"max_draft": 4}) == {"drafter": "histospec", "max_draft": 4}
     assert suffix.speculation_options({}, "vllm") == {"method": "suffix"}  # vLLM's own SuffixDecoding
-    assert get_mode("sorted+suffix").check_options({"histospec": {"suffix_min_prob": 0.2}})
-    assert rhyme.check_options({"histospec": {"drafter": "suffix", "suffix_max_depth": 32}})
-    with pytest.raises(UserError, match="option histospec.min_confidence needs histospec.drafter=histospec"):
-        suffix.check_options({"histospec": {"min_confidence": 0.2}})
-    with pytest.raises(UserError, match="option histospec.suffix_min_prob needs histospec.drafter=suffix"):
-        rhyme.check_options({"histospec": {"suffix_min_prob": 0.2}})
+    assert get_mode("sorted+suffix").check_options({"spec": {"suffix_min_prob": 0.2}})
+    assert rhyme.check_options({"spec": {"drafter": "suffix", "suffix_max_depth": 32}})
+    with pytest.raises(UserError, match="option spec.min_confidence needs spec.drafter=histospec"):
+        suffix.check_options({"spec": {"min_confidence": 0.2}})
+    with pytest.raises(UserError, match="option spec.suffix_min_prob needs spec.drafter=suffix"):
+        rhyme.check_options({"spec": {"suffix_min_prob": 0.2}})
     # One set of options for several modes (rlbench compare): each drafter takes its own and the shared ones.
-    both = {"histospec": {"min_confidence": 0.6, "suffix_min_prob": 0.2, "max_draft": 4}}
-    assert suffix.accepted(both) == {"histospec": {"suffix_min_prob": 0.2, "max_draft": 4}}
-    assert rhyme.accepted(both) == {"histospec": {"min_confidence": 0.6, "max_draft": 4}}
-    with pytest.raises(UserError, match="unknown histospec.drafter 'eagle'"):
-        rhyme.check_options({"histospec": {"drafter": "eagle"}})
+    both = {"spec": {"min_confidence": 0.6, "suffix_min_prob": 0.2, "max_draft": 4}}
+    assert suffix.accepted(both) == {"spec": {"suffix_min_prob": 0.2, "max_draft": 4}}
+    assert rhyme.accepted(both) == {"spec": {"min_confidence": 0.6, "max_draft": 4}}
+    with pytest.raises(UserError, match="unknown spec.drafter 'eagle'"):
+        rhyme.check_options({"spec": {"drafter": "eagle"}})
 
 
 def test_the_benchmark_attributes_drafts_to_other_prompts():

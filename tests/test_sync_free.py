@@ -22,10 +22,11 @@ from reference_trainer.engine import kv_cache
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.graphs import StaticForward
-from reference_trainer.engine.histospec import attach_histospec
-from reference_trainer.engine.speculative import CostModel
+from reference_trainer.engine.sequence import Request
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
+from reference_trainer.speculation.cost import CostModel
+from reference_trainer.speculation.drafters import attach
 
 EOS = 2
 FREE_VERIFY = CostModel({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})
@@ -152,7 +153,7 @@ def test_a_decode_step_uploads_once_and_reads_back_once(model, layout, monkeypat
     # Slots 0..11 with one idle slot inside the range: the contiguous layout reads a packed range, or
     # gathers when fewer than half its slots run ("contiguous-gather").
     count = 3 if layout == "contiguous-gather" else 12
-    seqs = [engine.add_request([5, 6, 7 + i], p) for i, p in enumerate(params(12))]
+    seqs = [engine.add_request(Request([5, 6, 7 + i], p)) for i, p in enumerate(params(12))]
     engine.step()  # prefill
     for seq in seqs[count:]:
         engine.abort(seq)
@@ -169,11 +170,11 @@ def test_a_decode_step_uploads_once_and_reads_back_once(model, layout, monkeypat
 def test_a_verify_step_uploads_once_and_reads_back_once(model, layout, monkeypatch):
     history = make_engine(model, layout, monkeypatch).generate([[5, 6, 7]] * 4, params(4, first_seed=50))
     engine = make_engine(model, layout, monkeypatch)
-    spec = attach_histospec(engine, cost_model=FREE_VERIFY)
+    spec = attach(engine, {"cost_model": FREE_VERIFY})
     for seq in history:
         spec.drafter.add_response([5, 6, 7], seq.response_ids)
     for p in params(6):
-        engine.add_request([5, 6, 7], p)
+        engine.add_request(Request([5, 6, 7], p))
     engine.step()  # prefill
     with counting() as (reads, uploads, syncing):
         engine.step()
@@ -201,13 +202,13 @@ def test_on_cuda_a_decode_and_a_verify_step_synchronise_once(model):
     cuda = copy.deepcopy(model).to("cuda")
     engine = Engine(cuda, EngineConfig(max_num_seqs=16, max_model_len=128), eos_token_ids=[EOS])
     assert engine.runner.static is not None and engine.runner.static.capture
-    spec = attach_histospec(engine, cost_model=FREE_VERIFY)
+    spec = attach(engine, {"cost_model": FREE_VERIFY})
     for seq in Engine(cuda, EngineConfig(max_num_seqs=4, max_model_len=128)).generate(
         [[5, 6, 7]] * 4, params(4, first_seed=50)
     ):
         spec.drafter.add_response([5, 6, 7], seq.response_ids)
     for p in params(6):
-        engine.add_request([5, 6, 7], p)
+        engine.add_request(Request([5, 6, 7], p))
     checked: Counter[str] = Counter()
     while engine.has_unfinished():
         captured = len(engine.runner.static.graphs)

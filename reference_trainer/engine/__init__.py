@@ -2,5 +2,5 @@
 
 It knows nothing of RL: requests in, tokens and log-probs out, one trace event per step. Import from the
 modules (engine.engine, engine.sequence, ...): this package imports nothing, so the engine's checks
-(factory.check_engine_kind) and config stay importable without torch.
+(rollout/engines.py check_engine_kind) and config stay importable without torch.
 """

@@ -3,27 +3,36 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Sequence as Seq
 
 import torch
 
-from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine import timing
+from reference_trainer.engine.config import EngineConfig
 from reference_trainer.engine.kv_cache import SlotManager
-from reference_trainer.engine.lookahead import is_lookahead
+from reference_trainer.engine.protocol import DecodeReport, Speculation
 from reference_trainer.engine.requests import RequestBook
 from reference_trainer.engine.runner import ModelRunner, Scored
-from reference_trainer.engine.sampler import SamplerOps, SlotParams, sample, seed_key
+from reference_trainer.engine.sampler import (
+    AcceptRule,
+    SamplerOps,
+    SlotParams,
+    coupled_accept,
+    plain_tokens,
+    sample,
+    scaled_logits,
+    seed_key,
+    token_logprobs,
+)
 from reference_trainer.engine.scheduler import Scheduler
-from reference_trainer.engine.sequence import Sequence
+from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.engine.transfers import read_back
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import resolve_dtype
 from reference_trainer.trace.schema import CAPTURE
 from reference_trainer.trace.writer import Trace
-
-if TYPE_CHECKING:
-    from reference_trainer.engine.speculative import Speculator
 
 
 class Engine(RequestBook):
@@ -31,7 +40,8 @@ class Engine(RequestBook):
 
     The engine owns its model object; `update_weights` copies new weights into it in place between steps
     (the cache's layout does not change, so nothing is reallocated). Stop rules, finishing, aborting and
-    `generate` are the shared `RequestBook`'s (requests.py).
+    `generate` are the shared `RequestBook`'s (requests.py). A `Speculation` hook (protocol.py), when one is
+    attached, proposes drafts before each decode step; the engine verifies them exactly (`verify`).
     """
 
     def __init__(
@@ -63,43 +73,25 @@ class Engine(RequestBook):
         # engine's own source, itself seeded from torch's global generator (torch.manual_seed governs it).
         self._keys: dict[str, int] = {}
         self._unseeded = random.Random(int(torch.randint(0, 2**62, ())))
-        # Optional speculative decoder (engine/speculative.py); it takes over decode steps when attached.
-        self.speculator: Speculator | None = None
-        self._lookahead_seen = False  # a lookahead request (engine/lookahead.py) was ever added
+        self.speculation: Speculation | None = None  # the decode-step hook (speculation/speculator.py)
         self._decode_ops: tuple[int, SamplerOps] | None = None  # (scheduler membership, running rows' ops)
 
     # ---- requests ----------------------------------------------------------------------------------------
-    def add_request(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams | None = None,
-        *,
-        seq_id: str | None = None,
-        response_ids: list[int] | None = None,
-        logprobs: list[float] | None = None,
-        policy_versions: list[int] | None = None,
-        priority: int = 0,
-        meta: Mapping[str, object] | None = None,
-    ) -> Sequence:
-        """Queue a request. Passing `response_ids` (with their log-probs and policy versions) resumes a
-        partial rollout: the engine prefills prompt + response and continues after it."""
-        params = params or SamplingParams()
-        seq = self._new_sequence(
-            prompt_ids, params, seq_id, response_ids, logprobs, policy_versions, priority, meta
-        )
+    def add_request(self, request: Request) -> Sequence:
+        """Queue a request (a resumed partial rollout prefills prompt + response and continues after it)."""
+        seq = self._new_sequence(request)
         # Draws are keyed by token position, so a resumed request continues its seed's stream where the
         # uninterrupted run would be: it neither replays its first draws nor needs a shifted seed.
-        seed = params.seed if params.seed is not None else self._unseeded.getrandbits(64)
+        seed = seq.params.seed if seq.params.seed is not None else self._unseeded.getrandbits(64)
         self._keys[seq.seq_id] = seed_key(seed)
-        self._lookahead_seen = self._lookahead_seen or is_lookahead(seq.seq_id)
         self.scheduler.add(seq)
         return seq
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.release(seq)
         self._keys.pop(seq.seq_id, None)
-        if self.speculator is not None:  # a finished response is history at once for its siblings
-            self.speculator.on_done(seq)
+        if self.speculation is not None:  # a finished response is history at once for its siblings
+            self.speculation.released(seq)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -114,26 +106,43 @@ class Engine(RequestBook):
 
     # ---- stepping ----------------------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """One forward: a batched prefill of newly admitted sequences or a decode of all running ones.
-        Returns the sequences that finished in this step."""
+        """One forward: a batched prefill of newly admitted sequences, a decode of all running ones, or,
+        with a speculation hook that proposes drafts, a verify of them. Returns the sequences that finished
+        in this step."""
         kind, seqs = self.scheduler.schedule()
         if not seqs:
             return []
         ops = self._capture_decode_graphs(seqs) if kind == "decode" else None
         t_start = self.trace.now()
         occupied = dict(self.scheduler.occupied)
-        if kind == "decode" and self.speculator is not None:
-            return self.speculator.step(seqs, t_start, occupied, ops)
+        hook = self.speculation if kind == "decode" else None
+        if hook is not None:
+            drafts = hook.propose(seqs, [self._draft_room(s) for s in seqs])
+            if drafts is not None:
+                return self.verify(seqs, drafts, hook.accept_rule, t_start=t_start)
         if kind == "prefill":  # the slots' sampling parameters change only when their requests do
             self.sampling.assign(
                 [s.slot for s in seqs],  # type: ignore[misc]
                 [s.params for s in seqs],
                 [self._keys[s.seq_id] for s in seqs],
             )
+        t0 = time.perf_counter()
         scored = self.runner.prefill(seqs) if kind == "prefill" else self.runner.decode(seqs, ops)
-        finished = self.emit(seqs, scored)
-        self.trace_forward(kind, t_start, occupied, seqs, len(seqs))
+        finished = self._emit(seqs, scored)
+        if hook is not None:
+            hook.observe(DecodeReport(seqs, time.perf_counter() - t0))
+        self._trace_forward(kind, t_start, occupied, seqs, len(seqs))
         return finished
+
+    def _draft_room(self, seq: Sequence) -> int:
+        """Draft tokens `seq` may take in a verify: one fewer than it may still grow (max_tokens, the
+        cache, the verify width), since a verify emits one token past its accepted draft."""
+        grow = min(
+            seq.params.max_tokens - len(seq.response_ids),
+            self.max_model_len - seq.length,
+            self.config.max_verify_tokens,
+        )
+        return max(0, grow - 1)
 
     def _capture_decode_graphs(self, seqs: list[Sequence]) -> SamplerOps | None:
         """CUDA graphs: before the first decode step with these sequences' sampler ops, every decode shape
@@ -155,7 +164,80 @@ class Engine(RequestBook):
                 fields["graphs"] = static.capture_decode(ops)
         return ops
 
-    def trace_forward(
+    @torch.inference_mode()
+    def verify(
+        self,
+        seqs: list[Sequence],
+        drafts: list[list[int]],
+        accept_rule: AcceptRule = coupled_accept,
+        *,
+        t_start: float | None = None,
+    ) -> list[Sequence]:
+        """One forward over each running sequence's newest token and its draft (`drafts[i]`, possibly empty):
+        every position draws the token plain decoding would draw there (keyed by seed and position), a draft
+        token is accepted while `accept_rule` holds (the exact rule: it equals that draw), and each sequence
+        emits its accepted draft plus the draw at the first rejected (or the bonus) position. Rejected
+        positions are rolled back by not counting them as cached. Traced as a `verify` event; a verify
+        width's first use under graphs is captured first, as its own `capture` event. Returns the sequences
+        that finished."""
+        static, width = self.runner.static, 1 + max(len(d) for d in drafts)
+        t_start = self.trace.now() if t_start is None else t_start
+        capture_start = self.trace.now()
+        if static is not None and static.ensure_captured(
+            len(seqs), width, max(s.num_cached for s in seqs) + width
+        ):  # outside the verify forward's time
+            t_start = self.trace.now()
+            self.trace.add({"kind": CAPTURE, "t_start": capture_start, "t_end": t_start, "graphs": 1})
+        occupied = dict(self.scheduler.occupied)
+        t0 = time.perf_counter()
+        scored = self.runner.extend(seqs, [[s.last_token] + d for s, d in zip(seqs, drafts, strict=True)])
+        counts = [len(d) + 1 for d in drafts]  # rows of each sequence: its draft positions + the bonus
+        params = [s.params for s, c in zip(seqs, counts, strict=True) for _ in range(c)]
+        # Row j of a sequence scores the token at position length + j: the draw plain decoding makes there.
+        batch = self.sampling.batch(scored.slots, scored.positions, params)  # type: ignore[arg-type]
+        draft_flat = scored.drafts
+        assert draft_flat is not None and scored.logits is not None
+        scaled = scaled_logits(scored.logits, batch)
+        plain, probs = plain_tokens(scaled, batch)
+        accept = accept_rule(probs, plain, draft_flat) & (draft_flat >= 0)
+        emit_flat = torch.where(accept, draft_flat, plain)
+        logp_flat = token_logprobs(scaled, emit_flat)
+        accept_l, emit_l, logp_l = read_back(accept, emit_flat, logp_flat)  # the step's one read-back
+
+        finished: list[Sequence] = []
+        accepted_each: list[int] = []
+        emitted = drafted = accepted = draft_seqs = draft_emitted = ahead = 0
+        start = 0
+        for seq, d, count in zip(seqs, drafts, counts, strict=True):
+            n_acc = 0
+            while n_acc < len(d) and accept_l[start + n_acc]:
+                n_acc += 1
+            before = len(seq.response_ids)
+            done = self._append(seq, [int(t) for t in emit_l[start : start + n_acc + 1]],
+                                logp_l[start : start + n_acc + 1])  # fmt: skip
+            n_out = len(seq.response_ids) - before
+            if done:
+                finished.append(seq)
+            else:
+                seq.num_cached = seq.length - 1  # rejected positions are rolled back by not counting them
+            seq.drafted += len(d)
+            seq.accepted += min(n_acc, n_out)
+            accepted_each.append(n_acc)
+            draft_seqs += bool(d)
+            draft_emitted += n_out if d else 0
+            emitted += n_out
+            ahead += n_out if seq.lookahead else 0
+            drafted += len(d)
+            accepted += min(n_acc, n_out)
+            start += count
+        if self.speculation is not None:
+            self.speculation.observe(DecodeReport(seqs, time.perf_counter() - t0, drafts, accepted_each))
+        self._trace_forward("verify", t_start, occupied, seqs, emitted, ahead, drafted=drafted,
+                            accepted=accepted, draft_seqs=draft_seqs, draft_emitted=draft_emitted,
+                            width=width - 1)  # fmt: skip
+        return finished
+
+    def _trace_forward(
         self,
         kind: str,
         t_start: float,
@@ -166,14 +248,12 @@ class Engine(RequestBook):
         **extra: object,
     ) -> None:
         """The trace event of one forward over `seqs` that emitted `tokens`. Lookahead requests' work is its
-        own kind (engine/lookahead.py): their slots and tokens are counted apart and not in `tokens`, so the
-        step's samples' throughput is not inflated by tokens no update trains on. `lookahead_tokens` None:
-        one per lookahead request in `seqs` (a prefill or decode step emits one token per sequence)."""
-        slots = 0
-        if self._lookahead_seen:  # a per-row scan, in series with the GPU: only where lookahead ever ran
-            if lookahead_tokens is None:
-                lookahead_tokens = sum(is_lookahead(s.seq_id) for s in seqs)
-            slots = sum(is_lookahead(i) for i in occupied.values())
+        own kind (speculation/lookahead.py): their slots and tokens are counted apart and not in `tokens`, so
+        the step's samples' throughput is not inflated by tokens no update trains on. `lookahead_tokens`
+        None: one per lookahead request in `seqs` (a prefill or decode step emits one token per sequence)."""
+        slots = self.scheduler.lookahead_running
+        if slots and lookahead_tokens is None:
+            lookahead_tokens = sum(s.lookahead for s in seqs)
         lookahead_tokens = lookahead_tokens or 0
         if slots or lookahead_tokens:
             extra.update(lookahead_slots=slots, lookahead_tokens=lookahead_tokens)
@@ -181,7 +261,7 @@ class Engine(RequestBook):
             kind, t_start, self.trace.now(), occupied, self.slots.capacity, tokens - lookahead_tokens, **extra
         )
 
-    def emit(self, seqs: list[Sequence], scored: Scored) -> list[Sequence]:
+    def _emit(self, seqs: list[Sequence], scored: Scored) -> list[Sequence]:
         """Sample one token per sequence from its row of `scored` (unless a decode graph did), read the
         tokens back (the step's one device-to-host transfer) and append them; returns the sequences that
         finished."""
@@ -193,6 +273,19 @@ class Engine(RequestBook):
             tokens, logprobs = sample(scored.logits, batch)  # type: ignore[arg-type]
         tokens_l, logprobs_l = read_back(tokens, logprobs)
         return self._append_one_each(seqs, tokens_l, logprobs_l)
+
+    # ---- costs and weights -------------------------------------------------------------------------------
+    def time_forwards(
+        self, batches: Seq[int], widths: Seq[int], context: int = 64, repeats: int = 3
+    ) -> dict[tuple[int, int], float]:
+        """Seconds per forward of (batch, width), timed on probe sequences in free slots (timing.py): what a
+        cost model is built from. Only while no request runs: the probes take free slots."""
+        if self.scheduler.running:
+            raise RuntimeError("time forwards before any request runs: the probes take free slots")
+        batches = sorted({min(b, self.slots.capacity) for b in batches})
+        widths = sorted({min(w, self.config.max_verify_tokens) for w in widths} | {1})
+        context = min(context, self.max_model_len - 1)  # the cache holds max_verify_tokens more per slot
+        return timing.time_forwards(self.runner, self.slots, batches, widths, context, repeats)
 
     @torch.no_grad()
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:

@@ -16,13 +16,13 @@ bucket and replays it. The same idea over this engine's cached forward (model/de
   a step is its one upload and its one read-back. The sampler's optional ops (temperature, top-k, top-p,
   greedy rows: `SamplerOps`) are part of the captured shape;
 * a verify forward ends at the final norm and copies the hidden states into a persistent buffer; the LM
-  head runs eagerly over the rows that are sampled (runner.py), and the speculator's accept/reject rule
+  head runs eagerly over the rows that are sampled (runner.py), and `Engine.verify`'s accept/reject rule
   after it.
 
 Every decode shape of a batch's sampler ops is captured when the engine first decodes with them, before
 that step (`capture_decode`, over padding rows, recorded as the trace's `capture` event, which no metric
 counts); a verify shape just before its first use, as its own `capture` event (`ensure_captured`, called by
-the speculator). A shape first met elsewhere is captured when it runs (a warm-up run, which does the step's
+`Engine.verify`). A shape first met elsewhere is captured when it runs (a warm-up run, which does the step's
 real work, then the capture, then a replay that writes the same K/V again). A grown paged pool is a new
 tensor, so the graphs captured over the old one are dropped and recaptured; so under graphs the engine
 preallocates the whole pool (kv_cache.py `preallocate`), and only a pool too big for half the free memory
@@ -227,7 +227,7 @@ class StaticForward:
     def ensure_captured(self, batch: int, width: int, longest: int, ops: SamplerOps | None = None) -> bool:
         """Capture the shape a forward of `batch` rows of `width` tokens reaching position `longest` - 1
         will run at, if it is not yet captured (a verify width's first use); True if it captured. The
-        speculator calls this before timing its verify forward, so the capture is its own trace event."""
+        engine's verify calls this before timing its forward, so the capture is its own trace event."""
         if not self.capture or not self.fits(batch, width):
             return False
         bucket, span = self.bucket(batch), self.span(longest)

@@ -1,22 +1,26 @@
-"""What the rest of the project needs from a rollout engine, as two protocols.
+"""What the rest of the project needs from a rollout engine, and what the engine asks of speculation.
 
 - `RolloutEngine`: what the training loop touches (train/trainer.py): the trace, the policy version it
   tags tokens with, in-place weight updates, and `close`. Every rollout side satisfies it: the reference
   `Engine`, `VLLMEngine`, and the worker pools (rollout/workers.py, whose `WorkerPool` extends it).
 - `RequestEngine`: one engine that takes requests: what the strategies (rollout/base.py, rollout/sorted.py),
   eval (rlbench/eval/backends.py) and `rlbench generate` use. `Engine` and `VLLMEngine` satisfy it.
+- `Speculation`: the hook the reference engine consults before each decode step (speculation/speculator.py
+  implements it). The hook chooses; the engine runs every forward itself, a plain decode or its exact
+  `Engine.verify` of the hook's drafts, and reports back what the step did (`DecodeReport`).
 
-Both are runtime-checkable; tests/test_engine_protocol.py also compares signatures, which isinstance
-does not.
+The engine protocols are runtime-checkable; tests/test_engine_protocol.py also compares signatures, which
+isinstance does not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
-from reference_trainer.engine.sequence import Sequence
+from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.trace.writer import Trace
 
 
@@ -39,19 +43,8 @@ class RequestEngine(RolloutEngine, Protocol):
     config: EngineConfig  # strategies read config.max_num_seqs (the slot capacity)
     max_model_len: int
 
-    def add_request(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams | None = None,
-        *,
-        seq_id: str | None = None,
-        response_ids: list[int] | None = None,
-        logprobs: list[float] | None = None,
-        policy_versions: list[int] | None = None,
-        priority: int = 0,
-        meta: Mapping[str, object] | None = None,
-    ) -> Sequence:
-        """Queue a request; `response_ids` (with log-probs and versions) resumes a partial rollout."""
+    def add_request(self, request: Request) -> Sequence:
+        """Queue a request; its `response_ids` (with log-probs and versions) resume a partial rollout."""
         ...
 
     def step(self) -> list[Sequence]:
@@ -80,4 +73,41 @@ class RequestEngine(RolloutEngine, Protocol):
     ) -> list[Sequence]:
         """Run prompts to completion; their sequences in input order. `on_finish(i, seq)` as each one
         finishes (i: its index in `prompts`)."""
+        ...
+
+
+@dataclass
+class DecodeReport:
+    """What one decode step did, for the `Speculation` hook: a plain decode (`drafts` None) or a verify of
+    `drafts`, with `accepted[i]` of sequence i's draft tokens accepted; `seconds`: the forward with its
+    sampling and read-back (drafting excluded), what a cost model predicts."""
+
+    seqs: list[Sequence]
+    seconds: float
+    drafts: list[list[int]] | None = None
+    accepted: list[int] | None = None
+
+    @property
+    def width(self) -> int:
+        """Tokens per row of the forward: 1 for a plain decode, 1 + the longest draft for a verify."""
+        return 1 + max((len(d) for d in self.drafts), default=0) if self.drafts else 1
+
+
+class Speculation(Protocol):
+    """The reference engine's speculation hook (speculation/speculator.py): drafts in, observations back."""
+
+    # The accept rule of `Engine.verify` (sampler.coupled_accept: exact); another only to show what it costs.
+    accept_rule: Callable[[Any, Any, Any], Any]
+
+    def propose(self, seqs: list[Sequence], rooms: list[int]) -> list[list[int]] | None:
+        """Drafts for this decode step, one list per sequence and at most `rooms[i]` tokens each (the room
+        left by its max_tokens, the cache and the verify width); None: a plain decode step."""
+        ...
+
+    def observe(self, report: DecodeReport) -> None:
+        """What the decode step did (its time, and per sequence what was accepted)."""
+        ...
+
+    def released(self, seq: Sequence) -> None:
+        """`seq` left the engine, finished or aborted (a finished response is history for its siblings)."""
         ...

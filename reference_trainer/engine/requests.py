@@ -2,17 +2,17 @@
 building a validated `Sequence` per request, for finishing and aborting it, and for `generate`.
 
 The engines differ only in how a sequence leaves their batch (`_release`): the reference engine frees its
-KV slot, its generator and tells the speculator; the vLLM engine aborts the request inside vLLM.
+KV slot and its key and tells its speculation hook; the vLLM engine aborts the request inside vLLM.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
-from reference_trainer.engine.sequence import Sequence, SequenceStatus
+from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus
 from reference_trainer.trace.writer import Trace
 
 STOP_TAIL_TOKENS = 64  # stop strings are searched in the decoded text of this many last response tokens
@@ -70,7 +70,7 @@ class RequestBook:
         """Free what `seq` holds in the engine; its status is already FINISHED or ABORTED."""
         raise NotImplementedError
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None, **kw: Any) -> Sequence:
+    def add_request(self, request: Request) -> Sequence:
         raise NotImplementedError
 
     def step(self) -> list[Sequence]:
@@ -88,29 +88,13 @@ class RequestBook:
         raise NotImplementedError
 
     # ---- shared bookkeeping ------------------------------------------------------------------------------
-    def _new_sequence(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        seq_id: str | None,
-        response_ids: list[int] | None,
-        logprobs: list[float] | None,
-        policy_versions: list[int] | None,
-        priority: int,
-        meta: Mapping[str, object] | None,
-    ) -> Sequence:
+    def _new_sequence(self, request: Request) -> Sequence:
         """A validated sequence for a new (or resumed) request, admitted now."""
         seq = Sequence.for_request(
-            seq_id or f"seq-{next(self._ids)}",
-            prompt_ids,
-            params,
+            request,
+            request.seq_id or f"seq-{next(self._ids)}",
             max_model_len=self.max_model_len,
             policy_version=self.policy_version,
-            response_ids=response_ids,
-            logprobs=logprobs,
-            policy_versions=policy_versions,
-            priority=priority,
-            meta=meta,
         )
         seq.t_admit = self.trace.now()
         return seq
@@ -175,7 +159,7 @@ class RequestBook:
         """Run prompts to completion; returns their sequences in input order. `on_finish(i, seq)` is called
         as each one finishes (i: its index in `prompts`), so a caller can save work as it completes."""
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        seqs = [self.add_request(Request(p, sp)) for p, sp in zip(prompts, plist, strict=True)]
         index = {seq.seq_id: i for i, seq in enumerate(seqs)}
         while self.has_unfinished():
             for seq in self.step():

@@ -23,6 +23,7 @@ truncation (softmax(logits) for greedy requests): the quantity a trainer recompu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -235,3 +236,18 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
     scaled = scaled_logits(logits, batch)
     tokens, _ = plain_tokens(scaled, batch)
     return tokens, token_logprobs(scaled, tokens)
+
+
+# The accept rule of a verify forward: accept[i] for each flat verify row, from (the row's distribution,
+# the token plain decoding draws there, the draft token or -1 where none) -> bool [N].
+AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def coupled_accept(probs: torch.Tensor, plain: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """The exact point-mass rule as a coupling with plain decoding: accept iff the draw equals the draft.
+
+    For a draft token d and the row's distribution p, the draw x equals d with probability p(d), and given
+    a rejection x is distributed as p restricted to tokens != d, renormalised: the textbook rule (accept d
+    with probability p(d), else resample from the residual). Since the draw at a position depends only on
+    (seed, position) and p, a seeded request emits the same tokens with or without drafts."""
+    return plain == drafts

@@ -23,6 +23,7 @@ class Scheduler:
         self.membership = 0  # counts changes to `running`
         self.occupied: dict[str, str] = {}  # str(slot) -> seq_id, as the trace records a step's slots
         self._decode: list[Sequence] | None = []  # running sequences by slot; None: to be rebuilt
+        self.lookahead_running = 0  # running sequences that are lookahead runs (the trace counts them apart)
 
     def add(self, seq: Sequence) -> None:
         heapq.heappush(self._waiting, (seq.priority, next(self._arrival), seq))
@@ -75,8 +76,10 @@ class Scheduler:
     def _occupy(self, slot: int, seq: Sequence | None) -> None:
         """Put `seq` in `slot` (None: empty it), keeping the decode order and the trace's view in step."""
         if seq is None:
+            self.lookahead_running -= self.running[slot].lookahead
             del self.running[slot], self.occupied[str(slot)]
         else:
             self.running[slot], self.occupied[str(slot)] = seq, seq.seq_id
+            self.lookahead_running += seq.lookahead
         self._decode = None
         self.membership += 1

@@ -1,9 +1,9 @@
-"""One request's state as it moves through the engine."""
+"""A request (what a caller asks an engine for) and a sequence (that request's state as it moves through the
+engine)."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,27 @@ def resume_seed(seed: int, resumed_tokens: int) -> int:
     resumes with so that a resumed request does not replay its first draws. (The reference engine needs no
     offset: its draws are keyed by token position, engine/sampler.py.)"""
     return seed * 1_000_003 + resumed_tokens
+
+
+@dataclass
+class Request:
+    """Everything needed to (re)submit one request to any engine or rollout worker: the one record of the
+    request path (`add_request`, the workers' queues, `Sequence.for_request`).
+
+    `response_ids` (with one log-prob and one policy version per token; defaults NaN and the engine's current
+    version) resumes a partial rollout: the engine prefills prompt + response and continues after it.
+    `lookahead`: a run ahead of the request of the same prompt and seed in an earlier step's bubble
+    (speculation/lookahead.py); its work is counted apart in the trace and is never a sample."""
+
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    seq_id: str | None = None  # None: the engine names it
+    priority: int = 0  # lower runs first among waiting requests
+    meta: dict[str, Any] = field(default_factory=dict)
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    policy_versions: list[int] | None = None
+    lookahead: bool = False
 
 
 class SequenceStatus(enum.Enum):
@@ -54,47 +75,49 @@ class Sequence:
     # below max_tokens and the context's end): a decode step checks the stop rules of the rest only. 0:
     # check every token (a sequence not built by `for_request`).
     stops_only_on_eos_below: int = 0
+    lookahead: bool = False  # Request.lookahead: work counted apart, never a sample
 
     @classmethod
     def for_request(
-        cls,
-        seq_id: str,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        *,
-        max_model_len: int,
-        policy_version: int,
-        response_ids: list[int] | None = None,
-        logprobs: list[float] | None = None,
-        policy_versions: list[int] | None = None,
-        priority: int = 0,
-        meta: Mapping[str, object] | None = None,
+        cls, request: Request, seq_id: str, *, max_model_len: int, policy_version: int
     ) -> Sequence:
-        """A new request, validated: it fits `max_model_len`, has a prompt, and a resumed response
-        (`response_ids`) comes with one log-prob and one policy version per token (defaults: NaN and
-        `policy_version`)."""
-        response_ids = list(response_ids or [])
-        total = len(prompt_ids) + len(response_ids)
+        """A new request, validated: it fits `max_model_len`, has a prompt, and a resumed response comes
+        with one log-prob and one policy version per token (defaults: NaN and `policy_version`)."""
+        response_ids = list(request.response_ids)
+        params = request.params
+        total = len(request.prompt_ids) + len(response_ids)
         if total >= max_model_len:
             raise ValueError(f"request of {total} tokens does not fit max_model_len {max_model_len}")
-        if not prompt_ids:
+        if not request.prompt_ids:
             raise ValueError("empty prompt")
         seq = cls(
             seq_id=seq_id,
-            prompt_ids=list(prompt_ids),
+            prompt_ids=list(request.prompt_ids),
             params=params,
             response_ids=response_ids,
-            logprobs=list(logprobs or [float("nan")] * len(response_ids)),
-            policy_versions=list(policy_versions or [policy_version] * len(response_ids)),
-            priority=priority,
-            meta=dict(meta or {}),
+            logprobs=list(request.logprobs or [float("nan")] * len(response_ids)),
+            policy_versions=list(request.policy_versions or [policy_version] * len(response_ids)),
+            priority=request.priority,
+            meta=dict(request.meta),
             resumed_tokens=len(response_ids),
+            lookahead=request.lookahead,
         )
         if not params.stop and not params.stop_token_ids:
-            seq.stops_only_on_eos_below = min(params.max_tokens, max_model_len - len(prompt_ids))
+            seq.stops_only_on_eos_below = min(params.max_tokens, max_model_len - len(seq.prompt_ids))
         if len(seq.logprobs) != len(response_ids) or len(seq.policy_versions) != len(response_ids):
             raise ValueError("logprobs and policy_versions must have one entry per response token")
         return seq
+
+    def request(self) -> Request:
+        """The request that submits this sequence again from scratch (to another worker, say)."""
+        return Request(
+            self.prompt_ids,
+            self.params,
+            self.seq_id,
+            self.priority,
+            dict(self.meta),
+            lookahead=self.lookahead,
+        )
 
     @property
     def all_ids(self) -> list[int]:

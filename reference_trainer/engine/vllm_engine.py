@@ -7,8 +7,9 @@ resumes it. Weights are reloaded in place by the worker, which needs vLLM's engi
 use the project's tokenizer, so the char-level embedded model runs too. Each step is a trace event:
 `prefill` when a request was admitted, `verify` when vLLM drafted (counts from its metrics), else `decode`.
 
-vLLM itself is imported only inside functions, so the factory (factory.py) can import this module, check
-that vLLM is installed and map HistoSpec options onto vLLM's speculative_config without it.
+vLLM itself is imported only inside functions, so the engine factory (rollout/engines.py) can import this
+module, check that vLLM is installed and map the speculation options onto vLLM's speculative_config without
+it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.requests import RequestBook
-from reference_trainer.engine.sequence import Sequence, SequenceStatus, resume_seed
+from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus, resume_seed
 from reference_trainer.trace.writer import Trace
 
 INSTALL_HINT = (
@@ -42,14 +43,15 @@ def vllm_available() -> bool:
 
 
 def speculative_config(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """vLLM's speculative_config for the HistoSpec modes: n-gram prompt lookup by default ("ngram"), or
-    "suffix" (needs arctic-inference). Keys: method, num_speculative_tokens (alias max_draft),
-    prompt_lookup_min, prompt_lookup_max."""
+    """vLLM's speculative_config for the speculative modes (their `spec.*` options on --engine vllm,
+    speculation/drafters.py VLLM_SPEC_OPTIONS): n-gram prompt lookup by default ("ngram"), or "suffix"
+    (needs arctic-inference). Keys: method, max_draft (vLLM's num_speculative_tokens), prompt_lookup_min,
+    prompt_lookup_max."""
     opts = dict(options or {})
     method = str(opts.pop("method", "ngram"))
     if method not in ("ngram", "suffix"):
         raise ValueError(f"vLLM speculative method {method!r} is not supported here; use ngram or suffix")
-    k = int(opts.pop("num_speculative_tokens", opts.pop("max_draft", 4)))
+    k = int(opts.pop("max_draft", 4))
     config: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
     if method == "ngram":
         config["prompt_lookup_max"] = int(opts.pop("prompt_lookup_max", 4))
@@ -117,26 +119,13 @@ class VLLMEngine(RequestBook):
         self._spec_totals = self._spec_start = self._read_spec_metrics()  # vLLM's counters are per process
 
     # ---- requests ----------------------------------------------------------------------------------------
-    def add_request(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams | None = None,
-        *,
-        seq_id: str | None = None,
-        response_ids: list[int] | None = None,
-        logprobs: list[float] | None = None,
-        policy_versions: list[int] | None = None,
-        priority: int = 0,
-        meta: Mapping[str, object] | None = None,
-    ) -> Sequence:
-        """Queue a request; `response_ids` (with log-probs and versions) resumes a partial rollout: vLLM
+    def add_request(self, request: Request) -> Sequence:
+        """Queue a request; its `response_ids` (with log-probs and versions) resume a partial rollout: vLLM
         prefills prompt + response as its prompt and continues after it."""
         from vllm.inputs import TokensPrompt
 
-        params = params or SamplingParams()
-        seq = self._new_sequence(
-            prompt_ids, params, seq_id, response_ids, logprobs, policy_versions, priority, meta
-        )
+        seq = self._new_sequence(request)
+        params = seq.params
         remaining = min(params.max_tokens - seq.resumed_tokens, self.max_model_len - seq.length)
         if remaining <= 0:  # nothing left to generate: finished as it came in
             self._finish(seq, "length")
@@ -144,7 +133,7 @@ class VLLMEngine(RequestBook):
         rid = f"{seq.seq_id}@{next(self._ids)}"
         prompt = TokensPrompt(prompt_token_ids=seq.all_ids)
         internal = self.llm.add_request(
-            rid, prompt, self._vllm_params(params, remaining, seq), priority=priority
+            rid, prompt, self._vllm_params(params, remaining, seq), priority=seq.priority
         )
         self._internal[internal] = rid
         self._live[rid] = seq

@@ -11,11 +11,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from reference_trainer.engine.config import SamplingParams
-from reference_trainer.engine.lookahead import is_lookahead, lookahead_id
 from reference_trainer.engine.protocol import RequestEngine
-from reference_trainer.engine.sequence import Sequence
-from reference_trainer.engine.workers import Request
+from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.prompting import encode_prompt
+from reference_trainer.speculation.speculator import Speculator
 from reference_trainer.tasks.base import Problem, Task
 
 
@@ -68,6 +67,7 @@ class RolloutContext:
     update_batch: int  # groups per update
     params: SamplingParams
     seed: int
+    speculator: Speculator | None = None  # the engine's, if it drafts: lookahead's cost gate (BubbleFill)
     _prompt_ids: dict[int, list[int]] = field(default_factory=dict)
 
     def prompt_ids(self, index: int, problem: Problem) -> list[int]:
@@ -88,14 +88,9 @@ class RolloutContext:
             meta={"prompt_id": problem.prompt_id, "sample": sample, "index": index},
         )
 
-    def submit(
-        self, index: int, problem: Problem, sample: int, attempt: int = 0, priority: int = 0, **resume: Any
-    ) -> Sequence:
-        """Queue one sample; `resume` (response_ids, logprobs, policy_versions) continues a partial one."""
-        r = self.request(index, problem, sample, attempt, priority)
-        return self.engine.add_request(
-            r.prompt_ids, r.params, seq_id=r.seq_id, priority=r.priority, meta=r.meta, **resume
-        )
+    def submit(self, index: int, problem: Problem, sample: int) -> Sequence:
+        """Queue one sample (its first attempt)."""
+        return self.engine.add_request(self.request(index, problem, sample))
 
     def record(self, seq: Sequence, status: str | None = None, **extra: Any) -> None:
         """Append the sequence's trace event (status overrides: e.g. 'cached' for a kept partial)."""
@@ -125,6 +120,13 @@ LOOKAHEAD_PRIORITY = 2  # behind every real request (the strategies' priorities 
 LOOKAHEAD = "lookahead"  # the status of a lookahead run's sequence event
 
 
+def ahead_of(request: Request) -> Request:
+    """The lookahead run of `request`: the same prompt, sampling parameters and seed, queued behind every real
+    request. Its id reads as the run ahead of the request's in the trace; what makes it a lookahead run is
+    `Request.lookahead`, not its name."""
+    return replace(request, seq_id=f"lookahead:{request.seq_id}", priority=LOOKAHEAD_PRIORITY, lookahead=True)
+
+
 class BubbleFill:
     """The lookahead runs of one rollout step: started in its bubble, stopped when it ends.
 
@@ -134,19 +136,21 @@ class BubbleFill:
     The prompt stream fixes the next step's prompts in advance (the next `update_batch` positions of the
     stream), and a request's seed depends only on (run, prompt position, sample, attempt), so the request a
     lookahead run precedes is known exactly: same prompt, same sampling parameters, same seed. When the step
-    ends the lookahead runs are stopped; their tokens become those requests' drafts (engine/lookahead.py),
-    verified exactly under the new weights. Nothing a lookahead run generates is a sample: it is never in a
-    group, its sequence event says status "lookahead", and the engine counts its slots and tokens apart.
+    ends the lookahead runs are stopped; their tokens become those requests' drafts
+    (speculation/lookahead.py), verified exactly under the new weights. Nothing a lookahead run generates is
+    a sample: it is never in a group, its sequence event says status "lookahead", and the engine counts its
+    slots and tokens apart.
 
     When to fill, and how much, is a cost question: a lookahead row makes every decode step of the step's own
     samples wider, and its prefill is a forward they wait for. So lookahead starts only where nothing real is
     waiting, a group's worth of samples at a time at least (at most one prefill per group), and only as many
-    rows as the Speculator's cost gate (`Speculator.free_rows`) says cost at most its `margin` more per decode
-    step. A real request that finds no free slot (SortedRL admits lazily) stops lookahead runs to get one.
+    rows as the Speculator's cost gate (`RolloutContext.speculator`, `Speculator.free_rows`) says cost at most
+    its `margin` more per decode step. A real request that finds no free slot (SortedRL admits lazily) stops
+    lookahead runs to get one.
     """
 
     def __init__(self) -> None:
-        self.seqs: dict[str, tuple[int, Sequence]] = {}  # lookahead id -> (prompt position, sequence)
+        self.seqs: dict[str, tuple[int, Sequence]] = {}  # request id -> (prompt position, its lookahead run)
         self._upcoming: tuple[int, list[tuple[int, Request]]] = (-1, [])  # (first position, its requests)
 
     def fill(self, ctx: RolloutContext, waiting: int = 0) -> None:
@@ -172,10 +176,10 @@ class BubbleFill:
         free = capacity - len(running)
         if free <= 0 or engine.waiting:
             return
-        real = sum(not is_lookahead(s.seq_id) for s in running)
-        ahead = len(running) - real
-        speculator = getattr(engine, "speculator", None)
-        n = free if speculator is None else min(free, speculator.free_rows(real, ahead + free) - ahead)
+        ahead = sum(s.lookahead for s in running)
+        real = len(running) - ahead
+        gate = ctx.speculator
+        n = free if gate is None else min(free, gate.free_rows(real, ahead + free) - ahead)
         if n < ctx.group_size:  # at most one prefill per group: a prefill is a forward the samples wait for
             return
         if self._upcoming[0] != first:  # the next prompts' requests, built once per position of the stream
@@ -184,16 +188,9 @@ class BubbleFill:
                 problem = ctx.stream.problem(index)
                 upcoming += [(index, ctx.request(index, problem, k)) for k in range(ctx.group_size)]
             self._upcoming = (first, upcoming)
-        todo = [(i, r) for i, r in self._upcoming[1] if lookahead_id(r.seq_id) not in self.seqs]
+        todo = [(i, r) for i, r in self._upcoming[1] if r.seq_id not in self.seqs]
         for index, r in todo[:n]:
-            seq = engine.add_request(
-                r.prompt_ids,
-                r.params,
-                seq_id=lookahead_id(r.seq_id),
-                priority=LOOKAHEAD_PRIORITY,
-                meta=r.meta,
-            )
-            self.seqs[seq.seq_id] = (index, seq)
+            self.seqs[str(r.seq_id)] = (index, engine.add_request(ahead_of(r)))
 
     def stop(self, ctx: RolloutContext) -> None:
         """The step is over: stop every lookahead run (its tokens become its request's draft) and record

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from reference_trainer.engine.sequence import Sequence
-from reference_trainer.engine.workers import Request, WorkerPool, WorkerReport
+from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.rollout.base import Group, RolloutContext
 from reference_trainer.rollout.placement import LengthHistory, Unit, get_placement, reorder
+from reference_trainer.rollout.workers import WorkerPool, WorkerReport
 from reference_trainer.trace.schema import MIGRATE
 
 

@@ -26,10 +26,9 @@ update fires), so `state_dict` is plain JSON and a resumed run replays the unint
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from reference_trainer.engine.lookahead import is_lookahead
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
 from reference_trainer.rollout.base import BubbleFill, Group, RolloutContext
 
@@ -193,7 +192,7 @@ class SortedRollout:
         while self.unfinished() + ctx.group_size <= cap:
             waiting = [seq for seq, _ in self._waiting()]
             # Lookahead runs hold slots only until real work needs them (BubbleFill.make_room).
-            free = self._capacity(ctx) - sum(not is_lookahead(s.seq_id) for s in ctx.engine.running)
+            free = self._capacity(ctx) - sum(not s.lookahead for s in ctx.engine.running)
             if sum(seq.priority == REQUEUED for seq in waiting) > free:
                 return
             if len(waiting) >= free + margin:
@@ -216,15 +215,12 @@ class SortedRollout:
         return ctx.prompt_ids(prompt.index, ctx.stream.problem(prompt.index))
 
     def _submit(self, ctx: RolloutContext, prompt: PromptState, s: Sample, priority: int) -> None:
-        problem = ctx.stream.problem(prompt.index)
-        resume: dict[str, Any] = {}
+        """Queue the sample, resuming its kept tokens (a partial rollout) where it has any."""
+        request = ctx.request(prompt.index, ctx.stream.problem(prompt.index), s.sample, s.attempt, priority)
         if s.response_ids:
-            resume = {
-                "response_ids": s.response_ids,
-                "logprobs": s.logprobs,
-                "policy_versions": s.policy_versions,
-            }
-        s.seq = ctx.submit(prompt.index, problem, s.sample, attempt=s.attempt, priority=priority, **resume)
+            request = replace(request, response_ids=s.response_ids, logprobs=s.logprobs,
+                              policy_versions=s.policy_versions)  # fmt: skip
+        s.seq = ctx.engine.add_request(request)
         self._inflight[id(s.seq)] = (prompt, s)
 
     def _stop_the_rest(self, ctx: RolloutContext, chosen: list[PromptState]) -> None:
@@ -279,16 +275,15 @@ class SortedRollout:
 
     def _rebuild(self, ctx: RolloutContext, prompt: PromptState, s: Sample) -> Sequence:
         """A finished sample carried over from an earlier step (or a checkpoint) as a Sequence."""
-        problem = ctx.stream.problem(prompt.index)
-        suffix = f"#{s.attempt}" if s.attempt else ""
+        request = ctx.request(prompt.index, ctx.stream.problem(prompt.index), s.sample, s.attempt)
         return Sequence(
-            seq_id=f"{problem.prompt_id}/{s.sample}{suffix}",
-            prompt_ids=ctx.prompt_ids(prompt.index, problem),
+            seq_id=request.seq_id or "",
+            prompt_ids=request.prompt_ids,
             params=ctx.params,
             response_ids=list(s.response_ids),
             logprobs=list(s.logprobs),
             policy_versions=list(s.policy_versions),
-            meta={"prompt_id": problem.prompt_id, "sample": s.sample, "index": prompt.index},
+            meta=request.meta,
             status=SequenceStatus.FINISHED,
             finish_reason=s.finish_reason,
         )

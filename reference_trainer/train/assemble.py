@@ -1,5 +1,5 @@
 """Assemble a training run from its config, in one place: task, tokenizer, policy (and reference) model,
-updater, mode, rollout engine or worker pool (with HistoSpec drafting when the mode speculates), prompt
+updater, mode, rollout engine or worker pool (with a Speculator when the mode drafts), prompt
 stream, strategy and rollout context. The Trainer receives these parts and never reads the config to
 build anything."""
 
@@ -13,14 +13,15 @@ from typing import Any
 import torch
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
-from reference_trainer.engine.factory import build_rollout_engine
 from reference_trainer.engine.protocol import RolloutEngine
+from reference_trainer.mode_options import SPEC
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.embedded import default_model_dir
 from reference_trainer.model.loader import load_model, resolve_device, resolve_threads
 from reference_trainer.model.tokenizer import load_tokenizer
 from reference_trainer.modes import ModeSpec, get_mode, make_mode_strategy
 from reference_trainer.rollout.base import PromptStream, RolloutContext, RolloutStrategy
+from reference_trainer.rollout.engines import RolloutEngineSpec, build_rollout_engine, speculator_of
 from reference_trainer.tasks import Task, get_task
 from reference_trainer.trace.writer import Trace
 from reference_trainer.train.config import TrainConfig
@@ -64,29 +65,25 @@ def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
     task = get_task(config.task, **styled_task_options(config, tokenizer))
     ref_model = copy.deepcopy(policy).eval().requires_grad_(False) if grpo.kl_coef else None
     trace = trace if trace is not None else Trace()
-    engine = build_rollout_engine(
-        config.engine,
-        EngineConfig(
+    spec = RolloutEngineSpec(
+        kind=config.engine,
+        config=EngineConfig(
             max_num_seqs=config.max_num_seqs,
             max_model_len=config.max_model_len,
             max_prefill_tokens=config.max_prefill_tokens,
             device=device,
         ),
-        tokenizer,
-        model=policy,
-        model_dir=model_dir,
-        trace=trace,
-        seed=config.seed,
-        histospec=mode.speculation_options(config.mode_options.get("histospec", {}), config.engine)
+        speculation=mode.speculation_options(config.mode_options.get(SPEC, {}), config.engine)
         if mode.speculative
         else None,
         workers=config.workers,
         worker_backend=config.worker_backend,
         ray_address=config.ray_address,
+        seed=config.seed,
         rollout_copy=True,  # the policy trains in fp32; the engine runs a copy in the inference dtype
     )
+    engine = build_rollout_engine(spec, tokenizer, model=policy, model_dir=model_dir, trace=trace)
     stream = PromptStream(task, config.seed, config.prompt_pool)
-    strategy_options = {k: v for k, v in config.mode_options.items() if k != "histospec"}
     ctx = RolloutContext(
         engine=engine,
         tokenizer=tokenizer,
@@ -97,6 +94,7 @@ def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
             temperature=config.temperature, top_p=config.top_p, max_tokens=config.response_tokens
         ),
         seed=config.seed,
+        speculator=speculator_of(engine),
     )
     return RunParts(
         model_dir=model_dir,
@@ -108,6 +106,6 @@ def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
         trace=trace,
         engine=engine,
         stream=stream,
-        strategy=make_mode_strategy(mode, config.workers, strategy_options),
+        strategy=make_mode_strategy(mode, config.workers, config.mode_options),
         ctx=ctx,
     )

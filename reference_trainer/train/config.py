@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from reference_trainer.engine.factory import check_engine_kind, check_worker_backend
 from reference_trainer.errors import (
     MAX_COEFFICIENT,
     MAX_SEED,
@@ -27,6 +26,7 @@ from reference_trainer.errors import (
     check_top_p,
 )
 from reference_trainer.modes import get_mode
+from reference_trainer.rollout.engines import check_engine_kind, check_worker_backend
 from reference_trainer.tasks import TASKS, get_task, response_budget
 from reference_trainer.trace.records import read_json
 
@@ -99,7 +99,7 @@ class TrainConfig:
     model: str | None = None  # a model directory; None = the embedded default model
     device: str = "cpu"
     threads: int | None = None  # torch CPU threads; None: every usable core but one (model/loader.py)
-    engine: str = "reference"  # rollout engine: "reference" or "vllm" (engine/factory.py decides)
+    engine: str = "reference"  # rollout engine: "reference" or "vllm" (rollout/engines.py decides)
     prompts_per_step: int = 16  # complete groups per update
     group_size: int = 8
     max_tokens: int | None = None  # None: the task's response budget (tasks: max_response_tokens)
@@ -118,7 +118,7 @@ class TrainConfig:
     eval_problems: int = 128  # the held-out set's size
     eval_samples: int = 4  # draws per held-out problem for val/heldout_pass1
     heldout_seed: int = HELD_OUT_SEED  # the held-out set's problem seed; never the training seed
-    workers: int = 1  # rollout engine replicas; > 1 runs them as Ray actors (engine/workers.py)
+    workers: int = 1  # rollout engine replicas; > 1 runs them as Ray actors (rollout/workers.py)
     worker_backend: str = "ray"  # "ray", or "local": in-process, one after another (tests, debugging)
     ray_address: str | None = None  # an existing Ray cluster; None = start a local one
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(lr=1e-4, micro_batch_size=32))

@@ -35,10 +35,10 @@ def generate_command(
     import torch
 
     from reference_trainer.engine.config import EngineConfig, SamplingParams
-    from reference_trainer.engine.factory import build_rollout_engine
     from reference_trainer.errors import MAX_SEED, MAX_THREADS, UserError, check_integer
     from reference_trainer.model.loader import resolve_threads
     from reference_trainer.model.prompting import encode_prompt
+    from reference_trainer.rollout.engines import RolloutEngineSpec, build_rollout_engine
     from rlbench.models import load_model_and_tokenizer
 
     check_integer("--samples", samples, low=1, high=MAX_SAMPLES)
@@ -59,7 +59,7 @@ def generate_command(
     if max(map(len, ids)) + max_tokens > limit:
         raise UserError(f"prompt + --max-tokens exceeds the model's context of {limit} tokens")
     config = EngineConfig(max_num_seqs=min(64, len(ids)), max_model_len=limit, device=device)
-    engine = build_rollout_engine("reference", config, tokenizer, model=lm)
+    engine = build_rollout_engine(RolloutEngineSpec(config=config), tokenizer, model=lm)
     for i, seq in enumerate(engine.generate(ids, params)):
         header = f"--- prompt {i // samples}" + (f", sample {i % samples}" if samples > 1 else "")
         typer.echo(f"{header} ({len(seq.response_ids)} tokens, {seq.finish_reason})")

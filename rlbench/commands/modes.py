@@ -13,8 +13,9 @@ WIDTH = 110
 
 def registry_doc() -> dict[str, Any]:
     """The registry as JSON: every mode, and every option with the modes that take it."""
-    from reference_trainer.mode_options import VLLM_HISTOSPEC_OPTIONS, Option
     from reference_trainer.modes import MODES, STRATEGY_TABLE
+    from reference_trainer.option import Option
+    from reference_trainer.speculation.drafters import VLLM_SPEC_OPTIONS
 
     def option(o: Option) -> dict[str, Any]:
         return {
@@ -39,9 +40,7 @@ def registry_doc() -> dict[str, Any]:
             "multi_worker": m.placement is not None,
             "tis_cap": m.tis_cap,
             "options": {name: option(o) for name, o in m.options().items()},
-            "vllm_histospec_options": {o.name: option(o) for o in VLLM_HISTOSPEC_OPTIONS}
-            if m.speculative
-            else None,
+            "vllm_spec_options": {o.name: option(o) for o in VLLM_SPEC_OPTIONS} if m.speculative else None,
             "simulator_note": m.simulator_note,
         }
     return {"modes": modes}
@@ -55,15 +54,16 @@ def _wrap(label: str, text: str) -> list[str]:
 
 
 def render_table() -> str:
-    from reference_trainer.mode_options import DRAFTERS
+    from reference_trainer.mode_options import SPEC
     from reference_trainer.modes import MODES, STRATEGY_TABLE
+    from reference_trainer.speculation.drafters import DRAFTERS
 
     cols = ("MODE", "STRATEGY", "SPECULATION", "PLACEMENT (W>1)", "OFF-POLICY CORRECTION")
     rows = [
         (
             m.name,
             STRATEGY_TABLE[m.strategy].title,
-            (DRAFTERS[m.speculation] if m.speculation else "none")
+            (DRAFTERS[m.speculation].title if m.speculation else "none")
             + (" + lookahead" if m.lookahead and m.speculation != "lookahead" else ""),
             m.placement or "one engine only",
             f"TIS, cap {m.tis_cap:g}" if m.tis_cap is not None else "none",
@@ -75,10 +75,10 @@ def render_table() -> str:
     out = [line(cols)]
     for m, row in zip(MODES.values(), rows, strict=True):
         opts = m.options()
-        plain = [o for o in opts.values() if not o.name.startswith("histospec.")]
+        plain = [o for o in opts.values() if not o.name.startswith(f"{SPEC}.")]
         shown = [f"{o.name}={o.shown_default()}{' (W>1)' * o.multi_worker}" for o in plain]
         if m.speculative:
-            shown.append(f"histospec.* ({len(opts) - len(plain)} keys, below)")
+            shown.append(f"{SPEC}.* ({len(opts) - len(plain)} keys, below)")
         out += ["", line(row)]
         out += _wrap("what", m.description)
         out += _wrap("options", ", ".join(shown) or "none")
@@ -88,25 +88,27 @@ def render_table() -> str:
 
 def render_options() -> str:
     """Every option once: type, default, the modes that take it, and whether the simulator models it."""
-    from reference_trainer.mode_options import VLLM_HISTOSPEC_OPTIONS
     from reference_trainer.modes import MODES
+    from reference_trainer.speculation.drafters import VLLM_SPEC_OPTIONS
 
     takers: dict[str, list[str]] = {}
     options = {}
+    defaults: dict[str, set[str]] = {}  # one option's defaults across modes: several are shown "per mode"
     for m in MODES.values():
         for name, o in m.options().items():
             takers.setdefault(name, []).append(m.name)
             options.setdefault(name, o)
+            defaults.setdefault(name, set()).add(o.shown_default())
     out = ["OPTIONS (--mode-option KEY=VALUE on train, profile, compare and simulate)"]
     for name, o in options.items():
         low = f" >= {o.minimum:g}" if o.minimum is not None else ""
         kind = o.type + ("|null" if o.nullable else "") + low
-        default = "per mode" if name in ("placement", "histospec.drafter") else o.shown_default()
+        default = "per mode" if len(defaults[name]) > 1 else o.shown_default()
         sim = "simulated" if o.simulated else "trainer only"
         out += ["", f"{name}  [{kind}; default {default}; {sim}; modes: {', '.join(takers[name])}]"]
         out += _wrap("", o.help + (f" (choices: {', '.join(o.choices)})" if o.choices else ""))
-    vllm = ", ".join(f"{o.name}={o.shown_default()}" for o in VLLM_HISTOSPEC_OPTIONS)
-    vllm_line = f"With --engine vllm the histospec keys are instead: {vllm}."
+    vllm = ", ".join(f"{o.name}={o.shown_default()}" for o in VLLM_SPEC_OPTIONS)
+    vllm_line = f"With --engine vllm the spec keys are instead: {vllm}."
     out += ["", *textwrap.wrap(vllm_line, WIDTH, break_on_hyphens=False)]
     return "\n".join(line.replace("  : ", "    ", 1) if line.startswith("  : ") else line for line in out)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from reference_trainer.engine.config import EngineConfig
-from reference_trainer.engine.factory import build_rollout_engine, check_engine_kind
 from reference_trainer.errors import UserError
 from reference_trainer.model.tokenizer import load_tokenizer
+from reference_trainer.rollout.engines import RolloutEngineSpec, build_rollout_engine, check_engine_kind
 from rlbench.models import load_model_and_tokenizer
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class ReferenceBackend:
         needed = min(limit, -(-needed // 256) * 256)  # round up so a few longer prompts don't rebuild it
         if self._engine is None or needed > self._engine_len:
             cfg = EngineConfig(max_num_seqs=self._max_num_seqs, max_model_len=needed, device=self.device)
-            self._engine = build_rollout_engine("reference", cfg, self.tokenizer, model=self._lm)
+            self._engine = build_rollout_engine(RolloutEngineSpec(config=cfg), self.tokenizer, model=self._lm)
             self._engine_len = needed
         return self._engine
 
@@ -133,7 +133,8 @@ class VLLMBackend:
         cfg = EngineConfig(
             max_num_seqs=max_num_seqs, max_model_len=self._max_len, device=resolve_device(device)
         )
-        self._engine: Any = build_rollout_engine("vllm", cfg, self.tokenizer, model_dir=model_dir, seed=seed)
+        spec = RolloutEngineSpec("vllm", cfg, seed=seed)
+        self._engine: Any = build_rollout_engine(spec, self.tokenizer, model_dir=model_dir)
         self.truncated_prompts = 0
         self.last_truncated: list[bool] = []
 

@@ -2,7 +2,7 @@
 
 rhymerl-length-stability: per-prompt mean response length keeps its rank from one epoch to the next.
 rhymerl-reuse: most tokens of epoch e+1's responses could be drafted from the same prompt's epoch-e
-responses, token by token, by the project's HistoSpec drafter (rollout/histospec.py `HistoryDrafter`).
+responses, token by token, by the project's HistoSpec drafter (speculation/histospec.py `HistoryDrafter`).
 Both read one baseline run (`run_history`): lengths from its trace; the trace has no token ids, so the run
 wraps the rollout strategy to keep each trained sample's response ids in `responses.jsonl`.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.engine.config import SamplingParams
-from reference_trainer.engine.histospec import HistoryDrafter
 from reference_trainer.engine.sequence import Sequence as EngineSequence
+from reference_trainer.speculation.histospec import HistoryDrafter
 from reference_trainer.trace.records import extend_jsonl, read_json, read_jsonl, write_json
 from reference_trainer.trace.schema import read_trace
 from reference_trainer.train.config import TrainConfig

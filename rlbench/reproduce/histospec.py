@@ -36,7 +36,7 @@ class Workload:
     max_tokens: int = 200
     temperature: float = 1.0
     task_options: tuple[tuple[str, Any], ...] = ()  # over the task's defaults
-    histospec: tuple[tuple[str, Any], ...] = ()  # HistoSpec options (modes.py HISTOSPEC_OPTIONS)
+    spec: tuple[tuple[str, Any], ...] = ()  # speculation options, `spec.*` without the prefix (drafters.py)
     lr: float | None = None  # None: the trainer's default (the embedded model's); pretrained ones want less
     seed: int = 0
     seeds: int = 3  # seed, seed + 1, ...: the speed-up is a mean over them, with its sd
@@ -73,7 +73,7 @@ def mode_configs(
     w: Workload, model: str, device: str, modes: tuple[str, ...] = ("baseline", "rhyme")
 ) -> dict[str, TrainConfig]:
     """The runs, alike in everything but the mode: by default plain decoding (`baseline`) and HistoSpec
-    (`rhyme`). `w.histospec` holds the speculation options of every speculative mode among `modes`."""
+    (`rhyme`). `w.spec` holds the speculation options of every speculative mode among `modes`."""
 
     def run_config(mode: str) -> TrainConfig:
         config = TrainConfig(
@@ -93,7 +93,7 @@ def mode_configs(
             eval_every=0,
             checkpoint_every=10**9,
             device=device,
-            mode_options={"histospec": dict(w.histospec)} if mode != "baseline" and w.histospec else {},
+            mode_options={"spec": dict(w.spec)} if mode != "baseline" and w.spec else {},
         )
         if w.lr is not None:
             config.grpo.lr = w.lr

@@ -3,8 +3,8 @@
 Three trainers start from the same weights on the same prompt stream (fresh prompts every step: nothing is
 revisited) with the same seeds and take their steps in turn in one process (`rlbench.training.run_modes`), so
 a drift in the machine's load hits all of them alike: `baseline`, `lookahead` as shipped (its cost gate lets
-lookahead rows in only where they cost at most `histospec.margin` more per decode step) and `lookahead` with
-the gate taken away (`histospec.margin=100`: every lookahead row admitted, every draft verified), the second
+lookahead rows in only where they cost at most `spec.margin` more per decode step) and `lookahead` with
+the gate taken away (`spec.margin=100`: every lookahead row admitted, every draft verified), the second
 showing what the mechanism does here whatever it costs. Engine capacity = one update's samples, so the
 baseline leaves its slots idle while a step's longest samples finish: the bubble lookahead fills.
 
@@ -43,7 +43,7 @@ class Workload:
     prompts_per_step: int = 16
     group_size: int = 8  # slots = prompts_per_step x group_size: one update's samples
     max_tokens: int | None = None  # None: the task's response budget
-    ungated_margin: float = 100.0  # histospec.margin of the ungated run: any cost admitted
+    ungated_margin: float = 100.0  # spec.margin of the ungated run: any cost admitted
     seed: int = 0
     seeds: int = 3  # seed, seed + 1, ...: the speed-up is a mean over them, with its sd
 
@@ -62,7 +62,7 @@ def run_configs(w: Workload, model: str | None, device: str) -> dict[str, TrainC
         eval_every=0, checkpoint_every=10**9, model=model, device=device,
     )  # fmt: skip
     configs = build_configs(["baseline", GATED], **common)
-    configs[UNGATED] = build_configs([GATED], mode_option=[f"histospec.margin={w.ungated_margin:g}"],
+    configs[UNGATED] = build_configs([GATED], mode_option=[f"spec.margin={w.ungated_margin:g}"],
                                      **common)[GATED]  # fmt: skip
     return configs
 
@@ -326,7 +326,7 @@ def speedup(ctx: Context, w: Workload | None = None, setting_note: str = CPU_NOT
         notes=[
             gate_note,
             setting_note,
-            "Gate removed: the same lookahead mode with --mode-option histospec.margin=100, so every "
+            "Gate removed: the same lookahead mode with --mode-option spec.margin=100, so every "
             "idle slot runs lookahead and every draft is verified whatever it costs. It is not what the mode "
             "ships with; it is here to show the mechanism itself (fill, acceptance, coverage) on this "
             "device. The verdict reads the shipped, gated run.",

@@ -1,6 +1,6 @@
 """HistoSpec is lossless: sampling with history drafts leaves the output distribution unchanged.
 
-So is SuffixDecoding (engine/suffix.py) under the same verifier: where arctic-inference is installed, the
+So is SuffixDecoding (speculation/suffix.py) under the same verifier: where arctic-inference is installed, the
 exact rule and the min(1, 2p) rule run again with its drafts (the `+suffix` rows).
 
 The same prompts (arith, embedded model by default) are sampled many times through the reference engine,
@@ -22,11 +22,12 @@ from typing import Any
 import torch
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
-from reference_trainer.engine.histospec import attach_histospec
-from reference_trainer.engine.speculative import AcceptRule, CostModel, coupled_accept
-from reference_trainer.engine.suffix import suffix_available
+from reference_trainer.engine.sampler import AcceptRule, coupled_accept
 from reference_trainer.model.prompting import encode_prompt
 from reference_trainer.model.tokenizer import load_tokenizer
+from reference_trainer.speculation.cost import CostModel
+from reference_trainer.speculation.drafters import attach
+from reference_trainer.speculation.suffix import suffix_available
 from reference_trainer.tasks import get_task
 from rlbench.models import resolve_model
 from rlbench.report.figures import PALETTE, _fig, note
@@ -125,10 +126,10 @@ def sample_responses(
     max_len = max(len(p) for p in prompts) + max_tokens + 1
     engine = Engine(model, EngineConfig(max_num_seqs=capacity, max_model_len=max_len), eos_token_ids=eos_ids)
     if rule is not None:
-        spec = attach_histospec(engine, drafter, cost_model=FREE_VERIFY, accept_rule=rule)
+        spec = attach(engine, {"drafter": drafter, "cost_model": FREE_VERIFY}, accept_rule=rule)
         for prompt, responses in zip(prompts, history, strict=False):  # no history: none
             for response in responses:
-                spec.drafter.add_response(list(prompt), list(response))
+                spec.add_history(list(prompt), list(response), 0)
     params = [
         SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=first_seed + i * n + j)
         for i in range(len(prompts))
@@ -166,7 +167,7 @@ RULES = {
     "generous": "accept min(1, 2p(d))",
     "no-residual": "no residual (d kept on rejection)",
 }
-# The same verifier under SuffixDecoding's drafts (engine/suffix.py): the exact rule, a wrong one for power.
+# The same verifier under SuffixDecoding's drafts (speculation/suffix.py): the exact rule, and a wrong one.
 SUFFIX_RULES = {
     "exact+suffix": "SuffixDecoding (exact rule)",
     "generous+suffix": "SuffixDecoding, accept min(1, 2p(d))",
@@ -307,7 +308,7 @@ def lossless(ctx: Context) -> Outcome:
             "A p-value >= 0.01 means no difference was detected, not a proof of equality; at a fixed seed "
             "an exact rule still fails the 0.01 threshold for 1 seed in 100. The wrong rules show the test "
             "has power on this workload.",
-            "The engine realises the exact rule as a coupling with plain sampling (engine/speculative.py), "
+            "The engine realises the exact rule as a coupling with plain sampling (`Engine.verify`), "
             f"so the same seeds give the same responses with drafts: {identical:.1%} identical here. That "
             "is stronger than the distributional claim; the test compares independent seeds.",
             "The wrong rules are injected through Speculator(accept_rule=...) in this reproduction only; "

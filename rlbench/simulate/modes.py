@@ -49,7 +49,7 @@ def _lookup(name: str) -> ModeSpec:
 
 
 def sim_mode(name: str, options: dict[str, Any] | None = None, label: str | None = None) -> SimMode:
-    """Mode `name` with `options` (flat or nested histospec keys) as a simulator policy."""
+    """Mode `name` with `options` (flat, or speculation keys nested under "spec") as a simulator policy."""
     mode = _lookup(name)
     try:
         given = mode.check_options(options or {})
@@ -75,7 +75,7 @@ def sim_mode(name: str, options: dict[str, Any] | None = None, label: str | None
         order=order,
         migrate=placement == "histopipe" if migrate is None else bool(migrate),
         spec=mode.speculative,
-        max_draft=int(opts.get("histospec.max_draft", 8)),
+        max_draft=int(opts.get("spec.max_draft", 8)),
         oversub=float(opts["oversubscription"]) if sortedrl else 1.0,
         partial=mode.strategy == "sorted-partial",
         max_staleness=int(opts.get("max_staleness", 1)),
@@ -83,7 +83,7 @@ def sim_mode(name: str, options: dict[str, Any] | None = None, label: str | None
 
 
 def parse_entry(entry: str) -> tuple[str, dict[str, Any]]:
-    """ "rhyme:placement=round-robin:histospec.max_draft=4" -> ("rhyme", flat options)."""
+    """ "rhyme:placement=round-robin:spec.max_draft=4" -> ("rhyme", flat options)."""
 
     name, *pairs = (part.strip() for part in entry.split(":"))
     return name, flatten_options(parse_option_pairs(pairs))

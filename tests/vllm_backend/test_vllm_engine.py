@@ -23,13 +23,13 @@ from vllm_checkpoint import write_tiny_char_llama, write_tiny_llama  # noqa: E40
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams  # noqa: E402
 from reference_trainer.engine.engine import Engine
-from reference_trainer.engine.factory import build_rollout_engine  # noqa: E402
 from reference_trainer.engine.protocol import RequestEngine, RolloutEngine  # noqa: E402
-from reference_trainer.engine.sequence import SequenceStatus  # noqa: E402
+from reference_trainer.engine.sequence import Request, SequenceStatus  # noqa: E402
 from reference_trainer.engine.vllm_engine import VLLMEngine  # noqa: E402
 from reference_trainer.errors import UserError  # noqa: E402
 from reference_trainer.model.loader import load_model  # noqa: E402
 from reference_trainer.model.tokenizer import load_tokenizer  # noqa: E402
+from reference_trainer.rollout.engines import RolloutEngineSpec, build_rollout_engine  # noqa: E402
 from reference_trainer.trace.writer import Trace  # noqa: E402
 
 CFG = EngineConfig(max_num_seqs=8, max_model_len=256, max_prefill_tokens=512)
@@ -94,7 +94,7 @@ def test_greedy_matches_reference_engine(engine: VLLMEngine, model_dir: Path) ->
 
 def test_abort_keeps_tokens_and_resume_continues(engine: VLLMEngine) -> None:
     full = engine.generate([PROMPTS[1]], greedy(20))[0].response_ids
-    seq = engine.add_request(PROMPTS[1], greedy(20), seq_id="partial")
+    seq = engine.add_request(Request(PROMPTS[1], greedy(20), seq_id="partial"))
     while len(seq.response_ids) < 6:
         engine.step()
     engine.abort(seq)
@@ -103,11 +103,13 @@ def test_abort_keeps_tokens_and_resume_continues(engine: VLLMEngine) -> None:
     kept = list(seq.response_ids)
     assert 6 <= len(kept) < 20 and kept == full[: len(kept)]
     resumed = engine.add_request(
-        PROMPTS[1],
-        greedy(20),
-        response_ids=kept,
-        logprobs=seq.logprobs,
-        policy_versions=seq.policy_versions,
+        Request(
+            PROMPTS[1],
+            greedy(20),
+            response_ids=kept,
+            logprobs=seq.logprobs,
+            policy_versions=seq.policy_versions,
+        )
     )
     while engine.has_unfinished():
         engine.step()
@@ -116,11 +118,11 @@ def test_abort_keeps_tokens_and_resume_continues(engine: VLLMEngine) -> None:
 
 
 def test_priority_admits_lower_value_first(engine: VLLMEngine) -> None:
-    long = [engine.add_request(PROMPTS[0], greedy(40), priority=1) for _ in range(CFG.max_num_seqs)]
+    long = [engine.add_request(Request(PROMPTS[0], greedy(40), priority=1)) for _ in range(CFG.max_num_seqs)]
     engine.step()
     assert len(engine.running) == CFG.max_num_seqs
-    late = [engine.add_request(PROMPTS[2], greedy(4), priority=1) for _ in range(2)]
-    urgent = [engine.add_request(PROMPTS[2], greedy(4), priority=0) for _ in range(2)]
+    late = [engine.add_request(Request(PROMPTS[2], greedy(4), priority=1)) for _ in range(2)]
+    urgent = [engine.add_request(Request(PROMPTS[2], greedy(4), priority=0)) for _ in range(2)]
     assert engine.waiting == urgent + late  # admission order: priority, then arrival
     for seq in long[:2]:
         engine.abort(seq)
@@ -137,7 +139,7 @@ def test_update_weights_changes_outputs_in_place(engine: VLLMEngine, model_dir: 
 
     original = load_file(str(model_dir / "model.safetensors"))
     before = [s.response_ids for s in engine.generate(PROMPTS, greedy(16))]
-    in_flight = engine.add_request(PROMPTS[0], greedy(30))
+    in_flight = engine.add_request(Request(PROMPTS[0], greedy(30)))
     for _ in range(5):
         engine.step()
     generator = torch.Generator().manual_seed(1)
@@ -260,9 +262,11 @@ def test_eval_backend_generates(model_dir: Path) -> None:
 def test_engine_satisfies_the_protocols(engine: VLLMEngine, model_dir: Path) -> None:
     assert isinstance(engine, RequestEngine) and isinstance(engine, RolloutEngine)
     with pytest.raises(UserError, match="unknown engine"):
-        build_rollout_engine("tgi", CFG, load_tokenizer(model_dir), model_dir=model_dir)
+        build_rollout_engine(RolloutEngineSpec("tgi", CFG), load_tokenizer(model_dir), model_dir=model_dir)
     with pytest.raises(UserError, match="--workers needs --engine reference"):
-        build_rollout_engine("vllm", CFG, load_tokenizer(model_dir), model_dir=model_dir, workers=2)
+        build_rollout_engine(
+            RolloutEngineSpec("vllm", CFG, workers=2), load_tokenizer(model_dir), model_dir=model_dir
+        )
 
 
 def test_training_steps_on_vllm(tmp_path: Path, toy_task: str) -> None:

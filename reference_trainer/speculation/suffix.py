@@ -8,7 +8,7 @@ higher, as long as each token's estimate stays >= `suffix_min_prob` and the draf
 (histospec.py), it drafts in the first epoch and on prompts never seen before, from other prompts'
 responses and from the prompt itself. The trees are the `arctic-inference` package's (its C++
 `SuffixDecodingCache`: `pip install 'rlbench[suffix]'`); the engine verifies the drafts exactly, as it
-does HistoSpec's (speculative.py), so only speed changes.
+does HistoSpec's (`Engine.verify`), so only speed changes.
 
 Memory is bounded by `suffix_max_cached` responses in the global tree (FIFO), each at most
 `suffix_max_depth` tokens deep.
@@ -37,7 +37,7 @@ def suffix_available() -> bool:
 
 
 class SuffixDrafter:
-    """The Drafter (speculative.py) over Arctic Inference's SuffixDecodingCache.
+    """The Drafter (protocol.py) over Arctic Inference's SuffixDecodingCache.
 
     Each sequence the engine drafts for is a request of the cache, under an id of its own (a Sequence
     object would be kept alive by the cache until its response is evicted). Its new tokens go into the

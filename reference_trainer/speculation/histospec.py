@@ -4,7 +4,7 @@ Responses to a prompt repeat from one epoch to the next, so the responses alread
 (in earlier epochs, and siblings of the same group finished earlier in this step) predict the one being
 generated. Per prompt, a suffix automaton over its most recent responses finds the longest suffix of the
 response so far that occurred before and proposes its most frequent continuation as a draft; the engine
-verifies the draft exactly (engine/speculative.py).
+verifies the draft exactly (`Engine.verify`).
 
 Memory is bounded: at most `max_prompts` prompts (LRU) x `max_responses` responses (+ slack, see
 `PromptHistory.add`) from the last `max_epochs` policy versions.
@@ -12,14 +12,11 @@ Memory is bounded: at most `max_prompts` prompts (LRU) x `max_responses` respons
 
 from __future__ import annotations
 
-import inspect
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from reference_trainer.engine.lookahead import LookaheadDrafter
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
-from reference_trainer.engine.suffix import SuffixDrafter
 
 
 class SuffixAutomaton:
@@ -252,43 +249,3 @@ class HistoryDrafter:
             "responses": sum(len(h.responses) for h in self.prompts.values()),
             "states": sum(h.sam.num_states for h in self.prompts.values()),
         }
-
-
-def attach_histospec(engine: Any, drafter: str = "histospec", lookahead: bool = False, **options: Any) -> Any:
-    """Attach speculative drafting and cost-aware exact verification to an engine; returns the Speculator.
-
-    `drafter` "histospec" (this module's HistoryDrafter), "suffix" (SuffixDecoding, engine/suffix.py) or
-    "lookahead" (drafts from lookahead runs only, engine/lookahead.py). `lookahead` puts lookahead drafts in
-    front of HistoSpec's or SuffixDecoding's (the LookaheadDrafter falls back to them). Options: the
-    drafters' constructor arguments (HistoryDrafter: max_prompts, max_responses, max_epochs, min_draft,
-    max_draft, init_draft, min_match, rematch_window, min_confidence; SuffixDrafter: max_draft, suffix_*;
-    LookaheadDrafter: max_draft) and the Speculator's (margin, prior_acceptance, cost_batches, cost_qs,
-    cost_repeats, cost_model, accept_rule)."""
-    from reference_trainer.engine.speculative import Speculator
-
-    classes: dict[str, type | None] = {
-        "histospec": HistoryDrafter,
-        "suffix": SuffixDrafter,
-        "lookahead": None,
-    }
-    if drafter not in classes:
-        raise ValueError(f"unknown drafter {drafter!r}; valid: {', '.join(classes)}")
-    cls = classes[drafter]
-    lookahead = lookahead or cls is None
-    own = _parameters(cls) | (_parameters(LookaheadDrafter) - {"fallback"} if lookahead else set())
-    shared = _parameters(Speculator) - {"drafter"}
-    if unknown := sorted(set(options) - own - shared):
-        raise ValueError(f"drafter {drafter!r} takes no option {', '.join(unknown)}")
-    base = cls(**{k: v for k, v in options.items() if k in _parameters(cls)}) if cls is not None else None
-    chosen = base
-    if lookahead:
-        mine = _parameters(LookaheadDrafter) - {"fallback"}
-        chosen = LookaheadDrafter(base, **{k: v for k, v in options.items() if k in mine})
-    spec = Speculator(chosen, **{k: v for k, v in options.items() if k not in own})
-    spec.attach(engine)
-    return spec
-
-
-def _parameters(cls: type | None) -> set[str]:
-    """A class's constructor arguments (none for no class)."""
-    return set(inspect.signature(cls.__init__).parameters) - {"self"} if cls is not None else set()

@@ -15,29 +15,18 @@ import secrets
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.config import EngineConfig
 from reference_trainer.engine.engine import Engine
-from reference_trainer.engine.histospec import attach_histospec
 from reference_trainer.engine.protocol import RolloutEngine
-from reference_trainer.engine.sequence import Sequence
+from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.config import ModelConfig
+from reference_trainer.speculation.drafters import attach
 from reference_trainer.trace.writer import Trace
-
-
-@dataclass
-class Request:
-    """Everything needed to (re)submit one request to any worker."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    seq_id: str
-    priority: int = 0
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -53,14 +42,14 @@ class WorkerReport:
 
 @dataclass
 class WorkerSpec:
-    """How to build each worker's engine: the model's architecture and weights, engine settings, and
-    HistoSpec options when the mode drafts (None otherwise)."""
+    """How to build each worker's engine: the model's architecture and weights, engine settings, and the
+    mode's speculation options when it drafts (None otherwise)."""
 
     model_config: ModelConfig
     engine_config: EngineConfig
     eos_token_ids: list[int]
     tokenizer: Any = None
-    histospec: dict[str, Any] | None = None
+    speculation: dict[str, Any] | None = None
     threads: int = 1
 
 
@@ -80,15 +69,13 @@ class RolloutWorker:
         self.trace = Trace(worker=worker, t0=t0)
         self.engine = Engine(model, spec.engine_config, spec.eos_token_ids, spec.tokenizer, self.trace)
         self.engine.policy_version = version
-        if spec.histospec is not None:
-            attach_histospec(self.engine, **spec.histospec)
+        self.speculator = attach(self.engine, spec.speculation) if spec.speculation is not None else None
         self._queued: dict[str, Sequence] = {}
 
     def submit(self, requests: list[Request]) -> None:
         for r in requests:
-            self._queued[r.seq_id] = self.engine.add_request(
-                r.prompt_ids, r.params, seq_id=r.seq_id, priority=r.priority, meta=r.meta
-            )
+            seq = self.engine.add_request(r)
+            self._queued[seq.seq_id] = seq
 
     def advance(self, step: int, budget_s: float, max_steps: int | None = None) -> WorkerReport:
         """Engine steps until `budget_s` has passed, `max_steps` were taken, or nothing is left."""
@@ -117,14 +104,14 @@ class RolloutWorker:
                 continue
             self.engine.abort(seq)
             del self._queued[seq_id]
-            taken.append(Request(seq.prompt_ids, seq.params, seq.seq_id, seq.priority, seq.meta))
+            taken.append(seq.request())
         return taken
 
     def add_history(self, responses: list[tuple[list[int], list[int]]], epoch: int) -> None:
-        """Responses other workers generated, as HistoSpec drafts for prompts that move between workers."""
-        if self.engine.speculator is not None:
+        """Responses other workers generated, as drafts for prompts that move between workers."""
+        if self.speculator is not None:
             for prompt_ids, response_ids in responses:
-                self.engine.speculator.drafter.add_response(prompt_ids, response_ids, epoch)
+                self.speculator.add_history(prompt_ids, response_ids, epoch)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self.engine.update_weights(state_dict, version=version)
@@ -139,7 +126,7 @@ class WorkerPool(RolloutEngine, Protocol):
 
     size: int
     capacity: int  # slots per worker
-    drafts: bool  # workers run HistoSpec: finished responses are shared as history
+    drafts: bool  # workers draft (a Speculator each): finished responses are shared as history
     trace: Trace  # the driver's trace: phases, sequences, and every worker's engine events
 
     def submit(self, worker: int, requests: list[Request]) -> None: ...
@@ -173,7 +160,7 @@ class LocalWorkerPool:
         slice_steps: int = 4,
     ) -> None:
         self.size, self.capacity, self.trace = workers, spec.engine_config.max_num_seqs, trace
-        self.drafts = spec.histospec is not None
+        self.drafts = spec.speculation is not None
         self.slice_steps = slice_steps
         self.policy_version = 0
         self.workers = [RolloutWorker(spec, state_dict, w, trace.t0, 0) for w in range(workers)]
@@ -257,7 +244,7 @@ class RayWorkerPool:
             budget_s,
         )
         self.policy_version, self.device = 0, spec.engine_config.device
-        self.drafts = spec.histospec is not None
+        self.drafts = spec.speculation is not None
         gpu = self.device.startswith("cuda")
         actor = ray.remote(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0)(RolloutWorker)
         weights = ray.put(_inference_state(state_dict, spec.engine_config.device))

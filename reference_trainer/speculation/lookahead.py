@@ -1,10 +1,10 @@
 """Lookahead drafts (BubbleSpec, SRT): a request's own continuation, generated in the previous step's bubble.
 
-While a step's last samples finish, the rollout strategy (rollout/lookahead.py) starts the next step's
-requests in the idle slots under the current weights: a *lookahead request*, named `lookahead_id(seq_id)`,
-with the sampling parameters and seed of the request it runs ahead of. When the step ends it is stopped, and
-its tokens so far become that request's draft here. After the update the request itself runs under the new
-weights and the Speculator verifies the draft exactly (speculative.py). The verifier draws at each position
+While a step's last samples finish, the rollout strategy (rollout/base.py BubbleFill) starts the next step's
+requests in the idle slots under the current weights: a *lookahead request* (`Request.lookahead`), with the
+sampling parameters and seed of the request it runs ahead of. When the step ends it is stopped, and its
+tokens so far become that request's draft here. After the update the request itself runs under the new
+weights and the engine verifies the draft exactly (`Engine.verify`). The verifier draws at each position
 the token plain decoding would draw, keyed by the request's seed and the position, so a draft made from the
 same seed under nearby weights is the token plain decoding draws wherever the policy moved little: that
 is where the acceptance comes from. The first rejection ends the draft (the rest follows a token that was
@@ -22,17 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference_trainer.engine.sequence import Sequence
-
-LOOKAHEAD_PREFIX = "lookahead:"  # a lookahead request's id: this prefix and the id of the request it precedes
-
-
-def lookahead_id(seq_id: str) -> str:
-    return LOOKAHEAD_PREFIX + seq_id
-
-
-def is_lookahead(seq_id: str) -> bool:
-    return seq_id.startswith(LOOKAHEAD_PREFIX)
-
+from reference_trainer.speculation.protocol import Drafter
 
 DraftKey = tuple[tuple[int, ...], int | None]  # (prompt, seed): the request a draft continues
 
@@ -51,12 +41,11 @@ class _Match:
 
 
 class LookaheadDrafter:
-    """The Drafter (speculative.py) over lookahead runs: per (prompt, seed), the tokens a lookahead request
-    generated; else `fallback`'s drafts. Memory: at most `max_entries` drafts, the oldest dropped first; a
-    draft goes once its request is done."""
+    """The Drafter over lookahead runs: per (prompt, seed), the tokens a lookahead request generated; else
+    `fallback`'s drafts. Memory: at most `max_entries` drafts, the oldest dropped first; a draft goes once
+    its request is done."""
 
-    def __init__(self, fallback: Any = None, max_draft: int = 8, max_entries: int = 4096) -> None:
-        # fallback: a Drafter (speculative.py imports this module, so the protocol is not named here)
+    def __init__(self, fallback: Drafter | None = None, max_draft: int = 8, max_entries: int = 4096) -> None:
         self.fallback, self.max_draft, self.max_entries = fallback, max_draft, max_entries
         self.drafts: OrderedDict[DraftKey, list[int]] = OrderedDict()
         self._matches: dict[Sequence, _Match] = {}
@@ -80,7 +69,7 @@ class LookaheadDrafter:
     def on_done(self, seq: Sequence, epoch: int) -> None:
         """A lookahead request's tokens (finished or stopped) become its request's draft; a request's done
         drops its draft and tells the fallback."""
-        if is_lookahead(seq.seq_id):
+        if seq.lookahead:
             if seq.response_ids:
                 self._store(draft_key(seq.prompt_ids, seq.params.seed), seq.response_ids)
             return
@@ -109,7 +98,7 @@ class LookaheadDrafter:
     def draft(self, seq: Sequence, limit: int) -> list[int]:
         """The lookahead run's tokens after `seq`'s response while the response still follows them (at most
         min(limit, max_draft)); else the fallback's draft."""
-        if is_lookahead(seq.seq_id):
+        if seq.lookahead:
             return []
         match = self._match(seq)
         if match is not None and match.alive:
@@ -125,6 +114,6 @@ class LookaheadDrafter:
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"lookahead_drafts": len(self.drafts), **self.counts}
-        if self.fallback is not None and hasattr(self.fallback, "stats"):
+        if self.fallback is not None:
             out.update(self.fallback.stats())
         return out
