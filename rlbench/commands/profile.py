@@ -99,11 +99,12 @@ def profile_command(
             sys.exit(code if 0 < code < 256 else 1)
         return
     from reference_trainer.errors import Interrupted
-    from rlbench.profiling.session import check_new_run, run_profile
+    from rlbench.profiling.session import run_profile
+    from rlbench.rundirs import check_new_run
     from rlbench.training import build_config
 
     config = build_config(**run.config_kwargs(mode=mode, steps=steps))
-    check_new_run(out, overwrite)  # before anything loads; run_profile checks again under the lock
+    check_new_run(out, "train", overwrite)  # before anything loads; run_profile checks again under the lock
     try:
         doc = run_profile(config, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz, overwrite=overwrite)
     except KeyboardInterrupt:
