@@ -29,7 +29,10 @@ SUBJECTS = {
 
 @pytest.fixture
 def no_model(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Model resolution (loading and checking a model) made to fail if reached."""
+    """Model resolution (loading and checking a model) made to fail if reached. Patched where `evaluate`
+    calls it: a patch of rlbench.models alone would be bound for good by an import of rlbench.evaluate made
+    while it holds, and fail every later eval in the process."""
+    import rlbench.evaluate
     import rlbench.models
 
     calls: list[str] = []
@@ -38,7 +41,7 @@ def no_model(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(f"model resolved: {args}")
         raise AssertionError("the model was resolved before the input was checked")
 
-    monkeypatch.setattr(rlbench.models, "resolve_model", refuse)
+    monkeypatch.setattr(rlbench.evaluate, "resolve_model", refuse)
     monkeypatch.setattr(rlbench.models, "default_model_dir", refuse)
     monkeypatch.delenv("RLBENCH_DATA_DIR", raising=False)
     return calls
