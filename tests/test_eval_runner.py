@@ -274,7 +274,8 @@ def test_suites_command_lists_sizes(tmp_path: Path) -> None:
 
 
 def test_template_choice() -> None:
-    from reference_trainer.tasks.prompts import MATH_INSTRUCTION, build_prompt, resolve_template
+    from reference_trainer.tasks.grading import MATH_INSTRUCTION
+    from reference_trainer.tasks.prompts import build_prompt, resolve_template
 
     class ChatTok:
         has_chat_template = True

@@ -23,7 +23,7 @@ from reference_trainer.errors import (
     check_temperature,
     check_top_p,
 )
-from reference_trainer.tasks.grading import GradeItem, GradeResult, VoteItem, text_classes
+from reference_trainer.tasks.grading import GradeItem, GradeResult, VoteItem, get_grader, text_classes
 from reference_trainer.tasks.prompts import TEMPLATES, build_prompt, resolve_template
 from reference_trainer.trace.records import append_jsonl, read_json, read_jsonl, trim_torn_tail, write_json
 from rlbench.eval.backends import GenerationBackend
@@ -382,14 +382,15 @@ def _answer_classes(
     k: int,
     pool: GradingPool,
 ) -> list[list[int | None]]:
-    """Each problem's answer classes for maj@k. Only problems with differing answer texts need math-verify
-    (in the pool); K&K answers are canonical texts already."""
+    """Each problem's answer classes for maj@k. Only problems with differing answer texts, graded by a
+    grader that compares answers, need the pool (math-verify); other graders' answers are canonical texts."""
     votes = []
     for i, p in enumerate(chunk):
         samples = slice(i * k, (i + 1) * k)
         votes.append(VoteItem(grader, [g.key for g in graded[samples]], texts[samples], p.id, p.problem))
     classes = [text_classes(v.keys) for v in votes]
-    need = [i for i, c in enumerate(classes) if grader == "math" and len(set(c) - {None}) > 1]
+    compares = get_grader(grader).compares_answers
+    need = [i for i, c in enumerate(classes) if compares and len(set(c) - {None}) > 1]
     for i, found in zip(need, pool.classes([votes[i] for i in need]) if need else [], strict=True):
         classes[i] = found
     return classes
