@@ -111,13 +111,11 @@ def get_suite(spec: str, include: Sequence[Path] = ()) -> Suite:
     return record
 
 
-def group_members(spec: str, include: Sequence[Path] = ()) -> list[Suite]:
-    """The suites `spec` names: itself, or a group's members (each checked before any runs)."""
-    record = resolve(spec, include)
-    if isinstance(record, Suite):
-        return [record]
-    base = [record.path.parent] if record.path is not None else []
-    return [get_suite(member, [*base, *include]) for member in record.suites]
+def group_members(group: Group, include: Sequence[Path] = ()) -> list[Suite]:
+    """A group's suites, each read and checked (before any runs); a member is found beside the group file
+    first."""
+    base = [group.path.parent] if group.path is not None else []
+    return [get_suite(member, [*base, *include]) for member in group.suites]
 
 
 def import_path(suite: Suite) -> None:
