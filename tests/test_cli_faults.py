@@ -194,6 +194,7 @@ def test_ctrl_c_during_start_up_is_one_line():
         ),
         ("compare.json", {"runs": 3}, "compare.json: not a comparison"),
         ("compare.json", {"runs": [{"mode": "baseline"}]}, "compare.json: not a comparison"),
+        ("compare.json", {"runs": {"baseline": {"summary": {}, "steps": []}}}, "not a comparison (a list"),
         (
             "compare.json",
             {"runs": [{"mode": "baseline", "summary": {"step_time_s": "x"}}]},
