@@ -28,17 +28,7 @@ else:  # pragma: no cover
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not run")
 # The keys of a spec file: a stale or misspelt one is refused, not ignored.
-SPEC_KEYS = (
-    "runner",
-    "claim",
-    "source",
-    "paper_value",
-    "workload",
-    "metric",
-    "verdict",
-    "model",
-    "needs_gpu",
-)
+KEYS = ("runner", "claim", "source", "paper_value", "workload", "metric", "verdict", "model", "needs_gpu")
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
@@ -118,9 +108,9 @@ def parse_spec(name: str, text: str) -> Spec:
     raw = tomllib.loads(text)
     verdict = raw.get("verdict", {})
     where = f"rlbench/reproduce/specs/{name}.toml"
-    unknown = sorted(set(raw) - set(SPEC_KEYS))
+    unknown = sorted(set(raw) - set(KEYS))
     if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(SPEC_KEYS)}")
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(KEYS)}")
     missing = [k for k in ("runner", "claim", "source", "paper_value", "workload", "metric") if k not in raw]
     if missing or "rule" not in verdict:
         raise ValueError(
