@@ -206,7 +206,7 @@ def interrupt(command: str) -> Check:
             result = resumed_run_is_whole(d, b"", run("train", "--resume", "run", cwd=d))
         else:
             rerun = run(*args, cwd=d)
-            refused = one_line(rerun, "already holds a run: pass --overwrite")
+            refused = one_line(rerun, "already holds a training run: pass --overwrite")
             again = run(*args, "--overwrite", cwd=d)
             result = Outcome(refused.ok and again.code == 0, refused.detail, traceback=again.traceback)
         return Outcome(said and result.ok, f"{ran.err.strip()[-160:]} | {result.detail}", result.lost,

@@ -3,7 +3,7 @@
     python -m benchmarks.work_or_guess [--model DIR] [--problems 128] [--out FILE]
 
 The recipe's lazy demonstrator answers at once (`answer:` first); the careful one starts its work
-(model/recipe.py). So the first response token decides whether a response works or guesses, and greedy
+(train/recipe.py). So the first response token decides whether a response works or guesses, and greedy
 accuracy is set by where that decision falls. On held-out problems of each task, as RL runs use them,
 this measures: the model's probability of the first work token and of the guess (`a`) after the prompt,
 the share of problems on which greedy decoding works, greedy accuracy, and greedy accuracy with the first

@@ -63,8 +63,13 @@ def _main(
     """Profile, speed up and evaluate LLM RL rollouts (SortedRL, RhymeRL)."""
 
 
-def _group(name: str, help: str, commands: dict[str, Callable[..., None]]) -> None:
-    group = typer.Typer(help=help, no_args_is_help=True)
+def _group(
+    name: str, help: str, commands: dict[str, Callable[..., None]], own: Callable[..., None] | None = None
+) -> None:
+    """Bind `rlbench NAME SUBCOMMAND`; with `own`, `rlbench NAME` alone (with its options) runs it."""
+    group = typer.Typer(help=help, no_args_is_help=own is None, invoke_without_command=own is not None)
+    if own is not None:
+        group.callback()(own)
     for command, function in commands.items():
         group.command(command)(function)
     app_.add_typer(group, name=name)
@@ -75,14 +80,22 @@ app_.command("profile")(profile.profile_command)
 app_.command("compare")(compare.compare_command)
 app_.command("train")(train.train_command)
 app_.command("observe")(observe.observe_command)
-app_.command("simulate")(simulate.simulate_command)
+_group(
+    "simulate",
+    "What SortedRL, HistoSpec and HistoPipe would save on a cluster, from a length trace; `validate` checks "
+    "the simulator against a measured run.",
+    {"validate": simulate.validate_command},
+    own=simulate.simulate_command,
+)
 app_.command("modes")(modes.modes_command)
 # Evaluate models
 app_.command("eval")(eval.eval_command)
-suites = typer.Typer(help="The evaluation suites: list them, check suite files.", invoke_without_command=True)
-suites.callback()(eval.suites_command)
-suites.command("validate")(eval.validate_command)
-app_.add_typer(suites, name="suites")
+_group(
+    "suites",
+    "The evaluation suites: list them, check suite files.",
+    {"validate": eval.validate_command},
+    own=eval.suites_command,
+)
 app_.command("generate")(generate.generate_command)
 # Results
 app_.command("report")(report.report_command)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from reference_trainer.errors import MAX_THREADS, Interrupted, check_integer
 from reference_trainer.rollout.engines import check_engine_kind
 from rlbench.eval import backends
 from rlbench.eval.runner import PROGRESS_FILE, REPORT_FILE, EvalConfig, EvalPlan, plan_eval, run_eval
-from rlbench.eval.suite_file import Group
+from rlbench.eval.suite_file import Suite
 from rlbench.eval.suites import group_members, resolve
 from rlbench.models import EMBEDDED_NOTE, is_embedded, resolve_model
 from rlbench.report.eval_report import write_eval_report
@@ -25,7 +26,7 @@ class EvalJob:
     """What `rlbench eval` was asked: `settings.suite` names a suite, a suite file or a group (each of its
     suites then runs into OUT/<suite>); sampling left None comes from each suite file."""
 
-    settings: EvalConfig  # model "" until resolved
+    settings: EvalConfig  # its model is resolved by `evaluate`, after every input is checked
     model: Path | None = None  # a directory or a model name; None: the embedded model
     out: Path | None = None  # default runs/eval-<suite>
     data_dir: Path | None = None
@@ -36,20 +37,21 @@ class EvalJob:
     overwrite: bool = False
 
     def check(self) -> list[tuple[EvalPlan, Path]]:
-        """Every suite's checked plan and its run directory: options, suite files and data (read here), all
-        before the model is resolved, which can mean reading hundreds of megabytes."""
+        """Every suite's checked plan and its run directory: options, suite files (each read once) and data,
+        all before the model is resolved, which can mean reading hundreds of megabytes."""
         check_engine_kind(self.settings.engine)
         if self.threads is not None:
             check_integer("--threads", self.threads, low=1, high=MAX_THREADS)
         spec = self.settings.suite
-        grouped = isinstance(resolve(spec, self.include), Group)
+        record = resolve(spec, self.include)
         out = self.out or Path("runs") / f"eval-{Path(spec).stem}"
-        plans = []
-        for member in group_members(spec, self.include):
-            settings = replace(self.settings, suite=str(member.path)) if grouped else self.settings
-            plan = plan_eval(settings, self.data_dir, self.limit, self.include)
-            plans.append((plan, out / member.name if grouped else out))
-        return plans
+        if isinstance(record, Suite):
+            return [(plan_eval(record, self.settings, self.data_dir, self.limit), out)]
+        return [
+            (plan_eval(member, replace(self.settings, suite=str(member.path)), self.data_dir, self.limit),
+             out / member.name)
+            for member in group_members(record, self.include)
+        ]  # fmt: skip
 
 
 def evaluate(job: EvalJob, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
@@ -68,14 +70,13 @@ def evaluate(job: EvalJob, say: Callable[[str], None] = print) -> list[dict[str,
             path = resolve_model(job.model)
             if is_embedded(path):
                 say(f"note: {EMBEDDED_NOTE}")
-            cfg = replace(plan.config, model=str(path.resolve()))
+            backend = partial(backends.make_backend, plan.config.engine, path, job.device, plan.config.seed)
             try:
                 results = run_eval(
-                    cfg,
-                    lambda cfg=cfg, path=path: backends.make_backend(cfg.engine, path, job.device, cfg.seed),
+                    plan.with_model(str(path.resolve())),
+                    backend,
                     out,
                     overwrite=job.overwrite,
-                    plan=replace(plan, config=cfg),
                 )
             except KeyboardInterrupt:
                 kept = f"{out / PROGRESS_FILE} keeps every finished problem"

@@ -231,7 +231,7 @@ def list_models(paths: Sequence[Path] = ()) -> list[dict[str, str]]:
             "name": EMBEDDED,
             "kind": "embedded",
             "status": f"shipped at {embedded}",
-            "about": f"char-level decoder, {shape}, SFT on the embedded tasks (model/recipe.py)",
+            "about": f"char-level decoder, {shape}, SFT on the embedded tasks (train/recipe.py)",
         }
     ]
     for model in PACKAGED.values():

@@ -206,6 +206,8 @@ def numeric_options(app: typer.Typer) -> list[tuple[tuple[str, ...], str, type]]
 
     def walk(command: Any, path: tuple[str, ...]) -> Any:
         if hasattr(command, "commands"):
+            if command.params:  # a group that runs on its own (`rlbench simulate`): its options too
+                yield path, command
             for name, sub in command.commands.items():
                 yield from walk(sub, (*path, name))
         else:

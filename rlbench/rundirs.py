@@ -4,7 +4,8 @@ Every command that writes a run directory (`train`, `profile`, `compare`, `eval`
 `reproduce`, `import`) enters `claim(out, command, accepts)`: it holds the directory's lock
 (locks.run_lock, so a second writer is refused at once) and refuses a directory that holds another
 command's run, whose files it would otherwise replace (`report.html`, `trace.jsonl`, `metrics.json` are
-written by several commands).
+written by several commands). `check_new_run` is the one refusal of a finished run of the command's own kind
+(without --overwrite).
 What a directory holds is read from the files each command leaves first (`held_by`), so runs written
 before this check are recognised too.
 """
@@ -65,16 +66,24 @@ def claim(directory: str | Path, command: str, accepts: tuple[str, ...]) -> Iter
         yield held
 
 
+OVERWRITE_HINT = "pass --overwrite to replace it, or use another --out"
+
+
+def check_new_run(out: str | Path, kind: str, overwrite: bool, hint: str = OVERWRITE_HINT) -> None:
+    """Refuse to start a run in `out` over a finished run of `kind` (its first marker file is there) unless
+    `overwrite`: the new run would replace its files without a word. `hint` says how to go on instead."""
+    marker = next(name for name, held in MARKERS if held == kind)
+    if not overwrite and (Path(out) / marker).exists():
+        raise UserError(f"{out} already holds {NAMES[kind]}: {hint}")
+
+
 def check_new_comparison(out: Path, modes: list[str], overwrite: bool) -> None:
     """Refuse to compare into a folder that holds a finished comparison unless `overwrite`: its compare.json
     and page would be replaced by the new modes' alone. With `overwrite`, the old comparison's mode folders
     that the new one does not rewrite are removed with it, so none is left orphaned beside the new one."""
+    check_new_run(out, "compare", overwrite)
     if not (out / "compare.json").exists():
         return
-    if not overwrite:
-        raise UserError(
-            f"{out} already holds a comparison: pass --overwrite to replace it, or use another --out"
-        )
     for folder in sorted(p for p in out.iterdir() if p.is_dir() and not p.is_symlink()):
         if folder.name not in modes and (held_by(folder) or ("", ""))[0] in ("train", "profile"):
             shutil.rmtree(folder)

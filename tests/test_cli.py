@@ -89,7 +89,7 @@ def test_train_then_resume_through_the_cli(tiny_model_dir, tmp_path):
     assert res.returncode == 0, res.stderr
     assert len(read_jsonl(tmp_path / "run" / "metrics.jsonl")) == 1
     assert_one_line_error(
-        cli("train", "--steps", "1", "--out", "run", *common, tmp=tmp_path), "already holds a run"
+        cli("train", "--steps", "1", "--out", "run", *common, tmp=tmp_path), "already holds a training run"
     )
     res = cli("train", "--resume", "run", "--steps", "2", tmp=tmp_path)
     assert res.returncode == 0, res.stderr

@@ -147,7 +147,7 @@ def test_ctrl_c_says_what_was_kept_and_a_profile_rerun_is_refused(tiny_model_dir
     assert res.stderr.startswith("interrupted: p/report.html profiles the finished steps")
     assert (tmp_path / "p" / "report.html").is_file()
     rerun = cli("profile", "--out", "p", *tiny_run(tiny_model_dir), tmp=tmp_path)
-    assert_one_line_error(rerun, "p already holds a run: pass --overwrite to replace it")
+    assert_one_line_error(rerun, "p already holds a training run: pass --overwrite to replace it")
     res = cli("train", "--out", "t", *tiny_run(tiny_model_dir), tmp=tmp_path)
     assert res.returncode == 130 and res.stderr == (
         "interrupted: t keeps every finished step; `rlbench train --resume t` continues\n"
@@ -194,6 +194,7 @@ def test_ctrl_c_during_start_up_is_one_line():
         ),
         ("compare.json", {"runs": 3}, "compare.json: not a comparison"),
         ("compare.json", {"runs": [{"mode": "baseline"}]}, "compare.json: not a comparison"),
+        ("compare.json", {"runs": {"baseline": {"summary": {}, "steps": []}}}, "not a comparison (a list"),
         (
             "compare.json",
             {"runs": [{"mode": "baseline", "summary": {"step_time_s": "x"}}]},

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_eval_runner import GOLDS, FakeBackend
+from test_eval_runner import GOLDS, FakeBackend, eval_plan
 from test_report import CHROMIUM, check_all_figures_drew
 from typer.testing import CliRunner
 
@@ -29,7 +29,10 @@ SUBJECTS = {
 
 @pytest.fixture
 def no_model(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Model resolution (loading and checking a model) made to fail if reached."""
+    """Model resolution (loading and checking a model) made to fail if reached. Patched where `evaluate`
+    calls it: a patch of rlbench.models alone would be bound for good by an import of rlbench.evaluate made
+    while it holds, and fail every later eval in the process."""
+    import rlbench.evaluate
     import rlbench.models
 
     calls: list[str] = []
@@ -38,7 +41,7 @@ def no_model(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(f"model resolved: {args}")
         raise AssertionError("the model was resolved before the input was checked")
 
-    monkeypatch.setattr(rlbench.models, "resolve_model", refuse)
+    monkeypatch.setattr(rlbench.evaluate, "resolve_model", refuse)
     monkeypatch.setattr(rlbench.models, "default_model_dir", refuse)
     monkeypatch.delenv("RLBENCH_DATA_DIR", raising=False)
     return calls
@@ -112,7 +115,7 @@ def _cfg() -> EvalConfig:
 def test_report_renders_an_eval_dir(tmp_path: Path, pool: GradingPool) -> None:
     data = _suite(tmp_path / "data")
     out = tmp_path / "out"
-    res = run_eval(_cfg(), FakeBackend, out, data_dir=data, pool=pool, progress=False)
+    res = run_eval(eval_plan(_cfg(), data), FakeBackend, out, pool=pool, progress=False)
     write_eval_report(out / "report.html", res)
     written = (out / "report.html").read_text()
     (out / "report.html").unlink()
@@ -134,10 +137,9 @@ def test_report_renders_a_killed_eval(tmp_path: Path, pool: GradingPool) -> None
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_eval(
-            _cfg(),
+            eval_plan(_cfg(), data),
             lambda: FakeBackend(fail_after=2),
             out,
-            data_dir=data,
             pool=pool,
             chunk_seqs=2,
             progress=False,

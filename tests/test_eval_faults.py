@@ -14,11 +14,11 @@ ROW = {"id": "a", "problem": "What is 1 + 1?", "answer": "2"}
 
 @pytest.fixture
 def no_model(monkeypatch) -> list[str]:
-    """Records any attempt to resolve a model: a data error must come first."""
-    import rlbench.models
+    """Records any attempt to resolve a model (where `evaluate` calls it): a data error must come first."""
+    import rlbench.evaluate
 
     seen: list[str] = []
-    monkeypatch.setattr(rlbench.models, "resolve_model", lambda *a, **k: seen.append("model") or Path("."))
+    monkeypatch.setattr(rlbench.evaluate, "resolve_model", lambda *a, **k: seen.append("model") or Path("."))
     return seen
 
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_eval_runner import GOLDS, FakeBackend, _cfg, _tear_last_line, _write_suite
+from test_eval_runner import GOLDS, FakeBackend, _cfg, _tear_last_line, _write_suite, eval_plan
 
 from reference_trainer.trace.records import read_jsonl
 from rlbench.eval.pool import GradingPool
@@ -32,7 +32,7 @@ def pool():
 
 
 def _run(out: Path, data: Path, pool: GradingPool, backend_factory) -> dict:
-    return run_eval(_cfg(), backend_factory, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False)
+    return run_eval(eval_plan(_cfg(), data), backend_factory, out, pool=pool, chunk_seqs=2, progress=False)
 
 
 def test_every_summary_field_survives_a_resume(tmp_path: Path, pool: GradingPool) -> None:
@@ -110,15 +110,17 @@ def test_each_problem_is_saved_when_its_last_sample_finishes(tmp_path: Path, poo
     """One generate call holds every problem (chunk_seqs 64); a problem's row is written the moment its
     last sample is in, and a Ctrl-C in the middle of the call keeps every problem finished before it."""
     data = _write_suite(tmp_path / "data")
-    straight = run_eval(_cfg(), FakeBackend, tmp_path / "straight", data_dir=data, pool=pool, progress=False)
+    straight = run_eval(
+        eval_plan(_cfg(), data), FakeBackend, tmp_path / "straight", pool=pool, progress=False
+    )
     out = tmp_path / "out"
     backend = OneByOneBackend(stop_after=5)  # K = 2: problems 1 and 2 complete, the third is half done
     backend.out = out
     with pytest.raises(KeyboardInterrupt):
-        run_eval(_cfg(), lambda: backend, out, data_dir=data, pool=pool, progress=False)
+        run_eval(eval_plan(_cfg(), data), lambda: backend, out, pool=pool, progress=False)
     assert backend.rows_seen == [0, 1, 1, 2, 2]  # a row per problem, as its second sample arrives
     assert [r["id"] for r in read_jsonl(out / "problems.jsonl")] == sorted(GOLDS)[:2]
     whole = OneByOneBackend()
     whole.out = out
-    assert run_eval(_cfg(), lambda: whole, out, data_dir=data, pool=pool, progress=False) == straight
+    assert run_eval(eval_plan(_cfg(), data), lambda: whole, out, pool=pool, progress=False) == straight
     assert whole.reported == 2 * (len(GOLDS) - 2)  # only the unfinished problems were generated again

@@ -14,7 +14,8 @@ from conftest import cli
 from reference_trainer.errors import UserError
 from reference_trainer.tasks.grading import GradeItem, GradeResult, grade_item
 from rlbench.eval.pool import GradingPool
-from rlbench.eval.runner import EvalConfig, run_eval
+from rlbench.eval.runner import EvalConfig, EvalPlan, plan_eval, run_eval
+from rlbench.eval.suites import get_suite
 
 REPO = Path(__file__).parents[1]
 GOLDS = {"fx-01": "204", "fx-02": "\\frac{1}{2}", "fx-03": "25", "fx-04": "(1,2)", "fx-05": "7"}
@@ -66,6 +67,11 @@ def pool():
         yield p
 
 
+def eval_plan(cfg: EvalConfig, data: Path | None = None) -> EvalPlan:
+    """The plan `rlbench eval` makes of `cfg`: its suite read once, its problems from the data dir `data`."""
+    return plan_eval(get_suite(cfg.suite), cfg, data)
+
+
 def _cfg(**kw) -> EvalConfig:
     return EvalConfig(
         suite="aime24", model="fake-model", engine="reference", samples=2, temperature=0.7, **kw
@@ -75,7 +81,7 @@ def _cfg(**kw) -> EvalConfig:
 def test_pipeline_results(tmp_path: Path, pool: GradingPool) -> None:
     data = _write_suite(tmp_path / "data")
     backend = FakeBackend()
-    res = run_eval(_cfg(), lambda: backend, tmp_path / "out", data_dir=data, pool=pool, progress=False)
+    res = run_eval(eval_plan(_cfg(), data), lambda: backend, tmp_path / "out", pool=pool, progress=False)
     # expected correctness per problem i (samples j=0,1): right unless (i+j) % 3 == 0
     expect = {pid: [(int(pid[-2:]) + j) % 3 != 0 for j in range(2)] for pid in GOLDS}
     rows = {r["id"]: r for r in res["problems"]}
@@ -100,7 +106,7 @@ def test_grading_timeouts_are_retried_and_counted(tmp_path: Path) -> None:
     and results.json counts the items graded again."""
     data = _write_suite(tmp_path / "data")
     with GradingPool(grade_fn=slow_grade_item, workers=2, timeout=0.05, retry_timeout=30) as hurried:
-        res = run_eval(_cfg(), FakeBackend, tmp_path / "out", data_dir=data, pool=hurried, progress=False)
+        res = run_eval(eval_plan(_cfg(), data), FakeBackend, tmp_path / "out", pool=hurried, progress=False)
     expect = {pid: [(int(pid[-2:]) + j) % 3 != 0 for j in range(2)] for pid in GOLDS}
     assert {r["id"]: r["correct"] for r in res["problems"]} == expect
     assert res["grading_retries"] == 10 and res["grading_failures"] == 0
@@ -112,22 +118,21 @@ def test_resume_after_interrupt(tmp_path: Path, pool: GradingPool) -> None:
     out = tmp_path / "out"
     crashing = FakeBackend(fail_after=2)  # chunks of 1 problem (chunk_seqs=2, K=2): 2 finish, then a crash
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_eval(_cfg(), lambda: crashing, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False)
+        run_eval(eval_plan(_cfg(), data), lambda: crashing, out, pool=pool, chunk_seqs=2, progress=False)
     saved = [json.loads(line) for line in (out / "problems.jsonl").read_text().splitlines()]
     assert [r["id"] for r in saved] == ["fx-01", "fx-02"]
     assert not (out / "results.json").exists()
 
     resumed = FakeBackend()
-    res = run_eval(_cfg(), lambda: resumed, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False)
+    res = run_eval(eval_plan(_cfg(), data), lambda: resumed, out, pool=pool, chunk_seqs=2, progress=False)
     assert sorted(set(resumed.generated_ids)) == ["fx-03", "fx-04", "fx-05"]  # only the missing ones
     assert [r["id"] for r in res["problems"]] == list(GOLDS)
 
     # everything done: a third run generates nothing and builds no backend
     res2 = run_eval(
-        _cfg(),
+        eval_plan(_cfg(), data),
         lambda: pytest.fail("backend must not be built"),
         out,
-        data_dir=data,
         pool=pool,
         progress=False,
     )
@@ -135,19 +140,17 @@ def test_resume_after_interrupt(tmp_path: Path, pool: GradingPool) -> None:
 
     with pytest.raises(UserError, match=r"other settings \(samples: 2 -> 3"):
         run_eval(
-            EvalConfig(suite="aime24", model="fake-model", samples=3, temperature=0.7),
+            eval_plan(EvalConfig(suite="aime24", model="fake-model", samples=3, temperature=0.7), data),
             FakeBackend,
             out,
-            data_dir=data,
             pool=pool,
             progress=False,
         )
     fresh = FakeBackend()
     res3 = run_eval(
-        EvalConfig(suite="aime24", model="fake-model", samples=1, temperature=0.7),
+        eval_plan(EvalConfig(suite="aime24", model="fake-model", samples=1, temperature=0.7), data),
         lambda: fresh,
         out,
-        data_dir=data,
         pool=pool,
         overwrite=True,
         progress=False,
@@ -274,7 +277,8 @@ def test_suites_command_lists_sizes(tmp_path: Path) -> None:
 
 
 def test_template_choice() -> None:
-    from reference_trainer.tasks.prompts import MATH_INSTRUCTION, build_prompt, resolve_template
+    from reference_trainer.tasks.grading import MATH_INSTRUCTION
+    from reference_trainer.tasks.prompts import build_prompt, resolve_template
 
     class ChatTok:
         has_chat_template = True
@@ -313,7 +317,9 @@ def test_resume_over_a_torn_progress_line_repeatedly(
     progress = out / "problems.jsonl"
 
     def run(backend: FakeBackend) -> dict:
-        return run_eval(_cfg(), lambda: backend, out, data_dir=data, pool=pool, chunk_seqs=2, progress=False)
+        return run_eval(
+            eval_plan(_cfg(), data), lambda: backend, out, pool=pool, chunk_seqs=2, progress=False
+        )
 
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(FakeBackend(fail_after=2))  # fx-01, fx-02 finished
@@ -346,7 +352,7 @@ class VotingBackend(FakeBackend):
 def test_majority_vote_runs_over_equivalence_classes(tmp_path: Path, pool: GradingPool) -> None:
     data = _write_suite(tmp_path / "data")
     cfg = EvalConfig(suite="aime24", model="fake-model", samples=4, temperature=0.7)
-    res = run_eval(cfg, VotingBackend, tmp_path / "out", data_dir=data, pool=pool, progress=False)
+    res = run_eval(eval_plan(cfg, data), VotingBackend, tmp_path / "out", pool=pool, progress=False)
     row = {r["id"]: r for r in res["problems"]}["fx-05"]  # gold 7
     assert row["correct"] == [True, False, False, False] and row["answer_classes"] == [0, 1, 1, 1]
     # three votes for 1/2 beat one for 7 (the answer as math-verify normalises it: 0.5 -> \frac{1}{2})
@@ -376,7 +382,7 @@ def test_graders_are_forked_before_the_engine_and_ignore_ctrl_c(tmp_path: Path, 
         return FakeBackend()
 
     data = _write_suite(tmp_path / "data")
-    res = run_eval(_cfg(), backend, tmp_path / "out", data_dir=data, progress=False)
+    res = run_eval(eval_plan(_cfg(), data), backend, tmp_path / "out", progress=False)
     assert [name for name, _ in order] == ["pool", "backend"] and order[0][1]
     assert res["problems_evaluated"] == 5
     with GradingPool(workers=1) as pool:
@@ -416,9 +422,9 @@ def test_the_bar_keeps_the_finished_count_when_interrupted(tmp_path: Path, monke
     monkeypatch.setattr(runner, "Progress", RecordingProgress)
     data = _write_suite(tmp_path / "data")
     with pytest.raises(KeyboardInterrupt):  # chunks of one problem (chunk_seqs=2, K=2)
-        run_eval(_cfg(), InterruptedBackend, tmp_path / "out", data_dir=data, chunk_seqs=2)
+        run_eval(eval_plan(_cfg(), data), InterruptedBackend, tmp_path / "out", chunk_seqs=2)
     assert frames == [(2, 5)]
     assert len((tmp_path / "out" / "problems.jsonl").read_text().splitlines()) == 2
     frames.clear()
-    run_eval(_cfg(), FakeBackend, tmp_path / "out", data_dir=data, chunk_seqs=2)
+    run_eval(eval_plan(_cfg(), data), FakeBackend, tmp_path / "out", chunk_seqs=2)
     assert starts == [0, 2] and frames == [(5, 5)]

@@ -90,17 +90,6 @@ def test_import_lengths_writes_a_run_that_report_re_renders(tmp_path):
     assert "What each mode would buy here (predicted)" in page and "within prompt groups" in page
 
 
-def test_simulate_lengths_is_the_same_job(tmp_path):
-    log = _jsonl(tmp_path / "lengths.jsonl", [{"step": 0, "group": "a", "response_tokens": [4, 2, 2, 8]}])
-    res = cli(
-        "simulate", "--lengths", str(log), "--capacity", "2", "--workers", "1", "--out", str(tmp_path / "s")
-    )
-    assert res.returncode == 0, res.stderr
-    assert read_json(tmp_path / "s" / "metrics.json")["steps"][0]["bubble_ratio"] == pytest.approx(1 / 3)
-    assert "bubble 33.3% at 2 slots" in res.stdout
-    assert_one_line_error(cli("simulate", "--lengths", str(log), "--synthetic"), "give one of --lengths")
-
-
 @pytest.mark.parametrize(
     ("line", "why"),
     [

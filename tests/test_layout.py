@@ -30,7 +30,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("reference_trainer.rollout",),
     ("reference_trainer.mode_options", "reference_trainer.modes"),
     ("reference_trainer.train",),
-    ("rlbench.shipped", "rlbench.gguf_import", "rlbench.models", "rlbench.rundirs"),
+    ("rlbench.gguf_import", "rlbench.models", "rlbench.rundirs"),
     ("rlbench.eval", "rlbench.simulate", "rlbench.observe", "rlbench.perfetto"),
     ("rlbench.report",),
     ("rlbench.training", "rlbench.profiling", "rlbench.integrations", "rlbench.evaluate"),

@@ -16,7 +16,7 @@ from reference_trainer.modes import MODES
 from reference_trainer.train.config import TrainConfig
 from rlbench.profiling.pyspy import find_py_spy
 from rlbench.profiling.session import run_profile
-from rlbench.profiling.wrap import wrap_command
+from rlbench.profiling.wrap import WrapConfig, wrap_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,12 +100,8 @@ class ConstantNVML:
 
 
 def test_wrap_gpu_idle_share_from_timeline(tmp_path):
-    code, doc = wrap_command(
-        [sys.executable, "-c", "import time; time.sleep(0.3)"],
-        tmp_path,
-        sample_interval_s=0.02,
-        nvml=ConstantNVML(),
-    )
+    cmd = [sys.executable, "-c", "import time; time.sleep(0.3)"]
+    code, doc = wrap_command(WrapConfig(cmd, tmp_path, sample_interval_s=0.02), nvml=ConstantNVML())
     assert code == 0
     assert doc["summary"]["gpu_idle_share"] == pytest.approx(0.75)
     assert len(doc["gpu"]["samples"]) >= 5

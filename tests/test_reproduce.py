@@ -22,7 +22,6 @@ claim = "X halves Y."
 source = "Paper, arXiv 0000.00000, Table 1"
 paper_value = "50%"
 workload = "a toy"
-modes = ["baseline", "x"]
 metric = "y"
 
 [verdict]
@@ -55,6 +54,7 @@ def test_the_verdict_follows_the_rule():
         (SPEC.replace('op = "<="', 'op = "=="'), "op must be one of"),
         (SPEC.replace('claim = "X halves Y."', ""), "lacks claim"),
         (SPEC.replace('rule = "Reproduced', 'rules = "Reproduced'), "lacks verdict.rule"),
+        (SPEC.replace('metric = "y"', 'modes = ["baseline", "x"]\nmetric = "y"'), "unknown key 'modes'"),
     ],
 )
 def test_a_malformed_spec_is_refused_with_its_path(text, error):

@@ -12,7 +12,7 @@ from rlbench.reproduce.spec import load_specs
 
 def test_the_verdict_reads_the_gated_run_and_is_inconclusive_without_lookahead():
     spec = load_specs()["bubblespec-lookahead"]
-    assert spec.runner == "rlbench.reproduce.lookahead:speedup" and spec.modes == ["baseline", "lookahead"]
+    assert spec.runner == "rlbench.reproduce.lookahead:speedup"
     faster = {"lookahead_tokens": 500, "rollout_speedup": 1.2, "bubble_vs_baseline": 0.8}
     assert spec.verdict(faster)[0] == "reproduced"
     assert spec.verdict({**faster, "rollout_speedup": 0.9})[0] == "not reproduced"

@@ -221,6 +221,27 @@ def test_cli_bad_input_is_one_line(tmp_path):
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and msg in res.stderr, (args, res.stderr)
 
 
+def test_validate_is_a_command_of_its_own(tmp_path):
+    """`rlbench simulate validate RUN` replays a run's trace (here an imported length log's) on a cost model
+    fitted to it; options given to `simulate` before the subcommand are refused, not ignored."""
+    rows = [{"step": s, "group": g, "prompt_tokens": 10, "response_tokens": [4 + 9 * g, 30 - 7 * g, 12]}
+            for s in range(2) for g in range(3)]  # fmt: skip
+    (tmp_path / "lengths.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    assert cli("import", "lengths", str(tmp_path / "lengths.jsonl"), "--slots", "4", "--workers", "1",
+               "--out", str(run)).returncode == 0  # fmt: skip
+    res = simulate_cli("validate", str(run), "--out", str(tmp_path / "v"))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "v" / "validation.json").read_text())
+    assert len(doc["steps"]) == 2 and doc["capacity"] == 4 and 0 < doc["measured_bubble"] < 1
+    assert doc["simulated_bubble"] is not None
+    res = simulate_cli("--out", str(tmp_path / "w"), "validate", str(run))
+    assert res.returncode == 2 and "--out: give `simulate validate`'s options after its name" in res.stderr
+    assert not (tmp_path / "w").exists()
+    res = simulate_cli("validate", str(tmp_path / "nope"), "--out", str(tmp_path / "x"))
+    assert res.returncode == 2 and "no such trace file" in res.stderr and not (tmp_path / "x").exists()
+
+
 def test_cli_writes_json_and_report(tmp_path):
     res = simulate_cli("--synthetic", "--steps", "2", "--prompts", "16", "--group-size", "4",
                        "--workers", "1,4", "--modes", "sorted,histopipe", "--out", str(tmp_path))  # fmt: skip

@@ -16,9 +16,17 @@ from conftest import ROOT, assert_one_line_error, cli
 from reference_trainer.errors import UserError
 from reference_trainer.tasks.grading import GradeItem, grade_item
 from rlbench.eval.pool import GradingPool
-from rlbench.eval.runner import EvalConfig, run_eval
+from rlbench.eval.runner import EvalConfig, plan_eval, run_eval
 from rlbench.eval.suite_file import Group, Suite, parse_file
-from rlbench.eval.suites import BUILTIN_DIR, get_suite, group_members, import_path, suite_files, validate
+from rlbench.eval.suites import (
+    BUILTIN_DIR,
+    get_suite,
+    group_members,
+    import_path,
+    resolve,
+    suite_files,
+    validate,
+)
 
 GRADER = """def grade(response, gold):
     answer = response.strip().split()[-1]
@@ -72,7 +80,7 @@ def test_builtin_suites_live_in_the_top_level_folder_and_validate() -> None:
     for path in files.values():
         assert validate(path, None) == [], path
     assert get_suite("math500").hub["fields"]["id"] == "unique_id"
-    assert [s.name for s in group_members("math")] == ["math500", "aime24", "amc23", "olympiadbench"]
+    assert [s.name for s in group_members(resolve("math"))] == ["math500", "aime24", "amc23", "olympiadbench"]
 
 
 def test_unknown_keys_and_bad_values_are_refused_with_their_names(tmp_path: Path) -> None:
@@ -109,7 +117,9 @@ def test_a_users_suite_runs_with_its_prompt_grader_and_sampling(tmp_path: Path) 
     )
     backend = EchoBackend()
     with GradingPool(workers=1) as pool:
-        res = run_eval(cfg, lambda: backend, tmp_path / "out", pool=pool, progress=False)
+        res = run_eval(
+            plan_eval(get_suite(cfg.suite), cfg), lambda: backend, tmp_path / "out", pool=pool, progress=False
+        )
     assert (
         backend.prompts[0]
         == "Question: Name the capital. France?\nAnswer:\nAnswer: Let's think step by step."
@@ -124,10 +134,31 @@ def test_include_path_finds_a_users_suite_by_name(tmp_path: Path) -> None:
     _user_suite(tmp_path)
     (tmp_path / "mine.yaml").write_text("group: mine\nsuites: [capitals, aime24]\n")
     assert get_suite("capitals", [tmp_path]).title == "Capital cities"
-    assert [s.name for s in group_members("mine", [tmp_path])] == ["capitals", "aime24"]
+    assert [s.name for s in group_members(resolve("mine", [tmp_path]), [tmp_path])] == ["capitals", "aime24"]
     listing = cli("suites", "--include-path", str(tmp_path))
     assert "capitals" in listing.stdout and "group: capitals, aime24" in listing.stdout
     assert_one_line_error(cli("eval", "--suite", "capitals"), "unknown suite 'capitals'")
+
+
+def test_an_eval_job_reads_each_suite_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's plans carry the suites they read: a group file and each member are read once, before
+    any model, and each plan runs its own suite."""
+    from rlbench.eval import suite_file
+    from rlbench.evaluate import EvalJob
+
+    _user_suite(tmp_path)
+    (tmp_path / "mine.yaml").write_text("group: mine\nsuites: [capitals]\n")
+    read = suite_file.read_raw
+    reads: list[str] = []
+    monkeypatch.setattr(suite_file, "read_raw", lambda path: reads.append(Path(path).name) or read(path))
+    plans = EvalJob(
+        EvalConfig(suite="mine", temperature=None), include=[tmp_path], out=tmp_path / "ev"
+    ).check()
+    assert reads == ["mine.yaml", "capitals.yaml"]
+    assert [(plan.suite.name, out.name, len(plan.problems)) for plan, out in plans] == [
+        ("capitals", "capitals", 2)
+    ]
+    assert plans[0][0].config.model is None and plans[0][0].config.temperature == 0.0  # the suite's sampling
 
 
 def test_a_user_grader_grades_in_a_pool_worker(tmp_path: Path) -> None:

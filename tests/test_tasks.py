@@ -353,8 +353,7 @@ def test_kk_semantics_and_parser_agree_with_public_set() -> None:
 def test_chat_style_prompts_ask_for_eval_formats_and_grade_like_eval() -> None:
     """The chat style (pretrained instruct models): natural-language prompts with `rlbench eval`'s
     instructions, graded by math-verify (arith) and the free-form K&K parser; same problems as compact."""
-    from reference_trainer.tasks.grading import grade_math
-    from reference_trainer.tasks.prompts import KK_INSTRUCTION, MATH_INSTRUCTION
+    from reference_trainer.tasks.grading import KK_INSTRUCTION, MATH_INSTRUCTION, grade_math
 
     arith, compact = get_task("arith", style="chat"), get_task("arith")
     p, pc = arith.problems(1, seed=3)[0], compact.problems(1, seed=3)[0]

@@ -1,5 +1,5 @@
 """The embedded default model, shipped inside the package: a small character-level decoder that the
-recipe in model/recipe.py trains (`rlbench embedded build`). Its files sit in `model/weights/`, with the
+recipe in train/recipe.py trains (`rlbench embedded build`). Its files sit in `model/weights/`, with the
 SHA-256 of each in `SHA256SUMS`; every load checks them, so a corrupted or swapped file is an error that
 names it, never a silently different model. Nothing is trained on first use.
 """

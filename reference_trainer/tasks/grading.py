@@ -1,6 +1,8 @@
 """Grading one response: math by the answer a careful grader reads (`answer_extraction`), parsed by
 math-verify and compared exactly where both sides are exact (`answer_equality`); Knights-and-Knaves by the
 stated assignment (`kk_answers`); and the equivalence classes of a problem's answers for majority voting.
+`GRADERS` is the one table of the names a suite (or a task's chat prompt) uses: each name's grading, its
+answer classes and its prompt's instruction; a suite's own `python:module:function` is looked up there too.
 
 The answer's own text (a box's content, a statement's maths or words, `answer_forms.clean_value`) is parsed
 as if boxed, with math-verify's box pattern only: a value that does not parse stays text, rather than
@@ -21,10 +23,11 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from reference_trainer.errors import UserError
 from reference_trainer.tasks import answer_equality
 from reference_trainer.tasks.answer_extraction import MAX_RESPONSE_CHARS as MAX_RESPONSE_CHARS
 from reference_trainer.tasks.answer_extraction import locate_answer
@@ -32,6 +35,12 @@ from reference_trainer.tasks.answer_forms import clean_value, text_only
 from reference_trainer.tasks.answer_forms import prose_start as prose_start
 from reference_trainer.tasks.kk_answers import format_assignment, parse_free_form_assignment
 from reference_trainer.tasks.user_grader import grade_with, is_user_grader
+
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+KK_INSTRUCTION = (
+    "Think step by step about who is telling the truth. Then give your final answer after the line "
+    '"CONCLUSION:", one person per line, in the form "(1) Name is a knight" or "(2) Name is a knave".'
+)
 
 VERIFY_TIMEOUT_S = 1  # math-verify's own (signal) limit per parse or comparison, in whole seconds
 RETRY_VERIFY_TIMEOUT_S = 3  # the limit of the one retry after a timeout (a busy CPU, not the answer)
@@ -199,7 +208,7 @@ def format_kk_assignment(assignment: dict[str, bool]) -> str:
 
 @dataclass
 class GradeItem:
-    grader: str  # "math" | "kk" | "python:module:function" (a suite's own, user_grader.py)
+    grader: str  # a name of GRADERS, or "python:module:function" (a suite's own, user_grader.py)
     response: str
     gold: str
     names: list[str] | None = None
@@ -219,24 +228,70 @@ class GradeResult:
     retried: bool = False  # the first attempt timed out; this is the retry's verdict (GradingPool)
 
 
-def grade_item(item: GradeItem) -> GradeResult:
-    """Extract and grade one response; runs inside a pool worker."""
-    if is_user_grader(item.grader):
-        extracted, correct = grade_with(item.grader, item.response, item.gold)
-        return GradeResult(extracted=extracted, correct=correct, key=extracted)
-    if item.grader == "kk":
-        names = item.names or []
-        pred = parse_free_form_assignment(item.response, names)
-        if pred is None:
-            return GradeResult(extracted=None, correct=False)
-        text = format_kk_assignment(pred)
-        gold = kk_gold(item.gold, names, item.solution)
-        return GradeResult(extracted=text, correct=pred == gold, key=text)
+def _grade_user(item: GradeItem) -> GradeResult:
+    extracted, correct = grade_with(item.grader, item.response, item.gold)
+    return GradeResult(extracted=extracted, correct=correct, key=extracted)
+
+
+def _grade_kk(item: GradeItem) -> GradeResult:
+    names = item.names or []
+    pred = parse_free_form_assignment(item.response, names)
+    if pred is None:
+        return GradeResult(extracted=None, correct=False)
+    text = format_kk_assignment(pred)
+    return GradeResult(extracted=text, correct=pred == kk_gold(item.gold, names, item.solution), key=text)
+
+
+def _grade_math(item: GradeItem) -> GradeResult:
     before = _timeouts.count
     extracted, correct = grade_math(item.response, item.gold, item.verify_timeout_s, item.problem)
     # A timeout inside math-verify makes parse/verify give up quietly: a wrong grade may be the timeout's.
     error = MATH_VERIFY_TIMED_OUT if _timeouts.count > before and not correct else None
     return GradeResult(extracted=extracted, correct=correct, error=error, key=extracted)
+
+
+def grade_item(item: GradeItem) -> GradeResult:
+    """Extract and grade one response; runs inside a pool worker."""
+    return get_grader(item.grader).grade(item)
+
+
+# ----------------------------------------------------------------------------- the graders
+
+
+@dataclass(frozen=True)
+class Grader:
+    """What a grader's name (a suite's `grader:`, `prompt:`) stands for: how a response is graded, how a
+    problem's answers are grouped for majority voting, the instruction of the prompt of the same name, and
+    the problem fields it needs beyond id, problem and answer."""
+
+    name: str
+    title: str  # in a one-line error about a problem
+    grade: Callable[[GradeItem], GradeResult]
+    # True: answers that differ as text may still be equal (math-verify compares them, in the pool); False:
+    # an answer's text is canonical, so equal texts are one answer.
+    compares_answers: bool
+    instruction: str | None = None  # what the prompt `name` asks after the problem; None: no such prompt
+    needs: tuple[str, ...] = ()
+
+
+GRADERS: dict[str, Grader] = {
+    "math": Grader("math", "math", _grade_math, compares_answers=True, instruction=MATH_INSTRUCTION),
+    "kk": Grader(
+        "kk", "K&K", _grade_kk, compares_answers=False, instruction=KK_INSTRUCTION, needs=("names",)
+    ),
+}
+# The prompts a suite may name (`prompt:`): the graders' instructions.
+PROMPTS = {name: g.instruction for name, g in GRADERS.items() if g.instruction is not None}
+
+
+def get_grader(name: str) -> Grader:
+    """The grader `name` names: one of GRADERS, or a suite's own `python:module:function` (user_grader.py);
+    any other name is one line."""
+    if is_user_grader(name):
+        return Grader(name, name, _grade_user, compares_answers=False)
+    if name not in GRADERS:
+        raise UserError(f"grader {name!r} is not {', '.join(GRADERS)} or python:module:function")
+    return GRADERS[name]
 
 
 # ----------------------------------------------------------------------------- majority voting
@@ -258,15 +313,17 @@ class VoteItem:
 def answer_classes(item: VoteItem) -> list[int | None]:
     """Equivalence class of every sample's answer, numbered in order of first appearance (None: no
     answer). Equal texts are one class; a new text joins the first earlier class whose first answer
-    math-verify finds equivalent to it (as gold), else opens a class. K&K answers are canonical texts.
+    math-verify finds equivalent to it (as gold), else opens a class, where the grader compares answers
+    (`Grader.compares_answers`; K&K answers are canonical texts).
     Raises GradingTimeout when math-verify timed out, as a class may then be the timeout's."""
     before = _timeouts.count
+    compares = get_grader(item.grader).compares_answers
     label: dict[str, int] = {}
     reps: list[list[Any]] = []  # parsed first answer of each class
     for key, response in zip(item.keys, item.responses, strict=True):
         if key is None or key in label:
             continue
-        if item.grader == "kk" or is_user_grader(item.grader):
+        if not compares:
             label[key] = len(label)
             continue
         parsed = parse_answer(response, item.verify_timeout_s, item.problem)

@@ -5,13 +5,9 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from reference_trainer.errors import UserError
+from reference_trainer.tasks.grading import PROMPTS
 
-MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-KK_INSTRUCTION = (
-    "Think step by step about who is telling the truth. Then give your final answer after the line "
-    '"CONCLUSION:", one person per line, in the form "(1) Name is a knight" or "(2) Name is a knave".'
-)
-TEMPLATES = ("auto", "chat", "math", "kk")
+TEMPLATES = ("auto", "chat", *PROMPTS)
 
 
 class ChatTokenizer(Protocol):
@@ -23,15 +19,13 @@ class ChatTokenizer(Protocol):
 
 
 def user_message(problem: str, kind: str) -> str:
-    """The suite-specific instruction around the problem text (`kind`: math | kk, or a suite's own prompt,
-    a text holding {problem})."""
+    """The suite-specific instruction around the problem text (`kind`: a name of grading.PROMPTS, or a
+    suite's own prompt, a text holding {problem})."""
     if "{problem}" in kind:  # replaced, not str.format: a prompt's LaTeX braces are text
         return kind.replace("{problem}", problem)
-    if kind == "kk":
-        return f"{problem}\n\n{KK_INSTRUCTION}"
-    if kind == "math":
-        return f"{problem}\n\n{MATH_INSTRUCTION}"
-    raise UserError(f"unknown prompt kind {kind!r}; use math or kk")
+    if kind not in PROMPTS:
+        raise UserError(f"unknown prompt kind {kind!r}; use {' or '.join(PROMPTS)}")
+    return f"{problem}\n\n{PROMPTS[kind]}"
 
 
 def plain_prompt(problem: str, kind: str) -> str:
@@ -41,19 +35,20 @@ def plain_prompt(problem: str, kind: str) -> str:
 
 def resolve_template(template: str, suite_default: str, tokenizer: ChatTokenizer | None) -> str:
     """`auto`: the model's chat template when it has one, else the suite's default; returns the concrete
-    choice recorded in results (chat | math | kk)."""
+    choice recorded in results (chat, or a name of grading.PROMPTS)."""
     if template not in TEMPLATES:
         raise UserError(f"unknown template {template!r}; choose from {', '.join(TEMPLATES)}")
     has_chat = tokenizer is not None and bool(getattr(tokenizer, "has_chat_template", False))
     if template == "auto":
         return "chat" if has_chat else suite_default
     if template == "chat" and not has_chat:
-        raise UserError("--template chat: the model directory has no chat template; use auto, math or kk")
+        others = ", ".join(t for t in TEMPLATES if t != "chat")
+        raise UserError(f"--template chat: the model directory has no chat template; use {others}")
     return template
 
 
 def build_prompt(problem: str, template: str, suite_default: str, tokenizer: ChatTokenizer | None) -> str:
-    """The text sent to the engine. `template` is a resolved choice (chat | math | kk)."""
+    """The text sent to the engine. `template` is a resolved choice (chat, or a name of grading.PROMPTS)."""
     if template == "chat":
         assert tokenizer is not None
         messages = [{"role": "user", "content": user_message(problem, suite_default)}]

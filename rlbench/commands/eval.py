@@ -66,7 +66,7 @@ def eval_command(
     from rlbench.eval.runner import REPORT_FILE, RESULTS_FILE, EvalConfig
     from rlbench.evaluate import EvalJob, evaluate
 
-    settings = EvalConfig(suite=suite, model="", engine=engine, samples=samples, template=template,
+    settings = EvalConfig(suite=suite, engine=engine, samples=samples, template=template,
                           temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)  # fmt: skip
     job = EvalJob(settings, model=model, out=out, data_dir=data_dir, include=include_path or [], limit=limit,
                   device=device, threads=threads, overwrite=overwrite)  # fmt: skip

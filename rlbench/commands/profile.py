@@ -70,28 +70,14 @@ def profile_command(
     if idle_gap is not None:
         check_number("--idle-gap", idle_gap, low=0.0, high=1e6)
     if cmd:
-        from rlbench.profiling.wrap import wrap_command
+        from rlbench.profiling.wrap import WrapConfig, wrap_command
 
-        observe = None
-        if engine_metrics:
-            from rlbench.profiling.observe import ObserveOptions
-
-            observe = ObserveOptions.from_cli(
-                engine_metrics, capacity, request_log, interval_s=1.0 / sample_hz, idle_gap_s=idle_gap,
-                gpu=gpu, model_size=model_size,
-            )  # fmt: skip
-        say = lambda line: typer.echo(line, err=True)  # noqa: E731
-        code, doc = wrap_command(cmd, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz,
-                                 observe=observe, say=say, overwrite=overwrite)  # fmt: skip
-        if observe is not None:
-            from rlbench.commands.observe import summary_lines
-
-            for line in summary_lines(doc):
-                typer.echo(line)
-        s = doc["summary"]
-        idle = "n/a" if s["gpu_idle_share"] is None else f"{100 * s['gpu_idle_share']:.1f}%"
-        why = f" ({s['gpu_note']})" if s["gpu_note"] else ""
-        typer.echo(f"wall {s['wall_time_s']:.2f} s, GPU idle {idle}{why}")
+        cfg = WrapConfig.from_cli(cmd, out, py_spy=py_spy, sample_hz=sample_hz, engine_metrics=engine_metrics,
+                                  capacity=capacity, idle_gap=idle_gap, request_log=request_log, gpu=gpu,
+                                  model_size=model_size, overwrite=overwrite)  # fmt: skip
+        code, doc = wrap_command(cfg, say=lambda line: typer.echo(line, err=True))
+        for line in wrap_lines(doc):
+            typer.echo(line)
         typer.echo(f"report: {out / 'report.html'}")
         if code != 0:
             typer.echo(f"command exited with {code}", err=True)
@@ -99,11 +85,12 @@ def profile_command(
             sys.exit(code if 0 < code < 256 else 1)
         return
     from reference_trainer.errors import Interrupted
-    from rlbench.profiling.session import check_new_run, run_profile
+    from rlbench.profiling.session import run_profile
+    from rlbench.rundirs import check_new_run
     from rlbench.training import build_config
 
     config = build_config(**run.config_kwargs(mode=mode, steps=steps))
-    check_new_run(out, overwrite)  # before anything loads; run_profile checks again under the lock
+    check_new_run(out, "train", overwrite)  # before anything loads; run_profile checks again under the lock
     try:
         doc = run_profile(config, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz, overwrite=overwrite)
     except KeyboardInterrupt:
@@ -112,6 +99,18 @@ def profile_command(
     for line in bubble_lines(doc["summary"]):
         typer.echo(line)
     typer.echo(f"report: {out / 'report.html'}")
+
+
+def wrap_lines(doc: dict[str, Any]) -> list[str]:
+    """What a profiled command's run prints: its servers' summary where they were observed, then the wall
+    time and the GPU's idle share."""
+    from rlbench.commands.observe import summary_lines
+
+    s = doc["summary"]
+    idle = "n/a" if s["gpu_idle_share"] is None else f"{100 * s['gpu_idle_share']:.1f}%"
+    why = f" ({s['gpu_note']})" if s["gpu_note"] else ""
+    observed = summary_lines(doc) if "engine_metrics" in doc else []
+    return [*observed, f"wall {s['wall_time_s']:.2f} s, GPU idle {idle}{why}"]
 
 
 def bubble_lines(s: dict[str, Any]) -> list[str]:

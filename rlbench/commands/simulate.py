@@ -1,4 +1,5 @@
-"""`rlbench simulate`: what SortedRL / HistoSpec / HistoPipe would save on a cluster, from a length trace."""
+"""`rlbench simulate`: what SortedRL / HistoSpec / HistoPipe would save on a cluster, from a length trace;
+`rlbench simulate validate RUN`: the simulator against a measured run."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
 
 
 def simulate_command(
+    ctx: typer.Context,
     out: OutDir = Path("runs/simulate"),
     trace: Annotated[
         Path | None,
@@ -22,13 +24,6 @@ def simulate_command(
         ),
     ] = None,
     synthetic: Annotated[bool, typer.Option(help="Use the synthetic heavy-tailed workload.")] = False,
-    lengths: Annotated[
-        Path | None,
-        typer.Option(
-            help="A per-step, per-group length log (docs/integrations.md): the run `rlbench import lengths` "
-            "writes, with --capacity slots per worker, at --workers."
-        ),
-    ] = None,
     workers: Annotated[str, typer.Option(help="Worker counts, comma-separated.")] = "1,8,64,512,4096",
     gpu: SimGpu = "h100",
     model_size: SimModelSize = "7b",
@@ -39,10 +34,9 @@ def simulate_command(
         str | None,
         typer.Option(
             "--modes",
-            "--policies",
             help="Comma-separated modes, as train's --mode takes them (rlbench modes lists them; "
             "default: all). An entry may carry its own options: NAME:KEY=VALUE[:KEY=VALUE], e.g. "
-            "baseline:placement=least-outstanding. --policies is a deprecated alias.",
+            "baseline:placement=least-outstanding.",
         ),
     ] = None,
     mode_option: ModeOption = None,
@@ -67,54 +61,36 @@ def simulate_command(
     sigma: Annotated[float, typer.Option(min=0.0, help="Synthetic: log-normal sigma (tail weight).")] = 1.0,
     max_tokens: Annotated[int, typer.Option(min=1, help="Synthetic: response length cap.")] = 16384,
     max_prefill_tokens: Annotated[int, typer.Option(min=1, help="Tokens per batched prefill.")] = 8192,
-    validate: Annotated[
-        Path | None, typer.Option(help="Replay this baseline run on a cost model fitted to it; compare.")
-    ] = None,
     seed: Seed = 0,
 ) -> None:
-    """Replay a length trace through the schedulers at 1..N workers: simulate.json + report.html."""
+    """Replay a length trace through the schedulers at 1..N workers: simulate.json + report.html.
+    `rlbench simulate validate RUN` checks the simulator against a measured run."""
     from reference_trainer.errors import UserError
     from rlbench.rundirs import claim
     from rlbench.simulate.config import SimConfig
 
-    cfg = SimConfig(trace=trace, synthetic=synthetic, workers=workers, gpu=gpu, model_size=model_size,
-                    calibrate=calibrate, modes=modes, mode_option=mode_option or [], capacity=capacity,
-                    steps=steps, groups_per_worker=groups_per_worker, acceptance=acceptance,
-                    rank_corr=rank_corr, overlap=overlap, prompts=prompts, group_size=group_size,
-                    mean_tokens=mean_tokens, sigma=sigma, max_tokens=max_tokens,
-                    max_prefill_tokens=max_prefill_tokens, validate=validate, seed=seed)  # fmt: skip
-    if lengths is not None and (trace is not None or synthetic):
-        raise UserError("give one of --lengths FILE, --trace FILE or --synthetic")
-    if lengths is not None:  # any framework's length log: the same job as `rlbench import lengths`
-        from rlbench.integrations.imports import ImportConfig, import_lengths
-
-        doc = import_lengths(lengths, ImportConfig(out, capacity, tuple(cfg.worker_counts), gpu, model_size))
-        typer.echo(f"bubble {doc['summary']['bubble_ratio']:.1%} at {doc['run']['slots_per_worker']} slots")
-        for r in doc["whatif"]["results"]:
-            typer.echo(f"W={r['workers']:>5} {r['mode']:<16} speed-up {r['speedup']:.2f}x  predicted bubble "
-                       f"{r['bubble_ratio']:.1%}")  # fmt: skip
-        typer.echo(f"report: {out / 'report.html'}")
+    if ctx.invoked_subcommand is not None:
+        given = [name for name in ctx.params if ctx.get_parameter_source(name).name != "DEFAULT"]
+        if given:  # they would be ignored: the subcommand has options of its own
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise UserError(f"{flags}: give `simulate {ctx.invoked_subcommand}`'s options after its name")
         return
-    cfg.check()
+    cfg = SimConfig.from_cli(workers, modes, mode_option, trace=trace, synthetic=synthetic, gpu=gpu,
+                             model_size=model_size, calibrate=calibrate, capacity=capacity, steps=steps,
+                             groups_per_worker=groups_per_worker, acceptance=acceptance, rank_corr=rank_corr,
+                             overlap=overlap, prompts=prompts, group_size=group_size, mean_tokens=mean_tokens,
+                             sigma=sigma, max_tokens=max_tokens, max_prefill_tokens=max_prefill_tokens,
+                             seed=seed)  # fmt: skip
     with claim(out, "simulate", accepts=("simulate",)):  # one writer, into a simulation or a new folder
         _simulate(cfg, out)
 
 
 def _simulate(cfg: SimConfig, out: Path) -> None:
     """The checked run, inside the command's claim of `out`."""
-    import json
-
     from reference_trainer.trace.records import write_json
     from rlbench.report.simulate_report import render
     from rlbench.simulate.config import run
-    from rlbench.simulate.replay import validate as run_validation
 
-    if cfg.validate is not None:
-        doc = run_validation(cfg.validate)
-        write_json(out / "validation.json", doc)
-        typer.echo(json.dumps({k: doc[k] for k in ("measured_bubble", "simulated_bubble")}))
-        typer.echo(f"validation: {out / 'validation.json'}")
-        return
     doc = run(cfg)
     write_json(out / "simulate.json", doc)
     page = render(doc, out)
@@ -125,3 +101,22 @@ def _simulate(cfg: SimConfig, out: Path) -> None:
             f"step {r['step_time_s']:.1f}s"
         )
     typer.echo(f"simulated in {doc['elapsed_s']:.1f} s: {out / 'simulate.json'}, {page}")
+
+
+def validate_command(
+    run: Annotated[Path, typer.Argument(help="A measured baseline run: its directory or its trace.jsonl.")],
+    out: OutDir = Path("runs/simulate-validate"),
+) -> None:
+    """Replay a measured baseline run on a cost model fitted to it, and compare its bubble with the
+    measured one, step by step: validation.json."""
+    import json
+
+    from reference_trainer.trace.records import write_json
+    from rlbench.rundirs import claim
+    from rlbench.simulate.replay import validate
+
+    doc = validate(run)  # reads the run only: a bad one is one line before --out is touched
+    with claim(out, "simulate", accepts=("simulate",)):
+        write_json(out / "validation.json", doc)
+    typer.echo(json.dumps({k: doc[k] for k in ("measured_bubble", "simulated_bubble")}))
+    typer.echo(f"validation: {out / 'validation.json'}")

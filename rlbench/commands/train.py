@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from reference_trainer.errors import UserError
 from rlbench.options import Mode, RunOptions, with_run_options
 
 
@@ -28,7 +27,7 @@ def train_command(
 ) -> None:
     """Train with GRPO; writes metrics.jsonl, trace.jsonl and checkpoints/ to the run directory."""
     from reference_trainer.errors import Interrupted
-    from rlbench.rundirs import claim
+    from rlbench.rundirs import check_new_run, claim
     from rlbench.training import build_config, run_training
 
     if resume is not None:
@@ -46,8 +45,8 @@ def train_command(
         out_dir = out or Path("runs") / f"{run.task}-{mode}-s{run.seed}"
     # One writer, and only into a trainer run: a second writer, or another command's run, is refused.
     with claim(out_dir, "train", accepts=("train",)):
-        if resume is None and (out_dir / "train_config.json").exists() and not overwrite:
-            raise UserError(f"{out_dir} already holds a run: --resume {out_dir} to continue, or --overwrite")
+        if resume is None:
+            check_new_run(out_dir, "train", overwrite, f"--resume {out_dir} to continue, or --overwrite")
         try:
             rows = run_training(config, out_dir, resume=resume is not None)
         except KeyboardInterrupt:

@@ -7,7 +7,7 @@ skips the problems already there; one with different settings is refused unless 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from reference_trainer.errors import (
     check_temperature,
     check_top_p,
 )
-from reference_trainer.tasks.grading import GradeItem, GradeResult, VoteItem, text_classes
+from reference_trainer.tasks.grading import GradeItem, GradeResult, VoteItem, get_grader, text_classes
 from reference_trainer.tasks.prompts import TEMPLATES, build_prompt, resolve_template
 from reference_trainer.trace.records import append_jsonl, read_json, read_jsonl, trim_torn_tail, write_json
 from rlbench.eval.backends import GenerationBackend
@@ -31,7 +31,7 @@ from rlbench.eval.estimators import avg_at_k, majority_correct, majority_vote, p
 from rlbench.eval.pool import GradingPool
 from rlbench.eval.schema import GROUP_FIELDS, row_problem
 from rlbench.eval.suite_file import SAMPLING_DEFAULTS, Suite
-from rlbench.eval.suites import Problem, data_path, get_suite, import_path, load_problems
+from rlbench.eval.suites import Problem, data_path, import_path, load_problems
 
 PROGRESS_FILE = "problems.jsonl"
 CONFIG_FILE = "run_config.json"
@@ -45,7 +45,7 @@ class EvalConfig:
     `sampling` (plan_eval fills it in)."""
 
     suite: str  # a name or a suite file
-    model: str
+    model: str | None = None  # the model directory; None until resolved, after every input is checked
     engine: str = "reference"
     samples: int | None = 1
     template: str = "auto"
@@ -68,28 +68,32 @@ class EvalConfig:
 
 @dataclass
 class EvalPlan:
-    """A checked run: the suite and the problems to evaluate. Everything the user typed is validated here,
-    before a model is resolved (or built, on a fresh cache)."""
+    """A checked run: the suite, read once, and the problems to evaluate. Everything the user typed is
+    validated here, before a model is resolved (or built, on a fresh cache)."""
 
     suite: Suite
     problems: list[Problem]
     config: EvalConfig  # with the suite's sampling defaults filled in
 
+    def with_model(self, model: str) -> EvalPlan:
+        return replace(self, config=replace(self.config, model=model))
+
 
 def plan_eval(
-    cfg: EvalConfig, data_dir: Path | None = None, limit: int | None = None, include: Sequence[Path] = ()
+    suite: Suite, cfg: EvalConfig, data_dir: Path | None = None, limit: int | None = None
 ) -> EvalPlan:
+    """The plan of `suite` (the suite `cfg.suite` names, already read) under `cfg`: its sampling defaults
+    filled in, every setting checked, its problems loaded (the first `limit`)."""
     if limit is not None:
         check_integer("--limit", limit, low=1)
-    suite = get_suite(cfg.suite, include)
     unset = {k: suite.sampling[k] for k in SAMPLING_DEFAULTS if getattr(cfg, k) is None}
-    cfg = replace(cfg, **unset)
-    cfg.check()
+    settings = replace(cfg, **unset)
+    settings.check()
     problems = load_problems(suite, data_dir)
     if not problems:
         where = data_path(suite, data_dir) or suite.hub_source
         raise UserError(f"suite {suite.name!r}: no problems in {where}")
-    return EvalPlan(suite, problems[:limit] if limit is not None else problems, cfg)
+    return EvalPlan(suite, problems[:limit] if limit is not None else problems, settings)
 
 
 def sample_seed(seed: int, problem_id: str, sample: int) -> int:
@@ -207,22 +211,30 @@ def summarize(
     }
 
 
+@dataclass
+class _Generation:
+    """What generating and grading a run's unfinished problems works with."""
+
+    plan: EvalPlan
+    template: str  # resolved: chat, or a name of grading.PROMPTS
+    backend: GenerationBackend
+    pool: GradingPool
+    progress_path: Path  # problems.jsonl: a row appended per finished problem
+    done: dict[str, dict[str, Any]]  # the finished problems' rows by id, added to as they finish
+    show_progress: bool
+
+
 def run_eval(
-    cfg: EvalConfig,
+    plan: EvalPlan,
     backend_factory: Callable[[], GenerationBackend],
     out: Path,
-    data_dir: Path | None = None,
-    limit: int | None = None,
     overwrite: bool = False,
     pool: GradingPool | None = None,
     chunk_seqs: int = 64,
     progress: bool = True,
-    plan: EvalPlan | None = None,
 ) -> dict[str, Any]:
-    """Evaluate `cfg.suite`, appending each finished problem to OUT/problems.jsonl; writes and returns the
-    results (`rlbench.report.eval_report` renders them).
-    `plan` (from `plan_eval`) skips checking and loading the suite again."""
-    plan = plan or plan_eval(cfg, data_dir, limit)
+    """Evaluate a checked plan (`plan_eval`), appending each finished problem to OUT/problems.jsonl; writes
+    and returns the results (`rlbench.report.eval_report` renders them)."""
     suite, problems, cfg = plan.suite, plan.problems, plan.config
     import_path(suite)  # a python:module:function grader, imported by the pool's workers
     out = Path(out)
@@ -246,7 +258,6 @@ def run_eval(
     own_pool = pool is None and bool(todo)
     pool = GradingPool() if own_pool else pool
     backend = None
-    per_chunk = max(1, chunk_seqs // cfg.samples)
     try:
         if own_pool and pool is not None:
             # The graders are forked now, before the engine's and the progress bar's threads exist: a fork
@@ -259,20 +270,8 @@ def run_eval(
             write_json(stored_cfg, {"config": asdict(cfg), "template": template, "suite_title": suite.title,
                                     "suite_file": suite_file})  # fmt: skip
         if backend is not None and pool is not None:
-            _generate_and_grade(
-                todo,
-                per_chunk,
-                cfg,
-                suite,
-                template or suite.template,
-                backend,
-                pool,
-                progress_path,
-                done,
-                progress,
-                SamplingParams,
-                len(problems),
-            )
+            run = _Generation(plan, template or suite.template, backend, pool, progress_path, done, progress)
+            _generate_and_grade(run, todo, per_chunk=max(1, chunk_seqs // cfg.samples))
     finally:
         if own_pool and pool is not None:
             pool.close()
@@ -285,23 +284,10 @@ def run_eval(
     return results
 
 
-def _generate_and_grade(
-    todo: list[Problem],
-    per_chunk: int,
-    cfg: EvalConfig,
-    suite: Suite,
-    template: str,
-    backend: GenerationBackend,
-    pool: GradingPool,
-    progress_path: Path,
-    done: dict[str, dict[str, Any]],
-    progress: bool,
-    sampling_cls: Any,
-    total: int,
-) -> None:
-    k = cfg.samples
+def _generate_and_grade(run: _Generation, todo: list[Problem], per_chunk: int) -> None:
+    suite, k, total = run.plan.suite, run.plan.config.samples, len(run.plan.problems)
     columns = (TextColumn(f"{suite.name}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, disable=not progress, transient=False) as bar:
+    with Progress(*columns, disable=not run.show_progress, transient=False) as bar:
         task = bar.add_task("eval", total=total, completed=total - len(todo))
 
         def save(p: Problem, texts: list[str], cut: list[bool]) -> None:
@@ -310,38 +296,31 @@ def _generate_and_grade(
             items = [GradeItem(suite.grader, text, p.answer, p.extra.get("names"), p.extra.get("solution"),
                                id=f"{p.id}#{j}", problem=p.problem)
                      for j, text in enumerate(texts)]  # fmt: skip
-            graded = pool.grade(items)
-            classes = _answer_classes(suite.grader, [p], texts, graded, k, pool)[0]
-            row = _problem_row(p, texts, graded, classes, cut, backend.tokenizer)
-            append_jsonl(progress_path, row)  # durable before anything else happens
-            done[p.id] = row
+            graded = run.pool.grade(items)
+            classes = _answer_classes(suite.grader, [p], texts, graded, k, run.pool)[0]
+            row = _problem_row(p, texts, graded, classes, cut, run.backend.tokenizer)
+            append_jsonl(run.progress_path, row)  # durable before anything else happens
+            run.done[p.id] = row
             bar.advance(task)
 
         for start in range(0, len(todo), per_chunk):
-            _generate_chunk(
-                todo[start : start + per_chunk], cfg, suite, template, backend, sampling_cls, save
-            )
+            _generate_chunk(todo[start : start + per_chunk], run, save)
 
 
 def _generate_chunk(
-    chunk: list[Problem],
-    cfg: EvalConfig,
-    suite: Suite,
-    template: str,
-    backend: GenerationBackend,
-    sampling_cls: Any,
-    save: Callable[[Problem, list[str], list[bool]], None],
+    chunk: list[Problem], run: _Generation, save: Callable[[Problem, list[str], list[bool]], None]
 ) -> None:
     """Generate the samples of a chunk of problems in one batch; each problem is saved as soon as its last
     sample finishes (or, with a backend that returns only at the end, then)."""
+    cfg, backend = run.plan.config, run.backend
     k = cfg.samples
     prompts, params = [], []
     for p in chunk:
-        prompt = build_prompt(p.problem, template, suite.template, backend.tokenizer)
+        prompt = build_prompt(p.problem, run.template, run.plan.suite.template, backend.tokenizer)
         for j in range(k):
             prompts.append(prompt)
             params.append(
-                sampling_cls(
+                SamplingParams(
                     temperature=cfg.temperature,
                     top_p=cfg.top_p,
                     max_tokens=cfg.max_tokens,
@@ -382,14 +361,15 @@ def _answer_classes(
     k: int,
     pool: GradingPool,
 ) -> list[list[int | None]]:
-    """Each problem's answer classes for maj@k. Only problems with differing answer texts need math-verify
-    (in the pool); K&K answers are canonical texts already."""
+    """Each problem's answer classes for maj@k. Only problems with differing answer texts, graded by a
+    grader that compares answers, need the pool (math-verify); other graders' answers are canonical texts."""
     votes = []
     for i, p in enumerate(chunk):
         samples = slice(i * k, (i + 1) * k)
         votes.append(VoteItem(grader, [g.key for g in graded[samples]], texts[samples], p.id, p.problem))
     classes = [text_classes(v.keys) for v in votes]
-    need = [i for i, c in enumerate(classes) if grader == "math" and len(set(c) - {None}) > 1]
+    compares = get_grader(grader).compares_answers
+    need = [i for i, c in enumerate(classes) if compares and len(set(c) - {None}) > 1]
     for i, found in zip(need, pool.classes([votes[i] for i in need]) if need else [], strict=True):
         classes[i] = found
     return classes

@@ -8,8 +8,8 @@
       file: math500.jsonl          # JSONL (id, problem, answer): in --data-dir, or beside this file
       hub: {id: HuggingFaceH4/MATH-500, split: test, config: null, data_files: null}
       fields: {id: unique_id, problem: problem, answer: answer}   # suite field: the hub dataset's field
-    prompt: math                   # math | kk | a text holding {problem}
-    grader: math                   # math | kk | python:module:function (your own)
+    prompt: math                   # a prompt of grading.PROMPTS (math, kk) | a text holding {problem}
+    grader: math                   # a grader of grading.GRADERS (math, kk) | python:module:function (yours)
     sampling: {temperature: 0.6, top_p: 0.95, max_tokens: 1024, samples: 1}
     metrics: [avg@k, pass@k, maj@k]
     group_by: [subject, level]
@@ -29,10 +29,9 @@ from typing import Any
 import yaml
 
 from reference_trainer.errors import UserError
+from reference_trainer.tasks.grading import PROMPTS, get_grader
 
 SUITE_SUFFIXES = (".yaml", ".yml", ".json")
-PROMPTS = ("math", "kk")
-GRADERS = ("math", "kk")
 METRICS = ("avg@k", "pass@k", "maj@k")
 SAMPLING_DEFAULTS: dict[str, float | int] = {
     "temperature": 0.6,
@@ -62,8 +61,8 @@ class Suite:
     name: str
     title: str
     data_file: str | None  # a JSONL file in --data-dir, or beside the suite file
-    template: str  # the prompt: math | kk | a text holding {problem}
-    grader: str  # math | kk | python:module:function
+    template: str  # the prompt: a name of grading.PROMPTS | a text holding {problem}
+    grader: str  # a name of grading.GRADERS | python:module:function
     hub: dict[str, Any] | None = None  # id, split, config, data_files, fields
     size: int | None = None
     license: str = ""
@@ -227,8 +226,11 @@ def _parse_suite(doc: dict[str, Any], path: Path, sha: str, problems: _Problems)
     if prompt and prompt not in PROMPTS and "{problem}" not in prompt:
         problems.add(f"prompt {prompt!r} is neither {' nor '.join(PROMPTS)} nor a text holding {{problem}}")
     grader = _text(doc, "grader", problems)
-    if grader and grader not in GRADERS and not grader.startswith("python:"):
-        problems.add(f"grader {grader!r} is not {', '.join(GRADERS)} or python:module:function")
+    if grader:
+        try:
+            get_grader(grader)
+        except UserError as err:
+            problems.add(str(err))
     size = doc.get("size")
     if size is not None and (type(size) is not int or size < 0):
         problems.add(f"size is {size!r}, not a count")

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from reference_trainer.errors import UserError
+from reference_trainer.tasks.grading import Grader, get_grader
 from reference_trainer.tasks.prompts import plain_prompt
 from reference_trainer.tasks.user_grader import is_user_grader, load_grader
 from reference_trainer.trace.records import read_jsonl
@@ -85,10 +86,6 @@ def suite_files(include: Sequence[Path] = ()) -> dict[str, Path]:
     return found
 
 
-def available_suites(include: Sequence[Path] = ()) -> dict[str, Path]:
-    return suite_files(include)
-
-
 def find_suite_file(spec: str, include: Sequence[Path] = ()) -> Path:
     """--suite NAME_OR_FILE: a path to a suite file, or a name in the include folders or the built-ins."""
     if Path(spec).suffix in SUITE_SUFFIXES or "/" in spec:
@@ -114,13 +111,11 @@ def get_suite(spec: str, include: Sequence[Path] = ()) -> Suite:
     return record
 
 
-def group_members(spec: str, include: Sequence[Path] = ()) -> list[Suite]:
-    """The suites `spec` names: itself, or a group's members (each checked before any runs)."""
-    record = resolve(spec, include)
-    if isinstance(record, Suite):
-        return [record]
-    base = [record.path.parent] if record.path is not None else []
-    return [get_suite(member, [*base, *include]) for member in record.suites]
+def group_members(group: Group, include: Sequence[Path] = ()) -> list[Suite]:
+    """A group's suites, each read and checked (before any runs); a member is found beside the group file
+    first."""
+    base = [group.path.parent] if group.path is not None else []
+    return [get_suite(member, [*base, *include]) for member in group.suites]
 
 
 def import_path(suite: Suite) -> None:
@@ -143,15 +138,17 @@ def _clean_gold(value: Any) -> str:
     return text
 
 
-def row_problem(row: dict[str, Any], grader: str = "math") -> str | None:
+def row_problem(row: dict[str, Any], grader: Grader) -> str | None:
     """What is wrong with one problem's fields for the runner, the grader and the report (None: nothing):
     a missing or null id/problem/answer, a field of the wrong type (a list where a subject goes), text that
-    cannot be written as UTF-8 (a lone surrogate such as \\ud800), K&K problems without their names."""
+    cannot be written as UTF-8 (a lone surrogate such as \\ud800), a field the grader needs missing (K&K
+    problems without their names)."""
     for name in REQUIRED_FIELDS:
         if row.get(name) is None:
             return f"{name} is missing or null"
-    if grader == "kk" and row.get("names") is None:
-        return "a K&K problem needs its names"
+    for name in grader.needs:
+        if row.get(name) is None:
+            return f"a {grader.title} problem needs its {name}"
     for name, (want, ok) in FIELD_TYPES.items():
         value = row.get(name)
         if value is None:
@@ -182,14 +179,15 @@ def _row_to_problem(row: dict[str, Any], fields: dict[str, str | None], index: i
         if k not in ("id", "problem", "answer") and src and get(src) is not None:
             extra[k] = get(src)
     mapped = {"id": pid, "problem": get(fields["problem"]), "answer": get(fields["answer"]), **extra}
-    if (why := row_problem(mapped, suite.grader)) is not None:  # data-dir rows were checked when read
+    # data-dir rows were checked when read
+    if (why := row_problem(mapped, get_grader(suite.grader))) is not None:
         raise UserError(f"{suite.hub_source}: row {index}: {why}")
     if "names" in extra and "n_people" not in extra:
         extra["n_people"] = len(extra["names"])
     return Problem(id=str(pid), problem=mapped["problem"], answer=_clean_gold(mapped["answer"]), extra=extra)
 
 
-def read_data_file(path: Path, grader: str = "math") -> list[dict[str, Any]]:
+def read_data_file(path: Path, grader: Grader) -> list[dict[str, Any]]:
     """Parse JSONL line by line so a bad row (malformed, or failing `row_problem`) is reported with its file
     and line number.
 
@@ -232,7 +230,7 @@ def load_problems(suite: Suite, data_dir: Path | None) -> list[Problem]:
     path = data_path(suite, data_dir)
     if path is not None:
         identity = {"id": "id", "problem": "problem", "answer": "answer"}
-        rows = read_data_file(path, suite.grader)
+        rows = read_data_file(path, get_grader(suite.grader))
         problems = [_row_to_problem(r, identity, i, suite) for i, r in enumerate(rows)]
     else:
         problems = _load_from_hub(suite)
@@ -344,5 +342,5 @@ def _check_grader(suite: Suite) -> None:
 
 def _check_data(suite: Suite, data_dir: Path | None) -> None:
     path = data_path(suite, data_dir)
-    if path is not None and not read_data_file(path, suite.grader):
+    if path is not None and not read_data_file(path, get_grader(suite.grader)):
         raise UserError(f"{path}: no problems")

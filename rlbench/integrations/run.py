@@ -2,8 +2,8 @@
 
 Every metric is computed by `reference_trainer.trace.metrics` from the trace written here, as for
 rlbench's own runs; what the framework logged itself goes beside it under `integration`, never in its place.
-The what-if is a replay of the length log through `rlbench simulate`'s engine and cost model: a prediction,
-labelled as one.
+The what-if is a replay of the length log through `rlbench simulate`'s engine and cost model
+(`rlbench.simulate.whatif`): a prediction, labelled as one.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from rlbench.integrations import lengthlog
 from rlbench.integrations.lengthlog import Group
 from rlbench.report.import_report import render_import
 from rlbench.rundirs import claim
-from rlbench.simulate import simulate
-from rlbench.simulate.cost import preset
+from rlbench.simulate.whatif import whatif as simulate_whatif
 
 WHATIF_MODES = ("baseline", "sorted", "sorted-partial", "histopipe")
 WHATIF_WORKERS = (1, 8, 64, 512, 4096)
@@ -52,30 +51,8 @@ def whatif(
             f"the what-if would replay {max(workers) * per_worker:,.0f} sequences per step at {max(workers)} "
             f"workers; at most {MAX_REPLAYED:,} (give smaller --workers)"
         )
-    cost = preset(gpu, model_size)
-    doc = simulate(
-        trace, cost, list(workers), list(WHATIF_MODES), slots, steps=steps, groups_per_worker=per_step
-    )
-    rows = [
-        {"workers": r["workers"], "mode": r["policy"], "bubble_ratio": _clean(r["bubble_ratio"]),
-         "worker_idle_share": _clean(r["worker_idle_share"]), "step_time_s": r["step_time_s"],
-         "speedup": r["speedup"], "rollout_speedup": r["rollout_speedup"]}
-        for r in doc["results"]
-    ]  # fmt: skip
-    return {
-        "available": True,
-        "label": "a replay through rlbench simulate's engine and cost model, not a measurement",
-        "cost_model": f"{gpu.upper()} roofline, {model_size} model (rlbench simulate presets)",
-        "slots_per_worker": slots,
-        "groups_per_worker": per_step,
-        "steps_replayed": steps,
-        "workload": doc["workload"],
-        "results": rows,
-    }
-
-
-def _clean(x: float | None) -> float | None:  # the simulator's float noise (-2e-16) is 0
-    return None if x is None else (0.0 if abs(x) < 1e-9 else x)
+    doc = simulate_whatif(trace, slots, workers, WHATIF_MODES, gpu, model_size, steps, per_step)
+    return {**doc, "slots_per_worker": slots, "groups_per_worker": per_step, "steps_replayed": steps}
 
 
 def write_run(

@@ -12,8 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlbench.simulate import simulate
-from rlbench.simulate.cost import preset
+from rlbench.simulate.whatif import whatif
 from rlbench.simulate.workload import _from_rows, load
 
 MODES = ["baseline", "sorted", "sorted-partial", "rhyme", "sorted+rhyme"]
@@ -36,7 +35,8 @@ def predict(
     gpu: str = "h100",
     model_size: str = "7b",
 ) -> dict[str, Any]:
-    """Per mode: predicted bubble ratio, step time and speed-up against the baseline; or a reason why not."""
+    """Per mode: predicted bubble ratio, step time and speed-up against the baseline (`simulate.whatif` on
+    `servers` workers of `capacity` slots); or a reason why not."""
     if request_log is not None:
         trace, source = load(request_log), f"request log {request_log}"
     else:
@@ -45,24 +45,5 @@ def predict(
             return {"available": False, "reason": "no request lengths: the server exposes no length "
                     "histograms (SGLang) and no --request-log was given"}  # fmt: skip
         trace, source = _from_rows(rows, "observed"), "vLLM length histograms (bucket middles)"
-    cost = preset(gpu, model_size)
-    doc = simulate(trace, cost, workers=[servers], modes=MODES, capacity=capacity)
-
-    def clean(x: float | None) -> float | None:  # the simulator's float noise (-2e-16) is 0
-        return None if x is None else (0.0 if abs(x) < 1e-9 else x)
-
-    results = [
-        {"mode": r["policy"], "bubble_ratio": clean(r["bubble_ratio"]),
-         "worker_idle_share": clean(r["worker_idle_share"]),
-         "step_time_s": r["step_time_s"], "speedup": r["speedup"], "rollout_speedup": r["rollout_speedup"]}
-        for r in doc["results"]
-    ]  # fmt: skip
-    return {
-        "available": True,
-        "lengths": source,
-        "cost_model": f"{gpu.upper()} roofline, {model_size} model (rlbench simulate presets)",
-        "workload": doc["workload"],
-        "servers": servers,
-        "capacity_per_server": capacity,
-        "results": results,
-    }
+    doc = whatif(trace, capacity, [servers], MODES, gpu, model_size)
+    return {**doc, "lengths": source, "servers": servers, "capacity_per_server": capacity}

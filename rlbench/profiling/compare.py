@@ -15,10 +15,10 @@ from reference_trainer.model.loader import resolve_threads
 from reference_trainer.trace.compare import reached, time_to_target
 from reference_trainer.trace.records import write_json
 from reference_trainer.train.config import TrainConfig
-from rlbench.profiling.session import ProfileSession, check_new_run
+from rlbench.profiling.session import ProfileSession
 from rlbench.report.compare_report import render_compare
 from rlbench.report.compare_summary import compare_doc
-from rlbench.rundirs import check_new_comparison, claim
+from rlbench.rundirs import check_new_comparison, check_new_run, claim
 from rlbench.training import run_modes
 
 
@@ -42,7 +42,7 @@ def run_compare(
         check_new_comparison(out, list(configs), overwrite)
         for mode in configs:
             stack.enter_context(claim(out / mode, "compare", accepts=("train", "profile")))
-            check_new_run(out / mode, overwrite)
+            check_new_run(out / mode, "train", overwrite)
         sessions = {
             m: stack.enter_context(
                 ProfileSession(out / m, run={"mode": m, "task": c.task, "steps": c.steps, "seed": c.seed})

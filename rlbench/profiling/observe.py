@@ -23,6 +23,7 @@ from rlbench.observe.sampler import ServerSampler
 from rlbench.observe.scrape import MAX_SERVERS, row_problem
 from rlbench.observe.whatif import predict
 from rlbench.report.profile_report import render_profile
+from rlbench.rundirs import OVERWRITE_HINT, check_new_run
 
 
 @dataclass
@@ -58,11 +59,8 @@ class ObserveOptions:
 def check_new_observation(out: Path, overwrite: bool) -> None:
     """Refuse to observe into a folder whose samples.jsonl would be replaced, unless `overwrite`: it is the
     only input `--from-samples` has (a killed observation is rebuilt from it, not observed again)."""
-    if not overwrite and (out / "samples.jsonl").exists():
-        raise UserError(
-            f"{out} already holds an observation: `rlbench observe --from-samples {out}` rebuilds its "
-            "report; pass --overwrite to replace it, or use another --out"
-        )
+    rebuild = f"`rlbench observe --from-samples {out}` rebuilds its report"
+    check_new_run(out, "observe", overwrite, f"{rebuild}; {OVERWRITE_HINT}")
 
 
 def start_sampler(

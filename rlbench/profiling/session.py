@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import make_dir, write_json
 from reference_trainer.trace.schema import read_trace
@@ -28,13 +27,8 @@ from reference_trainer.trace.writer import Trace
 from rlbench.observe.nvml import NvmlSampler
 from rlbench.profiling.pyspy import PySpyRecorder
 from rlbench.report.profile_report import render_profile
-from rlbench.rundirs import claim
+from rlbench.rundirs import check_new_run, claim
 from rlbench.training import run_training
-
-
-def default_train_fn() -> Callable[..., Any]:
-    """The reference trainer with its progress display (`rlbench.training.run_training`)."""
-    return run_training
 
 
 class ProfileSession:
@@ -131,13 +125,6 @@ def own_clock(
     return doc, moved
 
 
-def check_new_run(out: str | Path, overwrite: bool) -> None:
-    """Refuse to profile into a directory that holds a trainer run unless `overwrite`: its checkpoints and
-    logs would be replaced without a word. (A profile is not resumed: its trace is on one process's clock.)"""
-    if not overwrite and (Path(out) / "train_config.json").exists():
-        raise UserError(f"{out} already holds a run: pass --overwrite to replace it, or use another --out")
-
-
 def run_profile(
     config: Any,
     out: str | Path,
@@ -147,11 +134,13 @@ def run_profile(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Profile the reference trainer run that `config` (a TrainConfig) describes; returns the metrics doc.
-    The process is the only writer of `out` meanwhile (locks.run_lock)."""
-    train = train_fn or default_train_fn()
+    The process is the only writer of `out` meanwhile (locks.run_lock); a trainer run there is refused unless
+    `overwrite` (a profile is not resumed: its trace is on one process's clock). `train_fn` stands in for
+    the trainer (`rlbench.training.run_training`, looked up at the call)."""
+    train = train_fn or run_training
     run = {"mode": config.mode, "task": config.task, "steps": config.steps, "seed": config.seed}
     with claim(out, "profile", accepts=("train", "profile")):
-        check_new_run(out, overwrite)
+        check_new_run(out, "train", overwrite)
         with ProfileSession(out, run, py_spy=py_spy, sample_interval_s=sample_interval_s) as session:
             # TRAINER HOOK: the single place the trainer runs.
             train(config, Path(out), trace=session.trace)

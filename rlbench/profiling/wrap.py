@@ -13,35 +13,70 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reference_trainer.errors import UserError
 from reference_trainer.trace.records import write_json
 from rlbench.observe.nvml import NvmlSampler, mean_util, no_gpu_note
-from rlbench.profiling.observe import check_new_observation, finish, start_sampler
+from rlbench.profiling.observe import ObserveOptions, check_new_observation, finish, start_sampler
 from rlbench.profiling.pyspy import PySpyRecorder
 from rlbench.report.profile_report import render_profile
 from rlbench.rundirs import claim
 
 
-def wrap_command(
-    cmd: Sequence[str],
-    out: str | Path,
-    py_spy: bool = False,
-    sample_interval_s: float = 0.1,
-    nvml: Any = None,
-    observe: Any = None,
-    say: Any = print,
-    overwrite: bool = False,
-) -> tuple[int, dict[str, Any]]:
-    """Run `cmd`, write out/metrics.json and out/report.html; return (exit code, metrics document)."""
-    if not cmd:
-        raise UserError("no command given after --")
-    with claim(out, "profile", accepts=("profile", "observe")):  # one writer, into a profile or a new folder
-        if observe is not None:
-            check_new_observation(Path(out), overwrite)
-        return _wrap(cmd, Path(out), py_spy, sample_interval_s, nvml, observe, say)
+@dataclass
+class WrapConfig:
+    """`rlbench profile -- CMD` as one checked config: the command, where its profile goes, how often NVML is
+    sampled, and (`--engine-metrics`) the rollout servers observed beside it."""
+
+    cmd: list[str]
+    out: Path
+    py_spy: bool = False
+    sample_interval_s: float = 0.1
+    observe: ObserveOptions | None = None
+    overwrite: bool = False
+
+    @classmethod
+    def from_cli(
+        cls,
+        cmd: Sequence[str],
+        out: Path,
+        *,
+        py_spy: bool,
+        sample_hz: float,
+        engine_metrics: str | None,
+        capacity: str | None,
+        idle_gap: float | None,
+        request_log: Path | None,
+        gpu: str,
+        model_size: str,
+        overwrite: bool,
+    ) -> WrapConfig:
+        """`rlbench profile`'s options, parsed and checked (the servers' URLs and capacities among them)."""
+        interval = 1.0 / sample_hz
+        observe = None
+        if engine_metrics:
+            observe = ObserveOptions.from_cli(
+                engine_metrics, capacity, request_log, interval_s=interval, idle_gap_s=idle_gap, gpu=gpu,
+                model_size=model_size,
+            )  # fmt: skip
+        return cls(list(cmd), Path(out), py_spy, interval, observe, overwrite).check()
+
+    def check(self) -> WrapConfig:
+        if not self.cmd:
+            raise UserError("no command given after --")
+        return self
+
+
+def wrap_command(cfg: WrapConfig, say: Any = print, nvml: Any = None) -> tuple[int, dict[str, Any]]:
+    """Run the command, write out/metrics.json and out/report.html (with its servers observed, their trace
+    too); return (exit code, metrics document)."""
+    with claim(cfg.out, "profile", accepts=("profile", "observe")):  # one writer, into a profile or a new one
+        if cfg.observe is not None:
+            check_new_observation(cfg.out, cfg.overwrite)
+        return _wrap(cfg.cmd, cfg.out, cfg.py_spy, cfg.sample_interval_s, nvml, cfg.observe, say)
 
 
 def _wrap(

@@ -6,10 +6,9 @@ the runs side by side and writes the terminal's lines.
 Input (`compare.json`):
     {"baseline": "baseline", "runs": [{"mode": "baseline", "summary": {...}, "steps": [...]}, ...],
      "workload": {...optional, shown as the subtitle}}
-`runs` may also be a dict {mode: {"summary": ..., "steps": ...}}; what is read from the runs side by side
-(`compare_doc`) is computed again from them. Ratios are only against a baseline run from the same file
-(same process, prompts and seeds): ratios across processes or machines would mix noise and hardware into
-the speed-up.
+What is read from the runs side by side (`compare_doc`) is computed again from them. Ratios are only
+against a baseline run from the same file (same process, prompts and seeds): ratios across processes or
+machines would mix noise and hardware into the speed-up.
 """
 
 from __future__ import annotations
@@ -26,9 +25,9 @@ from rlbench.report.compare_summary import (
     compare_doc,
     drift_note,
     lengths_text,
-    normalise,
     percent,
     produced_by,
+    runs_and_baseline,
     span_text,
     split_note,
 )
@@ -52,7 +51,7 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
     compare_dir = Path(compare_dir)
     if doc is None:
         doc = check_compare_doc(read_json(compare_dir / "compare.json"), compare_dir / "compare.json")
-    runs, baseline = normalise(doc)
+    runs, baseline = runs_and_baseline(doc)
     derived = compare_doc(runs, baseline, doc.get("workload"))
     rows = derived["ratios"]
     for row in rows:

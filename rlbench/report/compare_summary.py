@@ -27,14 +27,12 @@ def check_compare_doc(doc: Any, source: Any) -> dict[str, Any]:
     """`doc` if it has the shape of compare.json (runs with a mode, a summary and step rows), else a one-line
     UserError naming `source`."""
     runs = doc.get("runs") if isinstance(doc, dict) else None
-    if isinstance(runs, dict):
-        runs = [{"mode": mode, **run} if isinstance(run, dict) else run for mode, run in runs.items()]
     if not isinstance(runs, list) or not all(
         isinstance(r, dict) and isinstance(r.get("mode"), str) and isinstance(r.get("summary"), dict)
         and isinstance(r.get("steps", []), list)
         for r in runs
     ):  # fmt: skip
-        raise UserError(f"{source}: not a comparison (runs, each with a mode, a summary and steps)")
+        raise UserError(f"{source}: not a comparison (a list of runs, each with a mode, a summary and steps)")
     for run in runs:
         for n, row in enumerate([run["summary"], *run.get("steps", [])]):
             if isinstance(row, dict) and (why := summary_problem(row)) is not None:
@@ -43,11 +41,9 @@ def check_compare_doc(doc: Any, source: Any) -> dict[str, Any]:
     return doc
 
 
-def normalise(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
-    runs = doc.get("runs") or []
-    if isinstance(runs, dict):
-        runs = [{"mode": mode, **run} for mode, run in runs.items()]
-    return runs, str(doc.get("baseline", "baseline"))
+def runs_and_baseline(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """A compare document's runs (a list, each with its mode) and the mode the others are compared with."""
+    return doc.get("runs") or [], str(doc.get("baseline", "baseline"))
 
 
 def _div(a: Any, b: Any) -> float | None:
@@ -133,7 +129,7 @@ def span_text(spread: dict[str, Any] | None, scale: float = 1.0, unit: str = "")
 def summary_lines(doc: dict[str, Any]) -> list[str]:
     """What `rlbench compare` prints: the bubble first, then each mode's step time in parts with the
     speed-up and the part that produced it, then the rollout's throughput and the trained lengths."""
-    runs, baseline = normalise(doc)
+    runs, baseline = runs_and_baseline(doc)
     derived = compare_doc(runs, baseline, doc.get("workload"))
     summaries = {r["mode"]: r["summary"] for r in runs}
     base = summaries.get(baseline, {})

@@ -2,7 +2,7 @@
 
 rhymerl-length-stability: per-prompt mean response length keeps its rank from one epoch to the next.
 rhymerl-reuse: most tokens of epoch e+1's responses could be drafted from the same prompt's epoch-e
-responses, token by token, by the project's HistoSpec drafter (speculation/histospec.py `HistoryDrafter`).
+responses, token by token, by the project's HistoSpec drafter (`HistoryDrafter`).
 Both read one baseline run (`run_history`): lengths from its trace; the trace has no token ids, so the run
 wraps the rollout strategy to keep each trained sample's response ids in `responses.jsonl`.
 """

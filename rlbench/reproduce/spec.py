@@ -27,6 +27,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not run")
+# The keys of a spec file: a stale or misspelt one is refused, not ignored.
+KEYS = ("runner", "claim", "source", "paper_value", "workload", "metric", "verdict", "model", "needs_gpu")
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
@@ -51,8 +53,7 @@ class Spec:
     claim: str  # the claim in one sentence
     source: str  # paper, arXiv id, section or table
     paper_value: str  # the paper's number, as the paper gives it
-    workload: str
-    modes: list[str]
+    workload: str  # what runs, in words; the modes that run are the runner's own
     metric: str  # the metric that decides
     rule: str  # the verdict rule in words
     runner: str  # "module:function": the function of a Context that measures it and returns an Outcome
@@ -107,6 +108,9 @@ def parse_spec(name: str, text: str) -> Spec:
     raw = tomllib.loads(text)
     verdict = raw.get("verdict", {})
     where = f"rlbench/reproduce/specs/{name}.toml"
+    unknown = sorted(set(raw) - set(KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(KEYS)}")
     missing = [k for k in ("runner", "claim", "source", "paper_value", "workload", "metric") if k not in raw]
     if missing or "rule" not in verdict:
         raise ValueError(
@@ -118,7 +122,6 @@ def parse_spec(name: str, text: str) -> Spec:
         source=raw["source"],
         paper_value=raw["paper_value"],
         workload=raw["workload"],
-        modes=list(raw.get("modes", [])),
         metric=raw["metric"],
         rule=verdict["rule"],
         runner=raw["runner"],

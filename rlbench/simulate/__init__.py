@@ -7,7 +7,9 @@ modes.py     the trainer's modes (reference_trainer/modes.py) + options -> SimMo
 jobs.py      the trace's groups as a stream; a step's outstanding sequences
 scheduler.py the modes' schedulers, step by step, and the metrics of each step
 replay.py    validation: a measured run replayed on a cost model calibrated from itself
-report.py    simulate.json -> report.html
+whatif.py    what each mode would buy on lengths rlbench did not run (observed servers, imported runs)
+config.py    one `rlbench simulate` run as a checked SimConfig, and the run
+(simulate.json -> report.html is rlbench/report/simulate_report.py)
 """
 
 from __future__ import annotations

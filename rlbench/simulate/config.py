@@ -25,28 +25,34 @@ MAX_SIM_SAMPLES = 1 << 26  # a synthetic workload's samples over all steps: a fe
 DEFAULT_CAPACITY = 256
 
 
-def _ints(text: str, what: str) -> list[int]:
+DEFAULT_WORKERS = (1, 8, 64, 512, 4096)
+
+
+def parse_worker_counts(text: str, flag: str = "--workers") -> tuple[int, ...]:
+    """Comma-separated worker counts, each 1..MAX_SIM_WORKERS (the simulator's rule, and the what-if's)."""
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        counts = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise UserError(f"{what}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise UserError(f"{what}: expected positive integers, got {text!r}")
-    return values
+        raise UserError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise UserError(f"{flag}: expected positive integers, got {text!r}")
+    return tuple(check_integer(flag, w, low=1, high=MAX_SIM_WORKERS) for w in counts)
 
 
 @dataclass
 class SimConfig:
-    """The options of `rlbench simulate`, one field each (the command's help says what each does)."""
+    """One `rlbench simulate` run, one field per option (the command's help says what each does), parsed:
+    worker counts as integers, the modes as a list (an entry may carry NAME:KEY=VALUE options of its own),
+    --mode-option as the options every mode that takes them gets."""
 
     trace: Path | None = None
     synthetic: bool = False
-    workers: str = "1,8,64,512,4096"
+    workers: tuple[int, ...] = DEFAULT_WORKERS
     gpu: str = "h100"
     model_size: str = "7b"
     calibrate: Path | None = None
-    modes: str | None = None  # None: every mode
-    mode_option: list[str] = field(default_factory=list)
+    modes: tuple[str, ...] = tuple(MODES)
+    mode_options: dict[str, Any] = field(default_factory=dict)
     capacity: int | None = None
     steps: int | None = None
     groups_per_worker: int | None = None
@@ -59,15 +65,31 @@ class SimConfig:
     sigma: float = 1.0
     max_tokens: int = 16384
     max_prefill_tokens: int = 8192
-    validate: Path | None = None
     seed: int = 0
 
-    def check(self) -> None:
-        """Every number in range, the modes and their options known, one workload named: one line naming the
-        first that is not, before anything is built."""
+    @classmethod
+    def from_cli(
+        cls, workers: str, modes: str | None, mode_option: list[str] | None, **rest: Any
+    ) -> SimConfig:
+        """The command's options: --workers and --modes as comma-separated text (no --modes: every mode),
+        --mode-option as KEY=VALUE pairs; parsed, then checked."""
+        return cls(
+            workers=parse_worker_counts(workers),
+            modes=tuple(m.strip() for m in (modes or ",".join(MODES)).split(",") if m.strip()),
+            mode_options=parse_option_pairs(mode_option or [], "--mode-option"),
+            **rest,
+        ).check()
+
+    def check(self) -> SimConfig:
+        """Every number in range, the presets, the modes and their options known, one workload named: one line
+        naming the first that is not, before anything is built."""
         for flag, value in (("--capacity", self.capacity), ("--groups-per-worker", self.groups_per_worker)):
             if value is not None:
                 check_integer(flag, value, low=1)
+        if not self.workers:
+            raise UserError("--workers: give at least one worker count")
+        for count in self.workers:
+            check_integer("--workers", count, low=1, high=MAX_SIM_WORKERS)
         if self.steps is not None:
             check_integer("--steps", self.steps, low=1, high=MAX_SIM_STEPS)
         check_number("--acceptance", self.acceptance, low=0.0, high=1.0)
@@ -80,35 +102,23 @@ class SimConfig:
         check_number("--sigma", self.sigma, low=0.0, high=10.0)  # e^10: a tail far beyond any response cap
         check_integer("--max-prefill-tokens", self.max_prefill_tokens, low=1)
         check_integer("--seed", self.seed, low=0, high=MAX_SEED)
-        samples = self.synthetic_prompts * self.group_size * (self.steps or 10)  # checks --workers too
+        samples = self.synthetic_prompts * self.group_size * (self.steps or 10)
         if self.synthetic and samples > MAX_SIM_SAMPLES:
             raise UserError(
                 f"the synthetic workload would hold {samples:,} samples; at most {MAX_SIM_SAMPLES:,} (fewer "
                 "--steps, --prompts, --group-size or --groups-per-worker)"
             )
-        if self.validate is not None:
-            return  # a validation replays its own run: modes and workload are its own
-        parse_sim_modes(self.mode_names, self.options)  # a bad name or option fails before the workload
+        if self.calibrate is None:
+            preset(self.gpu, self.model_size)  # an unknown preset: one line, before the workload
+        parse_sim_modes(list(self.modes), self.mode_options)  # a bad name or option fails before the workload
         if (self.trace is None) == (not self.synthetic):
             raise UserError("give exactly one of --trace FILE or --synthetic")
-
-    @property
-    def worker_counts(self) -> list[int]:
-        counts = _ints(self.workers, "--workers")
-        return [check_integer("--workers", w, low=1, high=MAX_SIM_WORKERS) for w in counts]
-
-    @property
-    def mode_names(self) -> list[str]:
-        return [m.strip() for m in (self.modes or ",".join(MODES)).split(",") if m.strip()]
-
-    @property
-    def options(self) -> dict[str, Any]:
-        return parse_option_pairs(self.mode_option, "--mode-option")
+        return self
 
     @property
     def synthetic_prompts(self) -> int:
         """Prompts per step of the synthetic workload: --prompts, or enough for --groups-per-worker."""
-        return max(self.prompts, (self.groups_per_worker or 0) * max(self.worker_counts))
+        return max(self.prompts, (self.groups_per_worker or 0) * max(self.workers))
 
 
 def run(cfg: SimConfig) -> dict[str, Any]:
@@ -139,12 +149,12 @@ def run(cfg: SimConfig) -> dict[str, Any]:
     return simulate(
         lengths,
         cost,
-        cfg.worker_counts,
-        cfg.mode_names,
+        list(cfg.workers),
+        list(cfg.modes),
         capacity or DEFAULT_CAPACITY,
         steps=cfg.steps,
         groups_per_worker=cfg.groups_per_worker,
-        mode_options=cfg.options,
+        mode_options=cfg.mode_options,
         acceptance=cfg.acceptance,
         rank_corr=cfg.rank_corr,
         max_prefill_tokens=cfg.max_prefill_tokens,
