@@ -180,7 +180,7 @@ class Engine(RequestBook):
                 fields["graphs"] = static.prepare(ops)
         return ops
 
-    def prepare(self, params: SamplingParams | None = None) -> None:
+    def prepare(self, params: SamplingParams) -> None:
         """Before a run's first timed step: capture every graph its decode steps (and, with a speculation
         hook, its verify steps) can take with the run's sampling parameters, compiling flex's shapes with
         them, and measure what admissions add to a decode step (the admission gate's overhead), as one
@@ -190,7 +190,7 @@ class Engine(RequestBook):
         if static is None:
             return
         with self.trace.phase(CAPTURE) as fields:
-            ops = SamplerOps.of([params or SamplingParams()])
+            ops = SamplerOps.of([params])
             fields["graphs"] = static.prepare(ops, verify=self.speculation is not None)
             if static.capture:  # graphs replay a plain decode step; a step with admissions runs eagerly
                 table = self.measure_admission_overhead()
