@@ -65,8 +65,13 @@ if spec["path"] == "graph":  # the static forward a GPU replays as a graph, run 
     static._forward = lambda *args: None
     engine.runner.static = static
 params = SamplingParams(temperature=1.0, max_tokens=steps + 8, ignore_eos=True, seed=0)
+try:  # this checkout's request record; a checkout from before it took the request's fields
+    from reference_trainer.engine.sequence import Request
+    submit = lambda ids: engine.add_request(Request(ids, params))
+except ImportError:
+    submit = lambda ids: engine.add_request(ids, params)
 for i in range(batch):
-    engine.add_request([1] + [3 + i % 50] * 16, params)
+    submit([1] + [3 + i % 50] * 16)
 engine.step()  # prefill
 for _ in range(5):
     engine.step()  # warm

@@ -1,6 +1,7 @@
 """Kernels per decode step as a GPU would launch them, counted at PyTorch's dispatcher without a GPU.
 
     python -m benchmarks.kernel_count [--device cuda|meta] [--batches 1,64,256] [--out FILE]
+    python -m benchmarks.kernel_count --admissions [--device cuda|meta] [--out FILE]
 
 A decode step of the engine is run with every tensor on a device that holds no data: `cuda` under
 FakeTensorMode (needs a CUDA build of torch, which installs and runs on a machine without a GPU), or `meta`
@@ -11,6 +12,14 @@ inside `StaticForward._forward` are what a CUDA graph captures (replayed as one 
 layers' (counted per layer), the forward's shared ops (embedding, RoPE table, attention mask, final norm),
 then the LM head and the sampler; the rest of the step (its upload and its read-back) runs outside.
 Flex attention's compiled call is counted as FLEX_KERNELS (inductor's decoding kernel and its reduction).
+SDPA's backend choice queries the device, so without a GPU it always answers math; a call that a GPU of
+compute capability 8.0+ runs in its flash kernel (`flash_eligible`: fp16/bf16, no mask, no GQA, head
+dimension <= 256) is counted as FLASH_KERNELS, with the flash kernel's output layout.
+
+`--admissions` counts what admitting requests costs (issue 57): a step admitting 64 requests of 32 tokens
+while nothing runs (a prefill of its own: ADMISSION_BUDGET), and 8 such requests riding in a decode step of
+64 running rows (what they add to a plain eager decode step), each with its slot-parameter uploads, sampler
+and read-back.
 
 On `meta` a composite op may decompose differently than on `cuda` (e.g. rms_norm, which has a fused CUDA
 kernel), so the budgets are stated for `cuda`; tests/test_kernel_budget.py holds the meta counts, which CI
@@ -56,8 +65,10 @@ NO_KERNEL = {
     "aten::_has_compatible_shallow_copy_type", "aten::record_stream", "aten::_to_copy_meta",
 }  # fmt: skip
 FLEX_KERNELS = 2  # a compiled flex-decoding call: the attention kernel and its split reduction
+FLASH_KERNELS = 1  # SDPA's flash forward (flash_eligible): one kernel
 # The issue's budget (issue 49): kernels per decoder layer inside the graph, and outside it per step.
 LAYER_BUDGET, OUTSIDE_BUDGET = 16, 10
+ADMISSION_BUDGET = 560  # kernels of one admission of 64 x 32 tokens on SmolLM2's shape, all of it (issue 57)
 
 
 SECTIONS = ("layers", "shared", "head", "outside")  # in the graph: decoder layers, shared ops, head; outside
@@ -83,6 +94,9 @@ class KernelCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         name = func._schema.name
+        if name == "aten::scaled_dot_product_attention" and flash_eligible(*args, **kwargs):
+            self.ops[self.section()]["scaled_dot_product_flash_attention (fused)"] += FLASH_KERNELS
+            return flash_output(args[0])
         # A composite op (linear, matmul, rms_norm, ...) that has no kernel of the backend's own is what it
         # decomposes into: run its C++ composite with this mode active, so that its leaves are counted.
         if (
@@ -95,6 +109,39 @@ class KernelCounter(TorchDispatchMode):
         if name not in NO_KERNEL and not name.startswith("prim::"):
             self.ops[self.section()][name] += 1
         return func(*args, **kwargs)
+
+
+def flash_eligible(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> bool:
+    """Whether a CUDA GPU of compute capability 8.0 or newer runs this SDPA call in its flash kernel:
+    fp16/bf16, no attention mask (is_causal is fine), no GQA, the same head count in q, k and v, a head
+    dimension up to 256 and a multiple of 8 (torch's sdp_utils checks). Without a GPU, SDPA's backend
+    choice always answers math (it queries the device), so the counter decides by these rules instead."""
+    dim = q.shape[-1]
+    return (
+        q.dtype in (torch.float16, torch.bfloat16)
+        and attn_mask is None
+        and not enable_gqa
+        and dropout_p == 0.0
+        and q.shape[1] == k.shape[1] == v.shape[1]
+        and dim <= 256
+        and dim % 8 == 0
+    )
+
+
+def flash_output(q: torch.Tensor) -> torch.Tensor:
+    """The flash kernel's output: q's shape [B, H, Q, D], laid out [B, Q, H, D] as torch's flash attention
+    allocates it, so the caller's transpose back is a view."""
+    b, h, n, d = q.shape
+    return torch.empty((b, n, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)
 
 
 @contextlib.contextmanager
@@ -114,10 +161,12 @@ def fake_host_longs(values: Iterable[int]) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.long)
 
 
-def decode_step_counts(
-    batch: int, shape: ModelConfig, device: str, attention: str, layout: str
-) -> dict[str, Any]:
-    """Kernels of one decode step at `batch` rows, each row 32 tokens into its sequence."""
+@contextlib.contextmanager
+def counted_engine(
+    capacity: int, shape: ModelConfig, device: str, layout: str, max_model_len: int = 128
+) -> Iterator[tuple[Engine, KernelCounter]]:
+    """An engine of `capacity` slots over a data-less model of `shape` on `device` (eager: no graphs), with a
+    KernelCounter that counts while `counter.counting` is set and the counter is entered."""
     counter = KernelCounter("CUDA" if device == "cuda" else "CPU")
     contiguous_bytes = 2**62 if layout == "contiguous" else 0
     real_randint = torch.randint
@@ -142,12 +191,30 @@ def decode_step_counts(
                 model = DecoderLM(shape)
         finally:
             torch.set_default_dtype(default_dtype)
-        config = EngineConfig(max_num_seqs=batch, max_model_len=128, device=device, cuda_graphs=False)
+        config = EngineConfig(
+            max_num_seqs=capacity, max_model_len=max_model_len, device=device, cuda_graphs=False
+        )
         # the engine seeds its unseeded-request stream from torch (a real number, not a fake one)
         with mock.patch.object(torch, "randint", lambda *a, **k: real_number(real_randint, *a, **k)):
             engine = Engine(model, config, eos_token_ids=[])
+        yield engine, counter
+
+
+PARAMS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=64, ignore_eos=True, seed=0)
+
+
+def decode_step_counts(
+    batch: int, shape: ModelConfig, device: str, attention: str, layout: str
+) -> dict[str, Any]:
+    """Kernels of one decode step at `batch` rows, each row 32 tokens into its sequence."""
+    with counted_engine(batch, shape, device, layout) as (engine, counter):
         static = StaticForward(
-            engine.model, engine.slots, config.max_verify_tokens, False, attention, sampling=engine.sampling
+            engine.model,
+            engine.slots,
+            engine.config.max_verify_tokens,
+            False,
+            attention,
+            sampling=engine.sampling,
         )  # fmt: skip (as the runner builds it on CUDA)
         engine.runner.static = static
         forward = static._forward
@@ -170,9 +237,8 @@ def decode_step_counts(
         for layer in engine.model.model.layers:
             layer.register_forward_pre_hook(lambda *_: setattr(counter, "in_layer", True))
             layer.register_forward_hook(lambda *_: setattr(counter, "in_layer", False))
-        params = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=64, ignore_eos=True, seed=0)
         for i in range(batch):
-            engine.add_request(Request([1, *range(3, 34)], params, seq_id=str(i)))
+            engine.add_request(Request([1, *range(3, 34)], PARAMS, seq_id=str(i)))
         engine.step()  # the prefill, not counted
         counter.counting = True
         with counter:
@@ -186,6 +252,46 @@ def decode_step_counts(
         "graph": in_layers + shared + head, "outside": outside,
         "within_budget": in_layers / layers <= LAYER_BUDGET and outside <= OUTSIDE_BUDGET,
         **{f"ops_{k}": dict(counter.ops[k].most_common()) for k in SECTIONS},
+    }  # fmt: skip
+
+
+def admission_counts(
+    rows: int, tokens: int, shape: ModelConfig, device: str, layout: str, running: int = 0
+) -> dict[str, Any]:
+    """Kernels of the engine step that admits `rows` requests of `tokens` prompt tokens: everything the step
+    launches, its slot-parameter uploads, sampler and read-back included. With `running` sequences already
+    decoding, the admissions ride in their decode step: the count is then that step's, and
+    `ride_extra` what the admissions add to a plain (eager) decode step of the same rows."""
+    plain = None
+    if running:
+        with counted_engine(running, shape, device, layout) as (engine, counter):
+            for i in range(running):
+                engine.add_request(Request([1, *range(3, 34)], PARAMS, seq_id=f"r{i}"))
+            engine.step()  # their prefill, not counted
+            counter.counting = True
+            with counter:
+                engine.step()  # a plain eager decode step of the running rows
+            plain = sum(sum(c.values()) for c in counter.ops.values())
+    with counted_engine(running + rows, shape, device, layout) as (engine, counter):
+        for i in range(running):
+            engine.add_request(Request([1, *range(3, 34)], PARAMS, seq_id=f"r{i}"))
+        if running:
+            engine.step()  # their prefill, not counted
+        for i in range(rows):
+            engine.add_request(Request([1, *range(3, 2 + tokens)], PARAMS, seq_id=f"a{i}"))
+        counter.counting = True
+        with counter:
+            engine.step()
+        counter.counting = False
+    ops: Counter[str] = Counter()
+    for section in counter.ops.values():
+        ops.update(section)
+    total = sum(ops.values())
+    return {
+        "rows": rows, "tokens": tokens, "running": running, "device": device, "layout": layout,
+        "kernels": total, "ride_extra": None if plain is None else total - plain,
+        "within_budget": total <= ADMISSION_BUDGET if not running else None,
+        "ops": dict(ops.most_common()),
     }  # fmt: skip
 
 
@@ -236,12 +342,29 @@ def main() -> None:
     parser.add_argument("--batches", default="1,64,256")
     parser.add_argument("--attention", default="flex,matmul")
     parser.add_argument("--layouts", default="paged,contiguous")
+    parser.add_argument(
+        "--admissions", action="store_true", help="count admissions instead: 64 x 32 alone, 8 x 32 riding"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.backends.cuda.is_built():
         sys.exit(
             "error: --device cuda needs a CUDA build of torch (no GPU needed); --device meta runs on any"
         )
+    if args.admissions:
+        rows = [
+            admission_counts(r, 32, SMOLLM2_SHAPE, args.device, layout, running)
+            for layout in args.layouts.split(",")
+            for r, running in ((64, 0), (8, 64))
+        ]
+        print("| layout | admitted | running | kernels | added to the decode step | budget |")
+        print("|---|---:|---:|---:|---:|---|")
+        for r in rows:
+            budget = {True: "within", False: "over", None: "-"}[r["within_budget"]]
+            print(f"| {r['layout']} | {r['rows']} x {r['tokens']} | {r['running']} | {r['kernels']} | "
+                  f"{r['ride_extra'] if r['ride_extra'] is not None else '-'} | {budget} |")  # fmt: skip
+        _write(args, rows, {"admission": ADMISSION_BUDGET})
+        return
     rows = [
         decode_step_counts(int(b), SMOLLM2_SHAPE, args.device, attention, layout)
         for attention in args.attention.split(",")
@@ -249,14 +372,17 @@ def main() -> None:
         for b in args.batches.split(",")
     ]
     print_table(rows)
+    _write(args, rows, {"per_layer": LAYER_BUDGET, "outside": OUTSIDE_BUDGET})
+
+
+def _write(args: argparse.Namespace, rows: list[dict[str, Any]], budget: dict[str, int]) -> None:
     if args.out:
         from reference_trainer.trace.records import write_json
         from rlbench.reproduce.runner import source_commit
 
         write_json(args.out, {"command": " ".join(["python -m benchmarks.kernel_count", *sys.argv[1:]]),
                               "torch": torch.__version__, "commit": source_commit(), "shape": "smollm2-135m",
-                              "budget": {"per_layer": LAYER_BUDGET, "outside": OUTSIDE_BUDGET},
-                              "rows": rows})  # fmt: skip
+                              "budget": budget, "rows": rows})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -126,18 +126,19 @@ def test_a_cpu_tensor_in_the_device_path_is_caught_on_meta():
 
 
 def test_the_decode_shapes_captured_before_step_0_run_on_meta_in_inference_mode():
-    """What `capture_decode` captures on CUDA before an engine's first step: every (bucket, span) decode
-    forward over padding rows, with its inputs where `run` puts them, run here on meta; and the capture
-    itself in inference mode, as every engine forward (outside it, compiled flex refuses the block mask)."""
+    """What `prepare` captures on CUDA before an engine's first step: every (bucket, span) decode forward
+    over padding rows, with its inputs where `run` puts them, run here on meta; and the capture itself in
+    inference mode, as every engine forward (outside it, compiled flex refuses the block mask)."""
     with torch.device("meta"):
         model = DecoderLM(SHAPE).to(torch.bfloat16)
     engine = Engine(model, EngineConfig(max_num_seqs=8, max_model_len=256, device="meta"), [])
     static = StaticForward(engine.model, engine.slots, engine.config.max_verify_tokens, False, "matmul",
                            sampling=engine.sampling)  # fmt: skip
     ops = SamplerOps.of([SamplingParams(temperature=0.7, top_p=0.9)])
-    shapes = []
+    shapes = static.shapes(ops, verify=False)
     with torch.inference_mode():
-        for shape, args in static.decode_shapes(ops):
+        for shape in shapes:
+            args = static.padding_args(*shape)
             static._forward(*args)
             ids, starts, where = args[0], args[1], args[2]  # views of the persistent buffer, where `decode`
             slots, positions, _ = args[
@@ -147,14 +148,14 @@ def test_the_decode_shapes_captured_before_step_0_run_on_meta_in_inference_mode(
             assert {storage(t) for t in (ids, starts, slots, positions)} == {storage(static.inputs)}
             offsets = [t.storage_offset() for t in (ids, starts, slots, positions)]
             assert offsets == [0, bucket, 2 * bucket + where.numel(), 3 * bucket + where.numel()]
-            shapes.append(shape)
     spans = static.spans()
     assert spans[0] == 64 and spans[-1] == static.limit and len(set(spans)) == len(spans)
     assert shapes == [(b, 1, s, ops) for b in static.buckets for s in spans]
     modes = []
     static.capture = True  # the capture itself needs CUDA: record the mode it would run in instead
     static._replay = lambda shape, args: modes.append(torch.is_inference_mode_enabled())  # type: ignore[method-assign]
-    static.capture_decode(ops)
+    static.prepare(ops)
+    assert static.prepared == set(shapes)
     assert modes == [True] * len(shapes)
 
 

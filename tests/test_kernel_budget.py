@@ -5,10 +5,20 @@ held on `cuda` by benchmarks/kernel_count.py's committed counts; here the meta c
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
+import torch
 
 from benchmarks.gpu import SMOLLM2_SHAPE
-from benchmarks.kernel_count import OUTSIDE_BUDGET, decode_step_counts
+from benchmarks.kernel_count import (
+    ADMISSION_BUDGET,
+    OUTSIDE_BUDGET,
+    admission_counts,
+    decode_step_counts,
+    flash_eligible,
+)
+from reference_trainer.model import attention
 
 META_PER_LAYER = {"flex": 32.5, "matmul": 45.0}  # meta counts as the sampler moved into the graph
 
@@ -19,3 +29,26 @@ def test_a_decode_step_launches_within_the_budget_outside_the_graph(attention: s
     assert counts["outside"] <= OUTSIDE_BUDGET, counts["ops_outside"]
     assert counts["per_layer"] <= META_PER_LAYER[attention] + 0.05, counts["ops_inside"]
     assert counts["head_and_sampler"] > 0  # the LM head and the sampler run inside the graph
+
+
+META_ADMISSION = 1068  # meta's count of a 64 x 32 admission (math SDPA there); cuda's: ADMISSION_BUDGET
+
+
+def test_an_admission_runs_on_a_fused_attention_path_within_its_budget() -> None:
+    """A step admitting 64 requests of 32 tokens: every attention call is one a GPU's flash kernel takes (no
+    math path), and the count may not grow (meta decomposes SDPA; on cuda the count is held to the issue's
+    budget of 560, benchmarks/results/kernel_count_admissions_cuda.json, and below when a CUDA build of
+    torch is installed)."""
+    calls: list[bool] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(flash_eligible(*args, **kwargs))
+        return sdpa(*args, **kwargs)
+
+    with mock.patch.object(attention.F, "scaled_dot_product_attention", spy):
+        counts = admission_counts(64, 32, SMOLLM2_SHAPE, "meta", "paged")
+    assert calls and all(calls), calls
+    assert counts["kernels"] <= META_ADMISSION, counts["ops"]
+    if torch.backends.cuda.is_built():
+        assert admission_counts(64, 32, SMOLLM2_SHAPE, "cuda", "paged")["kernels"] <= ADMISSION_BUDGET

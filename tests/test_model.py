@@ -73,7 +73,7 @@ def test_cached_forward_ragged_rows(llama_dir):
             cache,
             tables,
             num_new=torch.tensor([9, 6]),
-            select=torch.tensor([8, 5]),
+            select=torch.tensor([8, 9 + 5]),
         )
         after = cached(model, ids[:1, :1], torch.tensor([9]), cache, tables[:1])
     assert torch.allclose(got[0, 0], full[0, 8], atol=1e-5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Iterable, Mapping
@@ -10,7 +11,7 @@ from collections.abc import Sequence as Seq
 import torch
 
 from reference_trainer.engine import timing
-from reference_trainer.engine.config import EngineConfig
+from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.protocol import DecodeReport, Speculation
 from reference_trainer.engine.requests import RequestBook
@@ -28,6 +29,7 @@ from reference_trainer.engine.sampler import (
 )
 from reference_trainer.engine.scheduler import Scheduler
 from reference_trainer.engine.sequence import Request, Sequence
+from reference_trainer.engine.timing import interpolate
 from reference_trainer.engine.transfers import read_back
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import resolve_dtype
@@ -106,32 +108,45 @@ class Engine(RequestBook):
 
     # ---- stepping ----------------------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """One forward: a batched prefill of newly admitted sequences, a decode of all running ones, or,
-        with a speculation hook that proposes drafts, a verify of them. Returns the sequences that finished
-        in this step."""
-        kind, seqs = self.scheduler.schedule()
-        if not seqs:
+        """One forward: a decode of every running sequence, with the sequences admitted into free slots
+        riding in it (one forward over both, runner.mixed), or, with a speculation hook that proposes
+        drafts, a verify of them; a prefill of its own only for admissions while nothing runs. Returns the
+        sequences that finished in this step."""
+        kind, running, admitted = self.scheduler.schedule()
+        if not running and not admitted:
             return []
-        ops = self._capture_decode_graphs(seqs) if kind == "decode" else None
+        if admitted:  # the slots' sampling parameters change only when their requests do
+            self.sampling.assign(
+                [s.slot for s in admitted],  # type: ignore[misc]
+                [s.params for s in admitted],
+                [self._keys[s.seq_id] for s in admitted],
+            )
+        ops = self._capture_decode_graphs(running) if running and not admitted else None
         t_start = self.trace.now()
         occupied = dict(self.scheduler.occupied)
-        hook = self.speculation if kind == "decode" else None
+        hook = self.speculation if running else None
         if hook is not None:
-            drafts = hook.propose(seqs, [self._draft_room(s) for s in seqs])
+            drafts = hook.propose(running, [self._draft_room(s) for s in running])
             if drafts is not None:
-                return self.verify(seqs, drafts, hook.accept_rule, t_start=t_start)
-        if kind == "prefill":  # the slots' sampling parameters change only when their requests do
-            self.sampling.assign(
-                [s.slot for s in seqs],  # type: ignore[misc]
-                [s.params for s in seqs],
-                [self._keys[s.seq_id] for s in seqs],
-            )
+                return self.verify(running, drafts, hook.accept_rule, admitted=admitted, t_start=t_start)
+        fed = len(running) + sum(s.length - s.num_cached for s in admitted)
         t0 = time.perf_counter()
-        scored = self.runner.prefill(seqs) if kind == "prefill" else self.runner.decode(seqs, ops)
+        if kind == "prefill":
+            scored = self.runner.prefill(admitted)
+        elif admitted:
+            scored = self.runner.mixed(running, admitted)
+        else:
+            scored = self.runner.decode(running, ops)
+        seqs = running + admitted
         finished = self._emit(seqs, scored)
-        if hook is not None:
-            hook.observe(DecodeReport(seqs, time.perf_counter() - t0))
-        self._trace_forward(kind, t_start, occupied, seqs, len(seqs))
+        if hook is not None:  # a step with admissions is not the forward the cost table times
+            hook.observe(DecodeReport(running, None if admitted else time.perf_counter() - t0))
+        extra = (
+            {"prefill_rows": len(admitted), "prefill_tokens": fed - len(running)}
+            if running and admitted
+            else {}
+        )
+        self._trace_forward(kind, t_start, occupied, seqs, len(seqs), input_tokens=fed, **extra)
         return finished
 
     def _draft_room(self, seq: Sequence) -> int:
@@ -145,10 +160,11 @@ class Engine(RequestBook):
         return max(0, grow - 1)
 
     def _capture_decode_graphs(self, seqs: list[Sequence]) -> SamplerOps | None:
-        """CUDA graphs: before the first decode step with these sequences' sampler ops, every decode shape
-        with them is captured, as the trace's `capture` event, outside any timed step (and again after a
-        grown pool dropped the graphs). Returns the ops (None without a static forward), which the step
-        reuses; they are kept while the running set is unchanged (its scheduler membership)."""
+        """The running rows' sampler ops (None without a static forward), kept while the running set is
+        unchanged (its scheduler membership). Under CUDA graphs, ops that `prepare` did not capture for
+        (requests with other sampling parameters than the run's) have every decode shape captured now, as
+        the trace's `capture` event, outside the step's time (and again after a grown pool dropped the
+        graphs)."""
         static = self.runner.static
         if static is None:
             return None
@@ -161,8 +177,36 @@ class Engine(RequestBook):
         longest = max(s.num_cached for s in seqs) + 1
         if static.decode_graph_missing(len(seqs), longest, ops):
             with self.trace.phase(CAPTURE) as fields:
-                fields["graphs"] = static.capture_decode(ops)
+                fields["graphs"] = static.prepare(ops)
         return ops
+
+    def prepare(self, params: SamplingParams) -> None:
+        """Before a run's first timed step: capture every graph its decode steps (and, with a speculation
+        hook, its verify steps) can take with the run's sampling parameters, compiling flex's shapes with
+        them, and measure what admissions add to a decode step (the admission gate's overhead), as one
+        `capture` event. On a CPU there is nothing to prepare: every forward runs eagerly at its own shape
+        and an admission adds only its own tokens' work, so admissions ride at once."""
+        static = self.runner.static
+        if static is None:
+            return
+        with self.trace.phase(CAPTURE) as fields:
+            ops = SamplerOps.of([params])
+            fields["graphs"] = static.prepare(ops, verify=self.speculation is not None)
+            if static.capture:  # graphs replay a plain decode step; a step with admissions runs eagerly
+                table = self.measure_admission_overhead()
+                self.scheduler.gate.overhead = functools.partial(interpolate, table)
+                fields["admission_overhead"] = {str(b): k for b, k in table.items()}
+
+    def measure_admission_overhead(
+        self, batches: Seq[int] = (1, 8, 64, 256), tokens: int = 32, repeats: int = 3
+    ) -> dict[int, float]:
+        """What 1 admission of `tokens` tokens adds to a decode step of b running rows, in plain decode
+        steps, for each b in `batches` (below the capacity), timed on probe sequences in free slots
+        (timing.py); only while no request runs."""
+        if self.scheduler.running:
+            raise RuntimeError("measure before any request runs: the probes take free slots")
+        batches = sorted({min(b, self.slots.capacity - 1) for b in batches if b >= 1})
+        return timing.admission_overhead(self.runner, self.slots, batches, tokens, repeats)
 
     @torch.inference_mode()
     def verify(
@@ -171,26 +215,39 @@ class Engine(RequestBook):
         drafts: list[list[int]],
         accept_rule: AcceptRule = coupled_accept,
         *,
+        admitted: list[Sequence] | None = None,
         t_start: float | None = None,
     ) -> list[Sequence]:
         """One forward over each running sequence's newest token and its draft (`drafts[i]`, possibly empty):
         every position draws the token plain decoding would draw there (keyed by seed and position), a draft
         token is accepted while `accept_rule` holds (the exact rule: it equals that draw), and each sequence
         emits its accepted draft plus the draw at the first rejected (or the bonus) position. Rejected
-        positions are rolled back by not counting them as cached. Traced as a `verify` event; a verify
-        width's first use under graphs is captured first, as its own `capture` event. Returns the sequences
-        that finished."""
+        positions are rolled back by not counting them as cached. `admitted` (sequences just admitted into
+        free slots, their sampling parameters assigned) ride in the same forward and emit one token each, as
+        a sequence with an empty draft does. Traced as a `verify` event; a verify width's first use under
+        graphs is captured first, as its own `capture` event. Returns the sequences that finished."""
+        admitted = admitted or []
         static, width = self.runner.static, 1 + max(len(d) for d in drafts)
         t_start = self.trace.now() if t_start is None else t_start
         capture_start = self.trace.now()
-        if static is not None and static.ensure_captured(
-            len(seqs), width, max(s.num_cached for s in seqs) + width
+        if (
+            not admitted
+            and static is not None
+            and static.ensure_captured(len(seqs), width, max(s.num_cached for s in seqs) + width)
         ):  # outside the verify forward's time
             t_start = self.trace.now()
             self.trace.add({"kind": CAPTURE, "t_start": capture_start, "t_end": t_start, "graphs": 1})
         occupied = dict(self.scheduler.occupied)
         t0 = time.perf_counter()
-        scored = self.runner.extend(seqs, [[s.last_token] + d for s, d in zip(seqs, drafts, strict=True)])
+        rows = [[s.last_token] + d for s, d in zip(seqs, drafts, strict=True)]
+        prefill_tokens = sum(s.length - s.num_cached for s in admitted)
+        fed = sum(len(d) + 1 for d in drafts) + prefill_tokens
+        if admitted:
+            scored = self.runner.mixed(seqs, admitted, rows)
+            running, seqs, drafts = seqs, seqs + admitted, drafts + [[] for _ in admitted]
+        else:
+            scored = self.runner.extend(seqs, rows)
+            running = seqs
         counts = [len(d) + 1 for d in drafts]  # rows of each sequence: its draft positions + the bonus
         params = [s.params for s, c in zip(seqs, counts, strict=True) for _ in range(c)]
         # Row j of a sequence scores the token at position length + j: the draw plain decoding makes there.
@@ -230,11 +287,14 @@ class Engine(RequestBook):
             drafted += len(d)
             accepted += min(n_acc, n_out)
             start += count
-        if self.speculation is not None:
-            self.speculation.observe(DecodeReport(seqs, time.perf_counter() - t0, drafts, accepted_each))
-        self._trace_forward("verify", t_start, occupied, seqs, emitted, ahead, drafted=drafted,
-                            accepted=accepted, draft_seqs=draft_seqs, draft_emitted=draft_emitted,
-                            width=width - 1)  # fmt: skip
+        if self.speculation is not None:  # a step with admissions is not the forward the cost table times
+            seconds = None if admitted else time.perf_counter() - t0
+            n = len(running)
+            self.speculation.observe(DecodeReport(running, seconds, drafts[:n], accepted_each[:n]))
+        extra = {"prefill_rows": len(admitted), "prefill_tokens": prefill_tokens} if admitted else {}
+        self._trace_forward("verify", t_start, occupied, seqs, emitted, ahead, input_tokens=fed,
+                            drafted=drafted, accepted=accepted, draft_seqs=draft_seqs,
+                            draft_emitted=draft_emitted, width=width - 1, **extra)  # fmt: skip
         return finished
 
     def _trace_forward(
@@ -247,10 +307,11 @@ class Engine(RequestBook):
         lookahead_tokens: int | None = None,
         **extra: object,
     ) -> None:
-        """The trace event of one forward over `seqs` that emitted `tokens`. Lookahead requests' work is its
-        own kind (speculation/lookahead.py): their slots and tokens are counted apart and not in `tokens`, so
-        the step's samples' throughput is not inflated by tokens no update trains on. `lookahead_tokens`
-        None: one per lookahead request in `seqs` (a prefill or decode step emits one token per sequence)."""
+        """The trace event of one forward over `seqs` (its `rows`) that emitted `tokens`. Lookahead requests'
+        work is its own kind (speculation/lookahead.py): their slots and tokens are counted apart and not in
+        `tokens`, so the step's samples' throughput is not inflated by tokens no update trains on.
+        `lookahead_tokens` None: one per lookahead request in `seqs` (a prefill or decode step emits one
+        token per sequence)."""
         slots = self.scheduler.lookahead_running
         if slots and lookahead_tokens is None:
             lookahead_tokens = sum(s.lookahead for s in seqs)
@@ -258,8 +319,9 @@ class Engine(RequestBook):
         if slots or lookahead_tokens:
             extra.update(lookahead_slots=slots, lookahead_tokens=lookahead_tokens)
         self.trace.engine_step(
-            kind, t_start, self.trace.now(), occupied, self.slots.capacity, tokens - lookahead_tokens, **extra
-        )
+            kind, t_start, self.trace.now(), occupied, self.slots.capacity, tokens - lookahead_tokens,
+            rows=len(seqs), **extra,
+        )  # fmt: skip
 
     def _emit(self, seqs: list[Sequence], scored: Scored) -> list[Sequence]:
         """Sample one token per sequence from its row of `scored` (unless a decode graph did), read the

@@ -32,8 +32,6 @@ engine's own-shape forward, and on CUDA what graphs are compared with.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 
 from reference_trainer.engine.kv_cache import SlotManager
@@ -44,6 +42,7 @@ from reference_trainer.model.decoder import DecoderLM
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_KEY_SPAN = 64
+VERIFY_WIDTHS = (2, 3, 5, 9, 17)  # a verify of q drafts runs at the first of these >= q + 1 (capped)
 
 
 def batch_buckets(capacity: int) -> list[int]:
@@ -87,6 +86,10 @@ class StaticForward:
         self.graphs: dict[Shape, torch.cuda.CUDAGraph] = {}
         self._pool: object = None
         self._captured_over = 0  # data pointer of the cache the graphs write (a grown pool is a new one)
+        # Shapes prepared before a run (`prepare`: captured, or with capture=False only listed) and shapes
+        # run since: what tests/test_static_forward.py holds to "nothing is captured inside a timed step".
+        self.prepared: set[Shape] = set()
+        self.ran: set[Shape] = set()
 
     @property
     def limit(self) -> int:
@@ -105,8 +108,25 @@ class StaticForward:
     def fits(self, batch: int, width: int) -> bool:
         return batch <= self.buckets[-1] and width <= self.max_width
 
-    def span(self, longest: int) -> int:
-        """The key span of a forward whose rows reach position `longest` - 1."""
+    def width_bucket(self, width: int) -> int:
+        """The padded width a forward of `width` tokens per row runs at: 1 for decode; a verify's padded up
+        the VERIFY_WIDTHS (its padding is written at each row's own next positions, never sampled)."""
+        if width == 1:
+            return 1
+        return min(next((w for w in VERIFY_WIDTHS if w >= width), self.max_width), self.max_width)
+
+    def attention_for(self, width: int) -> str:
+        """The attention of a forward `width` tokens per row: the engine's choice, except that compiled
+        flex (flex.py: one compile per shape) runs decode only; a verify runs SDPA's fused kernel, so the
+        compiles a run needs are one per batch bucket."""
+        return "sdpa" if self.attention == "flex" and width > 1 else self.attention
+
+    def span(self, longest: int, width: int = 1) -> int:
+        """The key span of a forward `width` tokens per row whose rows reach position `longest` - 1: a power
+        of two; for flex decode the whole cache (flex visits only each row's own blocks, whatever the table
+        width, and one span is one compile per batch bucket instead of one per span)."""
+        if self.attention_for(width) == "flex":
+            return self.limit
         span = MIN_KEY_SPAN
         while span < longest:
             span *= 2
@@ -118,8 +138,8 @@ class StaticForward:
         """Hidden states [bucket, width, H] of rows continuing at `starts` in `slots` (padding rows past
         len(rows)), and `extras` uploaded with the inputs, as device views."""
         bucket = self.bucket(len(rows))
-        width = max(len(r) for r in rows)
-        span = self.span(max(starts) + width)
+        width = self.width_bucket(max(len(r) for r in rows))
+        span = self.span(max(starts) + width, width)
         pad = bucket - len(rows)
         blocks = self._blocks(span)
         where = self.slots.where(slots, blocks) + [self.scratch] * (pad * blocks)
@@ -136,7 +156,7 @@ class StaticForward:
         """One decode step, sampled: each row feeds `tokens[i]` at `starts[i]` in `slots[i]` and draws the
         token at `positions[i]`; returns the drawn tokens and their log-probs ([len(tokens)] device views)."""
         n, bucket = len(tokens), self.bucket(len(tokens))
-        span = self.span(max(starts) + 1)
+        span = self.span(max(starts) + 1, 1)
         pad, blocks = bucket - n, self._blocks(span)
         parts = {
             "ids": tokens + [PAD_ID] * pad,
@@ -164,13 +184,17 @@ class StaticForward:
         return args if ops is None else (*args, (inputs["slots"], inputs["positions"], ops))
 
     def _execute(self, shape: Shape, args: tuple) -> None:
+        self.ran.add(shape)
         if self.capture:
             self._replay(shape, args)
         else:
             self._forward(*args)
 
-    def spans(self) -> list[int]:
-        """Every key span a forward can have: powers of two from MIN_KEY_SPAN, then the cache's limit."""
+    def spans(self, width: int = 1) -> list[int]:
+        """Every key span a forward of `width` tokens per row can have: powers of two from MIN_KEY_SPAN,
+        then the cache's limit (flex decode: the limit only)."""
+        if self.attention_for(width) == "flex":
+            return [self.limit]
         spans = [MIN_KEY_SPAN]
         while spans[-1] < self.limit:
             spans.append(min(spans[-1] * 2, self.limit))
@@ -191,51 +215,68 @@ class StaticForward:
             parts |= {"slots": [0] * bucket, "positions": [0] * bucket}
         return self._args(upload(parts, self.device, into=self.inputs), bucket, width, span, ops)
 
-    def decode_shapes(self, ops: SamplerOps | None = None) -> Iterator[tuple[Shape, tuple]]:
-        """Every decode shape (each batch bucket, width 1, each key span; sampling with `ops`, or without
-        a sampling table, ending at the hidden states) with its padding arguments."""
+    def shapes(self, ops: SamplerOps | None, verify: bool) -> list[Shape]:
+        """Every shape a run's decode steps can take (each batch bucket and key span; sampling with `ops`,
+        or without a sampling table ending at the hidden states) and, with `verify`, every verify shape
+        (each bucket, verify width and span)."""
         ops = ops if self.sampling is not None else None
-        for bucket in self.buckets:
-            for span in self.spans():
-                yield (bucket, 1, span, ops), self.padding_args(bucket, 1, span, ops)
+        widths = [1] + (sorted({self.width_bucket(w) for w in VERIFY_WIDTHS}) if verify else [])
+        return [
+            (bucket, width, span, ops if width == 1 else None)
+            for width in widths
+            for bucket in self.buckets
+            for span in self.spans(width)
+        ]
 
     @torch.inference_mode()  # as every engine forward: a capture outside it records autograd state (and
     # compiled flex, seeing inputs that require grad, refuses a block mask built for inference only)
-    def capture_decode(self, ops: SamplerOps | None = None) -> int:
-        """Capture every decode shape with sampler ops `ops` now: the engine does this before its first
-        decode step with them, so no timed step pays a capture (nor, on CUDA with flex, a compile). Returns
-        the number of graphs captured."""
+    def prepare(self, ops: SamplerOps | None, verify: bool = False) -> int:
+        """Capture every shape a run can take (`shapes`) now, before its first timed step, so that no
+        timed step pays a capture or, on CUDA with flex, a compile. Returns the number of graphs captured
+        (none with capture=False, which only lists the shapes in `prepared`)."""
+        shapes = self.shapes(ops, verify)
+        self.prepared.update(shapes)
         if not self.capture:
             return 0
         self._drop_stale()
         before = len(self.graphs)
-        for shape, args in self.decode_shapes(ops):
+        for shape in shapes:
             if shape not in self.graphs:
-                self._replay(shape, args)
+                self._replay(shape, self.padding_args(*shape))
         return len(self.graphs) - before
+
+    def compile_keys(self) -> set[tuple[int, int, int, int]]:
+        """The compiled-flex shapes of every shape prepared or run: (bucket, width, table blocks, pool
+        size). Compiled flex compiles once per such key (flex.py), so this is the run's compile count."""
+        pool = self.slots.cache.num_blocks if not self.slots.contiguous else self.slots.capacity + 1
+        return {
+            (bucket, width, self._blocks(span), pool)
+            for bucket, width, span, _ in self.prepared | self.ran
+            if self.attention_for(width) == "flex"
+        }
 
     def decode_graph_missing(self, batch: int, longest: int, ops: SamplerOps) -> bool:
         """Whether a decode of `batch` rows reaching position `longest` - 1 with sampler ops `ops` would
-        run a shape not captured yet (its ops' first decode, or after a grown pool dropped the graphs)."""
+        run a shape not captured yet (ops not prepared for, or after a grown pool dropped the graphs)."""
         if not self.capture:
             return False
         self._drop_stale()
         ops_or_none = ops if self.sampling is not None else None
-        return (self.bucket(batch), 1, self.span(longest), ops_or_none) not in self.graphs
+        return (self.bucket(batch), 1, self.span(longest, 1), ops_or_none) not in self.graphs
 
     @torch.inference_mode()
-    def ensure_captured(self, batch: int, width: int, longest: int, ops: SamplerOps | None = None) -> bool:
-        """Capture the shape a forward of `batch` rows of `width` tokens reaching position `longest` - 1
-        will run at, if it is not yet captured (a verify width's first use); True if it captured. The
-        engine's verify calls this before timing its forward, so the capture is its own trace event."""
+    def ensure_captured(self, batch: int, width: int, longest: int) -> bool:
+        """Capture the shape a verify of `batch` rows of `width` tokens reaching position `longest` - 1
+        will run at, if it is not yet captured (not prepared for); True if it captured. The engine's verify
+        calls this before timing its forward, so such a capture is its own trace event."""
         if not self.capture or not self.fits(batch, width):
             return False
-        bucket, span = self.bucket(batch), self.span(longest)
-        ops = ops if width == 1 and self.sampling is not None else None
+        width = self.width_bucket(width)
+        shape = (self.bucket(batch), width, self.span(longest, width), None)
         self._drop_stale()
-        if (bucket, width, span, ops) in self.graphs:
+        if shape in self.graphs:
             return False
-        self._replay((bucket, width, span, ops), self.padding_args(bucket, width, span, ops))
+        self._replay(shape, self.padding_args(*shape))
         return True
 
     def _forward(
@@ -248,8 +289,9 @@ class StaticForward:
     ) -> None:
         """The captured region. `sampled` (a decode: slots, positions, ops): then the LM head over every
         row and the sampler, into `tokens` and `logprobs`; else the hidden states, into `hidden`."""
+        width = ids.shape[1]
         batch = CachedBatch(
-            starts, ids.shape[1], self.slots.cache, where, key_len=span, attention=self.attention
+            starts, width, self.slots.cache, where, key_len=span, attention=self.attention_for(width)
         )
         hidden = self.model.hidden_cached(ids, batch)
         if sampled is None:

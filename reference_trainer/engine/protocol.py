@@ -33,6 +33,11 @@ class RolloutEngine(Protocol):
         """New weights in place; in-flight work continues under them. version None: the next one."""
         ...
 
+    def prepare(self, params: SamplingParams) -> None:
+        """Before a run's first timed step: whatever its steps would otherwise pay for inside the clock
+        (graph captures, compiles, cost measurements) for requests sampled with `params`."""
+        ...
+
     def close(self) -> None:
         """Stop in-flight work and free workers; the engine is not used afterwards."""
         ...
@@ -80,10 +85,11 @@ class RequestEngine(RolloutEngine, Protocol):
 class DecodeReport:
     """What one decode step did, for the `Speculation` hook: a plain decode (`drafts` None) or a verify of
     `drafts`, with `accepted[i]` of sequence i's draft tokens accepted; `seconds`: the forward with its
-    sampling and read-back (drafting excluded), what a cost model predicts."""
+    sampling and read-back (drafting excluded), what a cost model predicts (None for a step that also
+    carried admissions: not the forward a cost table times)."""
 
     seqs: list[Sequence]
-    seconds: float
+    seconds: float | None
     drafts: list[list[int]] | None = None
     accepted: list[int] | None = None
 

@@ -1,20 +1,52 @@
-"""Continuous batching: admit waiting sequences into free slots, otherwise decode every running one."""
+"""Continuous batching: every step decodes the running sequences, and waiting ones admitted into free slots
+ride in that step (a prefill of its own only when nothing runs), as vLLM's chunked prefill mixes them."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
 
 
-class Scheduler:
-    """Waiting requests are admitted by (priority, arrival); a step is a prefill when any can be admitted."""
+class AdmissionGate:
+    """Whether admissions ride in the next decode step, or wait.
 
-    def __init__(self, slots: SlotManager, max_prefill_tokens: int) -> None:
+    A step with admissions may cost more than a plain decode step: on a GPU a plain decode step replays a
+    CUDA graph and a step with admissions runs eagerly. `overhead(batch)` is that extra cost, in plain decode
+    steps at `batch` running rows (measured by the engine: Engine.measure_admission_overhead). Waiting costs
+    the free slots' idle time; admitting costs the overhead for every running row. Ski rental: idle
+    slot-steps accrue while admissions wait, and they ride once those reach the overhead times the running
+    rows, which costs at most twice the better of the two choices in hindsight (Karlin, Manasse, Rudolph and
+    Sleator, 1988). With no overhead (the CPU, where every forward runs eagerly) they ride at once."""
+
+    def __init__(self, overhead: Callable[[int], float] | None = None) -> None:
+        self.overhead = overhead
+        self.owed = 0.0  # idle slot-steps accrued since admissions began to wait
+
+    def admit(self, running: int, ready: int) -> bool:
+        """Whether `ready` admissible requests ride in a decode step of `running` rows now."""
+        if self.overhead is None or running == 0:
+            return True
+        self.owed += ready
+        if self.owed < self.overhead(running) * running:
+            return False
+        self.owed = 0.0
+        return True
+
+
+class Scheduler:
+    """Waiting requests are admitted by (priority, arrival) into free slots: into a decode step of the
+    running sequences when any run (as the gate allows), else as a prefill of their own."""
+
+    def __init__(
+        self, slots: SlotManager, max_prefill_tokens: int, gate: AdmissionGate | None = None
+    ) -> None:
         self.slots = slots
         self.max_prefill_tokens = max_prefill_tokens
+        self.gate = gate or AdmissionGate()
         self._waiting: list[tuple[int, int, Sequence]] = []
         self._arrival = itertools.count()
         self.running: dict[int, Sequence] = {}  # slot -> sequence
@@ -42,8 +74,23 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running) or self.num_waiting > 0
 
-    def schedule(self) -> tuple[str, list[Sequence]]:
-        """("prefill", admitted) when a waiting sequence fits in a free slot, else ("decode", running)."""
+    def schedule(self) -> tuple[str, list[Sequence], list[Sequence]]:
+        """("prefill", [], admitted) when nothing runs and a waiting sequence fits a free slot; else
+        ("decode", running, admitted): the running sequences' decode step, with the sequences admitted into
+        free slots riding in it (none while the gate holds them back)."""
+        if self._decode is None:
+            self._decode = [self.running[s] for s in sorted(self.running)]
+        running = self._decode
+        free = self.slots.num_free
+        ready = min(free, self.num_waiting) if free and self._waiting else 0
+        admitted = self._admit() if ready and self.gate.admit(len(running), ready) else []
+        if not running:
+            return ("prefill", [], admitted) if admitted else ("decode", [], [])
+        return "decode", list(running), admitted
+
+    def _admit(self) -> list[Sequence]:
+        """Waiting sequences into free slots, in admission order, while their padded prefill fits
+        `max_prefill_tokens`."""
         admitted: list[Sequence] = []
         longest = 0
         while self._waiting and self.slots.num_free > 0:
@@ -60,11 +107,7 @@ class Scheduler:
             self._occupy(seq.slot, seq)
             admitted.append(seq)
             longest = longest_if
-        if admitted:
-            return "prefill", admitted
-        if self._decode is None:
-            self._decode = [self.running[s] for s in sorted(self.running)]
-        return "decode", list(self._decode)
+        return admitted
 
     def release(self, seq: Sequence) -> None:
         """Free a finished or aborted sequence's slot."""

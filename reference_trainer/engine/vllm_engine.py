@@ -275,6 +275,9 @@ class VLLMEngine(RequestBook):
         return {k: v - self._spec_start[k] for k, v in self._read_spec_metrics().items()}
 
     # ---- weights ---------------------------------------------------------------------------------------
+    def prepare(self, params: SamplingParams) -> None:
+        """Nothing: vLLM captures its CUDA graphs and compiles when the engine is built."""
+
     def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         """Load new weights into vLLM's model in place (the worker's `reload_weights` maps HF names onto
         fused layers and re-packs kernel layouts); in-flight requests continue under them. Cached prefixes

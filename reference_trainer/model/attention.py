@@ -20,7 +20,13 @@ forward (CachedBatch's `attention`, from `EngineConfig.attention`); all give the
 * "sdpa": the same reads, then one `F.scaled_dot_product_attention` call;
 * "flex": FlexAttention (flex.py), straight over the paged pool through the block tables, with no gather
   (compiled on CUDA; on CPU PyTorch's unfused reference, 10-100x slower: for tests).
-Prefill (Q > SMALL_Q) is SDPA over the gathered K/V whatever the choice: one fused kernel already.
+Prefill (Q > SMALL_Q) is SDPA over the gathered K/V whatever the choice: one fused kernel already. A fresh
+prefill (every row starts at position 0, `CachedBatch.fresh`) attends causally over its own new K/V, with no
+read of the cache and no mask: SDPA's fused causal kernel, whatever the width.
+
+A forward may hold several parts (`MixedBatch`): a decode step with admissions riding in it packs the
+running rows' newest tokens and the admitted rows' prompts into one row of tokens, so the projections,
+norms and MLP run once over all of them, and attention runs per part, each a CachedBatch of its own shape.
 """
 
 from __future__ import annotations
@@ -121,7 +127,9 @@ class CachedBatch:
     view of the cache. For a slot cache the caller may pass what it knows on the host — `key_len` (positions
     attended to, at least every row's last position + 1) and `slot_range` (the range `rows` covers) —
     since reading them from the device tensors would make the host wait for the device. `attention`: the
-    few-query implementation (IMPLEMENTATIONS).
+    few-query implementation (IMPLEMENTATIONS). `fresh` (host-known): every row starts at position 0, so
+    each attends causally over its own new tokens only (a right-padded row's real tokens never see its
+    padding, which comes after them).
     """
 
     def __init__(
@@ -135,11 +143,13 @@ class CachedBatch:
         key_len: int | None = None,
         slot_range: tuple[int, int] | None = None,
         attention: str = "matmul",
+        fresh: bool = False,
     ) -> None:
         if attention not in IMPLEMENTATIONS:
             raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {attention!r}")
         self.num_q, self.start_pos, self.cache = num_q, start_pos, cache
-        self.flex = attention == "flex" and num_q <= SMALL_Q
+        self.fresh = fresh and num_q > 1
+        self.flex = attention == "flex" and num_q <= SMALL_Q and not self.fresh
         self.sdpa = attention == "sdpa"
         self.block_mask: flex.BlockMask | None = None
         device = start_pos.device
@@ -170,7 +180,7 @@ class CachedBatch:
             self.real = real
         if self.flex:  # each row's last real position: flex lists no block past it
             self.last = start_pos + (num_q - 1 if num_new is None else num_new - 1)
-        else:  # flex masks by its own mask_mod
+        elif not self.fresh:  # flex masks by its own mask_mod; a fresh prefill is causal
             keys = torch.arange(self.key_len, device=device)
             self.mask = keys[None, None, :] <= self.positions[:, :, None]  # [B, Q, K]
             self._grouped: dict[tuple[int, bool], torch.Tensor] = {(1, True): self.mask}
@@ -225,13 +235,22 @@ def write_and_attend(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    batch: CachedBatch,
+    batch: CachedBatch | MixedBatch,
 ) -> torch.Tensor:
     """Store the new k/v ([B, Q, Hkv, D]) in the cache, then attend q ([B, Q, H, D]) over each row's cached
     positions; returns [B, Q, H * D]."""
+    if isinstance(batch, MixedBatch):
+        return batch.write_and_attend(q, k, v, k_cache, v_cache)
     bsz, num_q, heads, dim = q.shape
     kv_heads = k.shape[2]
     _write(k, v, k_cache, v_cache, batch)
+    if batch.fresh:  # each row over its own new tokens, causally: no cache read, no mask
+        if kv_heads != heads:  # every query head's K/V: SDPA's fused kernels take no GQA (enable_gqa: math)
+            k, v = (t.repeat_interleave(heads // kv_heads, dim=2) for t in (k, v))
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        return out.transpose(1, 2).reshape(bsz, num_q, heads * dim)
     if batch.flex and batch.paged:  # the pool itself, no gather (a cast only if the cache's dtype differs)
         keys, values = (c.view(kv_heads, -1, dim)[None].to(q.dtype) for c in (k_cache, v_cache))
         out = flex.attend(_fold(q, kv_heads), keys, values, batch.flex_mask(heads // kv_heads))
@@ -283,10 +302,15 @@ def _write(
     bsz, num_q, kv_heads, dim = k.shape
     if batch.paged:
         for new, pool in ((k, k_cache), (v, v_cache)):
-            flat = new.permute(2, 0, 1, 3).reshape(kv_heads, bsz * num_q, dim)  # [Hkv, B*Q, D]
-            if batch.real is not None:
-                flat = flat[:, batch.real]
-            pool.view(kv_heads, -1, dim).index_copy_(1, batch.write_index, flat.to(pool.dtype))
+            heads_first = new.permute(2, 0, 1, 3)  # [Hkv, B, Q, D], a view: index_put reads it strided
+            if batch.real is None:
+                index, values = batch.write_index.view(bsz, num_q), heads_first
+            else:
+                index, values = (
+                    batch.write_index,
+                    heads_first.reshape(kv_heads, bsz * num_q, dim)[:, batch.real],
+                )
+            pool.view(kv_heads, -1, dim)[:, index] = values.to(pool.dtype)
     else:
         slot_of, pos = batch.write_at
         for new, cache in ((k, k_cache), (v, v_cache)):
@@ -305,3 +329,29 @@ def _unfold(out: torch.Tensor, num_q: int) -> torch.Tensor:
     bsz, kv_heads, rows, dim = out.shape
     group = rows // num_q
     return out.view(bsz, kv_heads, group, num_q, dim).permute(0, 3, 1, 2, 4).reshape(bsz, num_q, -1)
+
+
+class MixedBatch:
+    """A forward over several parts packed into one row of N tokens ([1, N] ids): the dense ops run once over
+    every token, attention per part. `parts`: (the part's CachedBatch, its rows, its width), in token order.
+    Parts attend in that order within every layer, so a part that writes padding K/V into another part's
+    slot (the packed-range decode of the contiguous layout, runner.py) must come before it: the later part
+    writes its real K/V over it in the same layer."""
+
+    def __init__(self, parts: list[tuple[CachedBatch, int, int]]) -> None:
+        self.parts = parts
+        self.cache = parts[0][0].cache
+        self.positions = torch.cat([b.positions.reshape(-1) for b, _, _ in parts])[None]  # [1, N]
+
+    def write_and_attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """`write_and_attend` of each part over its slice of the packed q/k/v ([1, N, heads, D]); returns
+        [1, N, H * D]."""
+        outs, start = [], 0
+        for batch, rows, width in self.parts:
+            n = rows * width
+            q_, k_, v_ = (t[0, start : start + n].view(rows, width, *t.shape[2:]) for t in (q, k, v))
+            outs.append(write_and_attend(q_, k_, v_, k_cache, v_cache, batch).reshape(1, n, -1))
+            start += n
+        return torch.cat(outs, dim=1)

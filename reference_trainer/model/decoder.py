@@ -7,7 +7,8 @@ optional QKV bias and optional tied embeddings. Two entry points:
 * `forward_cached(input_ids, batch)` — the engine's path: each row continues its own sequence where
   `batch` (attention.CachedBatch, built once per forward by the engine's runner) says, reading and writing
   K/V in its blocks of a paged cache or its slot of a slot cache (attention.py). With Q > 1 this is
-  prefill, resume or multi-token verification; with Q == 1 it is a decode step.
+  prefill, resume or multi-token verification; with Q == 1 it is a decode step; with a MixedBatch, a
+  decode step with admissions riding in it (several parts packed into one row of tokens).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_trainer.model.attention import CachedBatch, write_and_attend
+from reference_trainer.model.attention import CachedBatch, MixedBatch, write_and_attend
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.packed import InferenceLinear
 
@@ -93,7 +94,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         cache: object | None = None,  # attention.PagedKVCache or SlotKVCache
-        batch: CachedBatch | None = None,
+        batch: CachedBatch | MixedBatch | None = None,
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The attention's output, plus `residual` where given (on the inference path on CUDA, added in the
@@ -203,8 +204,8 @@ class DecoderLM(nn.Module):
         cos, sin = self._rope(positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, cache, batch)
-        if select is not None:  # only these positions need logits: [B] -> [B, 1, H]
-            x = x[torch.arange(x.shape[0], device=x.device), select][:, None]
+        if select is not None:  # only these positions need logits: flat indices [S] -> [S, 1, H]
+            x = x.reshape(-1, x.shape[-1])[select][:, None]
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -219,16 +220,17 @@ class DecoderLM(nn.Module):
         return self.logits(self._hidden(input_ids, positions))
 
     def forward_cached(
-        self, input_ids: torch.Tensor, batch: CachedBatch, select: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, batch: CachedBatch | MixedBatch, select: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Continue each row's sequence as `batch` says (attention.CachedBatch: where each row starts, its
-        K/V's blocks or slot in the cache, its real tokens, how it attends): [B, Q] ids -> [B, Q, V] logits.
-        `select[b]` limits the logits to one position per row ([B, 1, V]), as prefill needs."""
+        K/V's blocks or slot in the cache, its real tokens, how it attends; a MixedBatch: several such parts
+        packed into one row of tokens): [B, Q] ids -> [B, Q, V] logits. `select` (flat indices into the
+        B x Q positions) limits the logits to those positions ([S, 1, V]): the ones sampled from."""
         # Sampling works on fp32 logits whatever the model's dtype (one upcast here, a no-op for fp32).
         return self.logits(self.hidden_cached(input_ids, batch, select)).float()
 
     def hidden_cached(
-        self, input_ids: torch.Tensor, batch: CachedBatch, select: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, batch: CachedBatch | MixedBatch, select: torch.Tensor | None = None
     ) -> torch.Tensor:
         """`forward_cached` up to the final norm: [B, Q, H] hidden states, for `logits` to finish."""
         return self._hidden(input_ids, batch.positions, batch.cache, batch, select)

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
-from reference_trainer.engine.config import EngineConfig
+from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.protocol import RolloutEngine
 from reference_trainer.engine.sequence import Request, Sequence
@@ -116,6 +116,9 @@ class RolloutWorker:
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self.engine.update_weights(state_dict, version=version)
 
+    def prepare(self, params: SamplingParams) -> None:
+        self.engine.prepare(params)
+
     def ready(self) -> int:
         return self.worker
 
@@ -186,6 +189,10 @@ class LocalWorkerPool:
         self.policy_version = self.policy_version + 1 if version is None else version
         for w in self.workers:
             w.update_weights(state_dict, self.policy_version)
+
+    def prepare(self, params: SamplingParams) -> None:
+        for w in self.workers:
+            w.prepare(params)
 
     def close(self) -> None:
         self.workers = []
@@ -275,6 +282,9 @@ class RayWorkerPool:
         self.policy_version = self.policy_version + 1 if version is None else version
         weights = self._ray.put(_inference_state(state_dict, self.device))
         self._ray.get([a.update_weights.remote(weights, self.policy_version) for a in self.actors])
+
+    def prepare(self, params: SamplingParams) -> None:
+        self._ray.get([a.prepare.remote(params) for a in self.actors])
 
     def close(self) -> None:
         for a in self.actors:

@@ -112,11 +112,12 @@ class Speculator:
     def observe(self, report: DecodeReport) -> None:
         """The step's time corrects its kind's cost; a verify's acceptances feed the drafter and alpha."""
         assert self.cost_model is not None
-        kind = "decode" if report.drafts is None else "verify"
-        predicted = self.cost_model.cost(len(report.seqs), report.width)
-        ratio = min(max(report.seconds / predicted, 0.05), 20.0)
-        old = self.correction[kind]
-        self.correction[kind] = ratio if old is None else 0.9 * old + 0.1 * ratio
+        if report.seconds is not None:
+            kind = "decode" if report.drafts is None else "verify"
+            predicted = self.cost_model.cost(len(report.seqs), report.width)
+            ratio = min(max(report.seconds / predicted, 0.05), 20.0)
+            old = self.correction[kind]
+            self.correction[kind] = ratio if old is None else 0.9 * old + 0.1 * ratio
         if report.drafts is None or report.accepted is None:
             return
         for seq, d, n_acc in zip(report.seqs, report.drafts, report.accepted, strict=True):

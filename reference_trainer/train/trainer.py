@@ -57,6 +57,7 @@ class Trainer:
         self.task, self.tokenizer, self.policy = parts.task, parts.tokenizer, parts.policy
         self.updater, self.trace, self.engine = parts.updater, parts.trace, parts.engine
         self.stream, self.strategy, self.ctx = parts.stream, parts.strategy, parts.ctx
+        self.engine.prepare(self.ctx.params)  # captures and compiles before any step's clock starts
         self.step = 0
         self.logged: list[dict[str, Any]] = []  # finished steps a resume re-runs: rows kept, not re-logged
         self.heldout = self._heldout() if config.eval_every > 0 else None
