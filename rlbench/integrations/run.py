@@ -29,7 +29,7 @@ WHATIF_WORKERS = (1, 8, 64, 512, 4096)
 # (about a minute of simulation on one CPU core); the default counts stop at AUTO_REPLAYED (a few seconds),
 # so a first call on a real run's log (96 groups of 8 at 8,948 tokens) answers at once.
 MAX_REPLAYED = 1 << 21
-AUTO_REPLAYED = 1 << 16
+AUTO_REPLAYED = 1 << 15
 NO_GPU = (
     "an imported run has no GPU timeline: rlbench profile --engine-metrics samples NVML around a live run"
 )

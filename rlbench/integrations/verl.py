@@ -154,7 +154,7 @@ def _bubble_if_concurrent(data: dict[str, Any], template: str) -> float | None:
     return 1.0 - mean / top if is_number(mean) and is_number(top) and top > 0 else None
 
 
-def _timer(data: dict[str, Any], name: str) -> float:
+def timer(data: dict[str, Any], name: str) -> float:
     value = data.get(f"timing_s/{name}")
     return max(0.0, float(value)) if is_number(value) else 0.0
 
@@ -174,7 +174,7 @@ def timeline(steps: dict[int, dict[str, Any]]) -> tuple[list[dict[str, Any]], di
             {"kind": ROLLOUT, "step": step, "t_start": clock, "t_end": clock + gen, "source": "verl gen"}
         )
         at = clock + gen
-        reward = {"kind": REWARD, "step": step, "t_start": at, "t_end": min(end, at + _timer(data, "reward"))}
+        reward = {"kind": REWARD, "step": step, "t_start": at, "t_end": min(end, at + timer(data, "reward"))}
         if is_number(data.get(SCORE)):
             reward["reward_mean"] = float(data[SCORE])
         if is_number(data.get(REWARD_T)) or "reward_mean" in reward:
@@ -183,7 +183,7 @@ def timeline(steps: dict[int, dict[str, Any]]) -> tuple[list[dict[str, Any]], di
         for kind, names in ((UPDATE, TRAINER_WORK), (SYNC, WEIGHT_SYNC)):
             for name in names:
                 if is_number(data.get(f"timing_s/{name}")):
-                    stop = min(end, at + _timer(data, name))
+                    stop = min(end, at + timer(data, name))
                     events.append({"kind": kind, "step": step, "t_start": at, "t_end": stop, "name": name})
                     at = stop
         # the step's end must be on the clock even when no timer reaches it (its work is unknown)
