@@ -110,7 +110,7 @@ def test_audit_says_a_verl_6693_log_is_trainer_bound_though_it_declares_no_idle(
 
 
 def test_audit_of_a_verl_sync_log_and_of_a_run_folder(tmp_path):
-    res = cli("audit", str(SYNC), "--slots", "16", "--json", str(tmp_path / "audit.json"))
+    res = cli("audit", str(SYNC), "--slots", "16", "--out", str(tmp_path / "audit.json"))
     assert res.returncode == 0, res.stderr
     doc = read_json(tmp_path / "audit.json")
     trainer = doc["figures"][0]
@@ -254,3 +254,17 @@ def test_validate_names_the_first_bad_record(tmp_path, change, why):
     path.write_text(json.dumps(good) + "\n" + json.dumps({**good, **change}) + "\n")
     assert_one_line_error(cli("trace", "validate", str(path)), f"record 2: {why}".split(": ", 1)[0])
     assert_one_line_error(cli("trace", "validate", str(path)), why)
+
+
+def test_audit_of_a_native_run_labels_it_from_its_trace(tiny_model_dir, tmp_path):
+    small = ("--prompts-per-step", "2", "--group-size", "2", "--max-tokens", "8", "--eval-every", "0")
+    res = cli("train", "--model", str(tiny_model_dir), *small, "--steps", "2", "--out", "run", tmp=tmp_path)
+    assert res.returncode == 0, res.stderr
+    res = cli("audit", str(tmp_path / "run"), "--out", str(tmp_path / "audit.json"))
+    assert res.returncode == 0, res.stderr
+    doc = read_json(tmp_path / "audit.json")
+    summary = metrics.compute(read_jsonl(tmp_path / "run" / "trace.jsonl"))["summary"]
+    trainer, rollout = doc["figures"][0], doc["figures"][1]
+    assert trainer["rebuilt"] == pytest.approx(summary["trainer_idle_share"])
+    assert rollout["rebuilt"] == pytest.approx(summary["rollout_idle_share"])
+    assert doc["label"] == summary["bound"] and doc["label_from"] == "rebuilt"

@@ -29,8 +29,8 @@ def audit_command(
     trust_pickle: Annotated[
         bool, typer.Option("--trust-pickle", help="Load a slime .pt that needs a full unpickle.")
     ] = False,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Also write the audit as JSON here.")
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also write the audit as JSON to this file.")
     ] = None,
 ) -> None:
     """Rebuild trainer idle, rollout idle and the slot bubble from the run's own evidence, set them beside
@@ -65,5 +65,5 @@ def audit_command(
     typer.echo(f"label: {label}{basis}")
     for note in doc["notes"]:
         typer.echo(f"note: {note}")
-    if json_out is not None:
-        write_json(json_out, doc)
+    if out is not None:
+        write_json(out, doc)

@@ -25,7 +25,7 @@ from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics, rollout_trace
 from reference_trainer.trace.records import read_json, read_jsonl
 from reference_trainer.trace.schema import is_number, read_trace
-from rlbench.integrations import convert, verl
+from rlbench.integrations import convert, lengthlog, verl
 
 TOLERANCE = 0.10  # absolute, on shares; relative on times
 QUIET = 0.05  # a declared idle share under this says "never idle"
@@ -174,7 +174,7 @@ def _named(key: str | None, where: dict[str, str]) -> str | None:
 
 def audit_run(run_dir: Path, tolerance: float) -> dict[str, Any]:
     """An rlbench run folder: the trace's own shares, beside the imported framework's and NVML's."""
-    doc = read_json(run_dir / "metrics.json")
+    doc = read_json(run_dir / "metrics.json") if (run_dir / "metrics.json").is_file() else {}
     computed = metrics.compute(read_trace(run_dir / "trace.jsonl"), doc.get("gpu"))["summary"]
     rows = (doc.get("integration") or {}).get("per_step") or []
     notes: list[str] = []
@@ -248,38 +248,28 @@ def audit_run(run_dir: Path, tolerance: float) -> dict[str, Any]:
 def audit_records(
     path: Path, records: list[dict[str, Any]], slots: int | None, tolerance: float
 ) -> dict[str, Any]:
-    """Per-request records alone (no trainer phases): the slot bubble of each step's requests."""
-    busy = capacity_s = 0.0
-    for step_records in rollout_trace.records_by_step(records).values():
-        occ = rollout_trace.occupancy(step_records, slots)
-        if occ["bubble"] is not None:
-            busy += occ["busy_s"]
-            capacity_s += occ["capacity"] * occ["window_s"]
-    bubble = 1.0 - busy / capacity_s if capacity_s > 0 else None
-    evidence = "requests' admit-to-finish time over each step's window, " + (
-        f"{slots} slots per engine" if slots else "the peak concurrency as capacity (a lower bound)"
-    )
-    figures = [
-        _figure(
-            "slot bubble",
-            bubble,
-            evidence if bubble is not None else "no request times",
-            None,
-            None,
-            tolerance,
-        )
-    ]
+    """Per-request records alone (no trainer phases): the slot bubble of each step's requests, over their
+    measured times where the records have them, else over decode steps rebuilt from their lengths."""
+    timed = [r for r in records if r["time_source"] == "measured"]
+    if timed:
+        busy = capacity_s = 0.0
+        for step_records in rollout_trace.records_by_step(timed).values():
+            occ = rollout_trace.occupancy(step_records, slots)
+            if occ["bubble"] is not None:
+                busy += occ["busy_s"]
+                capacity_s += occ["capacity"] * occ["window_s"]
+        bubble = 1.0 - busy / capacity_s if capacity_s > 0 else None
+        per = f"{slots} slots per engine" if slots else "the peak concurrency as capacity (a lower bound)"
+        evidence = f"requests' admit-to-finish time over each step's window, {per}"
+    else:
+        groups = convert.to_groups(records)
+        batch = max(sum(len(g.lengths) for g in gs) for gs in lengthlog.by_step(groups).values())
+        bubble = lengthlog.decode_step_bubble(groups, slots or batch)
+        evidence = f"decode steps rebuilt from the lengths, {slots or batch} slots (no request times)"
+    figures = [_figure("slot bubble", bubble, evidence, None, None, tolerance)]
     notes = ["no trainer phases in per-request records: trainer idle and the label need the run's phases"]
-    return _doc(
-        path,
-        "rollout requests",
-        len(rollout_trace.records_by_step(records)),
-        figures,
-        None,
-        None,
-        notes,
-        tolerance,
-    )
+    steps = len(rollout_trace.records_by_step(records))
+    return _doc(path, "rollout requests", steps, figures, None, None, notes, tolerance)
 
 
 def _doc(
@@ -317,7 +307,7 @@ def audit(
     trust_pickle: bool = False,
 ) -> dict[str, Any]:
     """The audit of a run folder, a verl file log, or any per-request file `rlbench trace convert` reads."""
-    if path.is_dir() and (path / "metrics.json").is_file() and (path / "trace.jsonl").is_file():
+    if path.is_dir() and (path / "trace.jsonl").is_file():
         return audit_run(path, tolerance)
     if _is_verl_log(path):
         return audit_verl(path, slots, tolerance)

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,9 +63,16 @@ def from_groups(groups: list[Group], source: str, hashed: bool) -> list[Record]:
     ]
 
 
-def _slime(path: Path, trust_pickle: bool) -> list[Record]:
-    import pickle
+def to_groups(records: list[Record]) -> list[Group]:
+    """The records' response lengths as length-log groups (step, group, engine), in record order."""
+    order: dict[tuple[int, str, Any], list[int]] = {}
+    for r in records:
+        order.setdefault((r["step"], r["group"], r.get("engine")), []).append(max(1, r["response_tokens"]))
+    return [Group(step, group, tuple(lengths), worker=engine if type(engine) is int else 0)
+            for (step, group, engine), lengths in order.items()]  # fmt: skip
 
+
+def _slime(path: Path, trust_pickle: bool) -> list[Record]:
     import torch
 
     try:
