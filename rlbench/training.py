@@ -190,7 +190,7 @@ def interleave(
             if until is not None and until(name, row):
                 stopped.add(name)
             say(
-                f"step {row['step']} ({k + 1}/{steps}) {name:>14}: {row['step_time_s']:.1f} s, "
-                f"reward {row['reward_mean']:.3f}, len {row['response_len_mean']:.0f}"
+                f"step {row['step']} {name:>14}: {row['step_time_s']:.1f} s, "
+                f"reward {row['reward_mean']:.3f}, len {row['response_len_mean']:.0f} ({k + 1}/{steps})"
             )
     return rows

@@ -58,6 +58,10 @@ def test_a_grpo_run_becomes_an_rlbench_run(tmp_path):
     res = cli("report", str(out))
     assert res.returncode == 0, res.stderr
     assert "TRL GRPOTrainer" in (out / "report.html").read_text()
+    # the audit sets TRL's own step_time beside the trace's step time
+    res = cli("audit", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "declared by TRL step_time" in res.stdout and "label: " in res.stdout
 
 
 def test_without_the_wrapper_the_probe_closes_the_rollout(tmp_path):

@@ -46,7 +46,7 @@ events' `step` field. Definitions that the contract leaves open are fixed here:
   it). `bound_label` turns the two into one word by the rule of docs/metrics.md ("Which side bounds the
   run"); `rlbench audit` and asynchronous runs use the same function.
 - A value the trace cannot give is null, never 0: a trace without engine events has no rollout tokens, one
-  without sequence events no trained tokens.
+  without sequence events no trained tokens (nor lookahead tokens without engine events).
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def _step(
         "bubble_ratio": (1.0 - slot_time / (capacity * wall)) if capacity and wall > 0 else None,
         "rollout_tokens": tokens,
         "rollout_tokens_per_s": None if tokens is None else _ratio(tokens, wall),
-        "lookahead_tokens": sum(int(e.get("lookahead_tokens", 0)) for e in engine),
+        "lookahead_tokens": sum(int(e.get("lookahead_tokens", 0)) for e in engine) if engine else None,
         "lookahead_slot_share": _ratio(lookahead_slot_time, capacity * wall),
         "step_time_s": step_time,
         "trainer_busy_s": trainer_busy if step_phases else None,
@@ -357,7 +357,7 @@ def summary(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
         "bubble_ratio": (1.0 - sum(s["slot_time"] for s in steps) / slot_cap) if slot_cap > 0 else None,
         "rollout_tokens": tokens,
         "rollout_tokens_per_s": None if tokens is None else _ratio(tokens, wall),
-        "lookahead_tokens": sum(s["lookahead_tokens"] for s in steps),
+        "lookahead_tokens": _known_sum(s["lookahead_tokens"] for s in steps),
         "lookahead_slot_share": _ratio(sum(s["lookahead_slot_time"] for s in steps), slot_cap),
         "step_time_s": _mean(s["step_time_s"] for s in steps),
         "total_time_s": sum(s["step_time_s"] or 0.0 for s in steps),

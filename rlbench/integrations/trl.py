@@ -39,7 +39,7 @@ from transformers import TrainerCallback
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import extend_jsonl, make_dir
 from reference_trainer.trace.schema import REWARD, ROLLOUT, UPDATE
-from rlbench.integrations import lengthlog, run
+from rlbench.integrations import lengthlog, run, trl_logs
 from rlbench.integrations.lengthlog import Group
 from rlbench.integrations.trl_logs import LENGTH_COLUMN, TRL_KEYS
 
@@ -210,7 +210,7 @@ class RLBenchRecorder(TrainerCallback):
             self.notes.append("the length probe was never called: add recorder.probe to reward_funcs")
         info = {"method": METHOD + self.notes, "limits": LIMITS, "per_step": per_step}
         meta = {"framework": "TRL GRPOTrainer", "source": "rlbench.integrations.trl callback",
-                "slots_per_worker": slots, "time_unit": "s",
+                "slots_per_worker": slots, "time_unit": "s", "checked_against": trl_logs.CHECKED_AT,
                 "rollout_timed_by": "GRPOTrainer._generate" if self._wrapped else "length probe"}  # fmt: skip
         whatif = None
         if self.groups and slots:

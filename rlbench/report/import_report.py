@@ -98,7 +98,8 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
             f"Replayed through <code>rlbench simulate</code> ({html.escape(whatif['label'])}): "
             f"{html.escape(whatif['cost_model'])}, {whatif['slots_per_worker']} slots per worker, each "
             f"worker given {whatif['groups_per_worker']} groups per step (the logged batch per step), "
-            f"{whatif.get('steps_replayed', 'all')} step(s) replayed."
+            f"{whatif.get('steps_replayed', 'all')} step(s) replayed. "
+            + "; ".join(html.escape(line) for line in whatif.get("sampling") or [])
         )
         body = [f'<p class="sub">{text}</p>', table(whatif_rows(whatif))]
         sections.append(("What each mode would buy here (predicted)", body))
