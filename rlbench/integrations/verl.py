@@ -28,7 +28,9 @@ from reference_trainer.trace.records import read_jsonl
 from reference_trainer.trace.schema import REWARD, ROLLOUT, SYNC, UPDATE, is_number
 from rlbench.integrations.lengthlog import Group
 
-CHECKED_AT = "verl-project/verl 1dda039b (0.10.0.dev) and volcengine/verl b178a3cd (0.8.0.dev)"
+CHECKED_AT = (
+    "verl-project/verl 1dda039b (0.10.0.dev), 266fdced (0.8.0.dev); volcengine/verl b178a3cd (0.8.0.dev)"
+)
 GEN, STEP = "timing_s/gen", "timing_s/step"
 REWARD_T = "timing_s/reward"
 # The trainer's work on a batch, in the order verl's fit() runs it (ray_trainer.py): rlbench `update` phases.
@@ -49,7 +51,6 @@ IDLE_KEYS: dict[str, tuple[str, str]] = {
     "rollouter/idle_ratio": ("rollouter", "verl 0.8.0.dev before 9aaa5761"),
     "dynamic_resource/rollout_resource_utilization": ("slots", "verl 0.9.0.dev from 298fdc71 (#6556) on"),
 }
-ACTIVE_TIME = ("fully_async/rollouter/active_time", "rollouter/active_time")
 VERSION_TIME = ("fully_async/rollouter/version_time", "rollouter/version_time")
 GENERATED = "fully_async/count/total_generated_samples"
 PROCESSING_MEAN = "fully_async/processing_time/avg"
