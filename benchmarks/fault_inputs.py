@@ -125,6 +125,7 @@ FUZZ_STUBS = {
     "import lengths": "rlbench.integrations.imports.import_lengths",
     "import verl": "rlbench.integrations.imports.import_verl",
     "import trl": "rlbench.integrations.imports.import_trl",
+    "audit": "rlbench.integrations.audit.audit",
 }
 
 
@@ -154,6 +155,7 @@ def fuzz_base_args(model: str, data: Path) -> dict[str, tuple[str, ...]]:
         "import lengths": ("lengths.jsonl", "--workers", "1"),  # the stub stands in before the file is read
         "import verl": ("exp.jsonl", "--workers", "1"),
         "import trl": ("output_dir", "--workers", "1"),
+        "audit": ("log.jsonl",),  # the stub stands in before the file is read
     }
 
 

@@ -15,6 +15,7 @@ try:  # Ctrl-C while the imports run (the first second of every command) is a cl
     from reference_trainer.errors import Interrupted, UserError, missing_module
     from rlbench import __version__
     from rlbench.commands import (
+        audit,
         compare,
         doctor,
         embedded,
@@ -105,7 +106,12 @@ _group(
     "Another framework's finished run (TRL's output_dir, verl's logs, any length log) as an rlbench run.",
     {"trl": imports.trl_command, "verl": imports.verl_command, "lengths": imports.lengths_command},
 )
-_group("trace", "Export a run's trace to other viewers (Perfetto).", {"export": trace.export_command})
+app_.command("audit")(audit.audit_command)
+_group(
+    "trace",
+    "Export a run's trace (Perfetto); convert per-request files to the open rollout trace and validate one.",
+    {"export": trace.export_command, "convert": trace.convert_command, "validate": trace.validate_command},
+)
 # Models and the machine
 _group(
     "models",

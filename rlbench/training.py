@@ -126,7 +126,8 @@ def _run_with_progress(trainer: Trainer) -> list[dict[str, Any]]:
                 info += f"  held-out {row['val/heldout_greedy_acc']:.3f}"
             progress.update(bar, completed=row["step"] + 1, info=info)
             if plain:
-                progress.console.print(f"step {row['step'] + 1}/{config.steps}  {info}")
+                # the step's own number, as the trace, metrics.jsonl and the pages name it (from 0)
+                progress.console.print(f"step {row['step']} ({row['step'] + 1}/{config.steps})  {info}")
 
         trainer.on_evaluate = on_evaluate
         rows = trainer.run(on_step)
@@ -189,7 +190,7 @@ def interleave(
             if until is not None and until(name, row):
                 stopped.add(name)
             say(
-                f"step {k + 1}/{steps} {name:>14}: {row['step_time_s']:.1f} s, "
-                f"reward {row['reward_mean']:.3f}, len {row['response_len_mean']:.0f}"
+                f"step {row['step']} {name:>14}: {row['step_time_s']:.1f} s, "
+                f"reward {row['reward_mean']:.3f}, len {row['response_len_mean']:.0f} ({k + 1}/{steps})"
             )
     return rows

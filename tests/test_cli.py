@@ -104,8 +104,9 @@ def test_train_without_a_terminal_says_each_step_and_each_evaluation(tiny_model_
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "held-out evaluation of step 0 (128 problems)" in out and "held-out evaluation of step 1" in out
-    assert "step 1/2  reward" in out and "held-out" in out.split("step 1/2", 1)[1]
-    assert out.index("held-out evaluation of step 0") < out.index("step 1/2") < out.index("step 2/2")
+    # the steps are named as the trace and the pages name them (from 0), with the progress beside
+    assert "step 0 (1/2)  reward" in out and "held-out" in out.split("step 0 (1/2)", 1)[1]
+    assert out.index("held-out evaluation of step 0") < out.index("step 0 (1/2)") < out.index("step 1 (2/2)")
 
 
 @pytest.mark.parametrize(

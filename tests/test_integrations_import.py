@@ -1,5 +1,6 @@
-"""`rlbench import lengths` and `rlbench import verl`: logs written here in the documented formats (verl's
-file logger and rollout_data_dir dumps; the length log of docs/integrations.md) become rlbench runs."""
+"""`rlbench import lengths`, `import verl`, `import trl`: the length log (rlbench's own format, written here),
+the rebuilt batches, and bad input. The importers' reading of what verl and TRL write is tested on the
+upstream writers' own output in test_integrations_upstream.py."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 from conftest import assert_one_line_error, cli
 
 from reference_trainer.trace import metrics
-from reference_trainer.trace.records import read_json
+from reference_trainer.trace.records import read_json, read_jsonl
 from reference_trainer.trace.schema import read_trace
 from rlbench.integrations.lengthlog import Group, rebuild, variance_split
+
+UPSTREAM = Path(__file__).parent / "fixtures" / "upstream"
 
 
 def _jsonl(path: Path, rows: list) -> Path:
@@ -119,87 +122,9 @@ def test_a_missing_file_is_one_line(tmp_path):
 
 
 def _verl_step(step: int, gen: float) -> dict:
-    """One line of verl's file logger, with the keys verl 0.9 logs (values invented for the test)."""
-    return {
-        "step": step,
-        "data": {
-            "timing_s/gen": gen,
-            "timing_s/reward": 1.0,
-            "timing_s/update_actor": 5.0,
-            "timing_s/step": 20.0,
-            "response_length/mean": 250.0,
-            "response_length/max": 1000.0,
-            "response_length/min": 10.0,
-            "response_length/clip_ratio": 0.1,
-            "agent_loop/generate_sequences/min": 0.5,
-            "agent_loop/generate_sequences/mean": 3.0,
-            "agent_loop/generate_sequences/max": 12.0,
-            "fully_async/rollouter/idle_ratio": 0.25,
-            "dynamic_resource/rollout_resource_utilization": 0.6,
-            "actor/pg_loss": 0.01,
-        },
-    }
-
-
-def _verl_log(tmp_path: Path) -> Path:
-    validation = {"step": 0, "data": {"val-core/openai/gsm8k/reward/mean@1": 0.2}}
-    return _jsonl(tmp_path / "exp.jsonl", [validation, _verl_step(1, 12.0), _verl_step(2, 10.0)])
-
-
-def test_import_verl_log_only_gives_phases_and_a_stated_estimate(tmp_path):
-    out = tmp_path / "run"
-    res = cli("import", "verl", str(_verl_log(tmp_path)), "--workers", "1", "--out", str(out))
-    assert res.returncode == 0, res.stderr
-    doc = read_json(out / "metrics.json")
-    first = doc["steps"][0]
-    assert first["step_time_s"] == pytest.approx(20.0)  # recomputed from the phases: verl's timing_s/step
-    assert first["timing_s/gen"] == pytest.approx(12.0)
-    assert first["timing_s/update"] == pytest.approx(5.0)
-    assert first["bubble_ratio"] is None  # no per-sample data: no measured bubble
-    row = doc["integration"]["per_step"][0]
-    assert row["rollout share"] == pytest.approx(0.6)
-    assert row["bubble_if_concurrent (lengths)"] == pytest.approx(0.75)
-    assert row["bubble_if_concurrent (sample times)"] == pytest.approx(0.75)
-    assert row["fully_async/rollouter/idle_ratio"] == 0.25
-    assert doc["whatif"]["available"] is False
-    assert "1 line(s) without timing_s/gen" in " ".join(doc["integration"]["method"])
-    assert "rollout share: 55.0%" in res.stdout  # (12/20 + 10/20) / 2
-
-
-def _word_tokenizer(path: Path) -> Path:
-    """A whitespace word-level tokenizer saved as transformers saves one: one token per word."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["[UNK]", "[PAD]", "what", "is", "one", "plus", "two", "three", "the", "answer", "it"]
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(path)
-    return path
-
-
-def test_import_verl_with_rollout_dumps_rebuilds_the_bubble(tmp_path):
-    dumps = tmp_path / "rollouts"
-    dumps.mkdir()
-    samples = [("what is one plus two", "three"), ("what is one plus two", "the answer is three"),
-               ("what is two plus one", "it is three"), ("what is two plus one", "three")]  # fmt: skip
-    for step in (1, 2):  # verl's _dump_generations: input, output, gts, score, step per sample
-        rows = [{"input": i, "output": o, "gts": "3", "score": 1.0, "step": step} for i, o in samples]
-        _jsonl(dumps / f"{step}.jsonl", rows)
-    out = tmp_path / "run"
-    args = ["import", "verl", str(_verl_log(tmp_path)), "--rollout-dir", str(dumps), "--workers", "1"]
-    res = cli(*args, "--tokenizer", str(_word_tokenizer(tmp_path / "tok")), "--out", str(out))
-    assert res.returncode == 0, res.stderr
-    doc = read_json(out / "metrics.json")
-    # lengths 1, 4, 3, 1 with a slot each: busy 9 of 4 x 4 decode steps
-    assert doc["steps"][0]["bubble_ratio"] == pytest.approx(1 - 9 / 16)
-    assert doc["steps"][0]["timing_s/gen"] == pytest.approx(12.0)  # spread over verl's measured rollout
-    assert doc["integration"]["per_step"][0]["rlbench bubble_ratio"] == pytest.approx(1 - 9 / 16)
-    assert doc["integration"]["length_variance"]["group_sizes"] == [2]
-    assert doc["whatif"]["available"] is True
-    assert (out / "lengths.jsonl").read_text().count("\n") == 4  # two groups in each of two steps
-    assert_one_line_error(cli("import", "verl", str(tmp_path / "exp.jsonl"), "--rollout-dir", str(dumps)),
-                          "--rollout-dir needs --tokenizer")  # fmt: skip
+    """A training line of verl's own file log (tests/fixtures/upstream), its timing_s/gen set to `gen`."""
+    line = next(r for r in read_jsonl(UPSTREAM / "verl_sync_1dda039b.jsonl") if "timing_s/gen" in r["data"])
+    return {"step": step, "data": {**line["data"], "timing_s/gen": gen}}
 
 
 @pytest.mark.parametrize(

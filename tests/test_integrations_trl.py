@@ -35,7 +35,7 @@ def test_a_grpo_run_becomes_an_rlbench_run(tmp_path):
     events = read_trace(out / "trace.jsonl")
     assert doc["summary"] == metrics.compute(events)["summary"]  # everything recomputes from the trace
     assert doc["run"]["rollout_timed_by"] == "GRPOTrainer._generate"
-    assert [s["step"] for s in doc["steps"]] == [0, 1, 2]
+    assert [s["step"] for s in doc["steps"]] == [1, 2, 3]  # TRL's global_step, as its logs number them
     groups = read_jsonl(out / "lengths.jsonl")
     assert len(groups) == 6 and {len(g["response_tokens"]) for g in groups} == {4}  # 2 prompts x 4, 3 steps
     assert all(g["prompt_tokens"] > 0 for g in groups)  # read from _generate's prompt ids
@@ -58,6 +58,10 @@ def test_a_grpo_run_becomes_an_rlbench_run(tmp_path):
     res = cli("report", str(out))
     assert res.returncode == 0, res.stderr
     assert "TRL GRPOTrainer" in (out / "report.html").read_text()
+    # the audit sets TRL's own step_time beside the trace's step time
+    res = cli("audit", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "declared by TRL step_time" in res.stdout and "label: " in res.stdout
 
 
 def test_without_the_wrapper_the_probe_closes_the_rollout(tmp_path):
@@ -73,7 +77,7 @@ def test_without_the_wrapper_the_probe_closes_the_rollout(tmp_path):
     for r, u in zip(rollouts, updates, strict=True):
         assert r["t_end"] == u["t_start"]  # the probe's call ends one and starts the other
     # 8 samples on 4 slots: continuous batching, so some sample waits for a slot
-    seqs = [e for e in read_trace(out / "trace.jsonl") if e["kind"] == "sequence" and e["step"] == 0]
+    seqs = [e for e in read_trace(out / "trace.jsonl") if e["kind"] == "sequence" and e["step"] == 1]
     assert len(seqs) == 8 and max(s["t_admit"] for s in seqs) > rollouts[0]["t_start"]
 
 
@@ -93,6 +97,14 @@ def test_import_trl_reads_a_finished_runs_output_dir(tmp_path):
     ]
     for mine, theirs in zip(doc["steps"], recorded["steps"], strict=True):
         assert mine["bubble_ratio"] == pytest.approx(theirs["bubble_ratio"])  # decode steps, same slots
+        assert mine["step"] == theirs["step"]
+    # one headline bubble for the run, whichever way it was read (the callback's clock weights steps by
+    # their seconds; the headline does not depend on it)
+    headline = recorded["integration"]["bubble_decode_steps"]
+    assert doc["integration"]["bubble_decode_steps"] == pytest.approx(headline)
+    for page in (imported / "report.html", out / "report.html"):
+        assert f"{100 * headline:.1f}%" in page.read_text()
     assert doc["run"]["time_unit"] == "decode step"
-    assert [r["step"] for r in doc["integration"]["per_step"]] == [0, 1]
+    assert [r["step"] for r in doc["integration"]["per_step"]] == [1, 2]
+    assert [s["reward_mean"] for s in doc["steps"]] == [s["reward_mean"] for s in recorded["steps"]]
     assert all(r["TRL step_time"] > 0 for r in doc["integration"]["per_step"])

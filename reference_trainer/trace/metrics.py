@@ -39,6 +39,14 @@ events' `step` field. Definitions that the contract leaves open are fixed here:
   `policy_versions` takes the rollout phase's `policy_version` when present, else its tokens are counted
   in `staleness_unknown_tokens`.
 - `bubble_ratio_gpu` = 1 - mean NVML utilisation of the samples inside rollout phases (null without samples).
+- `trainer_idle_share` = 1 - (union of the step's reward and update phases) / step time: the share of the
+  step in which the trainer did no work on a batch (it waited for the rollout, for a weight sync, for I/O).
+  `rollout_idle_share` = 1 - slot_time / (capacity * step time): the share of the rollout's slot-time, over
+  the whole step, in which no sample was generated (the bubble inside the rollout and all the time outside
+  it). `bound_label` turns the two into one word by the rule of docs/metrics.md ("Which side bounds the
+  run"); `rlbench audit` and asynchronous runs use the same function.
+- A value the trace cannot give is null, never 0: a trace without engine events has no rollout tokens, one
+  without sequence events no trained tokens (nor lookahead tokens without engine events).
 """
 
 from __future__ import annotations
@@ -83,6 +91,28 @@ def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
 
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
+
+
+# Which side bounds the run (docs/metrics.md): an idle share at or above IDLE_HIGH is high.
+IDLE_HIGH = 0.2
+ROLLOUT_BOUND, TRAINER_BOUND = "rollout-bound", "trainer-bound"
+BALANCED, SYNC_OVERHEAD = "balanced", "sync-overhead"
+
+
+def bound_label(
+    trainer_idle: float | None, rollout_idle: float | None, high: float = IDLE_HIGH
+) -> str | None:
+    """The one rule: trainer idle high and rollout idle low = rollout-bound (the trainer waits for samples);
+    the reverse = trainer-bound; both high = sync-overhead (both sides wait: a synchronous hand-over, weight
+    sync, data loading); both low = balanced. Null when either share is unknown."""
+    if trainer_idle is None or rollout_idle is None:
+        return None
+    trainer_waits, rollout_waits = trainer_idle >= high, rollout_idle >= high
+    if trainer_waits and rollout_waits:
+        return SYNC_OVERHEAD
+    if trainer_waits:
+        return ROLLOUT_BOUND
+    return TRAINER_BOUND if rollout_waits else BALANCED
 
 
 def _split(
@@ -190,7 +220,7 @@ def _step(
     wall = window[2] if window else 0.0
     capacity = sum(caps.values())
     slot_time = sum(int(e.get("active_slots", 0)) * _dur(e) for e in engine)
-    tokens = sum(int(e.get("tokens", 0)) for e in engine)
+    tokens = sum(int(e.get("tokens", 0)) for e in engine) if engine else None  # no engine: unknown, not 0
 
     timing = {k: sum(_dur(p) for p in phases if p["kind"] == k) for k in PHASE_KINDS}
     timing["rollout"] = wall  # union, so overlapping per-worker rollout phases are not double counted
@@ -216,6 +246,9 @@ def _step(
         busy[int(e.get("worker", 0))] = busy.get(int(e.get("worker", 0)), 0.0) + _dur(e)
     slowest = max(busy.values(), default=0.0)
 
+    trainer_busy = _union_length(
+        (float(p["t_start"]), float(p["t_end"])) for p in phases if p["kind"] in (REWARD, UPDATE)
+    )
     consumed = [s for s in seqs if s.get("status") == "finished"]
     lengths = sorted(int(s.get("response_tokens", 0)) for s in consumed)
     hist, unknown = _staleness(phases, consumed)
@@ -225,10 +258,15 @@ def _step(
         "step": step,
         "bubble_ratio": (1.0 - slot_time / (capacity * wall)) if capacity and wall > 0 else None,
         "rollout_tokens": tokens,
-        "rollout_tokens_per_s": _ratio(tokens, wall),
-        "lookahead_tokens": sum(int(e.get("lookahead_tokens", 0)) for e in engine),
+        "rollout_tokens_per_s": None if tokens is None else _ratio(tokens, wall),
+        "lookahead_tokens": sum(int(e.get("lookahead_tokens", 0)) for e in engine) if engine else None,
         "lookahead_slot_share": _ratio(lookahead_slot_time, capacity * wall),
         "step_time_s": step_time,
+        "trainer_busy_s": trainer_busy if step_phases else None,
+        "trainer_idle_share": 1.0 - trainer_busy / step_time if step_phases and step_time else None,
+        "rollout_idle_share": (1.0 - slot_time / (capacity * step_time))
+        if engine and capacity and step_time
+        else None,
         "timing_s/gen": wall,
         "timing_s/reward": timing["reward"],
         "timing_s/update": timing["update"],
@@ -255,6 +293,7 @@ def _step(
         "response_len_mean": (sum(lengths) / len(lengths)) if lengths else None,
         "response_len_max": lengths[-1] if lengths else None,
         "update_batch_lengths": lengths,
+        "trained_tokens": sum(lengths) if seqs else None,
         "sequences": dict(sorted(status_counts.items())),
         "rollout_start": window[0] if window else None,
         "rollout_end": window[1] if window else None,
@@ -289,7 +328,14 @@ def summary(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
     steps = step_metrics(events) if steps is None else steps
     wall = sum(s["timing_s/gen"] for s in steps)
     slot_cap = sum(s["capacity"] * s["timing_s/gen"] for s in steps)
-    tokens = sum(s["rollout_tokens"] for s in steps)
+    tokens = _known_sum(s["rollout_tokens"] for s in steps)
+    trained = _known_sum(s["trained_tokens"] for s in steps)
+    timed = [s for s in steps if s["trainer_busy_s"] is not None and s["step_time_s"]]
+    step_s = sum(s["step_time_s"] for s in timed)
+    trainer_idle = 1.0 - sum(s["trainer_busy_s"] for s in timed) / step_s if step_s else None
+    slotted = [s for s in steps if s["rollout_idle_share"] is not None]
+    slot_step = sum(s["capacity"] * s["step_time_s"] for s in slotted)
+    rollout_idle = 1.0 - sum(s["slot_time"] for s in slotted) / slot_step if slot_step else None
     drafted = sum(s["drafted_tokens"] for s in steps)
     accepted = sum(s["accepted_tokens"] for s in steps)
     verify_seqs = sum(s["verify_seqs"] for s in steps)
@@ -310,8 +356,8 @@ def summary(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
         "steps": len(steps),
         "bubble_ratio": (1.0 - sum(s["slot_time"] for s in steps) / slot_cap) if slot_cap > 0 else None,
         "rollout_tokens": tokens,
-        "rollout_tokens_per_s": _ratio(tokens, wall),
-        "lookahead_tokens": sum(s["lookahead_tokens"] for s in steps),
+        "rollout_tokens_per_s": None if tokens is None else _ratio(tokens, wall),
+        "lookahead_tokens": _known_sum(s["lookahead_tokens"] for s in steps),
         "lookahead_slot_share": _ratio(sum(s["lookahead_slot_time"] for s in steps), slot_cap),
         "step_time_s": _mean(s["step_time_s"] for s in steps),
         "total_time_s": sum(s["step_time_s"] or 0.0 for s in steps),
@@ -342,9 +388,18 @@ def summary(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
         "accuracy_last": last.get("accuracy"),
         "response_len_mean": (sum(lengths) / len(lengths)) if lengths else None,
         "response_len_max": max(lengths) if lengths else None,
-        "trained_tokens": sum(lengths),
-        "trained_tokens_per_rollout_s": _ratio(sum(lengths), wall),
+        "trained_tokens": trained,
+        "trained_tokens_per_rollout_s": None if trained is None else _ratio(trained, wall),
+        "trainer_idle_share": trainer_idle,
+        "rollout_idle_share": rollout_idle,
+        "bound": bound_label(trainer_idle, rollout_idle),
     }
+
+
+def _known_sum(values: Iterable[Any]) -> Any:
+    """The sum of the values that are known (not None); None when none is."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 def _update_cost(steps: list[Event]) -> float | None:

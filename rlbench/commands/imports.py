@@ -19,11 +19,16 @@ Slots = Annotated[
     ),
 ]
 Workers = Annotated[
-    str, typer.Option("--workers", help="Worker counts of the what-if replay, comma-separated.")
+    str | None,
+    typer.Option(
+        "--workers",
+        help="Worker counts of the what-if replay, comma-separated. Default: those of 1,8,64,512,4096 whose "
+        "replayed step stays small for this log (said in the output).",
+    ),
 ]
 
 
-def _config(out: Path, slots: int | None, workers: str, gpu: str, model_size: str):  # -> ImportConfig
+def _config(out: Path, slots: int | None, workers: str | None, gpu: str, model_size: str):  # -> ImportConfig
     from reference_trainer.errors import check_integer
     from rlbench.integrations.imports import ImportConfig
     from rlbench.simulate.config import parse_worker_counts
@@ -31,7 +36,7 @@ def _config(out: Path, slots: int | None, workers: str, gpu: str, model_size: st
 
     if slots is not None:
         check_integer("--slots", slots, low=1)
-    counts = parse_worker_counts(workers)  # the simulator's own --workers rule
+    counts = parse_worker_counts(workers) if workers is not None else None  # the simulator's --workers rule
     preset(gpu, model_size)  # an unknown preset fails here, before any file is read
     return ImportConfig(out=out, slots=slots, workers=counts, gpu=gpu, model_size=model_size)
 
@@ -39,10 +44,10 @@ def _config(out: Path, slots: int | None, workers: str, gpu: str, model_size: st
 def _say(doc: dict, out: Path) -> None:
     from rlbench.report.figures import pct
 
-    s = doc["summary"]
-    typer.echo(
-        f"{s['steps']} step(s): bubble {pct(s['bubble_ratio'])}, tail share {pct(s['tail_time_share'])}"
-    )
+    s, info = doc["summary"], doc["integration"]
+    bubble = info.get("bubble_decode_steps", s["bubble_ratio"])
+    over = " (over decode steps, rebuilt from the lengths)" if "bubble_decode_steps" in info else ""
+    typer.echo(f"{s['steps']} step(s): bubble {pct(bubble)}{over}, tail share {pct(s['tail_time_share'])}")
     rows = doc["integration"].get("per_step") or []
     for key in ("rollout share", "bubble_if_concurrent (lengths)", "bubble_if_concurrent (sample times)"):
         values = [r[key] for r in rows if r.get(key) is not None]
@@ -53,6 +58,8 @@ def _say(doc: dict, out: Path) -> None:
         within, between = pct(split["within_share"]), pct(split["between_share"])
         typer.echo(f"length variance: {within} within prompt groups, {between} between them")
     whatif = doc["whatif"]
+    for line in whatif.get("sampling") or []:
+        typer.echo(f"what-if: {line}")
     if whatif.get("available"):
         for r in whatif["results"]:
             typer.echo(f"predicted W={r['workers']:>5} {r['mode']:<15} bubble {pct(r['bubble_ratio'])}  "
@@ -66,7 +73,7 @@ def lengths_command(
     ],
     out: OutDir = Path("runs/import-lengths"),
     slots: Slots = None,
-    workers: Workers = "1,8,64,512,4096",
+    workers: Workers = None,
     gpu: SimGpu = "h100",
     model_size: SimModelSize = "7b",
 ) -> None:
@@ -88,7 +95,7 @@ def verl_command(
         Path | None, typer.Option("--tokenizer", help="The run's tokenizer directory (with --rollout-dir).")
     ] = None,
     slots: Slots = None,
-    workers: Workers = "1,8,64,512,4096",
+    workers: Workers = None,
     gpu: SimGpu = "h100",
     model_size: SimModelSize = "7b",
 ) -> None:
@@ -109,7 +116,7 @@ def trl_command(
         ),
     ] = None,
     slots: Slots = None,
-    workers: Workers = "1,8,64,512,4096",
+    workers: Workers = None,
     gpu: SimGpu = "h100",
     model_size: SimModelSize = "7b",
 ) -> None:

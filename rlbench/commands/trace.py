@@ -41,3 +41,44 @@ def export_command(
     summary = ", ".join(f"{n} {names.get(ph, ph)}" for ph, n in by_ph.items())
     typer.echo(f"wrote {path}: {sum(by_ph.values())} events ({summary})")
     typer.echo("open it at https://ui.perfetto.dev (Open trace file) or in chrome://tracing")
+
+
+def validate_command(
+    file: Annotated[Path, typer.Argument(help="An open rollout trace: one JSON request per line.")],
+) -> None:
+    """Check a file against the open rollout-trace schema (reference_trainer/trace/rollout_trace.schema.json):
+    one line naming the first bad record, or a count of the good ones."""
+    from reference_trainer.trace import rollout_trace
+
+    records = rollout_trace.read(file)
+    steps = len(rollout_trace.records_by_step(records))
+    typer.echo(f"{file}: {len(records)} request(s) in {steps} step(s) match {rollout_trace.SCHEMA_ID}")
+
+
+def convert_command(
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="An rlbench run folder, TRL's output_dir, verl's rollout dumps, a length log or slime's .pt."
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="The open rollout trace to write (JSONL).")],
+    tokenizer: Annotated[
+        Path | None, typer.Option("--tokenizer", help="The run's tokenizer directory (texts to count).")
+    ] = None,
+    trust_pickle: Annotated[
+        bool,
+        typer.Option("--trust-pickle", help="Load a .pt that needs a full unpickle (it can run code in it)."),
+    ] = False,
+) -> None:
+    """Write another framework's per-sample file as an open rollout trace (docs/integrations.md)."""
+    from reference_trainer.trace import rollout_trace
+    from reference_trainer.trace.records import write_jsonl
+    from rlbench.integrations.convert import to_records
+    from rlbench.integrations.imports import load_tokenizer
+
+    loader = (lambda: load_tokenizer(tokenizer)) if tokenizer else None
+    records = rollout_trace.check(to_records(source, loader, trust_pickle), source)  # our bug: refused here
+    write_jsonl(out, records)
+    timed = sum(r["time_source"] != "none" for r in records)
+    typer.echo(f"wrote {out}: {len(records)} request(s), {timed} with times")

@@ -23,7 +23,7 @@ LENGTH_METHOD = [
 class ImportConfig:
     out: Path
     slots: int | None = None  # per worker; None: every sample of a step has a slot
-    workers: tuple[int, ...] = run.WHATIF_WORKERS  # worker counts of the what-if
+    workers: tuple[int, ...] | None = None  # worker counts of the what-if; None: the log's scale decides
     gpu: str = "h100"
     model_size: str = "7b"
 
@@ -85,8 +85,12 @@ def import_verl(
     steps, notes = verl.read_log(log)
     events, windows = verl.timeline(steps)
     groups: list[Group] = []
-    method = ["Steps laid end to end: rollout for timing_s/gen from each step's start, the reward after it, "
-              "the actor update (timing_s/update_actor) ending the step (timing_s/step)."]  # fmt: skip
+    method = ["Steps laid end to end in verl's fit() order: rollout for timing_s/gen from each step's start, "
+              "the reward, the trainer's work (old_log_prob, ref, values, adv, update_critic, update_actor: "
+              "rlbench update phases), the weight sync (update_weights or param_sync); the step ends at "
+              "timing_s/step. Steps keep verl's numbers (global_steps, from 1)."]  # fmt: skip
+    generations = verl.key_generations(steps)
+    method += [f"{key}: read as written by {where}" for key, where in generations.items()]
     if rollout_dir is not None:
         found = verl.read_rollout_dir(rollout_dir, load_tokenizer(tokenizer))  # type: ignore[arg-type]
         groups = [g for g in found if g.step in steps]
@@ -100,9 +104,10 @@ def import_verl(
     rows = verl.per_step(steps)
     for row, computed in zip(rows, metrics.step_metrics(events), strict=True):
         row["rlbench bubble_ratio"] = computed["bubble_ratio"]  # null without per-sample lengths
-    info = {"method": method + notes, "limits": verl.LIMITS, "per_step": rows}
+    info = {"method": method + notes, "limits": verl.LIMITS, "per_step": rows, "key_generations": generations}
     meta = {"framework": "verl", "source": str(log), "rollout_dir": str(rollout_dir) if rollout_dir else None,
-            "slots_per_worker": _slots(groups, cfg.slots) if groups else None, "time_unit": "s"}  # fmt: skip
+            "slots_per_worker": _slots(groups, cfg.slots) if groups else None, "time_unit": "s",
+            "checked_against": verl.CHECKED_AT}  # fmt: skip
     whatif = _whatif(groups, meta["slots_per_worker"], cfg) if groups else None
     return run.write_run(cfg.out, events, groups, meta, info, whatif)
 
@@ -118,6 +123,7 @@ def import_trl(output_dir: Path, tokenizer: Path | None, cfg: ImportConfig) -> d
     events = lengthlog.rebuild(groups, slots)
     state = trl_logs.find_state(output_dir)
     logged = trl_logs.read_state(state) if state else {}
+    events += trl_logs.reward_phases(events, logged)
     ours = {s["step"]: s for s in metrics.step_metrics(events)}
     rows = [{"step": step, **{f"TRL {k}": v for k, v in figures.items()},
              "rlbench bubble_ratio": ours.get(step, {}).get("bubble_ratio")}
@@ -129,5 +135,5 @@ def import_trl(output_dir: Path, tokenizer: Path | None, cfg: ImportConfig) -> d
     ]
     info = {"method": method, "limits": trl_logs.LIMITS, "per_step": rows}
     meta = {"framework": "TRL GRPOTrainer", "source": str(output_dir), "slots_per_worker": slots,
-            "time_unit": "decode step"}  # fmt: skip
+            "time_unit": "decode step", "checked_against": trl_logs.CHECKED_AT}  # fmt: skip
     return run.write_run(cfg.out, events, groups, meta, info, _whatif(groups, slots, cfg))

@@ -209,6 +209,22 @@ def rebuild(
     return events
 
 
+def decode_step_bubble(groups: list[Group], slots: int) -> float | None:
+    """The rebuilt batches' bubble over decode steps: 1 - busy sample-steps / (slots x workers x decode
+    steps), summed over steps. It needs no clock, so a run read with one (the TRL callback) and without
+    (`rlbench import trl` of its output_dir) gives the same figure: the headline of an imported run."""
+    workers = {g.worker for g in groups}
+    busy = capacity = 0
+    for step_groups in by_step(groups).values():
+        lengths: dict[int, list[int]] = defaultdict(list)
+        for g in step_groups:
+            lengths[g.worker].extend(g.lengths)
+        decode_steps = max(_batch(ls, slots)[1][-1][1] for ls in lengths.values())
+        busy += sum(sum(ls) for ls in lengths.values())
+        capacity += slots * len(workers) * decode_steps
+    return 1.0 - busy / capacity if capacity else None
+
+
 def to_length_trace(groups: list[Group], source: str) -> LengthTrace:
     """The simulator's length trace (rlbench.simulate.workload) of a length log."""
     rows = [{"step": g.step, "prompt_id": g.group, "sample": k, "prompt_tokens": g.prompt_tokens,

@@ -25,34 +25,53 @@ from rlbench.simulate.whatif import whatif as simulate_whatif
 
 WHATIF_MODES = ("baseline", "sorted", "sorted-partial", "histopipe")
 WHATIF_WORKERS = (1, 8, 64, 512, 4096)
-# Sequences the what-if replays at its largest worker count (weak scaling multiplies the logged batch by W):
-# about a minute of simulation on one CPU core.
+# Sequences replayed in one step at the largest worker count. A given --workers may ask up to MAX_REPLAYED
+# (about a minute of simulation on one CPU core); the default counts stop at AUTO_REPLAYED (a few seconds),
+# so a first call on a real run's log (96 groups of 8 at 8,948 tokens) answers at once.
 MAX_REPLAYED = 1 << 21
+AUTO_REPLAYED = 1 << 15
 NO_GPU = (
     "an imported run has no GPU timeline: rlbench profile --engine-metrics samples NVML around a live run"
 )
 
 
+def auto_workers(groups: list[Group]) -> tuple[int, ...]:
+    """The default worker counts for this log: those of WHATIF_WORKERS whose one replayed step holds at
+    most AUTO_REPLAYED sequences (weak scaling: W times the log's sequences per step), 1 always."""
+    per_step = len(lengthlog.to_length_trace(groups, "length log")) / len(lengthlog.by_step(groups))
+    return tuple(w for w in WHATIF_WORKERS if w == 1 or w * per_step <= AUTO_REPLAYED)
+
+
 def whatif(
     groups: list[Group],
     slots: int,
-    workers: Sequence[int] = WHATIF_WORKERS,
+    workers: Sequence[int] | None = None,
     gpu: str = "h100",
     model_size: str = "7b",
 ) -> dict[str, Any]:
     """What each mode would buy on these lengths at each worker count: weak scaling, every worker given as
-    many groups per step as the log's steps had (so W = 1 is the logged batch on one engine)."""
+    many groups per step as the log's steps had (so W = 1 is the logged batch on one engine). `workers`
+    None: the counts this log's scale allows (auto_workers). Steps past the replay budget are not
+    replayed; the doc says how many were."""
+    chosen = tuple(workers) if workers else auto_workers(groups)
     trace = lengthlog.to_length_trace(groups, "length log")
     per_step = max(1, round(sum(len(g) for g in lengthlog.by_step(groups).values()) / len(trace.steps)))
     per_worker = len(trace) / len(trace.steps)  # sequences per worker and step
-    steps = min(len(trace.steps), int(MAX_REPLAYED // (max(workers) * per_worker)))
+    steps = min(len(trace.steps), int(MAX_REPLAYED // (max(chosen) * per_worker)))
     if steps < 1:
         raise UserError(
-            f"the what-if would replay {max(workers) * per_worker:,.0f} sequences per step at {max(workers)} "
+            f"the what-if would replay {max(chosen) * per_worker:,.0f} sequences per step at {max(chosen)} "
             f"workers; at most {MAX_REPLAYED:,} (give smaller --workers)"
         )
-    doc = simulate_whatif(trace, slots, workers, WHATIF_MODES, gpu, model_size, steps, per_step)
-    return {**doc, "slots_per_worker": slots, "groups_per_worker": per_step, "steps_replayed": steps}
+    doc = simulate_whatif(trace, slots, chosen, WHATIF_MODES, gpu, model_size, steps, per_step)
+    said = [f"worker counts {', '.join(map(str, chosen))}"
+            + ("" if workers else f" (the default counts whose replayed step holds at most {AUTO_REPLAYED:,} "
+               f"sequences: {per_worker:,.0f} per worker here; --workers for others)")]  # fmt: skip
+    if steps < len(trace.steps):
+        said.append(f"the first {steps} of {len(trace.steps)} steps replayed (at most {MAX_REPLAYED:,} "
+                    "sequences in all at the largest count)")  # fmt: skip
+    return {**doc, "slots_per_worker": slots, "groups_per_worker": per_step, "steps_replayed": steps,
+            "sampling": said}  # fmt: skip
 
 
 def write_run(
@@ -70,6 +89,9 @@ def write_run(
         computed = metrics.compute(events)
         if groups:
             integration = {**integration, "length_variance": lengthlog.variance_split(groups)}
+            if run.get("slots_per_worker"):
+                bubble = lengthlog.decode_step_bubble(groups, run["slots_per_worker"])
+                integration["bubble_decode_steps"] = bubble
         doc = {
             "run": {
                 "kind": "import",

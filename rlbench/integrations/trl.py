@@ -38,8 +38,8 @@ from transformers import TrainerCallback
 
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import extend_jsonl, make_dir
-from reference_trainer.trace.schema import ROLLOUT, UPDATE
-from rlbench.integrations import lengthlog, run
+from reference_trainer.trace.schema import REWARD, ROLLOUT, UPDATE
+from rlbench.integrations import lengthlog, run, trl_logs
 from rlbench.integrations.lengthlog import Group
 from rlbench.integrations.trl_logs import LENGTH_COLUMN, TRL_KEYS
 
@@ -87,7 +87,7 @@ class RLBenchRecorder(TrainerCallback):
         self,
         out: str | Path,
         slots: int | None = None,
-        whatif_workers: tuple[int, ...] = run.WHATIF_WORKERS,
+        whatif_workers: tuple[int, ...] | None = None,
         gpu: str = "h100",
         model_size: str = "7b",
     ) -> None:
@@ -157,7 +157,8 @@ class RLBenchRecorder(TrainerCallback):
         self.group_size = int(getattr(args, "num_generations", 1) or 1)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._step, self._begin = int(state.global_step), self._now()
+        # TRL's number for this step: global_step once it ends, the number its logs and parquet carry
+        self._step, self._begin = int(state.global_step) + 1, self._now()
         self._gen, self._probe_at, self._prompt_tokens, self._step_groups = None, None, None, []
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -179,7 +180,15 @@ class RLBenchRecorder(TrainerCallback):
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
     ) -> None:
         if logs and "step_time" in logs:  # a training step's log (not the run's closing summary)
-            self.trl_logs[int(state.global_step) - 1] = {k: logs[k] for k in TRL_KEYS if k in logs}
+            step = int(state.global_step)
+            self.trl_logs[step] = {k: logs[k] for k in TRL_KEYS if k in logs}
+            rollouts = [e for e in self.events if e["kind"] == ROLLOUT and e["step"] == step]
+            if rollouts and isinstance(logs.get("reward"), (int, float)):  # TRL's reward, on the trace
+                at = rollouts[-1]["t_end"]
+                event = {"kind": REWARD, "step": step, "t_start": at, "t_end": at}
+                event["reward_mean"] = logs["reward"]
+                self.events.append(event)
+                extend_jsonl(self.out / "trace.jsonl", [event])
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.finish()
@@ -201,7 +210,7 @@ class RLBenchRecorder(TrainerCallback):
             self.notes.append("the length probe was never called: add recorder.probe to reward_funcs")
         info = {"method": METHOD + self.notes, "limits": LIMITS, "per_step": per_step}
         meta = {"framework": "TRL GRPOTrainer", "source": "rlbench.integrations.trl callback",
-                "slots_per_worker": slots, "time_unit": "s",
+                "slots_per_worker": slots, "time_unit": "s", "checked_against": trl_logs.CHECKED_AT,
                 "rollout_timed_by": "GRPOTrainer._generate" if self._wrapped else "length probe"}  # fmt: skip
         whatif = None
         if self.groups and slots:

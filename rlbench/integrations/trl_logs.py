@@ -7,7 +7,9 @@
 - `trainer_state.json` (in output_dir after `trainer.save_state()`, or in each `checkpoint-N/`) keeps TRL's
   per-step logs (`log_history`): `step_time`, `completions/{mean,max}_length`, `completions/clipped_ratio`.
 
-No file holds when generation ran, so the run's time unit is the decode step, as for a length log.
+No file holds when generation ran, so the run's time unit is the decode step, as for a length log. Steps
+keep TRL's numbers (global_step after the step, from 1), as the callback's do. Checked against trl 1.16.0
+(GRPOTrainer.log writes the parquet and the averaged `_metrics`, trainer.py's log_history holds them).
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ import pyarrow.parquet as pq
 
 from reference_trainer.errors import UserError
 from reference_trainer.trace.records import read_json
+from reference_trainer.trace.schema import REWARD, ROLLOUT
 from rlbench.integrations.lengthlog import MAX_TOKENS, Group
 
 LENGTH_COLUMN = "completion_tokens"  # the length probe's column (rlbench.integrations.trl)
-TRL_KEYS = ("step_time", "completions/mean_length", "completions/max_length", "completions/clipped_ratio")
+CHECKED_AT = "trl 1.16.0 (PyPI), GRPOTrainer.log and transformers' trainer_state.json"
+TRL_KEYS = ("step_time", "reward", "reward_std", "completions/mean_length", "completions/max_length",
+            "completions/clipped_ratio")  # fmt: skip
 LIMITS = [
     "TRL's output_dir records no generation times: the page's times are decode steps.",
     "The completions parquet holds the last generation batch of each logging step: with logging_steps > 1 "
@@ -47,7 +52,7 @@ def find_state(output_dir: Path) -> Path | None:
 
 
 def read_state(path: Path) -> dict[int, dict[str, Any]]:
-    """TRL's own per-step figures from log_history, keyed by rlbench's step (TRL's global_step - 1)."""
+    """TRL's own per-step figures from log_history, keyed by TRL's global_step."""
     history = read_json(path)
     history = history.get("log_history") if isinstance(history, dict) else None
     if not isinstance(history, list):
@@ -55,8 +60,23 @@ def read_state(path: Path) -> dict[int, dict[str, Any]]:
     steps = {}
     for entry in history:
         if isinstance(entry, dict) and "step_time" in entry and type(entry.get("step")) is int:
-            steps[entry["step"] - 1] = {k: entry[k] for k in TRL_KEYS if k in entry}
+            steps[entry["step"]] = {k: entry[k] for k in TRL_KEYS if k in entry}
     return steps
+
+
+def reward_phases(events: list[dict[str, Any]], logged: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A reward phase of no length at the end of each step's rollout, carrying TRL's logged `reward` (the
+    weighted sum of the reward functions, averaged over the logging step), so the run's reward is TRL's."""
+    ends: dict[int, float] = {}
+    for e in events:
+        if e["kind"] == ROLLOUT or e["kind"] == "sequence":
+            end = e["t_end"] if e["kind"] == ROLLOUT else e["t_finish"]
+            ends[e["step"]] = max(ends.get(e["step"], end), end)
+    return [
+        {"kind": REWARD, "step": step, "t_start": end, "t_end": end, "reward_mean": logged[step]["reward"]}
+        for step, end in sorted(ends.items())
+        if isinstance(logged.get(step, {}).get("reward"), (int, float))
+    ]
 
 
 def _length(row: dict[str, Any], tokenizer: Any, where: str) -> int:
@@ -94,9 +114,7 @@ def read_completions(directory: Path, tokenizer: Any = None) -> list[Group]:
         for n, row in enumerate(rows, 1):
             if type(row.get("step")) is not int or row["step"] < 1:
                 raise UserError(f"{path}: row {n}: step is {row.get('step')!r}, not TRL's global step (>= 1)")
-            step = (
-                row["step"] - 1
-            )  # TRL logs after the step: its generation was rlbench's step global_step - 1
+            step = row["step"]  # TRL's global_step when it logged: the step that generated these samples
             key = json.dumps(row.get("prompt"), sort_keys=True, default=str)
             order.setdefault(key, []).append(_length(row, tokenizer, f"{path}: row {n}"))
         # named by a hash of the prompt, as the callback names them, so a prompt seen again keeps its name

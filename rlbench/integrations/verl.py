@@ -1,19 +1,20 @@
 """verl's logs as an rlbench run: the file logger's JSONL and, optionally, the rollout_data_dir dumps.
 
-- `trainer.logger=[console,file]` writes `$VERL_FILE_LOGGER_ROOT/{project}/{experiment}.jsonl`, one line
-  per step: `{"step": N, "data": {metric: value}}`. Read here: `timing_s/gen`, `timing_s/step`,
-  `timing_s/reward`, `timing_s/update_actor`, `response_length/{mean,max,min,clip_ratio}`,
-  `agent_loop/generate_sequences/{min,mean,max}` (per-sample wall times) and verl's own utilisation figures
-  (`fully_async/{rollouter,trainer}/idle_ratio`, `dynamic_resource/rollout_resource_utilization`). A line
-  without `timing_s/gen` and `timing_s/step` (the validation before training) is not a training step.
-- `trainer.rollout_data_dir=DIR` writes `DIR/{step}.jsonl`, one line per sample with the decoded `input` and
-  `output` text and the `step`. Samples with the same `input` in a step are one prompt group; their lengths
-  are the texts re-tokenised with the run's tokenizer.
+Checked against verl's source at 1dda039b (verl-project/verl, 0.10.0.dev, 2026-08-22) and, for the older
+key names, b178a3cd (volcengine/verl, 0.8.0.dev, 2026-01-29); docs/integrations.md says what is read from
+each key.
 
-Steps are laid end to end on one clock: rollout from the step's start for `timing_s/gen`, the reward after
-it, the actor update ending the step. With per-sample lengths the rollout's slots are rebuilt
-(lengthlog.rebuild) inside that window; without, the trace holds the phases only and the bubble is the
-stated estimate `bubble_if_concurrent` below, never a measurement.
+- `trainer.logger=[console,file]` writes `$VERL_FILE_LOGGER_ROOT/{project}/{experiment}.jsonl`
+  (verl/utils/tracking.py `FileLogger`), one line per `logger.log` call: `{"step": N, "data": {...}}`.
+  The synchronous trainer logs one line per step (global_steps from 1; the validation before training is
+  step 0). Every timer of `timing_raw` is written as `timing_s/{name}` (metric_utils.compute_timing_metrics),
+  the agent loop's per-sample times included: `timing_s/agent_loop/generate_sequences/{min,mean,max}`.
+  The fully-async trainer logs several lines per parameter version (the rollouter's idle figures, the
+  aggregated step): lines of one step are merged, a later training line replacing an earlier one (a
+  resumed run). Validation lines (`val-*` keys only) are skipped.
+- `trainer.rollout_data_dir=DIR` writes `DIR/{step}.jsonl` (`_dump_generations`), one line per sample with
+  the decoded `input` and `output`, `gts`, `score`, `step` (and `request_id` in newer versions). Samples
+  with the same `input` in a step are one prompt group; their lengths are the texts re-tokenised.
 """
 
 from __future__ import annotations
@@ -24,18 +25,35 @@ from typing import Any
 
 from reference_trainer.errors import UserError
 from reference_trainer.trace.records import read_jsonl
-from reference_trainer.trace.schema import REWARD, ROLLOUT, UPDATE, is_number
+from reference_trainer.trace.schema import REWARD, ROLLOUT, SYNC, UPDATE, is_number
 from rlbench.integrations.lengthlog import Group
 
-GEN, STEP, REWARD_T, UPDATE_T = "timing_s/gen", "timing_s/step", "timing_s/reward", "timing_s/update_actor"
-LENGTH = "response_length/{}"
-SAMPLE_TIME = "agent_loop/generate_sequences/{}"
-VERL_OWN = (
-    "fully_async/rollouter/idle_ratio",
-    "fully_async/trainer/idle_ratio",
-    "dynamic_resource/rollout_resource_utilization",
-    "response_length/clip_ratio",
+CHECKED_AT = (
+    "verl-project/verl 1dda039b (0.10.0.dev), 266fdced (0.8.0.dev); volcengine/verl b178a3cd (0.8.0.dev)"
 )
+GEN, STEP = "timing_s/gen", "timing_s/step"
+REWARD_T = "timing_s/reward"
+# The trainer's work on a batch, in the order verl's fit() runs it (ray_trainer.py): rlbench `update` phases.
+TRAINER_WORK = ("old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
+# Weight hand-over to the rollout: `update_weights` (synchronous trainer), `param_sync` (fully async, which
+# names its timer "timing_s/param_sync", so compute_timing_metrics may prefix it once more).
+WEIGHT_SYNC = ("update_weights", "param_sync", "timing_s/param_sync")
+LENGTH = "response_length/{}"
+SAMPLE_TIME = "timing_s/agent_loop/generate_sequences/{}"
+SCORE = "critic/score/mean"  # the reward functions' score, before any KL penalty (compute_data_metrics)
+TOKENS = "perf/total_num_tokens"  # prompt + response tokens of the step's batch (compute_throughout_metrics)
+# verl's own idle and utilisation figures, and the verl versions that write each name.
+IDLE_KEYS: dict[str, tuple[str, str]] = {
+    # name: (what it is, where)
+    "fully_async/trainer/idle_ratio": ("trainer", "verl 0.8.0.dev from 9aaa5761 (#5487, 2026-03-10) on"),
+    "trainer/idle_ratio": ("trainer", "verl 0.8.0.dev before 9aaa5761"),
+    "fully_async/rollouter/idle_ratio": ("rollouter", "verl 0.8.0.dev from 9aaa5761 (#5487, 2026-03-10) on"),
+    "rollouter/idle_ratio": ("rollouter", "verl 0.8.0.dev before 9aaa5761"),
+    "dynamic_resource/rollout_resource_utilization": ("slots", "verl 0.9.0.dev from 298fdc71 (#6556) on"),
+}
+VERSION_TIME = ("fully_async/rollouter/version_time", "rollouter/version_time")
+GENERATED = "fully_async/count/total_generated_samples"
+PROCESSING_MEAN = "fully_async/processing_time/avg"
 LIMITS = [
     "verl's file log holds per-step means and extremes, not per-sample lengths or times: without "
     "--rollout-dir the bubble is an estimate (bubble_if_concurrent), not a measurement.",
@@ -43,6 +61,8 @@ LIMITS = [
     "pass --slots; the rebuilt batch runs on one engine.",
     "Lengths from --rollout-dir are the decoded texts re-tokenised: special tokens dropped in decoding "
     "(the stop token) are not counted.",
+    "verl's timers are laid end to end in fit()'s order; time no timer covers (checkpoints, dumps, the "
+    "gaps between timers) is the page's 'other'.",
     "No GPU timeline: run verl under `rlbench profile --engine-metrics URL -- CMD` for the servers' gauges.",
 ]
 
@@ -55,25 +75,55 @@ def _check_line(row: dict[str, Any]) -> str | None:
     return None
 
 
+def _training(data: dict[str, Any]) -> bool:
+    return is_number(data.get(GEN)) and is_number(data.get(STEP))
+
+
 def read_log(path: Path) -> tuple[dict[int, dict[str, Any]], list[str]]:
-    """The training steps of a verl file log ({step: data}) and notes on what was skipped."""
+    """The training steps of a verl file log ({step: data}, the lines of a step merged) and notes on what
+    was skipped or merged."""
     rows = read_jsonl(path, ("step", "data"), check=_check_line)
-    steps: dict[int, dict[str, Any]] = {}
-    skipped, repeated = 0, 0
+    trained: dict[int, dict[str, Any]] = {}
+    extra: dict[int, dict[str, Any]] = {}
+    validation = repeated = merged = 0
     for row in rows:
-        data = row["data"]
-        if not (is_number(data.get(GEN)) and is_number(data.get(STEP))):
-            skipped += 1
-            continue
-        if data[GEN] < 0 or data[STEP] < 0:
-            raise UserError(f"{path}: step {row['step']}: negative {GEN} or {STEP}")
-        repeated += row["step"] in steps
-        steps[row["step"]] = data  # a resumed run logs a step again: the later line is the one that ran
-    if not steps:
+        step, data = row["step"], row["data"]
+        if _training(data):
+            if data[GEN] < 0 or data[STEP] < 0:
+                raise UserError(f"{path}: step {step}: negative {GEN} or {STEP}")
+            repeated += step in trained
+            trained[step] = data  # a resumed run logs a step again: the later line is the one that ran
+        elif data and all(str(k).startswith("val-") for k in data):
+            validation += 1
+        else:  # the fully-async rollouter's line, the param-sync timers: part of that step
+            extra.setdefault(step, {}).update(data)
+            merged += 1
+    if not trained:
         raise UserError(f"{path}: no training step in this verl log (no line has {GEN} and {STEP})")
-    notes = [f"{skipped} line(s) without {GEN}/{STEP} (validation) skipped"] if skipped else []
+    steps = {s: {**extra.get(s, {}), **trained[s]} for s in sorted(trained)}
+    notes = [f"{validation} validation line(s) skipped"] if validation else []
     notes += [f"{repeated} step(s) logged twice (a resumed run): the later line kept"] if repeated else []
-    return dict(sorted(steps.items())), notes
+    used = sum(1 for s in extra if s in trained)
+    notes += [f"{merged} line(s) without {GEN} merged into the step they name"] if used else []
+    return steps, notes
+
+
+def key_generations(steps: dict[int, dict[str, Any]]) -> dict[str, str]:
+    """Which of verl's idle and utilisation names the log holds, and the verl versions that write them."""
+    seen = {k for data in steps.values() for k in data}
+    return {key: where for key, (_, where) in IDLE_KEYS.items() if key in seen}
+
+
+def declared(data: dict[str, Any], side: str) -> tuple[float | None, str | None]:
+    """verl's own idle ratio of `side` ("trainer" or "rollouter") in one step, and the key it came from."""
+    for key, (what, _) in IDLE_KEYS.items():
+        if what == side and is_number(data.get(key)):
+            return float(data[key]), key
+    return None, None
+
+
+def first_number(data: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+    return next((float(data[k]) for k in keys if is_number(data.get(k))), None)
 
 
 def read_rollout_dir(directory: Path, tokenizer: Any) -> list[Group]:
@@ -105,45 +155,61 @@ def _bubble_if_concurrent(data: dict[str, Any], template: str) -> float | None:
     return 1.0 - mean / top if is_number(mean) and is_number(top) and top > 0 else None
 
 
+def timer(data: dict[str, Any], name: str) -> float:
+    value = data.get(f"timing_s/{name}")
+    return max(0.0, float(value)) if is_number(value) else 0.0
+
+
 def timeline(steps: dict[int, dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[int, tuple[float, float]]]:
-    """The phases of every step laid end to end, and each step's rollout window."""
+    """The phases of every step laid end to end in fit()'s order, and each step's rollout window: `gen`
+    (rollout), `reward`, the trainer's work (update phases, each named by its verl timer), the weight
+    sync; the step ends at `timing_s/step`, the time no timer covers left as a gap."""
     events: list[dict[str, Any]] = []
     windows: dict[int, tuple[float, float]] = {}
     clock = 0.0
     for step, data in steps.items():
         gen, total = float(data[GEN]), max(float(data[STEP]), float(data[GEN]))
+        end = clock + total
         windows[step] = (clock, clock + gen)
         events.append(
-            {"kind": ROLLOUT, "step": step, "t_start": clock, "t_end": clock + gen, "source": "verl"}
+            {"kind": ROLLOUT, "step": step, "t_start": clock, "t_end": clock + gen, "source": "verl gen"}
         )
-        if is_number(data.get(REWARD_T)):
-            end = min(clock + total, clock + gen + float(data[REWARD_T]))
-            events.append({"kind": REWARD, "step": step, "t_start": clock + gen, "t_end": end})
-        if is_number(data.get(UPDATE_T)):
-            start = max(clock + gen, clock + total - float(data[UPDATE_T]))
-            events.append({"kind": UPDATE, "step": step, "t_start": start, "t_end": clock + total})
-        else:  # the step's end must still be on the clock: its update is unknown, not absent
-            events.append({"kind": UPDATE, "step": step, "t_start": clock + total, "t_end": clock + total})
-        clock += total
+        at = clock + gen
+        reward = {"kind": REWARD, "step": step, "t_start": at, "t_end": min(end, at + timer(data, "reward"))}
+        if is_number(data.get(SCORE)):
+            reward["reward_mean"] = float(data[SCORE])
+        if is_number(data.get(REWARD_T)) or "reward_mean" in reward:
+            events.append(reward)
+            at = reward["t_end"]
+        for kind, names in ((UPDATE, TRAINER_WORK), (SYNC, WEIGHT_SYNC)):
+            for name in names:
+                if is_number(data.get(f"timing_s/{name}")):
+                    stop = min(end, at + timer(data, name))
+                    events.append({"kind": kind, "step": step, "t_start": at, "t_end": stop, "name": name})
+                    at = stop
+        # the step's end must be on the clock even when no timer reaches it (its work is unknown)
+        events.append({"kind": SYNC, "step": step, "t_start": end, "t_end": end, "name": "step end"})
+        clock = end
     return events, windows
 
 
 def per_step(steps: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
-    """verl's own figures per step, and the estimates that need no per-sample data."""
+    """verl's own figures per step (every timer, the idle ratios under the name the log gives), and the
+    estimates that need no per-sample data."""
     rows = []
     for step, data in steps.items():
         row: dict[str, Any] = {
             "step": step,
-            "verl timing_s/gen": data[GEN],
-            "verl timing_s/step": data[STEP],
             "rollout share": data[GEN] / data[STEP] if data[STEP] > 0 else None,
             "response_length mean": data.get(LENGTH.format("mean")),
             "response_length max": data.get(LENGTH.format("max")),
+            SCORE: data.get(SCORE),
             # 1 - mean/max: exact for a synchronous batch whose samples all start together with a slot each;
             # an engine with more slots than samples idles more (a lower bound), queueing idles less
             "bubble_if_concurrent (lengths)": _bubble_if_concurrent(data, LENGTH),
             "bubble_if_concurrent (sample times)": _bubble_if_concurrent(data, SAMPLE_TIME),
         }
-        row.update({key: data[key] for key in VERL_OWN if key in data})
+        row.update({f"verl {k}": v for k, v in data.items() if k.startswith("timing_s/") and is_number(v)})
+        row.update({f"verl {k}": data[k] for k in IDLE_KEYS if k in data})
         rows.append(row)
     return rows

@@ -24,6 +24,7 @@ PHASE_COLOURS = {
     "update": "#54a24b",
     "sync": "#b279a2",
     "heldout": "#9d755d",
+    "other": "#bab0ac",
 }
 Event = dict[str, Any]
 

@@ -12,7 +12,7 @@ from reference_trainer.trace.records import read_json
 from reference_trainer.trace.schema import read_trace
 from rlbench.report.figures import Event, _fig, note, num, pct, steps_axis
 from rlbench.report.page import table, write_page
-from rlbench.report.profile_report import check_profile_doc, headline, kpis, step_figures, summary_rows
+from rlbench.report.profile_report import check_profile_doc, kpis, step_figures, summary_rows
 from rlbench.report.timeline import slot_timeline
 
 
@@ -64,7 +64,7 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
     how = "".join(f"<li>{html.escape(str(x))}</li>" for x in info.get("method") or [])
     cannot = "".join(f"<li>{html.escape(str(x))}</li>" for x in info.get("limits") or [])
     unit = run.get("time_unit") or "s"
-    top = [headline(doc) if unit == "s" else _headline_in(doc, unit), f"<ul>{how}</ul>" if how else ""]
+    top = [_headline(doc, unit), f"<ul>{how}</ul>" if how else ""]
     if unit != "s":
         top.insert(
             0, note(f"This log has no clock: times on this page are in {run['time_unit']}s, not seconds.")
@@ -98,7 +98,8 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
             f"Replayed through <code>rlbench simulate</code> ({html.escape(whatif['label'])}): "
             f"{html.escape(whatif['cost_model'])}, {whatif['slots_per_worker']} slots per worker, each "
             f"worker given {whatif['groups_per_worker']} groups per step (the logged batch per step), "
-            f"{whatif.get('steps_replayed', 'all')} step(s) replayed."
+            f"{whatif.get('steps_replayed', 'all')} step(s) replayed. "
+            + "; ".join(html.escape(line) for line in whatif.get("sampling") or [])
         )
         body = [f'<p class="sub">{text}</p>', table(whatif_rows(whatif))]
         sections.append(("What each mode would buy here (predicted)", body))
@@ -115,15 +116,21 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
     )
 
 
-def _headline_in(doc: dict[str, Any], unit: str) -> str:
-    """The headline figures of a log without a clock: times and rates per `unit` (a decode step)."""
-    s = doc.get("summary", {})
+def _headline(doc: dict[str, Any], unit: str) -> str:
+    """An imported run's headline. Its bubble is over decode steps where the slots were rebuilt from
+    lengths (no clock needed: the TRL callback and `import trl` of its output_dir say the same figure), else
+    the trace's; times and rates are in the log's own unit."""
+    s, info = doc.get("summary", {}), doc.get("integration") or {}
+    bubble = "bubble ratio (decode steps)" if "bubble_decode_steps" in info else "bubble ratio"
     return kpis(
         {
-            "bubble ratio": pct(s.get("bubble_ratio")),
-            f"rollout tokens per {unit}": num(s.get("rollout_tokens_per_s"), digits=4),
-            "mean step time": num(s.get("step_time_s"), f" {unit}s"),
+            bubble: pct(info.get("bubble_decode_steps", s.get("bubble_ratio"))),
+            "rollout tokens/s" if unit == "s" else f"rollout tokens per {unit}": num(
+                s.get("rollout_tokens_per_s"), digits=4
+            ),
+            "mean step time": num(s.get("step_time_s"), " s" if unit == "s" else f" {unit}s"),
             "tail time share": pct(s.get("tail_time_share")),
+            "reward (mean)": num(s.get("reward_mean")),
         }
     )
 

@@ -46,6 +46,9 @@ def learning_figure(steps: list[Event], heldout: dict[str, Any] | None) -> Any:
     return fig
 
 
+PHASE_TIMES = ("timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/sync")
+
+
 def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> list[tuple[str, list[Any]]]:
     import plotly.graph_objects as go
 
@@ -72,6 +75,10 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
         split.add_trace(
             go.Bar(x=x, y=[s.get(key) or 0.0 for s in steps], name=name, marker_color=PHASE_COLOURS[name])
         )
+    # the rest of the step: gaps between phases, and work no phase covers (an imported run's checkpoints)
+    other = [max(0.0, (s.get("step_time_s") or 0.0) - sum(s.get(k) or 0.0 for k in PHASE_TIMES))
+             for s in steps]  # fmt: skip
+    split.add_trace(go.Bar(x=x, y=other, name="other", marker_color=PHASE_COLOURS["other"]))
     split.update_layout(barmode="stack", legend_traceorder="normal")
     # The held-out evaluation runs before a step, outside it: shown apart so it does not dwarf the phases.
     heldout_s = [s.get("timing_s/heldout") or 0.0 for s in steps]

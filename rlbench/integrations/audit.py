@@ -1,0 +1,316 @@
+"""`rlbench audit`: a run's idle figures rebuilt from its per-sample evidence, beside the framework's own.
+
+For each quantity (trainer idle, rollout idle, the slot bubble) the audit rebuilds a value from what the
+run recorded per sample or per phase and sets it beside the figure the framework declared (verl's
+`*/idle_ratio` and rollout utilisation, TRL's `step_time`, NVML's GPU bubble for rlbench's own runs); a
+difference beyond the tolerance is flagged. The run is labelled by metrics.bound_label,
+the rule of docs/metrics.md, from the rebuilt shares where both are known, else from the declared ones.
+
+What is rebuilt from what (docs/integrations.md, "rlbench audit"):
+- an rlbench run folder (native or imported): trainer idle and rollout idle from its trace (metrics.py);
+- a verl file log: trainer idle = 1 - the trainer's timed work (reward, old_log_prob, ref, values, adv,
+  update_critic, update_actor) / timing_s/step; rollout idle = 1 - sample-seconds / (slots x window), the
+  sample-seconds being samples x mean per-sample time (fully async: the generated samples and
+  fully_async/processing_time/avg over the rollouter's version_time; synchronous: perf/total_num_tokens /
+  mean sample length samples x timing_s/agent_loop/generate_sequences/mean over timing_s/step); needs --slots;
+- any file `rlbench trace convert` reads: the slot bubble of each step's requests over their window.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from reference_trainer.errors import UserError
+from reference_trainer.trace import metrics, rollout_trace
+from reference_trainer.trace.records import read_json, read_jsonl
+from reference_trainer.trace.schema import is_number, read_trace
+from rlbench.integrations import convert, lengthlog, verl
+
+TOLERANCE = 0.10  # absolute, on shares; relative on times
+QUIET = 0.05  # a declared idle share under this says "never idle"
+
+
+def _figure(
+    quantity: str,
+    rebuilt: float | None,
+    evidence: str,
+    declared: float | None,
+    declared_by: str | None,
+    tolerance: float,
+) -> dict[str, Any]:
+    diff = rebuilt - declared if rebuilt is not None and declared is not None else None
+    return {
+        "quantity": quantity,
+        "rebuilt": rebuilt,
+        "evidence": evidence,
+        "declared": declared,
+        "declared_by": declared_by,
+        "difference": diff,
+        "flagged": diff is not None and abs(diff) > tolerance,
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _is_verl_log(path: Path) -> bool:
+    if not path.is_file() or path.suffix != ".jsonl":
+        return False
+    first = next(iter(read_jsonl(path, torn_tail=False)), {})
+    return set(first) == {"step", "data"}
+
+
+def _verl_rollout_evidence(data: dict[str, Any], generated_before: float) -> tuple[float, float, str] | None:
+    """(sample-seconds, window seconds, how) of one verl step, from per-sample times."""
+    generated = data.get(verl.GENERATED)
+    mean = data.get(verl.PROCESSING_MEAN)
+    if is_number(generated) and is_number(mean):
+        window = verl.first_number(data, verl.VERSION_TIME) or float(data[verl.STEP])
+        n = float(generated) - generated_before
+        return (
+            n * float(mean),
+            window,
+            "generated samples x fully_async/processing_time/avg over version_time",
+        )
+    mean = data.get(verl.SAMPLE_TIME.format("mean"))
+    length = (data.get("prompt_length/mean") or 0) + (data.get(verl.LENGTH.format("mean")) or 0)
+    if is_number(mean) and is_number(data.get(verl.TOKENS)) and length > 0:
+        n = float(data[verl.TOKENS]) / length
+        return (
+            n * float(mean),
+            float(data[verl.STEP]),
+            (
+                "samples (perf/total_num_tokens / mean sample length) x "
+                "timing_s/agent_loop/generate_sequences/mean "
+                "over timing_s/step"
+            ),
+        )
+    return None
+
+
+def audit_verl(path: Path, slots: int | None, tolerance: float) -> dict[str, Any]:
+    steps, notes = verl.read_log(path)
+    work = step_s = sample_s = window_s = 0.0
+    declared: dict[str, list[float]] = {"trainer": [], "rollouter": []}
+    keys: dict[str, str] = {}
+    utilisation: list[float] = []
+    how, generated = None, 0.0
+    for data in steps.values():
+        step_s += float(data[verl.STEP])
+        work += sum(verl.timer(data, name) for name in ("reward", *verl.TRAINER_WORK))
+        for side in declared:
+            value, key = verl.declared(data, side)
+            if value is not None:
+                declared[side].append(value)
+                keys[side] = key  # type: ignore[assignment]
+        if is_number(data.get("dynamic_resource/rollout_resource_utilization")):
+            utilisation.append(float(data["dynamic_resource/rollout_resource_utilization"]))
+        evidence = _verl_rollout_evidence(data, generated)
+        if evidence is not None:
+            sample_s, window_s, how = sample_s + evidence[0], window_s + evidence[1], evidence[2]
+        if is_number(data.get(verl.GENERATED)):
+            generated = float(data[verl.GENERATED])
+    trainer_idle = 1.0 - work / step_s if step_s > 0 else None
+    rollout_idle = 1.0 - sample_s / (slots * window_s) if slots and how and window_s > 0 else None
+    where = verl.key_generations(steps)
+    figures = [
+        _figure(
+            "trainer idle",
+            trainer_idle,
+            "1 - verl's timed trainer work / timing_s/step",
+            _mean(declared["trainer"]),
+            _named(keys.get("trainer"), where),
+            tolerance,
+        ),
+        _figure(
+            "rollout idle",
+            rollout_idle,
+            f"1 - {how} / ({slots} slots)"
+            if rollout_idle is not None
+            else (
+                "needs --slots (the rollout's concurrent samples)"
+                if how
+                else "no per-sample times in the log"
+            ),
+            _mean(declared["rollouter"]),
+            _named(keys.get("rollouter"), where),
+            tolerance,
+        ),
+    ]
+    if utilisation:
+        figures.append(
+            _figure(
+                "rollout idle (slots)",
+                rollout_idle,
+                figures[1]["evidence"],
+                1.0 - _mean(utilisation),
+                "1 - dynamic_resource/rollout_resource_utilization "
+                f"({where['dynamic_resource/rollout_resource_utilization']})",
+                tolerance,
+            )
+        )
+    quiet = [f["declared"] for f in figures[:2]]
+    if (
+        all(d is not None and d < QUIET for d in quiet)
+        and rollout_idle is not None
+        and rollout_idle >= metrics.IDLE_HIGH
+    ):
+        notes.append(
+            f"verl declares that neither side idles (trainer {quiet[0]:.1%}, rollouter {quiet[1]:.1%}), yet "
+            f"the rollout's samples fill only {1 - rollout_idle:.1%} of its slot-time: the idle ratio "
+            "misses time it spent paused or draining (verl#6693). With both sides busy an asynchronous run "
+            "would beat a synchronous one; this one is trainer-bound, so it cannot gain more than the "
+            "rollout's "
+            "share of a synchronous step."
+        )
+    return _doc(path, "verl log", len(steps), figures, trainer_idle, rollout_idle, notes, tolerance)
+
+
+def _named(key: str | None, where: dict[str, str]) -> str | None:
+    return f"{key} ({where[key]})" if key else None
+
+
+def audit_run(run_dir: Path, tolerance: float) -> dict[str, Any]:
+    """An rlbench run folder: the trace's own shares, beside the imported framework's and NVML's."""
+    doc = read_json(run_dir / "metrics.json") if (run_dir / "metrics.json").is_file() else {}
+    computed = metrics.compute(read_trace(run_dir / "trace.jsonl"), doc.get("gpu"))["summary"]
+    rows = (doc.get("integration") or {}).get("per_step") or []
+    notes: list[str] = []
+
+    def declared(side: str) -> tuple[float | None, str | None]:
+        values, key = [], None
+        for row in rows:
+            value, key_found = verl.declared({k.removeprefix("verl "): v for k, v in row.items()}, side)
+            if value is not None:
+                values.append(value)
+                key = key_found
+        return _mean(values), key
+
+    trainer_d, trainer_key = declared("trainer")
+    rollout_d, rollout_key = declared("rollouter")
+    where = {k: w for k, (_, w) in verl.IDLE_KEYS.items()}
+    figures = [
+        _figure(
+            "trainer idle",
+            computed["trainer_idle_share"],
+            "1 - reward and update phases / step time (trace)",
+            trainer_d,
+            _named(trainer_key, where),
+            tolerance,
+        ),
+        _figure(
+            "rollout idle",
+            computed["rollout_idle_share"],
+            "1 - slot-time / (capacity x step time) (trace)",
+            rollout_d,
+            _named(rollout_key, where),
+            tolerance,
+        ),
+        _figure(
+            "slot bubble",
+            computed["bubble_ratio"],
+            "engine events' slots over the rollout windows (trace)",
+            computed.get("bubble_ratio_gpu"),
+            "NVML GPU bubble" if computed.get("bubble_ratio_gpu") is not None else None,
+            tolerance,
+        ),
+    ]
+    trl_times = [r["TRL step_time"] for r in rows if is_number(r.get("TRL step_time"))]
+    if trl_times and (doc.get("run") or {}).get("time_unit") == "s":
+        ours = computed["step_time_s"]
+        theirs = _mean(trl_times)
+        figures.append(
+            {
+                "quantity": "step time (s)",
+                "rebuilt": ours,
+                "evidence": "phases (trace)",
+                "declared": theirs,
+                "declared_by": "TRL step_time",
+                "difference": ours - theirs if ours is not None else None,
+                "flagged": ours is not None and abs(ours - theirs) > tolerance * theirs,
+            }
+        )
+    kind = f"rlbench run ({(doc.get('run') or {}).get('framework') or 'native'})"
+    return _doc(
+        run_dir,
+        kind,
+        computed["steps"],
+        figures,
+        computed["trainer_idle_share"],
+        computed["rollout_idle_share"],
+        notes,
+        tolerance,
+    )
+
+
+def audit_records(
+    path: Path, records: list[dict[str, Any]], slots: int | None, tolerance: float
+) -> dict[str, Any]:
+    """Per-request records alone (no trainer phases): the slot bubble of each step's requests, over their
+    measured times where the records have them, else over decode steps rebuilt from their lengths."""
+    timed = [r for r in records if r["time_source"] == "measured"]
+    if timed:
+        busy = capacity_s = 0.0
+        for step_records in rollout_trace.records_by_step(timed).values():
+            occ = rollout_trace.occupancy(step_records, slots)
+            if occ["bubble"] is not None:
+                busy += occ["busy_s"]
+                capacity_s += occ["capacity"] * occ["window_s"]
+        bubble = 1.0 - busy / capacity_s if capacity_s > 0 else None
+        per = f"{slots} slots per engine" if slots else "the peak concurrency as capacity (a lower bound)"
+        evidence = f"requests' admit-to-finish time over each step's window, {per}"
+    else:
+        groups = convert.to_groups(records)
+        batch = max(sum(len(g.lengths) for g in gs) for gs in lengthlog.by_step(groups).values())
+        bubble = lengthlog.decode_step_bubble(groups, slots or batch)
+        evidence = f"decode steps rebuilt from the lengths, {slots or batch} slots (no request times)"
+    figures = [_figure("slot bubble", bubble, evidence, None, None, tolerance)]
+    notes = ["no trainer phases in per-request records: trainer idle and the label need the run's phases"]
+    steps = len(rollout_trace.records_by_step(records))
+    return _doc(path, "rollout requests", steps, figures, None, None, notes, tolerance)
+
+
+def _doc(
+    source: Path,
+    kind: str,
+    steps: int,
+    figures: list[dict[str, Any]],
+    trainer_idle: float | None,
+    rollout_idle: float | None,
+    notes: list[str],
+    tolerance: float,
+) -> dict[str, Any]:
+    label, basis = metrics.bound_label(trainer_idle, rollout_idle), "rebuilt"
+    if label is None:
+        by = {f["quantity"]: f["declared"] for f in figures}
+        label, basis = metrics.bound_label(by.get("trainer idle"), by.get("rollout idle")), "declared"
+    return {
+        "source": str(source),
+        "kind": kind,
+        "steps": steps,
+        "tolerance": tolerance,
+        "idle_high": metrics.IDLE_HIGH,
+        "figures": figures,
+        "label": label,
+        "label_from": basis if label else None,
+        "notes": notes,
+    }
+
+
+def audit(
+    path: Path,
+    slots: int | None = None,
+    tolerance: float = TOLERANCE,
+    tokenizer: Any = None,
+    trust_pickle: bool = False,
+) -> dict[str, Any]:
+    """The audit of a run folder, a verl file log, or any per-request file `rlbench trace convert` reads."""
+    if path.is_dir() and (path / "trace.jsonl").is_file():
+        return audit_run(path, tolerance)
+    if _is_verl_log(path):
+        return audit_verl(path, slots, tolerance)
+    if not path.exists():
+        raise UserError(f"{path}: no such file or directory")
+    return audit_records(path, convert.to_records(path, tokenizer, trust_pickle), slots, tolerance)
