@@ -21,6 +21,7 @@ from rlbench.observe.nvml import no_gpu_note
 from rlbench.report.figures import PALETTE, PHASE_COLOURS, Event, _fig, note, num, pct, steps_axis
 from rlbench.report.observe_report import observed_sections
 from rlbench.report.page import kpis, table, write_page
+from rlbench.report.replay_summary import replay_section
 from rlbench.report.timeline import slot_timeline
 
 
@@ -385,6 +386,8 @@ def render_profile(
             )
         )
     sections.append(("GPU", gpu_section(doc.get("gpu"), events)))
+    if doc.get("gpu_replay"):
+        sections.append(("GPU replay (a model)", replay_section(doc["gpu_replay"])))
     if len((doc.get("summary") or {}).get("worker_idle_share") or {}) > 1:
         sections.append(("Rollout workers", worker_section(events, doc["summary"])))
     if doc.get("pyspy"):
