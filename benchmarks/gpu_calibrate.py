@@ -7,8 +7,10 @@ forwards and the GRPO updater; the prefill stage and the calibration stage of be
 
 - prefill: t_prefill, one admission forward of 1, 16 and 128 new sequences x 64 and 256 prompt tokens each
   (`time_prefill`), written to DIR/prefill/<model>.json as each cell finishes;
-- decode and verify: `Engine.time_forwards` at 1, 16, 64, 128 and 256 rows x widths 1, 2, 4, 8 and 16
-  (1 + drafts), continuing 256 cached tokens: the engine's path (CUDA graphs on CUDA);
+- decode: the engine's own decode step (`time_engine_step`: forward, sampling, read-back and its host work)
+  over 1, 16, 64, 128 and 256 running sequences at about 256 cached tokens;
+- verify: `Engine.time_forwards` at those rows x widths 1, 2, 4, 8 and 16 (1 + drafts) continuing 256 cached
+  tokens, each width as a multiple of the decode forward over as many rows (CUDA graphs on CUDA);
 - update: one GRPO update (fp32 policy, the trainer's defaults) of synthetic batches of 16 x 128, 64 x 128 and
   64 x 256 tokens, the fastest of --repeats after a warm-up.
 After each term DIR/<gpu>-<model>.json is rewritten (`write_calibration`), the prefill table of an earlier
@@ -36,7 +38,7 @@ from benchmarks.gpu import SMOLLM2_SHAPE
 from benchmarks.update_speed import synthetic_batch
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
-from reference_trainer.engine.sequence import Sequence
+from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.engine.timing import PROBE_TOKEN, synchronize
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.embedded import default_model_dir, label
@@ -54,11 +56,18 @@ class Sizes:
     rows: tuple[int, ...] = (1, 16, 64, 128, 256)
     widths: tuple[int, ...] = (1, 2, 4, 8, 16)
     context: int = 256
+    steps: int = 16  # engine steps per timed run
     update_batches: tuple[tuple[int, int], ...] = ((16, 128), (64, 128), (64, 256))  # sequences x tokens
 
 
-QUICK = Sizes((1, 4), (16, 32), (1, 4), (1, 2), 32, ((2, 16), (4, 16)))  # --quick: the CPU rehearsal
+QUICK = Sizes((1, 4), (16, 32), (1, 4), (1, 2), 32, 4, ((2, 16), (4, 16)))  # --quick: the CPU rehearsal
 MODELS = {"smollm2": "smollm2-135m", "embedded": "embedded", "tiny": "tiny"}  # --models -> preset name
+NOTES = [
+    "decode: the engine's own decode step (time_engine_step: forward, sampling, read-back, host work)",
+    "verify: forwards timed by the runner (Engine.time_forwards), as a multiple of its decode forward",
+    "prefill: the runner's prefill forward alone (time_prefill), not the admission's sampling and uploads",
+    "update: one GRPO update of synthetic batches (fp32 policy, the trainer's defaults)",
+]
 
 
 def gpu_name(device: str) -> str:
@@ -67,6 +76,27 @@ def gpu_name(device: str) -> str:
         return "cpu"
     found = re.search(r"\b([a-z]\d{2,3})\b", device.lower())
     return found.group(1) if found else re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+
+
+def time_engine_step(engine: Engine, rows: int, context: int, steps: int, repeats: int) -> float:
+    """Seconds of one engine decode step over `rows` running sequences of about `context` cached tokens:
+    `steps` calls of `Engine.step` once every sequence is admitted, the fastest of `repeats` such runs after
+    a warm-up run. Each step reads its tokens back, so it ends when the device is done."""
+    budget = (repeats + 1) * steps + 8
+    for i in range(rows):
+        params = SamplingParams(temperature=1.0, max_tokens=budget, ignore_eos=True, seed=i)
+        engine.add_request(Request([PROBE_TOKEN] * context, params))
+    while engine.waiting:
+        engine.step()
+    engine.step()  # the step the last admissions rode in, or their first decode: not timed
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        times.append((time.perf_counter() - start) / steps)
+    engine.close()  # abort them: their slots free for the next cell
+    return min(times[1:])
 
 
 @torch.inference_mode()
@@ -132,7 +162,8 @@ def calibrate(
     prefill_path = out / "prefill" / f"{name}.json"
     with tempfile.TemporaryDirectory() as tmp:
         path, model_label = model_dir(model, Path(tmp))
-        longest = max(sizes.context + max(sizes.widths), max(sizes.prefill_tokens)) + 1
+        generated = (repeats + 1) * sizes.steps + 8  # time_engine_step's tokens per sequence
+        longest = max(sizes.context + max(sizes.widths, default=1) + generated, max(sizes.prefill_tokens)) + 1
         slots = max(*sizes.rows, *sizes.prefill_rows)
         config = EngineConfig(max_num_seqs=slots, max_model_len=longest, device=device)
         engine = Engine(load_model(path, device=device), config, eos_token_ids=[])
@@ -147,9 +178,14 @@ def calibrate(
                                {**info, "model": model_label, "cells": cells})  # fmt: skip
         if not terms & {"decode", "verify", "update"}:
             return
-        rows, widths = sizes.rows, sizes.widths
-        table = engine.time_forwards(rows, widths, context=sizes.context, repeats=repeats)
-        print(f"  {name} decode: " + ", ".join(f"{b}: {1e3 * table[b, 1]:.2f} ms" for b in rows), flush=True)
+        steps = {b: time_engine_step(engine, b, sizes.context, sizes.steps, repeats) for b in sizes.rows}
+        print(
+            f"  {name} decode: " + ", ".join(f"{b}: {1e3 * s:.2f} ms" for b, s in steps.items()), flush=True
+        )
+        table = engine.time_forwards(sizes.rows, sizes.widths, context=sizes.context, repeats=repeats)
+        widths: dict[int, dict[int, float]] = {}
+        for (b, w), seconds in table.items():  # the engine caps rows and widths at what it holds
+            widths.setdefault(b, {})[w] = seconds
         prefill = None
         if prefill_path.is_file():  # an earlier prefill stage of this run
             prefill = {}
@@ -160,8 +196,9 @@ def calibrate(
             shape={k: v for k, v in (model_shape(path) or {}).items() if k in SHAPE_KEYS},
             provenance={**info, "driver": info.get("driver") or "none (CPU)",
                         "command": "python -m benchmarks.gpu_calibrate " + " ".join(sys.argv[1:])},
-            context=sizes.context, decode={b: table[b, 1] for b in rows},
-            verify={b: {w: table[b, w] / table[b, 1] for w in widths} for b in rows}, prefill=prefill,
+            context=sizes.context, decode=steps,
+            verify={b: {w: s / ws[1] for w, s in ws.items()} for b, ws in widths.items()}, prefill=prefill,
+            notes=NOTES,
         )  # fmt: skip
         print(f"  wrote {write_calibration(out, measured)}", flush=True)
         if "update" in terms:
@@ -196,6 +233,8 @@ def main() -> None:
         torch.set_num_threads(resolve_threads(None))  # the trainer's: more threads than free cores stall
     info = record(args.device)
     print(info, flush=True)
+    if not info.get("commit"):  # a calibration names what it measured: checked before anything is timed
+        sys.exit("error: no commit to name: set RLBENCH_COMMIT (a copied tree has no git history)")
     for model in models:
         calibrate(model, terms, args.out, args.device, QUICK if args.quick else Sizes(), args.repeats, info)
 
