@@ -42,6 +42,7 @@ def _times(run: dict[str, Any]) -> str:
     points, measured = run["points"], run["measured"]
     rollout, step = _span([p["rollout_s"] for p in points], " s"), _span([p["step_s"] for p in points], " s")
     per = ", ".join(f"{n:g} {k}" for k, n in run["per_step"].items() if n and k != "admissions")
+    per += f" ({run['per_step']['admissions']:g} admitting)"
     beyond = run["beyond_measured"]
     return (
         f"rollout {rollout} (measured here {_num(measured['rollout_s'])} s), "
