@@ -254,3 +254,21 @@ def test_compare_prints_the_replay_beside_the_measured_times_and_not_the_old_spl
     wrong = cli("compare", "--modes", "baseline", "--model", str(tiny_model_dir), "--calibration", str(smol),
                 "--out", str(tmp_path / "wrong"))  # fmt: skip
     assert_one_line_error(wrong, "not of this run's model's shape")
+
+
+@pytest.mark.parametrize(("file", "saved_replay", "message"), [
+    ("compare.json", [1], "gpu_replay is not an object"),
+    ("compare.json", {"calibration": {"name": "x"}}, "calibration does not name its file, model, device"),
+    ("metrics.json", {"calibration": {**calibration().describe()}, "points": 3},
+     "gpu_replay's run lacks its points"),
+])  # fmt: skip
+def test_a_saved_replay_of_the_wrong_shape_is_one_line(tmp_path: Path, file: str, saved_replay: object,
+                                                      message: str) -> None:  # fmt: skip
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    doc = {"run": {}, "summary": {}, "steps": [], "gpu_replay": saved_replay}
+    if file == "compare.json":
+        doc = {"baseline": "baseline", "runs": [{"mode": "baseline", "summary": {}, "steps": []}],
+               "gpu_replay": saved_replay}  # fmt: skip
+    (saved / file).write_text(json.dumps(doc))
+    assert_one_line_error(cli("report", str(saved), tmp=tmp_path), message)

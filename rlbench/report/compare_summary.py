@@ -19,7 +19,7 @@ from reference_trainer.trace.compare import (
     step_speedups,
 )
 from rlbench.report.profile_report import summary_problem
-from rlbench.report.replay_summary import comparison_lines
+from rlbench.report.replay_summary import comparison_lines, replay_problem
 
 
 def check_compare_doc(doc: Any, source: Any) -> dict[str, Any]:
@@ -34,6 +34,8 @@ def check_compare_doc(doc: Any, source: Any) -> dict[str, Any]:
         for r in runs
     ):  # fmt: skip
         raise UserError(f"{source}: not a comparison (runs, each with a mode, a summary and steps)")
+    if "gpu_replay" in doc and (why := replay_problem(doc["gpu_replay"])) is not None:
+        raise UserError(f"{source}: {why}")
     for run in runs:
         for n, row in enumerate([run["summary"], *run.get("steps", [])]):
             if isinstance(row, dict) and (why := summary_problem(row)) is not None:

@@ -30,6 +30,30 @@ def header(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def replay_problem(doc: Any) -> str | None:
+    """What is wrong with a saved `gpu_replay` for the lines and pages below (None: nothing), so a hand-edited
+    file is one line, not a traceback deep in a report."""
+    if not isinstance(doc, dict):
+        return "gpu_replay is not an object"
+    cal = doc.get("calibration")
+    if cal is None:
+        return None
+    if not isinstance(cal, dict) or not {"name", "model", "device", "commit", "date", "measured"} <= set(cal):
+        return "gpu_replay's calibration does not name its file, model, device, commit and date"
+    if not isinstance(cal.get("swept"), dict):
+        return "gpu_replay's calibration has no swept terms map"
+    runs = doc.get("runs") if "runs" in doc else {"run": doc}
+    if not isinstance(runs, dict):
+        return "gpu_replay's runs is not an object"
+    for mode, run in runs.items():
+        keys = {"points", "measured", "per_step", "beyond_measured"}
+        if not isinstance(run, dict) or not keys <= set(run) or not isinstance(run["points"], list):
+            return f"gpu_replay's {mode} lacks its points, measured times or forward counts"
+    if "runs" in doc and not all(isinstance(doc.get(k), dict) for k in ("speedup", "break_even_prefill_s")):
+        return "gpu_replay lacks its speed-ups over the baseline"
+    return None
+
+
 def _span(values: list[float | None], unit: str = "", digits: int = 2) -> str:
     known = sorted(v for v in values if v is not None)
     if not known:

@@ -129,28 +129,22 @@ class RunReplay:
     counts: Counter[str]  # forwards by kind, and admissions, beyond_measured
 
     def rollout_s(self, assumed: dict[str, float]) -> float | None:
-        return statistics.mean(s.rollout_s(assumed) for s in self.steps) if self.steps else None
+        return _mean([s.rollout_s(assumed) for s in self.steps])
 
     def step_s(self, assumed: dict[str, float]) -> float | None:
-        values = [s.step_s(self.cal, assumed) for s in self.steps]
-        return None if not values or None in values else statistics.mean(values)  # type: ignore[type-var]
+        return _mean([s.step_s(self.cal, assumed) for s in self.steps])
 
     def doc(self) -> dict[str, Any]:
         """The replay's JSON: its calibration, what the run measured, and each sweep point's figures."""
         n = max(1, len(self.steps))
-        measured_steps = [s.measured_step_s for s in self.steps]
         return {
             "calibration": self.cal.describe(),
             "steps": len(self.steps),
             "measured": {
-                "rollout_s": statistics.mean(s.measured_rollout_s for s in self.steps)
-                if self.steps
-                else None,
-                "step_s": None
-                if not self.steps or None in measured_steps
-                else statistics.mean(measured_steps),
+                "rollout_s": _mean([s.measured_rollout_s for s in self.steps]),
+                "step_s": _mean([s.measured_step_s for s in self.steps]),
             },
-            "host_s": statistics.mean(s.host_s for s in self.steps) if self.steps else None,
+            "host_s": _mean([s.host_s for s in self.steps]),
             "per_step": {key: self.counts[key] / n for key in (*FORWARD_KINDS, "admissions")},
             "beyond_measured": self.counts["beyond_measured"],
             "points": [
@@ -158,6 +152,12 @@ class RunReplay:
                 for a in self.cal.sweep()
             ],
         }
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The mean over steps; None where there are none or one is unknown."""
+    known = [v for v in values if v is not None]
+    return statistics.mean(known) if known and len(known) == len(values) else None
 
 
 def replay(events: Sequence[Event], cal: Calibration) -> RunReplay:
