@@ -8,7 +8,8 @@ A decode step is measured by difference: each side generates 8 and 8 + --steps t
 length, EOS ignored, T = 1) for the same B prompts of 32 random tokens, and the step is the time between
 them over --steps, so prefill, setup and the first steps' graph captures cancel out; the median of
 --repeats pairs after one untimed run of each length. Each side runs in its own process (a fresh CUDA
-context and its own memory; benchmarks/decode_step_runs.py), B by B in turn:
+context and its own memory; benchmarks/decode_step_runs.py): the engine at every B first, then the other
+sides B by B, OUT/decode_step.json rewritten as each cell finishes:
 - engine: this checkout's engine with its defaults (CUDA graphs on CUDA);
 - before: the engine of --engine-path (e.g. a checkout of d990e15), on the same model and prompts;
 - hf-static: transformers' `generate` with `cache_implementation="static"` (on CUDA it compiles the decode
@@ -176,28 +177,35 @@ def main() -> None:
     shape = SMOLLM2_SHAPE if args.shape == "smollm2" else TINY_SHAPE
     info = record(args.device)
     print(info)
-    rows = []
+    cells: dict[int, dict[str, dict[str, Any]]] = {batch: {} for batch in args.batches}
+
+    def write() -> list[dict[str, Any]]:
+        """decode_step.json with every cell so far: a run cut off by a time limit keeps what finished."""
+        rows = [{**summarise(batch, got), "cells": got} for batch, got in cells.items() if got]
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_json(args.out / "decode_step.json", {**info, "shape": args.shape, "steps": args.steps,
+                   "repeats": args.repeats, "engine_path": args.engine_path, "rows": rows})  # fmt: skip
+        return rows
+
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         save_model(DecoderLM(shape), Path(tmp) / "model")
-        for batch in args.batches:
+        # the engine at every batch first (what the targets are about), then the other sides batch by batch
+        for side, batch in [("engine", b) for b in args.batches] + [
+            (side, b) for b in args.batches for side in sides if side != "engine"
+        ]:
             spec = {"model": str(Path(tmp) / "model"), "device": args.device, "repeats": args.repeats,
                     "prompts": prompts(batch, shape.vocab_size), "lengths": [SHORT, SHORT + args.steps],
                     "threads": args.threads}  # fmt: skip
-            cells = {}
-            for side in sides:
-                cells[side] = run_side(side, spec, args.engine_path)
-            if "step_s" not in cells["engine"] and "engine-eager" not in cells:  # e.g. a capture that fails
-                cells["engine-eager"] = run_side("engine-eager", spec, args.engine_path)
-            for side, cell in cells.items():
-                if "step_s" in cell:
-                    ms = cell["step_s"] * 1e3
-                    print(f"  batch {batch} {side}: {ms:.3f} ms per decode step", flush=True)
-            rows.append({**summarise(batch, cells), "cells": cells})
-            # rewritten after each batch: a run cut off by a time limit keeps the batches it finished
-            args.out.mkdir(parents=True, exist_ok=True)
-            write_json(args.out / "decode_step.json", {**info, "shape": args.shape, "steps": args.steps,
-                       "repeats": args.repeats, "engine_path": args.engine_path, "rows": rows})  # fmt: skip
+            cell = cells[batch][side] = run_side(side, spec, args.engine_path)
+            if side == "engine" and "step_s" not in cell and "engine-eager" not in sides:  # the fall-back
+                cell = cells[batch]["engine-eager"] = run_side("engine-eager", spec, args.engine_path)
+            if "step_s" in cell:
+                print(
+                    f"  batch {batch} {cell['side']}: {cell['step_s'] * 1e3:.3f} ms per decode step",
+                    flush=True,
+                )
+            rows = write()
     print(table(rows))
 
 

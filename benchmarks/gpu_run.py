@@ -1,31 +1,37 @@
-"""One GPU run, one command: the GPU path's correctness, speed and tests in stages under one deadline.
+"""One GPU run, one command: the GPU path's correctness, speed, calibration and tests in stages under one
+deadline.
 
     RLBENCH_COMMIT=<sha> python3 -m benchmarks.gpu_run --out DIR [--budget-s 540] [--stages a,b,...]
                                                      [--engine-path OLD_CHECKOUT] [--dry-run]
 
 Made for a GPU machine lent for minutes, with no package index and no git history: it needs only torch,
 transformers, pytest and nvidia-ml-py, takes the commit from $RLBENCH_COMMIT, and runs each stage in a
-process of its own, capped in time (the stage's cap, and what is left of --budget-s), so one stage that
-hangs or fails costs only itself. After every stage DIR/gpu_run.json is rewritten with every stage's exit
-code, seconds, output tail and the JSON it wrote, so a call cut off at its limit still returns what
-finished. Stages, in order (docs/development.md, "On a GPU machine"):
+process group of its own, capped in time (the stage's cap, and what is left of --budget-s): one stage that
+hangs or fails costs only itself, and when it ends (or is cut off) every process it started ends with it.
+After every stage DIR/gpu_run.json is rewritten with every stage's exit code, seconds, output tail and the
+JSON it wrote, so a call cut off at its limit still returns what finished. Stages, in order
+(docs/development.md, "On a GPU machine"):
 
   checks     correctness first (benchmarks/gpu_checks.py): keyed sampler device = CPU bitwise, graph replay
              = eager tokens at batch 64 and 256, syncs per decode step, bf16 logits against transformers
-  decode     the decode step at batch 1 / 64 / 256 (benchmarks/decode_step.py): ms, GPU busy share, launches
-             and copies per step; the engine before the GPU work (--engine-path) and transformers' eager
-             generate in the same run; the engine without graphs if capture fails
+  decode     the decode step at batch 1 / 64 / 256 (benchmarks/decode_step.py): the engine at every batch
+             first, then the engine before the GPU work (--engine-path) and transformers' eager generate,
+             each cell written as it finishes; ms, GPU busy share, launches and copies per step
+  prefill    t_prefill at 1 / 16 / 128 rows x 64 and 256 tokens, SmolLM2's shape and the embedded model
+             (benchmarks/gpu_calibrate.py)
+  calibrate  the calibration files (DIR/calibration/<gpu>-<model>.json): decode by rows, verify by width,
+             the prefill stage's table, update by tokens (benchmarks/gpu_calibrate.py)
   tests      `pytest -m gpu`
-  compare    `rlbench compare --device cuda` on the embedded model: the trainer end to end on the GPU
-  attention  the decode/verify step per attention implementation and the verify cost (benchmarks/gpu.py)
+  attention  the decode/verify step per attention implementation (benchmarks/gpu.py)
   static     transformers' static-cache (compiled) generate against the engine, with the time left
 
 With --real-model PARTS_DIR the stages are the real model's instead: `gguf` (SmolLM2's GGUF, larger than
 what one call of a lent machine carries, joined from the parts carried by consecutive calls into one folder,
 e.g. /tmp, which lasts while the machine is warm, and unpacked if gzipped), `import` (`rlbench models
-import-gguf`), `learning` (the learning claim: +10 points of held-out greedy accuracy within 5 minutes of
-training) and `compare-real` (the GRPO step of baseline, sorted and rhyme on it: the step-time and bubble
-targets).
+import-gguf`), `compare-real` (`rlbench compare --modes baseline,sorted` on it: the bubble, the rollout
+ratio and the GPU replay beside them; its traces come back packed, DIR/compare-real-runs.tar.gz) and
+`learning` (the learning claim: +10 points of held-out greedy accuracy within 5 minutes of training), with
+the time left.
 
 --dry-run runs the same stages on the CPU at tiny shapes (CI's rehearsal: tests/test_gpu_run.py).
 """
@@ -36,8 +42,10 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -48,6 +56,8 @@ from reference_trainer.trace.records import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 RESERVE_S = 10  # kept back from the budget for the last write
+PACK_LIMIT = 24 << 20  # a packed run folder's most bytes: a call returns 64 MiB in all, the tree and logs too
+GRACE_S = 5  # between asking a stage's processes to end and killing them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +65,9 @@ class Stage:
     name: str
     cap_s: int  # the most this stage may take
     argv: list[str]
-    outputs: tuple[str, ...]  # JSON files (relative to --out) the stage writes, folded into gpu_run.json
+    outputs: tuple[str, ...]  # JSON files (relative to --out; globs allowed), folded into gpu_run.json
     min_s: int = 20  # not started with less time than this left
+    runs: Path | None = None  # a compare's folder, packed into --out after the stage: its traces come back
 
 
 def stages(
@@ -68,21 +79,27 @@ def stages(
     before = ["--engine-path", engine_path] if engine_path else []
     decode_sides = decode_sides or ("engine,before,hf-eager" if engine_path else "engine,hf-eager")
     steps = ["--steps", "4", "--repeats", "1"] if dry_run else ["--steps", "32", "--repeats", "3"]
-    compare_out = work / "compare-run"  # its traces and checkpoints stay out of --out: only its JSON returns
+    calibrate = [
+        py,
+        "-m",
+        "benchmarks.gpu_calibrate",
+        "--out",
+        str(out / "calibration"),
+        *(["--device", "cpu", "--models", "tiny", "--quick", "--repeats", "1"] if dry_run else []),
+    ]
     return [
         Stage("checks", 150, [py, "-m", "benchmarks.gpu_checks", "--out", str(out), *device],
               ("correctness.json",)),
-        Stage("decode", 220, [py, "-m", "benchmarks.decode_step", "--sides", decode_sides, "--batches",
+        Stage("decode", 200, [py, "-m", "benchmarks.decode_step", "--sides", decode_sides, "--batches",
                               batches, *steps, *before, *device, "--out", str(out)], ("decode_step.json",)),
+        Stage("prefill", 90, [*calibrate, "--terms", "prefill"], ("calibration/prefill/*.json",)),
+        Stage("calibrate", 150, [*calibrate, "--terms", "decode,verify,update"], ("calibration/*.json",)),
         Stage("tests", 200, [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rfEs",
                              str(ROOT / "tests")], ()),
-        Stage("compare", 120, [py, "-m", "rlbench.cli", "compare", "--modes", "baseline,sorted",
-                               "--steps", "3", "--device", "cpu" if dry_run else "cuda", "--overwrite",
-                               "--out", str(compare_out)], (str(compare_out / "compare.json"),)),
         Stage("attention", 150, ([py, "-c", "print('the attention table needs CUDA')"] if dry_run else
-                                 [py, "-m", "benchmarks.gpu", "--tables", "attention,verify", "--batches",
-                                  "1,64", "--attention-batches", batches, "--out", str(out)]),
-              ("attention.json", "verify_cost.json")),
+                                 [py, "-m", "benchmarks.gpu", "--tables", "attention", "--attention-batches",
+                                  batches, "--out", str(out)]),
+              ("attention.json",)),
         Stage("static", 200, [py, "-m", "benchmarks.decode_step", "--sides", "engine,hf-static", "--batches",
                               "2" if dry_run else "1,64", *steps, *device, "--out", str(out / "static")],
               ("static/decode_step.json",), min_s=60),
@@ -115,8 +132,9 @@ print(f"joined {len(parts)} parts: {target.stat().st_size} bytes")
 
 def real_model_stages(parts: Path, work: Path, dry_run: bool) -> list[Stage]:
     """The real model's mode: SmolLM2's GGUF, carried in parts (a machine's call carries less than the
-    file), joined and imported; then the learning claim (+10 points held-out within 5 minutes of training)
-    and the GRPO step of the modes on it. --dry-run: the same on a tiny GGUF, CPU-sized."""
+    file), joined and imported; then `rlbench compare` of baseline and sorted on it (its runs packed into
+    --out), and the learning claim (+10 points held-out within 5 minutes of training) with the time left.
+    --dry-run: the same on a tiny GGUF, CPU-sized."""
     py = sys.executable
     gguf, model = work / "model.gguf", work / "model"
     learning = [py, "-m", "rlbench.cli", "reproduce", "grpo-learning-smollm2", "--model", str(model),
@@ -133,16 +151,47 @@ def real_model_stages(parts: Path, work: Path, dry_run: bool) -> list[Stage]:
         Stage("gguf", 120, [py, "-c", JOIN_GGUF, str(parts), str(gguf)], ()),
         Stage("import", 180, [py, "-m", "rlbench.cli", "models", "import-gguf", str(gguf), "--out",
                               str(model)], ()),
-        Stage("learning", 480, learning, (str(result),), min_s=360 if not dry_run else 20),
-        Stage("compare-real", 240, [py, "-m", "rlbench.cli", "compare", "--model", str(model), "--device",
+        Stage("compare-real", 200, [py, "-m", "rlbench.cli", "compare", "--model", str(model), "--device",
                                     "cpu" if dry_run else "cuda", "--task", "arith", "--task-option",
-                                    "max_ops=4", *size, "--modes", "baseline,sorted,rhyme", "--overwrite",
-                                    "--out", str(compare_out)], (str(compare_out / "compare.json"),)),
+                                    "max_ops=4", *size, "--modes", "baseline,sorted", "--overwrite",
+                                    "--out", str(compare_out)], (str(compare_out / "compare.json"),),
+              runs=compare_out),
+        Stage("learning", 480, learning, (str(result),), min_s=200 if not dry_run else 20),
     ]  # fmt: skip
 
 
 def tail(text: str, chars: int = 4000) -> str:
     return text[-chars:]
+
+
+def end_group(group: int) -> None:
+    """End every process of a stage's process group: asked first, killed after GRACE_S."""
+    for sig, wait_s in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 0)):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def pack_runs(runs: Path, target: Path) -> dict[str, Any]:
+    """A compare's folder (compare.json, and each mode's trace.jsonl and metrics.json; no checkpoints) as a
+    gzipped tar in --out, unless it passes PACK_LIMIT, which is said instead."""
+    files = [runs / "compare.json", *sorted(runs.glob("*/trace.jsonl")), *sorted(runs.glob("*/metrics.json"))]
+    with tarfile.open(target, "w:gz", compresslevel=9) as tar:
+        for path in (p for p in files if p.is_file()):
+            tar.add(path, arcname=str(path.relative_to(runs.parent)))
+    size = target.stat().st_size
+    if size > PACK_LIMIT:
+        target.unlink()
+        return {"left_out": f"{size} bytes packed, over the {PACK_LIMIT} a call returns"}
+    return {"packed": target.name, "bytes": size}
 
 
 def run_stage(stage: Stage, timeout_s: float, out: Path, log: Path) -> dict[str, Any]:
@@ -152,15 +201,18 @@ def run_stage(stage: Stage, timeout_s: float, out: Path, log: Path) -> dict[str,
     with log.open("a") as sink:
         sink.write(f"\n===== {stage.name}: {' '.join(stage.argv)} (up to {timeout_s:.0f} s)\n")
         sink.flush()
+        # a session of its own: the stage's children (a benchmark's sides, a compare's workers) are in its
+        # process group, which ends with the stage, cut off or not
+        proc = subprocess.Popen(stage.argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
         try:
-            done = subprocess.run(stage.argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, timeout=timeout_s,
-                                  check=False)  # fmt: skip
-            output, rc = done.stdout, done.returncode
-        except subprocess.TimeoutExpired as expired:
-            raw = expired.stdout or b""
-            output = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-            rc = "timeout"
+            output, _ = proc.communicate(timeout=timeout_s)
+            rc: int | str = proc.returncode
+        except subprocess.TimeoutExpired:
+            end_group(proc.pid)
+            output, rc = proc.communicate()[0], "timeout"
+        finally:
+            end_group(proc.pid)
         sink.write(output)
     result: dict[str, Any] = {
         "rc": rc,
@@ -168,9 +220,12 @@ def run_stage(stage: Stage, timeout_s: float, out: Path, log: Path) -> dict[str,
         "tail": tail(output),
     }
     for name in stage.outputs:
-        path = out / name  # an absolute name stays itself
-        if path.is_file():
-            result.setdefault("results", {})[name] = json.loads(path.read_text())
+        for found in sorted(out.glob(name)) if not Path(name).is_absolute() else [Path(name)]:
+            if found.is_file():
+                key = str(found.relative_to(out)) if found.is_relative_to(out) else name
+                result.setdefault("results", {})[key] = json.loads(found.read_text())
+    if stage.runs is not None and (stage.runs / "compare.json").is_file():
+        result["runs"] = pack_runs(stage.runs, out / f"{stage.name}-runs.tar.gz")
     return result
 
 

@@ -38,6 +38,14 @@ Threads = Annotated[
     ),
 ]
 OutDir = Annotated[Path, typer.Option("--out", help="Output directory.")]
+GpuCalibration = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration",
+        help="GPU calibration the run's schedule is replayed through (a file, or a folder searched first). "
+        "Default: the one packaged for the run's model shape (rlbench/simulate/calibrations/).",
+    ),
+]
 DataDir = Annotated[
     Path | None,
     typer.Option("--data-dir", envvar="RLBENCH_DATA_DIR", help="Directory of offline suite JSONL files."),
@@ -110,7 +118,14 @@ Engine = Annotated[
 
 
 SimGpu = Annotated[str, typer.Option("--gpu", help="Simulator GPU preset: h100 or h200.")]
-SimModelSize = Annotated[str, typer.Option("--model-size", help="Simulator model preset: 1.5b, 7b or 32b.")]
+SimModelSize = Annotated[
+    str,
+    typer.Option(
+        "--model-size",
+        help="Simulator model preset: 1.5b, 7b or 32b (roofline models), or a model with a measured GPU "
+        "calibration (smollm2-135m, embedded: h200 only).",
+    ),
+]
 # Observing rollout servers (`rlbench observe`, `rlbench profile --engine-metrics`)
 ServerCapacity = Annotated[
     str | None,

@@ -1,6 +1,6 @@
 """The one-command GPU run (benchmarks/gpu_run.py) rehearsed on the CPU at tiny shapes, as CI can: every
-stage runs in its own process under the deadline, and gpu_run.json holds each stage's exit code, output
-tail and the JSON it wrote."""
+stage runs in its own process group under the deadline, and gpu_run.json holds each stage's exit code,
+output tail and the JSON it wrote."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ import math
 import os
 import subprocess
 import sys
+import tarfile
+import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
+
+from benchmarks import gpu_run
+from rlbench.simulate.calibration import read_calibration
 
 # rlbench's packages a lent GPU machine lacks and docs/development.md does not carry as wheels there: the
 # runs below see them as absent (tests/gpu_machine/sitecustomize.py), so a stage that needs one fails here.
@@ -29,26 +35,90 @@ def as_on_the_gpu_machine() -> dict[str, str]:
 
 @pytest.mark.e2e
 def test_the_dry_run_runs_its_stages_and_records_each(tmp_path):
+    """checks, decode (the engine at every batch before the other sides), prefill and calibrate, with only
+    the packages a lent GPU machine has."""
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run", "--out", str(out), "--budget-s", "240",
-         "--stages", "checks,decode", "--work", str(tmp_path / "work")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run", "--out", str(out), "--budget-s", "300",
+         "--stages", "checks,decode,prefill,calibrate", "--work", str(tmp_path / "work")],
+        cwd=ROOT, capture_output=True, text=True, timeout=360, env=as_on_the_gpu_machine(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((out / "gpu_run.json").read_text())
     assert summary["dry_run"] is True and summary["commit"] and summary["date"]
-    assert [*summary["stages"]] == ["checks", "decode"]
+    assert [*summary["stages"]] == ["checks", "decode", "prefill", "calibrate"]
     assert all(stage["rc"] == 0 for stage in summary["stages"].values()), summary["stages"]
     checks = summary["stages"]["checks"]["results"]["correctness.json"]["checks"]
     assert checks["sampler"]["passed"] and checks["graphs"]["passed"] and checks["logits"]["passed"]
-    rows = summary["stages"]["decode"]["results"]["decode_step.json"]["rows"]
+    decode = summary["stages"]["decode"]
+    rows = decode["results"]["decode_step.json"]["rows"]
     # a step timed by difference on a shared CPU can come out negative: finite, one run per side, is what
     # two tiny timings can show
     assert [r["batch"] for r in rows] == [2, 4]
     assert all(
         math.isfinite(r["step_ms"]["engine"]) and len(r["cells"]["engine"]["step_s_runs"]) == 1 for r in rows
     )
+    said = [line.split(":")[0].strip() for line in decode["tail"].splitlines() if line.startswith("  batch ")]
+    assert said == ["batch 2 engine", "batch 4 engine", "batch 2 hf-eager", "batch 4 hf-eager"]
+    (prefill,) = summary["stages"]["prefill"]["results"].values()
+    assert [(c["rows"], c["tokens"]) for c in prefill["cells"]] == [(1, 16), (1, 32), (4, 16), (4, 32)]
+    (written,) = summary["stages"]["calibrate"]["results"]
+    calibration = read_calibration(out / written)
+    assert written == "calibration/cpu-tiny.json" and calibration.measured_terms == [
+        "decode", "verify", "prefill", "update"
+    ]  # fmt: skip
+    assert calibration.prefill == {1: {16: pytest.approx(prefill["cells"][0]["s"]), 32: pytest.approx(
+        prefill["cells"][1]["s"])}, 4: {16: pytest.approx(prefill["cells"][2]["s"]), 32: pytest.approx(
+        prefill["cells"][3]["s"])}}  # fmt: skip
+    assert calibration.provenance["command"].startswith("python -m benchmarks.gpu_calibrate")
+
+
+def test_a_stage_cut_off_ends_with_every_process_it_started(tmp_path):
+    """A stage's children outlived it when only the stage's own process was killed: its whole process group
+    ends now, cut off or not."""
+    pids = tmp_path / "pids"
+    spawn = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        f"open({str(pids)!r}, 'w').write(str(child.pid)); print('started', flush=True); time.sleep(120)"
+    )
+    stage = gpu_run.Stage("hang", 2, [sys.executable, "-c", spawn], ())
+    result = gpu_run.run_stage(stage, 2.0, tmp_path, tmp_path / "log")
+    assert result["rc"] == "timeout" and "started" in result["tail"]
+    child = int(pids.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie that no one has reaped yet does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_a_compare_folder_is_packed_for_the_way_back_unless_too_large(tmp_path, monkeypatch):
+    runs = tmp_path / "compare-real"
+    for mode in ("baseline", "sorted"):
+        (runs / mode / "checkpoints").mkdir(parents=True)
+        (runs / mode / "trace.jsonl").write_text('{"kind": "decode"}\n' * 1000)
+        (runs / mode / "metrics.json").write_text("{}")
+        (runs / mode / "checkpoints" / "model.safetensors").write_bytes(b"x" * 1000)
+    (runs / "compare.json").write_text("{}")
+    packed = gpu_run.pack_runs(runs, tmp_path / "runs.tar.gz")
+    with tarfile.open(tmp_path / "runs.tar.gz") as tar:
+        names = sorted(tar.getnames())
+    assert names == ["compare-real/baseline/metrics.json", "compare-real/baseline/trace.jsonl",
+                     "compare-real/compare.json", "compare-real/sorted/metrics.json",
+                     "compare-real/sorted/trace.jsonl"]  # fmt: skip
+    assert packed == {"packed": "runs.tar.gz", "bytes": (tmp_path / "runs.tar.gz").stat().st_size}
+    monkeypatch.setattr(gpu_run, "PACK_LIMIT", 10)
+    assert "over the 10" in gpu_run.pack_runs(runs, tmp_path / "big.tar.gz")["left_out"]
+    assert not (tmp_path / "big.tar.gz").exists()
 
 
 def test_a_stage_past_the_deadline_is_skipped_and_said(tmp_path):
@@ -66,8 +136,9 @@ def test_a_stage_past_the_deadline_is_skipped_and_said(tmp_path):
 @pytest.mark.e2e
 def test_the_real_model_mode_joins_the_parts_imports_learns_and_compares(tmp_path):
     """The real model's mode at CPU size: a tiny GGUF in two parts, as two calls of a lent machine carry
-    SmolLM2's, joined, imported, the learning claim's quick run and the modes' GRPO step on it; with only
-    the packages that machine has (the learning stage's grader once needed math-verify, not carried)."""
+    SmolLM2's, joined, imported, the modes' GRPO step on it (its runs packed for the way back) and the
+    learning claim's quick run; with only the packages that machine has (the learning stage's grader once
+    needed math-verify, not carried)."""
     pytest.importorskip("gguf")
     from gguf_tiny import write_tiny_gguf
 
@@ -85,13 +156,16 @@ def test_the_real_model_mode_joins_the_parts_imports_learns_and_compares(tmp_pat
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     stages = json.loads((out / "gpu_run.json").read_text())["stages"]
-    assert [*stages] == ["gguf", "import", "learning", "compare-real"]
+    assert [*stages] == ["gguf", "import", "compare-real", "learning"]
     assert all(stage["rc"] == 0 for stage in stages.values()), stages
     assert f"joined 2 parts: {len(data)} bytes" in stages["gguf"]["tail"]
     (result,) = stages["learning"]["results"].values()
     assert result["verdict"] in ("reproduced", "not reproduced", "inconclusive")
     (compare,) = stages["compare-real"]["results"].values()
-    assert [r["mode"] for r in compare["runs"]] == ["baseline", "sorted", "rhyme"]
+    assert [r["mode"] for r in compare["runs"]] == ["baseline", "sorted"] and "gpu_replay" in compare
+    assert stages["compare-real"]["runs"]["packed"] == "compare-real-runs.tar.gz"
+    with tarfile.open(out / "compare-real-runs.tar.gz") as tar:
+        assert {"compare-real/baseline/trace.jsonl", "compare-real/sorted/trace.jsonl"} <= set(tar.getnames())
 
 
 def test_the_gpu_tests_collect_and_skip_with_only_the_gpu_machines_packages(tmp_path):

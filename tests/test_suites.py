@@ -194,7 +194,8 @@ def _source_copy(tmp_path: Path) -> Path:
 
 @pytest.mark.e2e
 def test_a_wheel_carries_the_suites(tmp_path: Path) -> None:
-    """`pip wheel` then an install elsewhere: the suites come from the installed package."""
+    """`pip wheel` then an install elsewhere: the suites come from the installed package (and the GPU
+    calibrations are in it too: package data read at run time)."""
     src = _source_copy(tmp_path)
     pip = [sys.executable, "-m", "pip"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "whl"),
@@ -207,6 +208,10 @@ def test_a_wheel_carries_the_suites(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(str(tmp_path / "site" / "rlbench" / "suites")) and "math500" in out.stdout
+    calibrations = tmp_path / "site" / "rlbench" / "simulate" / "calibrations"
+    assert sorted(p.name for p in calibrations.glob("*.json")) == sorted(
+        p.name for p in (ROOT / "rlbench" / "simulate" / "calibrations").glob("*.json")
+    )
 
 
 @pytest.mark.e2e

@@ -52,9 +52,6 @@ def _quotient(a: float | None, b: float | None) -> float | None:
 # The parts of a step's time that a mode can change: the rollout, the update, the reward, and the rest
 # (weight sync and the gaps between phases), each the mean seconds per step over the run.
 PHASES = ("rollout", "update", "reward", "other")
-# GPU RL spends most of a step in rollout (70-80%); the CPU runs here can be the reverse. The split at which
-# `at_gpu_split` models what a mode's measured phase changes would buy.
-GPU_ROLLOUT_SHARE = 0.75
 
 
 def phase_seconds(summary: Event) -> dict[str, float] | None:
@@ -88,18 +85,6 @@ def speedup_parts(summaries: dict[str, Event], baseline: str) -> dict[str, dict[
             "speedup": _quotient(sum(base.values()), sum(mine.values())),
         }
     return out
-
-
-def at_gpu_split(
-    parts: dict[str, Any], base: dict[str, float], share: float = GPU_ROLLOUT_SHARE
-) -> float | None:
-    """A model, not a measurement: the step-time speed-up a run's measured rollout and update changes would
-    give where rollout is `share` of the baseline's step and the update the rest (GPU RL's split)."""
-    mine = parts.get("seconds")
-    if not mine or not base.get("rollout") or not base.get("update"):
-        return None
-    rollout, update = mine["rollout"] / base["rollout"], mine["update"] / base["update"]
-    return 1.0 / (share * rollout + (1.0 - share) * update)
 
 
 def per_step_range(steps_by_run: dict[str, list[Event]], key: str) -> dict[str, dict[str, float | None]]:

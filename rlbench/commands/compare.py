@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from reference_trainer.errors import UserError, check_number
-from rlbench.options import OutDir, RunOptions, Steps, with_run_options
+from rlbench.options import GpuCalibration, OutDir, RunOptions, Steps, with_run_options
 
 
 @with_run_options
@@ -32,10 +32,12 @@ def compare_command(
             "samples and rollout tokens it took.",
         ),
     ] = None,
+    calibration: GpuCalibration = None,
 ) -> None:
     """Run the modes side by side, one step of each in turn (same prompts, seeds, model); print each mode's
-    bubble, its step time split into rollout, update, reward and other, and its rollout throughput; write
-    compare.json and a side-by-side page. With --target-accuracy, also the time each mode took to reach it."""
+    bubble, its step time split into rollout, update, reward and other, its rollout throughput, and its
+    schedule replayed through a GPU calibration (a model); write compare.json and a side-by-side page. With
+    --target-accuracy, also the time each mode took to reach it."""
     from rlbench.profiling.compare import run_compare
     from rlbench.report.compare_summary import drift_note, summary_lines
     from rlbench.training import build_configs
@@ -48,7 +50,8 @@ def compare_command(
             raise UserError("--target-accuracy needs held-out evaluations: leave --eval-every out or >= 1")
         eval_every = eval_every or 1
     configs = build_configs(names, **run.config_kwargs(steps=steps, eval_every=eval_every))  # all checked
-    doc = run_compare(configs, out, overwrite=overwrite, say=typer.echo, target_accuracy=target_accuracy)
+    doc = run_compare(configs, out, overwrite=overwrite, say=typer.echo, target_accuracy=target_accuracy,
+                      calibration=calibration)  # fmt: skip
     for line in summary_lines(doc):
         typer.echo(line)
     if message := drift_note(doc["drift"]):

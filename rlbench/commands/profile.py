@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from rlbench.options import (
+    GpuCalibration,
     IdleGap,
     Mode,
     OutDir,
@@ -55,8 +56,10 @@ def profile_command(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace a run already in --out (its checkpoints too).")
     ] = False,
+    calibration: GpuCalibration = None,
 ) -> None:
-    """Profile a run: rollout bubbles, throughput, GPU timeline (NVML), CPU hot spots (py-spy).
+    """Profile a run: rollout bubbles, throughput, GPU timeline (NVML), CPU hot spots (py-spy), and the
+    run's schedule replayed through a GPU calibration (a model).
 
     Examples: `rlbench profile --mode sorted --steps 4 --out runs/sorted`;
     `rlbench profile --py-spy --out runs/ext -- python train.py --lr 1e-6`;
@@ -86,17 +89,19 @@ def profile_command(
         return
     from reference_trainer.errors import Interrupted
     from rlbench.profiling.session import run_profile
+    from rlbench.report.replay_summary import run_lines
     from rlbench.rundirs import check_new_run
     from rlbench.training import build_config
 
     config = build_config(**run.config_kwargs(mode=mode, steps=steps))
     check_new_run(out, "train", overwrite)  # before anything loads; run_profile checks again under the lock
     try:
-        doc = run_profile(config, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz, overwrite=overwrite)
+        doc = run_profile(config, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz, overwrite=overwrite,
+                          calibration=calibration)  # fmt: skip
     except KeyboardInterrupt:
         said = f"interrupted: {out / 'report.html'} profiles the finished steps; --overwrite starts again"
         raise Interrupted(said) from None
-    for line in bubble_lines(doc["summary"]):
+    for line in [*bubble_lines(doc["summary"]), *run_lines(doc["gpu_replay"])]:
         typer.echo(line)
     typer.echo(f"report: {out / 'report.html'}")
 

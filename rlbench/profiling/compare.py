@@ -1,6 +1,7 @@
 """`rlbench compare` below the command: several modes, each in a profile session of its own, run interleaved
 (`rlbench.training.run_modes`), then compare.json (the bubble, the step time in parts, the ratios and their
-spread per round, a load-drift check) and the side-by-side page."""
+spread per round, a load-drift check, the modes' schedules replayed through a GPU calibration) and the
+side-by-side page."""
 
 from __future__ import annotations
 
@@ -10,15 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.errors import Interrupted
+from reference_trainer.model.embedded import default_model_dir
 from reference_trainer.model.embedded import label as embedded_label
 from reference_trainer.model.loader import resolve_threads
 from reference_trainer.trace.compare import reached, time_to_target
 from reference_trainer.trace.records import write_json
+from reference_trainer.trace.schema import read_trace
 from reference_trainer.train.config import TrainConfig
 from rlbench.profiling.session import ProfileSession
 from rlbench.report.compare_report import render_compare
 from rlbench.report.compare_summary import compare_doc
 from rlbench.rundirs import check_new_comparison, check_new_run, claim
+from rlbench.simulate.gpu_replay import GpuReplay
 from rlbench.training import run_modes
 
 
@@ -28,13 +32,16 @@ def run_compare(
     overwrite: bool = False,
     say: Callable[[str], None] = print,
     target_accuracy: float | None = None,
+    calibration: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run every config's mode for its steps, one step of each in turn (a change in machine load hits every
     mode alike), each in OUT/<mode>; write OUT/compare.json and OUT/report.html; return the compare doc.
     With `target_accuracy`, a mode stops once its held-out greedy accuracy reaches it (the steps are the
-    budget), and the doc says what each spent to get there. One writer: a second compare (or a profile of
-    one of its modes) on `out` is refused."""
+    budget), and the doc says what each spent to get there. The modes' schedules are replayed through the GPU
+    calibration for their model (`calibration`: a file, or a folder searched first). One writer: a second
+    compare (or a profile of one of its modes) on `out` is refused."""
     first = next(iter(configs.values()))
+    replay = GpuReplay.for_model(first.model or default_model_dir(), calibration)
     with ExitStack() as stack:
         # One writer, and never over another command's run or, without --overwrite, a finished comparison:
         # all refused before any mode runs.
@@ -45,7 +52,11 @@ def run_compare(
             check_new_run(out / mode, "train", overwrite)
         sessions = {
             m: stack.enter_context(
-                ProfileSession(out / m, run={"mode": m, "task": c.task, "steps": c.steps, "seed": c.seed})
+                ProfileSession(
+                    out / m,
+                    run={"mode": m, "task": c.task, "steps": c.steps, "seed": c.seed},
+                    gpu_replay=replay,
+                )
             )
             for m, c in configs.items()
         }
@@ -63,7 +74,10 @@ def run_compare(
         except KeyboardInterrupt:  # Ctrl-C: the sessions keep what finished, and the report shows it
             rows, interrupted = {m: [] for m in configs}, True
     runs = [{"mode": m, "summary": s.doc["summary"], "steps": s.doc["steps"]} for m, s in sessions.items()]
-    doc = compare_doc(runs, "baseline" if "baseline" in configs else next(iter(configs)), workload(first))
+    baseline = "baseline" if "baseline" in configs else next(iter(configs))
+    doc = compare_doc(runs, baseline, workload(first))
+    traces = {m: read_trace(s.trace_path) if s.trace_path.exists() else [] for m, s in sessions.items()}
+    doc["gpu_replay"] = replay.comparison(traces, baseline)
     if interrupted:
         doc["interrupted"] = True
         write_json(out / "compare.json", doc)

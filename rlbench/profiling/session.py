@@ -8,7 +8,8 @@ place, through the `train_fn` hook:
 `trace` is a `reference_trainer.trace.writer.Trace` whose clock the NVML sampler shares; the trainer writes
 its engine, phase and sequence events into it (and may stream them with `trace.flush_to(out/"trace.jsonl")`).
 At exit the session flushes what is left to `trace.jsonl`, writes `metrics.json`
-(`{"run", "summary", "steps", "gpu", "pyspy"}`) and renders `report.html`, also when training failed.
+(`{"run", "summary", "steps", "gpu", "pyspy"}`, and `"gpu_replay"` given one: the run's schedule replayed
+through a GPU calibration, a model) and renders `report.html`, also when training failed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from reference_trainer.model.embedded import default_model_dir
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import make_dir, write_json
 from reference_trainer.trace.schema import read_trace
@@ -28,6 +30,7 @@ from rlbench.observe.nvml import NvmlSampler
 from rlbench.profiling.pyspy import PySpyRecorder
 from rlbench.report.profile_report import render_profile
 from rlbench.rundirs import check_new_run, claim
+from rlbench.simulate.gpu_replay import GpuReplay
 from rlbench.training import run_training
 
 
@@ -41,8 +44,10 @@ class ProfileSession:
         py_spy: bool = False,
         sample_interval_s: float = 0.1,
         nvml: Any = None,
+        gpu_replay: GpuReplay | None = None,
     ) -> None:
         self.out = Path(out)
+        self.gpu_replay = gpu_replay
         self.run = dict(run or {})
         self.py_spy = py_spy
         self.sample_interval_s = sample_interval_s
@@ -92,6 +97,8 @@ class ProfileSession:
             "gpu": gpu,
             "pyspy": pyspy,
         }
+        if self.gpu_replay is not None:
+            self.doc["gpu_replay"] = self.gpu_replay.run_doc(events)
         write_json(self.out / "metrics.json", self.doc)
         # Sessions taking turns (compare) draw their timeline on their own clock: the other sessions' turns
         # are cut out instead of showing as idle gaps. trace.jsonl and metrics.json keep the true clock.
@@ -132,16 +139,21 @@ def run_profile(
     train_fn: Callable[..., Any] | None = None,
     sample_interval_s: float = 0.1,
     overwrite: bool = False,
+    calibration: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Profile the reference trainer run that `config` (a TrainConfig) describes; returns the metrics doc.
-    The process is the only writer of `out` meanwhile (locks.run_lock); a trainer run there is refused unless
-    `overwrite` (a profile is not resumed: its trace is on one process's clock). `train_fn` stands in for
-    the trainer (`rlbench.training.run_training`, looked up at the call)."""
+    """Profile the reference trainer run that `config` (a TrainConfig) describes; returns the metrics doc,
+    with the run replayed through the GPU calibration for its model (`calibration`: a file or a folder
+    searched first). The process is the only writer of `out` meanwhile (locks.run_lock); a trainer run there
+    is refused unless `overwrite` (a profile is not resumed: its trace is on one process's clock).
+    `train_fn` stands in for the trainer (`rlbench.training.run_training`, looked up at the call)."""
     train = train_fn or run_training
     run = {"mode": config.mode, "task": config.task, "steps": config.steps, "seed": config.seed}
+    replay = GpuReplay.for_model(config.model or default_model_dir(), calibration)
     with claim(out, "profile", accepts=("train", "profile")):
         check_new_run(out, "train", overwrite)
-        with ProfileSession(out, run, py_spy=py_spy, sample_interval_s=sample_interval_s) as session:
+        with ProfileSession(
+            out, run, py_spy=py_spy, sample_interval_s=sample_interval_s, gpu_replay=replay
+        ) as session:
             # TRAINER HOOK: the single place the trainer runs.
             train(config, Path(out), trace=session.trace)
     assert session.doc is not None

@@ -29,10 +29,10 @@ from rlbench.report.compare_summary import (
     produced_by,
     runs_and_baseline,
     span_text,
-    split_note,
 )
 from rlbench.report.figures import PALETTE, _fig, note, steps_axis
 from rlbench.report.page import table, write_page
+from rlbench.report.replay_summary import replay_section
 
 CURVES = [
     ("bubble_ratio", "Bubble ratio per step", "%", 100.0),
@@ -63,8 +63,7 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
     parts: list[Any] = [_parts_table(derived, runs)] if has_base else []
     if has_base:
         parts.append(_parts_figure(derived))
-    if (text := split_note(derived)) is not None:
-        parts.append(note(text))
+    parts += replay_section(doc.get("gpu_replay"))
     intro: list[Any] = [note(message)] if (message := drift_note(drift)) else []
     unmeasured = [c for c in rows[0] if all(r.get(c) is None for r in rows)]
     intro.append(table(rows, [c for c in rows[0] if c not in unmeasured]))

@@ -1,6 +1,7 @@
 """What `rlbench compare` reads from its runs side by side (`compare_doc`: compare.json) and the lines it
 prints: the bubble first, then each mode's step time in parts with the speed-up and the part that produced
-it, the rollout's throughput, the time to a target accuracy, and the notes (load drift, the CPU's split).
+it, the rollout's throughput, the time to a target accuracy, the GPU replay (a model, replay_summary.py) and
+the load-drift note.
 
 The functions behind the numbers are in reference_trainer/trace/compare.py; the page is compare_report.py.
 """
@@ -11,16 +12,14 @@ from typing import Any
 
 from reference_trainer.errors import UserError
 from reference_trainer.trace.compare import (
-    GPU_ROLLOUT_SHARE,
     PHASES,
-    at_gpu_split,
     drift_check,
     per_step_range,
-    phase_seconds,
     speedup_parts,
     step_speedups,
 )
 from rlbench.report.profile_report import summary_problem
+from rlbench.report.replay_summary import comparison_lines, replay_problem
 
 
 def check_compare_doc(doc: Any, source: Any) -> dict[str, Any]:
@@ -33,6 +32,8 @@ def check_compare_doc(doc: Any, source: Any) -> dict[str, Any]:
         for r in runs
     ):  # fmt: skip
         raise UserError(f"{source}: not a comparison (a list of runs, each with a mode, a summary and steps)")
+    if "gpu_replay" in doc and (why := replay_problem(doc["gpu_replay"])) is not None:
+        raise UserError(f"{source}: {why}")
     for run in runs:
         for n, row in enumerate([run["summary"], *run.get("steps", [])]):
             if isinstance(row, dict) and (why := summary_problem(row)) is not None:
@@ -103,8 +104,6 @@ def compare_doc(
     """compare.json: the runs, and what is read from them side by side."""
     summaries = {r["mode"]: r["summary"] for r in runs}
     steps = {r["mode"]: r.get("steps") or [] for r in runs}
-    parts = speedup_parts(summaries, baseline)
-    base = phase_seconds(summaries.get(baseline, {})) or {}
     return {
         "baseline": baseline,
         "workload": workload or {},
@@ -113,8 +112,7 @@ def compare_doc(
         "ratios": ratio_rows(runs, baseline),
         "bubble_per_round": per_step_range(steps, "bubble_ratio"),
         "speedup_per_round": step_speedups(steps, baseline),
-        "parts": parts,
-        "gpu_split_model": {m: at_gpu_split(p, base) for m, p in parts.items()},
+        "parts": speedup_parts(summaries, baseline),
         "drift": drift_check(summaries),
     }
 
@@ -170,8 +168,8 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
             f"trained); length {lengths_text(s)}"
         )
     lines += accuracy_lines(doc.get("time_to_accuracy"))
-    if (note_text := split_note(derived)) is not None:
-        lines.append(f"note: {note_text}")
+    if doc.get("gpu_replay"):
+        lines += comparison_lines(doc["gpu_replay"])
     return lines
 
 
@@ -205,21 +203,6 @@ def produced_by(parts: dict[str, Any]) -> str:
         for p in order
     )
     return f": {said}"
-
-
-def split_note(doc: dict[str, Any]) -> str | None:
-    """Where the baseline's update outweighs its rollout (the CPU here; GPU RL spends ~75% of a step in
-    rollout), say so and what the measured phase changes would buy at GPU RL's split, labelled a model."""
-    base = (doc.get("parts") or {}).get(doc.get("baseline", "baseline"), {}).get("seconds")
-    if not base or not base.get("rollout") or base["update"] <= base["rollout"]:
-        return None
-    modelled = (doc.get("gpu_split_model") or {}).items()
-    model = ", ".join(f"{m} {v:.2f}x" for m, v in modelled if v is not None and m != doc.get("baseline"))
-    return (
-        f"here the update takes {base['update'] / base['rollout']:.1f}x the rollout's time; GPU RL spends "
-        f"about {100 * GPU_ROLLOUT_SHARE:.0f}% of a step in rollout. At that split the same rollout and "
-        f"update changes would give (a model, not a measurement): {model or 'n/a'}"
-    )
 
 
 def drift_note(drift: dict[str, Any]) -> str | None:

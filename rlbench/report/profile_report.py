@@ -21,6 +21,7 @@ from rlbench.observe.nvml import no_gpu_note
 from rlbench.report.figures import PALETTE, PHASE_COLOURS, Event, _fig, note, num, pct, steps_axis
 from rlbench.report.observe_report import observed_sections
 from rlbench.report.page import kpis, table, write_page
+from rlbench.report.replay_summary import replay_problem, replay_section
 from rlbench.report.timeline import slot_timeline
 
 
@@ -306,6 +307,8 @@ def check_profile_doc(doc: Any, source: Any) -> dict[str, Any]:
         isinstance(s, dict) and type(s.get("step")) is int for s in steps
     ):
         raise UserError(f"{source}: steps is not a list of step rows (objects with an integer step)")
+    if "gpu_replay" in doc and (why := replay_problem(doc["gpu_replay"])) is not None:
+        raise UserError(f"{source}: {why}")
     for n, row in enumerate([doc.get("summary") or {}, *steps]):
         if (why := summary_problem(row)) is not None:
             raise UserError(f"{source}: {'summary' if n == 0 else f'step row {n}'}: {why}")
@@ -392,6 +395,8 @@ def render_profile(
             )
         )
     sections.append(("GPU", gpu_section(doc.get("gpu"), events)))
+    if doc.get("gpu_replay"):
+        sections.append(("GPU replay (a model)", replay_section(doc["gpu_replay"])))
     if len((doc.get("summary") or {}).get("worker_idle_share") or {}) > 1:
         sections.append(("Rollout workers", worker_section(events, doc["summary"])))
     if doc.get("pyspy"):

@@ -1,14 +1,17 @@
 """Trace-driven cluster simulator: SortedRL / HistoSpec / HistoPipe at 1 to thousands of rollout workers.
 
-workload.py  length traces (JSONL format, conversion from a run's trace.jsonl, synthetic generator)
-cost.py      GPU roofline cost model (H100/H200 x 1.5B/7B/32B presets) and calibration from a run
-engine.py    continuous batching over slots, event-driven per worker, vectorised across workers
-modes.py     the trainer's modes (reference_trainer/modes.py) + options -> SimModes, the simulator's knobs
-jobs.py      the trace's groups as a stream; a step's outstanding sequences
-scheduler.py the modes' schedulers, step by step, and the metrics of each step
-replay.py    validation: a measured run replayed on a cost model calibrated from itself
-whatif.py    what each mode would buy on lengths rlbench did not run (observed servers, imported runs)
-config.py    one `rlbench simulate` run as a checked SimConfig, and the run
+workload.py    length traces (JSONL format, conversion from a run's trace.jsonl, synthetic generator)
+calibration.py GPU calibrations: costs measured on a GPU per model shape, one committed file each
+gpu_replay.py  a run's own engine schedule replayed through a calibration (compare, profile)
+cost.py        the simulator's cost models: measured presets (calibration.py), the roofline (H100/H200 x
+               1.5B/7B/32B) and the fit to a run
+engine.py      continuous batching over slots, event-driven per worker, vectorised across workers
+modes.py       the trainer's modes (reference_trainer/modes.py) + options -> SimModes, the simulator's knobs
+jobs.py        the trace's groups as a stream; a step's outstanding sequences
+scheduler.py   the modes' schedulers, step by step, and the metrics of each step
+replay.py      validation: a measured run replayed on a cost model calibrated from itself
+whatif.py      what each mode would buy on lengths rlbench did not run (observed servers, imports)
+config.py      one `rlbench simulate` run as a checked SimConfig, and the run
 (simulate.json -> report.html is rlbench/report/simulate_report.py)
 """
 

@@ -1,10 +1,15 @@
 """GPU cost model of one rollout worker: prefill, decode step, k-draft verify and update times.
 
-Roofline: a forward's time is the larger of (bytes moved / memory bandwidth) and (FLOPs / peak), each at an
-achievable fraction of the datasheet, plus a fixed per-forward overhead (launch/scheduling). Decoding
-reads every weight once per forward and the KV cache of every live token, so at RL batch sizes it is
-memory-bound and its time grows with the batch's total context, not with the batch size. Verifying k
-drafted tokens per sequence is one forward over (k+1) tokens per sequence: the same bytes, (k+1)x FLOPs.
+`Measured`: a GPU calibration (calibration.py: costs measured on that GPU for that model shape, the same file
+a run's replay reads), for the presets that have one (`preset("h200", "smollm2-135m")`); its unmeasured terms
+take the value the file names for the simulator, and `describe` says which.
+
+`Roofline`, a model for the presets no GPU run measured (the 1.5B/7B/32B shapes): a forward's time is the
+larger of (bytes moved / memory bandwidth) and (FLOPs / peak), each at an achievable fraction of the
+datasheet, plus a fixed per-forward overhead (launch/scheduling). Decoding reads every weight once per
+forward and the KV cache of every live token, so at RL batch sizes it is memory-bound and its time grows
+with the batch's total context, not with the batch size. Verifying k drafted tokens per sequence is one
+forward over (k+1) tokens per sequence: the same bytes, (k+1)x FLOPs.
 
 `Calibrated` replaces the roofline by a least-squares fit of a `profile`/`train` run's own engine events
 (time vs live slots and context), which is how a replay is checked against a measured run.
@@ -20,6 +25,7 @@ import numpy as np
 
 from reference_trainer.errors import UserError
 from reference_trainer.trace.schema import DECODE, FORWARD_KINDS, PREFILL, ROLLOUT, SEQUENCE, UPDATE
+from rlbench.simulate.calibration import Calibration, packaged
 
 
 @dataclass(frozen=True)
@@ -139,12 +145,55 @@ class Roofline(CostModel):
         }
 
 
-def preset(gpu: str, model: str, **kw: Any) -> Roofline:
-    if gpu.lower() not in GPUS:
+@dataclass
+class Measured(CostModel):
+    """A GPU calibration as the simulator's cost model: each forward at the cost measured for its shape (a
+    decode forward over its live sequences, a verify of q tokens each, an admission of its sequences and
+    prompt tokens), the update at the measured cost per token; terms never measured at the file's value for
+    the simulator. The context is the calibration's, whatever the batch holds."""
+
+    calibration: Calibration
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"{self.calibration.provenance['device']}, {self.calibration.model_label} (measured)"
+
+    @property
+    def assumed(self) -> dict[str, float]:
+        return {term: float(sweep["simulator"]) for term, sweep in self.calibration.swept.items()}
+
+    def decode(self, batch: np.ndarray, ctx: np.ndarray, q: float = 1.0) -> np.ndarray:
+        rows = np.maximum(batch, 1)
+        return np.where(batch > 0, self.calibration.verify_s(rows, q), 0.0)
+
+    def prefill(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
+        return np.where(n_seqs > 0, self.calibration.admission_s(n_seqs, tokens, self.assumed), 0.0)
+
+    def update(self, tokens: float, workers: int) -> float:
+        return self.calibration.update_s(tokens / max(1, workers), self.assumed)
+
+    def describe(self) -> dict[str, Any]:
+        assumed = {
+            t: {"value": v, "unit": self.calibration.swept[t]["unit"]} for t, v in self.assumed.items()
+        }
+        return {"kind": "measured", "calibration": self.calibration.describe(), "assumed": assumed}
+
+
+def preset(gpu: str, model: str, **kw: Any) -> CostModel:
+    """The cost model of a GPU and a model: its calibration where one was measured (`Measured`), else the
+    roofline for the model sizes that have a shape here (MODELS)."""
+    gpu, model = gpu.lower(), model.lower()
+    measured = {(c.gpu, c.model): c for c in packaged()}
+    if (gpu, model) in measured:
+        return Measured(measured[gpu, model])
+    if gpu not in GPUS:
         raise UserError(f"unknown GPU preset {gpu!r}; valid: {', '.join(GPUS)}")
-    if model.lower() not in MODELS:
-        raise UserError(f"unknown model size {model!r}; valid: {', '.join(MODELS)}")
-    return Roofline(GPUS[gpu.lower()], MODELS[model.lower()], **kw)
+    if model not in MODELS:
+        calibrated = ", ".join(f"{g} x {m}" for g, m in sorted(measured)) or "none"
+        raise UserError(
+            f"no preset for {model!r} on {gpu}: roofline models {', '.join(MODELS)}; measured: {calibrated}"
+        )
+    return Roofline(GPUS[gpu], MODELS[model], **kw)
 
 
 @dataclass

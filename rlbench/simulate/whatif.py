@@ -27,7 +27,8 @@ def whatif(
 ) -> dict[str, Any]:
     """Every mode of `modes` at every worker count of `workers` (`slots` per worker): its predicted bubble,
     worker idle share, step time and speed-ups over the baseline, with the workload replayed."""
-    doc = simulate(trace, preset(gpu, model_size), list(workers), list(modes), slots, steps=steps,
+    cost = preset(gpu, model_size)
+    doc = simulate(trace, cost, list(workers), list(modes), slots, steps=steps,
                    groups_per_worker=groups_per_worker)  # fmt: skip
     results = [
         {"workers": r["workers"], "mode": r["policy"], "bubble_ratio": _clean(r["bubble_ratio"]),
@@ -38,7 +39,7 @@ def whatif(
     return {
         "available": True,
         "label": LABEL,
-        "cost_model": f"{gpu.upper()} roofline, {model_size} model (rlbench simulate presets)",
+        "cost_model": f"{gpu.upper()} {cost.describe()['kind']}, {model_size} model (rlbench simulate presets)",
         "workload": doc["workload"],
         "results": results,
     }
