@@ -39,7 +39,7 @@ def whatif(
     return {
         "available": True,
         "label": LABEL,
-        "cost_model": f"{gpu.upper()} {cost.describe()['kind']}, {model_size} model (rlbench simulate presets)",
+        "cost_model": f"{gpu.upper()} {cost.describe()['kind']}, {model_size} model (simulate presets)",
         "workload": doc["workload"],
         "results": results,
     }
