@@ -83,6 +83,45 @@ PLACED_OPTIONS = (
         simulated=True,
     ),
 )
+# A strategy run ahead of the update in a rollout process of its own (modes async, sorted+async:
+# rollout/ahead.py): how far ahead, and how the rollout side is placed.
+AHEAD_OPTIONS = (
+    Option(
+        "max_staleness",
+        "int",
+        1,
+        "the rollout runs this many steps ahead of the update: step t's rollout uses the weights of "
+        "step t - k, so a trained token is k policy versions old (0: the synchronous schedule)",
+        minimum=0,
+        simulated=True,
+    ),
+    Option(
+        "rollout_threads",
+        "int",
+        None,
+        "CPU threads of the rollout side; the update keeps the rest of --threads (auto: half, at least 1; "
+        "with max_staleness 0 both sides take all, as they never run at once)",
+        minimum=1,
+        nullable=True,
+        null_word="auto",
+    ),
+    Option(
+        "rollout_device",
+        "str",
+        None,
+        "the rollout side's device, e.g. cuda:1 (auto: the run's --device, shared with the update)",
+        nullable=True,
+        null_word="auto",
+    ),
+    Option(
+        "backend",
+        "str",
+        "process",
+        "where the rollout side runs: a process of its own, or a thread of the trainer's (tests and "
+        "debugging: one GIL and one torch thread pool, so its timings are not a process's)",
+        choices=("process", "thread"),
+    ),
+)
 STRATEGY_OPTIONS: dict[str, tuple[Option, ...]] = {
     "baseline": (),
     "sorted": SORTED_OPTIONS,

@@ -43,6 +43,7 @@ events' `step` field. Definitions that the contract leaves open are fixed here:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -54,8 +55,11 @@ from reference_trainer.trace.schema import (
     PHASE_KINDS,
     REWARD,
     ROLLOUT,
+    ROLLOUT_SIDE,
+    ROLLOUT_WAIT,
     SEQUENCE,
     STEP_PHASE_KINDS,
+    TRAINER_WAIT,
     UPDATE,
     VERIFY,
 )
@@ -83,6 +87,10 @@ def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
 
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
+
+
+def _share(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
 
 
 def _split(
@@ -168,6 +176,17 @@ def _staleness(phases: Sequence[Event], consumed: Sequence[Event]) -> tuple[Coun
     return hist, unknown
 
 
+def _waits(phases: Sequence[Event], wall: float, step_time: float | None) -> tuple[float, float | None]:
+    """(trainer wait, rollout wait) of a step, in seconds. Run ahead (the step has a `trainer_wait` phase):
+    the update's wait for its samples and the rollout's waits for weights or buffer room before this step's
+    rollout began, as traced. Synchronous: the update waits out the whole rollout, and the engine waits out
+    the rest of the step (reward, update, sync, the gaps)."""
+    if any(p["kind"] == TRAINER_WAIT for p in phases):
+        waited = sum(_dur(p) for p in phases if p["kind"] == ROLLOUT_WAIT)
+        return sum(_dur(p) for p in phases if p["kind"] == TRAINER_WAIT), waited
+    return wall, None if step_time is None else max(0.0, step_time - wall)
+
+
 def _draft_counts(engine: Sequence[Event], seqs: Sequence[Event]) -> tuple[int, int]:
     verify = [e for e in engine if e["kind"] == VERIFY and "drafted" in e]
     if verify:
@@ -192,13 +211,17 @@ def _step(
     slot_time = sum(int(e.get("active_slots", 0)) * _dur(e) for e in engine)
     tokens = sum(int(e.get("tokens", 0)) for e in engine)
 
-    timing = {k: sum(_dur(p) for p in phases if p["kind"] == k) for k in PHASE_KINDS}
+    # The trainer's side: every phase of a synchronous step; of a step run ahead, the phases the trainer
+    # wrote (its rollout ran earlier, beside the updates of earlier steps).
+    trainer = [p for p in phases if p.get("side") != ROLLOUT_SIDE]
+    timing = {k: sum(_dur(p) for p in trainer if p["kind"] == k) for k in PHASE_KINDS}
     timing["rollout"] = wall  # union, so overlapping per-worker rollout phases are not double counted
-    step_phases = [p for p in phases if p["kind"] in STEP_PHASE_KINDS]
+    step_phases = [p for p in trainer if p["kind"] in STEP_PHASE_KINDS]
     spans = [(float(p["t_start"]), float(p["t_end"])) for p in step_phases] or (
         [(window[0], window[1])] if window else []
     )
     step_time = (max(e for _, e in spans) - min(s for s, _ in spans)) if spans else None
+    trainer_wait, rollout_wait = _waits(phases, wall, step_time)
 
     drafted, accepted = _draft_counts(engine, seqs)
     verify = [e for e in engine if e["kind"] == VERIFY]
@@ -234,6 +257,10 @@ def _step(
         "timing_s/update": timing["update"],
         "timing_s/sync": timing["sync"],
         "timing_s/heldout": timing["heldout"],
+        "trainer_wait_s": trainer_wait,
+        "rollout_wait_s": rollout_wait,
+        "trainer_wait_share": _share(trainer_wait, step_time),
+        "rollout_wait_share": _share(rollout_wait, step_time),
         "update_tokens": _phase_field(phases, UPDATE, "tokens"),
         "tail_time_share": _tail_share(seqs, window),
         "drafted_tokens": drafted,
@@ -344,7 +371,45 @@ def summary(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
         "response_len_max": max(lengths) if lengths else None,
         "trained_tokens": sum(lengths),
         "trained_tokens_per_rollout_s": _ratio(sum(lengths), wall),
+        **_wait_shares(steps),
+        **ledger_summary(ledger(events, steps)),
     }
+
+
+def _wait_shares(steps: list[Event]) -> Event:
+    """The run's trainer and rollout wait shares (of the summed step time) and its diagnosis label."""
+    timed = [s for s in steps if s["step_time_s"]]
+    total = sum(s["step_time_s"] for s in timed)
+    trainer = _share(sum(s["trainer_wait_s"] for s in timed), total) if timed else None
+    known = [s for s in timed if s["rollout_wait_s"] is not None]
+    rollout = _share(sum(s["rollout_wait_s"] for s in known), sum(s["step_time_s"] for s in known))
+    return {
+        "trainer_wait_s": _mean(s["trainer_wait_s"] for s in steps),
+        "rollout_wait_s": _mean(s["rollout_wait_s"] for s in steps),
+        "trainer_wait_share": trainer,
+        "rollout_wait_share": rollout if known else None,
+        "bound": bound_label(trainer, rollout if known else None),
+    }
+
+
+# A side waits a lot when it waits at least this share of the run's step time (docs/metrics.md, "Diagnosis").
+WAIT_HIGH = 0.3
+BOUND_LABELS = ("rollout-bound", "trainer-bound", "balanced", "sync-overhead")
+
+
+def bound_label(trainer_wait_share: float | None, rollout_wait_share: float | None) -> str | None:
+    """Which side limits the run, from how much of its time each side waits (verl#7601's table): the trainer
+    waits a lot and the rollout does not: rollout-bound; the reverse: trainer-bound; both: sync-overhead
+    (the two sides wait for each other, as a synchronous schedule makes them, or for weight sync and data);
+    neither: balanced. None when a share is unknown."""
+    if trainer_wait_share is None or rollout_wait_share is None:
+        return None
+    trainer, rollout = trainer_wait_share >= WAIT_HIGH, rollout_wait_share >= WAIT_HIGH
+    if trainer and rollout:
+        return "sync-overhead"
+    if trainer:
+        return "rollout-bound"
+    return "trainer-bound" if rollout else "balanced"
 
 
 def _update_cost(steps: list[Event]) -> float | None:
@@ -377,11 +442,120 @@ def gpu_bubble(steps: list[Event], gpu: dict[str, Any] | None) -> tuple[list[flo
 
 
 def compute(events: Sequence[Event], gpu: dict[str, Any] | None = None) -> Event:
-    """{"summary": ..., "steps": [...]} for a trace, with `bubble_ratio_gpu` when GPU samples are given."""
+    """{"summary": ..., "steps": [...], "ledger": ...} for a trace, with `bubble_ratio_gpu` when GPU samples
+    are given."""
     steps = step_metrics(events)
     summ = summary(events, steps)
     per_step, overall = gpu_bubble(steps, gpu)
     for s, b in zip(steps, per_step, strict=True):
         s["bubble_ratio_gpu"] = b
     summ["bubble_ratio_gpu"] = overall
-    return {"summary": summ, "steps": steps}
+    return {"summary": summ, "steps": steps, "ledger": ledger(events, steps)}
+
+
+# ---- the bias and starvation ledger ----------------------------------------------------------------------
+COMPLETE = ("eos", "stop", "length")  # finish reasons of a generation that ran to its end
+
+
+def ks_distance(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the two empirical CDFs."""
+    if not a or not b:
+        return None
+    xs, ys = sorted(a), sorted(b)
+    gap = 0.0
+    for v in sorted(set(xs) | set(ys)):
+        gap = max(gap, abs(bisect.bisect_right(xs, v) / len(xs) - bisect.bisect_right(ys, v) / len(ys)))
+    return gap
+
+
+def _generations(seqs: Sequence[Event]) -> dict[str, Event]:
+    """Every generation of the trace (a sequence id; a regenerated sample is a new one), in trace order: the
+    length it reached, its reward there, whether an update trained it, whether it ran to its end, and its
+    last status (`cached`: still kept when the trace ends, its fate unknown)."""
+    out: dict[str, Event] = {}
+    for e in seqs:
+        if e.get("status") == "lookahead":
+            continue
+        g = out.setdefault(str(e["id"]), {"length": 0, "reward": None, "trained": False, "complete": False})
+        n = int(e.get("response_tokens") or 0)
+        if n >= g["length"]:
+            g["length"], g["reward"] = n, e.get("reward", g["reward"])
+        g["trained"] |= e.get("status") == "finished"
+        g["complete"] |= e.get("finish_reason") in COMPLETE
+        g["status"] = e.get("status")
+    return out
+
+
+def _prompt_key(seq: Event) -> str:
+    """A prompt's key across runs on one prompt stream: its position (a cycled pool repeats prompt ids)."""
+    return str(seq.get("prompt_index", seq.get("prompt_id")))
+
+
+def _waiting_ages(seqs: Sequence[Event], versions: dict[int, int]) -> dict[int, int | None]:
+    """Per step, the age in policy versions of the oldest prompt admitted by its update and not trained
+    before it (trained at this step or later, or never): the update's version - the version at which the
+    prompt was first admitted. Null where the trace records no admission versions."""
+    admitted: dict[str, int] = {}
+    trained: dict[str, int] = {}
+    for e in seqs:
+        if e.get("admit_version") is None or e.get("status") == "lookahead":
+            continue
+        key = _prompt_key(e)
+        admitted[key] = min(admitted.get(key, int(e["admit_version"])), int(e["admit_version"]))
+        if e.get("status") == "finished":
+            trained[key] = min(trained.get(key, int(e["step"])), int(e["step"]))
+    if not admitted:
+        return dict.fromkeys(versions)
+    ages: dict[int, int | None] = {}
+    for step, version in sorted(versions.items()):
+        waiting = [version - v for k, v in admitted.items() if v <= version and trained.get(k, step) >= step]
+        ages[step] = max(waiting, default=0)
+    return ages
+
+
+def ledger(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
+    """What a mode trades for its speed, from the trace's sequence events (docs/metrics.md, "The ledger"):
+    the trained response lengths against every generation's, the share of the longest decile of generations
+    an update trained, the age of the oldest prompt still waiting at each update, reward over completed and
+    over all generations, and each prompt's trained lengths (for the comparison on the same prompts)."""
+    steps = step_metrics(events) if steps is None else steps
+    seqs = [e for e in events if e.get("kind") == SEQUENCE]
+    gens = [g for g in _generations(seqs).values() if g["status"] != "cached"]
+    trained = [int(e.get("response_tokens") or 0) for e in seqs if e.get("status") == "finished"]
+    generated = [g["length"] for g in gens]
+    longest = sorted(gens, key=lambda g: -g["length"])[: math.ceil(0.1 * len(gens))]
+    by_prompt: dict[str, list[int]] = defaultdict(list)
+    for e in seqs:
+        if e.get("status") == "finished":
+            by_prompt[_prompt_key(e)].append(int(e.get("response_tokens") or 0))
+    versions = {s["step"]: int(s["policy_version"]) for s in steps if s.get("policy_version") is not None}
+    ages = _waiting_ages(seqs, versions)
+    return {
+        "trained_vs_generated_ks": ks_distance(trained, generated),
+        "long_decile_trained_share": _ratio(sum(g["trained"] for g in longest), len(longest)),
+        "long_decile_min_length": longest[-1]["length"] if longest else None,
+        "oldest_waiting_age": {str(k): v for k, v in ages.items()},
+        "reward_completed": _mean(g["reward"] for g in gens if g["complete"]),
+        "reward_all": _mean(g["reward"] for g in gens),
+        "generations": len(gens),
+        "trained_lengths_by_prompt": dict(by_prompt),
+    }
+
+
+def ledger_summary(book: Event) -> Event:
+    """The ledger's run-level numbers, for a summary."""
+    ages = [v for v in book["oldest_waiting_age"].values() if v is not None]
+    return {
+        "trained_vs_generated_ks": book["trained_vs_generated_ks"],
+        "long_decile_trained_share": book["long_decile_trained_share"],
+        "oldest_waiting_age_max": max(ages) if ages else None,
+        "reward_completed": book["reward_completed"],
+        "reward_all": book["reward_all"],
+    }
+
+
+def same_prompts_ks(mine: dict[str, list[int]], theirs: dict[str, list[int]]) -> float | None:
+    """KS distance between two runs' trained response lengths over the prompts both trained (the same
+    prompt stream: a prompt's position is its key)."""
+    both = mine.keys() & theirs.keys()
+    return ks_distance([n for k in both for n in mine[k]], [n for k in both for n in theirs[k]])

@@ -23,8 +23,14 @@ DECODE_KINDS = (DECODE, VERIFY)  # forwards that generate tokens for running seq
 # The trainer's phases: the RL step's four, and the held-out evaluation between steps (not part of a step's
 # time: it is the same work whatever the mode).
 ROLLOUT, REWARD, UPDATE, SYNC, HELDOUT = "rollout", "reward", "update", "sync", "heldout"
-STEP_PHASE_KINDS = (ROLLOUT, REWARD, UPDATE, SYNC)
-PHASE_KINDS = (*STEP_PHASE_KINDS, HELDOUT)
+# A rollout run ahead of the update (modes async, sorted+async: rollout/ahead.py) adds two waits: the update
+# waiting for its samples, and the rollout waiting for the weights it must start from (or buffer room).
+TRAINER_WAIT, ROLLOUT_WAIT = "trainer_wait", "rollout_wait"
+STEP_PHASE_KINDS = (ROLLOUT, TRAINER_WAIT, REWARD, UPDATE, SYNC)
+PHASE_KINDS = (*STEP_PHASE_KINDS, ROLLOUT_WAIT, HELDOUT)
+# Which side of a run ahead wrote a phase (its `side` field): the rollout process's phases of a step overlap
+# the trainer's earlier steps, so a step's time is its trainer side's span. Absent: one side (synchronous).
+TRAINER_SIDE, ROLLOUT_SIDE = "trainer", "rollout"
 SEQUENCE = "sequence"  # one per sample: admission, finish, tokens, the policy versions that wrote it
 MIGRATE = "migrate"  # a request moved between rollout workers (HistoPipe straggler migration)
 CAPTURE = "capture"  # an engine capturing its CUDA graphs before its first step: no metric counts it
