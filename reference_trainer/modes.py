@@ -167,6 +167,10 @@ class ModeSpec:
             raise UserError(
                 f"mode {self.name!r} runs lookahead on the reference engine: use --engine reference"
             )
+        if self.ahead and engine == "vllm":
+            raise UserError(
+                f"mode {self.name!r} runs its rollout side on the reference engine: use --engine reference"
+            )
         drafter = out.get("spec.drafter", self.speculation)
         if drafter == "lookahead" and not self.lookahead:
             lookahead = ", ".join(m.name for m in MODES.values() if m.lookahead)
