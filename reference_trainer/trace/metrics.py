@@ -392,24 +392,27 @@ def _wait_shares(steps: list[Event]) -> Event:
     }
 
 
-# A side waits a lot when it waits at least this share of the run's step time (docs/metrics.md, "Diagnosis").
-WAIT_HIGH = 0.3
-BOUND_LABELS = ("rollout-bound", "trainer-bound", "balanced", "sync-overhead")
+# Which side bounds the run (docs/metrics.md): an idle share at or above IDLE_HIGH is high. The rule and its
+# threshold are rlbench audit's (issue 54); a run ahead feeds it its wait shares.
+IDLE_HIGH = 0.2
+ROLLOUT_BOUND, TRAINER_BOUND = "rollout-bound", "trainer-bound"
+BALANCED, SYNC_OVERHEAD = "balanced", "sync-overhead"
 
 
-def bound_label(trainer_wait_share: float | None, rollout_wait_share: float | None) -> str | None:
-    """Which side limits the run, from how much of its time each side waits (verl#7601's table): the trainer
-    waits a lot and the rollout does not: rollout-bound; the reverse: trainer-bound; both: sync-overhead
-    (the two sides wait for each other, as a synchronous schedule makes them, or for weight sync and data);
-    neither: balanced. None when a share is unknown."""
-    if trainer_wait_share is None or rollout_wait_share is None:
+def bound_label(
+    trainer_idle: float | None, rollout_idle: float | None, high: float = IDLE_HIGH
+) -> str | None:
+    """The one rule: trainer idle high and rollout idle low = rollout-bound (the trainer waits for samples);
+    the reverse = trainer-bound; both high = sync-overhead (both sides wait: a synchronous hand-over, weight
+    sync, data loading); both low = balanced. Null when either share is unknown."""
+    if trainer_idle is None or rollout_idle is None:
         return None
-    trainer, rollout = trainer_wait_share >= WAIT_HIGH, rollout_wait_share >= WAIT_HIGH
-    if trainer and rollout:
-        return "sync-overhead"
-    if trainer:
-        return "rollout-bound"
-    return "trainer-bound" if rollout else "balanced"
+    trainer_waits, rollout_waits = trainer_idle >= high, rollout_idle >= high
+    if trainer_waits and rollout_waits:
+        return SYNC_OVERHEAD
+    if trainer_waits:
+        return ROLLOUT_BOUND
+    return TRAINER_BOUND if rollout_waits else BALANCED
 
 
 def _update_cost(steps: list[Event]) -> float | None:
