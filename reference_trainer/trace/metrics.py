@@ -372,6 +372,8 @@ def summary(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
         "trained_tokens": sum(lengths),
         "trained_tokens_per_rollout_s": _ratio(sum(lengths), wall),
         **_wait_shares(steps),
+        # the rollout ran beside the updates (modes async, sorted+async): the phases overlap
+        "run_ahead": any(e.get("kind") == TRAINER_WAIT for e in events),
         **ledger_summary(ledger(events, steps)),
     }
 

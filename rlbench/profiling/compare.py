@@ -62,7 +62,10 @@ def run_compare(
             interrupted = False
         except KeyboardInterrupt:  # Ctrl-C: the sessions keep what finished, and the report shows it
             rows, interrupted = {m: [] for m in configs}, True
-    runs = [{"mode": m, "summary": s.doc["summary"], "steps": s.doc["steps"]} for m, s in sessions.items()]
+    runs = [
+        {"mode": m, "summary": s.doc["summary"], "steps": s.doc["steps"], "ledger": s.doc.get("ledger")}
+        for m, s in sessions.items()
+    ]
     doc = compare_doc(runs, "baseline" if "baseline" in configs else next(iter(configs)), workload(first))
     if interrupted:
         doc["interrupted"] = True
