@@ -23,7 +23,7 @@ from rlbench.report.import_report import render_import
 from rlbench.rundirs import claim
 from rlbench.simulate.whatif import whatif as simulate_whatif
 
-WHATIF_MODES = ("baseline", "sorted", "sorted-partial", "histopipe")
+WHATIF_MODES = ("baseline", "sorted", "sorted-partial", "histopipe", "async")  # async: max_staleness 1
 WHATIF_WORKERS = (1, 8, 64, 512, 4096)
 # Sequences the what-if replays at its largest worker count (weak scaling multiplies the logged batch by W):
 # about a minute of simulation on one CPU core.
@@ -39,9 +39,11 @@ def whatif(
     workers: Sequence[int] = WHATIF_WORKERS,
     gpu: str = "h100",
     model_size: str = "7b",
+    update_s_per_token: float | None = None,
 ) -> dict[str, Any]:
     """What each mode would buy on these lengths at each worker count: weak scaling, every worker given as
-    many groups per step as the log's steps had (so W = 1 is the logged batch on one engine)."""
+    many groups per step as the log's steps had (so W = 1 is the logged batch on one engine).
+    `update_s_per_token`: the log's own update cost (simulate.whatif.logged_update_cost), where it has one."""
     trace = lengthlog.to_length_trace(groups, "length log")
     per_step = max(1, round(sum(len(g) for g in lengthlog.by_step(groups).values()) / len(trace.steps)))
     per_worker = len(trace) / len(trace.steps)  # sequences per worker and step
@@ -51,7 +53,8 @@ def whatif(
             f"the what-if would replay {max(workers) * per_worker:,.0f} sequences per step at {max(workers)} "
             f"workers; at most {MAX_REPLAYED:,} (give smaller --workers)"
         )
-    doc = simulate_whatif(trace, slots, workers, WHATIF_MODES, gpu, model_size, steps, per_step)
+    doc = simulate_whatif(trace, slots, workers, WHATIF_MODES, gpu, model_size, steps, per_step,
+                          update_s_per_token)  # fmt: skip
     return {**doc, "slots_per_worker": slots, "groups_per_worker": per_step, "steps_replayed": steps}
 
 
