@@ -14,6 +14,18 @@ from reference_trainer.trace.records import decode_json
 
 SPEC = "spec"  # the group of the speculation options: `spec.KEY=VALUE`, held as config["spec"][KEY]
 
+# The bound on a trained token's age in policy versions, whoever keeps tokens that long: a kept partial
+# rollout older than it is regenerated (sorted-partial); a rollout runs this many steps ahead (async).
+MAX_STALENESS = Option(
+    "max_staleness",
+    "int",
+    1,
+    "a trained token is at most this many policy versions old: a kept sample whose oldest token would be "
+    "older is regenerated (no effect on-policy: nothing outlives an update); an async mode's rollout runs "
+    "this many steps ahead, step t on the weights of step t - k (0: the synchronous schedule)",
+    minimum=0,
+    simulated=True,
+)
 SORTED_OPTIONS = (
     Option(
         "oversubscription",
@@ -24,15 +36,7 @@ SORTED_OPTIONS = (
         minimum=1.0,
         simulated=True,
     ),
-    Option(
-        "max_staleness",
-        "int",
-        1,
-        "a kept sample whose oldest token is more policy versions old than "
-        "this is regenerated (no effect on-policy: nothing outlives an update)",
-        minimum=0,
-        simulated=True,
-    ),
+    MAX_STALENESS,
     Option(
         "max_attempts",
         "int",
@@ -86,15 +90,7 @@ PLACED_OPTIONS = (
 # A strategy run ahead of the update in a rollout process of its own (modes async, sorted+async:
 # rollout/ahead.py): how far ahead, and how the rollout side is placed.
 AHEAD_OPTIONS = (
-    Option(
-        "max_staleness",
-        "int",
-        1,
-        "the rollout runs this many steps ahead of the update: step t's rollout uses the weights of "
-        "step t - k, so a trained token is k policy versions old (0: the synchronous schedule)",
-        minimum=0,
-        simulated=True,
-    ),
+    MAX_STALENESS,
     Option(
         "rollout_threads",
         "int",

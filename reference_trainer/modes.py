@@ -91,7 +91,7 @@ class ModeSpec:
         if workers is None and self.placement is not None:
             names.append("placed")
         out = {o.name: o for n in names for o in STRATEGY_OPTIONS[n]}
-        if self.ahead:  # max_staleness is the bound on a trained token's age in both senses
+        if self.ahead:  # max_staleness (shared with SortedRL's) bounds a trained token's age either way
             out.update({o.name: o for o in AHEAD_OPTIONS})
         if "placement" in out and self.placement is not None:
             out["placement"] = replace(out["placement"], default=self.placement)

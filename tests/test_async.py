@@ -272,3 +272,24 @@ def test_async_modes_refuse_what_they_cannot_run(tmp_path):
         TrainConfig(mode="sorted+async", workers=2, worker_backend="local").check()
     with pytest.raises(UserError, match="max_staleness must be >= 0"):
         TrainConfig(mode="async", mode_options={"max_staleness": -1}).check()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_async_runs_rollout_and_update_side_by_side_on_a_gpu(tiny_model_dir, tmp_path, parity):
+    """The same code on CUDA: the rollout process shares the run's GPU (or takes the second one), its tokens
+    are k versions old, and k = 0 is the baseline exactly there too."""
+    device = "cuda:1" if torch.cuda.device_count() > 1 else None
+    config = _config(tiny_model_dir, 3, "async", max_staleness=1, rollout_device=device)
+    config.device = "cuda"
+    rows, _ = _run(config, tmp_path / "k1")
+    assert [r["staleness"] for r in rows][1:] == [
+        {"1": r["response_len_mean"] * r["samples"]} for r in rows[1:]
+    ]
+    base = _config(tiny_model_dir, 2)
+    base.device = "cuda"
+    same = _config(tiny_model_dir, 2, "async", max_staleness=0)
+    same.device = "cuda"
+    _run(base, tmp_path / "base")
+    _run(same, tmp_path / "k0")
+    assert _samples(tmp_path / "k0") == _samples(tmp_path / "base")
