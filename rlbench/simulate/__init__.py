@@ -59,16 +59,19 @@ def simulate(
     for w in workers:
         base: dict[str, Any] | None = None
         replayed: dict[SimMode, dict[str, Any]] = {}  # by schedule: an ahead mode's synchronous schedule
+        b = groups_per_worker * w if groups_per_worker else None
+
+        def replay(mode: SimMode, n: int, b: int | None = b) -> dict[str, Any]:
+            return simulate_mode(mode, trace, pred, acc, cost, n, capacity, steps, b, max_prefill_tokens)
+
         for p in sim_modes:
-            b = groups_per_worker * w if groups_per_worker else None
-            args = (trace, pred, acc, cost, w, capacity, steps, b, max_prefill_tokens)
             if p.ahead and w < 2:  # two pools need two devices
                 not_modelled.append({"mode": p.name, "workers": w, "why": AHEAD_ON_ONE})
                 continue
             if p.ahead:
-                r = run_ahead(p, *args, together=replayed.get(_schedule(replace(p, ahead=False))))
+                r = run_ahead(p, replay, cost, w, together=replayed.get(_schedule(replace(p, ahead=False))))
             else:
-                r = replayed[_schedule(p)] = simulate_mode(p, *args)
+                r = replayed[_schedule(p)] = replay(p, w)
             base = base or r
             r["speedup"] = base["step_time_s"] / r["step_time_s"] if r["step_time_s"] else None
             r["rollout_speedup"] = base["rollout_s"] / r["rollout_s"] if r["rollout_s"] else None

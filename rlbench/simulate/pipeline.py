@@ -17,15 +17,13 @@ share it, which the cost model does not describe, so W = 1 is not modelled (`sim
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
 from rlbench.simulate.cost import CostModel
 from rlbench.simulate.modes import SimMode
-from rlbench.simulate.scheduler import simulate_mode, totals
-from rlbench.simulate.workload import LengthTrace
+from rlbench.simulate.scheduler import totals
 
 AHEAD_ON_ONE = "rollout and trainer as two pools need two devices; on one they would share it (not modelled)"
 
@@ -60,30 +58,21 @@ def pipeline(rollout: list[float], update: list[float], k: int) -> dict[str, lis
 
 def run_ahead(
     sim_mode: SimMode,
-    trace: LengthTrace,
-    predicted: np.ndarray,
-    acceptance: np.ndarray,
+    replay: Callable[[SimMode, int], dict[str, Any]],
     cost: CostModel,
     workers: int,
-    capacity: int,
-    steps: int,
-    groups_per_step: int | None = None,
-    max_prefill_tokens: float = 8192,
     together: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """`sim_mode` (an ahead mode) on `workers` devices split into two pools; `together`: the synchronous
-    schedule of its strategy on all of them (replayed here when not given), which sets the split."""
+    """`sim_mode` (an ahead mode) on `workers` devices split into two pools. `replay(mode, n)`: a synchronous
+    mode's replay on n workers (scheduler.simulate_mode with the run's trace, groups and settings bound);
+    `together`: its strategy's replay on all `workers` (made here when not given), which sets the split."""
     inner = replace(sim_mode, ahead=False)
-    args = (trace, predicted, acceptance, cost)
     if workers < 2:
         raise ValueError(AHEAD_ON_ONE)
-    if together is None:
-        together = simulate_mode(inner, *args, workers, capacity, steps, groups_per_step, max_prefill_tokens)
+    together = together or replay(inner, workers)
     best: tuple[float, int, dict[str, Any], list[dict[str, Any]], dict[str, list[float]]] | None = None
     for w_t in trainer_splits(workers, together["rollout_s"], together["update_s"]):
-        pool = simulate_mode(
-            inner, *args, workers - w_t, capacity, steps, groups_per_step, max_prefill_tokens
-        )
+        pool = replay(inner, workers - w_t)
         rows = [{**s, "update_s": cost.update(s["trained_tokens"], w_t)} for s in pool["steps"]]
         times = pipeline(
             [r["rollout_s"] for r in rows], [r["update_s"] for r in rows], sim_mode.max_staleness
