@@ -10,7 +10,9 @@ written just before it). `resume` restores the latest checkpoint and re-runs the
 which the run's fixed seeds make the same steps again, without logging them twice: their rows and trace
 events from the first run are kept. That costs the re-run of at most `checkpoint_every - 1` steps, where a
 checkpoint per step would write the model and optimizer state (three copies of the weights) every step.
-A run stopped during its final held-out evaluation writes heldout.json when resumed.
+A run stopped during its final held-out evaluation writes heldout.json when resumed. A rollout run ahead
+(modes async, sorted+async) restarts from the checkpoint's step with the strategy's state as of it and the
+k older weights its next steps roll out on, which the checkpoint keeps too (`rollout.history()`).
 """
 
 from __future__ import annotations
