@@ -116,6 +116,10 @@ def test_a_synchronous_run_trains_what_it_generates():
 def test_a_kept_partial_at_the_end_is_left_out_and_same_prompts_compare():
     events = _sorted_like_trace() + [_seq(1, "p3/0", 70, "cached", index=3, admit=1, reason=None)]
     assert metrics.ledger(events)["long_decile_trained_share"] == 0.0  # 70 has no known fate: not counted
+    assert metrics.ledger(events)["generations"] == 5
+    # kept at step 0 and never seen again: given up (regenerated), so generated and not trained
+    given_up = _sorted_like_trace() + [_seq(0, "p4/0", 90, "cached", index=4, admit=0, reason=None)]
+    assert metrics.ledger(given_up)["generations"] == 6
     baseline = {"0": [5], "1": [60], "2": [80]}
     mine = metrics.ledger(events)["trained_lengths_by_prompt"]
     assert metrics.same_prompts_ks(mine, baseline) == 0.5  # over prompts 0 and 1: {5, 10} vs {5, 60}

@@ -475,9 +475,11 @@ def ks_distance(a: Sequence[float], b: Sequence[float]) -> float | None:
 
 def _generations(seqs: Sequence[Event]) -> dict[str, Event]:
     """Every generation of the trace (a sequence id; a regenerated sample is a new one), in trace order: the
-    length it reached, its reward there, whether an update trained it, whether it ran to its end, and its
-    last status (`cached`: still kept when the trace ends, its fate unknown)."""
+    length it reached, its reward there, whether an update trained it, whether it ran to its end, and
+    whether it is still kept when the trace ends (`pending`: last seen `cached` in the trace's last step, its
+    fate unknown; one last cached earlier was given up: regenerated as a new attempt, or dropped)."""
     out: dict[str, Event] = {}
+    last = max((int(e.get("step", 0)) for e in seqs), default=0)
     for e in seqs:
         if e.get("status") == "lookahead":
             continue
@@ -487,7 +489,7 @@ def _generations(seqs: Sequence[Event]) -> dict[str, Event]:
             g["length"], g["reward"] = n, e.get("reward", g["reward"])
         g["trained"] |= e.get("status") == "finished"
         g["complete"] |= e.get("finish_reason") in COMPLETE
-        g["status"] = e.get("status")
+        g["pending"] = e.get("status") == "cached" and int(e.get("step", 0)) == last
     return out
 
 
@@ -525,7 +527,7 @@ def ledger(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
     over all generations, and each prompt's trained lengths (for the comparison on the same prompts)."""
     steps = step_metrics(events) if steps is None else steps
     seqs = [e for e in events if e.get("kind") == SEQUENCE]
-    gens = [g for g in _generations(seqs).values() if g["status"] != "cached"]
+    gens = [g for g in _generations(seqs).values() if not g["pending"]]
     trained = [int(e.get("response_tokens") or 0) for e in seqs if e.get("status") == "finished"]
     generated = [g["length"] for g in gens]
     longest = sorted(gens, key=lambda g: -g["length"])[: math.ceil(0.1 * len(gens))]

@@ -74,7 +74,10 @@ def run_task_seed(ctx: Context, w: Workload, task: str, seed: int) -> dict[str, 
     work_dir): per mode, what it spent to get there, and the target."""
     name = f"{task}-seed{seed}/time_to_target.json"
     key = {**asdict(w), "task": task, "seed": seed}
+    dirs = {m: ctx.work_dir / f"{task}-seed{seed}" / m for m in w.modes}
     if (done := ctx.finished(name, key, f"{task} runs of seed {seed}")) is not None:
+        if all((d / "trace.jsonl").is_file() for d in dirs.values()):  # the metrics code of now, on them
+            done["traced"] = traced(dirs)
         return done
     configs = {
         label: build_config(
@@ -92,7 +95,6 @@ def run_task_seed(ctx: Context, w: Workload, task: str, seed: int) -> dict[str, 
             start.setdefault(mode, row[HELDOUT_ACCURACY])
         return mode in start and reached(row, start[mode] + w.gain)
 
-    dirs = {m: ctx.work_dir / f"{task}-seed{seed}" / m for m in w.modes}
     rows = run_modes(
         configs,
         dirs,
