@@ -69,14 +69,14 @@ def main() -> None:
                  eval_problems=args.eval_problems, eval_samples=1, modes=MODES)  # fmt: skip
     ctx = Context(device="cpu", quick=False, model=None, work_dir=args.work)
     args.work.mkdir(parents=True, exist_ok=True)
-    started = time.time()
+    started, commit = time.time(), source_commit()  # the code the run starts with
     with LoadSampler() as load:
         outcome = measure(ctx, w)
     write_json(args.out, {
         "what": __doc__.split("\n")[0],
         "command": "python -m benchmarks.async_compare " + " ".join(sys.argv[1:]),
         "date": datetime.date.today().isoformat(),
-        "commit": source_commit(),
+        "commit": commit,
         "device": describe_device("cpu"),
         "wall_s": time.time() - started,
         "load_average_1min": load.summary(),
