@@ -39,6 +39,15 @@ events' `step` field. Definitions that the contract leaves open are fixed here:
   `policy_versions` takes the rollout phase's `policy_version` when present, else its tokens are counted
   in `staleness_unknown_tokens`.
 - `bubble_ratio_gpu` = 1 - mean NVML utilisation of the samples inside rollout phases (null without samples).
+- A rollout run ahead (modes async, sorted+async) writes its phases with `side: "rollout"`: a step's time
+  is the span of the others (the trainer's). `trainer_wait_s` is the time the update waited for samples
+  (its `trainer_wait` phase; a synchronous step's rollout wall time), `rollout_wait_s` the time the engine
+  waited for weights or buffer room (the `rollout_wait` phases; a synchronous step's time outside its
+  rollout). `bound_label` turns their shares into one word (the rule of docs/metrics.md, shared with
+  `rlbench audit`).
+- The ledger (`ledger`): a generation is a sequence id at the longest length it reached; the KS distance
+  of trained against generated lengths, the longest decile's trained share, the oldest waiting prompt's
+  age in policy versions, reward over completed and all generations (docs/metrics.md, "The ledger").
 """
 
 from __future__ import annotations

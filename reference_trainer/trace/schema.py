@@ -28,9 +28,9 @@ ROLLOUT, REWARD, UPDATE, SYNC, HELDOUT = "rollout", "reward", "update", "sync", 
 TRAINER_WAIT, ROLLOUT_WAIT = "trainer_wait", "rollout_wait"
 STEP_PHASE_KINDS = (ROLLOUT, TRAINER_WAIT, REWARD, UPDATE, SYNC)
 PHASE_KINDS = (*STEP_PHASE_KINDS, ROLLOUT_WAIT, HELDOUT)
-# Which side of a run ahead wrote a phase (its `side` field): the rollout process's phases of a step overlap
-# the trainer's earlier steps, so a step's time is its trainer side's span. Absent: one side (synchronous).
-TRAINER_SIDE, ROLLOUT_SIDE = "trainer", "rollout"
+# The `side` of a phase a run ahead's rollout process wrote: its phases of a step overlap the trainer's
+# earlier steps, so a step's time is the span of the phases without it (the trainer's; all, synchronous).
+ROLLOUT_SIDE = "rollout"
 SEQUENCE = "sequence"  # one per sample: admission, finish, tokens, the policy versions that wrote it
 MIGRATE = "migrate"  # a request moved between rollout workers (HistoPipe straggler migration)
 CAPTURE = "capture"  # an engine capturing its CUDA graphs before its first step: no metric counts it
