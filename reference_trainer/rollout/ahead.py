@@ -42,6 +42,7 @@ import torch
 
 from reference_trainer.engine.config import SamplingParams
 from reference_trainer.errors import UserError
+from reference_trainer.model.loader import resolve_device, resolve_dtype
 from reference_trainer.rollout.base import Group, PromptStream, RolloutContext, RolloutStrategy
 from reference_trainer.rollout.ring import WeightRing
 from reference_trainer.rollout.workers import RolloutWorker, WorkerSpec
@@ -428,8 +429,6 @@ class AheadRollout:
 
 def _inference_template(weights: Mapping[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
     """Empty CPU tensors shaped like `weights`, in the inference dtype of `device` (bf16 on CUDA)."""
-    from reference_trainer.model.loader import resolve_device, resolve_dtype
-
     dtype = resolve_dtype("auto", resolve_device(device))
     return {
         k: torch.empty(v.shape, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in weights.items()
