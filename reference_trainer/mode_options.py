@@ -14,6 +14,18 @@ from reference_trainer.trace.records import decode_json
 
 SPEC = "spec"  # the group of the speculation options: `spec.KEY=VALUE`, held as config["spec"][KEY]
 
+# The bound on a trained token's age in policy versions, whoever keeps tokens that long: a kept partial
+# rollout older than it is regenerated (sorted-partial); a rollout runs this many steps ahead (async).
+MAX_STALENESS = Option(
+    "max_staleness",
+    "int",
+    1,
+    "a trained token is at most this many policy versions old: a kept sample whose oldest token would be "
+    "older is regenerated (no effect on-policy: nothing outlives an update); an async mode's rollout runs "
+    "this many steps ahead, step t on the weights of step t - k (0: the synchronous schedule)",
+    minimum=0,
+    simulated=True,
+)
 SORTED_OPTIONS = (
     Option(
         "oversubscription",
@@ -24,15 +36,7 @@ SORTED_OPTIONS = (
         minimum=1.0,
         simulated=True,
     ),
-    Option(
-        "max_staleness",
-        "int",
-        1,
-        "a kept sample whose oldest token is more policy versions old than "
-        "this is regenerated (no effect on-policy: nothing outlives an update)",
-        minimum=0,
-        simulated=True,
-    ),
+    MAX_STALENESS,
     Option(
         "max_attempts",
         "int",
@@ -81,6 +85,37 @@ PLACED_OPTIONS = (
         null_word="auto",
         multi_worker=True,
         simulated=True,
+    ),
+)
+# A strategy run ahead of the update in a rollout process of its own (modes async, sorted+async:
+# rollout/ahead.py): how far ahead, and how the rollout side is placed.
+AHEAD_OPTIONS = (
+    MAX_STALENESS,
+    Option(
+        "rollout_threads",
+        "int",
+        None,
+        "CPU threads of the rollout side; the update keeps the rest of --threads (auto: half, at least 1; "
+        "with max_staleness 0 both sides take all, as they never run at once)",
+        minimum=1,
+        nullable=True,
+        null_word="auto",
+    ),
+    Option(
+        "rollout_device",
+        "str",
+        None,
+        "the rollout side's device, e.g. cuda:1 (auto: the run's --device, shared with the update)",
+        nullable=True,
+        null_word="auto",
+    ),
+    Option(
+        "backend",
+        "str",
+        "process",
+        "where the rollout side runs: a process of its own, or a thread of the trainer's (tests and "
+        "debugging: one GIL and one torch thread pool, so its timings are not a process's)",
+        choices=("process", "thread"),
     ),
 )
 STRATEGY_OPTIONS: dict[str, tuple[Option, ...]] = {

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from reference_trainer.errors import UserError
-from reference_trainer.mode_options import SPEC, STRATEGY_OPTIONS, flatten_options
+from reference_trainer.mode_options import AHEAD_OPTIONS, SPEC, STRATEGY_OPTIONS, flatten_options
 from reference_trainer.option import Option
 from reference_trainer.speculation.drafters import (
     LOOKAHEAD_OPTIONS,
@@ -69,6 +69,8 @@ class ModeSpec:
     # The strategy runs the next step's requests in the bubble (rollout/base.py BubbleFill) and the drafter
     # puts their tokens first (speculation/lookahead.py); on the reference engine, one engine only.
     lookahead: bool = False
+    # The strategy runs up to max_staleness steps ahead of the update, beside it (rollout/ahead.py).
+    ahead: bool = False
 
     @property
     def speculative(self) -> bool:
@@ -89,6 +91,8 @@ class ModeSpec:
         if workers is None and self.placement is not None:
             names.append("placed")
         out = {o.name: o for n in names for o in STRATEGY_OPTIONS[n]}
+        if self.ahead:  # max_staleness (shared with SortedRL's) bounds a trained token's age either way
+            out.update({o.name: o for o in AHEAD_OPTIONS})
         if "placement" in out and self.placement is not None:
             out["placement"] = replace(out["placement"], default=self.placement)
         if not self.speculative:
@@ -101,6 +105,19 @@ class ModeSpec:
             out.update(spec_options())
             out["spec.drafter"] = replace(out["spec.drafter"], default=self.speculation)
         return out
+
+    def values(
+        self, options: Mapping[str, Any], workers: int = 1, engine: str = "reference"
+    ) -> dict[str, Any]:
+        """Every option this mode takes, as `options` (flat, checked) set them or at its default."""
+        return {k: o.default for k, o in self.options(workers, engine).items()} | dict(options)
+
+    def correction(self, options: Mapping[str, Any]) -> float | None:
+        """The TIS cap of the run's update (GRPOConfig.tis_cap when the config leaves it unset): the mode's,
+        except a rollout run 0 steps ahead, which is the synchronous schedule and trains on-policy."""
+        if self.ahead and self.values(flatten_options(options))["max_staleness"] == 0:
+            return None
+        return self.tis_cap
 
     def speculation_options(self, options: Mapping[str, Any], engine: str = "reference") -> dict[str, Any]:
         """The engine's speculation options (a config's "spec" dict) with this mode's drafter filled in
@@ -150,6 +167,10 @@ class ModeSpec:
             raise UserError(
                 f"mode {self.name!r} runs lookahead on the reference engine: use --engine reference"
             )
+        if self.ahead and engine == "vllm":
+            raise UserError(
+                f"mode {self.name!r} runs its rollout side on the reference engine: use --engine reference"
+            )
         drafter = out.get("spec.drafter", self.speculation)
         if drafter == "lookahead" and not self.lookahead:
             lookahead = ", ".join(m.name for m in MODES.values() if m.lookahead)
@@ -193,6 +214,13 @@ _SUFFIX_SIM = (
 _LOOKAHEAD_SIM = (
     "Lookahead is modelled as speculation with the trace's acceptance (else --acceptance); the bubble slots "
     "its runs fill are counted idle, and their cost and the drafts' coverage are not modelled."
+)
+_AHEAD_SIM = (
+    "Rollout and update as two pools of the same W devices: the trainer pool holds the share of them that "
+    "balances the baseline's update against its rollout (at least one; W = 1 is not modelled), its step "
+    "time the cost model's update (or the log's or the run's) scaled to its devices; the rollout of step t "
+    "starts once the weights of step t - max_staleness are out, the update of step t once its rollout is "
+    "done. On one device the trainer shares it with the rollout, which the simulator does not model."
 )
 _PLACE_SIM = (
     "W > 1: histopipe placement is LPT over whole groups by predicted tokens (the trainer places each "
@@ -298,6 +326,26 @@ MODES: dict[str, ModeSpec] = {
             placement=None,
             lookahead=True,
             simulator_note=_SPEC_SIM + " " + _LOOKAHEAD_SIM,
+        ),
+        ModeSpec(
+            "async",
+            "The baseline's rollout run up to max_staleness steps ahead of the update, beside it (its own "
+            "process): step t's samples come from the weights of step t - k; TIS corrects the stale tokens.",
+            strategy="baseline",
+            placement=None,
+            tis_cap=2.0,
+            ahead=True,
+            simulator_note=_AHEAD_SIM,
+        ),
+        ModeSpec(
+            "sorted+async",
+            "SortedRL's on-policy strategy (as sorted) run up to max_staleness steps ahead of the update, "
+            "beside it; TIS corrects the stale tokens.",
+            strategy="sorted",
+            placement=None,
+            tis_cap=2.0,
+            ahead=True,
+            simulator_note=_ONE_ENGINE_SIM + " " + _AHEAD_SIM,
         ),
     )
 }

@@ -83,7 +83,9 @@ def test_import_lengths_writes_a_run_that_report_re_renders(tmp_path):
     assert doc["steps"][0]["bubble_ratio"] == pytest.approx(1 / 3)
     assert doc["run"]["time_unit"] == "decode step"
     modes = {(r["workers"], r["mode"]) for r in doc["whatif"]["results"]}
-    assert modes == {(w, m) for w in (1, 2) for m in ("baseline", "sorted", "sorted-partial", "histopipe")}
+    synchronous = {(w, m) for w in (1, 2) for m in ("baseline", "sorted", "sorted-partial", "histopipe")}
+    assert modes == synchronous | {(2, "async")}  # async's two pools need two devices
+    assert [(n["mode"], n["workers"]) for n in doc["whatif"]["not_modelled"]] == [("async", 1)]
     assert "not a measurement" in doc["whatif"]["label"]
     assert 0 <= doc["integration"]["length_variance"]["within_share"] <= 1
     assert "predicted W=    2 sorted" in res.stdout

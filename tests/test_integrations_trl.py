@@ -53,6 +53,7 @@ def test_a_grpo_run_becomes_an_rlbench_run(tmp_path):
         "sorted",
         "sorted-partial",
         "histopipe",
+        "async",
     }
     (out / "report.html").unlink()
     res = cli("report", str(out))

@@ -124,7 +124,7 @@ def test_update_scores_tokens_at_the_rollout_temperature(tiny_model_dir, tmp_pat
     log-probs, so the first PPO ratio is exactly 1 (before the fix the update scored them at T = 1)."""
     trainer = Trainer(tiny_config(tiny_model_dir, 1, temperature=0.6), tmp_path)
     assert trainer.updater.temperature == 0.6
-    batch, _, _ = trainer._score(trainer.strategy.collect(trainer.ctx))
+    batch, *_ = trainer._score(trainer.strategy.collect(trainer.ctx))
     micro_batches = trainer.updater.prepare(batch)
     recomputed = [
         row[: int(n)].tolist()

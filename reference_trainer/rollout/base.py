@@ -16,6 +16,7 @@ from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.prompting import encode_prompt
 from reference_trainer.speculation.speculator import Speculator
 from reference_trainer.tasks.base import Problem, Task
+from reference_trainer.trace.schema import ROLLOUT
 
 
 @dataclass
@@ -68,6 +69,9 @@ class RolloutContext:
     params: SamplingParams
     seed: int
     speculator: Speculator | None = None  # the engine's, if it drafts: lookahead's cost gate (BubbleFill)
+    # The sequence events recorded since the trainer last took them, with their sequences: the trainer
+    # grades every generation, trained or not, outside the step's time (the ledger's rewards).
+    recorded: list[tuple[dict[str, Any], Sequence]] = field(default_factory=list)
     _prompt_ids: dict[int, list[int]] = field(default_factory=dict)
 
     def prompt_ids(self, index: int, problem: Problem) -> list[int]:
@@ -76,16 +80,24 @@ class RolloutContext:
         return self._prompt_ids[index]
 
     def request(
-        self, index: int, problem: Problem, sample: int, attempt: int = 0, priority: int = 0
+        self,
+        index: int,
+        problem: Problem,
+        sample: int,
+        attempt: int = 0,
+        priority: int = 0,
+        admitted: int | None = None,
     ) -> Request:
-        """One sample's request: its seed depends only on (run seed, prompt position, sample, attempt)."""
+        """One sample's request: its seed depends only on (run seed, prompt position, sample, attempt).
+        `admitted`: the policy version at which its prompt was first admitted (default: the engine's now)."""
         suffix = f"#{attempt}" if attempt else ""
+        version = self.engine.policy_version if admitted is None else admitted
         return Request(
             self.prompt_ids(index, problem),
             replace(self.params, seed=request_seed(self.seed, index, sample, attempt)),
             seq_id=f"{problem.prompt_id}/{sample}{suffix}",
             priority=priority,
-            meta={"prompt_id": problem.prompt_id, "sample": sample, "index": index},
+            meta={"prompt_id": problem.prompt_id, "sample": sample, "index": index, "admitted": version},
         )
 
     def submit(self, index: int, problem: Problem, sample: int) -> Sequence:
@@ -93,12 +105,19 @@ class RolloutContext:
         return self.engine.add_request(self.request(index, problem, sample))
 
     def record(self, seq: Sequence, status: str | None = None, **extra: Any) -> None:
-        """Append the sequence's trace event (status overrides: e.g. 'cached' for a kept partial)."""
+        """Append the sequence's trace event (status overrides: e.g. 'cached' for a kept partial), with its
+        prompt's stream position and first admission's policy version (the ledger's waiting ages)."""
         record = seq.trace_record()
         if status is not None:
             record["status"] = status
+        if "index" in seq.meta:
+            record["prompt_index"] = int(seq.meta["index"])
+        if seq.meta.get("admitted") is not None:
+            record["admit_version"] = int(seq.meta["admitted"])
         record.update(extra)
         self.engine.trace.add(record)
+        if record["status"] != LOOKAHEAD:
+            self.recorded.append((record, seq))
 
 
 class RolloutStrategy(Protocol):
@@ -109,6 +128,48 @@ class RolloutStrategy(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class InlineRollout:
+    """A run's rollout between its updates, in the trainer's own process (every synchronous mode): each step's
+    rollout phase runs the strategy to its groups, then the update trains, then the new weights go into the
+    engine in place. The trainer's loop sees this and `ahead.AheadRollout` (a rollout run beside the updates)
+    through the same methods."""
+
+    def __init__(self, strategy: RolloutStrategy, ctx: RolloutContext) -> None:
+        self.strategy, self.ctx = strategy, ctx
+
+    @property
+    def engine(self) -> RequestEngine:
+        return self.ctx.engine
+
+    def launch(self, step: int) -> None:
+        """Before the first timed step: captures and compiles (`prepare`) out of every step's clock."""
+        self.engine.prepare(self.ctx.params)
+
+    def begin(self, step: int) -> None:
+        """Nothing runs between steps here."""
+
+    def collect(self) -> list[Group]:
+        with self.engine.trace.phase(ROLLOUT, policy_version=self.engine.policy_version) as rollout:
+            groups = self.strategy.collect(self.ctx)
+            rollout["groups"] = len(groups)
+        return groups
+
+    def end(self) -> None:
+        """Nothing runs between steps here."""
+
+    def take_recorded(self) -> list[tuple[dict[str, Any], Sequence]]:
+        """The sequence events recorded since the last call, with their sequences (to grade)."""
+        recorded, self.ctx.recorded = self.ctx.recorded, []
+        return recorded
+
+    def history(self) -> dict[int, dict[str, Any]]:
+        """Older weights a resumed run needs: none, every step rolls out on the newest."""
+        return {}
+
+    def restore(self, history: dict[int, dict[str, Any]]) -> None:
+        """Nothing to restore (see `history`)."""
 
 
 def run_to_completion(engine: RequestEngine) -> None:

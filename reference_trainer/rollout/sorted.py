@@ -88,6 +88,7 @@ class PromptState:
     index: int  # position in the prompt stream
     samples: list[Sample]
     regenerations: int = 0
+    admitted: int = 0  # the policy version at which the prompt was first admitted
 
     @property
     def complete(self) -> bool:
@@ -198,7 +199,8 @@ class SortedRollout:
             if len(waiting) >= free + margin:
                 return
             index, _ = ctx.stream.take()
-            prompt = PromptState(index, [Sample(k) for k in range(ctx.group_size)])
+            samples = [Sample(k) for k in range(ctx.group_size)]
+            prompt = PromptState(index, samples, admitted=ctx.engine.policy_version)
             self.active.append(prompt)
             self.stats["admitted"] += 1
             for s in prompt.samples:
@@ -216,7 +218,8 @@ class SortedRollout:
 
     def _submit(self, ctx: RolloutContext, prompt: PromptState, s: Sample, priority: int) -> None:
         """Queue the sample, resuming its kept tokens (a partial rollout) where it has any."""
-        request = ctx.request(prompt.index, ctx.stream.problem(prompt.index), s.sample, s.attempt, priority)
+        problem = ctx.stream.problem(prompt.index)
+        request = ctx.request(prompt.index, problem, s.sample, s.attempt, priority, prompt.admitted)
         if s.response_ids:
             request = replace(request, response_ids=s.response_ids, logprobs=s.logprobs,
                               policy_versions=s.policy_versions)  # fmt: skip
@@ -275,7 +278,8 @@ class SortedRollout:
 
     def _rebuild(self, ctx: RolloutContext, prompt: PromptState, s: Sample) -> Sequence:
         """A finished sample carried over from an earlier step (or a checkpoint) as a Sequence."""
-        request = ctx.request(prompt.index, ctx.stream.problem(prompt.index), s.sample, s.attempt)
+        problem = ctx.stream.problem(prompt.index)
+        request = ctx.request(prompt.index, problem, s.sample, s.attempt, admitted=prompt.admitted)
         return Sequence(
             seq_id=request.seq_id or "",
             prompt_ids=request.prompt_ids,
@@ -297,6 +301,7 @@ class SortedRollout:
                 {
                     "index": p.index,
                     "regenerations": p.regenerations,
+                    "admitted": p.admitted,
                     "samples": [s.to_json() for s in p.samples],
                 }
                 for p in self.active
@@ -307,7 +312,12 @@ class SortedRollout:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.active = [
-            PromptState(int(p["index"]), [Sample.from_json(s) for s in p["samples"]], int(p["regenerations"]))
+            PromptState(
+                int(p["index"]),
+                [Sample.from_json(s) for s in p["samples"]],
+                int(p["regenerations"]),
+                int(p["admitted"]),
+            )
             for p in state["active"]
         ]
         self.dropped = [int(i) for i in state["dropped"]]

@@ -59,9 +59,10 @@ def phase_seconds(summary: Event) -> dict[str, float] | None:
     step = summary.get("step_time_s")
     if step is None:
         return None
-    gen, update, reward = (
-        float(summary.get(k) or 0.0) for k in ("timing_s/gen", "timing_s/update", "timing_s/reward")
-    )
+    # The rollout's part is the time the update waited for samples: the whole rollout in a synchronous
+    # mode, what the updates did not hide in a run ahead (whose rollout overlaps them: gen counts twice).
+    wait = "trainer_wait_s" if summary.get("trainer_wait_s") is not None else "timing_s/gen"
+    gen, update, reward = (float(summary.get(k) or 0.0) for k in (wait, "timing_s/update", "timing_s/reward"))
     return {"rollout": gen, "update": update, "reward": reward, "other": float(step) - gen - update - reward}
 
 

@@ -47,10 +47,20 @@ events' `step` field. Definitions that the contract leaves open are fixed here:
   run"); `rlbench audit` and asynchronous runs use the same function.
 - A value the trace cannot give is null, never 0: a trace without engine events has no rollout tokens, one
   without sequence events no trained tokens (nor lookahead tokens without engine events).
+- A rollout run ahead (modes async, sorted+async) writes its phases with `side: "rollout"`: a step's time
+  is the span of the others (the trainer's). `trainer_wait_s` is the time the update waited for samples
+  (its `trainer_wait` phase; a synchronous step's rollout wall time), `rollout_wait_s` the time the engine
+  waited for weights or buffer room (the `rollout_wait` phases; a synchronous step's time outside its
+  rollout). A run ahead is labelled by `bound_label` over these wait shares (its phases overlap, so its
+  idle shares do not say which side waits); every other run by its idle shares.
+- The ledger (`ledger`): a generation is a sequence id at the longest length it reached; the KS distance
+  of trained against generated lengths, the longest decile's trained share, the oldest waiting prompt's
+  age in policy versions, reward over completed and all generations (docs/metrics.md, "The ledger").
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -62,8 +72,11 @@ from reference_trainer.trace.schema import (
     PHASE_KINDS,
     REWARD,
     ROLLOUT,
+    ROLLOUT_SIDE,
+    ROLLOUT_WAIT,
     SEQUENCE,
     STEP_PHASE_KINDS,
+    TRAINER_WAIT,
     UPDATE,
     VERIFY,
 )
@@ -91,6 +104,10 @@ def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
 
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
+
+
+def _share(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
 
 
 # Which side bounds the run (docs/metrics.md): an idle share at or above IDLE_HIGH is high.
@@ -198,6 +215,17 @@ def _staleness(phases: Sequence[Event], consumed: Sequence[Event]) -> tuple[Coun
     return hist, unknown
 
 
+def _waits(phases: Sequence[Event], wall: float, step_time: float | None) -> tuple[float, float | None]:
+    """(trainer wait, rollout wait) of a step, in seconds. Run ahead (the step has a `trainer_wait` phase):
+    the update's wait for its samples and the rollout's waits for weights or buffer room before this step's
+    rollout began, as traced. Synchronous: the update waits out the whole rollout, and the engine waits out
+    the rest of the step (reward, update, sync, the gaps)."""
+    if any(p["kind"] == TRAINER_WAIT for p in phases):
+        waited = sum(_dur(p) for p in phases if p["kind"] == ROLLOUT_WAIT)
+        return sum(_dur(p) for p in phases if p["kind"] == TRAINER_WAIT), waited
+    return wall, None if step_time is None else max(0.0, step_time - wall)
+
+
 def _draft_counts(engine: Sequence[Event], seqs: Sequence[Event]) -> tuple[int, int]:
     verify = [e for e in engine if e["kind"] == VERIFY and "drafted" in e]
     if verify:
@@ -222,13 +250,17 @@ def _step(
     slot_time = sum(int(e.get("active_slots", 0)) * _dur(e) for e in engine)
     tokens = sum(int(e.get("tokens", 0)) for e in engine) if engine else None  # no engine: unknown, not 0
 
-    timing = {k: sum(_dur(p) for p in phases if p["kind"] == k) for k in PHASE_KINDS}
+    # The trainer's side: every phase of a synchronous step; of a step run ahead, the phases the trainer
+    # wrote (its rollout ran earlier, beside the updates of earlier steps).
+    trainer = [p for p in phases if p.get("side") != ROLLOUT_SIDE]
+    timing = {k: sum(_dur(p) for p in trainer if p["kind"] == k) for k in PHASE_KINDS}
     timing["rollout"] = wall  # union, so overlapping per-worker rollout phases are not double counted
-    step_phases = [p for p in phases if p["kind"] in STEP_PHASE_KINDS]
+    step_phases = [p for p in trainer if p["kind"] in STEP_PHASE_KINDS]
     spans = [(float(p["t_start"]), float(p["t_end"])) for p in step_phases] or (
         [(window[0], window[1])] if window else []
     )
     step_time = (max(e for _, e in spans) - min(s for s, _ in spans)) if spans else None
+    trainer_wait, rollout_wait = _waits(phases, wall, step_time)
 
     drafted, accepted = _draft_counts(engine, seqs)
     verify = [e for e in engine if e["kind"] == VERIFY]
@@ -272,6 +304,10 @@ def _step(
         "timing_s/update": timing["update"],
         "timing_s/sync": timing["sync"],
         "timing_s/heldout": timing["heldout"],
+        "trainer_wait_s": trainer_wait,
+        "rollout_wait_s": rollout_wait,
+        "trainer_wait_share": _share(trainer_wait, step_time),
+        "rollout_wait_share": _share(rollout_wait, step_time),
         "update_tokens": _phase_field(phases, UPDATE, "tokens"),
         "tail_time_share": _tail_share(seqs, window),
         "drafted_tokens": drafted,
@@ -351,6 +387,8 @@ def summary(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
     n_tok = sum(hist.values())
     lengths = [n for s in steps for n in s["update_batch_lengths"]]
     last = steps[-1] if steps else {}
+    waits = _wait_shares(steps)
+    run_ahead = any(e.get("kind") == TRAINER_WAIT for e in events)  # the rollout ran beside the updates
 
     return {
         "steps": len(steps),
@@ -392,7 +430,14 @@ def summary(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
         "trained_tokens_per_rollout_s": None if trained is None else _ratio(trained, wall),
         "trainer_idle_share": trainer_idle,
         "rollout_idle_share": rollout_idle,
-        "bound": bound_label(trainer_idle, rollout_idle),
+        **waits,
+        # One label by one rule: a run ahead (modes async, sorted+async) is labelled by its wait shares,
+        # whose phases overlap; every other run by its idle shares, as rlbench audit labels any run.
+        "bound": bound_label(waits["trainer_wait_share"], waits["rollout_wait_share"])
+        if run_ahead
+        else bound_label(trainer_idle, rollout_idle),
+        "run_ahead": run_ahead,
+        **ledger_summary(ledger(events, steps)),
     }
 
 
@@ -400,6 +445,21 @@ def _known_sum(values: Iterable[Any]) -> Any:
     """The sum of the values that are known (not None); None when none is."""
     known = [v for v in values if v is not None]
     return sum(known) if known else None
+
+
+def _wait_shares(steps: list[Event]) -> Event:
+    """The run's trainer and rollout wait shares (of the summed step time)."""
+    timed = [s for s in steps if s["step_time_s"]]
+    total = sum(s["step_time_s"] for s in timed)
+    trainer = _share(sum(s["trainer_wait_s"] for s in timed), total) if timed else None
+    known = [s for s in timed if s["rollout_wait_s"] is not None]
+    rollout = _share(sum(s["rollout_wait_s"] for s in known), sum(s["step_time_s"] for s in known))
+    return {
+        "trainer_wait_s": _mean(s["trainer_wait_s"] for s in steps),
+        "rollout_wait_s": _mean(s["rollout_wait_s"] for s in steps),
+        "trainer_wait_share": trainer,
+        "rollout_wait_share": rollout if known else None,
+    }
 
 
 def _update_cost(steps: list[Event]) -> float | None:
@@ -432,11 +492,122 @@ def gpu_bubble(steps: list[Event], gpu: dict[str, Any] | None) -> tuple[list[flo
 
 
 def compute(events: Sequence[Event], gpu: dict[str, Any] | None = None) -> Event:
-    """{"summary": ..., "steps": [...]} for a trace, with `bubble_ratio_gpu` when GPU samples are given."""
+    """{"summary": ..., "steps": [...], "ledger": ...} for a trace, with `bubble_ratio_gpu` when GPU samples
+    are given."""
     steps = step_metrics(events)
     summ = summary(events, steps)
     per_step, overall = gpu_bubble(steps, gpu)
     for s, b in zip(steps, per_step, strict=True):
         s["bubble_ratio_gpu"] = b
     summ["bubble_ratio_gpu"] = overall
-    return {"summary": summ, "steps": steps}
+    return {"summary": summ, "steps": steps, "ledger": ledger(events, steps)}
+
+
+# ---- the bias and starvation ledger ----------------------------------------------------------------------
+COMPLETE = ("eos", "stop", "length")  # finish reasons of a generation that ran to its end
+
+
+def ks_distance(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the two empirical CDFs."""
+    if not a or not b:
+        return None
+    xs, ys = sorted(a), sorted(b)
+    gap = 0.0
+    for v in sorted(set(xs) | set(ys)):
+        gap = max(gap, abs(bisect.bisect_right(xs, v) / len(xs) - bisect.bisect_right(ys, v) / len(ys)))
+    return gap
+
+
+def _generations(seqs: Sequence[Event]) -> dict[str, Event]:
+    """Every generation of the trace (a sequence id; a regenerated sample is a new one), in trace order: the
+    length it reached, its reward there, whether an update trained it, whether it ran to its end, and
+    whether it is still kept when the trace ends (`pending`: last seen `cached` in the trace's last step, its
+    fate unknown; one last cached earlier was given up: regenerated as a new attempt, or dropped)."""
+    out: dict[str, Event] = {}
+    last = max((int(e.get("step", 0)) for e in seqs), default=0)
+    for e in seqs:
+        if e.get("status") == "lookahead":
+            continue
+        g = out.setdefault(str(e["id"]), {"length": 0, "reward": None, "trained": False, "complete": False})
+        n = int(e.get("response_tokens") or 0)
+        if n >= g["length"]:
+            g["length"], g["reward"] = n, e.get("reward", g["reward"])
+        g["trained"] |= e.get("status") == "finished"
+        g["complete"] |= e.get("finish_reason") in COMPLETE
+        g["pending"] = e.get("status") == "cached" and int(e.get("step", 0)) == last
+    return out
+
+
+def _prompt_key(seq: Event) -> str:
+    """A prompt's key across runs on one prompt stream: its position (a cycled pool repeats prompt ids)."""
+    return str(seq.get("prompt_index", seq.get("prompt_id")))
+
+
+def _waiting_ages(seqs: Sequence[Event], versions: dict[int, int]) -> dict[int, int | None]:
+    """Per step, the age in policy versions of the oldest prompt admitted by its update and not trained
+    before it (trained at this step or later, or never): the update's version - the version at which the
+    prompt was first admitted. Null where the trace records no admission versions."""
+    admitted: dict[str, int] = {}
+    trained: dict[str, int] = {}
+    for e in seqs:
+        if e.get("admit_version") is None or e.get("status") == "lookahead":
+            continue
+        key = _prompt_key(e)
+        admitted[key] = min(admitted.get(key, int(e["admit_version"])), int(e["admit_version"]))
+        if e.get("status") == "finished":
+            trained[key] = min(trained.get(key, int(e["step"])), int(e["step"]))
+    if not admitted:
+        return dict.fromkeys(versions)
+    ages: dict[int, int | None] = {}
+    for step, version in sorted(versions.items()):
+        waiting = [version - v for k, v in admitted.items() if v <= version and trained.get(k, step) >= step]
+        ages[step] = max(waiting, default=0)
+    return ages
+
+
+def ledger(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
+    """What a mode trades for its speed, from the trace's sequence events (docs/metrics.md, "The ledger"):
+    the trained response lengths against every generation's, the share of the longest decile of generations
+    an update trained, the age of the oldest prompt still waiting at each update, reward over completed and
+    over all generations, and each prompt's trained lengths (for the comparison on the same prompts)."""
+    steps = step_metrics(events) if steps is None else steps
+    seqs = [e for e in events if e.get("kind") == SEQUENCE]
+    gens = [g for g in _generations(seqs).values() if not g["pending"]]
+    trained = [int(e.get("response_tokens") or 0) for e in seqs if e.get("status") == "finished"]
+    generated = [g["length"] for g in gens]
+    longest = sorted(gens, key=lambda g: -g["length"])[: math.ceil(0.1 * len(gens))]
+    by_prompt: dict[str, list[int]] = defaultdict(list)
+    for e in seqs:
+        if e.get("status") == "finished":
+            by_prompt[_prompt_key(e)].append(int(e.get("response_tokens") or 0))
+    versions = {s["step"]: int(s["policy_version"]) for s in steps if s.get("policy_version") is not None}
+    ages = _waiting_ages(seqs, versions)
+    return {
+        "trained_vs_generated_ks": ks_distance(trained, generated),
+        "long_decile_trained_share": _ratio(sum(g["trained"] for g in longest), len(longest)),
+        "long_decile_min_length": longest[-1]["length"] if longest else None,
+        "oldest_waiting_age": {str(k): v for k, v in ages.items()},
+        "reward_completed": _mean(g["reward"] for g in gens if g["complete"]),
+        "reward_all": _mean(g["reward"] for g in gens),
+        "generations": len(gens),
+        "trained_lengths_by_prompt": dict(by_prompt),
+    }
+
+
+def ledger_summary(book: Event) -> Event:
+    """The ledger's run-level numbers, for a summary."""
+    ages = [v for v in book["oldest_waiting_age"].values() if v is not None]
+    return {
+        "trained_vs_generated_ks": book["trained_vs_generated_ks"],
+        "long_decile_trained_share": book["long_decile_trained_share"],
+        "oldest_waiting_age_max": max(ages) if ages else None,
+        "reward_completed": book["reward_completed"],
+        "reward_all": book["reward_all"],
+    }
+
+
+def same_prompts_ks(mine: dict[str, list[int]], theirs: dict[str, list[int]]) -> float | None:
+    """KS distance between two runs' trained response lengths over the prompts both trained (the same
+    prompt stream: a prompt's position is its key)."""
+    both = mine.keys() & theirs.keys()
+    return ks_distance([n for k in both for n in mine[k]], [n for k in both for n in theirs[k]])

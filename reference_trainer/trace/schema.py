@@ -23,8 +23,14 @@ DECODE_KINDS = (DECODE, VERIFY)  # forwards that generate tokens for running seq
 # The trainer's phases: the RL step's four, and the held-out evaluation between steps (not part of a step's
 # time: it is the same work whatever the mode).
 ROLLOUT, REWARD, UPDATE, SYNC, HELDOUT = "rollout", "reward", "update", "sync", "heldout"
-STEP_PHASE_KINDS = (ROLLOUT, REWARD, UPDATE, SYNC)
-PHASE_KINDS = (*STEP_PHASE_KINDS, HELDOUT)
+# A rollout run ahead of the update (modes async, sorted+async: rollout/ahead.py) adds two waits: the update
+# waiting for its samples, and the rollout waiting for the weights it must start from (or buffer room).
+TRAINER_WAIT, ROLLOUT_WAIT = "trainer_wait", "rollout_wait"
+STEP_PHASE_KINDS = (ROLLOUT, TRAINER_WAIT, REWARD, UPDATE, SYNC)
+PHASE_KINDS = (*STEP_PHASE_KINDS, ROLLOUT_WAIT, HELDOUT)
+# The `side` of a phase a run ahead's rollout process wrote: its phases of a step overlap the trainer's
+# earlier steps, so a step's time is the span of the phases without it (the trainer's; all, synchronous).
+ROLLOUT_SIDE = "rollout"
 SEQUENCE = "sequence"  # one per sample: admission, finish, tokens, the policy versions that wrote it
 MIGRATE = "migrate"  # a request moved between rollout workers (HistoPipe straggler migration)
 CAPTURE = "capture"  # an engine capturing its CUDA graphs before its first step: no metric counts it

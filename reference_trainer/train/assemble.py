@@ -6,7 +6,7 @@ build anything."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +14,16 @@ import torch
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.protocol import RolloutEngine
-from reference_trainer.mode_options import SPEC
+from reference_trainer.mode_options import SPEC, flatten_options
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.embedded import default_model_dir
 from reference_trainer.model.loader import load_model, resolve_device, resolve_threads
 from reference_trainer.model.tokenizer import load_tokenizer
 from reference_trainer.modes import ModeSpec, get_mode, make_mode_strategy
-from reference_trainer.rollout.base import PromptStream, RolloutContext, RolloutStrategy
+from reference_trainer.rollout.ahead import AheadRollout, split_threads
+from reference_trainer.rollout.base import InlineRollout, PromptStream, RolloutContext, RolloutStrategy
 from reference_trainer.rollout.engines import RolloutEngineSpec, build_rollout_engine, speculator_of
+from reference_trainer.rollout.workers import WorkerSpec
 from reference_trainer.tasks import Task, get_task
 from reference_trainer.trace.writer import Trace
 from reference_trainer.train.config import TrainConfig
@@ -37,10 +39,13 @@ class RunParts:
     updater: GRPOUpdater
     mode: ModeSpec
     trace: Trace
-    engine: RolloutEngine  # an engine, or a pool of engine replicas
+    engine: (
+        RolloutEngine  # an engine, a pool of engine replicas, or the trainer's side of a rollout run ahead
+    )
     stream: PromptStream
     strategy: RolloutStrategy
     ctx: RolloutContext
+    rollout: InlineRollout | AheadRollout  # how the loop gets a step's groups
 
 
 def styled_task_options(config: TrainConfig, tokenizer: Any) -> dict[str, Any]:
@@ -54,9 +59,15 @@ def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
     """Every part of a run, built from `config` (checked first: a bad config fails before any model
     loads)."""
     mode = get_mode(config.mode)
-    grpo = config.update_config(mode.tis_cap)
-    torch.set_num_threads(resolve_threads(config.threads))
+    grpo = config.update_config(mode.correction(config.mode_options))
+    options = mode.values(flatten_options(config.mode_options), config.workers, config.engine)
     device = str(resolve_device(config.device))  # "auto" becomes what it means here, for every part
+    threads = resolve_threads(config.threads)
+    rollout_threads = threads
+    if mode.ahead and options["backend"] == "process":  # two processes at the run's budget
+        k, asked = options["max_staleness"], options["rollout_threads"]
+        rollout_threads, threads = split_threads(threads, k, asked) if device == "cpu" else (threads, threads)
+    torch.set_num_threads(threads)
     model_dir = Path(config.model) if config.model else default_model_dir()
     # The weights first: a config.json that lies is named by the weights it disagrees with, before the
     # tokenizer is compared with it.
@@ -82,20 +93,27 @@ def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
         seed=config.seed,
         rollout_copy=True,  # the policy trains in fp32; the engine runs a copy in the inference dtype
     )
-    engine = build_rollout_engine(spec, tokenizer, model=policy, model_dir=model_dir, trace=trace)
     stream = PromptStream(task, config.seed, config.prompt_pool)
-    ctx = RolloutContext(
-        engine=engine,
-        tokenizer=tokenizer,
-        stream=stream,
-        group_size=config.group_size,
-        update_batch=config.prompts_per_step,
-        params=SamplingParams(
-            temperature=config.temperature, top_p=config.top_p, max_tokens=config.response_tokens
-        ),
-        seed=config.seed,
-        speculator=speculator_of(engine),
+    strategy = make_mode_strategy(mode, config.workers, config.mode_options)
+    params = SamplingParams(
+        temperature=config.temperature, top_p=config.top_p, max_tokens=config.response_tokens
     )
+    ctx = RolloutContext(engine=None, tokenizer=tokenizer, stream=stream, group_size=config.group_size,  # type: ignore[arg-type]
+                         update_batch=config.prompts_per_step, params=params, seed=config.seed)  # fmt: skip
+    rollout: InlineRollout | AheadRollout
+    if mode.ahead:  # the engine runs on the rollout side; the trainer sees its handle
+        on = replace(spec.config, device=options["rollout_device"] or device)
+        worker = WorkerSpec(
+            policy.config, on, sorted(tokenizer.eos_token_ids), tokenizer, threads=rollout_threads
+        )
+        k, backend = options["max_staleness"], options["backend"]
+        rollout = AheadRollout(worker, policy.state_dict(), strategy, ctx, trace, k, backend)
+        engine: RolloutEngine = rollout
+    else:
+        engine = build_rollout_engine(spec, tokenizer, model=policy, model_dir=model_dir, trace=trace)
+        ctx.speculator = speculator_of(engine)
+        rollout = InlineRollout(strategy, ctx)
+    ctx.engine = engine  # type: ignore[assignment]
     return RunParts(
         model_dir=model_dir,
         task=task,
@@ -106,6 +124,7 @@ def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
         trace=trace,
         engine=engine,
         stream=stream,
-        strategy=make_mode_strategy(mode, config.workers, config.mode_options),
+        strategy=strategy,
         ctx=ctx,
+        rollout=rollout,
     )

@@ -56,6 +56,9 @@ def optimizer_state(tensors: dict[str, torch.Tensor], scalars: dict[str, Any]) -
     return {"state": state, "param_groups": scalars["param_groups"]}
 
 
+HISTORY = "rollout_history.safetensors"  # older weights a rollout run ahead still rolls out on
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -63,7 +66,10 @@ def save_checkpoint(
     tokenizer: Any,
     optimizer: dict[str, Any],
     trainer_state: dict[str, Any],
+    history: dict[int, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
+    """Write checkpoint `step` (see the module docstring). `history`: the older policy versions the next
+    steps of a rollout run ahead roll out on (rollout/ahead.py), as {version: weights}."""
     if root.is_symlink():  # its old checkpoints are pruned below: never in a folder outside the run
         raise UserError(f"{root}: is a symlink; a run's checkpoints must be its own folder (remove it)")
     make_dir(root)
@@ -78,6 +84,13 @@ def save_checkpoint(
         write_safetensors(tmp / "trainer" / "optimizer.safetensors", tensors)
         write_json(tmp / "trainer" / "optimizer.json", scalars)
         write_json(tmp / "trainer" / "trainer_state.json", {"step": step, **trainer_state})
+        if history:
+            flat = {
+                f"v{v}/{name}": t.contiguous()
+                for v, weights in history.items()
+                for name, t in weights.items()
+            }
+            write_safetensors(tmp / "trainer" / HISTORY, flat)
         replace_dir(tmp, final)  # replaces the step's older copy when a step is redone after a resume
     finally:  # a failed write (disk full) leaves no half checkpoint behind; the previous one stays
         shutil.rmtree(tmp, ignore_errors=True)
@@ -157,6 +170,26 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if state["step"] < 0 or state["policy_version"] < 0:
         raise UserError(f"{where}: step and policy_version must be >= 0")
     return optimizer_state(tensors, scalars), state
+
+
+def load_rollout_history(path: Path) -> dict[int, dict[str, torch.Tensor]]:
+    """The older policy versions a checkpoint keeps for a rollout run ahead ({} when it keeps none). Call it
+    inside `restoring(path)`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    file = path / "trainer" / HISTORY
+    if not file.is_file():
+        return {}
+    try:
+        flat = load(file.read_bytes())
+    except (SafetensorError, OSError) as err:
+        raise UserError(f"cannot read {file}: {err}") from None
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    for key, tensor in flat.items():
+        version, _, name = key.partition("/")
+        out.setdefault(int(version.removeprefix("v")), {})[name] = tensor
+    return out
 
 
 def json_type(value: Any) -> str:

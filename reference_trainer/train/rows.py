@@ -67,6 +67,10 @@ TIMING_FIELDS = frozenset(
         "slot_time",
         "lookahead_slot_share",
         "lookahead_slot_time",
+        "trainer_wait_s",
+        "rollout_wait_s",
+        "trainer_wait_share",
+        "rollout_wait_share",
     }
 )
 

@@ -10,7 +10,9 @@ written just before it). `resume` restores the latest checkpoint and re-runs the
 which the run's fixed seeds make the same steps again, without logging them twice: their rows and trace
 events from the first run are kept. That costs the re-run of at most `checkpoint_every - 1` steps, where a
 checkpoint per step would write the model and optimizer state (three copies of the weights) every step.
-A run stopped during its final held-out evaluation writes heldout.json when resumed.
+A run stopped during its final held-out evaluation writes heldout.json when resumed. A rollout run ahead
+(modes async, sorted+async) restarts from the checkpoint's step with the strategy's state as of it and the
+k older weights its next steps roll out on, which the checkpoint keeps too (`rollout.history()`).
 """
 
 from __future__ import annotations
@@ -28,10 +30,16 @@ from reference_trainer.model.loader import load_model
 from reference_trainer.rollout.base import Group
 from reference_trainer.trace.metrics import worker_capacities
 from reference_trainer.trace.records import append_jsonl, make_dir, read_jsonl, write_json, write_text
-from reference_trainer.trace.schema import HELDOUT, REWARD, ROLLOUT, SYNC, UPDATE
+from reference_trainer.trace.schema import HELDOUT, REWARD, SYNC, UPDATE
 from reference_trainer.trace.writer import Trace
 from reference_trainer.train.assemble import RunParts, assemble
-from reference_trainer.train.checkpoint import latest_checkpoint, load_checkpoint, restoring, save_checkpoint
+from reference_trainer.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_rollout_history,
+    restoring,
+    save_checkpoint,
+)
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.grpo import NonFiniteUpdate, RolloutBatch
 from reference_trainer.train.heldout import HeldOut, check_disjoint, held_out_problems
@@ -57,7 +65,7 @@ class Trainer:
         self.task, self.tokenizer, self.policy = parts.task, parts.tokenizer, parts.policy
         self.updater, self.trace, self.engine = parts.updater, parts.trace, parts.engine
         self.stream, self.strategy, self.ctx = parts.stream, parts.strategy, parts.ctx
-        self.engine.prepare(self.ctx.params)  # captures and compiles before any step's clock starts
+        self.rollout = parts.rollout
         self.step = 0
         self.logged: list[dict[str, Any]] = []  # finished steps a resume re-runs: rows kept, not re-logged
         self.heldout = self._heldout() if config.eval_every > 0 else None
@@ -65,6 +73,7 @@ class Trainer:
         self.on_evaluate: Callable[[int], None] | None = None
         if resume:
             self._resume()
+        self.rollout.launch(self.step)  # captures and compiles before any step's clock starts
 
     def close(self) -> None:
         """Stop rollout workers or the vLLM engine (the reference engine just drops unfinished requests)."""
@@ -109,6 +118,7 @@ class Trainer:
                 self.policy.load_state_dict(weights)
                 self.updater.load_state_dict(optimizer)
                 self.engine.update_weights(self.policy.state_dict(), version=state["policy_version"])
+                self.rollout.restore(load_rollout_history(ckpt))
                 self.stream.load_state_dict(state["stream"])
                 self.strategy.load_state_dict(state["strategy"])
                 torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
@@ -148,6 +158,7 @@ class Trainer:
                 "strategy": self.strategy.state_dict(),
                 "torch_rng": torch.get_rng_state().tolist(),
             },
+            self.rollout.history(),
         )
 
     # ---- the loop ----------------------------------------------------------------------------------------
@@ -189,23 +200,26 @@ class Trainer:
         if self.heldout is not None and step % self.config.eval_every == 0 and replayed is None:
             with trace.phase(HELDOUT):
                 val = self.evaluate()
-        with trace.phase(ROLLOUT, policy_version=self.engine.policy_version) as rollout:
-            groups = self.strategy.collect(self.ctx)
-            rollout["groups"] = len(groups)
-        with trace.phase(REWARD) as reward:
-            batch, correct, formatted = self._score(groups)
-            reward["reward_mean"] = sum(batch.rewards) / len(batch.rewards)
-            reward["accuracy"] = sum(correct) / len(correct)
-            reward["answer_rate"] = sum(formatted) / len(formatted)
-        with trace.phase(UPDATE, policy_version=self.engine.policy_version) as update:
-            try:
-                stats = self.updater.update(batch)
-            except NonFiniteUpdate as err:
-                raise UserError(f"step {step}: {err}; the run stopped, {self._last_good()}") from None
-            update["loss"] = stats["loss"]
-            update["tokens"] = int(stats["forward_tokens"])  # its work: padded positions the forwards process
-        with trace.phase(SYNC):
-            self.engine.update_weights(self.policy.state_dict())
+        self.rollout.begin(step)  # a rollout run ahead runs only inside steps (rollout/ahead.py)
+        try:
+            groups = self.rollout.collect()  # its phase: the rollout, or the wait for one run ahead
+            with trace.phase(REWARD) as reward:
+                batch, correct, formatted, rewards = self._score(groups)
+                reward["reward_mean"] = sum(batch.rewards) / len(batch.rewards)
+                reward["accuracy"] = sum(correct) / len(correct)
+                reward["answer_rate"] = sum(formatted) / len(formatted)
+            with trace.phase(UPDATE, policy_version=self.engine.policy_version) as update:
+                try:
+                    stats = self.updater.update(batch)
+                except NonFiniteUpdate as err:
+                    raise UserError(f"step {step}: {err}; the run stopped, {self._last_good()}") from None
+                update["loss"] = stats["loss"]
+                update["tokens"] = int(stats["forward_tokens"])  # its work: padded positions processed
+            with trace.phase(SYNC):
+                self.engine.update_weights(self.policy.state_dict())
+        finally:
+            self.rollout.end()
+        self._grade_recorded(rewards)  # outside the step's time: the ledger's reward over every generation
         self.step += 1
         if replayed is not None:  # a step finished before a resume: run again for its state, logged once
             trace.drop_since(first_event)
@@ -222,20 +236,34 @@ class Trainer:
             return "before its first checkpoint (no weights were kept)"
         return f"its last good checkpoint is {ckpt}"
 
-    def _score(self, groups: list[Group]) -> tuple[RolloutBatch, list[bool], list[bool]]:
+    def _score(self, groups: list[Group]) -> tuple[RolloutBatch, list[bool], list[bool], dict[int, float]]:
+        """The update batch with its rewards; whether each sample is correct and answered in format; the
+        rewards by sequence (id())."""
         prompts, responses, rewards, logprobs, correct, formatted = [], [], [], [], [], []
+        by_seq: dict[int, float] = {}
         for group in groups:
             for seq in group.samples:
-                text = self.tokenizer.decode(seq.response_ids)
                 prompts.append(seq.prompt_ids)
                 responses.append(seq.response_ids)
                 logprobs.append(seq.logprobs)
-                answered, is_correct = self.task.grade(group.problem, text)
+                answered, is_correct = self.task.grade(group.problem, self.tokenizer.decode(seq.response_ids))
                 rewards.append(self.task.reward_of(answered, is_correct))
+                by_seq[id(seq)] = rewards[-1]
                 correct.append(is_correct)
                 formatted.append(answered)
         batch = RolloutBatch(prompts, responses, rewards, self.config.group_size, old_logprobs=logprobs)
-        return batch, correct, formatted
+        return batch, correct, formatted, by_seq
+
+    def _grade_recorded(self, rewards: dict[int, float]) -> None:
+        """Every sequence event the step recorded gets the reward of its response as it stands (a trained
+        sample's from the update batch; an aborted or cached one graded here, unfinished as it is)."""
+        for event, seq in self.rollout.take_recorded():
+            if id(seq) not in rewards:
+                problem = self.stream.problem(int(seq.meta["index"]))
+                rewards[id(seq)] = self.task.reward_of(
+                    *self.task.grade(problem, self.tokenizer.decode(seq.response_ids))
+                )
+            event["reward"] = rewards[id(seq)]
 
 
 def _remove_stale_temps(out_dir: Path) -> None:

@@ -10,6 +10,9 @@ from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics
 from rlbench.integrations import lengthlog, run, trl_logs, verl
 from rlbench.integrations.lengthlog import Group
+from rlbench.simulate.whatif import logged_update_cost
+
+Event = dict[str, Any]
 
 LENGTH_METHOD = [
     "Each step's samples run in log order under continuous batching with the given slots per worker, one "
@@ -37,8 +40,9 @@ def _slots(groups: list[Group], given: int | None) -> int:
     return max(per_engine.values())
 
 
-def _whatif(groups: list[Group], slots: int, cfg: ImportConfig) -> dict[str, Any]:
-    return run.whatif(groups, slots, cfg.workers, cfg.gpu, cfg.model_size)
+def _whatif(groups: list[Group], slots: int, cfg: ImportConfig, events: list[Event]) -> dict[str, Any]:
+    """The what-if, its trainer's update at the log's own cost where the log times it."""
+    return run.whatif(groups, slots, cfg.workers, cfg.gpu, cfg.model_size, logged_update_cost(events))
 
 
 def import_lengths(path: Path, cfg: ImportConfig) -> dict[str, Any]:
@@ -57,7 +61,7 @@ def import_lengths(path: Path, cfg: ImportConfig) -> dict[str, Any]:
         "slots_per_worker": slots,
         "time_unit": "decode step",
     }
-    return run.write_run(cfg.out, events, groups, meta, info, _whatif(groups, slots, cfg))
+    return run.write_run(cfg.out, events, groups, meta, info, _whatif(groups, slots, cfg, events))
 
 
 def load_tokenizer(path: Path) -> Any:
@@ -108,7 +112,7 @@ def import_verl(
     meta = {"framework": "verl", "source": str(log), "rollout_dir": str(rollout_dir) if rollout_dir else None,
             "slots_per_worker": _slots(groups, cfg.slots) if groups else None, "time_unit": "s",
             "checked_against": verl.CHECKED_AT}  # fmt: skip
-    whatif = _whatif(groups, meta["slots_per_worker"], cfg) if groups else None
+    whatif = _whatif(groups, meta["slots_per_worker"], cfg, events) if groups else None
     return run.write_run(cfg.out, events, groups, meta, info, whatif)
 
 
@@ -136,4 +140,4 @@ def import_trl(output_dir: Path, tokenizer: Path | None, cfg: ImportConfig) -> d
     info = {"method": method, "limits": trl_logs.LIMITS, "per_step": rows}
     meta = {"framework": "TRL GRPOTrainer", "source": str(output_dir), "slots_per_worker": slots,
             "time_unit": "decode step", "checked_against": trl_logs.CHECKED_AT}  # fmt: skip
-    return run.write_run(cfg.out, events, groups, meta, info, _whatif(groups, slots, cfg))
+    return run.write_run(cfg.out, events, groups, meta, info, _whatif(groups, slots, cfg, events))

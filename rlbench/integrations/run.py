@@ -23,7 +23,7 @@ from rlbench.report.import_report import render_import
 from rlbench.rundirs import claim
 from rlbench.simulate.whatif import whatif as simulate_whatif
 
-WHATIF_MODES = ("baseline", "sorted", "sorted-partial", "histopipe")
+WHATIF_MODES = ("baseline", "sorted", "sorted-partial", "histopipe", "async")  # async: max_staleness 1
 WHATIF_WORKERS = (1, 8, 64, 512, 4096)
 # Sequences replayed in one step at the largest worker count. A given --workers may ask up to MAX_REPLAYED
 # (about a minute of simulation on one CPU core); the default counts stop at AUTO_REPLAYED (a few seconds),
@@ -48,11 +48,13 @@ def whatif(
     workers: Sequence[int] | None = None,
     gpu: str = "h100",
     model_size: str = "7b",
+    update_s_per_token: float | None = None,
 ) -> dict[str, Any]:
     """What each mode would buy on these lengths at each worker count: weak scaling, every worker given as
     many groups per step as the log's steps had (so W = 1 is the logged batch on one engine). `workers`
     None: the counts this log's scale allows (auto_workers). Steps past the replay budget are not
-    replayed; the doc says how many were."""
+    replayed; the doc says how many were. `update_s_per_token`: the log's own update cost
+    (simulate.whatif.logged_update_cost), where it has one."""
     chosen = tuple(workers) if workers else auto_workers(groups)
     trace = lengthlog.to_length_trace(groups, "length log")
     per_step = max(1, round(sum(len(g) for g in lengthlog.by_step(groups).values()) / len(trace.steps)))
@@ -63,7 +65,8 @@ def whatif(
             f"the what-if would replay {max(chosen) * per_worker:,.0f} sequences per step at {max(chosen)} "
             f"workers; at most {MAX_REPLAYED:,} (give smaller --workers)"
         )
-    doc = simulate_whatif(trace, slots, chosen, WHATIF_MODES, gpu, model_size, steps, per_step)
+    doc = simulate_whatif(trace, slots, chosen, WHATIF_MODES, gpu, model_size, steps, per_step,
+                          update_s_per_token)  # fmt: skip
     said = [f"worker counts {', '.join(map(str, chosen))}"
             + ("" if workers else f" (the default counts whose replayed step holds at most {AUTO_REPLAYED:,} "
                f"sequences: {per_worker:,.0f} per worker here; --workers for others)")]  # fmt: skip

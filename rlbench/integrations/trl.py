@@ -42,6 +42,7 @@ from reference_trainer.trace.schema import REWARD, ROLLOUT, UPDATE
 from rlbench.integrations import lengthlog, run, trl_logs
 from rlbench.integrations.lengthlog import Group
 from rlbench.integrations.trl_logs import LENGTH_COLUMN, TRL_KEYS
+from rlbench.simulate.whatif import logged_update_cost
 
 METHOD = [
     "Per step: the rollout from the step's start (or, with wrap_generation, from GRPOTrainer._generate's "
@@ -214,5 +215,6 @@ class RLBenchRecorder(TrainerCallback):
                 "rollout_timed_by": "GRPOTrainer._generate" if self._wrapped else "length probe"}  # fmt: skip
         whatif = None
         if self.groups and slots:
-            whatif = run.whatif(self.groups, slots, self.whatif_workers, self.gpu, self.model_size)
+            whatif = run.whatif(self.groups, slots, self.whatif_workers, self.gpu, self.model_size,
+                                logged_update_cost(self.events))  # fmt: skip
         return run.write_run(self.out, self.events, self.groups, meta, info, whatif)

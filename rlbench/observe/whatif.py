@@ -15,7 +15,7 @@ from typing import Any
 from rlbench.simulate.whatif import whatif
 from rlbench.simulate.workload import _from_rows, load
 
-MODES = ["baseline", "sorted", "sorted-partial", "rhyme", "sorted+rhyme"]
+MODES = ["baseline", "sorted", "sorted-partial", "rhyme", "sorted+rhyme", "async"]  # async: max_staleness 1
 
 
 def length_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

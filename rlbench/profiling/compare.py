@@ -73,7 +73,10 @@ def run_compare(
             interrupted = False
         except KeyboardInterrupt:  # Ctrl-C: the sessions keep what finished, and the report shows it
             rows, interrupted = {m: [] for m in configs}, True
-    runs = [{"mode": m, "summary": s.doc["summary"], "steps": s.doc["steps"]} for m, s in sessions.items()]
+    runs = [
+        {"mode": m, "summary": s.doc["summary"], "steps": s.doc["steps"], "ledger": s.doc.get("ledger")}
+        for m, s in sessions.items()
+    ]
     baseline = "baseline" if "baseline" in configs else next(iter(configs))
     doc = compare_doc(runs, baseline, workload(first))
     traces = {m: read_trace(s.trace_path) if s.trace_path.exists() else [] for m, s in sessions.items()}

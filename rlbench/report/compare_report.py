@@ -102,6 +102,7 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
     sections = [
         ("The bubble", bubble),
         ("Where the step time went", parts or [note(f"No '{baseline}' run: no split against it.")]),
+        ("What each mode trades for its speed", [_ledger_table(derived["ledger"])]),
         ("Modes side by side", intro),
         ("Per-step curves", curves or [note("No per-step data.")]),
     ]
@@ -127,6 +128,19 @@ def _bubble_table(derived: dict[str, Any]) -> str:
     why = (
         '<p class="sub">Bubble: the share of the rollout\'s slot-time (slots x rollout wall time) in which '
         "no sequence ran, over all steps (docs/metrics.md); the range is over the rounds, one step each.</p>"
+    )
+    return table(rows, columns) + why
+
+
+def _ledger_table(rows: list[dict[str, Any]]) -> str:
+    columns = [c for c in rows[0] if any(row.get(c) is not None for row in rows)] if rows else []
+    why = (
+        '<p class="sub">The bias and starvation ledger (docs/metrics.md): the KS distance between the '
+        "trained response lengths and every generation's, and the baseline's trained lengths on the "
+        "prompts both trained; the share of the longest 10% of generations an update trained; the oldest "
+        "prompt still waiting at an update, in policy versions; the trained tokens' staleness; reward over "
+        "the generations that completed and over all of them; the share of the run each side waited, and "
+        "the label the two give.</p>"
     )
     return table(rows, columns) + why
 

@@ -18,6 +18,7 @@ from reference_trainer.trace.compare import (
     speedup_parts,
     step_speedups,
 )
+from reference_trainer.trace.metrics import same_prompts_ks
 from rlbench.report.profile_report import summary_problem
 from rlbench.report.replay_summary import comparison_lines, replay_problem
 
@@ -90,6 +91,36 @@ def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]
     return rows
 
 
+def ledger_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
+    """What each mode buys its speed-up with (docs/metrics.md, "The ledger"), beside it: the trained lengths
+    against the generated ones and against the baseline's on the same prompts (KS distance), the longest
+    decile's trained share, the oldest waiting prompt, the trained tokens' staleness, reward over completed
+    and over all generations, and which side bounds the run."""
+    base = next((r for r in runs if r["mode"] == baseline), None)
+    base_lengths = ((base or {}).get("ledger") or {}).get("trained_lengths_by_prompt")
+    base_step = (base or {}).get("summary", {}).get("step_time_s")
+    rows = []
+    for r in runs:
+        s, mine = r["summary"], (r.get("ledger") or {}).get("trained_lengths_by_prompt")
+        versus = same_prompts_ks(mine, base_lengths) if mine and base_lengths and r is not base else None
+        rows.append({
+            "mode": r["mode"],
+            "speed-up (step time)": _div(base_step, s.get("step_time_s")),
+            "length KS, trained vs generated": s.get("trained_vs_generated_ks"),
+            "length KS vs baseline, same prompts": versus,
+            "longest 10% trained (%)": percent(s.get("long_decile_trained_share")),
+            "oldest waiting prompt (versions)": s.get("oldest_waiting_age_max"),
+            "staleness mean": s.get("staleness_mean"),
+            "staleness max": s.get("staleness_max"),
+            "reward, completed": s.get("reward_completed"),
+            "reward, all": s.get("reward_all"),
+            "trainer waits (%)": percent(s.get("trainer_wait_share")),
+            "rollout waits (%)": percent(s.get("rollout_wait_share")),
+            "bound": s.get("bound"),
+        })  # fmt: skip
+    return rows
+
+
 # Why a column can be empty for every mode: said under the table instead of showing blank cells.
 UNMEASURED_WHY = {
     "GPU idle in rollout (%)": "NVML's GPU utilisation, on a GPU",
@@ -113,7 +144,9 @@ def compare_doc(
         "bubble_per_round": per_step_range(steps, "bubble_ratio"),
         "speedup_per_round": step_speedups(steps, baseline),
         "parts": speedup_parts(summaries, baseline),
-        "drift": drift_check(summaries),
+        # A run ahead's update is slower by design (fewer threads, beside the rollout): not load drift.
+        "drift": drift_check({m: s for m, s in summaries.items() if not s.get("run_ahead")}),
+        "ledger": ledger_rows(runs, baseline),
     }
 
 
@@ -144,7 +177,8 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         text = "n/a" if b is None else f"{100 * b:5.1f}%" + (f" ({span})" if span else "")
         lines.append(f"{mode:>16}: {text}{gpu}{versus}")
     lines.append(
-        "time per step (s): rollout + update + reward + other; speed-up vs baseline (range per round)"
+        "time per step (s): rollout + update + reward + other (rollout: what the update waited for); "
+        "speed-up vs baseline (range per round)"
     )
     for mode, parts in derived["parts"].items():
         secs = parts["seconds"]
@@ -167,10 +201,39 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
             f"{mode:>16}: {gen or 0:.0f} / {trained or 0:.0f} tok/s ({aside:,} generated tokens not "
             f"trained); length {lengths_text(s)}"
         )
+    lines += ledger_lines(derived["ledger"])
     lines += accuracy_lines(doc.get("time_to_accuracy"))
     if doc.get("gpu_replay"):
         lines += comparison_lines(doc["gpu_replay"])
     return lines
+
+
+def ledger_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The ledger beside each speed-up: a gain bought by deferring long, hard samples or by training on
+    stale ones says so."""
+    lines = [
+        "what the speed is bought with: trained-length KS vs generated / vs baseline on the same prompts; "
+        "longest 10% of generations trained; oldest waiting prompt; staleness mean / max; reward over "
+        "completed / all generations; which side waits"
+    ]
+    for r in rows:
+        speed = f"{r['speed-up (step time)']:.2f}x" if r["speed-up (step time)"] is not None else "n/a"
+        trainer, rollout = _cell(r["trainer waits (%)"], ".0f"), _cell(r["rollout waits (%)"], ".0f")
+        waits = f"trainer waits {trainer}%, rollout {rollout}%"
+        lines.append(
+            f"{r['mode']:>16}: {speed}  KS {_cell(r['length KS, trained vs generated'])} / "
+            f"{_cell(r['length KS vs baseline, same prompts'])}, longest 10% trained "
+            f"{_cell(r['longest 10% trained (%)'], '.0f')}%, oldest waiting "
+            f"{_cell(r['oldest waiting prompt (versions)'], 'd')} versions, staleness "
+            f"{_cell(r['staleness mean'])} / {_cell(r['staleness max'], 'd')}, reward "
+            f"{_cell(r['reward, completed'], '.3f')} / {_cell(r['reward, all'], '.3f')}; "
+            f"{r['bound'] or 'n/a'} ({waits})"
+        )
+    return lines
+
+
+def _cell(value: Any, spec: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def accuracy_lines(spent: dict[str, Any] | None) -> list[str]:
@@ -195,11 +258,15 @@ def accuracy_lines(spent: dict[str, Any] | None) -> list[str]:
 def produced_by(parts: dict[str, Any]) -> str:
     """Which part of the step produced a mode's change in step time: `: update saved 4.47 s (96%)...`."""
     saved, share = parts.get("saved_s"), parts.get("share")
-    if not saved or not share:
+    if not saved:
         return ""
+    total = sum(saved.values())
+    if share and abs(total) < 0.02 * (sum(parts["seconds"].values()) + total):
+        share = None  # no step time saved to speak of: shares of about nothing are noise
     order = sorted(PHASES, key=lambda p: -abs(saved[p]))[:2]
     said = ", ".join(
-        f"{p} {'saved' if saved[p] >= 0 else 'cost'} {abs(saved[p]):.2f} s ({100 * share[p]:.0f}%)"
+        f"{p} {'saved' if saved[p] >= 0 else 'cost'} {abs(saved[p]):.2f} s"
+        + (f" ({100 * share[p]:.0f}%)" if share else "")
         for p in order
     )
     return f": {said}"

@@ -67,8 +67,10 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
     bubble.update_yaxes(range=[0, 100])
 
     split = _fig("Time per step by phase", "step", "seconds")
+    # the rollout's part: what the update waited for (all of it, unless the rollout ran ahead beside it)
+    waited = "trainer_wait_s" if any(s.get("trainer_wait_s") is not None for s in steps) else "timing_s/gen"
     for key, name in (
-        ("timing_s/gen", "rollout"),
+        (waited, "rollout"),
         ("timing_s/reward", "reward"),
         ("timing_s/update", "update"),
         ("timing_s/sync", "sync"),

@@ -106,6 +106,8 @@ def comparison_lines(doc: dict[str, Any]) -> list[str]:
         return lines
     for mode, run in doc["runs"].items():
         lines.append(f"{mode:>16}: {_times(run)}")
+    for mode, why in (doc.get("not_modelled") or {}).items():
+        lines.append(f"{mode:>16}: not replayed: {why}")
     for mode, points in doc["speedup"].items():
         if mode == doc["baseline"]:
             continue

@@ -89,7 +89,7 @@ def run_history(ctx: Context, w: Workload) -> Path:
                          max_num_seqs=w.prompts_per_step * w.group_size, max_model_len=1024,
                          eval_every=0, checkpoint_every=10**9)  # fmt: skip
     trainer = Trainer(config, out)
-    recorder = trainer.strategy = _Recording(trainer.strategy)
+    recorder = trainer.rollout.strategy = _Recording(trainer.strategy)  # what the loop collects through
     try:
         for step in range(config.steps):
             row = trainer.train_step()

@@ -9,6 +9,7 @@ engine.py      continuous batching over slots, event-driven per worker, vectoris
 modes.py       the trainer's modes (reference_trainer/modes.py) + options -> SimModes, the simulator's knobs
 jobs.py        the trace's groups as a stream; a step's outstanding sequences
 scheduler.py   the modes' schedulers, step by step, and the metrics of each step
+pipeline.py    a rollout run ahead of the update (async): rollout and trainer as two pools, pipelined
 replay.py      validation: a measured run replayed on a cost model calibrated from itself
 whatif.py      what each mode would buy on lengths rlbench did not run (observed servers, imports)
 config.py      one `rlbench simulate` run as a checked SimConfig, and the run
@@ -18,14 +19,21 @@ config.py      one `rlbench simulate` run as a checked SimConfig, and the run
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from rlbench.simulate.cost import CostModel
-from rlbench.simulate.modes import parse_sim_modes
+from rlbench.simulate.modes import SimMode, parse_sim_modes
+from rlbench.simulate.pipeline import AHEAD_ON_ONE, run_ahead
 from rlbench.simulate.scheduler import simulate_mode
 from rlbench.simulate.workload import LengthTrace, fill_predictions
+
+
+def _schedule(p: SimMode) -> SimMode:
+    """What a replay depends on: the knobs, not the names (max_staleness only where work is kept)."""
+    return replace(p, name="", mode="", options=(), max_staleness=p.max_staleness if p.partial else 0)
 
 
 def simulate(
@@ -50,12 +58,23 @@ def simulate(
     pred = fill_predictions(trace, rank_corr, seed)
     acc = np.where(np.isnan(trace.acceptance), acceptance, trace.acceptance)
     steps = steps or len(trace.steps)
-    results = []
+    results, not_modelled = [], []
     for w in workers:
         base: dict[str, Any] | None = None
+        replayed: dict[SimMode, dict[str, Any]] = {}  # by schedule: an ahead mode's synchronous schedule
+        b = groups_per_worker * w if groups_per_worker else None
+
+        def replay(mode: SimMode, n: int, b: int | None = b) -> dict[str, Any]:
+            return simulate_mode(mode, trace, pred, acc, cost, n, capacity, steps, b, max_prefill_tokens)
+
         for p in sim_modes:
-            b = groups_per_worker * w if groups_per_worker else None
-            r = simulate_mode(p, trace, pred, acc, cost, w, capacity, steps, b, max_prefill_tokens)
+            if p.ahead and w < 2:  # two pools need two devices
+                not_modelled.append({"mode": p.name, "workers": w, "why": AHEAD_ON_ONE})
+                continue
+            if p.ahead:
+                r = run_ahead(p, replay, cost, w, together=replayed.get(_schedule(replace(p, ahead=False))))
+            else:
+                r = replayed[_schedule(p)] = replay(p, w)
             base = base or r
             r["speedup"] = base["step_time_s"] / r["step_time_s"] if r["step_time_s"] else None
             r["rollout_speedup"] = base["rollout_s"] / r["rollout_s"] if r["rollout_s"] else None
@@ -77,5 +96,6 @@ def simulate(
         "cost_model": {"name": cost.name, **cost.describe()},
         "modes": {p.name: {"mode": p.mode, "options": dict(p.options)} for p in sim_modes},
         "results": results,
+        "not_modelled": not_modelled,
         "elapsed_s": time.perf_counter() - t0,
     }

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.trace import metrics
-from reference_trainer.trace.schema import FORWARD_KINDS, PREFILL, SEQUENCE, VERIFY
+from reference_trainer.trace.schema import FORWARD_KINDS, PREFILL, SEQUENCE, TRAINER_WAIT, VERIFY
 from rlbench.simulate.calibration import Calibration, find_calibration, missing, model_shape
 
 Event = dict[str, Any]
@@ -225,9 +225,12 @@ class GpuReplay:
         return cls(find_calibration(shape, source), shape)
 
     def run_doc(self, events: Sequence[Event]) -> dict[str, Any]:
-        """metrics.json's `gpu_replay`: the run replayed, or why there is no calibration for it."""
+        """metrics.json's `gpu_replay`: the run replayed, or why there is no calibration for it (or why it
+        is not modelled)."""
         if self.calibration is None:
             return {"calibration": None, "why": missing(self.shape)}
+        if ran_ahead(events):
+            return {"calibration": None, "why": RAN_AHEAD}
         return replay(events, self.calibration).doc()
 
     def comparison(self, traces: dict[str, Sequence[Event]], baseline: str) -> dict[str, Any]:
@@ -235,9 +238,26 @@ class GpuReplay:
         sweep point (baseline time / mode time, as compare's own), and the break-even admission cost."""
         if self.calibration is None:
             return {"calibration": None, "why": missing(self.shape)}
-        return comparison(
-            {mode: replay(events, self.calibration) for mode, events in traces.items()}, baseline
+        doc = comparison(
+            {
+                mode: replay(events, self.calibration)
+                for mode, events in traces.items()
+                if not ran_ahead(events)
+            },
+            baseline,
         )
+        return doc | {
+            "not_modelled": {mode: RAN_AHEAD for mode, events in traces.items() if ran_ahead(events)}
+        }
+
+
+# A rollout run ahead of its updates (modes async, sorted+async): its phases overlap, and the replay puts a
+# step's replayed rollout and measured rest one after the other, so it would not model such a run.
+RAN_AHEAD = "the rollout ran beside the updates (a run ahead): the replay models phases one after another"
+
+
+def ran_ahead(events: Sequence[Event]) -> bool:
+    return any(e.get("kind") == TRAINER_WAIT for e in events)
 
 
 def comparison(replays: dict[str, RunReplay], baseline: str) -> dict[str, Any]:

@@ -37,7 +37,9 @@ class SimMode:
     max_draft: int = 8  # longest draft the cost-aware chooser may pick
     oversub: float = 1.0  # > 1: SortedRL early termination over this many times the update's groups
     partial: bool = False  # SortedRL keeps unfinished work (sorted-partial)
-    max_staleness: int = 1  # partial: kept work older than this many policy versions is regenerated
+    max_staleness: int = 1  # partial: kept work older than this many policy versions is regenerated;
+    # ahead: how many steps the rollout runs ahead of the update
+    ahead: bool = False  # the rollout runs beside the update (async): rollout and trainer as two pools
 
 
 def _lookup(name: str) -> ModeSpec:
@@ -79,6 +81,7 @@ def sim_mode(name: str, options: dict[str, Any] | None = None, label: str | None
         oversub=float(opts["oversubscription"]) if sortedrl else 1.0,
         partial=mode.strategy == "sorted-partial",
         max_staleness=int(opts.get("max_staleness", 1)),
+        ahead=mode.ahead,
     )
 
 

@@ -25,7 +25,7 @@ from rlbench.simulate.jobs import Jobs, Stream
 from rlbench.simulate.modes import SimMode
 from rlbench.simulate.workload import LengthTrace
 
-__all__ = ["simulate_mode", "spec_rate"]
+__all__ = ["simulate_mode", "spec_rate", "totals"]
 
 
 def spec_rate(acc: np.ndarray, k: int) -> np.ndarray:
@@ -173,7 +173,7 @@ def simulate_mode(
         "mode_options": dict(sim_mode.options),
         "workers": n_w,
         "draft_len": k,
-        **_totals(per_step, n_w),
+        **totals(per_step, n_w),
         "steps": per_step,
     }
 
@@ -354,7 +354,8 @@ def _expire_stale(sim_mode: SimMode, carried: Jobs, trace: LengthTrace, step: in
     return carried, waste
 
 
-def _totals(steps: list[dict], n_w: int) -> dict:
+def totals(steps: list[dict], n_w: int) -> dict:
+    """A run's totals over its per-step rows (ratios of sums; times as means per step)."""
     sum_ = lambda k: sum(s[k] for s in steps)  # noqa: E731
     n = len(steps)
     rollout = sum_("rollout_s")

@@ -1,0 +1,116 @@
+"""The weights a rollout run ahead of the update reads (rollout/ahead.py): a ring of complete copies, each
+stamped with the policy version it holds, in files mapped by both sides.
+
+The trainer publishes version v into slot v mod n (n = max_staleness + 1): it marks the slot as being
+written, copies every tensor in, then stamps it with v, under one lock. The rollout side reads version v
+only from a slot stamped v, and checks the stamp again after copying: a slot rewritten while it was read (a
+torn read) is an error, never weights applied. With n = k + 1 slots it cannot happen: version v overwrites
+v - k - 1, which only step v - 1's rollout used, and the trainer publishes v only after that rollout came
+back.
+
+The slots are files under /dev/shm (a temporary folder where /dev/shm lacks the room), so a process started
+with `spawn` maps the same memory by name, at any model size, without torch's shared-memory handles.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+EMPTY, WRITING = -1, -2  # stamps of a slot that holds no version yet, and of one being written
+ALIGN = 64  # each tensor starts at a multiple of this many bytes of its slot
+
+
+class TornRead(RuntimeError):
+    """A slot was rewritten while the rollout side copied it."""
+
+
+def _folder(nbytes: int) -> str:
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and shutil.disk_usage(shm).free > 2 * nbytes:
+        return tempfile.mkdtemp(prefix="rlbench-ring-", dir=shm)
+    return tempfile.mkdtemp(prefix="rlbench-ring-")
+
+
+class WeightRing:
+    """`slots` copies of a state dict shaped like `template` (its dtypes kept), and their version stamps.
+    `lock` (a multiprocessing or threading Condition) guards the stamps and is notified on every publish."""
+
+    def __init__(self, template: Mapping[str, torch.Tensor], slots: int, lock: Any) -> None:
+        self.layout: list[
+            tuple[str, tuple[int, ...], torch.dtype, int, int]
+        ] = []  # name, shape, dtype, at, n
+        at = 0
+        for name, t in template.items():
+            size = t.numel() * t.element_size()
+            self.layout.append((name, tuple(t.shape), t.dtype, at, size))
+            at += -(-size // ALIGN) * ALIGN
+        self.nbytes = max(at, ALIGN)
+        self.n, self.lock = max(1, slots), lock
+        self.folder = _folder(self.n * self.nbytes)
+        self._map()
+        self.stamps.fill_(EMPTY)
+
+    def _map(self) -> None:
+        self.stamps = torch.from_file(os.path.join(self.folder, "stamps"), True, self.n, dtype=torch.int64)
+        self.slots = [self._slot(i) for i in range(self.n)]
+
+    def _slot(self, i: int) -> dict[str, torch.Tensor]:
+        flat = torch.from_file(os.path.join(self.folder, f"slot{i}"), True, self.nbytes, dtype=torch.uint8)
+        return {
+            name: flat[at : at + size].view(dtype).view(shape) for name, shape, dtype, at, size in self.layout
+        }
+
+    def __getstate__(self) -> dict[str, Any]:  # the files are mapped again by name on the other side
+        return {k: v for k, v in self.__dict__.items() if k not in ("stamps", "slots")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._map()
+
+    def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copy `state_dict` (cast to the ring's dtypes) into version's slot and stamp it."""
+        i = version % self.n
+        with self.lock:
+            self.stamps[i] = WRITING
+        for name, tensor in self.slots[i].items():
+            tensor.copy_(state_dict[name].detach())
+        with self.lock:
+            self.stamps[i] = version
+            self.lock.notify_all()
+
+    def holds(self, version: int) -> bool:
+        """Whether `version` is published (call with the lock held)."""
+        return int(self.stamps[version % self.n]) == version
+
+    def versions(self) -> list[int]:
+        with self.lock:
+            return sorted(int(v) for v in self.stamps.tolist() if v >= 0)
+
+    def read_into(self, version: int, apply: Callable[[dict[str, torch.Tensor]], Any]) -> Any:
+        """`apply(slot)`: the slot holding `version` (its tensors, to copy from, not to keep); a TornRead if
+        the slot was rewritten meanwhile, a RuntimeError if it does not hold `version`."""
+        i = version % self.n
+        with self.lock:
+            if int(self.stamps[i]) != version:
+                raise RuntimeError(
+                    f"weights of version {version} are not published (slot holds {self.stamps[i]})"
+                )
+        out = apply(self.slots[i])
+        with self.lock:
+            if int(self.stamps[i]) != version:
+                raise TornRead(f"the slot of version {version} was rewritten while it was read")
+        return out
+
+    def read(self, version: int) -> dict[str, torch.Tensor]:
+        """A copy of `version`'s weights."""
+        return self.read_into(version, lambda slot: {k: v.clone() for k, v in slot.items()})
+
+    def close(self) -> None:
+        """Remove the files (the trainer's side, which made them)."""
+        shutil.rmtree(self.folder, ignore_errors=True)
