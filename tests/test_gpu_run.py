@@ -29,10 +29,12 @@ def as_on_the_gpu_machine() -> dict[str, str]:
 
 @pytest.mark.e2e
 def test_the_dry_run_runs_its_stages_and_records_each(tmp_path):
+    """The decode stage times the engine's side only: transformers' sides, a process each, are the decode
+    benchmark's own test (tests/test_decode_step_benchmark.py)."""
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run", "--out", str(out), "--budget-s", "240",
-         "--stages", "checks,decode", "--work", str(tmp_path / "work")],
+         "--stages", "checks,decode", "--decode-sides", "engine", "--work", str(tmp_path / "work")],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
