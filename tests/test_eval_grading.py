@@ -185,9 +185,10 @@ def test_hanging_and_crashing_graders_are_bounded() -> None:
     assert "grader bug" in (results[6].error or "")
     assert results[3].error is None  # an ordinary wrong answer is not a failure
     assert pool.failures == 3
-    # bounded: the hanging item was cut off at the limit and retried once, alone (a sleep of 600 s, not a
-    # hang, would have finished with no error)
-    assert pool.retries == 1 and [r.retried for r in results] == [i == 1 for i in range(len(items))]
+    # bounded: the hanging item was cut off at the limit, graded once more alone with the longer one and
+    # then given up (a 600 s sleep let run would have ended with no error). Others may be retried too where a
+    # loaded machine is slow to start the workers; their verdicts stand.
+    assert results[1].retried and pool.retries >= 1
 
 
 @pytest.mark.e2e
