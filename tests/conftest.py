@@ -17,12 +17,12 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-# One intra-op thread here and in the processes the tests start: tiny shapes gain nothing from a second one,
-# and where another process keeps a core busy OpenMP's spinning threads wait on each other (the attention
-# tests took 53-100 s on 2 threads and 20 s on 1 at load 4-5 on 2 cores). The commands' own default,
-# resolve_threads, leaves a core free for the same reason.
-os.environ["OMP_NUM_THREADS"] = "1"
-torch.set_num_threads(1)
+# One intra-op thread here and in the processes the tests start, unless OMP_NUM_THREADS says otherwise
+# (scripts/vllm_tests.sh gives vLLM 2): tiny shapes gain nothing from a second one, and where another
+# process keeps a core busy OpenMP's spinning threads wait on each other (the attention tests took 53-100 s
+# on 2 threads and 20 s on 1 at load 4-5 on 2 cores). The commands' own default, resolve_threads, leaves a
+# core free for the same reason.
+torch.set_num_threads(max(1, int(os.environ.setdefault("OMP_NUM_THREADS", "1").split(",")[0])))
 
 
 def pytest_collection_modifyitems(config, items):
