@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# One intra-op thread here and in the processes the tests start, unless OMP_NUM_THREADS says otherwise
+# (scripts/vllm_tests.sh gives vLLM 2): tiny shapes gain nothing from a second one, and where another
+# process keeps a core busy OpenMP's spinning threads wait on each other (the attention tests took 53-100 s
+# on 2 threads and 20 s on 1 at load 4-5 on 2 cores). The commands' own default, resolve_threads, leaves a
+# core free for the same reason.
+torch.set_num_threads(max(1, int(os.environ.setdefault("OMP_NUM_THREADS", "1").split(",")[0])))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,14 +52,29 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@functools.cache
+def _click_command():  # type: ignore[no-untyped-def]
+    """The Click command tree that Typer builds from rlbench's app on every call (about 0.1 s, most of an
+    error case's time), built once for the in-process calls of `cli`. The commands' functions look up what
+    they call when they run, so a test's monkeypatch of it still takes effect."""
+    import typer
+
+    from rlbench.cli import app_
+
+    return typer.main.get_command(app_)
+
+
 def cli(
     *args: str, tmp: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """`rlbench ARGS` run in this process, as the console script runs it (UserError -> one line, exit 2), in
     `tmp` (with imported models cached there) or the repository root. Fast enough for every error case;
     `cli_process` is the real thing for what needs a process of its own (start-up, signals, kills)."""
-    from rlbench.cli import app
+    import typer
 
+    from rlbench.cli import app, app_
+
+    build, built = typer.main.get_command, _click_command()
     environ = {**(env or {}), **({"RLBENCH_CACHE_DIR": str(tmp / "cache")} if tmp is not None else {})}
     saved_env = {key: os.environ.get(key) for key in environ}
     saved_cwd, saved_argv, threads = os.getcwd(), sys.argv, torch.get_num_threads()
@@ -62,7 +84,11 @@ def cli(
     os.chdir(tmp or ROOT)
     sys.argv = ["rlbench", *args]
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with (
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+            mock.patch.object(typer.main, "get_command", lambda t: built if t is app_ else build(t)),
+        ):
             app()
     except SystemExit as exit_:
         code = exit_.code

@@ -1,5 +1,6 @@
 """A scripted rollout server for observer tests: a /metrics endpoint whose gauges follow a known request
-timeline, so the bubble the observer derives can be checked against the timeline's exact one.
+timeline, so the bubble the observer derives can be checked against the timeline's exact one (on scrapes at
+exact times, `sampled`: a live observation's scrapes wait on a loaded machine's scheduler).
 
 Requests are (start, end, tokens) in seconds after the server starts. At scrape time t the server reports
 the requests running at t, tokens generated so far (linear in each request's lifetime), finished requests
@@ -65,6 +66,16 @@ def exposition(requests: list[Request], t: float, flavor: str = "vllm", drop: tu
             count = len(done) if le == "+Inf" or le >= 4 else 0
             lines.append(f'vllm:request_prompt_tokens_bucket{{engine="0",le="{le}"}} {count}')
     return "\n".join(lines) + "\n"
+
+
+def sampled(timelines: list[list[Request]], interval: float, duration: float) -> list[dict]:
+    """The samples.jsonl rows of an observer that scraped each timeline's server every `interval` seconds
+    for `duration`, each scrape at its exact time: what the derivation makes of a timeline, with no clock,
+    no server and no machine load in it."""
+    from rlbench.observe.scrape import as_row, parse
+
+    times = [round(k * interval, 9) for k in range(round(duration / interval) + 1)]
+    return [as_row(t, i, parse(exposition(tl, t))) for t in times for i, tl in enumerate(timelines)]
 
 
 class FakeServer:

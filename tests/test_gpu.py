@@ -63,7 +63,8 @@ def test_fp32_greedy_tokens_match_transformers_over_128_tokens(llama_dir):
 
 
 def test_nvml_samples_the_gpu_at_the_requested_rate():
-    """The real sampler on a busy GPU: utilisation, memory and power are read, at about the set rate."""
+    """The real sampler on a busy GPU: utilisation, memory and power are read, sample after sample (the rate
+    is the schedule's, checked on a virtual clock in test_nvml.py: timings are not asserted here)."""
     from rlbench.observe.nvml import NvmlSampler
 
     sampler = NvmlSampler(now=time.perf_counter, interval_s=0.02).start()
@@ -73,12 +74,9 @@ def test_nvml_samples_the_gpu_at_the_requested_rate():
         x = (x @ x).tanh_()
         torch.cuda.synchronize()  # keep the GPU busy for 1.5 s of wall time, not 1.5 s of launches
     result = sampler.stop()
-    elapsed = time.perf_counter() - t0
     assert result["available"], result
     samples = [s for s in result["samples"] if s["gpu"] == 0]
-    assert 0.7 * elapsed / 0.02 <= len(samples) <= 1.3 * elapsed / 0.02 + 2
-    gaps = [b["t"] - a["t"] for a, b in zip(samples[:-2], samples[1:-1], strict=True)]
-    assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.02, abs=0.005)  # median period
+    assert len(samples) >= 3 and [s["t"] for s in samples] == sorted(s["t"] for s in samples)
     busy = [s["util"] for s in samples if s["util"] is not None]
     assert busy and max(busy) >= 50
     assert all(s["mem_used_mib"] > 0 and s["power_w"] > 0 for s in samples)

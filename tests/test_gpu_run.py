@@ -35,12 +35,14 @@ def as_on_the_gpu_machine() -> dict[str, str]:
 
 @pytest.mark.e2e
 def test_the_dry_run_runs_its_stages_and_records_each(tmp_path):
-    """checks, decode (the engine at every batch before the other sides), prefill and calibrate, with only
-    the packages a lent GPU machine has."""
+    """checks, decode (the engine's side only: transformers' sides, a process each, are the decode
+    benchmark's own test, tests/test_decode_step_benchmark.py), prefill and calibrate, with only the packages
+    a lent GPU machine has."""
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run", "--out", str(out), "--budget-s", "300",
-         "--stages", "checks,decode,prefill,calibrate", "--work", str(tmp_path / "work")],
+         "--stages", "checks,decode,prefill,calibrate", "--decode-sides", "engine",
+         "--work", str(tmp_path / "work")],
         cwd=ROOT, capture_output=True, text=True, timeout=360, env=as_on_the_gpu_machine(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -59,7 +61,7 @@ def test_the_dry_run_runs_its_stages_and_records_each(tmp_path):
         math.isfinite(r["step_ms"]["engine"]) and len(r["cells"]["engine"]["step_s_runs"]) == 1 for r in rows
     )
     said = [line.split(":")[0].strip() for line in decode["tail"].splitlines() if line.startswith("  batch ")]
-    assert said == ["batch 2 engine", "batch 4 engine", "batch 2 hf-eager", "batch 4 hf-eager"]
+    assert said == ["batch 2 engine", "batch 4 engine"]  # the engine at every batch, written as each ends
     (prefill,) = summary["stages"]["prefill"]["results"].values()
     assert [(c["rows"], c["tokens"]) for c in prefill["cells"]] == [(1, 16), (1, 32), (4, 16), (4, 32)]
     (written,) = summary["stages"]["calibrate"]["results"]

@@ -10,14 +10,14 @@ import sys
 
 import pytest
 from conftest import assert_one_line_error, cli
-from fake_prometheus import FakeServer, exact_bubble, exposition
+from fake_prometheus import FakeServer, exact_bubble, exposition, sampled
 
 from reference_trainer.trace import metrics
-from reference_trainer.trace.records import read_json, read_jsonl
+from reference_trainer.trace.records import read_json, read_jsonl, write_jsonl
 from reference_trainer.trace.schema import FORWARD_KINDS
 from rlbench.observe.derive import to_trace
 from rlbench.observe.scrape import ScrapeError, parse
-from rlbench.profiling.observe import ObserveOptions, observe
+from rlbench.profiling.observe import ObserveOptions, from_samples, observe
 
 # Two phases on 4 slots with a heavy tail, 0.8 s apart: what the observer must find.
 PHASE_A = [(0.3, 0.6, 30), (0.3, 0.8, 50), (0.3, 1.1, 80), (0.3, 1.5, 300), (0.6, 0.9, 30), (0.8, 1.0, 20)]
@@ -62,7 +62,24 @@ def test_the_trace_by_hand():
     assert sum(e["kind"] == "rollout" for e in to_trace(gap, [2], idle_gap_s=3.0)[0]) == 1
 
 
-def test_observed_bubble_matches_the_timeline(tmp_path):
+def replayed(tmp_path, timelines, duration: float, capacity: list[int]) -> dict:
+    """The observation of `timelines` scraped every 0.02 s at exact times (`sampled`), rebuilt from its
+    samples.jsonl as `observe --from-samples` rebuilds a killed one."""
+    write_jsonl(tmp_path / "samples.jsonl", sampled(timelines, 0.02, duration))
+    opts = ObserveOptions(urls=[], interval_s=0.02, capacity=capacity, idle_gap_s=0.5)
+    return from_samples(opts, tmp_path, say=lambda line: pytest.fail(line))
+
+
+def test_the_observed_bubble_is_the_timelines(tmp_path):
+    doc = replayed(tmp_path, [PHASE_A + PHASE_B], 3.6, [4])
+    exact = [exact_bubble(PHASE_A, 4), exact_bubble(PHASE_B, 4)]
+    assert [s["bubble_ratio"] for s in doc["steps"]] == pytest.approx(exact)
+    assert doc["summary"]["rollout_tokens"] == sum(n for *_, n in PHASE_A + PHASE_B)
+
+
+def test_an_observation_of_a_live_server(tmp_path):
+    """The timeline scraped live: scrapes wait on the machine's scheduler, so the bubble is the replay's
+    to check (above); here, what does not depend on when the scrapes ran."""
     said: list[str] = []
     with FakeServer(PHASE_A + PHASE_B) as server:
         opts = ObserveOptions(urls=[server.url], interval_s=0.02, capacity=[4], idle_gap_s=0.5)
@@ -70,8 +87,6 @@ def test_observed_bubble_matches_the_timeline(tmp_path):
     assert said == []
     steps = doc["steps"]
     assert len(steps) == 2
-    for step, phase in zip(steps, (PHASE_A, PHASE_B), strict=True):
-        assert step["bubble_ratio"] == pytest.approx(exact_bubble(phase, 4), abs=0.04)
     assert doc["summary"]["rollout_tokens"] == sum(n for *_, n in PHASE_A + PHASE_B)
     stats = doc["engine_metrics"]["servers"]["all"]
     assert stats["finished_requests"] == 10 and stats["phases"] == 2
@@ -137,9 +152,7 @@ def test_profile_engine_metrics_around_a_failing_command(tmp_path):
     assert res.returncode == 3 and res.stderr.strip() == "command exited with 3", res.stderr
     doc = read_json(tmp_path / "run" / "metrics.json")
     assert doc["summary"]["exit_code"] == 3 and len(doc["steps"]) == 1
-    assert doc["steps"][0]["bubble_ratio"] == pytest.approx(
-        exact_bubble([(0.2, 0.9, 40), (0.2, 1.2, 90)], 2), abs=0.06
-    )
+    assert doc["steps"][0]["rollout_tokens"] == 40 + 90 and doc["steps"][0]["bubble_ratio"] is not None
     assert "bubble" in res.stdout
 
 
@@ -158,22 +171,32 @@ def test_bad_input_is_one_line(args, text, tmp_path):
     assert_one_line_error(cli(*args, tmp=tmp_path), text)
 
 
+LIGHT = [(0.3, 0.5, 20), (0.3, 0.6, 30)]  # an almost idle server beside PHASE_A's
+
+
 def test_two_servers_share_one_phase_and_each_has_its_own_numbers(tmp_path):
     """A busy and an almost idle server: one phase (their union), the overall bubble over both servers'
     slots, per-server bubbles, and the idle one's worker idle share."""
-    light = [(0.3, 0.5, 20), (0.3, 0.6, 30)]
-    with FakeServer(PHASE_A) as busy, FakeServer(light) as idle:
+    doc = replayed(tmp_path, [PHASE_A, LIGHT], 1.9, [4, 4])
+    wall = 1.5 - 0.3
+    slot_time = sum(e - s for s, e, _ in PHASE_A + LIGHT)
+    assert len(doc["steps"]) == 1
+    assert doc["summary"]["bubble_ratio"] == pytest.approx(1 - slot_time / (8 * wall))
+    servers = doc["engine_metrics"]["servers"]
+    assert servers["server 0"]["bubble_ratio"] == pytest.approx(exact_bubble(PHASE_A, 4))
+    assert servers["server 1"]["bubble_ratio"] == pytest.approx(1 - 0.5 / (4 * wall))
+    idle_share = doc["summary"]["worker_idle_share"]
+    assert idle_share["0"] == 0.0 and idle_share["1"] == pytest.approx(1 - 0.3 / wall)
+
+
+def test_two_live_servers_are_sampled_each_in_its_turn(tmp_path):
+    with FakeServer(PHASE_A) as busy, FakeServer(LIGHT) as idle:
         opts = ObserveOptions(urls=[busy.url, idle.url], interval_s=0.02, capacity=[4, 4], idle_gap_s=0.5)
         doc = observe(opts, tmp_path, duration_s=1.9, say=lambda line: None)
-    wall = 1.5 - 0.3
-    slot_time = sum(e - s for s, e, _ in PHASE_A + light)
-    assert len(doc["steps"]) == 1
-    assert doc["summary"]["bubble_ratio"] == pytest.approx(1 - slot_time / (8 * wall), abs=0.04)
-    servers = doc["engine_metrics"]["servers"]
-    assert servers["server 0"]["bubble_ratio"] == pytest.approx(exact_bubble(PHASE_A, 4), abs=0.04)
-    assert servers["server 1"]["bubble_ratio"] == pytest.approx(1 - 0.5 / (4 * wall), abs=0.04)
-    idle_share = doc["summary"]["worker_idle_share"]
-    assert idle_share["0"] == 0.0 and idle_share["1"] == pytest.approx(1 - 0.3 / wall, abs=0.06)
+    assert len(doc["steps"]) == 1 and set(doc["engine_metrics"]["servers"]) == {"all", "server 0", "server 1"}
+    forwards = [e for e in read_jsonl(tmp_path / "trace.jsonl") if e["kind"] in FORWARD_KINDS]
+    tokens = [sum(e["tokens"] for e in forwards if e["worker"] == w) for w in (0, 1)]
+    assert tokens == [sum(n for *_, n in PHASE_A), sum(n for *_, n in LIGHT)]  # each server's, every one
 
 
 def test_a_request_log_gives_the_what_if_exact_lengths_and_groups(tmp_path):

@@ -5,7 +5,6 @@ saved files of the wrong shape read back by observe, eval and report."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from conftest import assert_one_line_error, cli
@@ -36,16 +35,15 @@ def test_counters_that_go_backwards_on_every_scrape_are_named_a_load_balancer():
     assert not any("load balancer" in n for n in notes)
 
 
-def test_a_report_of_300_servers_draws_the_busiest_few_quickly():
+def test_a_report_of_300_servers_draws_the_busiest_few():
+    """Drawing every server took 66 s; the bound is what is drawn (benchmarks/fault_drill.py times it)."""
     from rlbench.report.observe_report import MAX_DRAWN, occupancy_figure
 
     rows = [row for s in range(300) for row in scrapes(lambda k: k, n=30, server=s)]
     events = [{"kind": "rollout", "t_start": 0.1 * k, "t_end": 0.1 * k + 0.05} for k in range(200)]
-    t0 = time.perf_counter()
     fig = occupancy_figure(
         rows, {"run": {"servers": [], "capacity": {str(s): 4 for s in range(300)}}}, events
     )
-    assert time.perf_counter() - t0 < 10  # 66 s before the bound
     assert (
         len(fig.data) == 2 * MAX_DRAWN and f"the {MAX_DRAWN} busiest of 300 servers" in fig.layout.title.text
     )

@@ -1,11 +1,11 @@
 """Observing hostile servers on 127.0.0.1: a body sent a byte at a time, an endless body, histogram buckets
-without a numeric `le` and gauges that are not numbers. The observation still ends at its duration, the
-healthy server beside them is sampled as often as alone, and what was wrong is said once per server."""
+without a numeric `le` and gauges that are not numbers. The observation still ends, the healthy server
+beside them is sampled as often as alone, and what was wrong is said once per server. (How soon it ends is
+timed by the fault drill, benchmarks/fault_drill.py's servers group: timings are not asserted here.)"""
 
 from __future__ import annotations
 
 import json
-import time
 
 from conftest import assert_one_line_error, cli
 from fake_prometheus import PAGE_REQUESTS, FakeServer, HostileServer
@@ -17,13 +17,11 @@ from rlbench.profiling.observe import ObserveOptions, observe
 
 def test_a_scrape_has_a_deadline_and_a_size_cap():
     with HostileServer("slow") as slow, HostileServer("endless") as endless:
-        t0 = time.perf_counter()
-        try:
+        try:  # the page takes minutes a byte at a time: only the deadline (not a per-read timeout) ends it
             fetch(slow.url, timeout_s=0.5)
             raise AssertionError("a page sent a byte every 0.2 s cannot arrive in 0.5 s")
         except ScrapeError as err:
             assert "no complete answer within 0.5 s" in str(err)
-        assert time.perf_counter() - t0 < 1.5
         try:
             fetch(endless.url, timeout_s=30)
             raise AssertionError("an endless body has no end")
@@ -41,16 +39,15 @@ def test_hostile_servers_neither_stop_nor_slow_an_observation(tmp_path):
         HostileServer("bad_le") as bad_le,
     ):
         urls = [healthy.url, slow.url, endless.url, bad_le.url]
-        t0 = time.perf_counter()
         doc = observe(
             ObserveOptions(urls=urls, interval_s=interval, capacity=[4]), tmp_path, duration, said.append
         )
-        elapsed = time.perf_counter() - t0
-    assert elapsed < duration + 1.5, elapsed  # the slow server's scrape in flight is cut off at the end
     rows = read_jsonl(tmp_path / "samples.jsonl")
     by_server = {i: [r for r in rows if r["server"] == i] for i in range(4)}
     good = [r for r in by_server[0] if "error" not in r]
-    assert len(good) >= 0.5 * duration / interval  # not held back by the slow one
+    # not held back by the slow one: sampled again and again while each slow scrape waited for its deadline
+    # (one thread for all servers would give both the same count)
+    assert len(good) > 3 * len(by_server[1]), (len(good), len(by_server[1]))
     assert all("error" in r for r in by_server[1] + by_server[2]) and by_server[1] and by_server[2]
     assert any("no complete answer within" in line for line in said if slow.url in line)
     assert any("MiB: not a metrics page" in line for line in said if endless.url in line)
@@ -62,13 +59,10 @@ def test_hostile_servers_neither_stop_nor_slow_an_observation(tmp_path):
     assert len(said) == len(set(said))  # each trouble said once
 
 
-def test_observe_cli_ends_on_time_against_a_stuck_server(tmp_path):
+def test_observe_cli_ends_and_writes_its_run_against_a_stuck_server(tmp_path):
     with HostileServer("slow") as slow:
-        t0 = time.perf_counter()
         res = cli("observe", slow.url, "--duration", "1", "--interval", "0.1", "--out", "obs", tmp=tmp_path)
-        elapsed = time.perf_counter() - t0
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr  # nothing observed: exit 2
-    assert elapsed < 4.0, elapsed
     assert (tmp_path / "obs" / "samples.jsonl").is_file() and (tmp_path / "obs" / "report.html").is_file()
 
 

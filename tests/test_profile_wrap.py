@@ -26,7 +26,7 @@ def test_cli_wraps_a_python_command(tmp_path):
     assert res.returncode == 0, res.stderr
     doc = json.loads((tmp_path / "metrics.json").read_text())
     s = doc["summary"]
-    assert s["exit_code"] == 0 and 0.3 <= s["wall_time_s"] < 30
+    assert s["exit_code"] == 0 and s["wall_time_s"] >= 0.3  # its whole life: a load cannot shorten it
     assert doc["run"]["command"][1:] == ["-c", "import time; time.sleep(0.3)"]
     if not doc["gpu"]["available"]:  # this machine has no NVIDIA driver: no invented numbers
         assert s["gpu_idle_share"] is None and s["gpu_note"].startswith("no GPU: NVML unavailable (")

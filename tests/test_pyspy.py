@@ -39,7 +39,7 @@ def test_records_current_process(tmp_path):
     result = rec.stop()
     _skip_if_cannot_attach(result)
     assert result["available"], result
-    assert result["samples"] > 20
+    assert result["samples"] > 0  # how many is py-spy's rate on a machine's load: the frames are the test
     stacks = collapse_speedscope(tmp_path / result["speedscope"])
     assert any("_busy_marker_function" in frame for stack in stacks for frame in stack)
     svg = (tmp_path / result["svg"]).read_text()

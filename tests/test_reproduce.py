@@ -7,9 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, cli
+from conftest import assert_one_line_error, cli, write_tiny_char_model
 
 from reference_trainer.trace.records import read_json, write_json
+from reference_trainer.trace.schema import FORWARD_KINDS
 from rlbench.reproduce import runner as runner_module
 from rlbench.reproduce.base import Context, Outcome
 from rlbench.reproduce.index import index_text
@@ -122,28 +123,38 @@ def test_list_names_every_reproduction_in_lines_a_terminal_shows(tmp_path):
 
 
 @pytest.mark.e2e
-def test_sortedrl_bubble_quick_end_to_end_and_resumed(tmp_path):
-    """The real quick run through the CLI: three modes trained, the bubble read from their traces; a second
-    invocation reuses the finished runs instead of training again."""
-    res = cli("reproduce", "sortedrl-bubble", "--quick", "--out", str(tmp_path / "out"), tmp=tmp_path)
+def test_sortedrl_bubble_quick_end_to_end_and_resumed(tmp_path, monkeypatch):
+    """The quick run through the CLI, on a tiny model at 16 slots (CI's `rlbench reproduce --all --quick`
+    runs the quick size): three modes trained, the bubble read from their traces; a second invocation
+    reuses the finished runs instead of training again."""
+    from reference_trainer.trace import metrics
+    from reference_trainer.trace.records import read_jsonl
+    from rlbench.reproduce.sortedrl import Workload
+
+    model = write_tiny_char_model(tmp_path / "model", eos_weight=1.0)  # lengths vary: a tail to remove
+    small = Workload(steps=2, prompts_per_step=4, group_size=4, max_tokens=48, seeds=1)
+    monkeypatch.setattr(Workload, "for_context", classmethod(lambda cls, ctx: small))
+    args = ("reproduce", "sortedrl-bubble", "--quick", "--model", str(model), "--out", str(tmp_path / "out"))
+    res = cli(*args, tmp=tmp_path)
     assert res.returncode == 0, res.stderr
     result = read_json(tmp_path / "out" / "sortedrl-bubble" / "cpu" / "result.json")
     m = result["measured"]
     assert result["quick"] is True and result["config"]["steps"] == 2
-    assert 0 < m["bubble_ratio.sorted"] < m["bubble_ratio.baseline"] < 1
     assert m["bubble_ratio_vs_baseline.sorted"] == pytest.approx(
         m["bubble_ratio.sorted"] / m["bubble_ratio.baseline"]
     )
-    # the trace is the source: recompute the baseline's bubble from it
-    from reference_trainer.trace import metrics
-    from reference_trainer.trace.records import read_jsonl
-
-    trace = read_jsonl(
-        tmp_path / "out" / "sortedrl-bubble" / "cpu" / "work" / "seed0" / "baseline" / "trace.jsonl"
+    # the traces are the source: the baseline's bubble recomputed from its own, and SortedRL's slots fuller
+    # than the baseline's in work (occupied slot-steps per forward: no clock, so no machine load, in it)
+    traces = {mode: read_jsonl(tmp_path / "out" / "sortedrl-bubble" / "cpu" / "work" / "seed0" / mode /
+                               "trace.jsonl") for mode in ("baseline", "sorted")}  # fmt: skip
+    assert metrics.compute(traces["baseline"])["summary"]["bubble_ratio"] == pytest.approx(
+        m["bubble_ratio.baseline"]
     )
-    assert metrics.compute(trace)["summary"]["bubble_ratio"] == pytest.approx(m["bubble_ratio.baseline"])
+    forwards = {mode: [e for e in t if e["kind"] in FORWARD_KINDS] for mode, t in traces.items()}
+    fill = {mode: sum(e["active_slots"] / e["capacity"] for e in f) / len(f) for mode, f in forwards.items()}
+    assert fill["baseline"] < fill["sorted"], fill
     assert "sortedrl-bubble" in (tmp_path / "out" / "README.md").read_text()
-    again = cli("reproduce", "sortedrl-bubble", "--quick", "--out", str(tmp_path / "out"), tmp=tmp_path)
+    again = cli(*args, tmp=tmp_path)
     assert again.returncode == 0 and "reusing the finished runs" in again.stdout
 
 

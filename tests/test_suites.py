@@ -97,7 +97,8 @@ def test_unknown_keys_and_bad_values_are_refused_with_their_names(tmp_path: Path
     )
 
 
-def test_validate_checks_the_grader_imports_and_the_data_resolves(tmp_path: Path) -> None:
+def test_validate_checks_the_grader_imports_and_the_data_resolves(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("RLBENCH_DATA_DIR", raising=False)  # the suites' own folder, not a user's data dir
     path = _user_suite(tmp_path, grader="python:capital_grader:nothere")
     assert validate(path, None) == ["grader 'python:capital_grader:nothere': capital_grader has no nothere"]
     (tmp_path / "capitals.jsonl").unlink()

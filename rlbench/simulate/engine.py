@@ -44,16 +44,28 @@ class Rounds:
     occupied: np.ndarray
     it0: np.ndarray  # forwards done before the round (decode/verify forwards only)
     k: np.ndarray  # decode forwards in the round (0 for a prefill)
+    prefill: np.ndarray  # 1 where the round is a prefill (one forward), else 0
+
+    def _done(self, horizon: np.ndarray | float) -> np.ndarray:
+        """The share of each round done by `horizon`."""
+        span = self.busy + self.gap
+        frac = np.clip((horizon - self.t0) / np.where(span > 0, span, 1.0), 0.0, 1.0)
+        return np.where(span > 0, frac, (self.t0 < horizon).astype(float))
 
     def upto(self, horizon: np.ndarray | float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per worker, up to `horizon`: busy time, busy slot-time, and decode forwards completed."""
-        span = self.busy + self.gap
-        frac = np.clip((horizon - self.t0) / np.where(span > 0, span, 1.0), 0.0, 1.0)
-        frac = np.where(span > 0, frac, (self.t0 < horizon).astype(float))
+        frac = self._done(horizon)
         busy = (self.busy * frac).sum(axis=0)
         slot_time = (self.busy * self.occupied * frac).sum(axis=0)
         forwards = np.floor(self.k * frac + 1e-9).sum(axis=0)
         return busy, slot_time, forwards
+
+    def work(self, horizon: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+        """Per worker, up to `horizon`: forwards started (prefills and decode/verify forwards) and slot-steps
+        (occupied slots summed over them): the work a trace counts, with no clock in it."""
+        frac = self._done(horizon)
+        forwards = self.prefill * (frac > 0) + np.floor(self.k * frac + 1e-9)
+        return forwards.sum(axis=0), (forwards * self.occupied).sum(axis=0)
 
 
 @dataclass
@@ -93,7 +105,8 @@ def run(
     admit_t = np.full((n_w, n_q), np.inf)
     admit_it = np.zeros((n_w, n_q), dtype=np.int64)
     finish_t = np.full((n_w, n_q), np.inf)
-    rec: dict[str, list[np.ndarray]] = {k: [] for k in ("t0", "busy", "gap", "occupied", "it0", "k")}
+    counts = ("it0", "k", "prefill")  # the integer fields of Rounds
+    rec: dict[str, list[np.ndarray]] = {k: [] for k in ("t0", "busy", "gap", "occupied", *counts)}
 
     while True:
         waiting = queues.length - qptr
@@ -142,6 +155,7 @@ def run(
             rec[key].append(val)
         rec["it0"].append(it.copy())
         rec["k"].append(k)
+        rec["prefill"].append(admit.astype(np.int64))
         t = t + busy + gap
         it = it + k
         done = (s_idx >= 0) & (s_target <= it[:, None]) & (admit | decode)[:, None]
@@ -153,7 +167,7 @@ def run(
             live -= done.sum(axis=1)
     rounds = Rounds(
         **{
-            key: np.stack(v) if v else np.zeros((0, n_w), dtype=np.int64 if key in ("it0", "k") else float)
+            key: np.stack(v) if v else np.zeros((0, n_w), dtype=np.int64 if key in counts else float)
             for key, v in rec.items()
         }
     )

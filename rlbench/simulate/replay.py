@@ -2,11 +2,15 @@
 
 The run's baseline rollout (W = 1, or round-robin placement over W Ray workers) is replayed at its own
 worker count and per-worker slot capacity; what the simulator must reproduce is the run's measured bubble
-ratio (reference_trainer.trace.metrics), step by step and overall.
+ratio (reference_trainer.trace.metrics), step by step and overall. Beside those timings, the work: engine
+forwards and slot-steps (occupied slots summed over the forwards), counted in the trace and in the simulated
+schedule with no clock. The scheduler mirrors the engine's, so on the run's own lengths the two counts are
+equal whatever the machine's load did to the timings.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,8 @@ from rlbench.simulate.cost import calibrate
 from rlbench.simulate.modes import SIM_MODES
 from rlbench.simulate.scheduler import simulate_mode
 
+WORK = ("measured_forwards", "simulated_forwards", "measured_slot_steps", "simulated_slot_steps")
+
 
 def read_events(run: str | Path) -> list[dict[str, Any]]:
     path = Path(run)
@@ -30,7 +36,8 @@ def read_events(run: str | Path) -> list[dict[str, Any]]:
 
 
 def validate(run: str | Path) -> dict[str, Any]:
-    """Measured vs simulated bubble ratio (and rollout time) of a baseline run, per step and overall."""
+    """Measured vs simulated bubble ratio, rollout time and work (forwards, slot-steps) of a baseline run,
+    per step and overall."""
     events = read_events(run)
     engine_ev = [e for e in events if e.get("kind") in FORWARD_KINDS]
     if not engine_ev:
@@ -44,6 +51,10 @@ def validate(run: str | Path) -> dict[str, Any]:
     pred = np.full(len(trace), float(trace.response_tokens.mean()))
     acc = np.zeros(len(trace))
     sim = simulate_mode(SIM_MODES["baseline"], trace, pred, acc, cost, workers, capacity, n_steps)
+    forwards = Counter(int(e.get("step", 0)) for e in engine_ev)
+    slot_steps: Counter[int] = Counter()
+    for e in engine_ev:
+        slot_steps[int(e.get("step", 0))] += int(e.get("active_slots", 0))
     rows = []
     for m, s in zip(measured["steps"], sim["steps"], strict=False):
         rows.append(
@@ -53,6 +64,10 @@ def validate(run: str | Path) -> dict[str, Any]:
                 "simulated_bubble": s["bubble_ratio"],
                 "measured_rollout_s": m["timing_s/gen"],
                 "simulated_rollout_s": s["rollout_s"],
+                "measured_forwards": forwards[m["step"]],
+                "simulated_forwards": s["forwards"],
+                "measured_slot_steps": slot_steps[m["step"]],
+                "simulated_slot_steps": s["slot_steps"],
             }
         )
     return {
@@ -65,4 +80,5 @@ def validate(run: str | Path) -> dict[str, Any]:
         "simulated_bubble": sim["bubble_ratio"],
         "measured_rollout_s": measured["summary"]["timing_s/gen"],
         "simulated_rollout_s": sim["rollout_s"],
+        **{key: sum(r[key] for r in rows) for key in WORK},
     }

@@ -284,6 +284,7 @@ def _account(
     horizon = max(horizon, 0.0)
     trained = uids[chosen]
     busy, slot_time, _ = res.rounds.upto(horizon)
+    forwards, slot_steps = res.rounds.work(horizon)
     done, _ = _progress(jobs, qpos, res, horizon, rate)
     in_trained = np.isin(jobs.uid, trained)
     train_tokens = float((trace.prompt_tokens[jobs.row] + trace.response_tokens[jobs.row])[in_trained].sum())
@@ -299,6 +300,8 @@ def _account(
         "slot_time": float(slot_time.sum()),
         "slot_capacity": cap,
         "bubble_ratio": 1.0 - float(slot_time.sum()) / cap if cap > 0 else None,
+        "forwards": int(forwards.sum()),
+        "slot_steps": int(slot_steps.sum()),
         "busy_sum": float(busy.sum()),
         "busy_max": slowest,
         "worker_idle_share_mean": float(idle.mean()),
