@@ -31,6 +31,9 @@ class UnitCost(CostModel):
     def prefill(self, n_seqs, tokens, tokens_sq):
         return np.where(n_seqs > 0, 1.0, 0.0)
 
+    def riding(self, n_seqs, tokens, tokens_sq):
+        return np.zeros_like(tokens)
+
     def update(self, tokens, workers):
         return 0.0
 
@@ -50,18 +53,20 @@ def queues(lengths: list[list[int]], prompt: int = 4) -> engine.Queues:
 
 def test_engine_continuous_batching_by_hand():
     # capacity 2, lengths 3, 5, 2: prefill both (t 0-1, first tokens), decode 2 -> seq0 done at 3;
-    # prefill seq2 (3-4, its only... first token), decode 1 -> seq2 done at 5; decode 1 -> seq1 done at 6
+    # seq2 rides in the next decode (3-4, its first token), decode 1 -> seq1 and seq2 done at 5
     res = engine.run(queues([[3, 5, 2]]), 2, UnitCost())
-    assert res.finish_t[0].tolist() == [3.0, 6.0, 5.0]
+    assert res.finish_t[0].tolist() == [3.0, 5.0, 5.0]
     assert res.admit_t[0].tolist() == [0.0, 0.0, 3.0]
     busy, slot_time, forwards = res.rounds.upto(6.0)
-    # slot-time: prefill 2x1, decode 2x2, prefill 2x1 (seq1 waits in its slot), decode 2x1, decode 1x1
-    assert slot_time[0] == 11.0 and busy[0] == 6.0 and forwards[0] == 4
+    # slot-time: prefill 2x1, decode 2x2, decode with seq2 riding 2x1, decode 2x1
+    assert slot_time[0] == 10.0 and busy[0] == 5.0 and forwards[0] == 4
+    assert res.rounds.work(6.0)[0][0] == 5  # the forwards a trace counts: the prefill and 4 decodes
     assert res.rounds.upto(2.5)[2][0] == 1  # one of the two decode forwards of round 2 done by t = 2.5
 
 
 def test_engine_prefill_token_limit():
-    # 3 sequences of 10 prompt tokens, limit 20: the first prefill admits two, the next one
+    # 3 sequences of 10 prompt tokens, limit 20: the first prefill admits two; the third rides in the
+    # first decode
     res = engine.run(queues([[2, 2, 2]], prompt=10), 4, UnitCost(), max_prefill_tokens=20)
     assert res.admit_t[0].tolist() == [0.0, 0.0, 1.0]
 

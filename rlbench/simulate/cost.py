@@ -86,6 +86,11 @@ class CostModel:
         """One batched prefill of `n_seqs` sequences, `tokens` in all, sum of squared lengths `tokens_sq`."""
         raise NotImplementedError
 
+    def riding(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
+        """What admitting `n_seqs` sequences (`tokens` uncached tokens in all) adds to the decode or verify
+        forward they ride in, beyond one row each (the engine admits into running batches that way)."""
+        raise NotImplementedError
+
     def update(self, tokens: float, workers: int) -> float:
         """Update (old log-probs + forward + backward + optimizer) over `tokens`, data parallel."""
         raise NotImplementedError
@@ -122,6 +127,16 @@ class Roofline(CostModel):
             self.gpu.flops * self.flop_eff
         )
         return np.where(n_seqs > 0, self.overhead + np.maximum(mem, flops), 0.0)
+
+    def riding(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
+        # the decode forward already reads the weights and pays the overhead: the prompts add their FLOPs
+        # and their KV writes
+        m = self.model
+        mem = m.kv_bytes_per_token * tokens / (self.gpu.mem_bw * self.bw_eff)
+        flops = (2.0 * m.params * tokens + 2.0 * m.layers * m.heads * m.head_dim * tokens_sq) / (
+            self.gpu.flops * self.flop_eff
+        )
+        return np.where(n_seqs > 0, np.maximum(mem, flops), 0.0)
 
     def update(self, tokens: float, workers: int) -> float:
         flops = self.update_flops_per_token * self.model.params * tokens
@@ -169,6 +184,9 @@ class Measured(CostModel):
     def prefill(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
         return np.where(n_seqs > 0, self.calibration.admission_s(n_seqs, tokens, self.assumed), 0.0)
 
+    def riding(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
+        return self.calibration.riding_s(n_seqs, tokens, self.assumed)
+
     def update(self, tokens: float, workers: int) -> float:
         return self.calibration.update_s(tokens / max(1, workers), self.assumed)
 
@@ -198,10 +216,12 @@ def preset(gpu: str, model: str, **kw: Any) -> CostModel:
 
 @dataclass
 class Calibrated(CostModel):
-    """Linear fits of a measured run: decode = a + b*live + c*context; prefill = a + b*seqs + c*tokens."""
+    """Linear fits of a measured run: decode = a + b*live + c*context; prefill = a + b*seqs + c*tokens;
+    admissions riding in a decode forward add d*seqs + e*tokens."""
 
     decode_coef: tuple[float, float, float]
     prefill_coef: tuple[float, float, float]
+    riding_coef: tuple[float, float]
     update_per_token: float
     gap: float = 0.0
     rollout_fixed: float = 0.0
@@ -219,6 +239,10 @@ class Calibrated(CostModel):
         a, b, c = self.prefill_coef
         return np.where(n_seqs > 0, np.maximum(0.0, a + b * n_seqs + c * tokens), 0.0)
 
+    def riding(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
+        d, e = self.riding_coef
+        return np.where(n_seqs > 0, d * n_seqs + e * tokens, 0.0)
+
     def update(self, tokens: float, workers: int) -> float:
         return self.update_per_token * tokens / max(1, workers)
 
@@ -230,6 +254,7 @@ class Calibrated(CostModel):
                 zip(("per_forward", "per_live_seq", "per_context_token"), self.decode_coef, strict=True)
             ),
             "prefill_s": dict(zip(("per_forward", "per_seq", "per_token"), self.prefill_coef, strict=True)),
+            "riding_s": dict(zip(("per_seq", "per_token"), self.riding_coef, strict=True)),
             "update_s_per_token": self.update_per_token,
             "gap_s": self.gap,
             "rollout_fixed_s": self.rollout_fixed,
@@ -298,16 +323,26 @@ def calibrate(events: list[dict[str, Any]], source: str = "") -> Calibrated:
             pre_y.append(dur)
             for s in new:
                 ctx[s] = prompt_len.get(s, 0) + 1
-        else:
-            dec_x.append((1.0, float(len(live)), float(sum(ctx.get(s, 0) for s in live))))
+        else:  # a decode step, with the admissions that rode in it (the new sequences) as extra columns
+            new = [s for s in live if s not in ctx]
+            toks = e.get("prefill_tokens", sum(prompt_len.get(s, 0) for s in new)) if new else 0
+            ctx_old = float(sum(ctx[s] for s in live if s in ctx))
+            dec_x.append((1.0, float(len(live)), ctx_old, float(len(new)), float(toks)))
             dec_y.append(dur)
+            for s in new:
+                ctx[s] = prompt_len.get(s, 0)
             for s in live:
-                ctx[s] = ctx.get(s, 0) + 1
-    dcoef, r2 = _lstsq(np.asarray(dec_x), np.asarray(dec_y))
+                ctx[s] += 1
+    x = np.asarray(dec_x)
+    if not x[:, 3].any():  # no admission rode (an older trace): fit decode alone
+        x = x[:, :3]
+    coef, r2 = _lstsq(x, np.asarray(dec_y))
+    dcoef = coef[:3]
     if pre_x:
         pcoef, _ = _lstsq(np.asarray(pre_x), np.asarray(pre_y))
     else:
         pcoef = dcoef.copy()
+    rcoef = coef[3:] if coef.size > 3 else pcoef[1:]  # riding unseen: as a prefill's per-row and token cost
 
     # The rollout phase's time outside the slowest worker's forwards and the gaps between them: host work
     # per RL step (workers run in parallel, so it is measured against the busiest one, not their sum).
@@ -330,6 +365,7 @@ def calibrate(events: list[dict[str, Any]], source: str = "") -> Calibrated:
     return Calibrated(
         decode_coef=tuple(float(v) for v in dcoef),  # type: ignore[arg-type]
         prefill_coef=tuple(float(v) for v in pcoef),  # type: ignore[arg-type]
+        riding_coef=tuple(float(v) for v in rcoef),  # type: ignore[arg-type]
         update_per_token=upd_time / upd_tokens if upd_tokens else 0.0,
         gap=gap,
         rollout_fixed=float(np.mean(fixed)) if fixed else 0.0,

@@ -1,10 +1,13 @@
 """Continuous batching on W workers at once: event-driven per worker, vectorised across workers.
 
-Each worker mirrors the reference engine's scheduler: when a slot is free and work is queued, the next
-forward is a prefill that admits queued sequences in order (the running ones wait, their slots stay
-occupied) and emits each one's first token; otherwise it is a decode (or k-draft verify) of every live
-sequence. A sequence that emits `e` tokens per forward (1, or the expected accepted length under
-speculation) needs ceil((length - 1) / e) forwards after its prefill.
+Each worker mirrors the reference engine's scheduler: when a slot is free and work is queued, queued
+sequences are admitted in order into the next forward, which emits each one's first token. With nothing
+running that forward is a prefill of their own; otherwise they ride in the decode (or k-draft verify) of the
+running sequences, which costs that forward `cost.riding` more. The engine admits at once where an
+admission costs no more than it adds (the CPU); a GPU engine's admission gate, which may hold admissions
+back a few forwards to spare an eager step, is not modelled here (the GPU replay of a trace has it).
+A sequence that emits `e` tokens per forward (1, or the expected accepted length under speculation) needs
+ceil((length - 1) / e) forwards after the one that admitted it.
 
 Between two events of a worker (an admission or a finish) its batch is fixed, so a whole run of decode
 forwards is one "round": its time is the per-forward cost at the run's mid-point context times its
@@ -42,8 +45,8 @@ class Rounds:
     busy: np.ndarray
     gap: np.ndarray
     occupied: np.ndarray
-    it0: np.ndarray  # forwards done before the round (decode/verify forwards only)
-    k: np.ndarray  # decode forwards in the round (0 for a prefill)
+    it0: np.ndarray  # forwards done before the round (decode/verify forwards, with admissions or not)
+    k: np.ndarray  # decode forwards in the round (0 for a prefill; 1 for a decode with admissions riding)
     prefill: np.ndarray  # 1 where the round is a prefill (one forward), else 0
 
     def _done(self, horizon: np.ndarray | float) -> np.ndarray:
@@ -70,8 +73,8 @@ class Rounds:
 
 @dataclass
 class Result:
-    admit_t: np.ndarray  # (W, Q) start of the prefill that admitted it; inf if never
-    admit_it: np.ndarray  # (W, Q) the worker's forward count at admission
+    admit_t: np.ndarray  # (W, Q) start of the forward that admitted it; inf if never
+    admit_it: np.ndarray  # (W, Q) the worker's decode-forward count once its first token is out
     finish_t: np.ndarray  # (W, Q)
     end_t: np.ndarray  # (W,) when the worker ran out of work
     rounds: Rounds
@@ -111,51 +114,59 @@ def run(
     while True:
         waiting = queues.length - qptr
         admit = (live < cap) & (waiting > 0)
-        decode = ~admit & (live > 0)
+        prefill = admit & (live == 0)  # nothing runs: the admissions are a forward of their own
+        decode = live > 0  # a decode round; with admissions riding, one forward long
         if not (admit.any() or decode.any()):
             break
         busy = np.zeros(n_w)
         k = np.zeros(n_w, dtype=np.int64)
-        occupied = live.copy()
+        if decode.any():
+            active = s_idx >= 0
+            k = np.where(decode, np.min(s_target, axis=1) - it, 0)
+            k = np.where(admit, 1, np.maximum(k, 0))
+            ctx_now = np.where(active, s_ctx + s_rate * (it[:, None] - s_admit), 0.0).sum(axis=1)
+            grow = np.where(active, s_rate, 0.0).sum(axis=1)
+            mid = ctx_now + grow * np.maximum(k - 1, 0) / 2.0
+            busy += np.where(decode & ~admit, k * cost.decode(live.astype(float), mid, q), 0.0)
+            running = live.copy()
+        m = np.zeros(n_w, dtype=np.int64)
         if admit.any():
             m = np.where(admit, np.minimum(cap - live, waiting), 0)
             if np.isfinite(max_prefill_tokens):
                 cand = np.take_along_axis(queues.ctx0, np.minimum(qptr[:, None] + cols, n_q - 1), axis=1)
                 fits = (np.maximum.accumulate(cand, axis=1) * (cols + 1) <= max_prefill_tokens) | (cols == 0)
                 m = np.minimum(m, fits.sum(axis=1))
+            first = it + k  # the decode-forward count once the admitting forward is done
             free = s_idx < 0
             rank = np.cumsum(free, axis=1)
             take = free & (rank <= m[:, None])
             qi = np.where(take, qptr[:, None] + rank - 1, 0)
             ctx0 = np.take_along_axis(queues.ctx0, qi, axis=1)
             s_idx = np.where(take, qi, s_idx)
-            s_target = np.where(take, it[:, None] + np.take_along_axis(need, qi, axis=1), s_target)
+            s_target = np.where(take, first[:, None] + np.take_along_axis(need, qi, axis=1), s_target)
             s_ctx = np.where(take, ctx0 + 1.0, s_ctx)
             s_rate = np.where(take, np.take_along_axis(queues.rate, qi, axis=1), s_rate)
-            s_admit = np.where(take, it[:, None], s_admit)
+            s_admit = np.where(take, first[:, None], s_admit)
             w_take, c_take = np.nonzero(take)
             admit_t[w_take, qi[w_take, c_take]] = t[w_take]
-            admit_it[w_take, qi[w_take, c_take]] = it[w_take]
+            admit_it[w_take, qi[w_take, c_take]] = first[w_take]
             tok = np.where(take, ctx0, 0.0)
-            busy += np.where(admit, cost.prefill(m, tok.sum(axis=1), (tok * tok).sum(axis=1)), 0.0)
+            n_tok, sq = tok.sum(axis=1), (tok * tok).sum(axis=1)
+            busy += np.where(prefill, cost.prefill(m, n_tok, sq), 0.0)
+            if decode.any():
+                riding = admit & decode
+                ctx_run = np.where(riding, ctx_now, 0.0)
+                step = cost.decode((running + m).astype(float), ctx_run, q) + cost.riding(m, n_tok, sq)
+                busy += np.where(riding, step, 0.0)
             qptr += m
             live += m
-            occupied = live.copy()
-        if decode.any():
-            active = s_idx >= 0
-            k = np.where(decode, np.min(s_target, axis=1) - it, 0)
-            k = np.maximum(k, 0)
-            ctx_now = np.where(active, s_ctx + s_rate * (it[:, None] - s_admit), 0.0).sum(axis=1)
-            grow = np.where(active, s_rate, 0.0).sum(axis=1)
-            mid = ctx_now + grow * np.maximum(k - 1, 0) / 2.0
-            busy += np.where(decode, k * cost.decode(live.astype(float), mid, q), 0.0)
-        n_fwd = np.where(admit, 1, k)
+        n_fwd = np.where(prefill, 1, k)
         gap = n_fwd * cost.gap
-        for key, val in (("t0", t.copy()), ("busy", busy), ("gap", gap), ("occupied", occupied)):
+        for key, val in (("t0", t.copy()), ("busy", busy), ("gap", gap), ("occupied", live.copy())):
             rec[key].append(val)
         rec["it0"].append(it.copy())
         rec["k"].append(k)
-        rec["prefill"].append(admit.astype(np.int64))
+        rec["prefill"].append(prefill.astype(np.int64))
         t = t + busy + gap
         it = it + k
         done = (s_idx >= 0) & (s_target <= it[:, None]) & (admit | decode)[:, None]

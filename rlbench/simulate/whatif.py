@@ -75,6 +75,9 @@ class LoggedUpdate(CostModel):
     def prefill(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
         return self.base.prefill(n_seqs, tokens, tokens_sq)
 
+    def riding(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
+        return self.base.riding(n_seqs, tokens, tokens_sq)
+
     def update(self, tokens: float, workers: int) -> float:
         return self.update_per_token * tokens / max(1, workers)
 
