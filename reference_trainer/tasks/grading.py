@@ -31,7 +31,7 @@ from reference_trainer.errors import UserError
 from reference_trainer.tasks import answer_equality
 from reference_trainer.tasks.answer_extraction import MAX_RESPONSE_CHARS as MAX_RESPONSE_CHARS
 from reference_trainer.tasks.answer_extraction import locate_answer
-from reference_trainer.tasks.answer_forms import clean_value, text_only
+from reference_trainer.tasks.answer_forms import CLOCK_24H, clean_value, clock_24h, text_only
 from reference_trainer.tasks.answer_forms import prose_start as prose_start
 from reference_trainer.tasks.kk_answers import format_assignment, parse_free_form_assignment
 from reference_trainer.tasks.user_grader import grade_with, is_user_grader
@@ -92,8 +92,9 @@ def _value_configs() -> tuple[Any, ...]:
 
 
 def parse_value(value: str, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
-    """math-verify's parse of an answer's own LaTeX: [sympy object, normalised text], or [text] when it
-    does not parse or is text only (`answer_forms.text_only`)."""
+    """math-verify's parse of an answer's own LaTeX: [sympy object, (other readings,) normalised text], or
+    [text] when it does not parse or is text only (`answer_forms.text_only`); [] when it contradicts itself
+    (`contradicts_approximation`)."""
     from math_verify import parse
 
     if text_only(value):  # its own text, not math-verify's normalisation (which drops "\text{ hundred}")
@@ -101,8 +102,37 @@ def parse_value(value: str, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
     answer_equality.install_exact_comparison()
     parsed = parse(f"\\boxed{{{value}}}", _value_configs(), parsing_timeout=timeout_s)
     if parsed and (as_set := answer_equality.relations_as_set(value, parsed[0])) is not None:
-        return [as_set, *parsed[1:]]
-    return parsed
+        parsed = [as_set, *parsed[1:]]
+    if parsed and answer_equality.contradicts_approximation(value, parsed[0]):
+        return []  # "x = 1/3 \\approx 11": no value a grader can sign
+    more: list[Any] = []  # other readings of the same text, compared too (the matched text stays last)
+    if m := CLOCK_24H.fullmatch(value):  # "20:34" is also the clock time 8:34 P.M. (a gold's time is text)
+        more.append(f"\\text{{{clock_24h(int(m.group(1)), m.group(2))}}}")
+    for reading in other_readings(value):
+        more += parse(f"\\boxed{{{reading}}}", _value_configs(), parsing_timeout=timeout_s)[:1]
+    if more and parsed and isinstance(parsed[-1], str):
+        return [*parsed[:-1], *more, parsed[-1]]
+    return [*parsed, *more]
+
+
+_DECIMAL_COMMA = re.compile(r"-?\d+,\d{1,2}")  # "1,22": not thousands (3 digits after the comma)
+# Groups of assignments: "p = 5, q = 2 \\quad \\text{and} \\quad p = 7, q = 2", "p=5,q=2;p=7,q=2"
+_GROUP_SEPARATOR = re.compile(r"\s*(?:;|(?:\\q?quad\s*)?\\text\{\s*(?:and|or)\s*\}(?:\s*\\q?quad)?)\s*")
+
+
+def other_readings(value: str) -> list[str]:
+    """Other texts the same answer reads as: a decimal comma ("1,22" is also 1.22, as math-verify reads
+    "0,111"), one \\pm ("f(x) = \\pm x" is the list f(x) = x, f(x) = -x) and groups of assignments (each a
+    tuple: "p=5,q=2;p=7,q=2" is (p=5, q=2), (p=7, q=2))."""
+    readings = []
+    if _DECIMAL_COMMA.fullmatch(value.strip()):
+        readings.append(value.replace(",", "."))
+    if value.count("\\pm") == 1 and "," not in value:
+        readings.append(f"{value.replace(chr(92) + 'pm', '+')}, {value.replace(chr(92) + 'pm', '-')}")
+    groups = _GROUP_SEPARATOR.split(value)
+    if len(groups) > 1 and all("," in g and "=" in g for g in groups):
+        readings.append(", ".join(f"({g.strip()})" for g in groups))
+    return readings
 
 
 def parse_text(text: str, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
@@ -147,7 +177,6 @@ _LABEL_LHS = re.compile(
     r"\s*((?:\\(?:angle|triangle|overline)\s*)?\{?[A-Za-z]+(?:_\{?\w+\}?)?\}?\s*[:/]?\s*)+=([^=]+)"
 )
 _PERCENT = re.compile(r"\s*\\?%\s*$")
-_DECIMAL_COMMA = re.compile(r"-?\d+,\d{1,2}")  # "1,22": not thousands (3 digits after the comma)
 
 
 @functools.lru_cache(maxsize=256)  # a problem's K samples share one gold, usually in one worker's chunk
@@ -168,8 +197,6 @@ def parse_gold(gold: str, timeout_s: int = VERIFY_TIMEOUT_S) -> tuple[Any, ...]:
     candidates = parse_value(text, timeout_s) + labelled
     if _PERCENT.search(text):
         candidates += parse_value(_PERCENT.sub("", text), timeout_s)
-    if _DECIMAL_COMMA.fullmatch(text):  # a decimal comma ("1,22" = 1.22, as math-verify reads "0,111")
-        candidates += parse_value(text.replace(",", "."), timeout_s)
     return tuple(candidates)
 
 
