@@ -243,6 +243,10 @@ ISSUE_56 = [
     (r"$x = 5+5+1 = 1/3 \approx 11$", "1/3", False),
     (r"$x = \frac{1}{3} \approx 0.33$", "1/3", True),
     ("Final Answer: The largest $n$ is 34.", "34", True),
+    # the same line written another way; an equation of a quantity the problem does not ask for
+    (r"\boxed{2x+y-1=0}", "y=-2x+1", True),
+    (r"\boxed{2x+y+1=0}", "y=-2x+1", False),
+    ("So, the figure skater's final spin is east.", r"\text{east}", True),
 ]  # fmt: skip
 
 MATH_CASES = {
@@ -379,6 +383,16 @@ def test_math_policy(response: str, gold: str, correct: bool) -> None:
 )
 def test_a_clause_that_repeats_the_problem(response: str, gold: str, problem: str, correct: bool) -> None:
     assert grade_as_pool(response, gold, problem).correct is correct
+
+
+def test_an_equation_of_a_quantity_not_asked_for_is_no_answer() -> None:
+    """SmolLM2-135M on MATH-500 intermediate_algebra/623 ends "the answer is $\\log a^b = 0$"; the problem
+    asks for a + b (gold 0), and math-verify compared the equation's right side with the gold."""
+    problem = (
+        "If the domain of the function $\\log x^2$ is $x < a$ or $x > b$, for some $a$ and $b$, find $a + b$."
+    )
+    assert not grade_as_pool("So to summarize, the answer is $\\log a^b = 0$.", "0", problem).correct
+    assert grade_as_pool("So the answer is $a + b = 0$.", "0", problem).correct
 
 
 def test_the_problem_reaches_the_grader_in_the_pool() -> None:

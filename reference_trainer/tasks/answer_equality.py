@@ -233,17 +233,29 @@ def second_forms(parsed: Sequence[Any]) -> list[Any]:
 
 
 def equivalent(gold: Sequence[Any], pred: Sequence[Any], timeout_s: int) -> bool:
-    """Does any form of the prediction equal any form of the gold (math-verify's `verify`)?"""
+    """Does any form of the prediction equal any form of the gold (math-verify's `verify`), or describe the
+    same curve (`same_curve`)?"""
     from math_verify import verify
 
     if not gold or not pred:
         return False
     install_exact_comparison()
-    return bool(
-        verify(
-            second_forms(gold),
-            second_forms(pred),
-            timeout_seconds=timeout_s,
-            allow_set_relation_comp=True,
-        )
+    found = verify(
+        second_forms(gold), second_forms(pred), timeout_seconds=timeout_s, allow_set_relation_comp=True
     )
+    return bool(found) or any(same_curve(g, p) for g in gold for p in pred)
+
+
+def same_curve(a: Any, b: Any) -> bool:
+    """Are two equations in two or more variables the same curve or surface, one a nonzero constant times the
+    other (`2x+y-1=0` and `y=-2x+1`; math-verify compares them side by side)? An equation in one variable
+    is an assignment, left to math-verify (`3k = 9` is no final `k = 3`)."""
+    from sympy import Eq, cancel
+
+    if not (isinstance(a, Eq) and isinstance(b, Eq)) or len(a.free_symbols | b.free_symbols) < 2:
+        return False
+    try:
+        ratio = cancel((a.lhs - a.rhs) / (b.lhs - b.rhs))
+    except Exception:  # an expression sympy cannot divide: not shown equal
+        return False
+    return bool(ratio.is_number and ratio != 0 and ratio.is_finite)

@@ -510,8 +510,13 @@ _ONE_COUNTED = re.compile(r"\b(?:is|are|be|exactly|only|just|equals?)\s+$", re.I
 _ONE_NOT_COUNTED = re.compile(r"\s+(?:of|another|that|who|which|way|more|by|at)\b", re.IGNORECASE)
 
 
+# A last sentence that ends by stating one word: "So, the figure skater's final spin is east."
+_WORD_STATED = re.compile(r"\b(?:is|are)\s+([A-Za-z]+)\s*$", re.IGNORECASE)
+
+
 def _number_in_words(text: str, masked: str) -> LocatedAnswer | None:
-    """The number a last sentence without maths states in words; None unless it states exactly one."""
+    """The number a last sentence without maths states in words, or the one word it ends by stating; None
+    unless it states exactly one."""
     body = masked.rstrip().rstrip(".!")
     start = _sentence_start(masked, len(body))
     sentence = text[start : len(body)]
@@ -524,6 +529,8 @@ def _number_in_words(text: str, masked: str) -> LocatedAnswer | None:
         ):
             continue
         found.append(clean_value(m.group(0)))
+    if not found and (word := _WORD_STATED.search(sentence)) and word.group(1).lower() not in _JUDGEMENTS:
+        return LocatedAnswer(start, f"\\text{{{word.group(1)}}}", sentence)  # "... final spin is east."
     if len(set(found)) != 1 or _ALTERNATIVES.search(masked[start:]):
         return None
     return LocatedAnswer(start, found[0], sentence)

@@ -9,7 +9,8 @@ as if boxed, with math-verify's box pattern only: a value that does not parse st
 taking a number from inside it. A response that states no answer is read by math-verify whole within its
 last clause (`ExprExtractionConfig` too: plain "1,250"). The gold is parsed the same way, plus what the
 suites' gold format needs: a single-letter "N=" prefix is dropped (math-verify folds case, so "N=n" would
-parse as Eq(n, n)); a percentage also matches its bare number (62.5% = 62.5, as the Qwen harness grades);
+parse as Eq(n, n)), and kept too where the letter is not on the right ("y=-2x+1" is also a line); a
+percentage also matches its bare number (62.5% = 62.5, as the Qwen harness grades);
 a gold with prose after its formula ("f(x)=ax+b, where b is ...") is graded by that formula, or by the whole
 text verbatim; a gold with a label ("S_{MBCN}:S=7:32") also matches its value; "1,22" is also 1.22.
 
@@ -190,6 +191,9 @@ def parse_gold(gold: str, timeout_s: int = VERIFY_TIMEOUT_S) -> tuple[Any, ...]:
         return tuple(parse_value(clean_value(formula), timeout_s) + whole)
     labelled: list[Any] = []
     if m := _LETTER_LHS.fullmatch(text):
+        letter = text.split("=", 1)[0].strip()[0].lower()
+        if letter not in re.sub(r"\\[A-Za-z]+", "", m.group(1)).lower():  # "y=-2x+1" is also the line
+            labelled = [v for v in parse_value(clean_value(text), timeout_s) if not isinstance(v, str)]
         text = m.group(1).strip()
     elif (m := _LABEL_LHS.fullmatch(text)) and not re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", m[2])):
         labelled = parse_value(clean_value(m[2]), timeout_s)  # "S_{MBCN}:S=7:32" is also its value, 7:32
@@ -211,7 +215,30 @@ def grade_math(
     statement where known (a clause that only repeats it gives way to a result stated before it)."""
     pred = parse_answer(response, timeout_s, problem)
     extracted = answer_text(pred)
-    return extracted, extracted is not None and equivalent(parse_gold(gold, timeout_s), pred, timeout_s)
+    if extracted is None or answers_another_quantity(extracted, gold, problem):
+        return extracted, False
+    return extracted, equivalent(parse_gold(gold, timeout_s), pred, timeout_s)
+
+
+_FUNCTION_OF = re.compile(
+    r"\\(?:log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|arctan)(?![A-Za-z])|[A-Za-z]\("
+)
+
+
+def answers_another_quantity(answer: str, gold: str, problem: str) -> bool:
+    """Is the answer an equation giving the value of a function of something the problem does not ask for
+    ("\\log a^b = 0" for "find a + b": math-verify compares its right side with a gold that is no equation)?
+    A left side written in the problem ("f(2) = 5" for "find f(2)") or a variable is what was asked."""
+    if not problem or "=" not in answer or "=" in gold:
+        return False
+    left = answer.split("=", 1)[0]
+    if not _FUNCTION_OF.search(left):
+        return False
+    return _squeezed(left) not in _squeezed(problem)
+
+
+def _squeezed(latex: str) -> str:
+    return re.sub(r"\s+|\$|\\left|\\right", "", latex)
 
 
 # ----------------------------------------------------------------------------- knights and knaves

@@ -1,8 +1,8 @@
 """Reading a Knights-and-Knaves answer written in free form: who the response says is a knight.
 
-The stated answer is the last `<answer>` block, else what follows the last CONCLUSION marker, else the whole
-response. Statements are read in these phrasings (a knight is also a truth-teller, truthful, honest, one who
-tells the truth; a knave a liar, lying, one who lies):
+The stated answer is the last `<answer>` block, else what follows the last CONCLUSION marker opening a line,
+else the whole response. Statements are read in these phrasings (a knight is also a truth-teller, truthful,
+honest, one who tells the truth; a knave a liar, lying, one who lies):
 
     Zoey is a knight / Zoey must be a knave / Zoey is not a knave (a knight) / Zoey is a liar / Zoey lies
     Penelope and David are knaves / Both Zoey and Oliver are knights
@@ -21,10 +21,11 @@ A statement that leaves a role open ("Zoey is a knight or a knave", "Luna could 
 knave", "... cannot be determined") is a hedge: the person has no role from it. Any other statement in a
 sentence that supposes, reports or doubts ("If Zoey is a knight", "one might think Penelope is a knave",
 "Zoey says Oliver is a knave") is skipped. The answer is the roles as finally stated: each person's last
-statement counts, a final hedge included. In a stated answer (block or CONCLUSION) a person given both
-roles, or hedged, makes the answer unreadable (the answer contradicts itself). A response without a stated
-answer that stops mid-sentence (cut at its token limit) never concluded, and states nothing. Every person
-must get a role.
+statement counts, a final hedge included; statements joined by "or" are a hedge too ("Jacob is a knight, or
+Zoey is not a knave"). In a stated answer (block or CONCLUSION) a person given both roles makes the answer
+unreadable (it contradicts itself). A response without a stated answer that stops mid-sentence (cut at its
+token limit) is read only in its answer sentences ("So the answer is that ...", "In conclusion, ..."): the
+rest is reasoning that never concluded. Every person must get a role.
 """
 
 from __future__ import annotations
@@ -150,22 +151,43 @@ def _hedge_patterns(names: Sequence[str]) -> list[re.Pattern[str]]:
     ]
 
 
+# The CONCLUSION marker opens a line (markdown allowed); quoted inside a line ('after the line "CONCLUSION:"',
+# the prompt's instruction echoed) it marks nothing.
+_CONCLUSION = re.compile(r"^[ \t#*_>]*conclusion\b", re.IGNORECASE | re.MULTILINE)
+
+
 def _answer_region(text: str) -> tuple[str, bool]:
     """The stated answer and whether it is one (a block or a CONCLUSION), else the whole response."""
     blocks = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL | re.IGNORECASE)
     if blocks:
         return blocks[-1], True
-    idx = text.upper().rfind("CONCLUSION")
-    return (text[idx + len("CONCLUSION") :], True) if idx >= 0 else (text, False)
+    markers = list(_CONCLUSION.finditer(text))
+    return (text[markers[-1].end() :], True) if markers else (text, False)
+
+
+def _sentence_start(region: str, at: int) -> int:
+    window = max(0, at - _CONTEXT_CHARS)
+    return max(max(region.rfind(c, window, at) for c in ".!?;\n") + 1, window)
 
 
 def _asserted(region: str, m: re.Match[str]) -> bool:
     """Is the match asserted: not in a sentence that supposes, doubts or reports?"""
-    window = max(0, m.start() - _CONTEXT_CHARS)
-    sentence_start = max(max(region.rfind(c, window, m.start()) for c in ".!?;\n") + 1, window)
-    return not _NOT_ASSERTED_BEFORE.search(
-        region[sentence_start : m.start()] + (m.groupdict().get("gap") or "")
-    )
+    before = region[_sentence_start(region, m.start()) : m.start()]
+    return not _NOT_ASSERTED_BEFORE.search(before + (m.groupdict().get("gap") or ""))
+
+
+# Statements joined by "or" are alternatives: "Jacob is a knight, or Zoey is not a knave", "both are knights
+# or both are knaves" leave the roles open.
+_OR_AFTER = re.compile(r"[ \t]*,?[ \t]*\bor\b", re.IGNORECASE)
+_OR_BEFORE = re.compile(r"\bor[ \t]*,?[ \t]*$", re.IGNORECASE)
+
+
+def _left_open(region: str, m: re.Match[str]) -> bool:
+    """Does the statement leave its role open: a role "or" another, "cannot be determined", or one of two
+    statements joined by "or"?"""
+    before = region[_sentence_start(region, m.start()) : m.start()]
+    after = region[m.end() :]
+    return bool(_UNDECIDED_AFTER.match(after) or _OR_AFTER.match(after) or _OR_BEFORE.search(before))
 
 
 def _canonical(names: Sequence[str]) -> dict[str, str]:
@@ -188,7 +210,7 @@ def _statements(region: str, names: Sequence[str]) -> list[tuple[int, list[str],
                 continue
             knight = bool(_IS_KNIGHT.match(m.group("role"))) != bool(m.groupdict().get("neg"))
             people = people_of(m)
-            open_role = _UNDECIDED_AFTER.match(region, m.end()) is not None
+            open_role = _left_open(region, m)
             found.append((m.start(), people, None if open_role else knight))
             if m.groupdict().get("only") and not open_role:  # everyone else has the other role
                 found.append((m.start(), [n for n in names if n not in people], not knight))
@@ -199,10 +221,19 @@ def _statements(region: str, names: Sequence[str]) -> list[tuple[int, list[str],
             if counted is not None and int(counted) != len(names) or not _asserted(region, m):
                 continue
             knight = bool(_IS_KNIGHT.match(m.group("role"))) != bool(m.groupdict().get("none"))
-            found.append((m.start(), list(names), knight))
+            found.append((m.start(), list(names), None if _left_open(region, m) else knight))
     for pattern in _hedge_patterns(names):
         found += [(m.start(), people_of(m), None) for m in pattern.finditer(region)]
     return sorted(found, key=lambda s: s[0])
+
+
+_ANSWER_SENTENCE = re.compile(
+    r"\banswer\b[^.\n]{0,40}?\bis\b|\bfinal\s+answer\b|\bin\s+conclusion\b", re.IGNORECASE
+)
+
+
+def _in_answer_sentence(region: str, at: int) -> bool:
+    return _ANSWER_SENTENCE.search(region[_sentence_start(region, at) : at]) is not None
 
 
 def _cut_off(text: str, names: Sequence[str]) -> bool:
@@ -224,11 +255,14 @@ def parse_free_form_assignment(text: str, names: Sequence[str]) -> dict[str, boo
         return None
     region, stated = _answer_region(text[-MAX_RESPONSE_CHARS:])
     region = re.sub(r"[*`_\"]", "", region)  # markdown emphasis around names and roles, JSON's quotes
+    statements = _statements(region, names)
     if not stated and _cut_off(region, names):
-        return None
+        # cut at its token limit: only what it stated as its answer counts ("So the answer is that both
+        # Sofia and Amelia are knaves."), not reasoning that never concluded
+        statements = [s for s in statements if _in_answer_sentence(region, s[0])]
     roles: dict[str, bool | None] = {}
     contradicted: set[str] = set()
-    for _, people, knight in _statements(region, names):
+    for _, people, knight in statements:
         for person in people:
             if stated and person in roles and roles[person] != knight:
                 contradicted.add(person)  # two roles in the stated answer: it contradicts itself
