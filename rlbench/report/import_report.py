@@ -121,7 +121,8 @@ def _headline_in(doc: dict[str, Any], unit: str) -> str:
     return kpis(
         {
             "bubble ratio": pct(s.get("bubble_ratio")),
-            f"rollout tokens per {unit}": num(s.get("rollout_tokens_per_s"), digits=4),
+            f"trained tokens per rollout-{unit}": num(s.get("trained_tokens_per_rollout_s"), digits=4),
+            f"generated tokens per rollout-{unit}": num(s.get("rollout_tokens_per_s"), digits=4),
             "mean step time": num(s.get("step_time_s"), f" {unit}s"),
             "tail time share": pct(s.get("tail_time_share")),
         }
