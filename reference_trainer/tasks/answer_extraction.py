@@ -224,7 +224,9 @@ _HEDGED_VALUE = re.compile(
 )
 # Two values offered as alternatives: "either 6 or 12", "6 or 12, depending on the interpretation" (a list
 # of answers is written without "either" and without a condition: "3 or 6" is a list).
-_VALUE_SPAN = r"(?:\$M*\$|\\M*[)\]]|-?\d[\d.,/]*)"
+# (a number's span is bounded and must end there: a 3,000-digit run would otherwise be retried from every
+# position, quadratic in its length)
+_VALUE_SPAN = r"(?:\$M{0,5000}\$|\\M{0,5000}[)\]]|(?<![\d.,/])-?\d[\d.,/]{0,40}(?![\d.,/]))"
 _ALTERNATIVES = re.compile(
     rf"[^.!?\n]{{0,60}}?(?:\beither\s+{_VALUE_SPAN}[^.!?\n]{{0,80}}?\bor\b\s+(?:\w+\s+){{0,2}}?{_VALUE_SPAN}"
     rf"|{_VALUE_SPAN}\s+or\s+{_VALUE_SPAN}[^.!?\n]{{0,40}}?\b(?:depending|depends)\b)",

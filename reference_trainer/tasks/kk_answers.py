@@ -59,6 +59,9 @@ _FILLER = (
     rf"(?:{_S}+(?i:is|are|was|were|must|be|has|have|to|both|all|therefore|thus|hence|so|also|then|indeed|"
     r"clearly|definitely|actually|certainly|each|the|an?))*"
 )
+# A statement lists at most this many people (K&K puzzles have 2 to 8): bounded, so that a response of one
+# long list of names ("Zoey, Zoey, ...") is not rescanned from every name (quadratic)
+_MAX_LISTED = 12
 _COUNT = r"(?:two|three|four|five|six|seven|eight|\d)"
 # Names that are also English words: matched only with their capital ("Zoey will be" is no statement).
 ENGLISH_NAMES = frozenset({
@@ -86,7 +89,7 @@ def _name(names: Sequence[str]) -> str:
 
 def _patterns(names: Sequence[str]) -> list[re.Pattern[str]]:
     name = _name(names)
-    people = rf"(?P<people>(?i:both{_S}+)?{name}(?:{_S}*,{_S}*{name})*"
+    people = rf"(?P<people>(?i:both{_S}+)?{name}(?:{_S}*,{_S}*{name}){{0,{_MAX_LISTED}}}"
     people += rf"(?:{_S}*,?{_S}*(?i:and|&){_S}+{name})?)"
     return [
         # Zoey is a knight / Penelope and David are both knaves / Zoey is not a knave / Zoey lies
@@ -136,7 +139,7 @@ _ROLES_EITHER = rf"{_ANY_ROLE}{_S}+or{_S}+{_ANY_ROLE}"
 
 def _hedge_patterns(names: Sequence[str]) -> list[re.Pattern[str]]:
     name = _name(names)
-    people = rf"(?P<people>{name}(?:{_S}*,{_S}*{name})*(?:{_S}*,?{_S}*(?i:and|&){_S}+{name})?)"
+    people = rf"(?P<people>{name}(?:{_S}*,{_S}*{name}){{0,{_MAX_LISTED}}}(?:{_S}*,?{_S}*(?i:and|&){_S}+{name})?)"
     return [
         re.compile(
             rf"{people}{_S}+(?i:could|can|might|may){_S}+(?i:be){_S}+(?i:either{_S}+)?{_ROLES_EITHER}", re.I
