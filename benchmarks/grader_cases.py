@@ -1,12 +1,13 @@
-"""The maths grader against the judged case set (`benchmarks/judged_cases.py`): false positives and false
-negatives per thousand cases, by kind.
+"""The grader against a judged case set: false positives per thousand cases judged wrong and false negatives
+per thousand judged right, by kind. `--set old` is `benchmarks/judged_cases.py`, `--set fresh` is
+`benchmarks/fresh_cases.py` (other graders' tests and real model outputs, maths and K&K).
 
-    python -m benchmarks.grader_cases [--workers 2] [--show-agreeing]
+    python -m benchmarks.grader_cases [--set old|fresh] [--workers 2] [--show-agreeing]
 
 Every case is graded as `rlbench eval` grades a sample: in the grading pool (forked workers, the wall-clock
 limit and the one retry after a timeout), with the problem statement where the case has one. A false
 positive is a case judged wrong that the grader passes; a false negative one judged right that it fails.
-Prints a table and every disagreement, and writes benchmarks/results/grader_cases.json (or --out).
+Prints a table and every disagreement, and writes benchmarks/results/grader_cases[_fresh].json (or --out).
 """
 
 from __future__ import annotations
@@ -15,16 +16,22 @@ import argparse
 import collections
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
-from benchmarks.judged_cases import Case, all_cases
+from benchmarks import fresh_cases, judged_cases
 from reference_trainer.errors import UserError
 from reference_trainer.tasks.grading import GradeItem, GradeResult
 from reference_trainer.trace.records import write_json
 from rlbench.eval.pool import GradingPool
 
-RESULT_PATH = Path(__file__).parent / "results" / "grader_cases.json"
+RESULTS = Path(__file__).parent / "results"
+SETS: dict[str, tuple[Callable[[], list[Any]], Path]] = {
+    "old": (judged_cases.all_cases, RESULTS / "grader_cases.json"),
+    "fresh": (fresh_cases.all_cases, RESULTS / "grader_cases_fresh.json"),
+}
 
 
 def math_item(response: str, gold: str, item_id: str, problem: str) -> GradeItem:
@@ -35,8 +42,15 @@ def math_item(response: str, gold: str, item_id: str, problem: str) -> GradeItem
     return GradeItem("math", response, gold, id=item_id)
 
 
-def grade_cases(cases: list[Case], workers: int) -> list[GradeResult]:
-    items = [math_item(c.response, c.gold, f"case-{i}", c.problem) for i, c in enumerate(cases)]
+def case_item(case: Any, item_id: str) -> GradeItem:
+    """A judged case as the grading item `rlbench eval` would grade (a K&K case with its names)."""
+    if getattr(case, "grader", "math") == "kk":
+        return GradeItem("kk", case.response, case.gold, case.names, case.solution, id=item_id)
+    return math_item(case.response, case.gold, item_id, case.problem)
+
+
+def grade_cases(cases: list[Any], workers: int) -> list[GradeResult]:
+    items = [case_item(c, f"case-{i}") for i, c in enumerate(cases)]
     with GradingPool(workers=workers) as pool:
         return pool.grade(items)
 
@@ -56,9 +70,11 @@ def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, choices=range(1, 9), default=2, metavar="1..8")
     parser.add_argument("--show-agreeing", action="store_true", help="also print the cases graded as judged")
-    parser.add_argument("--out", type=Path, default=RESULT_PATH)
+    parser.add_argument("--set", choices=tuple(SETS), default="old", help="which judged case set")
+    parser.add_argument("--out", type=Path, help="default: benchmarks/results/grader_cases[_fresh].json")
     args = parser.parse_args()
-    cases = all_cases()
+    load, default_out = SETS[args.set]
+    cases = load()
     start = time.perf_counter()
     results = grade_cases(cases, args.workers)
     wall_s = time.perf_counter() - start
@@ -69,6 +85,7 @@ def _main() -> None:
         group = case.kind.split("/")[0]
         verdict = "ok" if result.correct == case.correct else "fp" if result.correct else "fn"
         by_kind[group]["cases"] += 1
+        by_kind[group]["right" if case.correct else "wrong"] += 1
         by_kind[group][verdict] += 1
         if verdict != "ok" or args.show_agreeing:
             disagreements.append(
@@ -79,25 +96,31 @@ def _main() -> None:
     total = collections.Counter[str]()
     for counts in by_kind.values():
         total.update(counts)
-    print(f"{len(cases)} judged cases, graded in {wall_s:.1f} s ({args.workers} workers)")
-    print("| kind | cases | false positives | false negatives | FP per 1,000 | FN per 1,000 |")
-    print("|---|---:|---:|---:|---:|---:|")
+    graded = f"graded in {wall_s:.1f} s ({args.workers} workers)"
+    print(f"{len(cases)} judged cases ({total['right']} right), {graded}")
+    print(
+        "| kind | cases | right | false positives | false negatives "
+        + "| FP per 1,000 wrong | FN per 1,000 right |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for kind, c in [*sorted(by_kind.items()), ("all", total)]:
         print(
-            f"| {kind} | {c['cases']} | {c['fp']} | {c['fn']} "
-            f"| {per_thousand(c['fp'], c['cases']):.1f} | {per_thousand(c['fn'], c['cases']):.1f} |"
+            f"| {kind} | {c['cases']} | {c['right']} | {c['fp']} | {c['fn']} "
+            f"| {per_thousand(c['fp'], c['wrong']):.1f} | {per_thousand(c['fn'], c['right']):.1f} |"
         )
     for d in disagreements:
         print(f"{d['verdict'].upper()} [{d['kind']}] gold {d['gold']!r}: {d['response']!r}")
         print(f"    extracted {d['extracted']!r}")
     write_json(
-        args.out,
+        args.out or default_out,
         {
+            "set": args.set,
             "cases": len(cases),
+            "right": total["right"],
             "false_positives": total["fp"],
             "false_negatives": total["fn"],
-            "fp_per_1000": per_thousand(total["fp"], len(cases)),
-            "fn_per_1000": per_thousand(total["fn"], len(cases)),
+            "fp_per_1000_wrong": per_thousand(total["fp"], total["wrong"]),
+            "fn_per_1000_right": per_thousand(total["fn"], total["right"]),
             "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
             "disagreements": disagreements,
             "wall_s": wall_s,

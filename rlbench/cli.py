@@ -93,8 +93,8 @@ app_.command("modes")(modes.modes_command)
 app_.command("eval")(eval.eval_command)
 _group(
     "suites",
-    "The evaluation suites: list them, check suite files.",
-    {"validate": eval.validate_command},
+    "The evaluation suites: list them, check suite files, download their data for offline use.",
+    {"validate": eval.validate_command, "download": eval.download_command},
     own=eval.suites_command,
 )
 app_.command("generate")(generate.generate_command)

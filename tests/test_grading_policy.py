@@ -181,6 +181,74 @@ CLAUSES = [
     ("We find $x=3$. However, $x=3$ makes the denominator zero, so there is no solution.", "3", False),
 ]  # fmt: skip
 
+# Issue 56, one table row (or more) per kind of false positive or negative it lists.
+NESTED_PRED = r"\frac{\sqrt{\sqrt{11}+\sqrt{194}}}{2\sqrt{33}+15}"  # math-verify timed out on these
+NESTED_GOLD = r"\frac{\sqrt{\sqrt{11}+\sqrt{194}}}{15+2\sqrt{33}}"
+CHAINS = r"-\sqrt{11} < x < -2 \text{ or } \sqrt{11} < x"
+UNION = r"(-\sqrt{11},-2)\cup (\sqrt{11},9)"
+NEXT_TURN = "So the answer is $\\boxed{12}$.\n\nUser: What is 2+2?\nAssistant: The answer is $\\boxed{4}$."
+FOR_ALL = r"Thus the only solution is $f(x) = \frac{1}{x}$ for all $x \in \mathbb{Q}^+$."
+ISSUE_56 = [
+    # a hedge between two values with no if/when
+    ("The answer is either 6 or 12, depending on the interpretation.", "6", False),
+    ("So the number of ways is either $6$ or $12$.", "12", False),
+    ("There are 6 or 12 arrangements depending on whether rotations count.", "6", False),
+    ("The answer is 3 or 6.", "3, 6", True),  # a list has no "either" and no condition
+    # identities, unsimplified golds, long decimals against fractions
+    (r"The answer is $\boxed{\sin(90^\circ - x)}$.", r"\cos x", True),
+    (r"The answer is $\boxed{\sin(90^\circ - x)}$.", r"\sin x", False),
+    (r"So $z = \boxed{1+2i}$.", "i(2-i)", True),
+    (r"So $z = \boxed{1-2i}$.", "i(2-i)", False),
+    (r"The probability is $\boxed{2.314814814815 \times 10^{-3}}$.", r"\frac{1}{432}", True),
+    (r"The probability is $\boxed{2.3 \times 10^{-3}}$.", r"\frac{1}{432}", False),
+    (f"\\boxed{{{NESTED_PRED}}}", NESTED_GOLD, True),
+    # several answers in another list form
+    (f"The solution is ${CHAINS} < 9$.", UNION, True),
+    (f"The solution is ${CHAINS} < 8$.", UNION, False),
+    (r"Hence $\boxed{f(x) = \pm x}$.", "f(x)=x,f(x)=-x", True),
+    (r"Hence $\boxed{f(x) = \pm 2x}$.", "f(x)=x,f(x)=-x", False),
+    ("$(5,2),(7,2)$", "p=5,q=2;p=7,q=2", True),
+    ("$p=5,q=2;p=7,q=2$", r"p = 5, q = 2 \quad \text{and} \quad p = 7, q = 2", True),
+    ("$(5,2),(7,3)$", "p=5,q=2;p=7,q=2", False),
+    ("(a) The count is $\\boxed{3}$.\n\n(b) The sum is $\\boxed{5}$.", "3, 5", True),
+    (r"(a) $\boxed{3}$ (b) $\boxed{5}$", "5", False),
+    (r"$$\boxed{(3, 3)} \text{ for part (a) and } \boxed{(1, 1)}$$", "(3, 3), (1, 1)", True),
+    ("W(x)=1orW(x)=-1", r"W(n) = 1 \text{ and } W(n) = -1", True),
+    # plain-text notation
+    ("The limit is infinity.", r"\infty", True),
+    ("The limit is negative infinity.", r"\infty", False),
+    (r"It takes $\boxed{10weeks}$.", "10", True),
+    ("The train arrives at 20:34.", "08:34 P.M.", True),
+    ("The train arrives at 8:34 PM.", "08:34 P.M.", True),
+    ("The train arrives at 10:17.", "08:34 P.M.", False),
+    ("1000,99", "1000.99", True),
+    # number words inside a sentence
+    ("Each root is a seventh root of unity but 1. So there are seven such complex numbers.", "7", True),
+    ("So there are seven such complex numbers.", "6", False),
+    ("So there is exactly one such number.", "1", True),
+    ("So the one that remains is the answer.", "1", False),
+    # the end of an equation chain
+    (r"$100x - x = 36$, so $x = \frac{36}{99} = \frac{4}{11}$.", r"\frac{4}{11}", True),
+    (r"$100x - x = 36$, so $x = \frac{36}{99} = \frac{4}{11}$.", "36", False),
+    # a last line without a closing period
+    ("</think><answer> 48480 </answer>", "48480", True),
+    ("</think><answer> 48480 </answer>", "48481", False),
+    (r"\[Answer: 009\]", "9", True),
+    (r"\[\text{Answer: } 12\]", "12", True),
+    # the wrong clause: a quantifier after the answer, a later turn written as text, contradictions
+    (FOR_ALL, r"f(x)=\frac{1}{x}", True),
+    (FOR_ALL, "1", False),
+    (NEXT_TURN, "12", True),
+    (NEXT_TURN, "4", False),
+    (r"$x = 5+5+1 = 1/3 \approx 11$", "1/3", False),
+    (r"$x = \frac{1}{3} \approx 0.33$", "1/3", True),
+    ("Final Answer: The largest $n$ is 34.", "34", True),
+    # the same line written another way; an equation of a quantity the problem does not ask for
+    (r"\boxed{2x+y-1=0}", "y=-2x+1", True),
+    (r"\boxed{2x+y+1=0}", "y=-2x+1", False),
+    ("So, the figure skater's final spin is east.", r"\text{east}", True),
+]  # fmt: skip
+
 MATH_CASES = {
     "exact": EXACT,
     "malformed": MALFORMED,
@@ -193,6 +261,7 @@ MATH_CASES = {
     "boxes-hedges": BOXES_AND_HEDGES,
     "labels": LABELS,
     "clauses": CLAUSES,
+    "issue-56": ISSUE_56,
 }
 
 # Rule 4 with the problem statement: a clause that only repeats the problem gives way to a result stated
@@ -247,7 +316,51 @@ KK_CASES = [
     ("Step 3: conclude.\nZoey is a knight (1)\nPenelope is a knave (2)\nDavid is a knave (3)", True),
     ("Zoey is a knight, Penelope and David are knaves. Who lies? \"Penelope, who says 'David lies'?\"", True),
     ("Zoey is a knight.\nPenelope (knave)\nDavid (knave)", True),
+    # Issue 56: the roles as finally stated, in any common phrasing
+    ("So Zoey is a knight, Penelope and David are knaves. ... Zoey could be either a knight or a knave.",
+     False),
+    ("CONCLUSION: Zoey is a knight. Penelope and David are knaves.\nWe cannot determine whether Zoey ...",
+     False),
+    ("Zoey is the only knight.", True),
+    ("Only Zoey is a knight.", True),
+    ("The only knight is Zoey.", True),
+    ("Penelope is the only knight.", False),
+    ("Zoey is a truth-teller, while Penelope and David are liars.", True),
+    ("Zoey tells the truth. Penelope lies. David is lying.", True),
+    ("Zoey is a liar, Penelope and David are liars.", False),
+    ("zoey is a knight, penelope is a knave and david is a knave.", True),
+    ('<answer>{"Zoey": "knight", "Penelope": "knave", "David": "knave"}</answer>',
+     True),
+    ('<answer>{"Zoey": "knave", "Penelope": "knave", "David": "knave"}</answer>',
+     False),
+    ("Penelope is a knight at first sight. Later: Penelope is a knave, David is a knave, Zoey is a knight.",
+     True),
 ]  # fmt: skip
+
+# Issue 56: statements about everyone
+EVERYONE = [
+    ("All three are knights: Harper, Owen, and Luna.", [True, True, True]),
+    ("All of them are knaves.", [False, False, False]),
+    ("Everyone is a knight.", [True, True, True]),
+    ("None of them is a knight.", [False, False, False]),
+    ("There are no knaves.", [True, True, True]),
+]
+
+
+@pytest.mark.parametrize(("response", "roles"), EVERYONE, ids=[f"everyone-{i}" for i in range(len(EVERYONE))])
+def test_kk_statements_about_everyone(response: str, roles: list[bool]) -> None:
+    names = ["Harper", "Owen", "Luna"]
+    assert parse_free_form_assignment(response, names) == dict(zip(names, roles, strict=True))
+
+
+def test_kk_a_count_that_is_not_everyone_is_no_statement() -> None:
+    assert parse_free_form_assignment("All two are knights.", ["Harper", "Owen", "Luna"]) is None
+
+
+def test_kk_names_that_are_words_keep_their_capital() -> None:
+    assert parse_free_form_assignment("grace is a knight and owen is a knave.", ["Grace", "Owen"]) is None
+    assert parse_free_form_assignment("Grace is a knight and owen is a knave.", ["Grace", "Owen"]) == {
+        "Grace": True, "Owen": False}  # fmt: skip
 
 
 def _math(response: str, gold: str) -> bool:
@@ -270,6 +383,16 @@ def test_math_policy(response: str, gold: str, correct: bool) -> None:
 )
 def test_a_clause_that_repeats_the_problem(response: str, gold: str, problem: str, correct: bool) -> None:
     assert grade_as_pool(response, gold, problem).correct is correct
+
+
+def test_an_equation_of_a_quantity_not_asked_for_is_no_answer() -> None:
+    """SmolLM2-135M on MATH-500 intermediate_algebra/623 ends "the answer is $\\log a^b = 0$"; the problem
+    asks for a + b (gold 0), and math-verify compared the equation's right side with the gold."""
+    problem = (
+        "If the domain of the function $\\log x^2$ is $x < a$ or $x > b$, for some $a$ and $b$, find $a + b$."
+    )
+    assert not grade_as_pool("So to summarize, the answer is $\\log a^b = 0$.", "0", problem).correct
+    assert grade_as_pool("So the answer is $a + b = 0$.", "0", problem).correct
 
 
 def test_the_problem_reaches_the_grader_in_the_pool() -> None:

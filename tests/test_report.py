@@ -250,7 +250,7 @@ def test_compare_ratios():
     ]
     base, fast = ratio_rows(runs, "baseline")
     assert base["speed-up (step time)"] == 1.0
-    assert fast["speed-up (step time)"] == 2.0 and fast["throughput ×"] == 1.5
+    assert fast["speed-up (step time)"] == 2.0 and fast["generated throughput ×"] == 1.5
     assert fast["reward ×"] == 1.0 and fast["bubble (%)"] == pytest.approx(10.0)
     assert fast["bubble vs baseline (pts)"] == pytest.approx(-40.0)  # percentage points, not a ratio
 
@@ -319,6 +319,11 @@ def test_cli_report_on_a_killed_train_run(tiny_model_dir, tmp_path):
     page = (run_dir / "report.html").read_text()
     assert "Slot occupancy" in page and "rlbench profile — baseline" in page
     assert "Reward and held-out accuracy against samples consumed" in page
+    # every held-out evaluation the run made, the final one too (issue 56: only step 0's was shown)
+    held = page[page.index("<h2>Held-out evaluations</h2>") :]
+    assert all(
+        f"<td>{label}</td>" in held for label in ("before step 0", "before step 1", "after step 1 (final)")
+    )
 
     lines = (run_dir / "trace.jsonl").read_text().splitlines(keepends=True)
     (run_dir / "trace.jsonl").write_text(lines[0] + '{"kind": "decode", "t_start"\n' + "".join(lines[1:]))
@@ -339,10 +344,21 @@ _HOOK = (
 )
 
 
+# After load: the page's width and the right edge of every table's widest cell (a 1,400-px window).
+_WIDTH_HOOK = (
+    "<script>window.addEventListener('load',function(){var h=document.documentElement;var t=[].slice.call("
+    "document.querySelectorAll('table')).map(function(x){var r=0;[].slice.call(x.querySelectorAll('td,th'))"
+    ".forEach(function(c){r=Math.max(r,c.getBoundingClientRect().right);});return Math.round(r);});"
+    "h.setAttribute('data-widths',[h.scrollWidth,window.innerWidth].concat(t).join(','));});</script>"
+)
+WINDOW_PX = 1400
+
+
 def render_in_chromium(page: Path, tmp_path: Path) -> str:
-    """The DOM after scripts ran, from a copy of `page` with an error hook ahead of every other script."""
+    """The DOM after scripts ran, from a copy of `page` with an error hook ahead of every other script, in
+    a WINDOW_PX-wide window (the page's and its tables' widths are left in the html tag's data-widths)."""
     hooked = tmp_path / f"hooked-{page.parent.name}.html"
-    hooked.write_text(page.read_text().replace("<head>", "<head>" + _HOOK, 1))
+    hooked.write_text(page.read_text().replace("<head>", "<head>" + _HOOK + _WIDTH_HOOK, 1))
     with tempfile.TemporaryDirectory() as profile:
         res = subprocess.run(
             [
@@ -355,6 +371,7 @@ def render_in_chromium(page: Path, tmp_path: Path) -> str:
                 "--disable-sync",
                 "--no-first-run",
                 f"--user-data-dir={profile}",
+                f"--window-size={WINDOW_PX},900",
                 "--virtual-time-budget=10000",
                 "--dump-dom",
                 hooked.as_uri(),
@@ -368,11 +385,14 @@ def render_in_chromium(page: Path, tmp_path: Path) -> str:
 
 
 def check_all_figures_drew(page: Path, tmp_path: Path) -> int:
+    """Every figure drew, no JavaScript error, and the page and each table fit a WINDOW_PX-wide window."""
     html_text = page.read_text()
     n_figs = len(re.findall(r'<div id="fig\d+" class="plotly-graph-div"', html_text))
     dom = render_in_chromium(page, tmp_path)
     html_tag = re.search(r"<html[^>]*>", dom).group(0)
     assert "data-js-errors" not in html_tag, html_tag
+    page_width, window, *tables = map(int, re.search(r'data-widths="([^"]*)"', html_tag).group(1).split(","))
+    assert page_width <= window and all(right <= window for right in tables), (page_width, window, tables)
     assert dom.count('class="plot-container plotly"') == n_figs
     # every figure div got its SVG layers: the plotly-graph-div is followed by a main-svg before the next div
     for i in range(1, n_figs + 1):
@@ -418,6 +438,70 @@ def test_compare_report_renders_in_chromium(tmp_path):
     page = render_compare(tmp_path / "run", cmp_doc)
     assert check_all_figures_drew(page, tmp_path) >= 6
     assert "1.5" in page.read_text()  # the speed-up of the faster mode appears in the table
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_an_import_page_with_a_wide_per_step_table_fits_the_window(tmp_path):
+    """Issue 56: the TRL and verl pages' per-step tables were wider than a 1,400-px window (verl logs dozens
+    of keys: "fully_async/rollouter/idle_ratio" has no space to wrap at)."""
+    keys = [f"actor/{name}_{i}" for i in range(6) for name in ("pg_loss", "entropy")] + [
+        "fully_async/rollouter/idle_ratio", "dynamic_resource/rollout_resource_utilization",
+        "timing_s/gen", "timing_s/step", "timing_s/update_actor", "response_length/mean",
+        "response_length/max",
+    ]  # fmt: skip
+    rows = [{"step": s, "data": {k: 10.0 + s for k in keys} | {"timing_s/gen": 6.0, "timing_s/step": 11.0}}
+            for s in range(1, 5)]  # fmt: skip
+    log = tmp_path / "exp.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = cli("import", "verl", str(log), "--workers", "1", "--out", str(tmp_path / "verl"))
+    assert res.returncode == 0, res.stderr
+    check_all_figures_drew(tmp_path / "verl" / "report.html", tmp_path)
+
+
+def test_a_table_wider_than_the_page_is_split_and_keeps_its_first_column() -> None:
+    from rlbench.report.page import MAX_TABLE_COLUMNS, table
+
+    row = {"step": 1, **{f"c{i}": i for i in range(25)}}
+    html = table([row])
+    heads = [re.findall(r"<th>(.*?)</th>", part) for part in html.split("<table>")[1:]]
+    assert len(heads) == 3 and all(h[0] == "step" and len(h) <= MAX_TABLE_COLUMNS for h in heads)
+    assert [c for h in heads for c in h[1:]] == [f"c{i}" for i in range(25)]  # every column, in order, once
+    assert "columns 2-10 of 26" in html
+
+
+def test_every_shading_is_named_in_a_legend(tmp_path):
+    """Issue 56: the slot timeline's grey (held-out) and green (update) shading had no legend."""
+    run_dir = tmp_path / "run"
+    write_run(run_dir, gpu=fake_gpu(synthetic_trace()))
+    page = render_profile(run_dir).read_text()
+    for name in ("shaded: reward phase", "shaded: update phase", "shaded: rollout phase"):
+        assert f'"name":"{name}"' in page, name
+
+
+def test_throughputs_are_named_trained_or_generated_with_the_trained_first(tmp_path):
+    """Issue 56: the compare page's "throughput ×" counted generated tokens while trained tokens per
+    rollout-second fell, and did not say which."""
+    from rlbench.report.compare_summary import summary_lines
+
+    def run(mode: str, generated: float, trained: float) -> dict:
+        summary = {"step_time_s": 1.0, "rollout_tokens_per_s": generated,
+                   "trained_tokens_per_rollout_s": trained,
+                   "rollout_tokens": 100, "trained_tokens": 60}  # fmt: skip
+        return {"mode": mode, "summary": summary, "steps": [{"step": 0, "step_time_s": 1.0}]}
+
+    runs = [run("baseline", 100.0, 100.0), run("sorted", 169.0, 75.0)]
+    _, fast = ratio_rows(runs, "baseline")
+    assert "throughput ×" not in fast
+    assert fast["trained throughput ×"] == pytest.approx(0.75)
+    assert fast["generated throughput ×"] == pytest.approx(1.69)
+    keys = list(fast)
+    assert keys.index("trained tokens/rollout-s") < keys.index("generated tokens/rollout-s")
+    assert keys.index("trained throughput ×") < keys.index("generated throughput ×")
+    lines = summary_lines({"baseline": "baseline", "runs": runs})
+    assert "sorted: 75 / 169 tok/s" in " ".join(lines)
+    assert any(line.startswith("rollout: trained / generated tokens per rollout-second") for line in lines)
+    page = render_compare(tmp_path, {"baseline": "baseline", "runs": runs}).read_text()
+    assert page.index("trained throughput ×") < page.index("generated throughput ×")
 
 
 def test_table_cells_never_show_e_notation() -> None:

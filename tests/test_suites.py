@@ -232,3 +232,85 @@ def test_an_editable_install_reads_the_top_level_suites(tmp_path: Path) -> None:
                          capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(str(src / "rlbench" / "suites")) and "math500" in out.stdout
+
+
+# ----------------------------------------------------------------------------- issue 56: values, download
+
+
+@pytest.mark.parametrize(
+    ("sampling", "line"),
+    [
+        ({"samples": 0}, "sampling.samples must be in 1.."),
+        ({"samples": 70000}, "sampling.samples (-k) is 70,000 sequences at once"),
+        ({"temperature": -1}, "sampling.temperature must be 0 (greedy) or in"),
+        ({"top_p": 1.5}, "sampling.top_p must be >= 1e-06 and <= 1"),
+        ({"max_tokens": 0}, "sampling.max_tokens must be in 1.."),
+        ({"max_tokens": 2.5}, "sampling.max_tokens must be an integer"),
+    ],
+)
+def test_a_suites_sampling_is_checked_by_the_flags_rules_and_named_by_its_key(
+    tmp_path: Path, sampling: dict[str, object], line: str
+) -> None:
+    """`sampling: {samples: 0}` passed validate, and eval then blamed a --samples flag never given."""
+    path = _user_suite(tmp_path, sampling=sampling)
+    assert any(line in p for p in validate(path, None)), validate(path, None)
+    res = cli("eval", "--suite", str(path))
+    assert_one_line_error(res, f"{path}: {line}")
+    assert "--samples" not in res.stderr and "--max-tokens" not in res.stderr
+
+
+def test_a_group_by_field_that_groups_nothing_is_refused(tmp_path: Path) -> None:
+    path = _user_suite(tmp_path, group_by=["subjet"])
+    assert any("group_by: unknown 'subjet'" in p for p in validate(path, None))
+
+
+def _local_hub_suite(folder: Path) -> Path:
+    """A suite whose hub dataset is a local folder (datasets reads it without the network), with its own
+    field names, as a hub dataset has."""
+    hub = folder / "hub"
+    hub.mkdir(parents=True)
+    rows = [{"uid": f"q{i}", "question": f"What is {i} + {i}?", "final": float(2 * i), "subject": "sums"}
+            for i in range(1, 4)]  # fmt: skip
+    (hub / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = {
+        "name": "sums", "title": "Sums", "prompt": "math", "grader": "math", "group_by": ["subject"],
+        "data": {"file": "sums.jsonl",
+                 "hub": {"id": str(hub), "split": "train", "data_files": ["test.jsonl"]},
+                 "fields": {"id": "uid", "problem": "question", "answer": "final"}},
+    }  # fmt: skip
+    (folder / "suites").mkdir()
+    (folder / "suites" / "sums.yaml").write_text(json.dumps(doc))
+    return folder / "suites"
+
+
+def test_download_writes_exactly_what_data_dir_reads(tmp_path: Path) -> None:
+    """`rlbench suites download NAME --to DIR` on a connected machine (here a local hub folder, never the
+    network), then `--data-dir DIR` on one without: the same problems."""
+    from rlbench.eval.suites import load_problems
+
+    include = _local_hub_suite(tmp_path)
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    res = cli("suites", "download", "sums", "--include-path", str(include), "--to", str(tmp_path / "data"),
+              env=offline)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"sums: 3 problems -> {tmp_path / 'data' / 'sums.jsonl'}"
+    rows = [json.loads(line) for line in (tmp_path / "data" / "sums.jsonl").read_text().splitlines()]
+    assert rows[0] == {"id": "q1", "problem": "What is 1 + 1?", "answer": "2", "subject": "sums"}
+    suite = get_suite("sums", [include])
+    assert load_problems(suite, tmp_path / "data") == load_problems(suite, None)
+    assert validate(include / "sums.yaml", tmp_path / "data") == []
+
+
+def test_download_refuses_a_suite_without_a_data_file_before_fetching(tmp_path: Path) -> None:
+    include = _local_hub_suite(tmp_path)
+    doc = json.loads((include / "sums.yaml").read_text())
+    del doc["data"]["file"]
+    (include / "sums.yaml").write_text(json.dumps(doc))
+    res = cli("suites", "download", "sums", "--include-path", str(include), "--to", str(tmp_path / "data"))
+    assert_one_line_error(res, "suite 'sums' names no data.file")
+    assert not (tmp_path / "data").exists()
+
+
+def test_offline_eval_names_the_download_command() -> None:
+    res = cli("eval", "--suite", "aime24", env={"HF_HUB_OFFLINE": "1", "RLBENCH_DATA_DIR": ""})
+    assert_one_line_error(res, "`rlbench suites download aime24 --to DIR`")

@@ -139,6 +139,15 @@ def _gap_joins(gap: str, words: str) -> bool:
     )
 
 
+_TEXT_WORDS = re.compile(r"\\text\s*\{([^{}]*)\}")
+
+
+def _gap_words(text: str, masked: str, a: int, b: int) -> str:
+    """The words between two boxes: the gap with its maths masked, and the words of its `\\text{}` (boxes
+    inside one display: "$$\\boxed{(3, 3)} \\text{ for part (a) and } \\boxed{(1, 1)}$$")."""
+    return masked[a:b] + " " + " ".join(_TEXT_WORDS.findall(text, a, b))
+
+
 def _box_answers(text: str) -> list[LocatedAnswer]:
     """One answer per run of boxes that separators or labels join (a list of answers); a box with a
     sentence end, a correction or a consequence before the next one is an answer of its own
@@ -147,13 +156,47 @@ def _box_answers(text: str) -> list[LocatedAnswer]:
     run: list[tuple[int, int, str]] = []
     masked = mask_math(text)
     for box in boxes(text):
-        if run and not _gap_joins(text[run[-1][1] : box[0]], masked[run[-1][1] : box[0]]):
+        if (
+            run
+            and not _gap_joins(text[run[-1][1] : box[0]], _gap_words(text, masked, run[-1][1], box[0]))
+            and not _next_part(text, run[-1], box)
+        ):
             answers.append(_join(run, masked))
             run = []
         run.append(box)
     if run:
         answers.append(_join(run, masked))
     return [a for a in answers if a.value or a.hedged]
+
+
+# A part's label ("(a)", "b)", "(ii)", "Part 2"): boxes of successive parts are one answer, a list.
+_PART = r"(?:\(([a-h]|[ivx]{1,4}|\d)\)|\b([a-h])\)|\bpart\s*\(?([a-h]|\d)\b\)?)"
+_PART_GAP = re.compile(rf"[\s,;.$]*(?:and\s+)?[*_]*{_PART}[*_]*[\s:.$]*", re.IGNORECASE)
+_PART_LINE = re.compile(rf"^[ \t>#*_-]*{_PART}", re.IGNORECASE | re.MULTILINE)
+_ROMAN = ["i", "ii", "iii", "iv", "v", "vi", "vii", "viii"]
+
+
+def _label(m: re.Match[str]) -> str:
+    return (m.group(1) or m.group(2) or m.group(3)).lower()
+
+
+def _follows(before: str, after: str) -> bool:
+    if before in _ROMAN and after in _ROMAN:
+        return _ROMAN.index(after) == _ROMAN.index(before) + 1
+    return len(before) == len(after) == 1 and ord(after) == ord(before) + 1
+
+
+def _next_part(text: str, before: tuple[int, int, str], box: tuple[int, int, str]) -> bool:
+    """Is `box` the answer to the part after the one `before` answers: a part's label alone between them
+    ("(a) \\boxed{3} (b) \\boxed{5}"), or lines labelled with successive parts ("(a) ... \\boxed{3}\\n(b) ...
+    \\boxed{5}")?"""
+    gap = text[before[1] : box[0]]
+    if (m := _PART_GAP.fullmatch(gap)) is not None:
+        first = list(_PART_LINE.finditer(text, max(0, before[0] - _MAX_SENTENCE_CHARS), before[0]))
+        return not first or _follows(_label(first[-1]), _label(m))
+    first = list(_PART_LINE.finditer(text, max(0, before[0] - _MAX_SENTENCE_CHARS), before[0]))
+    second = list(_PART_LINE.finditer(text, before[1], box[0]))
+    return bool(first and second) and _follows(_label(first[-1]), _label(second[-1]))
 
 
 def _join(run: list[tuple[int, int, str]], masked: str) -> LocatedAnswer:
@@ -179,6 +222,16 @@ _HEDGED_VALUE = re.compile(
     r"[^.!?\n]{0,200}?(?:\d|\$|\\M)",  # bounded: one sentence, and linear on hostile text
     re.IGNORECASE,
 )
+# Two values offered as alternatives: "either 6 or 12", "6 or 12, depending on the interpretation" (a list
+# of answers is written without "either" and without a condition: "3 or 6" is a list).
+# (a number's span is bounded and must end there: a 3,000-digit run would otherwise be retried from every
+# position, quadratic in its length)
+_VALUE_SPAN = r"(?:\$M{0,5000}\$|\\M{0,5000}[)\]]|(?<![\d.,/])-?\d[\d.,/]{0,40}(?![\d.,/]))"
+_ALTERNATIVES = re.compile(
+    rf"[^.!?\n]{{0,60}}?(?:\beither\s+{_VALUE_SPAN}[^.!?\n]{{0,80}}?\bor\b\s+(?:\w+\s+){{0,2}}?{_VALUE_SPAN}"
+    rf"|{_VALUE_SPAN}\s+or\s+{_VALUE_SPAN}[^.!?\n]{{0,40}}?\b(?:depending|depends)\b)",
+    re.IGNORECASE,
+)
 # A phrase followed by "not" states nothing ("The answer is not 204"); "Answer: no" is an answer.
 _STATEMENT_NEGATION = re.compile(r"(?:not|never)\b", re.IGNORECASE)
 _CLAUSE_NEGATION = re.compile(
@@ -199,12 +252,31 @@ _JUDGEMENTS = {
 }  # fmt: skip
 
 
+# An answer tag (R1-style prompts): "<answer> 48480 </answer>" states its content when that is only an answer.
+_ANSWER_TAG = re.compile(r"<answer>(.{0,500}?)</answer>", re.IGNORECASE | re.DOTALL)
+# "\\[Answer: 009\\]", "$\\text{Answer: } 9$": the phrase written inside the maths, moved before it.
+_PHRASE_IN_MATHS = re.compile(
+    r"(\\\[|\$\$?|\\\()\s*(?:\\text(?:bf)?\s*\{\s*)?((?:final\s+)?answer)\s*:\s*(?:\}\s*)?", re.IGNORECASE
+)
+
+
+def _tag_answers(text: str) -> list[LocatedAnswer]:
+    answers = []
+    for m in _ANSWER_TAG.finditer(text):
+        if not _BOX.search(m.group(1)) and (whole := whole_answer(m.group(1))) is not None:
+            answers.append(LocatedAnswer(m.start(), whole.value))
+    return answers
+
+
 def _statement_answers(text: str) -> list[LocatedAnswer]:
     masked = mask_math(text)
-    answers = []
+    answers = _tag_answers(text)
     for m in _PHRASE.finditer(masked):
         value = _statement_value(text, masked, m.end(), loose=m.lastgroup == "is")
-        if value is not None and _HEDGED_VALUE.match(masked, _LEAD.match(text, m.end()).end()):  # type: ignore[union-attr]
+        at = _LEAD.match(text, m.end()).end()  # type: ignore[union-attr]
+        if _ALTERNATIVES.match(masked, at):
+            answers.append(LocatedAnswer(m.start(), hedged=True))  # "either 6 or 12, depending on ..."
+        elif value is not None and _HEDGED_VALUE.match(masked, at):
             answers.append(LocatedAnswer(m.start(), hedged=True))
         elif value is not None:
             answers.append(LocatedAnswer(m.start(), value))
@@ -354,6 +426,8 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
     if not ends_complete(text):
         return None
     masked = mask_math(text)
+    if (in_words := _number_in_words(text, masked)) is not None:
+        return in_words
     ends = [0] + [m.end() for m in _CLAUSE_END.finditer(masked)] + [len(text)]
     spans = [
         (a, b)
@@ -381,13 +455,16 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
         a, b = result or (a, b)
     if problem:
         b = _without_restated_condition(text, masked, a, b, problem)
-    if not _affirms(masked[a:b]):
-        return None
+    b = _without_quantifier(masked, a, b)
+    if not _affirms(masked[a:b]) or _ALTERNATIVES.search(masked[_sentence_start(masked, a) : b]):
+        return None  # negated, a question, or two values offered as alternatives (a hedge)
     maths = list(_MATHS_SPAN.finditer(masked, a, b))
     if not maths:
         return None  # a lone "$", no formula or number
     if _FUNCTION_OF.search(masked, a, maths[-1].start()):
         return None  # "the angle is the inverse tangent of 90 degrees" states arctan(90), not 90
+    if clock := _CLOCK_AT_END.search(text, a, b):  # "The time is 20:34.": a clock time, not 20 or 20/34
+        return LocatedAnswer(a, clean_value(clock.group(1)), text[a:b])
     formulas = _closing_formulas(text, masked, a, b)
     restates = formulas and problem and copies_problem(formulas, problem)
     if restates and not _states_result(text, masked, a, b) and not _STATES.search(masked, a, b):
@@ -397,6 +474,68 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
         # their own text is the answer, read as a statement's maths is (the answer forms apply)
         return LocatedAnswer(a, ", ".join(clean_value(f) for f in formulas) or None, text[a:b])
     return LocatedAnswer(a, None, text[a:b])
+
+
+# A quantifier after the answer's formula: "$f(x) = \\frac{1}{x}$ for all $x \\in \\mathbb{Q}^+$" answers
+# f(x) = 1/x.
+_QUANTIFIER = re.compile(
+    r"\s*,?\s*\b(?:for\s+(?:all|every|each|any)|whenever|where)\b[^.!?\n]*[.!]?\s*$", re.IGNORECASE
+)
+_CLOCK_AT_END = re.compile(r"(\d{1,2}:[0-5]\d(?:\s*[AaPp]\.?\s*[Mm]\b\.?)?)[\s.!]*$")
+
+
+def _without_quantifier(masked: str, a: int, b: int) -> int:
+    """Where the clause ends once a trailing quantifier over the answer's variable is cut."""
+    m = _QUANTIFIER.search(masked[a:b])
+    if m is None or not _MATHS_SPAN.search(masked, a, a + m.start()):
+        return b
+    return a + m.start()
+
+
+def _sentence_start(masked: str, at: int) -> int:
+    ends = [m.end() for m in _SENTENCE_END.finditer(masked, max(0, at - _MAX_SENTENCE_CHARS), at)]
+    return ends[-1] if ends else max(0, at - _MAX_SENTENCE_CHARS)
+
+
+# Number words in the last sentence: "So there are seven such complex numbers."
+_CARDINAL = (
+    r"zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|"
+    r"sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred|"
+    r"thousand|million|billion"
+)
+_NUMBER_IN_WORDS = re.compile(
+    rf"\b(?:(?:minus|negative)\s+)?(?:(?:{_CARDINAL})(?:(?:[\s-]+|\s+and\s+)(?:{_CARDINAL}))*|infinity)\b",
+    re.IGNORECASE,
+)
+# "one" alone is a number only where something is counted or equated: "there is one", "exactly one".
+_ONE_COUNTED = re.compile(r"\b(?:is|are|be|exactly|only|just|equals?)\s+$", re.IGNORECASE)
+_ONE_NOT_COUNTED = re.compile(r"\s+(?:of|another|that|who|which|way|more|by|at)\b", re.IGNORECASE)
+
+
+# A last sentence that ends by stating one word: "So, the figure skater's final spin is east."
+_WORD_STATED = re.compile(r"\b(?:is|are)\s+([A-Za-z]+)\s*$", re.IGNORECASE)
+
+
+def _number_in_words(text: str, masked: str) -> LocatedAnswer | None:
+    """The number a last sentence without maths states in words, or the one word it ends by stating; None
+    unless it states exactly one."""
+    body = masked.rstrip().rstrip(".!")
+    start = _sentence_start(masked, len(body))
+    sentence = text[start : len(body)]
+    if _HAS_MATHS.search(masked[start : len(body)]) or not _affirms(masked[start : len(body)] + "."):
+        return None
+    found = []
+    for m in _NUMBER_IN_WORDS.finditer(sentence):
+        if m.group(0).lower() == "one" and (
+            not _ONE_COUNTED.search(sentence[: m.start()]) or _ONE_NOT_COUNTED.match(sentence, m.end())
+        ):
+            continue
+        found.append(clean_value(m.group(0)))
+    if not found and (word := _WORD_STATED.search(sentence)) and word.group(1).lower() not in _JUDGEMENTS:
+        return LocatedAnswer(start, f"\\text{{{word.group(1)}}}", sentence)  # "... final spin is east."
+    if len(set(found)) != 1 or _ALTERNATIVES.search(masked[start:]):
+        return None
+    return LocatedAnswer(start, found[0], sentence)
 
 
 def _without_restated_condition(text: str, masked: str, a: int, b: int, problem: str) -> int:
@@ -461,7 +600,10 @@ _DOUBT = re.compile(
     re.IGNORECASE,
 )
 # A chat template's turn marker: what follows is another turn (a hallucinated user), not this response.
-_TURN_MARKER = re.compile(r"<\|(?:im_start|im_end|eot_id|endoftext|start_header_id|end_of_turn)\|>")
+_TURN_MARKER = re.compile(
+    r"<\|(?:im_start|im_end|eot_id|endoftext|start_header_id|end_of_turn)\|>"
+    r"|\n[ \t]*(?:\*\*)?(?:User|Human|USER|HUMAN)(?:\*\*)?[ \t]*:"  # a turn written as text: "\n\nUser: ..."
+)
 
 
 def _doubted(masked: str, last: LocatedAnswer) -> bool:
@@ -486,7 +628,7 @@ def own_turn(response: str) -> str:
 def locate_answer(response: str, problem: str = "") -> LocatedAnswer | None:
     """The response's answer under the policy above; None when it gives none. `problem` is the problem
     statement, where known (rule 5)."""
-    text = own_turn(response[-MAX_RESPONSE_CHARS:])
+    text = _PHRASE_IN_MATHS.sub(r"\2: \1 ", own_turn(response[-MAX_RESPONSE_CHARS:]))
     stated = sorted(_box_answers(text) + _statement_answers(text), key=lambda a: a.start)
     masked = mask_math(text) if stated else ""
     if stated and (

@@ -32,12 +32,17 @@ _WORDY_COMMANDS = re.compile(
     r"\\(?:text\w*|math(?:rm|bf|it|sf|tt)|mbox|operatorname|begin|end)\s*\{[^{}]*\}|\\[A-Za-z]+"
     r"|_\{[^{}]*\}"  # a subscript names something: S_{MBCN}
 )
-_PROSE_WORD = re.compile(r"(?<![A-Za-z])(?!and(?![A-Za-z]))[A-Za-z]{3,}(?![A-Za-z])")  # "1 and 2" is maths
+# "1 and 2" is maths; two-letter words that are English, not a product of variables, are prose
+# ("$100x - x = 36$, so $x = 4/11$" is an equation chain, not an answer)
+_PROSE_WORD = re.compile(
+    r"(?<![A-Za-z])(?:(?!and(?![A-Za-z]))[A-Za-z]{3,}|(?i:so|is|as|we|if|it|be|to|of|by))(?![A-Za-z])"
+)
 
 
 def prose_start(text: str) -> int | None:
-    """Where prose begins in a LaTeX answer: the first run of 3+ letters (but "and") outside LaTeX commands
-    and their word arguments (single letters and pairs are variables: "2k+2", "mn"). None when none."""
+    """Where prose begins in a LaTeX answer: the first run of 3+ letters (but "and"), or an English word of
+    two ("so", "is", "if", ...), outside LaTeX commands and their word arguments (other single letters and
+    pairs are variables: "2k+2", "mn"). None when none."""
     blanked = _WORDY_COMMANDS.sub(lambda m: " " * len(m.group(0)), text)
     m = _PROSE_WORD.search(blanked)
     return m.start() if m else None
@@ -45,6 +50,8 @@ def prose_start(text: str) -> int | None:
 
 # ----------------------------------------------------------------------------- rewrites
 
+_QUOTES = re.compile(r'^(?:\\?")+|(?:\\?")+$')  # an answer written in quotes: "$12$ and $13$"
+_GLUED_OR = re.compile(r"(?<=[\d)}])or(?=[A-Za-z(\\-])")  # "W(x)=1orW(x)=-1"
 _SQRT_PARENS = re.compile(r"\\sqrt\s*\(([^()]*)\)")
 _CHOICE_LABEL = re.compile(
     r"\s*(?:\\(?:textbf|text|mathrm|mathbf)\s*\{\s*\(?([A-E])\)?\s*\}|\(([A-E])\))"
@@ -71,8 +78,14 @@ def changes_value(word: str) -> bool:
 
 
 _UNIT_WORD = rf"(?:[A-Za-z]{{3,}}|(?:{_SHORT_UNITS})(?![A-Za-z]))"
+# Units written against the number ("10weeks", "5cm"): only these, so that "2abc" stays a product.
+_GLUED_UNITS = (
+    "cm|mm|km|kg|mg|ml|ft|yd|oz|lbs?|hrs?|mins?|secs?|days?|weeks?|months?|years?|hours?|minutes?|seconds?|"
+    "meters?|metres?|inch(?:es)?|feet|foot|miles?|dollars?|cents?|euros?|pounds?|units?|degrees?"
+)
 _TRAILING_UNITS = re.compile(
-    rf"(?P<value>.*?[\d}})])(?P<unit>(?:(?:\s|~|\\[ ,;:!])+{_UNIT_WORD}(?:\^\{{?\d\}}?)?)+)\s*\.?\s*$",
+    rf"(?P<value>.*?[\d}})])(?P<unit>(?:(?:(?:\s|~|\\[ ,;:!])+{_UNIT_WORD}"
+    rf"|(?<=\d)(?:{_GLUED_UNITS})(?![A-Za-z]))(?:\^\{{?\d\}}?)?)+)\s*\.?\s*$",
     re.DOTALL,
 )
 _REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\s*\{(\d+)\}")
@@ -107,7 +120,8 @@ def _repeating_to_fraction(m: re.Match[str]) -> str:
 
 def clean_value(value: str) -> str:
     """The answer text rewritten as described above (the text stays LaTeX)."""
-    text = value.strip().strip("$").strip()
+    text = _QUOTES.sub("", value.strip()).strip().strip("$").strip()
+    text = _GLUED_OR.sub(r" \\text{ or } ", text)
     text = _SQRT_PARENS.sub(r"\\sqrt{\1}", text)
     if m := _CHOICE_LABEL.fullmatch(text):
         text = m.group("value").strip()
@@ -122,9 +136,30 @@ def clean_value(value: str) -> str:
         text = f"{sign}\\frac{{{int(whole) * int(den) + int(num)}}}{{{den}}}"
     text = _OR_SYMBOLS.sub(r"\\text{ or }", text)
     text = _EMPTY_SET.sub(r"\\emptyset", text)
+    if _TRIG.search(text):  # math-verify drops "^\\circ": sin(90^\\circ - x) would be sin(90 - x) radians
+        text = _DEGREES.sub(r"\\left(\\frac{\1\\pi}{180}\\right)", text)
+    if m := _INFINITY_WORD.fullmatch(text):
+        text = "-\\infty" if m.group(1) else "\\infty"
+    elif m := _CLOCK_12H.fullmatch(text):
+        hour = int(m.group(1)) % 12 + (12 if m.group(3).lower() == "p" else 0)
+        text = f"\\text{{{clock_24h(hour, m.group(2))}}}"
     if (number := number_from_words(text)) is not None:
         text = str(number)
     return text.strip()
+
+
+_TRIG = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![A-Za-z])")
+_DEGREES = re.compile(r"(\d+(?:\.\d+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)")
+_INFINITY_WORD = re.compile(r"\s*(?:(?:\+|positive|plus)\s*|(-|negative\s+|minus\s+))?infinity\s*", re.I)
+# A clock time with A.M./P.M. ("08:34 P.M.") is compared as its 24-hour text ("20:34"), never as a ratio.
+_CLOCK_12H = re.compile(
+    r"\s*(\d{1,2})\s*:\s*([0-5]\d)\s*(?:\\(?:text|mathrm)\s*\{\s*)?([AaPp])\.?\s*[Mm]\.?\s*\}?\s*\.?\s*"
+)
+CLOCK_24H = re.compile(r"\s*([01]?\d|2[0-3])\s*:\s*([0-5]\d)\s*")
+
+
+def clock_24h(hour: int, minute: str) -> str:
+    return f"{hour:02d}:{minute}"
 
 
 _ELLIPSIS = re.compile(r"\\[lc]?dots[bcmio]?(?![A-Za-z])|\.\.\.|…")
@@ -132,13 +167,14 @@ _LINE_BREAK = re.compile(r"\\\\")
 _MATRIX_ENV = re.compile(r"\\begin\{(?:[pbvBV]?matrix|array|smallmatrix|cases)\}", re.IGNORECASE)
 
 
+_CLOCK_TEXT = re.compile(r"\\text\{\d\d:\d\d\}")
 _TEXT_ARGUMENT = re.compile(r"\\(?:text\w*|mbox|math(?:rm|bf|it))\s*\{([^{}]*)\}")
 
 
 def text_only(latex: str) -> bool:
-    """Is this answer a pattern, several lines or a number with words that change it, rather than one
-    value? Such an answer is compared as text only."""
-    if _ELLIPSIS.search(latex):
+    """Is this answer a pattern, several lines, a clock time or a number with words that change it, rather
+    than one value? Such an answer is compared as text only."""
+    if _ELLIPSIS.search(latex) or _CLOCK_TEXT.fullmatch(latex):
         return True
     for words in _TEXT_ARGUMENT.findall(latex):
         if any(w.lower() in _VALUE_WORDS for w in re.findall(r"[A-Za-z]+", words)):

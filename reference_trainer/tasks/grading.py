@@ -9,7 +9,8 @@ as if boxed, with math-verify's box pattern only: a value that does not parse st
 taking a number from inside it. A response that states no answer is read by math-verify whole within its
 last clause (`ExprExtractionConfig` too: plain "1,250"). The gold is parsed the same way, plus what the
 suites' gold format needs: a single-letter "N=" prefix is dropped (math-verify folds case, so "N=n" would
-parse as Eq(n, n)); a percentage also matches its bare number (62.5% = 62.5, as the Qwen harness grades);
+parse as Eq(n, n)), and kept too where the letter is not on the right ("y=-2x+1" is also a line); a
+percentage also matches its bare number (62.5% = 62.5, as the Qwen harness grades);
 a gold with prose after its formula ("f(x)=ax+b, where b is ...") is graded by that formula, or by the whole
 text verbatim; a gold with a label ("S_{MBCN}:S=7:32") also matches its value; "1,22" is also 1.22.
 
@@ -31,7 +32,7 @@ from reference_trainer.errors import UserError
 from reference_trainer.tasks import answer_equality
 from reference_trainer.tasks.answer_extraction import MAX_RESPONSE_CHARS as MAX_RESPONSE_CHARS
 from reference_trainer.tasks.answer_extraction import locate_answer
-from reference_trainer.tasks.answer_forms import clean_value, text_only
+from reference_trainer.tasks.answer_forms import CLOCK_24H, clean_value, clock_24h, text_only
 from reference_trainer.tasks.answer_forms import prose_start as prose_start
 from reference_trainer.tasks.kk_answers import format_assignment, parse_free_form_assignment
 from reference_trainer.tasks.user_grader import grade_with, is_user_grader
@@ -92,8 +93,9 @@ def _value_configs() -> tuple[Any, ...]:
 
 
 def parse_value(value: str, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
-    """math-verify's parse of an answer's own LaTeX: [sympy object, normalised text], or [text] when it
-    does not parse or is text only (`answer_forms.text_only`)."""
+    """math-verify's parse of an answer's own LaTeX: [sympy object, (other readings,) normalised text], or
+    [text] when it does not parse or is text only (`answer_forms.text_only`); [] when it contradicts itself
+    (`contradicts_approximation`)."""
     from math_verify import parse
 
     if text_only(value):  # its own text, not math-verify's normalisation (which drops "\text{ hundred}")
@@ -101,8 +103,37 @@ def parse_value(value: str, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
     answer_equality.install_exact_comparison()
     parsed = parse(f"\\boxed{{{value}}}", _value_configs(), parsing_timeout=timeout_s)
     if parsed and (as_set := answer_equality.relations_as_set(value, parsed[0])) is not None:
-        return [as_set, *parsed[1:]]
-    return parsed
+        parsed = [as_set, *parsed[1:]]
+    if parsed and answer_equality.contradicts_approximation(value, parsed[0]):
+        return []  # "x = 1/3 \\approx 11": no value a grader can sign
+    more: list[Any] = []  # other readings of the same text, compared too (the matched text stays last)
+    if m := CLOCK_24H.fullmatch(value):  # "20:34" is also the clock time 8:34 P.M. (a gold's time is text)
+        more.append(f"\\text{{{clock_24h(int(m.group(1)), m.group(2))}}}")
+    for reading in other_readings(value):
+        more += parse(f"\\boxed{{{reading}}}", _value_configs(), parsing_timeout=timeout_s)[:1]
+    if more and parsed and isinstance(parsed[-1], str):
+        return [*parsed[:-1], *more, parsed[-1]]
+    return [*parsed, *more]
+
+
+_DECIMAL_COMMA = re.compile(r"-?\d+,\d{1,2}")  # "1,22": not thousands (3 digits after the comma)
+# Groups of assignments: "p = 5, q = 2 \\quad \\text{and} \\quad p = 7, q = 2", "p=5,q=2;p=7,q=2"
+_GROUP_SEPARATOR = re.compile(r"\s*(?:;|(?:\\q?quad\s*)?\\text\{\s*(?:and|or)\s*\}(?:\s*\\q?quad)?)\s*")
+
+
+def other_readings(value: str) -> list[str]:
+    """Other texts the same answer reads as: a decimal comma ("1,22" is also 1.22, as math-verify reads
+    "0,111"), one \\pm ("f(x) = \\pm x" is the list f(x) = x, f(x) = -x) and groups of assignments (each a
+    tuple: "p=5,q=2;p=7,q=2" is (p=5, q=2), (p=7, q=2))."""
+    readings = []
+    if _DECIMAL_COMMA.fullmatch(value.strip()):
+        readings.append(value.replace(",", "."))
+    if value.count("\\pm") == 1 and "," not in value:
+        readings.append(f"{value.replace(chr(92) + 'pm', '+')}, {value.replace(chr(92) + 'pm', '-')}")
+    groups = _GROUP_SEPARATOR.split(value)
+    if len(groups) > 1 and all("," in g and "=" in g for g in groups):
+        readings.append(", ".join(f"({g.strip()})" for g in groups))
+    return readings
 
 
 def parse_text(text: str, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
@@ -147,7 +178,6 @@ _LABEL_LHS = re.compile(
     r"\s*((?:\\(?:angle|triangle|overline)\s*)?\{?[A-Za-z]+(?:_\{?\w+\}?)?\}?\s*[:/]?\s*)+=([^=]+)"
 )
 _PERCENT = re.compile(r"\s*\\?%\s*$")
-_DECIMAL_COMMA = re.compile(r"-?\d+,\d{1,2}")  # "1,22": not thousands (3 digits after the comma)
 
 
 @functools.lru_cache(maxsize=256)  # a problem's K samples share one gold, usually in one worker's chunk
@@ -161,6 +191,9 @@ def parse_gold(gold: str, timeout_s: int = VERIFY_TIMEOUT_S) -> tuple[Any, ...]:
         return tuple(parse_value(clean_value(formula), timeout_s) + whole)
     labelled: list[Any] = []
     if m := _LETTER_LHS.fullmatch(text):
+        letter = text.split("=", 1)[0].strip()[0].lower()
+        if letter not in re.sub(r"\\[A-Za-z]+", "", m.group(1)).lower():  # "y=-2x+1" is also the line
+            labelled = [v for v in parse_value(clean_value(text), timeout_s) if not isinstance(v, str)]
         text = m.group(1).strip()
     elif (m := _LABEL_LHS.fullmatch(text)) and not re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", m[2])):
         labelled = parse_value(clean_value(m[2]), timeout_s)  # "S_{MBCN}:S=7:32" is also its value, 7:32
@@ -168,8 +201,6 @@ def parse_gold(gold: str, timeout_s: int = VERIFY_TIMEOUT_S) -> tuple[Any, ...]:
     candidates = parse_value(text, timeout_s) + labelled
     if _PERCENT.search(text):
         candidates += parse_value(_PERCENT.sub("", text), timeout_s)
-    if _DECIMAL_COMMA.fullmatch(text):  # a decimal comma ("1,22" = 1.22, as math-verify reads "0,111")
-        candidates += parse_value(text.replace(",", "."), timeout_s)
     return tuple(candidates)
 
 
@@ -184,7 +215,30 @@ def grade_math(
     statement where known (a clause that only repeats it gives way to a result stated before it)."""
     pred = parse_answer(response, timeout_s, problem)
     extracted = answer_text(pred)
-    return extracted, extracted is not None and equivalent(parse_gold(gold, timeout_s), pred, timeout_s)
+    if extracted is None or answers_another_quantity(extracted, gold, problem):
+        return extracted, False
+    return extracted, equivalent(parse_gold(gold, timeout_s), pred, timeout_s)
+
+
+_FUNCTION_OF = re.compile(
+    r"\\(?:log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|arctan)(?![A-Za-z])|[A-Za-z]\("
+)
+
+
+def answers_another_quantity(answer: str, gold: str, problem: str) -> bool:
+    """Is the answer an equation giving the value of a function of something the problem does not ask for
+    ("\\log a^b = 0" for "find a + b": math-verify compares its right side with a gold that is no equation)?
+    A left side written in the problem ("f(2) = 5" for "find f(2)") or a variable is what was asked."""
+    if not problem or "=" not in answer or "=" in gold:
+        return False
+    left = answer.split("=", 1)[0]
+    if not _FUNCTION_OF.search(left):
+        return False
+    return _squeezed(left) not in _squeezed(problem)
+
+
+def _squeezed(latex: str) -> str:
+    return re.sub(r"\s+|\$|\\left|\\right", "", latex)
 
 
 # ----------------------------------------------------------------------------- knights and knaves

@@ -1,21 +1,31 @@
 """Reading a Knights-and-Knaves answer written in free form: who the response says is a knight.
 
-The stated answer is the last `<answer>` block, else what follows the last CONCLUSION marker, else the whole
-response. Statements are read in these phrasings (names are matched whole and with their capital):
+The stated answer is the last `<answer>` block, else what follows the last CONCLUSION marker opening a line,
+else the whole response. Statements are read in these phrasings (a knight is also a truth-teller, truthful,
+honest, one who tells the truth; a knave a liar, lying, one who lies):
 
-    Zoey is a knight / Zoey must be a knave / Zoey is not a knave (a knight)
+    Zoey is a knight / Zoey must be a knave / Zoey is not a knave (a knight) / Zoey is a liar / Zoey lies
     Penelope and David are knaves / Both Zoey and Oliver are knights
     Zoey: knave / Zoey - knave / | Zoey | Knight | (a table row) / Zoey = knight / Zoey (knave)
+    {"Zoey": "knave", "Oliver": "knight"} (a JSON object)
     Zoey is truthful (a knight)
     Knights: Zoey, Oliver / The knaves are Penelope and David
+    Riley is the only knight / The only knave is Riley / Only Riley is a knight (the others: the other role)
+    All three are knights / Everyone is a knave / Both are knights / None of them is a knight / There are
+    no knaves (everyone: that role, or the other)
 
-A statement is no assignment when it hedges ("Zoey is a knight or a knave", "... cannot be determined") or
-sits in a sentence that supposes, reports or doubts ("If Zoey is a knight", "one might think Penelope is a
-knave", "Zoey says Oliver is a knave"). In a stated answer (block or CONCLUSION) the first role given to each
-person counts and reading stops once everyone has one, so later prose ("Note: one might think ...") cannot
-override it; a person given both roles, or hedged, before that makes the answer unreadable. In a response
-without a stated answer, the last statement about each person wins, unless the response stops mid-sentence
-(cut at its token limit: then it never concluded, and states nothing). Every person must get a role.
+Names are matched whole; with their capital, or written in lower case unless the name is also an English
+word ("will", "grace": `ENGLISH_NAMES`).
+
+A statement that leaves a role open ("Zoey is a knight or a knave", "Luna could be either a knight or a
+knave", "... cannot be determined") is a hedge: the person has no role from it. Any other statement in a
+sentence that supposes, reports or doubts ("If Zoey is a knight", "one might think Penelope is a knave",
+"Zoey says Oliver is a knave") is skipped. The answer is the roles as finally stated: each person's last
+statement counts, a final hedge included; statements joined by "or" are a hedge too ("Jacob is a knight, or
+Zoey is not a knave"). In a stated answer (block or CONCLUSION) a person given both roles makes the answer
+unreadable (it contradicts itself). A response without a stated answer that stops mid-sentence (cut at its
+token limit) is read only in its answer sentences ("So the answer is that ...", "In conclusion, ..."): the
+rest is reasoning that never concluded. Every person must get a role.
 """
 
 from __future__ import annotations
@@ -25,10 +35,15 @@ from collections.abc import Sequence
 
 from reference_trainer.tasks.answer_extraction import MAX_RESPONSE_CHARS, ends_complete
 
-_ROLE = r"(?P<role>(?i:knights?|knaves?))"
+_KNIGHT_WORDS = (
+    r"knights?|truth-?tellers?|truth\s+tellers?|truthful|honest|tells\s+the\s+truth|telling\s+the\s+truth"
+)
+_KNAVE_WORDS = r"knaves?|liars?|lying|lies|dishonest|tells\s+lies"
+_ROLE = rf"(?P<role>(?i:{_KNIGHT_WORDS}|{_KNAVE_WORDS}))"
+_IS_KNIGHT = re.compile(rf"(?:{_KNIGHT_WORDS})$", re.IGNORECASE)
 # "Zoey is a knight or a knave", "... (it cannot be determined)": the person's role is left open.
 _UNDECIDED_AFTER = re.compile(
-    r"\s*(?:or|/)\s*(?:an?\s+)?(?:knight|knave)"
+    rf"\s*(?:or|/)\s*(?:an?\s+)?(?:{_KNIGHT_WORDS}|{_KNAVE_WORDS})\b"
     r"|[^.\n]*\b(?:cannot|can't|not)\s+be\s+determined|[^.\n]*\bunknown\b",
     re.IGNORECASE,
 )
@@ -44,34 +59,105 @@ _FILLER = (
     rf"(?:{_S}+(?i:is|are|was|were|must|be|has|have|to|both|all|therefore|thus|hence|so|also|then|indeed|"
     r"clearly|definitely|actually|certainly|each|the|an?))*"
 )
+# A statement lists at most this many people (K&K puzzles have 2 to 8): bounded, so that a response of one
+# long list of names ("Zoey, Zoey, ...") is not rescanned from every name (quadratic)
+_MAX_LISTED = 12
+_COUNT = r"(?:two|three|four|five|six|seven|eight|\d)"
+# Names that are also English words: matched only with their capital ("Zoey will be" is no statement).
+ENGLISH_NAMES = frozenset({
+    "will", "grace", "jack", "lily", "mason", "rose", "mark", "bill", "hope", "joy", "faith", "may", "june",
+    "april", "summer", "dawn", "eve", "amber", "ivy", "max", "ray", "chase", "hunter", "drew", "frank",
+    "olive", "ruby", "violet", "willow", "hazel", "daisy", "pearl", "holly", "sky", "sage", "reed", "page",
+    "miles", "august", "autumn", "crystal", "destiny", "heather", "jasmine", "iris", "art", "don", "guy",
+    "pat", "sue", "rich", "king", "earl", "gene", "jay", "bud", "bob", "lucas", "logan", "aurora", "avery",
+})  # fmt: skip
+
+
+def _one_name(name: str) -> str:
+    spelled = (
+        re.escape(name)
+        if name.lower() in ENGLISH_NAMES
+        else f"(?:{re.escape(name)}|{re.escape(name.lower())})"
+    )
+    return rf"(?<![A-Za-z]){spelled}(?![A-Za-z])"
 
 
 def _name(names: Sequence[str]) -> str:
-    """Any of the names, whole and with its capital ("Eli" is not in "Elizabeth", "Will" not "will")."""
-    return "(?:" + "|".join(rf"(?<![A-Za-z]){re.escape(n)}(?![A-Za-z])" for n in names) + ")"
+    """Any of the names, whole ("Eli" is not in "Elizabeth"), capitalised or in lower case."""
+    return "(?:" + "|".join(_one_name(n) for n in names) + ")"
 
 
 def _patterns(names: Sequence[str]) -> list[re.Pattern[str]]:
     name = _name(names)
-    people = rf"(?P<people>(?i:both{_S}+)?{name}(?:{_S}*,{_S}*{name})*"
+    people = rf"(?P<people>(?i:both{_S}+)?{name}(?:{_S}*,{_S}*{name}){{0,{_MAX_LISTED}}}"
     people += rf"(?:{_S}*,?{_S}*(?i:and|&){_S}+{name})?)"
     return [
-        # Zoey is a knight / Penelope and David are both knaves / Zoey is not a knave
+        # Zoey is a knight / Penelope and David are both knaves / Zoey is not a knave / Zoey lies
         re.compile(rf"{people}{_FILLER}(?P<neg>{_S}+(?i:not))?{_FILLER}{_S}+{_ROLE}\b"),
         # Zoey: knave / Zoey - knave / | Zoey | Knight | / Zoey = knight
-        re.compile(rf"{people}{_S}*(?::|-|–|—|=|\||->|→){_S}*(?i:an?{_S}+)?{_ROLE}\b"),
+        re.compile(rf"{people}{_S}*(?::|-|–|—|=|\||->|→|=>){_S}*(?i:an?{_S}+)?{_ROLE}\b"),
         # Zoey (knave) / Zoey is truthful (a knight)
         re.compile(
             rf"{people}(?P<gap>(?:(?!(?i:knight|knave))[^.;,\n()]){{0,30}}?)"
             rf"\({_S}*(?i:an?{_S}+)?{_ROLE}{_S}*\)"
         ),
-        # Knights: Zoey, Oliver / The knaves are Penelope and David (at a line start or after "the")
+        # Knights: Zoey, Oliver / The knaves are Penelope and David / The only knight is Riley
         re.compile(
-            rf"(?:^[ \t\-*>#\d.()]*|\b(?i:the){_S}+(?i:only{_S}+)?)"
+            rf"(?:^[ \t\-*>#\d.()]*|\b(?i:the){_S}+(?P<only>(?i:only){_S}+)?)"
             rf"{_ROLE}{_S}*(?::|=|\b(?i:are|is)\b){_S}*{people}",
             re.MULTILINE,
         ),
+        # Riley is the only knight / Only Riley is a knight
+        re.compile(rf"{people}{_S}+(?i:is|are){_S}+(?i:the){_S}+(?P<only>(?i:only)){_S}+{_ROLE}\b"),
+        re.compile(rf"\b(?P<only>(?i:only)){_S}+{people}{_S}+(?i:is|are){_S}+(?i:an?{_S}+)?{_ROLE}\b"),
     ]
+
+
+def _everyone_patterns() -> list[re.Pattern[str]]:
+    """Statements about every person: (?P<count>) says how many the statement counts, where it does."""
+    return [
+        # All three are knights / Everyone is a knave / Both are knights / They are all liars
+        re.compile(
+            rf"\b(?i:(?:all(?:{_S}+(?:(?P<count>{_COUNT})|of{_S}+them))?|everyone|everybody|both(?:{_S}+of{_S}+them)?"
+            rf"|they{_S}+are{_S}+(?:all|both)))"
+            rf"(?:{_S}+(?i:people|persons|inhabitants))?{_S}+(?i:are|is){_S}+(?i:an?{_S}+)?{_ROLE}\b"
+        ),
+        # None of them is a knight / No one is a knave / There are no knights (everyone: the other role)
+        re.compile(
+            rf"\b(?P<none>(?i:none(?:{_S}+of{_S}+them)?|no{_S}*one|nobody|neither(?:{_S}+of{_S}+them)?)"
+            rf"{_S}+(?i:is|are){_S}+(?i:an?{_S}+)?){_ROLE}\b"
+        ),
+        re.compile(rf"\b(?P<none>(?i:there{_S}+(?:are|is){_S}+no){_S}+){_ROLE}\b"),
+    ]
+
+
+_COUNT_WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+# "Luna could be either a knight or a knave", "We cannot determine whether Luna ...": a hedge on a person.
+_ANY_ROLE = rf"(?:an?{_S}+)?(?:{_KNIGHT_WORDS}|{_KNAVE_WORDS})"
+_ROLES_EITHER = rf"{_ANY_ROLE}{_S}+or{_S}+{_ANY_ROLE}"
+
+
+def _hedge_patterns(names: Sequence[str]) -> list[re.Pattern[str]]:
+    name = _name(names)
+    people = rf"(?P<people>{name}(?:{_S}*,{_S}*{name}){{0,{_MAX_LISTED}}}"
+    people += rf"(?:{_S}*,?{_S}*(?i:and|&){_S}+{name})?)"
+    return [
+        re.compile(
+            rf"{people}{_S}+(?i:could|can|might|may){_S}+(?i:be){_S}+(?i:either{_S}+)?{_ROLES_EITHER}", re.I
+        ),
+        re.compile(rf"{people}{_S}+(?i:is|are){_S}+(?i:either){_S}+{_ROLES_EITHER}", re.I),
+        re.compile(
+            rf"(?i:cannot|can't|can{_S}+not){_S}+(?i:determine|tell|know|say){_S}+(?i:whether|if|what){_S}+{people}"
+        ),
+        re.compile(
+            rf"{people}(?:'s{_S}+(?i:role|identity|type|status))?{_S}+(?i:is|are|remains?){_S}+(?i:unknown|undetermined|unclear|ambiguous)"
+        ),
+    ]
+
+
+# The CONCLUSION marker opens a line (markdown allowed); quoted inside a line ('after the line "CONCLUSION:"',
+# the prompt's instruction echoed) it marks nothing.
+_CONCLUSION = re.compile(r"^[ \t#*_>]*conclusion\b", re.IGNORECASE | re.MULTILINE)
 
 
 def _answer_region(text: str) -> tuple[str, bool]:
@@ -79,63 +165,113 @@ def _answer_region(text: str) -> tuple[str, bool]:
     blocks = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL | re.IGNORECASE)
     if blocks:
         return blocks[-1], True
-    idx = text.upper().rfind("CONCLUSION")
-    return (text[idx + len("CONCLUSION") :], True) if idx >= 0 else (text, False)
+    markers = list(_CONCLUSION.finditer(text))
+    return (text[markers[-1].end() :], True) if markers else (text, False)
+
+
+def _sentence_start(region: str, at: int) -> int:
+    window = max(0, at - _CONTEXT_CHARS)
+    return max(max(region.rfind(c, window, at) for c in ".!?;\n") + 1, window)
+
+
+def _asserted(region: str, m: re.Match[str]) -> bool:
+    """Is the match asserted: not in a sentence that supposes, doubts or reports?"""
+    before = region[_sentence_start(region, m.start()) : m.start()]
+    return not _NOT_ASSERTED_BEFORE.search(before + (m.groupdict().get("gap") or ""))
+
+
+# Statements joined by "or" are alternatives: "Jacob is a knight, or Zoey is not a knave", "both are knights
+# or both are knaves" leave the roles open.
+_OR_AFTER = re.compile(r"[ \t]*,?[ \t]*\bor\b", re.IGNORECASE)
+_OR_BEFORE = re.compile(r"\bor[ \t]*,?[ \t]*$", re.IGNORECASE)
+
+
+def _left_open(region: str, m: re.Match[str]) -> bool:
+    """Does the statement leave its role open: a role "or" another, "cannot be determined", or one of two
+    statements joined by "or"?"""
+    before = region[_sentence_start(region, m.start()) : m.start()]
+    after = region[m.end() :]
+    return bool(_UNDECIDED_AFTER.match(after) or _OR_AFTER.match(after) or _OR_BEFORE.search(before))
+
+
+def _canonical(names: Sequence[str]) -> dict[str, str]:
+    return {**{n.lower(): n for n in names}, **{n: n for n in names}}
 
 
 def _statements(region: str, names: Sequence[str]) -> list[tuple[int, list[str], bool | None]]:
     """(position, people, is_knight) of every asserted statement in order; is_knight None where the
-    statement leaves the role open."""
-    found = []
+    statement leaves the role open (a hedge)."""
+    found: list[tuple[int, list[str], bool | None]] = []
     name_re = re.compile(_name(names))
+    canonical = _canonical(names)
+
+    def people_of(m: re.Match[str]) -> list[str]:
+        return [canonical[n.group(0)] for n in name_re.finditer(m.group("people"))]
+
     for pattern in _patterns(names):
         for m in pattern.finditer(region):
-            window = max(0, m.start() - _CONTEXT_CHARS)
-            sentence_start = max(region.rfind(c, window, m.start()) for c in ".!?;\n") + 1
-            sentence_start = max(sentence_start, window)
-            if _NOT_ASSERTED_BEFORE.search(
-                region[sentence_start : m.start()] + (m.groupdict().get("gap") or "")
-            ):
+            if not _asserted(region, m):
                 continue
-            knight = m.group("role").lower().startswith("knight") != bool(m.groupdict().get("neg"))
-            people = [n.group(0) for n in name_re.finditer(m.group("people"))]
-            found.append((m.start(), people, None if _UNDECIDED_AFTER.match(region, m.end()) else knight))
+            knight = bool(_IS_KNIGHT.match(m.group("role"))) != bool(m.groupdict().get("neg"))
+            people = people_of(m)
+            open_role = _left_open(region, m)
+            found.append((m.start(), people, None if open_role else knight))
+            if m.groupdict().get("only") and not open_role:  # everyone else has the other role
+                found.append((m.start(), [n for n in names if n not in people], not knight))
+    for pattern in _everyone_patterns():
+        for m in pattern.finditer(region):
+            count = m.groupdict().get("count")
+            counted = _COUNT_WORDS.get(count.lower()) if count and not count.isdigit() else count
+            if counted is not None and int(counted) != len(names) or not _asserted(region, m):
+                continue
+            knight = bool(_IS_KNIGHT.match(m.group("role"))) != bool(m.groupdict().get("none"))
+            found.append((m.start(), list(names), None if _left_open(region, m) else knight))
+    for pattern in _hedge_patterns(names):
+        found += [(m.start(), people_of(m), None) for m in pattern.finditer(region)]
     return sorted(found, key=lambda s: s[0])
+
+
+_ANSWER_SENTENCE = re.compile(
+    r"\banswer\b[^.\n]{0,40}?\bis\b|\bfinal\s+answer\b|\bin\s+conclusion\b", re.IGNORECASE
+)
+
+
+def _in_answer_sentence(region: str, at: int) -> bool:
+    return _ANSWER_SENTENCE.search(region[_sentence_start(region, at) : at]) is not None
 
 
 def _cut_off(text: str, names: Sequence[str]) -> bool:
     """Does a response without a stated answer stop mid-sentence (cut at its token limit)? Its last
     statements are then reasoning that never concluded, as for a math response (answer_extraction, rule 5),
     unless its last line is itself a whole statement (`Zoey: knave`, a table row `| Zoey | Knight |`)."""
-    unquoted = re.sub(r"[\"'”’)\]]+$", "", text.rstrip())  # a sentence may close inside quotes or brackets
+    unquoted = re.sub(r"[\"'”’)\]}]+$", "", text.rstrip())  # a sentence may close inside quotes or brackets
     if ends_complete(unquoted):
         return False
     last = text.rstrip().rsplit("\n", 1)[-1].strip()
-    last = re.sub(r"\s*(?:\(\d+\)|\|)$", "", last)  # a list number "(2)" or a table's bar after the statement
+    last = re.sub(r"\s*(?:\(\d+\)|\||[,}])$", "", last)  # a list number "(2)", a table's bar, JSON's end
     return not any(m.end() == len(last) for pattern in _patterns(names) for m in pattern.finditer(last))
 
 
 def parse_free_form_assignment(text: str, names: Sequence[str]) -> dict[str, bool] | None:
-    """{name: is_knight} as the response states it (policy above); None unless every name gets a role."""
+    """{name: is_knight} as the response finally states it (policy above); None unless every name gets a
+    role."""
     if not names:
         return None
     region, stated = _answer_region(text[-MAX_RESPONSE_CHARS:])
-    region = re.sub(r"[*`_]", "", region)  # markdown emphasis around names and roles
+    region = re.sub(r"[*`_\"]", "", region)  # markdown emphasis around names and roles, JSON's quotes
+    statements = _statements(region, names)
     if not stated and _cut_off(region, names):
-        return None
+        # cut at its token limit: only what it stated as its answer counts ("So the answer is that both
+        # Sofia and Amelia are knaves."), not reasoning that never concluded
+        statements = [s for s in statements if _in_answer_sentence(region, s[0])]
     roles: dict[str, bool | None] = {}
-    for _, people, knight in _statements(region, names):
+    contradicted: set[str] = set()
+    for _, people, knight in statements:
         for person in people:
-            if not stated:
-                if knight is not None:
-                    roles[person] = knight  # no stated answer: the last statement wins
-            elif person not in roles:
-                roles[person] = knight
-            elif roles[person] != knight:
-                roles[person] = None  # two roles, or a hedge, before the answer was complete
-        if stated and len(roles) == len(names):
-            break
-    if any(roles.get(n) is None for n in names):
+            if stated and person in roles and roles[person] != knight:
+                contradicted.add(person)  # two roles in the stated answer: it contradicts itself
+            roles[person] = knight  # the last statement counts
+    if contradicted or any(roles.get(n) is None for n in names):
         return None
     return {n: bool(roles[n]) for n in names}
 

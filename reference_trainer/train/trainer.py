@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -178,18 +179,23 @@ class Trainer:
 
     def write_heldout_summary(self) -> None:
         """heldout.json: the held-out curve against samples consumed, ending with the final policy's
-        evaluation (metrics.jsonl rows carry the evaluations made before their step's rollout)."""
+        evaluation (metrics.jsonl rows carry the evaluations made before their step's rollout), and how long
+        that final evaluation took (`final_eval_s`: it runs outside any step, so no trace phase holds it)."""
         curve, samples = [], 0
         for row in read_jsonl(self.out_dir / "metrics.jsonl"):
             if VAL_FIELDS[0] in row:
                 curve.append({"step": row["step"], "samples": samples, **_val(row)})
             samples += row["samples"]
+        took = None
         if not curve or curve[-1]["step"] != self.step:
+            start = time.perf_counter()
             curve.append({"step": self.step, "samples": samples, **_val(self.evaluate())})
+            took = time.perf_counter() - start
         write_json(
             self.out_dir / "heldout.json",
-            {"task": self.config.task, "problems": len(self.heldout.problems), "curve": curve},
-        )
+            {"task": self.config.task, "problems": len(self.heldout.problems), "curve": curve,
+             "final_eval_s": took},
+        )  # fmt: skip
 
     def train_step(self) -> dict[str, Any]:
         trace, step = self.trace, self.step

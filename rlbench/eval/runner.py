@@ -15,14 +15,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from reference_trainer.engine.config import SamplingParams
-from reference_trainer.errors import (
-    MAX_SEED,
-    UserError,
-    check_integer,
-    check_sequences,
-    check_temperature,
-    check_top_p,
-)
+from reference_trainer.errors import MAX_SEED, UserError, check_integer
 from reference_trainer.tasks.grading import GradeItem, GradeResult, VoteItem, get_grader, text_classes
 from reference_trainer.tasks.prompts import TEMPLATES, build_prompt, resolve_template
 from reference_trainer.trace.records import append_jsonl, read_json, read_jsonl, trim_torn_tail, write_json
@@ -30,7 +23,7 @@ from rlbench.eval.backends import GenerationBackend
 from rlbench.eval.estimators import avg_at_k, majority_correct, majority_vote, pass_at_k, pass_ks
 from rlbench.eval.pool import GradingPool
 from rlbench.eval.schema import GROUP_FIELDS, row_problem
-from rlbench.eval.suite_file import SAMPLING_DEFAULTS, Suite
+from rlbench.eval.suite_file import SAMPLING_DEFAULTS, Suite, check_sampling
 from rlbench.eval.suites import Problem, data_path, import_path, load_problems
 
 PROGRESS_FILE = "problems.jsonl"
@@ -56,11 +49,7 @@ class EvalConfig:
 
     def check(self) -> None:
         """Every option in range before anything loads: one line naming the first that is not."""
-        check_integer("--samples", self.samples, low=1)
-        check_sequences("--samples (-k)", self.samples)
-        check_integer("--max-tokens", self.max_tokens, low=1)
-        check_temperature("--temperature", self.temperature)
-        check_top_p("--top-p", self.top_p)
+        check_sampling(asdict(self))
         check_integer("--seed", self.seed, low=0, high=MAX_SEED)
         if self.template not in TEMPLATES:
             raise UserError(f"unknown template {self.template!r}; choose from {', '.join(TEMPLATES)}")

@@ -6,7 +6,7 @@
     size: 500                      # listed by `rlbench suites`; the data decides what runs
     data:
       file: math500.jsonl          # JSONL (id, problem, answer): in --data-dir, or beside this file
-      hub: {id: HuggingFaceH4/MATH-500, split: test, config: null, data_files: null}
+      hub: {id: HuggingFaceH4/MATH-500, split: test, config: null, data_files: null}  # id: or a folder
       fields: {id: unique_id, problem: problem, answer: answer}   # suite field: the hub dataset's field
     prompt: math                   # a prompt of grading.PROMPTS (math, kk) | a text holding {problem}
     grader: math                   # a grader of grading.GRADERS (math, kk) | python:module:function (yours)
@@ -22,14 +22,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from reference_trainer.errors import UserError
+from reference_trainer.errors import (
+    UserError,
+    check_integer,
+    check_sequences,
+    check_temperature,
+    check_top_p,
+)
 from reference_trainer.tasks.grading import PROMPTS, get_grader
+from rlbench.eval.schema import GROUP_FIELDS
 
 SUITE_SUFFIXES = (".yaml", ".yml", ".json")
 METRICS = ("avg@k", "pass@k", "maj@k")
@@ -203,6 +211,32 @@ def _parse_data(doc: Any, problems: _Problems) -> tuple[str | None, dict[str, An
     return file, {**{k: hub.get(k) for k in HUB_KEYS}, "fields": fields}
 
 
+def _positive_count(name: str, value: Any) -> int:
+    return check_integer(name, value, low=1)
+
+
+def _samples(name: str, value: Any) -> int:
+    where = f"{name} (-k)" if name == "--samples" else name  # the flag has a short form
+    return check_sequences(where, check_integer(name, value, low=1))
+
+
+# Each sampling setting's flag and its check: the one rule for the flag and for a suite file's key (a suite
+# cannot set what the flag refuses: `sampling: {samples: 0}` is `-k 0`).
+SAMPLING_CHECKS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "temperature": ("--temperature", check_temperature),
+    "top_p": ("--top-p", check_top_p),
+    "max_tokens": ("--max-tokens", _positive_count),
+    "samples": ("--samples", _samples),
+}
+
+
+def check_sampling(values: dict[str, Any]) -> None:
+    """The CLI's check of each sampling value given (None: the suite's); the first bad one is one line."""
+    for key, (option, check) in SAMPLING_CHECKS.items():
+        if values.get(key) is not None:
+            check(option, values[key])
+
+
 def _parse_sampling(value: Any, problems: _Problems) -> dict[str, float | int]:
     if value is None:
         return dict(SAMPLING_DEFAULTS)
@@ -211,10 +245,13 @@ def _parse_sampling(value: Any, problems: _Problems) -> dict[str, float | int]:
         return dict(SAMPLING_DEFAULTS)
     _unknown(value, tuple(SAMPLING_DEFAULTS), "sampling.", problems)
     for key, given in value.items():
-        integer = key in ("max_tokens", "samples")
-        ok = type(given) is int if integer else type(given) in (int, float)
-        if key in SAMPLING_DEFAULTS and not ok:
-            problems.add(f"sampling.{key} is {given!r}, not {'an integer' if integer else 'a number'}")
+        if key not in SAMPLING_CHECKS:
+            continue
+        option, check = SAMPLING_CHECKS[key]
+        try:
+            check(option, given)
+        except UserError as err:  # the flag's rule, said of the key that set it
+            problems.add(str(err).replace(option, f"sampling.{key}", 1))
     return {**SAMPLING_DEFAULTS, **{k: v for k, v in value.items() if k in SAMPLING_DEFAULTS}}
 
 
@@ -245,7 +282,7 @@ def _parse_suite(doc: dict[str, Any], path: Path, sha: str, problems: _Problems)
         license=_text(doc, "license", problems, required=False),
         sampling=_parse_sampling(doc.get("sampling"), problems),
         metrics=_names(doc.get("metrics", list(METRICS)), "metrics", problems, METRICS),
-        group_by=_names(doc.get("group_by", []), "group_by", problems),
+        group_by=_names(doc.get("group_by", []), "group_by", problems, GROUP_FIELDS),
         path=path,
         sha256=sha,
     )

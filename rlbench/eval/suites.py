@@ -23,7 +23,7 @@ from reference_trainer.errors import UserError
 from reference_trainer.tasks.grading import Grader, get_grader
 from reference_trainer.tasks.prompts import plain_prompt
 from reference_trainer.tasks.user_grader import is_user_grader, load_grader
-from reference_trainer.trace.records import read_jsonl
+from reference_trainer.trace.records import read_jsonl, write_jsonl
 from rlbench.eval.schema import is_text, short
 from rlbench.eval.suite_file import SUITE_SUFFIXES, Group, Suite, parse_file
 
@@ -242,29 +242,51 @@ def load_problems(suite: Suite, data_dir: Path | None) -> list[Problem]:
     return problems
 
 
-def hub_reachable(timeout: float = 2.0) -> bool:
-    """A short TCP probe: without one, datasets retries an unreachable hub for ~23 s before failing."""
-    if (
+HUB_PROBE_S = 2.0  # the TCP probe's limit: datasets alone retries an unreachable hub for ~23 s
+
+
+def hub_offline() -> bool:
+    """Has the environment turned the hub off (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE)?"""
+    return (
         os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
         or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-    ):
-        return False
+    )
+
+
+def hub_address() -> tuple[str, int]:
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    return url.hostname or "huggingface.co", url.port or 443
+
+
+def hub_reachable(timeout: float = HUB_PROBE_S) -> bool:
+    """A short TCP probe of the hub (HF_ENDPOINT): without one, datasets retries for ~23 s before failing."""
+    if hub_offline():
+        return False
     try:
-        with socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout):
+        with socket.create_connection(hub_address(), timeout=timeout):
             return True
     except OSError:
         return False
 
 
-def _load_from_hub(suite: Suite) -> list[Problem]:
-    hint = "pass --data-dir DIR (or set RLBENCH_DATA_DIR) holding the suite's JSONL files"
-    if not hub_reachable():
-        raise UserError(f"cannot reach the HuggingFace hub to load {suite.hub['id']}; {hint}")
-    import datasets
+def offline_hint(suite: Suite) -> str:
+    """What to do where the hub cannot be reached: the command that writes the data dir, and the flag."""
+    return (
+        f"on a connected machine, `rlbench suites download {suite.name} --to DIR` writes its data; "
+        "then pass --data-dir DIR (or set RLBENCH_DATA_DIR)"
+    )
 
+
+def _load_from_hub(suite: Suite, hint: str | None = None) -> list[Problem]:
+    """The suite's problems from its hub dataset (`data.hub.id` may also be a local dataset folder, which
+    `datasets` reads without the network)."""
     hub = suite.hub
     assert hub is not None  # data_path said so
+    hint = hint or offline_hint(suite)
+    if not Path(hub["id"]).is_dir() and not hub_reachable():
+        raise UserError(f"cannot reach the HuggingFace hub to load {hub['id']}; {hint}")
+    import datasets
+
     try:
         ds = datasets.load_dataset(
             hub["id"], hub.get("config"), split=hub["split"], data_files=hub.get("data_files")
@@ -274,6 +296,36 @@ def _load_from_hub(suite: Suite) -> list[Problem]:
             f"loading {suite.hub_source} from the hub failed ({type(err).__name__}: {err}); {hint}"
         ) from None
     return [_row_to_problem(dict(r), hub["fields"], i, suite) for i, r in enumerate(ds)]
+
+
+def download(names: Sequence[str], to: Path, include: Sequence[Path] = ()) -> list[tuple[Suite, Path, int]]:
+    """Write each named suite's problems (a group: each member's) to `to`/<data.file>, one JSON row per
+    problem in the schema a data dir holds, then read them back from there as `--data-dir` does and check
+    they are the same problems. Returns (suite, file written, rows) per suite. Every name is resolved, and
+    every suite checked for a data.file, before anything is fetched."""
+    if Path(to).is_file():
+        raise UserError(f"--to {to} is a file; pass the folder to write the suites' JSONL files into")
+    suites: list[Suite] = []
+    for name in names:
+        record = resolve(name, include)
+        suites += group_members(record, include) if isinstance(record, Group) else [record]
+    for suite in suites:
+        if suite.data_file is None:
+            raise UserError(f"suite {suite.name!r} names no data.file: a data dir cannot hold it")
+    written = []
+    for suite in suites:
+        if suite.hub is not None:
+            problems = _load_from_hub(suite, "run the download where the hub can be reached")
+        else:
+            problems = load_problems(suite, None)  # the file beside the suite file
+        target = Path(to) / str(suite.data_file)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        rows = [{"id": p.id, "problem": p.problem, "answer": p.answer, **p.extra} for p in problems]
+        write_jsonl(target, rows)
+        if load_problems(suite, Path(to)) != problems:
+            raise UserError(f"{target}: what was written does not read back as the suite's problems")
+        written.append((suite, target, len(rows)))
+    return written
 
 
 def _count_rows(path: Path) -> int:

@@ -1,7 +1,8 @@
 """The compare page: the bubble first (each mode beside the baseline, with its range over rounds), then the
 step time split into rollout, update, reward and other (which part a mode changed), the rollout's
-throughput in generated and in trained tokens, the other ratios, per-step curves. compare_summary.py reads
-the runs side by side and writes the terminal's lines.
+throughput in trained and in generated tokens (trained first: a mode can generate more and train on less),
+the other ratios, per-step curves. A caveat that invalidates the speed-ups (load drift) comes first.
+compare_summary.py reads the runs side by side and writes the terminal's lines.
 
 Input (`compare.json`):
     {"baseline": "baseline", "runs": [{"mode": "baseline", "summary": {...}, "steps": [...]}, ...],
@@ -32,11 +33,13 @@ from rlbench.report.compare_summary import (
 )
 from rlbench.report.figures import PALETTE, _fig, note, steps_axis
 from rlbench.report.page import table, write_page
+from rlbench.report.profile_report import GENERATED_LABEL, TRAINED_LABEL, trained_per_rollout_s
 from rlbench.report.replay_summary import replay_section
 
 CURVES = [
     ("bubble_ratio", "Bubble ratio per step", "%", 100.0),
-    ("rollout_tokens_per_s", "Rollout throughput per step", "tokens/s", 1.0),
+    (TRAINED_LABEL, "Trained tokens per rollout-second, per step", "tokens/s", 1.0),
+    ("rollout_tokens_per_s", "Generated tokens per rollout-second, per step", "tokens/s", 1.0),
     ("step_time_s", "Step time", "seconds", 1.0),
     ("reward_mean", "Reward mean per step", "reward", 1.0),
     ("accuracy", "Accuracy per step", "accuracy", 1.0),
@@ -64,7 +67,11 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
     if has_base:
         parts.append(_parts_figure(derived))
     parts += replay_section(doc.get("gpu_replay"))
-    intro: list[Any] = [note(message)] if (message := drift_note(drift)) else []
+    # a caveat that invalidates the speed-ups is read before them: the page's first section
+    caveats = [note(message)] if (message := drift_note(drift)) else []
+    if doc.get("interrupted"):
+        caveats.append(note("Interrupted: the steps that finished are shown; the modes may differ in steps."))
+    intro: list[Any] = []
     unmeasured = [c for c in rows[0] if all(r.get(c) is None for r in rows)]
     intro.append(table(rows, [c for c in rows[0] if c not in unmeasured]))
     if unmeasured:
@@ -76,7 +83,8 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
         intro.append(
             '<p class="sub">Ratios are against the baseline run of the same process, prompts and seeds, '
             "the modes taking their steps in turn. speed-up = baseline step time / mode step time (the "
-            "range: per round, step k of each); throughput and reward: mode / baseline; the bubble's "
+            "range: per round, step k of each); trained and generated throughput (tokens per rollout-second: "
+            "what the update used, and all the engine generated) and reward: mode / baseline; the bubble's "
             "change in percentage points.</p>"
         )
     curves: list[Any] = []
@@ -84,7 +92,8 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
         fig = _fig(title, "step", unit)
         for i, r in enumerate(runs):
             steps = r.get("steps") or []
-            ys = [None if s.get(key) is None else scale * s[key] for s in steps]
+            values = [trained_per_rollout_s(s) if key == TRAINED_LABEL else s.get(key) for s in steps]
+            ys = [None if v is None else scale * v for v in values]
             if any(y is not None for y in ys):
                 fig.add_trace(
                     go.Scatter(
@@ -100,6 +109,7 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
     workload = doc.get("workload") or {}
     subtitle = " · ".join(f"{k}: {v}" for k, v in workload.items() if not isinstance(v, (dict, list)))
     sections = [
+        *([("Read this first", caveats)] if caveats else []),
         ("The bubble", bubble),
         ("Where the step time went", parts or [note(f"No '{baseline}' run: no split against it.")]),
         ("What each mode trades for its speed", [_ledger_table(derived["ledger"])]),
@@ -173,8 +183,8 @@ def _parts_table(derived: dict[str, Any], runs: list[dict[str, Any]]) -> str:
                 "speed-up": parts.get("speedup"),
                 "produced by": produced_by(parts).removeprefix(": "),
                 "trained length mean / longest": lengths_text(s),
-                "generated tokens/rollout-s": s.get("rollout_tokens_per_s"),
-                "trained tokens/rollout-s": s.get("trained_tokens_per_rollout_s"),
+                TRAINED_LABEL: s.get("trained_tokens_per_rollout_s"),
+                GENERATED_LABEL: s.get("rollout_tokens_per_s"),
             }
         )
     why = (

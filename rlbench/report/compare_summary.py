@@ -19,7 +19,7 @@ from reference_trainer.trace.compare import (
     step_speedups,
 )
 from reference_trainer.trace.metrics import same_prompts_ks
-from rlbench.report.profile_report import summary_problem
+from rlbench.report.profile_report import GENERATED_LABEL, TRAINED_LABEL, summary_problem
 from rlbench.report.replay_summary import comparison_lines, replay_problem
 
 
@@ -67,8 +67,8 @@ def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]
             "mode": r["mode"],
             "bubble (%)": percent(s.get("bubble_ratio")),
             "step time (s)": s.get("step_time_s"),
-            "rollout tokens/s": s.get("rollout_tokens_per_s"),
-            "trained tokens/rollout-s": s.get("trained_tokens_per_rollout_s"),
+            TRAINED_LABEL: s.get("trained_tokens_per_rollout_s"),
+            GENERATED_LABEL: s.get("rollout_tokens_per_s"),
             "GPU idle in rollout (%)": percent(s.get("bubble_ratio_gpu")),
             "tail share (%)": percent(s.get("tail_time_share")),
             "acceptance (%)": percent(s.get("acceptance_rate")),
@@ -85,7 +85,10 @@ def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]
                 100.0 * (bubble - base_bubble) if bubble is not None and base_bubble is not None else None
             )
             row["speed-up (step time)"] = _div(base.get("step_time_s"), s.get("step_time_s"))
-            row["throughput ×"] = _div(s.get("rollout_tokens_per_s"), base.get("rollout_tokens_per_s"))
+            # both throughputs, the trained first: a mode can generate more while training on less
+            trained, generated = "trained_tokens_per_rollout_s", "rollout_tokens_per_s"
+            row["trained throughput ×"] = _div(s.get(trained), base.get(trained))
+            row["generated throughput ×"] = _div(s.get(generated), base.get(generated))
             row["reward ×"] = _div(s.get("reward_mean"), base.get("reward_mean"))
         rows.append(row)
     return rows
@@ -192,13 +195,13 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
             speed = f"  {parts['speedup']:.2f}x" + (f" ({span})" if span and mode != baseline else "")
         lines.append(f"{mode:>16}: {split}{speed}{produced_by(parts) if mode != baseline else ''}")
     lines.append(
-        "rollout: generated / trained tokens per rollout-second; trained response length mean / longest"
+        "rollout: trained / generated tokens per rollout-second; trained response length mean / longest"
     )
     for mode, s in summaries.items():
         gen, trained = s.get("rollout_tokens_per_s"), s.get("trained_tokens_per_rollout_s")
         aside = max(0, int(s.get("rollout_tokens") or 0) - int(s.get("trained_tokens") or 0))
         lines.append(
-            f"{mode:>16}: {gen or 0:.0f} / {trained or 0:.0f} tok/s ({aside:,} generated tokens not "
+            f"{mode:>16}: {trained or 0:.0f} / {gen or 0:.0f} tok/s ({aside:,} generated tokens not "
             f"trained); length {lengths_text(s)}"
         )
     lines += ledger_lines(derived["ledger"])

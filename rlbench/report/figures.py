@@ -56,6 +56,30 @@ def _fig(title: str, xaxis: str, yaxis: str, height: int = 320) -> Any:
     return fig
 
 
+SHADE_OPACITY = 0.12
+
+
+def shade_phases(fig: Any, events: Sequence[Event], kinds: Sequence[str], label: str = "phase") -> Any:
+    """Shade each event of `kinds` on the time axis in its phase colour, and name every shading in the
+    legend (a legend-only entry per kind that occurs), so that a reader can tell the colours apart."""
+    import plotly.graph_objects as go
+
+    seen: list[str] = []
+    for ev in events:
+        if ev.get("kind") in kinds:
+            fig.add_vrect(x0=ev["t_start"], x1=ev["t_end"], fillcolor=PHASE_COLOURS[ev["kind"]],
+                          opacity=SHADE_OPACITY, line_width=0)  # fmt: skip
+            if ev["kind"] not in seen:
+                seen.append(ev["kind"])
+    for kind in sorted(seen, key=list(kinds).index):
+        name = "held-out evaluation" if kind == "heldout" else kind
+        fig.add_trace(
+            go.Scatter(x=[None], y=[None], mode="markers", name=f"shaded: {name} {label}", showlegend=True,
+                       marker={"symbol": "square", "size": 14, "color": PHASE_COLOURS[kind], "opacity": 0.35})
+        )  # fmt: skip
+    return fig
+
+
 def steps_axis(fig: Any, x: Sequence[int]) -> Any:
     """Integer step ticks (plotly would put ticks at 0.2-step intervals on a short run)."""
     fig.update_xaxes(tickmode="linear", tick0=min(x) if x else 0, dtick=max(1, -(-len(set(x)) // 12)))

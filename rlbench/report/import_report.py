@@ -125,9 +125,9 @@ def _headline(doc: dict[str, Any], unit: str) -> str:
     return kpis(
         {
             bubble: pct(info.get("bubble_decode_steps", s.get("bubble_ratio"))),
-            "rollout tokens/s" if unit == "s" else f"rollout tokens per {unit}": num(
-                s.get("rollout_tokens_per_s"), digits=4
-            ),
+            # trained first: the tokens an update learns from, then the tokens the rollout generated
+            f"trained tokens per rollout-{unit}": num(s.get("trained_tokens_per_rollout_s"), digits=4),
+            f"generated tokens per rollout-{unit}": num(s.get("rollout_tokens_per_s"), digits=4),
             "mean step time": num(s.get("step_time_s"), " s" if unit == "s" else f" {unit}s"),
             "tail time share": pct(s.get("tail_time_share")),
             "reward (mean)": num(s.get("reward_mean")),

@@ -18,11 +18,56 @@ from reference_trainer.trace import metrics
 from reference_trainer.trace.records import read_json, read_jsonl
 from reference_trainer.trace.schema import FORWARD_KINDS, ROLLOUT, UPDATE, read_trace
 from rlbench.observe.nvml import no_gpu_note
-from rlbench.report.figures import PALETTE, PHASE_COLOURS, Event, _fig, note, num, pct, steps_axis
+from rlbench.report.figures import (
+    PALETTE,
+    PHASE_COLOURS,
+    Event,
+    _fig,
+    note,
+    num,
+    pct,
+    shade_phases,
+    steps_axis,
+)
 from rlbench.report.observe_report import observed_sections
 from rlbench.report.page import kpis, table, write_page
 from rlbench.report.replay_summary import replay_problem, replay_section
 from rlbench.report.timeline import slot_timeline
+
+# The two throughputs a run has, always named: what the update trained on, and all the engine generated
+# (aborted and carried-over tokens too). A mode can raise the second while lowering the first.
+TRAINED_LABEL = "trained tokens/rollout-s"
+GENERATED_LABEL = "generated tokens/rollout-s"
+
+
+def trained_per_rollout_s(step: Event) -> float | None:
+    """A step's trained tokens (its update batch's response lengths) per second of its rollout phase."""
+    lengths, rollout_s = step.get("update_batch_lengths"), step.get("timing_s/gen")
+    return sum(lengths) / rollout_s if lengths and rollout_s else None
+
+
+def heldout_rows(steps: list[Event], heldout: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Every held-out evaluation the run made: heldout.json's curve (the evaluations before their steps and
+    the final policy's), else the step rows that carry one; with its time where it was measured."""
+    took = {s["step"]: s.get("timing_s/heldout") for s in steps if s.get("timing_s/heldout")}
+    curve = (heldout or {}).get("curve") or [
+        {"step": s["step"], **{k: s[k] for k in ("greedy_acc", "pass1") if k in s}}
+        for s in steps
+        if "greedy_acc" in s
+    ]
+    last = max((s["step"] for s in steps), default=-1)
+    return [
+        {
+            "evaluation": f"after step {p['step'] - 1} (final)"
+            if p["step"] > last
+            else f"before step {p['step']}",
+            "samples consumed": p.get("samples"),
+            "greedy accuracy": p.get("greedy_acc"),
+            "pass@1": p.get("pass1"),
+            "time (s)": (heldout or {}).get("final_eval_s") if p["step"] > last else took.get(p["step"]),
+        }
+        for p in curve
+    ]
 
 
 def learning_figure(steps: list[Event], heldout: dict[str, Any] | None) -> Any:
@@ -87,15 +132,22 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
     heldout_s = [s.get("timing_s/heldout") or 0.0 for s in steps]
     where = [split]
     if any(heldout_s):
-        evaluation = _fig("Held-out evaluation per step (outside the step time)", "step", "seconds")
+        evaluation = _fig(
+            "Held-out evaluation time before each step (outside the step time)", "step", "seconds"
+        )
         evaluation.add_trace(
             go.Bar(x=x, y=heldout_s, name="held-out evaluation", marker_color=PHASE_COLOURS["heldout"])
         )
         steps_axis(evaluation, x)
         where.append(evaluation)
 
-    thr = _fig("Rollout throughput per step (accepted tokens / rollout wall time)", "step", "tokens/s")
-    line(thr, "rollout_tokens_per_s", "tokens/s")
+    thr = _fig("Rollout throughput per step: tokens per rollout-second", "step", "tokens/s")
+    line(thr, "rollout_tokens_per_s", GENERATED_LABEL)
+    trained = [trained_per_rollout_s(s) for s in steps]
+    if any(t is not None for t in trained):  # dashed over the generated line (equal when all is trained)
+        thr.add_trace(go.Scatter(x=x, y=trained, name=TRAINED_LABEL, mode="lines+markers",
+                                 line={"dash": "dash", "width": 3}))  # fmt: skip
+        thr.update_layout(legend_traceorder="reversed")  # the trained one first
 
     for fig in (bubble, split, thr):
         steps_axis(fig, x)
@@ -124,6 +176,12 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
         steps_axis(rew, x)
         learning = [rew, learning_figure(steps, heldout)] if heldout else [rew]
         sections.append(("Learning", learning))
+    if rows := heldout_rows(steps, heldout):
+        why = (
+            '<p class="sub">Every held-out evaluation of the run: greedy accuracy and pass@1 on the held-out '
+            "problems before the step it precedes (outside the step time), and last of the final policy.</p>"
+        )
+        sections.append(("Held-out evaluations", [table(rows), why]))
 
     lens = _fig("Response lengths of each update batch", "step", "tokens")
     for s in steps:
@@ -174,7 +232,7 @@ def gpu_section(gpu: dict[str, Any] | None, events: Sequence[Event]) -> list[Any
     for key, title, unit, scale in GPU_PANELS:
         if all(s.get(key) is None for s in samples):
             continue
-        fig = _fig(f"{title} (NVML; shaded: rollout, update phases)", "time (s)", unit, height=260)
+        fig = _fig(f"{title} (NVML; rollout and update phases shaded)", "time (s)", unit, height=300)
         for idx in sorted({s["gpu"] for s in samples}):
             pts = [s for s in samples if s["gpu"] == idx and s.get(key) is not None]
             fig.add_trace(
@@ -185,15 +243,7 @@ def gpu_section(gpu: dict[str, Any] | None, events: Sequence[Event]) -> list[Any
                     name=f"GPU {idx}: {names.get(idx, '')}",
                 )
             )
-        for ev in events:
-            if ev.get("kind") in (ROLLOUT, UPDATE):
-                fig.add_vrect(
-                    x0=ev["t_start"],
-                    x1=ev["t_end"],
-                    fillcolor=PHASE_COLOURS[ev["kind"]],
-                    opacity=0.12,
-                    line_width=0,
-                )
+        shade_phases(fig, events, (ROLLOUT, UPDATE))
         if key == "util":
             fig.update_yaxes(range=[0, 105])
         figures.append(fig)
@@ -267,7 +317,8 @@ def headline(doc: dict[str, Any]) -> str:
             "GPU bubble ratio": pct(s.get("bubble_ratio_gpu"))
             if s.get("bubble_ratio_gpu") is not None
             else "n/a (no GPU)",
-            "rollout tokens/s": num(s.get("rollout_tokens_per_s"), digits=4),
+            TRAINED_LABEL: num(s.get("trained_tokens_per_rollout_s"), digits=4),
+            GENERATED_LABEL: num(s.get("rollout_tokens_per_s"), digits=4),
             "mean step time": num(s.get("step_time_s"), " s"),
             "tail time share": pct(s.get("tail_time_share")),
             "acceptance": pct(acc) if acc is not None else "n/a (no drafts)",

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reference_trainer.trace.schema import FORWARD_KINDS, HELDOUT, REWARD, ROLLOUT, SEQUENCE, SYNC, UPDATE
-from rlbench.report.figures import PALETTE, PHASE_COLOURS, Event, _fig, note
+from rlbench.report.figures import PALETTE, Event, _fig, note, shade_phases
 
 MAX_BARS = 20_000
 
@@ -98,15 +98,9 @@ def slot_timeline(events: Sequence[Event]) -> list[Any]:
     )
     shown = {b["step"] for b in bars}
     rollouts = [ev for ev in events if ev.get("kind") == ROLLOUT and int(ev.get("step", 0)) in shown]
-    for ev in events:  # shade the non-rollout phases so the gaps between rollouts read as what they are
-        if ev.get("kind") in (REWARD, UPDATE, SYNC, HELDOUT) and int(ev.get("step", 0)) in shown:
-            fig.add_vrect(
-                x0=ev["t_start"],
-                x1=ev["t_end"],
-                fillcolor=PHASE_COLOURS[ev["kind"]],
-                opacity=0.12,
-                line_width=0,
-            )
+    # shade the non-rollout phases so the gaps between rollouts read as what they are (named in the legend)
+    phases = [ev for ev in events if int(ev.get("step", 0)) in shown]
+    shade_phases(fig, phases, (REWARD, UPDATE, SYNC, HELDOUT))
     if len(rollouts) <= 20:  # label each rollout with its step; more labels than that would overlap
         for ev in rollouts:
             fig.add_vline(
@@ -125,7 +119,7 @@ def slot_timeline(events: Sequence[Event]) -> list[Any]:
     )
     parts: list[Any] = [fig]
     legend = f"{len(bars)} bars, {len(groups)} prompt groups (colours repeat every {len(PALETTE)} groups)."
-    parts.append(f'<p class="sub">{html.escape(legend)} Shaded: reward / update / sync phases.</p>')
+    parts.append(f'<p class="sub">{html.escape(legend)} The shaded phases are named in the legend.</p>')
     if msg:
         parts.append(note(msg))
     return parts
