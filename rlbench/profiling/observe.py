@@ -183,6 +183,8 @@ def from_samples(opts: ObserveOptions, out: Path, say: Callable[[str], None] = p
     """Rebuild trace, metrics and report from a run directory's samples.jsonl (a killed observation)."""
     path = samples_to_rebuild(out)
     rows = read_jsonl(path, check=row_problem)  # a hand-edited or foreign file: one line naming file:line
+    if not rows:  # an observation stopped before its first scrape: nothing to rebuild, said in one line
+        raise UserError(f"{path}: no samples to rebuild from (the observation ended before its first scrape)")
     old = read_json(out / "metrics.json") if (out / "metrics.json").is_file() else {}
     run = old.get("run", {"kind": "observe"}) if isinstance(old, dict) else None
     if (why := observed_run_problem(run)) is not None:
