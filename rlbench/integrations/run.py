@@ -25,16 +25,18 @@ from rlbench.simulate.whatif import whatif as simulate_whatif
 
 WHATIF_MODES = ("baseline", "sorted", "sorted-partial", "histopipe")
 WHATIF_WORKERS = (1, 8, 64, 512, 4096)
-# The replay's work: a step costs ~1,500 units to set up, then the simulator steps every worker once per
-# admission or finish (about n events for n sequences a worker holds in a step), each event costing a fixed
-# ~100 units plus one per slot of every worker (W x min(slots, n)); a unit is about a microsecond on one CPU
-# core. All worker counts of one what-if
-# together get REPLAY_BUDGET units per mode (4 modes: about 20 s); the steps past it are not replayed (the
-# doc says how many were), and a worker count whose single step exceeds it is left out (default counts) or
-# refused (given --workers).
+# The replay's work, in units of about a microsecond on one CPU core (measured on logs of 1 to 768
+# sequences per worker and step at 1 to 512 workers, 2026-11-28): a step costs ~1,500 units to set up, then
+# the simulator steps all workers together once per admission or finish (about n events for the n sequences
+# a worker holds in a step), each event ~200 units plus 1/20 of a unit per slot of every worker
+# (W x min(slots, n)). The worker counts of one what-if together get REPLAY_BUDGET units per mode (4 modes:
+# about 20 s); the steps past it are not replayed (the doc says how many were). Default worker counts are
+# taken in increasing order while one step of each still fits; given counts that do not fit are refused.
 REPLAY_BUDGET = 5_000_000
+MAX_REPLAYED = 1 << 21  # sequences in one replayed step at the largest count: the simulator's (W, n) arrays
 STEP_UNITS = 1500
-EVENT_UNITS = 100
+EVENT_UNITS = 200
+SLOTS_PER_UNIT = 20
 DRAWN_EVENTS = 200_000  # events of the first steps the page draws slot by slot
 NO_GPU = (
     "an imported run has no GPU timeline: rlbench profile --engine-metrics samples NVML around a live run"
@@ -42,8 +44,11 @@ NO_GPU = (
 
 
 def step_work(workers: int, per_worker: float, slots: int) -> float:
-    """The replay's work units for one step at `workers` workers holding `per_worker` sequences each."""
-    return STEP_UNITS + per_worker * (EVENT_UNITS + workers * min(slots, per_worker))
+    """The replay's work units for one step at `workers` workers holding `per_worker` sequences each
+    (past MAX_REPLAYED sequences in the step: more than any budget)."""
+    if workers * per_worker > MAX_REPLAYED:
+        return float("inf")
+    return STEP_UNITS + per_worker * (EVENT_UNITS + workers * min(slots, per_worker) / SLOTS_PER_UNIT)
 
 
 def whatif(
@@ -63,14 +68,18 @@ def whatif(
     per_worker = sum(len(g.lengths) for g in groups) / len(by_step)  # sequences per worker and step
     if workers:
         chosen = tuple(workers)
-        if (one := step_work(max(chosen), per_worker, slots)) > REPLAY_BUDGET:
+        if sum(step_work(w, per_worker, slots) for w in chosen) > REPLAY_BUDGET:
             raise UserError(
                 f"the what-if at {max(chosen)} workers would replay {max(chosen) * per_worker:,.0f} "
-                f"sequences on {slots:,} slots each in one step ({one:,.0f} work units; at most "
-                f"{REPLAY_BUDGET:,}): give smaller --workers or --slots"
+                f"sequences on {slots:,} slots each in one step: past its budget ({REPLAY_BUDGET:,} work "
+                f"units, at most {MAX_REPLAYED:,} sequences a step): give smaller --workers or --slots"
             )
     else:
-        chosen = tuple(w for w in WHATIF_WORKERS if step_work(w, per_worker, slots) <= REPLAY_BUDGET)
+        chosen = ()
+        for count in WHATIF_WORKERS:  # in increasing order, while one step of each fits together
+            if sum(step_work(w, per_worker, slots) for w in (*chosen, count)) > REPLAY_BUDGET:
+                break
+            chosen += (count,)
         if not chosen:
             reason = (f"one step of this log ({per_worker:,.0f} sequences on {slots:,} slots) is past the "
                       f"what-if's budget of {REPLAY_BUDGET:,} work units (give --slots)")  # fmt: skip

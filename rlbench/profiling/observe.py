@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.errors import MAX_COUNT, UserError, check_integer, check_number
+from reference_trainer.inputs import open_input
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import read_json, read_jsonl, write_json, write_jsonl
 from reference_trainer.trace.schema import is_number
@@ -42,8 +43,11 @@ class ObserveOptions:
     ) -> ObserveOptions:
         """The options `observe` and `profile --engine-metrics` take, checked: comma-separated URLs (None: a
         rebuild, whose servers come from the run), --capacity, an existing --request-log."""
-        if request_log is not None and not request_log.is_file():
-            raise UserError(f"--request-log: no such file {request_log}")
+        if request_log is not None:  # read when the observation ends: a regular file, checked now
+            try:
+                open_input(request_log).close()
+            except UserError as err:
+                raise UserError(f"--request-log: {err}") from None
         parsed = server_urls(urls) if urls is not None else []
         caps = server_capacities(capacity, len(parsed) if urls is not None else None)
         return cls(urls=parsed, capacity=caps, request_log=request_log, **rest).check()

@@ -107,7 +107,7 @@ def _from_rows(rows: list[dict], source: str) -> LengthTrace:
 
 def read_rows(path: Path) -> list[dict]:
     """A length trace's or run trace's rows; a run killed mid-flush leaves a torn last line, dropped."""
-    if not path.is_file():
+    if not path.exists():  # one that exists is read as a regular file (records.read_jsonl says why not)
         raise UserError(f"{path}: no such trace file")
     return read_jsonl(path)
 
