@@ -410,6 +410,22 @@ def imports(work: Path) -> Iterator[tuple[str, Check]]:
 
         yield f"length log {what}", judged(bad_value)
 
+    def simulate_value(d: Path) -> Case:  # a length trace for simulate: int64 overflow deep in numpy
+        row = {"step": 0, "prompt_id": "a", "sample": 0, "prompt_tokens": 10**400, "response_tokens": 5}
+        log = length_log(d / "trace.jsonl", [row])
+        return Case(["simulate", "--trace", str(log), "--workers", "1", "--out", "o"], "prompt_tokens is")
+
+    yield "simulate --trace with prompt_tokens 10^400", judged(simulate_value)
+    for what, change in (("timing_s/gen 1e308", {"timing_s/gen": 1e308}), ("step 10^400", "step")):
+
+        def verl_value(d: Path, change: dict | str = change) -> Case:
+            row = {"step": 1, "data": {"timing_s/gen": 3.0, "timing_s/step": 5.0}}
+            row = {**row, "step": 10**400} if change == "step" else {**row, "data": {**row["data"], **change}}
+            log = length_log(d / "verl.jsonl", [row])
+            return Case(["import", "verl", str(log), "--out", "o"], "verl.jsonl:1:")
+
+        yield f"a verl log with {what}", judged(verl_value)
+
     def workers(d: Path) -> Case:  # a 1 MB log naming 20,000 workers in one step: 5.5 GB
         rows = (
             {"step": 0, "group": f"g{w}", "response_tokens": [1 + w % 9], "worker": w} for w in range(20000)

@@ -212,6 +212,9 @@ def _verl_step(step: int, gen: float) -> dict:
         ([{"step": "one", "data": {}}], "step is 'one'"),
         ([{"step": 0, "data": {"val-core/acc": 0.3}}], "no training step in this verl log"),
         ([_verl_step(1, -3.0)], "negative timing_s/gen"),
+        # past any run: the refusal came from the rebuilt trace, naming no line of the log
+        ([_verl_step(1, 1e308)], "bad.jsonl:1: timing_s/gen is 1e+308, not a time"),
+        ([{**_verl_step(1, 3.0), "step": 10**400}], "bad.jsonl:1: step is 1000"),
     ],
 )
 def test_a_malformed_verl_log_is_one_line(tmp_path, rows, why):

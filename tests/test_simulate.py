@@ -128,6 +128,11 @@ def test_length_trace_io_and_errors(tmp_path):
     (tmp_path / "short.jsonl").write_text('{"step": 0, "prompt_id": "a"}\n')
     with pytest.raises(UserError, match="lacks sample, prompt_tokens, response_tokens"):
         workload.load(tmp_path / "short.jsonl")
+    for key, value in (("prompt_tokens", 10**400), ("step", 2**63), ("response_tokens", 2**40)):
+        row = {"step": 0, "prompt_id": "a", "sample": 0, "prompt_tokens": 3, "response_tokens": 5, key: value}
+        (tmp_path / "big.jsonl").write_text(json.dumps(row) + "\n")  # overflowed numpy's int64: a traceback
+        with pytest.raises(UserError, match=f"line 1: {key} is"):
+            workload.load(tmp_path / "big.jsonl")
     with pytest.raises(UserError, match="unknown mode 'fastest'; valid modes: baseline"):
         parse_sim_modes(["baseline", "fastest"])
 

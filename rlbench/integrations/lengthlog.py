@@ -33,12 +33,11 @@ from typing import Any
 from reference_trainer.errors import MAX_COUNT, UserError
 from reference_trainer.trace.records import iter_jsonl, write_jsonl
 from reference_trainer.trace.schema import DECODE, ROLLOUT, SEQUENCE
-from rlbench.simulate.workload import LengthTrace, _from_rows
+from rlbench.simulate.workload import MAX_TOKENS, LengthTrace, _from_rows
 
 # Slot maps ({slot: sequence id}) make the report's slot-occupancy picture. They grow with the square of a
 # batch, so a run's rebuilt events carry them only until this many map entries are written (the first steps).
 SLOT_MAP_BUDGET = 1 << 20
-MAX_TOKENS = 1 << 24  # a response longer than any context window: a corrupt log, not a workload
 MAX_WORKERS = 4096  # rollout engines in one log (the what-if's largest count)
 MAX_STEPS = 100_000  # RL steps in one log: each becomes a row of metrics.json
 MAX_WORKER_STEPS = 1 << 20  # workers x steps: every step's metrics hold each worker's busy time
