@@ -6,7 +6,8 @@ Every case runs in a process of its own under a deadline (HANG_S) and an address
 a hang or an unbounded allocation is a failure of its own class, not a stuck drill; the process reports its
 peak memory. A case fails in one class, the first that applies:
 - hang: past its deadline;  memory: a MemoryError, or a peak past the case's bound;
-- traceback: a Traceback on stderr;  lost: a protected file changed, or a file written outside the run;
+- traceback: a Traceback on stderr;  lost: a protected file changed (the "lost" count);
+- outside: a file created where the case allows none (outside the run, or a run folder for a refusal);
 - control: a raw terminal control byte (ESC, BEL) in what the command printed;
 - wrong: not ending as it must (an accepted bad input, a refusal that is not one line naming the problem).
 """
@@ -99,8 +100,8 @@ def judged(setup: Callable[[Path], Case]) -> Check:
         outside = _files(case.outside, d)
         ran = run(case.args, case.cwd or d, case.timeout, case.python)
         lost = sum((p.read_bytes() if p.is_file() else None) != data for p, data in before.items())
-        lost += len(_files(case.outside, d) - outside)
-        return _verdict(case, ran, lost)
+        created = len(_files(case.outside, d) - outside)
+        return _verdict(case, ran, lost, created)
 
     return check
 
@@ -115,7 +116,7 @@ def _files(folders: tuple[Path, ...], case_dir: Path) -> set[Path]:
     }
 
 
-def _verdict(case: Case, ran: Proc, lost: int) -> Outcome:
+def _verdict(case: Case, ran: Proc, lost: int, created: int) -> Outcome:
     lines = ran.err.strip().splitlines() or [f"exit {ran.code}"]
     last = (lines[0] if case.args[:2] == ["suites", "validate"] else lines[-1])[-200:]
     detail = f"exit {ran.code}, {ran.rss / 2**20:.0f} MiB: {last}"
@@ -128,6 +129,8 @@ def _verdict(case: Case, ran: Proc, lost: int) -> Outcome:
         return Outcome(False, detail, lost, True, "traceback")
     if lost:
         return Outcome(False, f"lost {lost}: {detail}", lost, False, "lost")
+    if created:
+        return Outcome(False, f"created {created} file(s) outside: {detail}", 0, False, "outside")
     if any(c in ran.out + ran.err for c in ("\x1b", "\x07", "\x9b")):
         return Outcome(False, f"control bytes printed: {detail}", 0, False, "control")
     errors = [line for line in ran.err.splitlines() if line.startswith("error: ")]
@@ -501,6 +504,13 @@ def modes_and_samples(work: Path) -> Iterator[tuple[str, Check]]:
         return Case(["observe", "--from-samples", "obs"], "no samples")
 
     yield "observe --from-samples with an empty samples.jsonl", judged(empty_samples)
+
+    def calibrate_missing(d: Path) -> Case:  # checked only after --out was claimed (created)
+        args = ["simulate", "--synthetic", "--calibrate", "MISSING", "--steps", "1", "--prompts", "2"]
+        args += ["--workers", "1", "--out", "o"]
+        return Case(args, "MISSING", outside=(d,))
+
+    yield "simulate --calibrate MISSING", judged(calibrate_missing)
 
 
 def surfaces(work: Path) -> Iterator[tuple[str, Check]]:

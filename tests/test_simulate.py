@@ -221,9 +221,11 @@ def test_cli_bad_input_is_one_line(tmp_path):
         (["--synthetic", "--modes", "sorted", "--mode-option", "max_attempts=2"], "cannot model option"),
         (["--synthetic", "--workers", "1,x"], "expected comma-separated integers"),
         ([], "exactly one of --trace FILE or --synthetic"),
+        (["--synthetic", "--calibrate", str(tmp_path / "MISSING")], "--calibrate"),  # was read after --out
     ):
         res = simulate_cli(*args, "--out", str(tmp_path / "o"))
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and msg in res.stderr, (args, res.stderr)
+        assert not (tmp_path / "o").exists()  # refused before --out is claimed
 
 
 def test_validate_is_a_command_of_its_own(tmp_path):
