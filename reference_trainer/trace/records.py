@@ -256,16 +256,9 @@ def cannot_write(path: str | Path, err: OSError) -> UserError:
 # --- reading ---------------------------------------------------------------------------------------------
 
 
-def read_jsonl(
-    path: str | Path,
-    required: Sequence[str] = (),
-    *,
-    torn_tail: bool = True,
-    check: Callable[[dict[str, Any]], str | None] | None = None,
-    limit: int = MAX_INPUT_BYTES,
-) -> list[dict[str, Any]]:
-    """The JSON object on every non-blank line of `path` (see iter_jsonl), as a list."""
-    return list(iter_jsonl(path, required, torn_tail=torn_tail, check=check, limit=limit))
+def read_jsonl(path: str | Path, required: Sequence[str] = (), **options: Any) -> list[dict[str, Any]]:
+    """The JSON object on every non-blank line of `path`, as a list (iter_jsonl: the options and checks)."""
+    return list(iter_jsonl(path, required, **options))
 
 
 def iter_jsonl(
