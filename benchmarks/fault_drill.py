@@ -22,9 +22,14 @@ Groups (each case is one command, or a kill and a resume, judged by what it must
 - hostile: run files that are symlinks, folders holding another command's run, damaged checkpoints and
   weights, sampling values that vanish in float32, JSON the interpreter refuses, shapes and sizes past any
   run, unbounded claims of servers and files, saved numbers a report would print wrongly, paths.
+- surfaces: the fourth round, each case in a process under a deadline and a memory cap: the TRL callback's
+  folder and arguments, suite files and groups (names and paths leaving their roots, YAML alias bombs,
+  FIFOs and devices, graders that fail to import, sampling values), length logs, verl logs and TRL parquet
+  files past any run (values, workers, steps, rows, a million lines), lookahead and suffix modes, an empty
+  observation.
 
 The first four groups are in fault_runs.py, the inputs in fault_inputs.py, servers and fuzz in fault_fuzz.py,
-the hostile round in fault_hostile.py.
+the hostile round in fault_hostile.py, the fourth round in fault_surfaces.py.
 
 A case fails when the command does not end as it must; a traceback is any "Traceback" a command printed (or an
 exception escaping it in process); "lost" counts finished work or intact data that did not survive the fault.
@@ -39,6 +44,7 @@ import platform
 import signal
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import date
 from pathlib import Path
@@ -48,6 +54,7 @@ from benchmarks.fault_fuzz import hostile_servers, option_fuzz
 from benchmarks.fault_hostile import hostile_round3
 from benchmarks.fault_inputs import Check, Outcome, corrupt_inputs
 from benchmarks.fault_runs import ROOT, concurrency, disks, kill_resume, signals
+from benchmarks.fault_surfaces import surfaces
 from reference_trainer.trace.records import write_json
 
 RESULT = ROOT / "benchmarks" / "results" / "fault_drill.json"
@@ -62,6 +69,7 @@ GROUPS: dict[str, Callable[[Path], Iterator[tuple[str, Check]]]] = {
     "servers": hostile_servers,
     "fuzz": option_fuzz,
     "hostile": hostile_round3,
+    "surfaces": surfaces,
 }
 
 
@@ -94,6 +102,10 @@ def totals(results: list[dict[str, Any]]) -> dict[str, int]:
         "failures": sum(not r["ok"] for r in results),
         "tracebacks": sum(r["traceback"] for r in results),
         "lost": sum(r["lost"] for r in results),
+        **{
+            f"failed: {kind}": n
+            for kind, n in Counter(r.get("failure") for r in results if r.get("failure")).items()
+        },
     }
 
 

@@ -27,6 +27,7 @@ class Outcome:
     detail: str = ""
     lost: int = 0  # finished work or intact data that the fault destroyed
     traceback: bool = False
+    failure: str = ""  # the class of a failure, where a group says one (fault_surfaces.py)
 
 
 class Accepted(Exception):

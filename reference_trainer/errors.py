@@ -4,11 +4,26 @@ numeric settings that raise them, shared by every config and command (one wordin
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 MAX_SEED = 2**63 - 1  # seeds become torch and numpy int64 seeds
 MAX_COUNT = 2**31 - 1  # counts and sizes (steps, tokens, samples, slots): int32 indices downstream
 MAX_THREADS = 1024  # torch CPU threads: more than any machine has cores
+
+
+# Control characters a terminal acts on: C0 but tab and newline (ESC starts a sequence: `ESC ] 0;` retitles
+# the window, `ESC [ 2J` clears it), DEL and C1 (U+0080-U+009F: 8-bit CSI and OSC).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, newlines: bool = True) -> str:
+    """`text` safe to print: every control character a terminal would act on written as an escape
+    (`\\x1b`), so a suite's title, a file's line or a scraped page reaches the screen as text. With
+    `newlines=False`, newline and CR are escaped too (one message, one line)."""
+    if not newlines:
+        text = text.replace("\r", "\\r").replace("\n", "\\n")
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 class UserError(Exception):
@@ -35,12 +50,21 @@ EXTRA_OF_MODULE = {
 }  # fmt: skip
 
 
+# arctic-inference is a source package whose build needs nanobind and ninja installed first (pip builds every
+# sdist before it installs anything, so one command fails), against the environment's own Python and torch
+# (without isolation, and CMake finds the Python on PATH: the virtual environment must be active).
+SUFFIX_INSTALL = (
+    "with the virtual environment active: pip install nanobind==2.9.2 ninja && "
+    "pip install --no-build-isolation 'rlbench[suffix]'"
+)
+
+
 def missing_module(name: str | None) -> str:
     """One line for a ModuleNotFoundError of module `name`: what is missing and how to install it."""
     top = (name or "?").split(".")[0]
     extra = EXTRA_OF_MODULE.get(top)
     fix = f"pip install 'rlbench[{extra}]'" if extra else "pip install -e . (rlbench's requirements)"
-    return f"the Python package {top!r} is not installed: {fix}"
+    return f"the Python package {top!r} is not installed: {SUFFIX_INSTALL if extra == 'suffix' else fix}"
 
 
 def flag(name: str) -> str:

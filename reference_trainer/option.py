@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from reference_trainer.errors import MAX_COUNT
+from reference_trainer.errors import MAX_COEFFICIENT, MAX_COUNT
 
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
@@ -49,6 +49,8 @@ class Option:
         }[self.type]
         if ok and self.type == "float" and not math.isfinite(value):  # JSON 1e999 parses as inf
             raise ValueError(f"option {self.name} must be a finite number, got {value!r}")
+        if ok and self.type == "float" and abs(value) > MAX_COEFFICIENT:  # 1e308 x a batch is inf
+            raise ValueError(f"option {self.name} must be within ±{MAX_COEFFICIENT:g}, got {value!r}")
         if ok and self.type == "int" and value > MAX_COUNT:
             raise ValueError(f"option {self.name} must be <= {MAX_COUNT}, got {value!r}")
         if not ok:

@@ -12,7 +12,7 @@ try:  # Ctrl-C while the imports run (the first second of every command) is a cl
 
     import typer
 
-    from reference_trainer.errors import Interrupted, UserError, missing_module
+    from reference_trainer.errors import Interrupted, UserError, missing_module, printable
     from rlbench import __version__
     from rlbench.commands import (
         audit,
@@ -127,8 +127,9 @@ app_.command("doctor")(doctor.doctor_command)
 
 
 def one_line(message: str) -> str:
-    """`message` on one line: a path may hold a newline (a legal file name), which would split the error."""
-    return message.replace("\r", "\\r").replace("\n", "\\n")
+    """`message` on one line and safe to print: a path may hold a newline (a legal file name), which would
+    split the error, and a file's text may hold ESC sequences, which the terminal would act on."""
+    return printable(message, newlines=False)
 
 
 def app() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.errors import MAX_THREADS, Interrupted, check_integer
+from reference_trainer.inputs import inside
 from reference_trainer.rollout.engines import check_engine_kind
 from rlbench.eval import backends
 from rlbench.eval.runner import PROGRESS_FILE, REPORT_FILE, EvalConfig, EvalPlan, plan_eval, run_eval
@@ -49,7 +50,7 @@ class EvalJob:
             return [(plan_eval(record, self.settings, self.data_dir, self.limit), out)]
         return [
             (plan_eval(member, replace(self.settings, suite=str(member.path)), self.data_dir, self.limit),
-             out / member.name)
+             inside(out, member.name, "suite name"))  # a plain name (suite_file.py): never outside OUT
             for member in group_members(record, self.include)
         ]  # fmt: skip
 

@@ -137,11 +137,14 @@ class FakeServer:
 class HostileServer:
     """A /metrics endpoint that misbehaves on 127.0.0.1: `slow` sends a valid page one byte every 0.2 s,
     `endless` streams an unbounded body as fast as it can, `bad_le` sends a vLLM page whose histogram has a
-    bucket with no `le` and one with `le="many"`, and non-finite gauges."""
+    bucket with no `le` and one with `le="many"`, and non-finite gauges; `control` a line of terminal control
+    sequences."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         page = exposition(PAGE_REQUESTS, 0.7)
+        if kind == "control":  # a line that retitles and clears the terminal it is printed on
+            page += "\x1b]0;pwned\x07\x1b[2J not a sample\n"
         if kind == "bad_le":
             page = page.replace('le="5"', 'le="many"').replace(',le="10"', "")
             page = page.replace(

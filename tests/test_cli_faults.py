@@ -312,3 +312,19 @@ def test_a_missing_package_is_one_line_naming_it_and_its_install(tiny_model_dir,
     assert (
         missing_module("ray.util") == "the Python package 'ray' is not installed: pip install 'rlbench[ray]'"
     )
+
+
+def test_the_suffix_drafter_missing_is_one_line_with_an_install_that_works():
+    """It was an ImportError's traceback, and its install line built arctic-inference before nanobind."""
+    import importlib.util
+
+    from reference_trainer.errors import UserError, missing_module
+
+    two_steps = "pip install nanobind==2.9.2 ninja && pip install --no-build-isolation 'rlbench[suffix]'"
+    assert two_steps in missing_module("arctic_inference.suffix_decoding")
+    if importlib.util.find_spec("arctic_inference") is not None:
+        pytest.skip("arctic-inference is installed here")
+    from reference_trainer.speculation.suffix import SuffixDrafter
+
+    with pytest.raises(UserError, match="virtual environment active"):
+        SuffixDrafter()

@@ -104,12 +104,90 @@ def test_import_lengths_writes_a_run_that_report_re_renders(tmp_path):
         ('{"step": 0, "group": "a", "response_tokens": [2], "worker": "x"}', "worker is 'x'"),
         ('{"step": 0, "group": "a", "response_tokens": [99999999]}', "more than 16,777,216 tokens"),
         ("not json", "malformed JSON"),
+        # values past any run (they overflowed numpy's int64 deep in the what-if, with no FILE:LINE)
+        ('{"step": 0, "group": "a", "response_tokens": [3], "prompt_tokens": 9223372036854775808}',
+         "bad.jsonl:1: prompt_tokens is 9223372036854775808, not an integer in 0..16,777,216"),
+        ('{"step": 0, "group": "a", "response_tokens": [3], "prompt_tokens": 1' + "0" * 400 + "}",
+         "bad.jsonl:1: prompt_tokens is 1000000000000000000000000000000000000..."),
+        ('{"step": 9223372036854775808, "group": "a", "response_tokens": [3]}', "bad.jsonl:1: step is"),
+        ('{"step": 1' + "0" * 400 + ', "group": "a", "response_tokens": [3]}', "bad.jsonl:1: step is"),
+        ('{"step": 0, "group": "a", "response_tokens": [3], "worker": 4294967296}', "bad.jsonl:1: worker is"),
     ],
-)
+)  # fmt: skip
 def test_a_bad_length_log_is_one_line(tmp_path, line, why):
     log = tmp_path / "bad.jsonl"
     log.write_text(line + "\n")
     assert_one_line_error(cli("import", "lengths", str(log), "--out", str(tmp_path / "o")), why)
+
+
+@pytest.mark.parametrize(
+    ("rows", "why"),
+    [
+        # 20,000 workers in one step became 20,000 batches and a 5.5 GB trace; refused at the line past 4,096
+        ([{"step": 0, "group": "a", "response_tokens": [1], "worker": w} for w in range(4097)],
+         "bad.jsonl:4097: 4,097 workers so far: a length log names at most 4,096"),
+        ([{"step": s, "group": "a", "response_tokens": [1], "worker": s % 16} for s in range(65537)],
+         "bad.jsonl:65537: 16 workers x 65,537 steps: at most 1,048,576"),
+    ],
+)  # fmt: skip
+def test_a_length_log_past_its_counts_is_refused_at_the_line(tmp_path, rows, why):
+    log = _jsonl(tmp_path / "bad.jsonl", rows)
+    assert_one_line_error(cli("import", "lengths", str(log), "--out", str(tmp_path / "o")), why)
+
+
+def test_a_huge_slot_count_allocates_only_the_slots_in_use():
+    import tracemalloc
+
+    from rlbench.integrations.lengthlog import _batch
+
+    tracemalloc.start()
+    placed, stretches = _batch([3, 5, 2], 2**31 - 1)  # --slots' own maximum: a 2^31 free list before
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert placed == [(0, 3, 0), (0, 5, 1), (0, 2, 2)] and stretches[-1][1] == 5
+    assert peak < 1 << 20
+
+
+def test_an_import_holds_one_step_of_events_at_a_time(tmp_path, monkeypatch):
+    """The rebuilt trace is written step by step: when step k is made, steps before k - 1 are gone (a
+    million-line log held 4-5 GB of events at once)."""
+    import gc
+    import weakref
+
+    from rlbench.integrations import imports, lengthlog
+
+    class Part(list):  # a step's events, weakly referable
+        pass
+
+    made: list[weakref.ref] = []
+    rebuild_steps = lengthlog.rebuild_steps
+
+    def watched(*args, **kwargs):
+        for step in rebuild_steps(*args, **kwargs):
+            gc.collect()
+            assert all(ref() is None for ref in made[:-1]), "an earlier step's events are still held"
+            part = Part(step)
+            made.append(weakref.ref(part))
+            yield part
+
+    monkeypatch.setattr(lengthlog, "rebuild_steps", watched)
+    rows = [{"step": s, "group": f"q{g}", "response_tokens": [1 + (s * g) % 7, 3]} for s in range(6)
+            for g in range(3)]  # fmt: skip
+    doc = imports.import_lengths(_jsonl(tmp_path / "l.jsonl", rows), imports.ImportConfig(tmp_path / "o"))
+    assert len(made) == 6 and len(doc["steps"]) == 6
+    # the streamed metrics are the trace's own
+    assert doc["summary"] == {**metrics.compute(read_trace(tmp_path / "o" / "trace.jsonl"))["summary"]}
+
+
+def test_a_fifo_or_device_as_a_log_is_refused_at_once(tmp_path):
+    import os
+
+    fifo = tmp_path / "log.jsonl"
+    os.mkfifo(fifo)
+    for path in (fifo, "/dev/zero"):
+        for kind in ("lengths", "verl"):  # `import lengths FIFO` never returned
+            res = cli("import", kind, str(path), "--out", str(tmp_path / "o"))
+            assert_one_line_error(res, "not a regular file")
 
 
 def test_a_what_if_too_large_to_replay_is_one_line(tmp_path):
@@ -136,6 +214,9 @@ def _verl_step(step: int, gen: float) -> dict:
         ([{"step": "one", "data": {}}], "step is 'one'"),
         ([{"step": 0, "data": {"val-core/acc": 0.3}}], "no training step in this verl log"),
         ([_verl_step(1, -3.0)], "negative timing_s/gen"),
+        # past any run: the refusal came from the rebuilt trace, naming no line of the log
+        ([_verl_step(1, 1e308)], "bad.jsonl:1: timing_s/gen is 1e+308, not a time"),
+        ([{**_verl_step(1, 3.0), "step": 10**400}], "bad.jsonl:1: step is 1000"),
     ],
 )
 def test_a_malformed_verl_log_is_one_line(tmp_path, rows, why):
@@ -166,3 +247,32 @@ def test_a_trl_output_dir_without_lengths_or_with_a_bad_file_is_one_line(tmp_pat
     assert res.returncode == 0, res.stderr
     assert read_json(tmp_path / "o" / "metrics.json")["steps"][0]["bubble_ratio"] == pytest.approx(1 - 3 / 4)
     assert_one_line_error(cli("import", "trl", str(tmp_path / "nope")), "not a directory")
+
+
+def test_a_parquet_claiming_more_rows_than_a_run_is_refused_from_its_footer(tmp_path, monkeypatch):
+    """A 233 kB parquet of 20M rows took `import trl` to 4.9 GB: the count in its footer is checked before
+    a row is read (a small bound here stands for MAX_ROWS)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlbench.integrations import trl_logs
+
+    completions = tmp_path / "trl" / "completions"
+    completions.mkdir(parents=True)
+    rows = 300
+    table = pa.table({"step": [1] * rows, "prompt": ["p"] * rows, "completion_tokens": [5] * rows})
+    for n in (1, 2):
+        pq.write_table(table, completions / f"completions_{n:05d}.parquet")
+    monkeypatch.setattr(trl_logs, "MAX_ROWS", 500)  # the second file passes the bound over both
+    read: list[int] = []
+    batches = pq.ParquetFile.iter_batches
+
+    def counted(self, *args, **kwargs):
+        for batch in batches(self, *args, **kwargs):
+            read.append(batch.num_rows)
+            yield batch
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted)
+    res = cli("import", "trl", str(tmp_path / "trl"), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, "completions_00002.parquet: 300 rows; the completions files hold at most 500")
+    assert sum(read) == rows  # the first file only

@@ -140,9 +140,10 @@ def test_import_lengths_of_a_real_scale_log_works_with_its_defaults(tmp_path):
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = cli("import", "lengths", str(log), "--out", str(tmp_path / "run"))
     assert res.returncode == 0, res.stderr
-    assert "what-if: worker counts 1, 8 (the default counts" in res.stdout
+    # the default counts whose one step fits the replay's budget together (1 + 8 + 64: about 4 s)
+    assert "what-if: worker counts 1, 8, 64 (the default counts" in res.stdout
     doc = read_json(tmp_path / "run" / "metrics.json")
-    assert {r["workers"] for r in doc["whatif"]["results"]} == {1, 8}
+    assert {r["workers"] for r in doc["whatif"]["results"]} == {1, 8, 64}
     # a count past the budget is still refused in one line, naming the way out
     res = cli("import", "lengths", str(log), "--workers", "4096", "--out", str(tmp_path / "o"))
     assert_one_line_error(res, "give smaller --workers")

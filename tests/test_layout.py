@@ -21,7 +21,7 @@ PACKAGES = ("reference_trainer", "rlbench")
 # Lowest first. A folder of a package, or a module at a package's root, is one unit; units on one line
 # share a floor and may import each other (the no-circle rule still holds between their modules).
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("reference_trainer.errors", "reference_trainer.option"),
+    ("reference_trainer.errors", "reference_trainer.inputs", "reference_trainer.option"),
     ("reference_trainer.trace",),
     ("reference_trainer.tasks",),
     ("reference_trainer.model",),

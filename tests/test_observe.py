@@ -5,6 +5,7 @@ a failing command) as one line with the run still written."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 
@@ -213,4 +214,8 @@ def test_a_request_log_gives_the_what_if_exact_lengths_and_groups(tmp_path):
     assert whatif["workload"]["sequences"] == 32 and whatif["workload"]["groups"] == 8
     assert whatif["workload"]["response_tokens_max"] == 340
     res = cli("observe", "127.0.0.1:1", "--request-log", str(tmp_path / "none.jsonl"), tmp=tmp_path)
-    assert_one_line_error(res, "--request-log: no such file")
+    assert_one_line_error(res, f"--request-log: {tmp_path / 'none.jsonl'}: no such file")
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)  # read when the observation ends: refused before it starts
+    res = cli("observe", "127.0.0.1:1", "--request-log", str(fifo), "--duration", "60", tmp=tmp_path)
+    assert_one_line_error(res, "not a regular file")

@@ -87,3 +87,18 @@ def test_a_rebuild_from_wrongly_typed_samples_is_one_line(tmp_path):
     assert_one_line_error(
         cli("observe", "127.0.0.1:1", "--duration", "inf", tmp=tmp_path), "--duration must be"
     )
+
+
+def test_a_rebuild_from_an_empty_samples_file_says_why(tmp_path):
+    """It exited 2 with nothing on stderr (an observation stopped before its first scrape)."""
+    run = tmp_path / "obs"
+    run.mkdir()
+    (run / "samples.jsonl").write_text("")
+    assert_one_line_error(cli("observe", "--from-samples", str(run), tmp=tmp_path), "no samples to rebuild")
+
+
+def test_a_servers_page_reaches_the_terminal_without_its_control_bytes(tmp_path):
+    with HostileServer("control") as server:
+        res = cli("observe", server.url, "--duration", "0.5", "--out", "obs", tmp=tmp_path)
+    assert "pwned" in res.stderr, res.stderr  # what the page said is shown ...
+    assert "\x1b" not in res.stderr + res.stdout and "\x07" not in res.stderr  # ... but not acted on

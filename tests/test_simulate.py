@@ -133,6 +133,11 @@ def test_length_trace_io_and_errors(tmp_path):
     (tmp_path / "short.jsonl").write_text('{"step": 0, "prompt_id": "a"}\n')
     with pytest.raises(UserError, match="lacks sample, prompt_tokens, response_tokens"):
         workload.load(tmp_path / "short.jsonl")
+    for key, value in (("prompt_tokens", 10**400), ("step", 2**63), ("response_tokens", 2**40)):
+        row = {"step": 0, "prompt_id": "a", "sample": 0, "prompt_tokens": 3, "response_tokens": 5, key: value}
+        (tmp_path / "big.jsonl").write_text(json.dumps(row) + "\n")  # overflowed numpy's int64: a traceback
+        with pytest.raises(UserError, match=f"line 1: {key} is"):
+            workload.load(tmp_path / "big.jsonl")
     with pytest.raises(UserError, match="unknown mode 'fastest'; valid modes: baseline"):
         parse_sim_modes(["baseline", "fastest"])
 
@@ -221,9 +226,11 @@ def test_cli_bad_input_is_one_line(tmp_path):
         (["--synthetic", "--modes", "sorted", "--mode-option", "max_attempts=2"], "cannot model option"),
         (["--synthetic", "--workers", "1,x"], "expected comma-separated integers"),
         ([], "exactly one of --trace FILE or --synthetic"),
+        (["--synthetic", "--calibrate", str(tmp_path / "MISSING")], "--calibrate"),  # was read after --out
     ):
         res = simulate_cli(*args, "--out", str(tmp_path / "o"))
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and msg in res.stderr, (args, res.stderr)
+        assert not (tmp_path / "o").exists()  # refused before --out is claimed
 
 
 def test_validate_is_a_command_of_its_own(tmp_path):

@@ -314,3 +314,123 @@ def test_download_refuses_a_suite_without_a_data_file_before_fetching(tmp_path: 
 def test_offline_eval_names_the_download_command() -> None:
     res = cli("eval", "--suite", "aime24", env={"HF_HUB_OFFLINE": "1", "RLBENCH_DATA_DIR": ""})
     assert_one_line_error(res, "`rlbench suites download aime24 --to DIR`")
+
+
+# ---- paths a suite file names stay inside their roots; its YAML is read safely (issue 55) ----------------
+
+
+def _group(folder: Path, *members: str) -> Path:
+    (folder / "g.yaml").write_text(json.dumps({"group": "g", "suites": list(members)}))
+    return folder / "g.yaml"
+
+
+@pytest.mark.parametrize("name", ["/abs/foreign_dir", "../../escaped_eval", "a/b", ".."])
+def test_a_members_name_cannot_lead_its_eval_outside_out(tmp_path: Path, name: str) -> None:
+    from rlbench.evaluate import EvalJob
+
+    _user_suite(tmp_path / "g", name=name)
+    group = _group(tmp_path / "g", "capitals.yaml")
+    job = EvalJob(EvalConfig(suite=str(group)), out=tmp_path / "out")
+    with pytest.raises(UserError, match="not a plain name"):
+        job.check()  # before any model is resolved or folder claimed
+    assert validate(group, None) != []  # and `suites validate` says so
+    assert not (tmp_path / "out").exists()
+
+
+def test_two_members_of_one_name_would_share_a_folder(tmp_path: Path) -> None:
+    _user_suite(tmp_path / "g")
+    shutil.copy(tmp_path / "g" / "capitals.yaml", tmp_path / "g" / "again.yaml")
+    group = _group(tmp_path / "g", "capitals.yaml", "again.yaml")
+    with pytest.raises(UserError, match="both named 'capitals'"):
+        group_members(parse_file(group)[0])  # type: ignore[arg-type]
+    assert any("both named" in p for p in validate(group, None))
+
+
+@pytest.mark.parametrize("member", ["../outside.yaml", "/etc/x.yaml", "sub/../../x.yaml"])
+def test_a_group_member_path_stays_in_the_groups_folder(tmp_path: Path, member: str) -> None:
+    _user_suite(tmp_path)  # a readable suite outside the group's folder
+    shutil.copy(tmp_path / "capitals.yaml", tmp_path / "outside.yaml")
+    (tmp_path / "g").mkdir()
+    group = _group(tmp_path / "g", member)
+    problems = validate(group, None)
+    assert problems and "leads outside" in problems[0], problems
+
+
+@pytest.mark.parametrize("file", ["../outside/x.jsonl", "/abs/x.jsonl", "x" * 5000, "a/../../x.jsonl"])
+def test_a_data_file_stays_inside_its_folder(tmp_path: Path, file: str) -> None:
+    path = _user_suite(tmp_path, data={"file": file})
+    problems = validate(path, None)
+    assert any("data.file" in p for p in problems), problems
+    res = cli("suites", "validate", str(path))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("sampling", "said"),
+    [
+        ({"temperature": float("nan")}, "sampling.temperature"),
+        ({"temperature": -1}, "sampling.temperature"),
+        ({"top_p": 7}, "sampling.top_p"),
+        ({"samples": 0}, "sampling.samples"),
+        ({"samples": 10**6}, "sampling.samples"),
+        ({"max_tokens": 2**62}, "sampling.max_tokens"),
+    ],
+)
+def test_sampling_values_hold_the_options_ranges(tmp_path: Path, sampling: dict, said: str) -> None:
+    path = _user_suite(tmp_path, sampling=sampling)
+    assert any(p.startswith(said) for p in validate(path, None)), validate(path, None)
+
+
+@pytest.mark.parametrize(
+    ("module", "said"),
+    [
+        ("def grade(:\n", "SyntaxError at"),
+        ("raise RuntimeError('boom')\n", "RuntimeError: boom"),
+        ("import sys\nsys.exit(0)\n", "it called sys.exit(0)"),
+    ],
+)
+def test_a_grader_that_fails_to_import_is_a_verdict(tmp_path: Path, module: str, said: str) -> None:
+    path = _user_suite(tmp_path, grader="python:broken_grader_" + str(abs(hash(module)))[:8] + ":grade")
+    grader = json.loads(path.read_text())["grader"].split(":")[1]
+    (tmp_path / f"{grader}.py").write_text(module)
+    res = cli("suites", "validate", str(path))  # sys.exit(0) at import made this exit 0, with no verdict
+    assert res.returncode == 2 and said in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_a_relative_grader_module_is_refused(tmp_path: Path) -> None:
+    path = _user_suite(tmp_path, grader="python:.rel:grade")
+    assert any("absolute module name" in p for p in validate(path, None))
+
+
+@pytest.mark.parametrize("key", ["title", "sampling", "metrics", "data", "group"])
+def test_an_alias_bomb_is_one_line_in_any_key(tmp_path: Path, key: str) -> None:
+    from test_inputs import BOMB
+
+    lines = BOMB.decode().splitlines()[:-1]  # the anchors a..h; the last line is the bomb itself
+    bomb = "[*h, *h, *h, *h, *h, *h, *h, *h, *h]"
+    where = {
+        "title": f"name: x\ntitle: {bomb}\n",
+        "sampling": f"name: x\nsampling: {{temperature: {bomb}}}\n",
+        "metrics": f"name: x\nmetrics: {bomb}\n",
+        "data": f"name: x\ndata: {{file: d.jsonl, fields: {{problem: {bomb}}}}}\n",
+        "group": f"group: g\nsuites: {bomb}\n",
+    }[key]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines).replace("a: &a", "_a: &a") + "\n" + where)
+    res = cli("suites", "validate", str(path))
+    assert res.returncode == 2 and "more than 100,000 YAML nodes" in res.stderr, res.stderr
+
+
+def test_a_fifo_or_device_as_a_suite_file_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "s.yaml"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        res = cli("suites", "validate", str(path))
+        assert res.returncode == 2 and "not a regular file" in res.stderr, res.stderr
+        assert_one_line_error(cli("eval", "--suite", str(path)), "not a regular file")
+
+
+def test_a_titles_control_bytes_reach_the_terminal_escaped(tmp_path: Path) -> None:
+    _user_suite(tmp_path, title="\x1b]0;pwned\x07\x1b[2J")
+    res = cli("suites", "--include-path", str(tmp_path))
+    assert res.returncode == 0 and "\x1b" not in res.stdout and "\\x1b]0;pwned" in res.stdout

@@ -20,12 +20,10 @@ import itertools
 from typing import Any
 
 from reference_trainer.engine.sequence import Sequence
+from reference_trainer.errors import SUFFIX_INSTALL, UserError
 
-INSTALL_HINT = (
-    "the suffix drafter needs arctic-inference: pip install 'rlbench[suffix]' (it compiles a small C++ "
-    "extension against the installed torch: pip install --no-build-isolation nanobind==2.9.2 ninja "
-    "arctic-inference)"
-)
+# arctic-inference compiles a small C++ extension against the installed torch (errors.SUFFIX_INSTALL)
+INSTALL_HINT = f"the suffix drafter needs arctic-inference: {SUFFIX_INSTALL}"
 
 
 def suffix_available() -> bool:
@@ -56,8 +54,8 @@ class SuffixDrafter:
     ) -> None:
         try:
             from arctic_inference.suffix_decoding import SuffixDecodingCache
-        except ImportError as err:
-            raise ImportError(INSTALL_HINT) from err
+        except ImportError:
+            raise UserError(INSTALL_HINT) from None  # one line, not an ImportError's traceback
         if max_draft < 1 or suffix_max_depth < 1 or suffix_max_cached == 0:
             raise ValueError("need max_draft >= 1, suffix_max_depth >= 1 and suffix_max_cached != 0")
         self.max_draft, self.max_depth = max_draft, suffix_max_depth

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 from collections.abc import Callable
 from typing import Any
 
 from reference_trainer.errors import UserError
 
 PREFIX = "python:"
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")  # importable as it stands: no relative `.mod`
 
 
 def is_user_grader(grader: str) -> bool:
@@ -25,14 +27,23 @@ def is_user_grader(grader: str) -> bool:
 def load_grader(grader: str) -> Callable[[str, str], Any]:
     """The function `python:module:function` names; a name that does not import is one line."""
     module, _, function = grader.removeprefix(PREFIX).rpartition(":")
-    if not module or not function:
-        raise UserError(f"grader {grader!r}: write python:module:function")
+    if not _DOTTED.fullmatch(module) or not function.isidentifier():
+        raise UserError(f"grader {grader!r}: write python:module:function (an absolute module name)")
     try:
-        fn = getattr(importlib.import_module(module), function)
+        loaded = importlib.import_module(module)
     except ImportError as err:
         raise UserError(f"grader {grader!r}: cannot import {module} ({err})") from None
-    except AttributeError:
-        raise UserError(f"grader {grader!r}: {module} has no {function}") from None
+    except (Exception, SystemExit) as err:  # a SyntaxError, an error raised or sys.exit() at import time
+        if isinstance(err, SystemExit):
+            why = f"it called sys.exit({err.code!r})"
+        elif isinstance(err, SyntaxError):
+            why = f"SyntaxError at {err.filename}:{err.lineno}: {err.msg}"
+        else:
+            why = f"{type(err).__name__}: {err}"
+        raise UserError(f"grader {grader!r}: importing {module} failed ({why})") from None
+    fn = getattr(loaded, function, None)
+    if fn is None:
+        raise UserError(f"grader {grader!r}: {module} has no {function}")
     if not callable(fn):
         raise UserError(f"grader {grader!r}: {module}.{function} is not a function")
     return fn

@@ -6,9 +6,11 @@ Writers: `write_text`/`write_bytes`/`write_json`/`write_jsonl`/`write_safetensor
 that writes files itself. `append_jsonl`/`extend_jsonl` add rows durably. `replace_dir`
 publishes a directory built aside (checkpoints, imported models); locks.py builds one under a lock.
 
-Reader: `read_jsonl` returns the rows as dicts. A kill mid-append leaves at most an unterminated last
-line; that one is dropped with a one-line note on stderr. Anything else malformed is a `UserError`
-naming the file and line, which the CLI prints as one line. `read_json` does the same for whole files.
+Reader: `read_jsonl` returns the rows as dicts (`iter_jsonl` one at a time), from a regular file of
+bounded size (reference_trainer/inputs.py: no FIFO, device or unbounded read). A kill mid-append leaves at
+most an unterminated last line; that one is dropped with a one-line note on stderr. Anything else
+malformed is a `UserError` naming the file and line, which the CLI prints as one line. `read_json` does
+the same for whole files.
 
 Faults: a writer never replaces what is not a regular file (a device such as /dev/null, a FIFO, a socket:
 an `--out` pointing at one is refused), and a full, read-only or forbidden disk is a one-line UserError
@@ -20,6 +22,7 @@ symlink rather than follow it out of the run. `make_dir` creates an output direc
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import secrets
@@ -32,8 +35,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from reference_trainer.errors import UserError
+from reference_trainer.inputs import MAX_INPUT_BYTES, BoundedReader, open_input, read_input
 
 _BLOCK = 1 << 16
+_WRITE_BLOCK = 1 << 20
 _noted: set[tuple[str, str, int]] = set()  # one note per file, message and size in a process
 
 
@@ -101,25 +106,50 @@ def write_safetensors(
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:
+    _write_blocks(path, [data])
+
+
+def write_chunks(path: str | Path, chunks: Iterable[str]) -> None:
+    """Replace `path` with these pieces of text, written as they come in blocks of about 1 MiB: a large
+    document or a stream of rows is never held as one string."""
+    _write_blocks(path, _blocks(chunks))
+
+
+def _blocks(chunks: Iterable[str]) -> Iterator[bytes]:
+    block: list[str] = []
+    size = 0
+    for chunk in chunks:
+        block.append(chunk)
+        size += len(chunk)
+        if size >= _WRITE_BLOCK:
+            yield "".join(block).encode("utf-8")
+            block, size = [], 0
+    yield "".join(block).encode("utf-8")
+
+
+def _write_blocks(path: str | Path, blocks: Iterable[bytes]) -> None:
     with atomic_path(path) as tmp:
         fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC)
         try:
-            _write_all(fd, data)
+            for block in blocks:
+                _write_all(fd, block)
         finally:
             os.close(fd)
 
 
 def write_text(path: str | Path, text: str) -> None:
-    write_bytes(path, text.encode("utf-8"))
+    write_chunks(path, [text])
 
 
 def write_json(path: str | Path, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+    encoder = json.JSONEncoder(indent=2, default=_json_default)  # as json.dumps(obj, indent=2), streamed
+    write_chunks(path, itertools.chain(encoder.iterencode(obj), ["\n"]))
 
 
 def write_jsonl(path: str | Path, rows: Iterable[Any]) -> None:
-    """Replace `path` with these rows, one JSON object per line."""
-    write_text(path, "".join(_line(row) for row in rows))
+    """Replace `path` with these rows (any iterable: a generator is written as it yields), one JSON object
+    per line."""
+    write_chunks(path, (_line(row) for row in rows))
 
 
 def append_jsonl(path: str | Path, obj: Any) -> None:
@@ -226,30 +256,30 @@ def cannot_write(path: str | Path, err: OSError) -> UserError:
 # --- reading ---------------------------------------------------------------------------------------------
 
 
-def read_jsonl(
+def read_jsonl(path: str | Path, required: Sequence[str] = (), **options: Any) -> list[dict[str, Any]]:
+    """The JSON object on every non-blank line of `path`, as a list (iter_jsonl: the options and checks)."""
+    return list(iter_jsonl(path, required, **options))
+
+
+def iter_jsonl(
     path: str | Path,
     required: Sequence[str] = (),
     *,
     torn_tail: bool = True,
     check: Callable[[dict[str, Any]], str | None] | None = None,
-) -> list[dict[str, Any]]:
-    """The JSON object on every non-blank line of `path`, each holding the `required` fields (and passing
-    `check`, which returns what is wrong with a row, or None).
+    limit: int = MAX_INPUT_BYTES,
+) -> Iterator[dict[str, Any]]:
+    """The JSON object on every non-blank line of `path`, one at a time, each holding the `required` fields
+    (and passing `check`, which returns what is wrong with a row, or None).
 
-    An unterminated last line that does not parse is what a kill mid-append leaves: with `torn_tail` it
-    is dropped and one note names the file on stderr; without (user-supplied data) it is an error. Any
-    other bad line raises UserError("FILE:LINE: why"), one line for the CLI.
+    The file must be a regular file of at most `limit` bytes (inputs.open_input: no FIFO, device or
+    directory). An unterminated last line that does not parse is what a kill mid-append leaves: with
+    `torn_tail` it is dropped and one note names the file on stderr; without (user-supplied data) it is an
+    error. Any other bad line raises UserError("FILE:LINE: why"), one line for the CLI.
     """
     path = Path(path)
-    rows: list[dict[str, Any]] = []
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 (closed by the with below)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except OSError as err:  # a directory, no permission
-        raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
-    with fh:
-        for lineno, raw in enumerate(fh, 1):
+    with open_input(path) as fh:
+        for lineno, raw in enumerate(BoundedReader(fh, path, limit), 1):
             if not raw.strip():
                 continue
             row, why = _parse(raw)
@@ -262,21 +292,17 @@ def read_jsonl(
                 raise UserError(f"{path}:{lineno}: row lacks field(s) {', '.join(missing)}")
             if check is not None and (why := check(row)) is not None:
                 raise UserError(f"{path}:{lineno}: {why}")
-            rows.append(row)
-    return rows
+            yield row
 
 
-def read_json(path: str | Path) -> Any:
-    """A whole JSON file; a missing or malformed one is a one-line UserError naming it."""
+def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
+    """A whole JSON file (a regular file of at most `limit` bytes); a missing or malformed one is a
+    one-line UserError naming it."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
+        text = read_input(path, limit).decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text") from None
-    except OSError as err:  # a directory, no permission
-        raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
     value, why, line = decode_json(text)
     if why:
         raise UserError(f"{path}:{line}: {why}" if line else f"{path}: {why}") from None

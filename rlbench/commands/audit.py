@@ -36,7 +36,7 @@ def audit_command(
     """Rebuild trainer idle, rollout idle and the slot bubble from the run's own evidence, set them beside
     the framework's figures, flag disagreements, and label the run (rollout-bound, trainer-bound, balanced,
     sync-overhead)."""
-    from reference_trainer.errors import check_integer, check_number
+    from reference_trainer.errors import check_integer, check_number, printable
     from reference_trainer.trace.records import write_json
     from rlbench.integrations.audit import audit
     from rlbench.integrations.imports import load_tokenizer
@@ -64,6 +64,6 @@ def audit_command(
     )
     typer.echo(f"label: {label}{basis}")
     for note in doc["notes"]:
-        typer.echo(f"note: {note}")
+        typer.echo(printable(f"note: {note}"))
     if out is not None:
         write_json(out, doc)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from reference_trainer.errors import UserError
+from reference_trainer.errors import UserError, printable
 from rlbench.options import DataDir, Device, Engine, ModelDir, Seed, Threads
 
 SuiteSpec = Annotated[
@@ -70,7 +70,7 @@ def eval_command(
                           temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)  # fmt: skip
     job = EvalJob(settings, model=model, out=out, data_dir=data_dir, include=include_path or [], limit=limit,
                   device=device, threads=threads, overwrite=overwrite)  # fmt: skip
-    for results in evaluate(job, say=lambda line: typer.echo(line, err=True)):
+    for results in evaluate(job, say=lambda line: typer.echo(printable(line), err=True)):
         k, run = results["samples"], Path(results["out"])
         figures = {
             "avg@k": f"avg@{k} {results['accuracy']:.4f}",
@@ -99,7 +99,8 @@ def suites_command(ctx: typer.Context, data_dir: DataDir = None, include_path: I
         check_data_dir(data_dir)
     table = Table("suite", "title", "size", "grader", "source")
     for row in suite_sizes(data_dir, include_path or []):
-        table.add_row(row["suite"], row["title"], str(row["size"]), row["grader"], row["source"])
+        # a suite's title comes from its file: control bytes are shown, not sent to the terminal
+        table.add_row(*(printable(str(row[k])) for k in ("suite", "title", "size", "grader", "source")))
     Console(width=160).print(table)
 
 
@@ -116,9 +117,9 @@ def validate_command(
     for file in files:
         problems = validate(file, data_dir, include_path or [])
         for problem in problems:
-            typer.echo(f"{file}: {problem}", err=True)
+            typer.echo(printable(f"{file}: {problem}", newlines=False), err=True)
         if not problems:
-            typer.echo(f"{file}: ok")
+            typer.echo(printable(f"{file}: ok", newlines=False))
         bad += bool(problems)
     if bad:
         raise UserError(f"{bad} of {len(files)} suite file(s) have problems")

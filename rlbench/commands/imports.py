@@ -29,16 +29,11 @@ Workers = Annotated[
 
 
 def _config(out: Path, slots: int | None, workers: str | None, gpu: str, model_size: str):  # -> ImportConfig
-    from reference_trainer.errors import check_integer
     from rlbench.integrations.imports import ImportConfig
     from rlbench.simulate.config import parse_worker_counts
-    from rlbench.simulate.cost import preset
 
-    if slots is not None:
-        check_integer("--slots", slots, low=1)
     counts = parse_worker_counts(workers) if workers is not None else None  # the simulator's --workers rule
-    preset(gpu, model_size)  # an unknown preset fails here, before any file is read
-    return ImportConfig(out=out, slots=slots, workers=counts, gpu=gpu, model_size=model_size)
+    return ImportConfig(out=out, slots=slots, workers=counts, gpu=gpu, model_size=model_size).check()
 
 
 def _say(doc: dict, out: Path) -> None:

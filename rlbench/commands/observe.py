@@ -55,7 +55,7 @@ def observe_command(
 
     Example: `rlbench observe 127.0.0.1:8000 --duration 120 --capacity 256 --out runs/vllm`.
     """
-    from reference_trainer.errors import UserError, check_number
+    from reference_trainer.errors import UserError, check_number, printable
     from rlbench.profiling.observe import ObserveOptions, check_new_observation, samples_to_rebuild
     from rlbench.profiling.observe import from_samples as rebuild
     from rlbench.profiling.observe import observe as run
@@ -72,13 +72,13 @@ def observe_command(
     # One writer, into an observation (or a profile that observed its servers) or a new folder.
     with claim(out, "observe", accepts=("observe",)):
         if from_samples is not None:
-            doc = rebuild(opts, out, say=lambda line: typer.echo(line, err=True))
+            doc = rebuild(opts, out, say=lambda line: typer.echo(printable(line), err=True))
         else:
             check_new_observation(out, overwrite)
             typer.echo(f"observing {len(opts.urls)} server(s) for {duration:g} s, every {interval:g} s")
-            doc = run(opts, out, duration, say=lambda line: typer.echo(line, err=True))
+            doc = run(opts, out, duration, say=lambda line: typer.echo(printable(line), err=True))
     for line in summary_lines(doc):
-        typer.echo(line)
+        typer.echo(printable(line))
     typer.echo(f"report: {out / 'report.html'}")
     if doc["engine_metrics"]["unreadable"] == opts.urls:  # nothing observed: said once per server already
         sys.exit(2)

@@ -73,14 +73,15 @@ def profile_command(
     if idle_gap is not None:
         check_number("--idle-gap", idle_gap, low=0.0, high=1e6)
     if cmd:
+        from reference_trainer.errors import printable
         from rlbench.profiling.wrap import WrapConfig, wrap_command
 
         cfg = WrapConfig.from_cli(cmd, out, py_spy=py_spy, sample_hz=sample_hz, engine_metrics=engine_metrics,
                                   capacity=capacity, idle_gap=idle_gap, request_log=request_log, gpu=gpu,
                                   model_size=model_size, overwrite=overwrite)  # fmt: skip
-        code, doc = wrap_command(cfg, say=lambda line: typer.echo(line, err=True))
-        for line in wrap_lines(doc):
-            typer.echo(line)
+        code, doc = wrap_command(cfg, say=lambda line: typer.echo(printable(line), err=True))
+        for line in wrap_lines(doc):  # the servers' pages' text among them
+            typer.echo(printable(line))
         typer.echo(f"report: {out / 'report.html'}")
         if code != 0:
             typer.echo(f"command exited with {code}", err=True)

@@ -16,18 +16,18 @@
 
 A group file names several suites: `group: NAME`, `title`, `suites: [NAME_OR_FILE, ...]`.
 Every key is checked here; an unknown one is refused with its name (a typo must not be a silent default).
+A file is read safely (reference_trainer/inputs.py): a regular file of at most 1 MiB, YAML aliases bounded.
+Paths it names stay inside their roots: `name` is a plain name (a group runs each suite into OUT/NAME) and
+`data.file` a relative path without `..` (inside --data-dir, or beside the suite file).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from reference_trainer.errors import (
     UserError,
@@ -36,8 +36,10 @@ from reference_trainer.errors import (
     check_temperature,
     check_top_p,
 )
+from reference_trainer.inputs import MAX_YAML_BYTES, inside, load_yaml, plain_name, read_input
 from reference_trainer.tasks.grading import PROMPTS, get_grader
-from rlbench.eval.schema import GROUP_FIELDS
+from reference_trainer.trace.records import decode_json
+from rlbench.eval.schema import GROUP_FIELDS, short
 
 SUITE_SUFFIXES = (".yaml", ".yml", ".json")
 METRICS = ("avg@k", "pass@k", "maj@k")
@@ -93,7 +95,7 @@ class Suite:
         """The data file beside the suite file, when there is one."""
         if self.data_file is None or self.path is None:
             return None
-        path = self.path.parent / self.data_file
+        path = inside(self.path.parent, self.data_file, "data.file")
         return path if path.is_file() else None
 
 
@@ -120,14 +122,13 @@ class _Problems:
 
 def read_raw(path: Path) -> tuple[Any, str]:
     """A suite file's parsed contents and its SHA-256; an unreadable or malformed file is one line."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
-    try:
-        doc = json.loads(data) if path.suffix == ".json" else yaml.safe_load(data)
-    except Exception as err:  # yaml/json syntax errors: the parser's first line names the place
-        raise UserError(f"{path}: not valid {path.suffix[1:].upper()}: {str(err).splitlines()[0]}") from None
+    data = read_input(path, MAX_YAML_BYTES)  # a regular file: no FIFO, device or endless read
+    if path.suffix == ".json":
+        doc, why, _ = decode_json(data)
+        if why:
+            raise UserError(f"{path}: not valid JSON: {why}")
+    else:
+        doc = load_yaml(data, path)  # aliases bounded: a billion-laughs file is one line
     return doc, hashlib.sha256(data).hexdigest()
 
 
@@ -159,18 +160,18 @@ def _text(doc: dict[str, Any], key: str, problems: _Problems, required: bool = T
     if value is None and not required:
         return ""
     if not isinstance(value, str) or not value.strip():
-        problems.add(f"{where}{key} is {value!r}, not a non-empty text")
+        problems.add(f"{where}{key} is {short(value)}, not a non-empty text")
         return ""
     return value
 
 
 def _names(value: Any, key: str, problems: _Problems, allowed: tuple[str, ...] | None = None) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        problems.add(f"{key} is {value!r}, not a list of names")
+        problems.add(f"{key} is {short(value)}, not a list of names")
         return []
     for v in value:
         if allowed is not None and v not in allowed:
-            problems.add(f"{key}: unknown {v!r}; choose from {', '.join(allowed)}")
+            problems.add(f"{key}: unknown {short(v)}; choose from {', '.join(allowed)}")
     return value
 
 
@@ -182,19 +183,24 @@ def _parse_group(doc: dict[str, Any], path: Path, problems: _Problems) -> Group:
     return Group(_text(doc, "group", problems), _text(doc, "title", problems, required=False), suites, path)
 
 
-def _parse_data(doc: Any, problems: _Problems) -> tuple[str | None, dict[str, Any] | None]:
+def _parse_data(doc: Any, folder: Path, problems: _Problems) -> tuple[str | None, dict[str, Any] | None]:
     if not isinstance(doc, dict):
-        problems.add(f"data is {doc!r}, not a mapping with file, hub and fields")
+        problems.add(f"data is {short(doc)}, not a mapping with file, hub and fields")
         return None, None
     _unknown(doc, DATA_KEYS, "data.", problems)
     file = _text(doc, "file", problems, required=False, where="data.") or None
+    if file is not None:
+        try:  # read from --data-dir or the suite's folder: it must stay inside them
+            inside(folder, file, "data.file")
+        except UserError as err:
+            problems.add(str(err))
     hub = doc.get("hub")
     if hub is None:
         if file is None:
             problems.add("data names neither a file nor a hub dataset")
         return file, None
     if not isinstance(hub, dict):
-        problems.add(f"data.hub is {hub!r}, not a mapping with id and split")
+        problems.add(f"data.hub is {short(hub)}, not a mapping with id and split")
         return file, None
     _unknown(hub, HUB_KEYS, "data.hub.", problems)
     _text(hub, "id", problems, where="data.hub.")
@@ -203,7 +209,7 @@ def _parse_data(doc: Any, problems: _Problems) -> tuple[str | None, dict[str, An
         _names(hub["data_files"], "data.hub.data_files", problems)
     fields = doc.get("fields", {"id": "id", "problem": "problem", "answer": "answer"})
     if not isinstance(fields, dict) or not all(isinstance(v, str) or v is None for v in fields.values()):
-        problems.add(f"data.fields is {fields!r}, not a mapping of suite field: dataset field")
+        problems.add(f"data.fields is {short(fields)}, not a mapping of suite field: dataset field")
         fields = {}
     for key in ("problem", "answer"):
         if not fields.get(key):
@@ -241,7 +247,7 @@ def _parse_sampling(value: Any, problems: _Problems) -> dict[str, float | int]:
     if value is None:
         return dict(SAMPLING_DEFAULTS)
     if not isinstance(value, dict):
-        problems.add(f"sampling is {value!r}, not a mapping")
+        problems.add(f"sampling is {short(value)}, not a mapping")
         return dict(SAMPLING_DEFAULTS)
     _unknown(value, tuple(SAMPLING_DEFAULTS), "sampling.", problems)
     for key, given in value.items():
@@ -258,7 +264,12 @@ def _parse_sampling(value: Any, problems: _Problems) -> dict[str, float | int]:
 def _parse_suite(doc: dict[str, Any], path: Path, sha: str, problems: _Problems) -> Suite:
     _unknown(doc, SUITE_KEYS, "", problems)
     name = _text(doc, "name", problems)
-    data_file, hub = _parse_data(doc.get("data"), problems)
+    if name:
+        try:  # a group runs each of its suites into OUT/NAME
+            plain_name(name, "name")
+        except UserError as err:
+            problems.add(str(err))
+    data_file, hub = _parse_data(doc.get("data"), path.parent, problems)
     prompt = _text(doc, "prompt", problems)
     if prompt and prompt not in PROMPTS and "{problem}" not in prompt:
         problems.add(f"prompt {prompt!r} is neither {' nor '.join(PROMPTS)} nor a text holding {{problem}}")
@@ -270,7 +281,7 @@ def _parse_suite(doc: dict[str, Any], path: Path, sha: str, problems: _Problems)
             problems.add(str(err))
     size = doc.get("size")
     if size is not None and (type(size) is not int or size < 0):
-        problems.add(f"size is {size!r}, not a count")
+        problems.add(f"size is {short(size)}, not a count")
     return Suite(
         name=name,
         title=_text(doc, "title", problems, required=False) or name,

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from reference_trainer.errors import UserError
+from reference_trainer.inputs import BoundedReader, inside, open_input
 from reference_trainer.tasks.grading import Grader, get_grader
 from reference_trainer.tasks.prompts import plain_prompt
 from reference_trainer.tasks.user_grader import is_user_grader, load_grader
@@ -89,7 +90,7 @@ def suite_files(include: Sequence[Path] = ()) -> dict[str, Path]:
 def find_suite_file(spec: str, include: Sequence[Path] = ()) -> Path:
     """--suite NAME_OR_FILE: a path to a suite file, or a name in the include folders or the built-ins."""
     if Path(spec).suffix in SUITE_SUFFIXES or "/" in spec:
-        if not Path(spec).is_file():
+        if not Path(spec).exists():  # one that exists is read as a file (a FIFO or device is refused then)
             raise UserError(f"suite file not found: {spec}")
         return Path(spec)
     files = suite_files(include)
@@ -111,11 +112,29 @@ def get_suite(spec: str, include: Sequence[Path] = ()) -> Suite:
     return record
 
 
+def member_suite(group: Group, member: str, include: Sequence[Path] = ()) -> Suite:
+    """One member of a group: a file path is read inside the group file's folder (never outside it), a
+    name is found beside the group file first, then as --suite finds it."""
+    base = group.path.parent if group.path is not None else Path(".")
+    if Path(member).suffix in SUITE_SUFFIXES or "/" in member:
+        path = inside(base, member, "the path")
+        if not path.is_file():
+            raise UserError(f"suite file not found: {path}")
+        member = str(path)
+    return get_suite(member, [base, *include])
+
+
 def group_members(group: Group, include: Sequence[Path] = ()) -> list[Suite]:
-    """A group's suites, each read and checked (before any runs); a member is found beside the group file
-    first."""
-    base = [group.path.parent] if group.path is not None else []
-    return [get_suite(member, [*base, *include]) for member in group.suites]
+    """A group's suites, each read and checked (before any runs). Each runs into OUT/<its name>, so two
+    members of one name would write one folder: refused."""
+    members = [member_suite(group, member, include) for member in group.suites]
+    seen: dict[str, str] = {}
+    for spec, suite in zip(group.suites, members, strict=True):
+        if suite.name in seen:
+            both = f"suites {seen[suite.name]} and {spec}"
+            raise UserError(f"{group.path}: {both} are both named {suite.name!r}: each runs into OUT/NAME")
+        seen[suite.name] = spec
+    return members
 
 
 def import_path(suite: Suite) -> None:
@@ -215,7 +234,7 @@ def data_path(suite: Suite, data_dir: Path | None) -> Path | None:
     None: the hub dataset. A data dir without the file, with no other source, is one line."""
     if data_dir is not None:
         check_data_dir(data_dir)
-        if suite.data_file is not None and (Path(data_dir) / suite.data_file).is_file():
+        if suite.data_file is not None and inside(data_dir, suite.data_file, "data.file").is_file():
             return Path(data_dir) / suite.data_file
     if suite.local_file is not None:
         return suite.local_file
@@ -329,11 +348,8 @@ def download(names: Sequence[str], to: Path, include: Sequence[Path] = ()) -> li
 
 
 def _count_rows(path: Path) -> int:
-    try:  # counted as bytes: a listing need not decode (eval checks the rows themselves)
-        with open(path, "rb") as fh:
-            return sum(1 for line in fh if line.strip())
-    except OSError as err:
-        raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
+    with open_input(path) as fh:  # counted as bytes: a listing need not decode (eval checks the rows)
+        return sum(1 for line in BoundedReader(fh, path) if line.strip())
 
 
 def suite_sizes(data_dir: Path | None, include: Sequence[Path] = ()) -> list[dict[str, Any]]:
@@ -348,7 +364,7 @@ def suite_sizes(data_dir: Path | None, include: Sequence[Path] = ()) -> list[dic
         assert record is not None
         size: int | str = record.size if record.size is not None else "?"
         source = record.hub_source
-        local = Path(data_dir) / record.data_file if data_dir is not None and record.data_file else None
+        local = inside(data_dir, record.data_file, "data.file") if data_dir and record.data_file else None
         if local is not None and local.is_file() or record.local_file is not None:
             path = local if local is not None and local.is_file() else record.local_file
             assert path is not None
@@ -370,9 +386,14 @@ def validate(path: Path, data_dir: Path | None, include: Sequence[Path] = ()) ->
     if isinstance(record, Group):
         for member in record.suites:
             try:
-                get_suite(member, [Path(path).parent, *include])
+                member_suite(record, member, include)
             except UserError as err:
                 found.append(f"suites: {member}: {err}")
+        if not found:
+            try:
+                group_members(record, include)
+            except UserError as err:
+                found.append(str(err))
         return found
     for check in (_check_prompt, _check_grader, lambda s: _check_data(s, data_dir)):
         try:

@@ -155,7 +155,7 @@ def kind(path: Path) -> str:
         )
     if path.suffix == ".pt":
         return "slime"
-    if not path.is_file():
+    if not path.exists():  # one that exists is read as a regular file (records.read_jsonl says why not)
         raise UserError(f"{path}: no such file")
     return "jsonl"
 

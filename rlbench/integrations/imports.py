@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.errors import UserError
+from reference_trainer.errors import UserError, check_integer
 from reference_trainer.trace import metrics
 from rlbench.integrations import lengthlog, run, trl_logs, verl
 from rlbench.integrations.lengthlog import Group
+from rlbench.simulate.config import MAX_SIM_WORKERS
+from rlbench.simulate.cost import preset
 from rlbench.simulate.whatif import logged_update_cost
 
 Event = dict[str, Any]
@@ -30,6 +33,23 @@ class ImportConfig:
     gpu: str = "h100"
     model_size: str = "7b"
 
+    def check(self) -> ImportConfig:
+        """Every setting in range before anything is read (`rlbench import`, and the TRL callback before
+        training starts): one line naming the first that is not."""
+        if not isinstance(self.out, Path):
+            raise UserError(f"the run folder must be a path, got {self.out!r}")
+        if self.slots is not None:
+            check_integer("--slots", self.slots, low=1)
+        if self.workers is not None:
+            if not isinstance(self.workers, tuple) or not self.workers:
+                raise UserError(f"--workers: give worker counts, got {self.workers!r}")
+            for count in self.workers:  # the simulator's --workers rule
+                check_integer("--workers", count, low=1, high=MAX_SIM_WORKERS)
+        if not isinstance(self.gpu, str) or not isinstance(self.model_size, str):
+            raise UserError(f"--gpu and --model-size are names, got {self.gpu!r} and {self.model_size!r}")
+        preset(self.gpu, self.model_size)  # an unknown preset fails here, before any file is read
+        return self
+
 
 def _slots(groups: list[Group], given: int | None) -> int:
     if given is not None:
@@ -40,8 +60,11 @@ def _slots(groups: list[Group], given: int | None) -> int:
     return max(per_engine.values())
 
 
-def _whatif(groups: list[Group], slots: int, cfg: ImportConfig, events: list[Event]) -> dict[str, Any]:
-    """The what-if, its trainer's update at the log's own cost where the log times it."""
+def _whatif(
+    groups: list[Group], slots: int, cfg: ImportConfig, events: Sequence[Event] = ()
+) -> dict[str, Any]:
+    """The what-if, its trainer's update at the log's own cost where the log times it (a length log has no
+    clock: no events)."""
     return run.whatif(groups, slots, cfg.workers, cfg.gpu, cfg.model_size, logged_update_cost(events))
 
 
@@ -49,7 +72,7 @@ def import_lengths(path: Path, cfg: ImportConfig) -> dict[str, Any]:
     """A length log -> a run folder (cfg.out): the rebuilt synchronous batches, their metrics, the what-if."""
     groups = lengthlog.read(path)
     slots = _slots(groups, cfg.slots)
-    events = lengthlog.rebuild(groups, slots)
+    steps = lengthlog.rebuild_steps(groups, slots)  # written step by step: never all events at once
     info = {
         "method": LENGTH_METHOD,
         "limits": ["A length log has no clock: times are decode steps (one time unit each), so tokens/s and "
@@ -61,7 +84,8 @@ def import_lengths(path: Path, cfg: ImportConfig) -> dict[str, Any]:
         "slots_per_worker": slots,
         "time_unit": "decode step",
     }
-    return run.write_run(cfg.out, events, groups, meta, info, _whatif(groups, slots, cfg, events))
+    whatif = _whatif(groups, slots, cfg)
+    return run.write_run(cfg.out, steps, groups, meta, info, whatif, lengthlog.capacities(groups, slots))
 
 
 def load_tokenizer(path: Path) -> Any:
@@ -113,7 +137,7 @@ def import_verl(
             "slots_per_worker": _slots(groups, cfg.slots) if groups else None, "time_unit": "s",
             "checked_against": verl.CHECKED_AT}  # fmt: skip
     whatif = _whatif(groups, meta["slots_per_worker"], cfg, events) if groups else None
-    return run.write_run(cfg.out, events, groups, meta, info, whatif)
+    return run.write_run(cfg.out, [events], groups, meta, info, whatif)
 
 
 def import_trl(output_dir: Path, tokenizer: Path | None, cfg: ImportConfig) -> dict[str, Any]:
@@ -140,4 +164,4 @@ def import_trl(output_dir: Path, tokenizer: Path | None, cfg: ImportConfig) -> d
     info = {"method": method, "limits": trl_logs.LIMITS, "per_step": rows}
     meta = {"framework": "TRL GRPOTrainer", "source": str(output_dir), "slots_per_worker": slots,
             "time_unit": "decode step", "checked_against": trl_logs.CHECKED_AT}  # fmt: skip
-    return run.write_run(cfg.out, events, groups, meta, info, _whatif(groups, slots, cfg, events))
+    return run.write_run(cfg.out, [events], groups, meta, info, _whatif(groups, slots, cfg, events))

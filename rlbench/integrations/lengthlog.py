@@ -8,6 +8,9 @@ Format (JSONL, one prompt group of one RL step per line):
   `response_tokens` (a non-empty list of ints >= 1: every sample of the group) are required.
 - `prompt_tokens` (int >= 0, default 0) and `worker` (int >= 0: the rollout engine that ran the group,
   default 0) are optional. Lines of one step are in submission order. Anything else is ignored.
+- Bounds, each refused at the line that passes it: a step number below 2^31, at most 2^24 tokens in a
+  prompt or response, at most MAX_WORKERS workers and MAX_STEPS steps, and workers x steps at most
+  MAX_WORKER_STEPS (each step's metrics keep every worker's busy time).
 
 Rebuilding a step (`rebuild`): every worker runs its samples in log order under continuous batching with
 `slots` slots, one token per running sample per decode step (a synchronous rollout: the step waits for its
@@ -27,18 +30,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.errors import UserError
-from reference_trainer.trace.records import read_jsonl, write_jsonl
+from reference_trainer.errors import MAX_COUNT, UserError
+from reference_trainer.trace.records import iter_jsonl, write_jsonl
 from reference_trainer.trace.schema import DECODE, ROLLOUT, SEQUENCE
-from rlbench.simulate.workload import LengthTrace, _from_rows
+from rlbench.simulate.workload import MAX_TOKENS, LengthTrace, _from_rows
 
 # Slot maps ({slot: sequence id}) make the report's slot-occupancy picture. They grow with the square of a
 # batch, so a run's rebuilt events carry them only until this many map entries are written (the first steps).
 SLOT_MAP_BUDGET = 1 << 20
-MAX_TOKENS = 1 << 24  # a response longer than any context window: a corrupt log, not a workload
+MAX_WORKERS = 4096  # rollout engines in one log (the what-if's largest count)
+MAX_STEPS = 100_000  # RL steps in one log: each becomes a row of metrics.json
+MAX_WORKER_STEPS = 1 << 20  # workers x steps: every step's metrics hold each worker's busy time
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Group:
     step: int
     group: str
@@ -55,37 +60,68 @@ def _count(value: Any, low: int) -> bool:
     return type(value) is int and value >= low
 
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def problem(row: dict[str, Any]) -> str | None:
     """What is wrong with one length-log line (None: nothing)."""
-    if not _count(row.get("step"), 0):
-        return f"step is {row.get('step')!r}, not an integer >= 0"
+    bounds = {"step": MAX_COUNT, "prompt_tokens": MAX_TOKENS, "worker": MAX_COUNT}
+    if not _count(row.get("step"), 0) or row["step"] > MAX_COUNT:
+        return f"step is {_shown(row.get('step'))}, not an integer in 0..{MAX_COUNT}"
     if not isinstance(row.get("group"), (str, int)) or isinstance(row.get("group"), bool):
-        return f"group is {row.get('group')!r}, not a string or integer"
+        return f"group is {_shown(row.get('group'))}, not a string or integer"
+    if isinstance(row["group"], str) and len(row["group"]) > 1024:
+        return f"group is a name of {len(row['group']):,} characters; at most 1,024"
     lengths = row.get("response_tokens")
     if not isinstance(lengths, list) or not lengths or not all(_count(n, 1) for n in lengths):
         return "response_tokens is not a non-empty list of integers >= 1"
     if max(lengths) > MAX_TOKENS:
-        return f"response_tokens holds {max(lengths):,}: more than {MAX_TOKENS:,} tokens"
+        return f"response_tokens holds {_shown(max(lengths))}: more than {MAX_TOKENS:,} tokens"
     for key in ("prompt_tokens", "worker"):
-        if row.get(key) is not None and not _count(row[key], 0):
-            return f"{key} is {row[key]!r}, not an integer >= 0"
+        if row.get(key) is not None and (not _count(row[key], 0) or row[key] > bounds[key]):
+            return f"{key} is {_shown(row[key])}, not an integer in 0..{bounds[key]:,}"
     return None
 
 
+class _Counted:
+    """`problem` plus the log's bounds on distinct workers and steps, said at the line that passes one."""
+
+    def __init__(self) -> None:
+        self.steps: set[int] = set()
+        self.workers: set[int] = set()
+
+    def __call__(self, row: dict[str, Any]) -> str | None:
+        if (why := problem(row)) is not None:
+            return why
+        self.steps.add(row["step"])
+        self.workers.add(row.get("worker") or 0)
+        if len(self.workers) > MAX_WORKERS:
+            return f"{len(self.workers):,} workers so far: a length log names at most {MAX_WORKERS:,}"
+        if len(self.steps) > MAX_STEPS:
+            return f"{len(self.steps):,} steps so far: a length log holds at most {MAX_STEPS:,}"
+        if len(self.steps) * len(self.workers) > MAX_WORKER_STEPS:
+            size = f"{len(self.workers):,} workers x {len(self.steps):,} steps"
+            return f"{size}: at most {MAX_WORKER_STEPS:,} (each step's metrics hold every worker's busy time)"
+        return None
+
+
 def read(path: str | Path) -> list[Group]:
-    """A length log's groups; a malformed line is a one-line UserError naming the file and line."""
-    rows = read_jsonl(path, ("step", "group", "response_tokens"), torn_tail=False, check=problem)
-    if not rows:
-        raise UserError(f"{path}: no groups in the length log")
-    return [
+    """A length log's groups, read line by line (no row is kept as JSON); a malformed line, or one past
+    the log's bounds, is a one-line UserError naming the file and line."""
+    groups = [
         Group(r["step"], str(r["group"]), tuple(r["response_tokens"]), r.get("prompt_tokens") or 0,
               r.get("worker") or 0)
-        for r in rows
+        for r in iter_jsonl(path, ("step", "group", "response_tokens"), torn_tail=False, check=_Counted())
     ]  # fmt: skip
+    if not groups:
+        raise UserError(f"{path}: no groups in the length log")
+    return groups
 
 
 def write(path: str | Path, groups: Iterable[Group]) -> None:
-    write_jsonl(path, [g.row() for g in groups])
+    write_jsonl(path, (g.row() for g in groups))
 
 
 def by_step(groups: Iterable[Group]) -> dict[int, list[Group]]:
@@ -122,7 +158,7 @@ def _batch(lengths: list[int], slots: int) -> tuple[list[tuple[int, int, int]], 
     for each stretch with a constant number of running samples."""
     placed: list[tuple[int, int, int]] = [(0, 0, 0)] * len(lengths)
     running: list[tuple[int, int, int]] = []  # heap of (end, slot, sample)
-    free = list(range(slots))
+    free = list(range(min(slots, len(lengths))))  # never more slots in use than samples (--slots 2^31-1)
     heapq.heapify(free)
     nxt, now, stretches = 0, 0, []
     while nxt < len(lengths) or running:
@@ -167,11 +203,28 @@ def rebuild(
     describes. `windows[step]` = (start, end) of the step's measured rollout; a step without one takes as
     many time units as decode steps, after the previous step. `phases=False` leaves the rollout phases out
     (the caller has the framework's own)."""
+    return [e for step in rebuild_steps(groups, slots, windows, phases) for e in step]
+
+
+def capacities(groups: Iterable[Group], slots: int) -> dict[int, int]:
+    """Every worker's slots over the run: what the rebuilt steps' metrics count as capacity."""
+    return {w: slots for w in sorted({g.worker for g in groups})}
+
+
+def rebuild_steps(
+    groups: list[Group],
+    slots: int,
+    windows: dict[int, tuple[float, float]] | None = None,
+    phases: bool = True,
+) -> Iterator[list[dict[str, Any]]]:
+    """`rebuild`'s events one step at a time, so a long log is never held as events all at once. A worker
+    with nothing to do in a step is idle for the whole step: its capacity is on the trace once, in the first
+    step (trace metrics count every worker's capacity in every step)."""
     windows = windows or {}
     workers = sorted({g.worker for g in groups})
-    events: list[dict[str, Any]] = []
     clock, map_entries = 0.0, 0
     for step, step_groups in by_step(groups).items():
+        events: list[dict[str, Any]] = []
         samples: dict[int, list[tuple[int, Group, int]]] = defaultdict(list)  # (line in step, group, sample)
         for j, g in enumerate(step_groups):
             samples[g.worker].extend((j, g, k) for k in range(len(g.lengths)))
@@ -186,9 +239,10 @@ def rebuild(
 
         if phases:
             events.append({"kind": ROLLOUT, "step": step, "t_start": t0, "t_end": t1, "source": "rebuilt"})
-        for w in workers:  # a worker with nothing to do this step still counts as idle slots
+        for w in workers:  # a worker with nothing to do still counts as idle slots: its capacity, once
             events.append({"kind": DECODE, "step": step, "t_start": t0, "t_end": t0, "active_slots": 0,
                            "capacity": slots, "tokens": 0, "worker": w})  # fmt: skip
+        workers = []
         for w, (placed, stretches) in batches.items():
             ids = [f"{step}-{j}-{k}" for j, _, k in samples[w]]  # unique even if a group name repeats
             with_maps = map_entries + sum(n for _, _, n in stretches) <= SLOT_MAP_BUDGET
@@ -206,7 +260,7 @@ def rebuild(
                                "t_admit": at(a), "t_finish": at(b), "status": "finished",
                                "finish_reason": None, "policy_versions": None, "worker": w,
                                "length_source": "log"})  # fmt: skip
-    return events
+        yield events
 
 
 def decode_step_bubble(groups: list[Group], slots: int) -> float | None:

@@ -9,14 +9,14 @@ The what-if is a replay of the length log through `rlbench simulate`'s engine an
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import write_json, write_jsonl
-from reference_trainer.trace.schema import check_events
+from reference_trainer.trace.schema import Event, check_events
 from rlbench.integrations import lengthlog
 from rlbench.integrations.lengthlog import Group
 from rlbench.report.import_report import render_import
@@ -25,21 +25,30 @@ from rlbench.simulate.whatif import whatif as simulate_whatif
 
 WHATIF_MODES = ("baseline", "sorted", "sorted-partial", "histopipe", "async")  # async: max_staleness 1
 WHATIF_WORKERS = (1, 8, 64, 512, 4096)
-# Sequences replayed in one step at the largest worker count. A given --workers may ask up to MAX_REPLAYED
-# (about a minute of simulation on one CPU core); the default counts stop at AUTO_REPLAYED (a few seconds),
-# so a first call on a real run's log (96 groups of 8 at 8,948 tokens) answers at once.
-MAX_REPLAYED = 1 << 21
-AUTO_REPLAYED = 1 << 15
+# The replay's work, in units of about a microsecond on one CPU core (measured on logs of 1 to 768
+# sequences per worker and step at 1 to 512 workers, 2026-11-28): a step costs ~1,500 units to set up, then
+# the simulator steps all workers together once per admission or finish (about n events for the n sequences
+# a worker holds in a step), each event ~200 units plus 1/20 of a unit per slot of every worker
+# (W x min(slots, n)). The worker counts of one what-if together get REPLAY_BUDGET units per mode (4 modes:
+# about 20 s); the steps past it are not replayed (the doc says how many were). Default worker counts are
+# taken in increasing order while one step of each still fits; given counts that do not fit are refused.
+REPLAY_BUDGET = 5_000_000
+MAX_REPLAYED = 1 << 21  # sequences in one replayed step at the largest count: the simulator's (W, n) arrays
+STEP_UNITS = 1500
+EVENT_UNITS = 200
+SLOTS_PER_UNIT = 20
+DRAWN_EVENTS = 200_000  # events of the first steps the page draws slot by slot
 NO_GPU = (
     "an imported run has no GPU timeline: rlbench profile --engine-metrics samples NVML around a live run"
 )
 
 
-def auto_workers(groups: list[Group]) -> tuple[int, ...]:
-    """The default worker counts for this log: those of WHATIF_WORKERS whose one replayed step holds at
-    most AUTO_REPLAYED sequences (weak scaling: W times the log's sequences per step), 1 always."""
-    per_step = len(lengthlog.to_length_trace(groups, "length log")) / len(lengthlog.by_step(groups))
-    return tuple(w for w in WHATIF_WORKERS if w == 1 or w * per_step <= AUTO_REPLAYED)
+def step_work(workers: int, per_worker: float, slots: int) -> float:
+    """The replay's work units for one step at `workers` workers holding `per_worker` sequences each
+    (past MAX_REPLAYED sequences in the step: more than any budget)."""
+    if workers * per_worker > MAX_REPLAYED:
+        return float("inf")
+    return STEP_UNITS + per_worker * (EVENT_UNITS + workers * min(slots, per_worker) / SLOTS_PER_UNIT)
 
 
 def whatif(
@@ -52,65 +61,99 @@ def whatif(
 ) -> dict[str, Any]:
     """What each mode would buy on these lengths at each worker count: weak scaling, every worker given as
     many groups per step as the log's steps had (so W = 1 is the logged batch on one engine). `workers`
-    None: the counts this log's scale allows (auto_workers). Steps past the replay budget are not
-    replayed; the doc says how many were. `update_s_per_token`: the log's own update cost
+    None: those of WHATIF_WORKERS whose one step fits the replay budget. The first steps that fit
+    REPLAY_BUDGET are replayed, from a length trace of only the groups they use: time and memory bounded
+    whatever the log's size. `update_s_per_token`: the log's own update cost
     (simulate.whatif.logged_update_cost), where it has one."""
-    chosen = tuple(workers) if workers else auto_workers(groups)
-    trace = lengthlog.to_length_trace(groups, "length log")
-    per_step = max(1, round(sum(len(g) for g in lengthlog.by_step(groups).values()) / len(trace.steps)))
-    per_worker = len(trace) / len(trace.steps)  # sequences per worker and step
-    steps = min(len(trace.steps), int(MAX_REPLAYED // (max(chosen) * per_worker)))
-    if steps < 1:
-        raise UserError(
-            f"the what-if would replay {max(chosen) * per_worker:,.0f} sequences per step at {max(chosen)} "
-            f"workers; at most {MAX_REPLAYED:,} (give smaller --workers)"
-        )
+    by_step = lengthlog.by_step(groups)
+    per_step = max(1, round(len(groups) / len(by_step)))  # groups per worker and step
+    per_worker = sum(len(g.lengths) for g in groups) / len(by_step)  # sequences per worker and step
+    if workers:
+        chosen = tuple(workers)
+        if sum(step_work(w, per_worker, slots) for w in chosen) > REPLAY_BUDGET:
+            raise UserError(
+                f"the what-if at {max(chosen)} workers would replay {max(chosen) * per_worker:,.0f} "
+                f"sequences on {slots:,} slots each in one step: past its budget ({REPLAY_BUDGET:,} work "
+                f"units, at most {MAX_REPLAYED:,} sequences a step): give smaller --workers or --slots"
+            )
+    else:
+        chosen = ()
+        for count in WHATIF_WORKERS:  # in increasing order, while one step of each fits together
+            if sum(step_work(w, per_worker, slots) for w in (*chosen, count)) > REPLAY_BUDGET:
+                break
+            chosen += (count,)
+        if not chosen:
+            reason = (f"one step of this log ({per_worker:,.0f} sequences on {slots:,} slots) is past the "
+                      f"what-if's budget of {REPLAY_BUDGET:,} work units (give --slots)")  # fmt: skip
+            return {"available": False, "reason": reason, "sampling": [f"no prediction: {reason}"]}
+    work = sum(step_work(w, per_worker, slots) for w in chosen)
+    steps = min(len(by_step), int(REPLAY_BUDGET // work))
+    used = min(len(groups), steps * max(chosen) * per_step)  # the replay cycles through the log's groups
+    trace = lengthlog.to_length_trace(groups[:used], "length log")
     doc = simulate_whatif(trace, slots, chosen, WHATIF_MODES, gpu, model_size, steps, per_step,
                           update_s_per_token)  # fmt: skip
     said = [f"worker counts {', '.join(map(str, chosen))}"
-            + ("" if workers else f" (the default counts whose replayed step holds at most {AUTO_REPLAYED:,} "
-               f"sequences: {per_worker:,.0f} per worker here; --workers for others)")]  # fmt: skip
-    if steps < len(trace.steps):
-        said.append(f"the first {steps} of {len(trace.steps)} steps replayed (at most {MAX_REPLAYED:,} "
-                    "sequences in all at the largest count)")  # fmt: skip
+            + ("" if workers else f" (the default counts whose replayed step fits the budget of "
+               f"{REPLAY_BUDGET:,} work units: {per_worker:,.0f} sequences per worker here; --workers for "
+               "others)")]  # fmt: skip
+    if steps < len(by_step):
+        said.append(f"the first {steps} of {len(by_step)} steps replayed (the replay's budget, "
+                    f"{REPLAY_BUDGET:,} work units, over all worker counts)")  # fmt: skip
     return {**doc, "slots_per_worker": slots, "groups_per_worker": per_step, "steps_replayed": steps,
             "sampling": said}  # fmt: skip
 
 
 def write_run(
     out: Path,
-    events: list[dict[str, Any]],
+    steps: Iterable[list[Event]],
     groups: list[Group],
     run: dict[str, Any],
     integration: dict[str, Any],
     whatif_doc: dict[str, Any] | None,
+    capacities: dict[int, int] | None = None,
 ) -> dict[str, Any]:
-    """Write the run folder and return its metrics doc. `run` names the source (framework, files, slots);
+    """Write the run folder and return its metrics doc. `steps` yields the trace's events a step (or a few
+    whole steps) at a time: each part is checked, written to trace.jsonl and reduced to its step metrics as
+    it comes, so a long run is never held as events. `capacities` (each worker's slots over the run) is
+    needed when there is more than one part. `run` names the source (framework, files, slots);
     `integration` holds what the framework logged and what its logs cannot tell."""
-    check_events(events, "the rebuilt trace")  # a bug here is ours: refuse before anything is written
+    step_rows: list[Event] = []
+    drawn: list[Event] = []  # the first steps' events, for the page's slot picture
+    room = [DRAWN_EVENTS]
+
+    def checked() -> Iterator[Event]:
+        for n, part in enumerate(steps):
+            check_events(part, "the rebuilt trace")  # a bug here is ours: refused before it is written
+            step_rows.extend(metrics.step_metrics(part, capacities))
+            if n == 0 or (len(part) <= room[0] and any(e.get("slots") for e in part)):
+                drawn.extend(part)
+                room[0] -= len(part)
+            yield from part
+
     with claim(out, "import", accepts=("import",)):  # one writer; never over another command's run
-        computed = metrics.compute(events)
+        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        doc_run = {"kind": "import", "imported_at": now, **run}
+        write_json(out / "imported.json", doc_run)  # first: what the folder holds (rlbench/rundirs.py)
+        write_jsonl(out / "trace.jsonl", checked())
+        per_step, overall = metrics.gpu_bubble(step_rows, None)
+        for row, gpu_bubble in zip(step_rows, per_step, strict=True):
+            row["bubble_ratio_gpu"] = gpu_bubble
+        summary = {**metrics.summary([], step_rows), "bubble_ratio_gpu": overall}
         if groups:
             integration = {**integration, "length_variance": lengthlog.variance_split(groups)}
             if run.get("slots_per_worker"):
                 bubble = lengthlog.decode_step_bubble(groups, run["slots_per_worker"])
                 integration["bubble_decode_steps"] = bubble
         doc = {
-            "run": {
-                "kind": "import",
-                "imported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                **run,
-            },  # fmt: skip
-            "summary": computed["summary"],
-            "steps": computed["steps"],
+            "run": doc_run,
+            "summary": summary,
+            "steps": step_rows,
             "gpu": {"available": False, "reason": NO_GPU},
             "integration": integration,
             "whatif": whatif_doc or {"available": False, "reason": "no per-sample lengths in what was read"},
         }
-        write_json(out / "imported.json", doc["run"])  # first: what the folder holds (rlbench/rundirs.py)
-        write_jsonl(out / "trace.jsonl", events)
         if groups:
             lengthlog.write(out / "lengths.jsonl", groups)
         write_json(out / "metrics.json", doc)
-        render_import(out, doc, events)
+        render_import(out, doc, drawn)
         return doc

@@ -30,18 +30,22 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from functools import wraps
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from transformers import TrainerCallback
 
+from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics
-from reference_trainer.trace.records import extend_jsonl, make_dir
+from reference_trainer.trace.records import extend_jsonl, write_json
 from reference_trainer.trace.schema import REWARD, ROLLOUT, UPDATE
 from rlbench.integrations import lengthlog, run, trl_logs
+from rlbench.integrations.imports import ImportConfig
 from rlbench.integrations.lengthlog import Group
 from rlbench.integrations.trl_logs import LENGTH_COLUMN, TRL_KEYS
+from rlbench.rundirs import claim
 from rlbench.simulate.whatif import logged_update_cost
 
 METHOD = [
@@ -53,6 +57,9 @@ METHOD = [
     "The slots are rebuilt from those lengths: a generation batch decodes together until its longest "
     "sample ends (continuous batching when fewer slots are given), spread over the measured rollout time.",
 ]
+SOURCE = "rlbench.integrations.trl callback"
+MARKER = "imported.json"  # what the folder holds (rlbench/rundirs.py MARKERS), written when it is claimed
+RUN_FILES = (MARKER, "trace.jsonl", "lengths.jsonl", "metrics.json", "report.html")  # a recorded run's
 LIMITS = [
     "TRL has no per-sample finish times: when each sample ended is rebuilt from its length, assuming equal "
     "decode steps.",
@@ -82,7 +89,15 @@ class LengthProbe:
 
 
 class RLBenchRecorder(TrainerCallback):
-    """The TrainerCallback that writes the run folder; `probe` is its length-probe reward."""
+    """The TrainerCallback that writes the run folder; `probe` is its length-probe reward.
+
+    Every argument is checked here, before training starts, and the folder is claimed here too
+    (rlbench/rundirs.py: one writer, never over another command's run) and held until the run ends: a
+    folder holding a training run, an evaluation or any other command's run is refused; so is one that
+    already holds a recorded or imported run (its trace would be appended to) unless `overwrite`, which
+    removes that run's files now; a second recorder on the same folder is refused at once."""
+
+    _recording: ClassVar[set[Path]] = set()  # folders a recorder of this process holds
 
     def __init__(
         self,
@@ -91,9 +106,16 @@ class RLBenchRecorder(TrainerCallback):
         whatif_workers: tuple[int, ...] | None = None,
         gpu: str = "h100",
         model_size: str = "7b",
+        overwrite: bool = False,
     ) -> None:
-        self.out = Path(out)
-        self.slots, self.whatif_workers, self.gpu, self.model_size = slots, whatif_workers, gpu, model_size
+        if not isinstance(out, (str, Path)) or not str(out):
+            raise UserError(f"RLBenchRecorder: the run folder must be a path, got {out!r}")
+        workers = tuple(whatif_workers) if isinstance(whatif_workers, (list, tuple)) else whatif_workers
+        self.config = ImportConfig(Path(out), slots, workers, gpu, model_size).check()
+        self.out = self.config.out
+        self.slots, self.whatif_workers, self.gpu, self.model_size = slots, workers, gpu, model_size
+        self._held = ExitStack()
+        self._claim(bool(overwrite))
         self.probe = LengthProbe(self)
         self.group_size = 1
         self.t0 = time.perf_counter()
@@ -108,6 +130,32 @@ class RLBenchRecorder(TrainerCallback):
         self._prompt_tokens: list[int] | None = None
         self._step_groups: list[Group] = []
         self._wrapped = False
+        self._finished = False
+
+    def _claim(self, overwrite: bool) -> None:
+        """Hold the run folder until `finish`, and mark it as a recording (imported.json) at once, so every
+        other command sees what it holds while TRL trains."""
+        key = self.out.resolve()
+        if key in self._recording:
+            raise UserError(f"{self.out} is being recorded by another RLBenchRecorder in this process")
+        with ExitStack() as held:
+            held.enter_context(claim(self.out, "import", accepts=("import",)))
+            recorded = [name for name in RUN_FILES if (self.out / name).exists()]
+            if recorded and not overwrite:
+                raise UserError(
+                    f"{self.out} already holds a recorded or imported run ({recorded[0]}): pass "
+                    "overwrite=True to replace it, or record into another folder"
+                )
+            for name in recorded:
+                (self.out / name).unlink()
+            write_json(self.out / MARKER, {"kind": "import", "framework": "TRL GRPOTrainer",
+                                           "source": SOURCE, "recording": True})  # fmt: skip
+            self._held = held.pop_all()
+        self._recording.add(key)
+
+    def _release(self) -> None:
+        self._held.close()
+        self._recording.discard(self.out.resolve())
 
     def _now(self) -> float:
         return time.perf_counter() - self.t0
@@ -153,8 +201,8 @@ class RLBenchRecorder(TrainerCallback):
     # --- TrainerCallback ---------------------------------------------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        make_dir(self.out)
-        (self.out / "trace.jsonl").unlink(missing_ok=True)  # a new run: the per-step appends start afresh
+        if self._finished:
+            raise UserError(f"this RLBenchRecorder has finished its run in {self.out}: make a new one")
         self.group_size = int(getattr(args, "num_generations", 1) or 1)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -195,7 +243,17 @@ class RLBenchRecorder(TrainerCallback):
         self.finish()
 
     def finish(self) -> dict[str, Any]:
-        """Write metrics.json and report.html from everything recorded (on_train_end calls it)."""
+        """Write metrics.json and report.html from everything recorded (on_train_end calls it), and give the
+        folder up."""
+        if self._finished:
+            raise UserError(f"this RLBenchRecorder has already finished its run in {self.out}")
+        try:
+            return self._write()
+        finally:
+            self._finished = True
+            self._release()
+
+    def _write(self) -> dict[str, Any]:
         batches = [sum(len(g.lengths) for g in gs) for gs in lengthlog.by_step(self.groups).values()]
         slots = self.slots or max(batches, default=None)
         ours = {s["step"]: s for s in metrics.step_metrics(self.events)}
@@ -210,11 +268,11 @@ class RLBenchRecorder(TrainerCallback):
         if not self.groups:
             self.notes.append("the length probe was never called: add recorder.probe to reward_funcs")
         info = {"method": METHOD + self.notes, "limits": LIMITS, "per_step": per_step}
-        meta = {"framework": "TRL GRPOTrainer", "source": "rlbench.integrations.trl callback",
+        meta = {"framework": "TRL GRPOTrainer", "source": SOURCE,
                 "slots_per_worker": slots, "time_unit": "s", "checked_against": trl_logs.CHECKED_AT,
                 "rollout_timed_by": "GRPOTrainer._generate" if self._wrapped else "length probe"}  # fmt: skip
         whatif = None
         if self.groups and slots:
             whatif = run.whatif(self.groups, slots, self.whatif_workers, self.gpu, self.model_size,
                                 logged_update_cost(self.events))  # fmt: skip
-        return run.write_run(self.out, self.events, self.groups, meta, info, whatif)
+        return run.write_run(self.out, [self.events], self.groups, meta, info, whatif)

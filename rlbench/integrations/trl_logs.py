@@ -16,18 +16,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reference_trainer.errors import UserError
+from reference_trainer.errors import MAX_COUNT, UserError
+from reference_trainer.inputs import open_input
 from reference_trainer.trace.records import read_json
 from reference_trainer.trace.schema import REWARD, ROLLOUT
 from rlbench.integrations.lengthlog import MAX_TOKENS, Group
 
 LENGTH_COLUMN = "completion_tokens"  # the length probe's column (rlbench.integrations.trl)
+MAX_ROWS = 1 << 22  # samples over all completions files (each a generation batch of a logging step)
 CHECKED_AT = "trl 1.16.0 (PyPI), GRPOTrainer.log and transformers' trainer_state.json"
 TRL_KEYS = ("step_time", "reward", "reward_std", "completions/mean_length", "completions/max_length",
             "completions/clipped_ratio")  # fmt: skip
@@ -98,25 +101,44 @@ def _length(row: dict[str, Any], tokenizer: Any, where: str) -> int:
     return max(1, len(tokenizer(text, add_special_tokens=False)["input_ids"]))
 
 
+def _rows(path: Path, tokenizer: Any, room: int) -> Iterator[dict[str, Any]]:
+    """A completions parquet's rows, only the columns read, in batches (a file's prompts and completions
+    are never all in memory); a file claiming more than `room` rows is refused from its footer, before any
+    row is read (a 233 kB file can claim 20 million)."""
+    with open_input(path) as fh:  # a regular file: no FIFO or device
+        try:
+            table = pq.ParquetFile(fh)
+            if table.metadata.num_rows > room:
+                raise UserError(
+                    f"{path}: {table.metadata.num_rows:,} rows; the completions files hold at most "
+                    f"{MAX_ROWS:,} samples in all"
+                )
+            names = set(table.schema_arrow.names)
+            wanted = ["step", "prompt", LENGTH_COLUMN] + (["completion"] if tokenizer is not None else [])
+            for batch in table.iter_batches(batch_size=1 << 14, columns=[c for c in wanted if c in names]):
+                yield from batch.to_pylist()
+        except (pa.ArrowException, OSError) as err:
+            raise UserError(f"{path}: not a readable parquet table ({str(err).splitlines()[0]})") from None
+
+
 def read_completions(directory: Path, tokenizer: Any = None) -> list[Group]:
     """Prompt groups from the completions parquet files: samples of one file sharing a prompt are a group."""
     files = sorted(directory.glob("completions_*.parquet"))
     if not files:
         raise UserError(f"{directory}: no completions_*.parquet (run TRL with log_completions=True)")
     groups: list[Group] = []
+    read = 0
     for path in files:
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except (pa.ArrowException, OSError) as err:
-            raise UserError(f"{path}: not a readable parquet table ({str(err).splitlines()[0]})") from None
         order: dict[str, list[int]] = {}
         step = 0
-        for n, row in enumerate(rows, 1):
-            if type(row.get("step")) is not int or row["step"] < 1:
-                raise UserError(f"{path}: row {n}: step is {row.get('step')!r}, not TRL's global step (>= 1)")
+        for n, row in enumerate(_rows(path, tokenizer, MAX_ROWS - read), 1):
+            if type(row.get("step")) is not int or not 1 <= row["step"] <= MAX_COUNT:
+                shown = repr(row.get("step"))[:40]
+                raise UserError(f"{path}: row {n}: step is {shown}, not TRL's global step (1..{MAX_COUNT})")
             step = row["step"]  # TRL's global_step when it logged: the step that generated these samples
             key = json.dumps(row.get("prompt"), sort_keys=True, default=str)
             order.setdefault(key, []).append(_length(row, tokenizer, f"{path}: row {n}"))
+            read += 1
         # named by a hash of the prompt, as the callback names them, so a prompt seen again keeps its name
         groups += [Group(step, hashlib.sha1(k.encode()).hexdigest()[:12], tuple(v)) for k, v in order.items()]
     if not groups:

@@ -23,9 +23,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.errors import UserError
+from reference_trainer.errors import MAX_COUNT, UserError
 from reference_trainer.trace.records import read_jsonl
-from reference_trainer.trace.schema import REWARD, ROLLOUT, SYNC, UPDATE, is_number
+from reference_trainer.trace.schema import MAX_MAGNITUDE, REWARD, ROLLOUT, SYNC, UPDATE, is_number
 from rlbench.integrations.lengthlog import Group
 
 CHECKED_AT = (
@@ -68,10 +68,17 @@ LIMITS = [
 
 
 def _check_line(row: dict[str, Any]) -> str | None:
-    if type(row.get("step")) is not int or row["step"] < 0:
-        return f"step is {row.get('step')!r}, not an integer >= 0"
+    if type(row.get("step")) is not int or not 0 <= row["step"] <= MAX_COUNT:
+        return f"step is {repr(row.get('step'))[:40]}, not an integer in 0..{MAX_COUNT}"
     if not isinstance(row.get("data"), dict):
         return 'data is not an object (verl\'s file logger writes {"step": N, "data": {...}})'
+    for key, value in row["data"].items():  # what becomes a time or a reward on the trace
+        if (
+            (str(key).startswith("timing_s/") or key == SCORE)
+            and is_number(value)
+            and abs(value) > MAX_MAGNITUDE
+        ):
+            return f"{key} is {value:g}, not a time or score a run logs"
     return None
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.errors import MAX_COUNT, UserError, check_integer, check_number
+from reference_trainer.inputs import open_input
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import read_json, read_jsonl, write_json, write_jsonl
 from reference_trainer.trace.schema import is_number
@@ -42,8 +43,11 @@ class ObserveOptions:
     ) -> ObserveOptions:
         """The options `observe` and `profile --engine-metrics` take, checked: comma-separated URLs (None: a
         rebuild, whose servers come from the run), --capacity, an existing --request-log."""
-        if request_log is not None and not request_log.is_file():
-            raise UserError(f"--request-log: no such file {request_log}")
+        if request_log is not None:  # read when the observation ends: a regular file, checked now
+            try:
+                open_input(request_log).close()
+            except UserError as err:
+                raise UserError(f"--request-log: {err}") from None
         parsed = server_urls(urls) if urls is not None else []
         caps = server_capacities(capacity, len(parsed) if urls is not None else None)
         return cls(urls=parsed, capacity=caps, request_log=request_log, **rest).check()
@@ -183,6 +187,8 @@ def from_samples(opts: ObserveOptions, out: Path, say: Callable[[str], None] = p
     """Rebuild trace, metrics and report from a run directory's samples.jsonl (a killed observation)."""
     path = samples_to_rebuild(out)
     rows = read_jsonl(path, check=row_problem)  # a hand-edited or foreign file: one line naming file:line
+    if not rows:  # an observation stopped before its first scrape: nothing to rebuild, said in one line
+        raise UserError(f"{path}: no samples to rebuild from (the observation ended before its first scrape)")
     old = read_json(out / "metrics.json") if (out / "metrics.json").is_file() else {}
     run = old.get("run", {"kind": "observe"}) if isinstance(old, dict) else None
     if (why := observed_run_problem(run)) is not None:

@@ -93,6 +93,7 @@ def learning_figure(steps: list[Event], heldout: dict[str, Any] | None) -> Any:
 
 
 PHASE_TIMES = ("timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/sync")
+MAX_BOXES = 100  # steps whose response lengths are drawn as boxes
 
 
 def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> list[tuple[str, list[Any]]]:
@@ -183,18 +184,20 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
         )
         sections.append(("Held-out evaluations", [table(rows), why]))
 
-    lens = _fig("Response lengths of each update batch", "step", "tokens")
-    for s in steps:
-        if s.get("update_batch_lengths"):
-            lens.add_trace(
-                go.Box(
-                    y=s["update_batch_lengths"],
-                    name=str(s["step"]),
-                    showlegend=False,
-                    boxpoints=False,
-                    marker_color=PALETTE[0],
-                )
+    boxed = [s for s in steps if s.get("update_batch_lengths")]
+    every = max(1, math.ceil(len(boxed) / MAX_BOXES))  # a box per step: a long run's page stays small
+    shown = "" if every == 1 else f" (one step in {every} of {len(boxed):,})"
+    lens = _fig(f"Response lengths of each update batch{shown}", "step", "tokens")
+    for s in boxed[::every]:
+        lens.add_trace(
+            go.Box(
+                y=s["update_batch_lengths"],
+                name=str(s["step"]),
+                showlegend=False,
+                boxpoints=False,
+                marker_color=PALETTE[0],
             )
+        )
     lens.update_xaxes(type="category")
     parts: list[Any] = [lens] if lens.data else [note("No finished sequences in the trace.")]
     hist: dict[int, int] = {}

@@ -113,6 +113,9 @@ class SimConfig:
         parse_sim_modes(list(self.modes), self.mode_options)  # a bad name or option fails before the workload
         if (self.trace is None) == (not self.synthetic):
             raise UserError("give exactly one of --trace FILE or --synthetic")
+        for flag, path in (("--trace", self.trace), ("--calibrate", self.calibrate)):
+            if path is not None and not Path(path).exists():  # before --out is claimed (and created)
+                raise UserError(f"{flag} {path}: no such trace file or run folder")
         return self
 
     @property

@@ -31,10 +31,11 @@ from statistics import NormalDist
 
 import numpy as np
 
-from reference_trainer.errors import UserError
+from reference_trainer.errors import MAX_COUNT, UserError
 from reference_trainer.trace.records import read_jsonl, write_text
 
 REQUIRED = ("step", "prompt_id", "sample", "prompt_tokens", "response_tokens")
+MAX_TOKENS = 1 << 24  # a prompt or response longer than any context window: a corrupt log, not a workload
 
 
 @dataclass
@@ -107,7 +108,7 @@ def _from_rows(rows: list[dict], source: str) -> LengthTrace:
 
 def read_rows(path: Path) -> list[dict]:
     """A length trace's or run trace's rows; a run killed mid-flush leaves a torn last line, dropped."""
-    if not path.is_file():
+    if not path.exists():  # one that exists is read as a regular file (records.read_jsonl says why not)
         raise UserError(f"{path}: no such trace file")
     return read_jsonl(path)
 
@@ -124,10 +125,12 @@ def load(path: str | Path) -> LengthTrace:
         missing = [k for k in REQUIRED if row.get(k) is None]
         if missing:
             raise UserError(f"{path}: line {n} lacks {', '.join(missing)} (see `rlbench simulate --help`)")
-        try:
-            int(row["step"]), int(row["sample"]), int(row["prompt_tokens"]), int(row["response_tokens"])
-        except (TypeError, ValueError):
-            raise UserError(f"{path}: line {n}: step/sample/token counts must be integers") from None
+        for key, high in (("step", MAX_COUNT), ("sample", MAX_COUNT), ("prompt_tokens", MAX_TOKENS),
+                          ("response_tokens", MAX_TOKENS)):  # fmt: skip
+            if type(row[key]) is not int or not 0 <= row[key] <= high:  # 2^63 overflowed the int64 arrays
+                raise UserError(
+                    f"{path}: line {n}: {key} is {repr(row[key])[:40]}, not an integer in 0..{high:,}"
+                )
     return _from_rows(rows, str(path))
 
 
