@@ -16,7 +16,7 @@ from typing import Any
 from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import write_json, write_jsonl
-from reference_trainer.trace.schema import Event, check_events
+from reference_trainer.trace.schema import SEQUENCE, TRAINER_WAIT, Event, check_events
 from rlbench.integrations import lengthlog
 from rlbench.integrations.lengthlog import Group
 from rlbench.report.import_report import render_import
@@ -38,6 +38,11 @@ STEP_UNITS = 1500
 EVENT_UNITS = 200
 SLOTS_PER_UNIT = 20
 DRAWN_EVENTS = 200_000  # events of the first steps the page draws slot by slot
+# The ledger (trained vs generated lengths, reward) reads every sequence event; kept, with only the fields it
+# reads, for runs of at most this many (about 100 MB); past it the ledger's figures are left out, said so.
+LEDGER_SEQUENCES = 250_000
+LEDGER_FIELDS = ("kind", "id", "step", "status", "response_tokens", "reward", "finish_reason", "prompt_index",
+                 "prompt_id", "admit_version")  # fmt: skip
 NO_GPU = (
     "an imported run has no GPU timeline: rlbench profile --engine-metrics samples NVML around a live run"
 )
@@ -120,11 +125,20 @@ def write_run(
     step_rows: list[Event] = []
     drawn: list[Event] = []  # the first steps' events, for the page's slot picture
     room = [DRAWN_EVENTS]
+    kept: list[Event] = []  # what the run's summary reads of the events: the ledger's sequences, the waits
+    sequences = [0]
 
     def checked() -> Iterator[Event]:
         for n, part in enumerate(steps):
             check_events(part, "the rebuilt trace")  # a bug here is ours: refused before it is written
             step_rows.extend(metrics.step_metrics(part, capacities))
+            for e in part:
+                if e.get("kind") == TRAINER_WAIT:
+                    kept.append(e)
+                elif e.get("kind") == SEQUENCE:
+                    sequences[0] += 1
+                    if sequences[0] <= LEDGER_SEQUENCES:
+                        kept.append({k: e[k] for k in LEDGER_FIELDS if k in e})
             if n == 0 or (len(part) <= room[0] and any(e.get("slots") for e in part)):
                 drawn.extend(part)
                 room[0] -= len(part)
@@ -138,7 +152,11 @@ def write_run(
         per_step, overall = metrics.gpu_bubble(step_rows, None)
         for row, gpu_bubble in zip(step_rows, per_step, strict=True):
             row["bubble_ratio_gpu"] = gpu_bubble
-        summary = {**metrics.summary([], step_rows), "bubble_ratio_gpu": overall}
+        if sequences[0] > LEDGER_SEQUENCES:  # no ledger of a part of the run
+            kept = [e for e in kept if e.get("kind") != SEQUENCE]
+            integration = {**integration, "ledger": f"not computed: {sequences[0]:,} sequences, over "
+                           f"{LEDGER_SEQUENCES:,}"}  # fmt: skip
+        summary = {**metrics.summary(kept, step_rows), "bubble_ratio_gpu": overall}
         if groups:
             integration = {**integration, "length_variance": lengthlog.variance_split(groups)}
             if run.get("slots_per_worker"):
