@@ -167,7 +167,7 @@ def spec_engine(model_dir: Path):
         EngineConfig(max_num_seqs=128, max_model_len=256, max_prefill_tokens=4096),
         eos_token_ids=tok.eos_token_ids,
         trace=Trace(),
-        speculative={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1},
+        speculative={"method": "ngram", "max_draft": 4, "prompt_lookup_min": 1},
     )
     yield eng
     eng.close()
