@@ -362,6 +362,20 @@ def test_majority_vote_runs_over_equivalence_classes(tmp_path: Path, pool: Gradi
     assert res["maj_at_k"]["4"] == pytest.approx(1 / 5)
 
 
+def test_answers_that_differ_as_text_are_classed_by_math_verify(pool: GradingPool, caplog) -> None:
+    """Keys that differ as text go to the pool, with the problem statement as the problem (it had been
+    passed where the timeout goes: every such vote failed and fell back to exact text, with a warning)."""
+    from rlbench.eval.runner import _answer_classes
+    from rlbench.eval.suites import Problem
+
+    texts = ["The answer is $\\boxed{0.5}$.", "So $\\boxed{\\frac{2}{4}}$.", "Thus $\\boxed{3}$."]
+    graded = [GradeResult(None, False, key=k) for k in ("0.5", "\\frac{2}{4}", "3")]
+    with caplog.at_level("WARNING"):
+        classes = _answer_classes("math", [Problem("p", "What is 1/2?", "1/2")], texts, graded, 3, pool)
+    assert classes == [[0, 0, 1]]
+    assert "majority vote by exact answer text" not in caplog.text
+
+
 def test_graders_are_forked_before_the_engine_and_ignore_ctrl_c(tmp_path: Path, monkeypatch) -> None:
     """Forked before any engine or progress-bar thread exists (a fork copies a lock another thread holds:
     Ctrl-C once hung the run), and deaf to the process group's SIGINT, which the parent answers alone."""
