@@ -35,8 +35,12 @@ LAUNCH = textwrap.dedent(
     """
     import atexit, os, resource, sys
     resource.setrlimit(resource.RLIMIT_AS, (int(os.environ["DRILL_CAP"]),) * 2)
-    atexit.register(lambda: open(os.environ["DRILL_RSS"], "w").write(
-        str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
+    def peak():  # this process's own peak: VmHWM (ru_maxrss keeps the drill's own size from the fork)
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    atexit.register(lambda: open(os.environ["DRILL_RSS"], "w").write(str(peak())))
     if sys.argv[1] == "-c":
         sys.argv = sys.argv[2:]
         exec(sys.argv[0])
