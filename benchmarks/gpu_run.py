@@ -4,7 +4,7 @@ deadline.
     RLBENCH_COMMIT=<sha> python3 -m benchmarks.gpu_run --out DIR [--budget-s 540] [--stages a,b,...]
                                                      [--engine-path OLD_CHECKOUT] [--dry-run]
 
-Made for a GPU machine lent for minutes, with no package index and no git history: it needs only torch,
+Made for a GPU machine available for minutes, with no package index and no git history: it needs only torch,
 transformers, pytest and nvidia-ml-py, takes the commit from $RLBENCH_COMMIT, and runs each stage in a
 process group of its own, capped in time (the stage's cap, and what is left of --budget-s): one stage that
 hangs or fails costs only itself, and when it ends (or is cut off) every process it started ends with it.
@@ -26,7 +26,7 @@ JSON it wrote, so a call cut off at its limit still returns what finished. Stage
   static     transformers' static-cache (compiled) generate against the engine, with the time left
 
 With --real-model PARTS_DIR the stages are the real model's instead: `gguf` (SmolLM2's GGUF, larger than
-what one call of a lent machine carries, joined from the parts carried by consecutive calls into one folder,
+what one call to the machine carries, joined from the parts carried by consecutive calls into one folder,
 e.g. /tmp, which lasts while the machine is warm, and unpacked if gzipped), `import` (`rlbench models
 import-gguf`), `compare-real` (`rlbench compare --modes baseline,sorted` on it: the bubble, the rollout
 ratio and the GPU replay beside them; its traces come back packed, DIR/compare-real-runs.tar.gz) and

@@ -43,7 +43,7 @@ class Interrupted(UserError):
 
 
 # Where a missing module comes from: the extra that installs it, or (any other) rlbench's own requirements,
-# which a partial environment may lack (a lent GPU machine has no package index).
+# which a partial environment may lack (a bare GPU machine has no package index).
 EXTRA_OF_MODULE = {
     "ray": "ray", "arctic_inference": "suffix", "vllm": "vllm", "trl": "trl", "gguf": "gguf",
     "accelerate": "gguf", "transformers": "gguf",

@@ -302,7 +302,7 @@ def test_ctrl_c_during_compare_writes_the_report_of_what_finished(tiny_model_dir
 
 
 def test_a_missing_package_is_one_line_naming_it_and_its_install(tiny_model_dir, tmp_path, monkeypatch):
-    """An environment without one of rlbench's packages (a lent GPU machine has no package index): the
+    """An environment without one of rlbench's packages (a bare GPU machine has no package index): the
     grader's math-verify is missing, and `eval` says which package and how to install it, in one line."""
     data = tiny_suite(tmp_path / "data")
     monkeypatch.setitem(sys.modules, "math_verify", None)  # its import now fails as an absent package's

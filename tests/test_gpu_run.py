@@ -20,13 +20,13 @@ from conftest import ROOT
 from benchmarks import gpu_run
 from rlbench.simulate.calibration import read_calibration
 
-# rlbench's packages a lent GPU machine lacks and docs/development.md does not carry as wheels there: the
+# rlbench's packages a bare GPU machine lacks and docs/development.md does not carry as wheels there: the
 # runs below see them as absent (tests/gpu_machine/sitecustomize.py), so a stage that needs one fails here.
 GPU_MACHINE_LACKS = ("datasets", "jsonschema", "ray", "trl", "arctic_inference", "vllm", "py_spy")
 
 
 def as_on_the_gpu_machine() -> dict[str, str]:
-    """The environment of a process that sees only what a lent GPU machine has (with the carried wheels)."""
+    """The environment of a process that sees only what a bare GPU machine has (with the carried wheels)."""
     path = os.pathsep.join(
         p for p in (str(ROOT / "tests" / "gpu_machine"), os.environ.get("PYTHONPATH")) if p
     )
@@ -37,7 +37,7 @@ def as_on_the_gpu_machine() -> dict[str, str]:
 def test_the_dry_run_runs_its_stages_and_records_each(tmp_path):
     """checks, decode (the engine's side only: transformers' sides, a process each, are the decode
     benchmark's own test, tests/test_decode_step_benchmark.py), prefill and calibrate, with only the packages
-    a lent GPU machine has."""
+    a bare GPU machine has."""
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run", "--out", str(out), "--budget-s", "300",
@@ -137,7 +137,7 @@ def test_a_stage_past_the_deadline_is_skipped_and_said(tmp_path):
 
 @pytest.mark.e2e
 def test_the_real_model_mode_joins_the_parts_imports_learns_and_compares(tmp_path):
-    """The real model's mode at CPU size: a tiny GGUF in two parts, as two calls of a lent machine carry
+    """The real model's mode at CPU size: a tiny GGUF in two parts, as two calls of a bare GPU machine carry
     SmolLM2's, joined, imported, the modes' GRPO step on it (its runs packed for the way back) and the
     learning claim's quick run; with only the packages that machine has (the learning stage's grader once
     needed math-verify, not carried)."""

@@ -1,4 +1,4 @@
-"""Python as on a lent GPU machine, for tests/test_gpu_run.py: loaded at start-up as `sitecustomize` when
+"""Python as on a bare GPU machine, for tests/test_gpu_run.py: loaded at start-up as `sitecustomize` when
 this folder is on PYTHONPATH (so in every process a run starts), it makes each top-level package named in
 $RLBENCH_HIDE_PACKAGES (comma-separated) fail to import as an absent one does. That machine has torch,
 transformers, typer, pytest and hypothesis but no package index: what docs/development.md carries as wheels
