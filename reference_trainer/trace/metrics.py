@@ -505,6 +505,9 @@ def compute(events: Sequence[Event], gpu: dict[str, Any] | None = None) -> Event
 
 # ---- the bias and starvation ledger ----------------------------------------------------------------------
 COMPLETE = ("eos", "stop", "length")  # finish reasons of a generation that ran to its end
+# The fields of a sequence event the ledger reads (a streamed import keeps only these)
+LEDGER_FIELDS = ("kind", "id", "step", "status", "response_tokens", "reward", "finish_reason", "prompt_index",
+                 "prompt_id", "admit_version")  # fmt: skip
 
 
 def ks_distance(a: Sequence[float], b: Sequence[float]) -> float | None:

@@ -41,8 +41,6 @@ DRAWN_EVENTS = 200_000  # events of the first steps the page draws slot by slot
 # The ledger (trained vs generated lengths, reward) reads every sequence event; kept, with only the fields it
 # reads, for runs of at most this many (about 100 MB); past it the ledger's figures are left out, said so.
 LEDGER_SEQUENCES = 250_000
-LEDGER_FIELDS = ("kind", "id", "step", "status", "response_tokens", "reward", "finish_reason", "prompt_index",
-                 "prompt_id", "admit_version")  # fmt: skip
 NO_GPU = (
     "an imported run has no GPU timeline: rlbench profile --engine-metrics samples NVML around a live run"
 )
@@ -138,7 +136,7 @@ def write_run(
                 elif e.get("kind") == SEQUENCE:
                     sequences[0] += 1
                     if sequences[0] <= LEDGER_SEQUENCES:
-                        kept.append({k: e[k] for k in LEDGER_FIELDS if k in e})
+                        kept.append({k: e[k] for k in metrics.LEDGER_FIELDS if k in e})
             if n == 0 or (len(part) <= room[0] and any(e.get("slots") for e in part)):
                 drawn.extend(part)
                 room[0] -= len(part)

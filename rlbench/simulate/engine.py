@@ -128,8 +128,6 @@ def run(
             grow = np.where(active, s_rate, 0.0).sum(axis=1)
             mid = ctx_now + grow * np.maximum(k - 1, 0) / 2.0
             busy += np.where(decode & ~admit, k * cost.decode(live.astype(float), mid, q), 0.0)
-            running = live.copy()
-        m = np.zeros(n_w, dtype=np.int64)
         if admit.any():
             m = np.where(admit, np.minimum(cap - live, waiting), 0)
             if np.isfinite(max_prefill_tokens):
@@ -153,10 +151,10 @@ def run(
             tok = np.where(take, ctx0, 0.0)
             n_tok, sq = tok.sum(axis=1), (tok * tok).sum(axis=1)
             busy += np.where(prefill, cost.prefill(m, n_tok, sq), 0.0)
-            if decode.any():
+            if decode.any():  # `live` is still the running rows: the admitted ride in their forward
                 riding = admit & decode
                 ctx_run = np.where(riding, ctx_now, 0.0)
-                step = cost.decode((running + m).astype(float), ctx_run, q) + cost.riding(m, n_tok, sq)
+                step = cost.decode((live + m).astype(float), ctx_run, q) + cost.riding(m, n_tok, sq)
                 busy += np.where(riding, step, 0.0)
             qptr += m
             live += m
