@@ -174,26 +174,18 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
             f", GPU idle {100 * s['bubble_ratio_gpu']:.1f}%" if s.get("bubble_ratio_gpu") is not None else ""
         )
         versus = ""
-        if mode != baseline and b is not None and base.get("bubble_ratio") is not None:
-            versus = f"  {100 * (b - base['bubble_ratio']):+.1f} pts vs {baseline}"
-        span = span_text(derived["bubble_per_round"].get(mode), 100.0)
-        text = "n/a" if b is None else f"{100 * b:5.1f}%" + (f" ({span})" if span else "")
-        lines.append(f"{mode:>16}: {text}{gpu}{versus}")
+        if mode != baseline:
+            pts = None if b is None or base.get("bubble_ratio") is None else 100 * (b - base["bubble_ratio"])
+            versus = f"  {_cell(pts, '+.1f')} pts vs {baseline}"
+        span = span_text(derived["bubble_per_round"].get(mode), 100.0) or "n/a"
+        text = f"{'n/a':>6}" if b is None else f"{100 * b:5.1f}%"
+        lines.append(f"{mode:>16}: {text} ({span}){gpu}{versus}")
     lines.append(
         "time per step (s): rollout + update + reward + other (rollout: what the update waited for); "
         "speed-up vs baseline (range per round)"
     )
     for mode, parts in derived["parts"].items():
-        secs = parts["seconds"]
-        if secs is None:
-            lines.append(f"{mode:>16}: not measured")
-            continue
-        split = " + ".join(f"{secs[p]:.2f}" for p in PHASES) + f" = {sum(secs.values()):.2f} s"
-        speed = ""
-        if parts["speedup"] is not None:
-            span = span_text(derived["speedup_per_round"].get(mode), unit="x")
-            speed = f"  {parts['speedup']:.2f}x" + (f" ({span})" if span and mode != baseline else "")
-        lines.append(f"{mode:>16}: {split}{speed}{produced_by(parts) if mode != baseline else ''}")
+        lines.append(step_line(mode, parts, derived["speedup_per_round"].get(mode), mode == baseline))
     lines.append(
         "rollout: trained / generated tokens per rollout-second; trained response length mean / longest"
     )
@@ -258,18 +250,36 @@ def accuracy_lines(spent: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def step_line(mode: str, parts: dict[str, Any], spread: dict[str, Any] | None, is_baseline: bool) -> str:
+    """A mode's step time in parts, its speed-up over the baseline with the range per round, and the parts
+    that produced it. One shape whatever the values (a speed-up or range that cannot be computed reads n/a),
+    so a fast machine whose step times round to 0.00 s prints the same fields as a slow one."""
+    secs = parts["seconds"]
+    if secs is None:
+        return f"{mode:>16}: not measured"
+    split = " + ".join(f"{secs[p]:.2f}" for p in PHASES) + f" = {sum(secs.values()):.2f} s"
+    speed = "n/a" if parts["speedup"] is None else f"{parts['speedup']:.2f}x"
+    if is_baseline:  # 1.00x by definition: no range, and nothing produced it
+        return f"{mode:>16}: {split}  {speed}"
+    return f"{mode:>16}: {split}  {speed} ({span_text(spread, unit='x') or 'n/a'}){produced_by(parts)}"
+
+
 def produced_by(parts: dict[str, Any]) -> str:
-    """Which part of the step produced a mode's change in step time: `: update saved 4.47 s (96%)...`."""
+    """Which two parts of the step produced a mode's change in step time, in one shape whatever the values:
+    `: update saved 4.47 s (96%), other cost 0.06 s (-1%)`. A share that cannot be computed (no baseline,
+    or no step time saved to speak of) reads n/a; a part that saved 0.00 s says `saved 0.00 s`."""
     saved, share = parts.get("saved_s"), parts.get("share")
     if not saved:
-        return ""
+        return ": n/a"
     total = sum(saved.values())
     if share and abs(total) < 0.02 * (sum(parts["seconds"].values()) + total):
         share = None  # no step time saved to speak of: shares of about nothing are noise
     order = sorted(PHASES, key=lambda p: -abs(saved[p]))[:2]
+    # The word follows the printed figure (`cost` only for one below -0.00) and round() drops the sign of
+    # a share about zero, so no value prints `cost 0.00 s` or `-0%`.
     said = ", ".join(
-        f"{p} {'saved' if saved[p] >= 0 else 'cost'} {abs(saved[p]):.2f} s"
-        + (f" ({100 * share[p]:.0f}%)" if share else "")
+        f"{p} {'cost' if round(saved[p], 2) < 0 else 'saved'} {abs(saved[p]):.2f} s "
+        f"({f'{round(100 * share[p])}%' if share else 'n/a'})"
         for p in order
     )
     return f": {said}"
