@@ -9,7 +9,7 @@ CLI and for code that builds a config directly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +26,7 @@ from reference_trainer.train.config import TrainConfig
 from rlbench.models import default_model_dir, resolve_model
 
 if TYPE_CHECKING:
+    from reference_trainer.rollout.slots import WorkerSlots
     from reference_trainer.train.trainer import Trainer
 
 
@@ -68,14 +69,21 @@ def _checked_config(options: dict[str, Any], mode_options: dict[str, Any]) -> Tr
     return config
 
 
-def make_trainer(config: TrainConfig, out_dir: Path, trace: Any = None, resume: bool = False) -> Trainer:
-    """The trainer of a checked config, its input errors (an unreadable model or tokenizer file) one line."""
+def make_trainer(
+    config: TrainConfig,
+    out_dir: Path,
+    trace: Any = None,
+    resume: bool = False,
+    slots: WorkerSlots | None = None,
+) -> Trainer:
+    """The trainer of a checked config, its input errors (an unreadable model or tokenizer file) one line;
+    its Ray workers in `slots` when given."""
     from reference_trainer.train.trainer import Trainer
 
     if config.model is None:
         default_model_dir()  # the shipped weights' SHA-256 check, before the trainer starts
     try:
-        return Trainer(config, out_dir, trace=trace, resume=resume)
+        return Trainer(config, out_dir, trace=trace, resume=resume, slots=slots)
     except (FileNotFoundError, ValueError) as err:
         raise UserError(str(err).splitlines()[0]) from None
 
@@ -141,15 +149,37 @@ def open_trainers(
 ) -> Iterator[dict[str, Trainer]]:
     """The trainers of several checked configs (`dirs[name]`: each run's folder, `traces[name]`: a trace
     to write into instead of the run's own), all closed on the way out, whatever ends the block, the ones
-    built before a failing one included."""
+    built before a failing one included. Their Ray worker pools share one set of places (`shared_slots`)."""
     trainers: dict[str, Trainer] = {}
+    slots = shared_slots(configs.values())
     try:
         for name, config in configs.items():
-            trainers[name] = make_trainer(config, dirs[name], trace=(traces or {}).get(name))
+            trainers[name] = make_trainer(config, dirs[name], trace=(traces or {}).get(name), slots=slots)
         yield trainers
     finally:
         for trainer in trainers.values():
             trainer.close()
+        if slots is not None:
+            slots.close()
+
+
+def shared_slots(configs: Iterable[TrainConfig]) -> WorkerSlots | None:
+    """One set of Ray places for the worker pools of runs that take their steps in turn: worker w of every
+    run in place w, so the cluster needs W CPUs (GPUs) rather than W per run, and every run's worker w is
+    on the same hardware. None when fewer than two runs have a Ray pool, or they disagree on the device or
+    the cluster (each pool then places its own)."""
+    pooled = [c for c in configs if c.workers > 1 and c.worker_backend == "ray" and c.engine == "reference"]
+    pooled = [c for c in pooled if not get_mode(c.mode).ahead]  # a rollout run ahead has no pool
+    if len(pooled) < 2:
+        return None
+    from reference_trainer.model.loader import resolve_device
+    from reference_trainer.rollout.slots import WorkerSlots
+
+    gpu = {str(resolve_device(c.device)).startswith("cuda") for c in pooled}
+    address = {c.ray_address for c in pooled}
+    if len(gpu) > 1 or len(address) > 1:
+        return None
+    return WorkerSlots(max(c.workers for c in pooled), gpu.pop(), len(pooled), address.pop())
 
 
 def run_modes(

@@ -25,6 +25,7 @@ from reference_trainer.speculation.drafters import attach
 from reference_trainer.trace.writer import Trace
 
 if TYPE_CHECKING:
+    from reference_trainer.rollout.slots import WorkerSlots
     from reference_trainer.speculation.speculator import Speculator
 
 ROLLOUT_ENGINES = ("reference", "vllm")
@@ -83,13 +84,15 @@ def build_rollout_engine(
     model: Any = None,
     model_dir: str | Path | None = None,
     trace: Trace | None = None,
+    slots: WorkerSlots | None = None,
 ) -> RolloutEngine:
     """The rollout engine `spec` names, recording into `trace` (a new one when None):
 
     - vllm: a `VLLMEngine` over `model_dir`; the speculation options map onto vLLM's own speculative
       decoding (speculative_config). One engine only: vLLM batches on its own.
     - reference, workers > 1: a worker pool (backend "ray", or "local" in-process) of engines over `model`'s
-      architecture and weights, each with the speculation options' Speculator attached.
+      architecture and weights, each with the speculation options' Speculator attached. On Ray its actors
+      run in `slots` (workers.WorkerSlots: places other runs' pools may share), their own when None.
     - reference: an `Engine` over `model`, with a Speculator attached (speculation/drafters.py `attach`)
       when the spec has speculation options.
 
@@ -117,7 +120,7 @@ def build_rollout_engine(
             threads=max(1, (os.cpu_count() or 1) // spec.workers),  # the cores split between replicas
         )
         return make_worker_pool(
-            worker, model.state_dict(), spec.workers, trace, spec.worker_backend, spec.ray_address
+            worker, model.state_dict(), spec.workers, trace, spec.worker_backend, spec.ray_address, slots
         )
     from reference_trainer.engine.engine import Engine
     from reference_trainer.model.loader import resolve_dtype

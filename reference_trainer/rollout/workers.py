@@ -1,18 +1,15 @@
 """Rollout workers: engine replicas that a driver feeds requests and steps in short time slices.
 
 A `RolloutWorker` wraps one `Engine` and knows nothing of RL. A pool runs W of them: `RayWorkerPool` as Ray
-actors (local `ray.init` or an existing cluster), `LocalWorkerPool` in-process one after another (for tests
-and debugging; its timings are not parallel). The driver (placed.py) places requests, advances every
+actors in the places of a `WorkerSlots` (slots.py: a local Ray or an existing cluster; places other runs'
+pools may share), `LocalWorkerPool` in-process one after another (for tests and debugging; its timings are
+not parallel). The driver (placed.py) places requests, advances every
 worker a slice at a time, gathers finished sequences and trace events (each tagged with its worker id), and
 may move not-yet-started requests from a busy worker to an idle one.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import secrets
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +22,7 @@ from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.protocol import RolloutEngine
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.config import ModelConfig
+from reference_trainer.rollout.slots import WorkerPoolError, WorkerSlots, plural
 from reference_trainer.speculation.drafters import attach
 from reference_trainer.trace.writer import Trace
 
@@ -198,33 +196,11 @@ class LocalWorkerPool:
         self.workers = []
 
 
-def start_local_ray(num_cpus: int, temp_dir: str) -> None:
-    """A local Ray instance for this process's actors, quiet and private:
-    - token authentication stays on, with a fresh token held only in this process's environment (inherited
-      by Ray's own processes): Ray's default writes one to ~/.ray/auth_token, outside the run, and warns;
-    - logging level WARNING: without it Ray prints "INFO ... Started a local Ray instance." into the output.
-    A RAY_AUTH_MODE the user set is kept as it is."""
-    import ray
-
-    try:  # Rays with token authentication (Ray 2.60 has it); older ones neither write a token nor warn
-        from ray._raylet import AuthenticationTokenLoader, Config
-    except ImportError:
-        pass
-    else:
-        if "RAY_AUTH_MODE" not in os.environ:
-            os.environ["RAY_AUTH_MODE"] = "token"
-            os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
-        # Ray reads the mode into its config once, at import: refreshed (as Ray's own default does) so that
-        # this start follows the environment as it is now, also after an earlier start in this process.
-        Config.initialize("")
-        AuthenticationTokenLoader.instance().reset_cache()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir,
-             logging_level=logging.WARNING)  # fmt: skip
-
-
 class RayWorkerPool:
-    """W `RolloutWorker` actors, one CPU (or one GPU with device cuda) each; weights go out through Ray's
-    object store once per update and every actor copies them in place."""
+    """W `RolloutWorker` actors, worker w in place w of `slots` (its own slots when None: one CPU, or one
+    GPU with device cuda, each); weights go out through Ray's object store once per update and every actor
+    copies them in place. Every wait on the actors has a deadline (`slots.deadlines`) that ends in one
+    line."""
 
     def __init__(
         self,
@@ -234,62 +210,97 @@ class RayWorkerPool:
         trace: Trace,
         address: str | None = None,
         budget_s: float = 0.05,
+        slots: WorkerSlots | None = None,
     ) -> None:
         import ray
 
-        if not ray.is_initialized():
-            if address:
-                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-            else:
-                temp = os.environ.get("RLBENCH_RAY_TMPDIR") or tempfile.mkdtemp(prefix="rlbench-ray-")
-                start_local_ray(max(workers, os.cpu_count() or 1), temp)
-        self._ray = ray
+        self.device = spec.engine_config.device
+        gpu = self.device.startswith("cuda")
+        self._own = slots is None
+        self.slots = slots if slots is not None else WorkerSlots(workers, gpu, 1, address)
+        if self.slots.workers < workers or self.slots.gpu != gpu:
+            raise ValueError(f"{workers} {'GPU' if gpu else 'CPU'} workers do not fit slots of "
+                             f"{self.slots.workers} {self.slots.unit}s")  # fmt: skip
+        self._ray, self.deadlines = ray, self.slots.deadlines
         self.size, self.capacity, self.trace, self.budget_s = (
             workers,
             spec.engine_config.max_num_seqs,
             trace,
             budget_s,
         )
-        self.policy_version, self.device = 0, spec.engine_config.device
+        self.policy_version = 0
         self.drafts = spec.speculation is not None
-        gpu = self.device.startswith("cuda")
-        actor = ray.remote(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0)(RolloutWorker)
+        actor = ray.remote(RolloutWorker)
         weights = ray.put(_inference_state(state_dict, spec.engine_config.device))
         # Actors are on the same clock as the driver (perf_counter is system-wide on Linux): traces align.
-        self.actors = [actor.remote(spec, weights, w, trace.t0, 0) for w in range(workers)]
-        # Wait for every actor to be built, so start-up is not billed to the first rollout.
-        ray.get([a.ready.remote() for a in self.actors])
+        self.actors = [
+            actor.options(**self.slots.actor_options(w)).remote(spec, weights, w, trace.t0, 0)
+            for w in range(workers)
+        ]
         self._inflight: dict[Any, int] = {}
+        # Wait for every actor to be built, so start-up is not billed to the first rollout.
+        try:
+            self._get([a.ready.remote() for a in self.actors], "start", self.deadlines.start_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _get(self, refs: Any, what: str, timeout: float | None = None) -> Any:
+        """`ray.get(refs)` within a deadline; a timeout or a dead actor is one line."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        timeout = self.deadlines.call_s if timeout is None else timeout
+        try:
+            return self._ray.get(refs, timeout=timeout)
+        except GetTimeoutError:
+            raise WorkerPoolError(self._late(what, timeout)) from None
+        except RayActorError as err:
+            cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise WorkerPoolError(f"a rollout worker died ({what}): {cause}") from None
+
+    def _late(self, what: str, timeout: float) -> str:
+        return (
+            f"the {self.size} Ray rollout workers did not {what} within {timeout:g} s "
+            f"({plural(self.size, self.slots.unit)} placed): a loaded machine may need longer "
+            "(RLBENCH_RAY_TIMEOUT_S), a hung worker shows in Ray's logs"
+        )
 
     def submit(self, worker: int, requests: list[Request]) -> None:
-        self._ray.get(self.actors[worker].submit.remote(requests))
+        self._get(self.actors[worker].submit.remote(requests), "take requests")
 
     def advance(self, worker: int, step: int) -> None:
         self._inflight[self.actors[worker].advance.remote(step, self.budget_s)] = worker
 
     def next_report(self) -> WorkerReport:
-        ready, _ = self._ray.wait(list(self._inflight), num_returns=1)
+        timeout = self.deadlines.call_s
+        ready, _ = self._ray.wait(list(self._inflight), num_returns=1, timeout=timeout)
+        if not ready:
+            raise WorkerPoolError(self._late("report a slice of engine steps", timeout))
         self._inflight.pop(ready[0])
-        return self._ray.get(ready[0])
+        return self._get(ready[0], "report a slice of engine steps")
 
     def take_unstarted(self, worker: int, seq_ids: list[str]) -> list[Request]:
-        return self._ray.get(self.actors[worker].take_unstarted.remote(seq_ids))
+        return self._get(self.actors[worker].take_unstarted.remote(seq_ids), "give back requests")
 
     def add_history(self, worker: int, responses: list[tuple[list[int], list[int]]]) -> None:
-        self._ray.get(self.actors[worker].add_history.remote(responses, self.policy_version))
+        self._get(self.actors[worker].add_history.remote(responses, self.policy_version), "take drafts")
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         self.policy_version = self.policy_version + 1 if version is None else version
         weights = self._ray.put(_inference_state(state_dict, self.device))
-        self._ray.get([a.update_weights.remote(weights, self.policy_version) for a in self.actors])
+        self._get(
+            [a.update_weights.remote(weights, self.policy_version) for a in self.actors], "load weights"
+        )
 
     def prepare(self, params: SamplingParams) -> None:
-        self._ray.get([a.prepare.remote(params) for a in self.actors])
+        self._get([a.prepare.remote(params) for a in self.actors], "prepare")
 
     def close(self) -> None:
         for a in self.actors:
             self._ray.kill(a)
         self.actors = []
+        if self._own:
+            self.slots.close()
 
 
 def make_worker_pool(
@@ -299,7 +310,9 @@ def make_worker_pool(
     trace: Trace,
     backend: str = "ray",
     address: str | None = None,
+    slots: WorkerSlots | None = None,
 ) -> WorkerPool:
+    """W workers on `backend`: in-process ("local"), or Ray actors in `slots` (their own when None)."""
     if backend == "local":
         return LocalWorkerPool(spec, _inference_state(state_dict, spec.engine_config.device), workers, trace)
-    return RayWorkerPool(spec, state_dict, workers, trace, address=address)
+    return RayWorkerPool(spec, state_dict, workers, trace, address=address, slots=slots)

@@ -23,6 +23,7 @@ from reference_trainer.modes import ModeSpec, get_mode, make_mode_strategy
 from reference_trainer.rollout.ahead import AheadRollout, split_threads
 from reference_trainer.rollout.base import InlineRollout, PromptStream, RolloutContext, RolloutStrategy
 from reference_trainer.rollout.engines import RolloutEngineSpec, build_rollout_engine, speculator_of
+from reference_trainer.rollout.slots import WorkerSlots
 from reference_trainer.rollout.workers import WorkerSpec
 from reference_trainer.tasks import Task, get_task
 from reference_trainer.trace.writer import Trace
@@ -55,9 +56,9 @@ def styled_task_options(config: TrainConfig, tokenizer: Any) -> dict[str, Any]:
     return {"style": style, **config.task_options}
 
 
-def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
+def assemble(config: TrainConfig, trace: Trace | None = None, slots: WorkerSlots | None = None) -> RunParts:
     """Every part of a run, built from `config` (checked first: a bad config fails before any model
-    loads)."""
+    loads); a Ray worker pool runs in `slots` (shared with other runs' pools), its own when None."""
     mode = get_mode(config.mode)
     grpo = config.update_config(mode.correction(config.mode_options))
     options = mode.values(flatten_options(config.mode_options), config.workers, config.engine)
@@ -110,7 +111,9 @@ def assemble(config: TrainConfig, trace: Trace | None = None) -> RunParts:
         rollout = AheadRollout(worker, policy.state_dict(), strategy, ctx, trace, k, backend)
         engine: RolloutEngine = rollout
     else:
-        engine = build_rollout_engine(spec, tokenizer, model=policy, model_dir=model_dir, trace=trace)
+        engine = build_rollout_engine(
+            spec, tokenizer, model=policy, model_dir=model_dir, trace=trace, slots=slots
+        )
         ctx.speculator = speculator_of(engine)
         rollout = InlineRollout(strategy, ctx)
     ctx.engine = engine  # type: ignore[assignment]

@@ -29,6 +29,7 @@ import torch
 from reference_trainer.errors import UserError
 from reference_trainer.model.loader import load_model
 from reference_trainer.rollout.base import Group
+from reference_trainer.rollout.slots import WorkerSlots
 from reference_trainer.trace.metrics import worker_capacities
 from reference_trainer.trace.records import append_jsonl, make_dir, read_jsonl, write_json, write_text
 from reference_trainer.trace.schema import HELDOUT, REWARD, SYNC, UPDATE
@@ -55,13 +56,15 @@ class Trainer:
         trace: Trace | None = None,
         resume: bool = False,
         parts: RunParts | None = None,
+        slots: WorkerSlots | None = None,
     ) -> None:
-        """A run in `out_dir` over `parts` (by default assembled from `config` by `assemble`)."""
+        """A run in `out_dir` over `parts` (by default assembled from `config` by `assemble`, its Ray
+        workers in `slots` when given: places shared with other runs' pools)."""
         self.config, self.out_dir = config, make_dir(out_dir)
         _remove_stale_temps(self.out_dir)
         if not resume:  # written first, so a run stopped at any later moment can be resumed
             self._start_fresh()
-        parts = parts if parts is not None else assemble(config, trace)
+        parts = parts if parts is not None else assemble(config, trace, slots)
         self.parts = parts
         self.task, self.tokenizer, self.policy = parts.task, parts.tokenizer, parts.policy
         self.updater, self.trace, self.engine = parts.updater, parts.trace, parts.engine

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.rollout.workers import start_local_ray
+from reference_trainer.rollout.slots import start_local_ray
 from reference_trainer.trace import metrics
 from reference_trainer.trace.schema import read_trace
 from reference_trainer.train.config import TrainConfig
