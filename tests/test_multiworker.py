@@ -143,7 +143,9 @@ def test_two_ray_actors_end_to_end(tiny_model_dir, toy_task, tmp_path, monkeypat
     trainer = Trainer(config(tiny_model_dir, toy_task, steps=2, worker_backend="ray"), tmp_path / "ray")
     try:
         rows = trainer.run()
-        pids = ray.get([a.__ray_call__.remote(lambda self: os.getpid()) for a in trainer.engine.actors])
+        pids = ray.get(
+            [a.__ray_call__.remote(lambda self: os.getpid()) for a in trainer.engine.actors], timeout=120
+        )
     finally:
         trainer.close()
         ray.shutdown()

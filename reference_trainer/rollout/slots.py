@@ -83,7 +83,7 @@ def ensure_ray(workers: int, address: str | None) -> None:
         start_local_ray(max(workers, os.cpu_count() or 1), temp)
 
 
-def plural(count: float, unit: str) -> str:
+def _plural(count: float, unit: str) -> str:
     return f"{count:g} {unit}{'' if count == 1 else 's'}"
 
 
@@ -115,20 +115,20 @@ class WorkerSlots:
         self.share = math.floor(10_000 / runs) / 10_000
         total = ray.cluster_resources().get(self.unit, 0)
         if total < workers:
-            raise WorkerPoolError(f"{self._asked()}; the Ray cluster has {plural(total, self.unit)}: "
+            raise WorkerPoolError(f"{self._asked()}; the Ray cluster has {_plural(total, self.unit)}: "
                                   f"{self._fix(total)}")  # fmt: skip
         self.group = placement_group([{self.unit: 1}] * workers)
         if not self.group.wait(timeout_seconds=self.deadlines.place_s):
             free = ray.available_resources().get(self.unit, 0)
             remove_placement_group(self.group)
             raise WorkerPoolError(
-                f"{self._asked()}; the Ray cluster has {plural(total, self.unit)}, {free:g} of them free "
+                f"{self._asked()}; the Ray cluster has {_plural(total, self.unit)}, {free:g} of them free "
                 f"after {self.deadlines.place_s:g} s (other jobs hold the rest): {self._fix(free)}, or wait "
                 "longer (RLBENCH_RAY_TIMEOUT_S, seconds)"
             )
 
     def _asked(self) -> str:
-        asked = plural(self.workers, self.unit)
+        asked = _plural(self.workers, self.unit)
         shared = f", shared by {self.runs} runs taking turns" if self.runs > 1 else ""
         return f"--workers {self.workers} asks Ray for {asked} (one per rollout worker{shared})"
 

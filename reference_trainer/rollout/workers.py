@@ -22,7 +22,7 @@ from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.protocol import RolloutEngine
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.config import ModelConfig
-from reference_trainer.rollout.slots import WorkerPoolError, WorkerSlots, plural
+from reference_trainer.rollout.slots import WorkerPoolError, WorkerSlots
 from reference_trainer.speculation.drafters import attach
 from reference_trainer.trace.writer import Trace
 
@@ -260,9 +260,8 @@ class RayWorkerPool:
 
     def _late(self, what: str, timeout: float) -> str:
         return (
-            f"the {self.size} Ray rollout workers did not {what} within {timeout:g} s "
-            f"({plural(self.size, self.slots.unit)} placed): a loaded machine may need longer "
-            "(RLBENCH_RAY_TIMEOUT_S), a hung worker shows in Ray's logs"
+            f"the {self.size} Ray rollout workers did not {what} within {timeout:g} s: a loaded machine may "
+            "need longer (RLBENCH_RAY_TIMEOUT_S, seconds); a hung or dead worker shows in Ray's logs"
         )
 
     def submit(self, worker: int, requests: list[Request]) -> None:
