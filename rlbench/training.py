@@ -20,13 +20,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from reference_trainer.errors import UserError
 from reference_trainer.mode_options import parse_option_pairs
 from reference_trainer.modes import get_mode
+from reference_trainer.rollout.slots import WorkerSlots
 from reference_trainer.tasks import RUN_TASK_OPTIONS
 from reference_trainer.trace.locks import run_lock
 from reference_trainer.train.config import TrainConfig
 from rlbench.models import default_model_dir, resolve_model
 
 if TYPE_CHECKING:
-    from reference_trainer.rollout.slots import WorkerSlots
     from reference_trainer.train.trainer import Trainer
 
 
@@ -173,7 +173,6 @@ def shared_slots(configs: Iterable[TrainConfig]) -> WorkerSlots | None:
     if len(pooled) < 2:
         return None
     from reference_trainer.model.loader import resolve_device
-    from reference_trainer.rollout.slots import WorkerSlots
 
     gpu = {str(resolve_device(c.device)).startswith("cuda") for c in pooled}
     address = {c.ray_address for c in pooled}
