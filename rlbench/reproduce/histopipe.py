@@ -124,7 +124,8 @@ def per_epoch(out: Path, steps_per_epoch: int) -> list[dict[str, Any]]:
 
 @contextmanager
 def ray_session(num_cpus: int) -> Iterator[None]:
-    """A local Ray with `num_cpus` logical CPUs (each actor holds one), shut down on exit if started here."""
+    """A local Ray with `num_cpus` logical CPUs (one per worker: the placements' pools share the W places of
+    `WorkerSlots`), shut down on exit if started here."""
     import ray
 
     if ray.is_initialized():
@@ -214,7 +215,7 @@ def measure(
     runs = ctx.work_dir / "runs"
     shutil.rmtree(runs, ignore_errors=True)  # a killed set: the interleaved steps start over together
     model = str(resolve_model(ctx.model))
-    with ray_session(w.workers * len(w.placements)) if backend == "ray" else nullcontext():
+    with ray_session(w.workers) if backend == "ray" else nullcontext():
         results, differ = run_placements(w, model, runs, ctx.progress, backend, ctx.device)
     ctx.finish("placements.json", key, {"epochs": results, "differ": differ})
     return results, differ
