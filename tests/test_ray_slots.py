@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import tempfile
 from types import SimpleNamespace
 from typing import Any
@@ -132,16 +133,19 @@ def test_a_bad_ray_deadline_is_one_line(monkeypatch, value) -> None:
     assert RayDeadlines.from_env() == RayDeadlines(45.0, 45.0, 45.0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def two_cpu_ray():
-    """A local Ray of 2 CPUs for this module's tests, as `rlbench` starts one on a 2-core machine."""
+    """A local Ray of 2 CPUs, as `rlbench` starts one on a 2-core machine; one per test and shut down after
+    it, so that no other test (on the same xdist worker) finds it running or shuts it down under this one."""
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
-    start_local_ray(2, tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    start_local_ray(2, temp)
     assert ray.cluster_resources()["CPU"] == 2
     yield ray
     ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 TINY = ("--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-tokens", "6", "--eval-every",
