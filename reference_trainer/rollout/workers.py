@@ -3,9 +3,9 @@
 A `RolloutWorker` wraps one `Engine` and knows nothing of RL. A pool runs W of them: `RayWorkerPool` as Ray
 actors in the places of a `WorkerSlots` (slots.py: a local Ray or an existing cluster; places other runs'
 pools may share), `LocalWorkerPool` in-process one after another (for tests and debugging; its timings are
-not parallel). The driver (placed.py) places requests, advances every
-worker a slice at a time, gathers finished sequences and trace events (each tagged with its worker id), and
-may move not-yet-started requests from a busy worker to an idle one.
+not parallel). The driver (placed.py) places requests, advances every worker a slice at a time, gathers
+finished sequences and trace events (each tagged with its worker id), and may move not-yet-started requests
+from a busy worker to an idle one.
 """
 
 from __future__ import annotations
