@@ -9,6 +9,7 @@ CLI and for code that builds a config directly.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from reference_trainer.errors import UserError
-from reference_trainer.mode_options import parse_option_pairs
+from reference_trainer.mode_options import flatten_options, parse_option_pairs
 from reference_trainer.modes import get_mode
 from reference_trainer.rollout.slots import WorkerSlots
 from reference_trainer.tasks import RUN_TASK_OPTIONS
@@ -63,10 +64,36 @@ def _checked_config(options: dict[str, Any], mode_options: dict[str, Any]) -> Tr
     config.check()
     from reference_trainer.model.loader import resolve_device  # torch: only once the cheap checks passed
 
-    resolve_device(config.device)  # --device cuda without a GPU: one line before any run directory is made
+    device = resolve_device(config.device)  # --device cuda without a GPU: one line before any run directory
+    if note := thread_split_note(config, device.type):  # an impossible split: one line here, too
+        print(note, file=sys.stderr)
     if config.model is not None:  # a directory or a model name (rlbench models list), resolved once here
         config.model = str(resolve_model(config.model))
     return config
+
+
+def thread_split_note(config: TrainConfig, device: str) -> str | None:
+    """Where a run ahead's two sides (rollout/ahead.py) get fewer CPU threads than they need, the split
+    picked for them, said before the run starts (None where there is nothing to say). The split is the
+    trainer's own (`split_threads`), so its one refusal comes here, before any run directory is made."""
+    mode = get_mode(config.mode)
+    if not mode.ahead or device != "cpu":
+        return None
+    options = mode.values(flatten_options(config.mode_options), config.workers, config.engine)
+    if options["backend"] != "process":
+        return None
+    from reference_trainer.model.loader import resolve_threads
+    from reference_trainer.rollout.ahead import split_threads  # torch: only once the cheap checks passed
+
+    budget = resolve_threads(config.threads)
+    rollout, update = split_threads(budget, options["max_staleness"], options["rollout_threads"])
+    if rollout + update <= budget or options["max_staleness"] == 0:
+        return None
+    return (
+        f"note: {config.mode} runs rollout and update side by side, and {budget} CPU thread cannot be split: "
+        f"each side takes {rollout}, sharing the core (slower than two; --threads 2 on 2 free cores or "
+        "more gives each its own)"
+    )
 
 
 def make_trainer(

@@ -259,10 +259,28 @@ def test_the_two_sides_split_the_thread_budget():
     assert split_threads(4, 1) == (2, 2)
     assert split_threads(3, 2, rollout=1) == (1, 2)
     assert split_threads(1, 0) == (1, 1)  # k = 0: the sides never run at once
-    with pytest.raises(UserError, match="needs 2 or more"):
-        split_threads(1, 1)
-    with pytest.raises(UserError, match="leaves the update none"):
+    assert split_threads(1, 1) == (1, 1)  # one free core: each side one thread, sharing it
+    with pytest.raises(UserError, match="leaves the update none of --threads 2: pass --threads 3"):
         split_threads(2, 1, rollout=2)
+    assert split_threads(3, 1, rollout=2) == (2, 1)  # the fix the refusal names works
+
+
+def test_an_async_mode_on_one_free_core_runs_and_says_so_before_any_folder(tmp_path, capsys):
+    from typer.testing import CliRunner
+
+    from rlbench.cli import app_
+    from rlbench.training import build_configs
+
+    configs = build_configs(["baseline", "async"], threads=1, device="cpu")
+    assert set(configs) == {"baseline", "async"}  # the default on a 2-core machine is accepted
+    said = capsys.readouterr().err
+    assert "async runs rollout and update side by side" in said and "each side takes 1" in said
+    assert "baseline" not in said  # a synchronous mode has nothing to split
+    out = tmp_path / "cmp"
+    asked = ["compare", "--modes", "baseline,async", "--threads", "2", "--device", "cpu", "--out", str(out)]
+    refused = CliRunner().invoke(app_, [*asked, "--mode-option", "rollout_threads=2"])
+    assert isinstance(refused.exception, UserError) and "pass --threads 3" in str(refused.exception)
+    assert not out.exists()  # checked before any work or folder: the named fix then meets no leftovers
 
 
 def test_async_modes_refuse_what_they_cannot_run(tmp_path):

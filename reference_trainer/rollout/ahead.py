@@ -278,18 +278,20 @@ def _wait_for(ring: WeightRing, gate: Gate, trace: Trace, version: int) -> None:
 def split_threads(budget: int, max_staleness: int, rollout: int | None = None) -> tuple[int, int]:
     """(rollout side's, trainer's) CPU threads within `budget`: at k = 0 the sides never run at once and
     each takes all; otherwise the rollout `rollout` (default half, at least 1) and the trainer the rest. A
-    budget of 1 cannot be split: one line saying what to pass."""
+    budget of 1 with the split left to auto gives each side the one thread: the two processes share the
+    core, slower than two cores but a working run (`rlbench.training` says so before it starts). The one
+    refusal is an asked rollout share that leaves the update nothing, with the two ways out."""
     if max_staleness == 0:
         return budget, budget
-    if budget < 2:
+    if rollout is None:
+        mine = max(1, budget // 2)
+        return mine, max(1, budget - mine)
+    if rollout >= budget:
         raise UserError(
-            "an async mode runs rollout and update side by side: on the CPU it splits --threads between them "
-            f"and needs 2 or more (got {budget}); pass --threads 2 (the modes compared with it get the same)"
+            f"rollout_threads {rollout} leaves the update none of --threads {budget}: pass --threads "
+            f"{rollout + 1}, or leave rollout_threads out to split {budget} automatically"
         )
-    mine = max(1, budget // 2) if rollout is None else rollout
-    if mine >= budget:
-        raise UserError(f"rollout_threads {mine} leaves the update none of --threads {budget}")
-    return mine, budget - mine
+    return rollout, budget - rollout
 
 
 class AheadRollout:
