@@ -19,6 +19,7 @@ from reference_trainer.trace.compare import (
     step_speedups,
 )
 from reference_trainer.trace.metrics import same_prompts_ks
+from rlbench.report.ledger_legend import TRAINING_KEYS, flags, legend_lines
 from rlbench.report.profile_report import GENERATED_LABEL, TRAINED_LABEL, summary_problem
 from rlbench.report.replay_summary import comparison_lines, replay_problem
 
@@ -120,6 +121,7 @@ def ledger_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any
             "trainer waits (%)": percent(s.get("trainer_wait_share")),
             "rollout waits (%)": percent(s.get("rollout_wait_share")),
             "bound": s.get("bound"),
+            "worrying": "; ".join(flags(s, versus, TRAINING_KEYS)) or "nothing",
         })  # fmt: skip
     return rows
 
@@ -209,7 +211,7 @@ def ledger_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "what the speed is bought with: trained-length KS vs generated / vs baseline on the same prompts; "
         "longest 10% of generations trained; oldest waiting prompt; staleness mean / max; reward over "
-        "completed / all generations; which side waits"
+        "completed / all generations; which side waits (each number's meaning and thresholds below)"
     ]
     for r in rows:
         speed = f"{r['speed-up (step time)']:.2f}x" if r["speed-up (step time)"] is not None else "n/a"
@@ -224,7 +226,8 @@ def ledger_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"{_cell(r['reward, completed'], '.3f')} / {_cell(r['reward, all'], '.3f')}; "
             f"{r['bound'] or 'n/a'} ({waits})"
         )
-    return lines
+        lines.append(f"{'':>16}  worrying: {r['worrying']}")
+    return [*lines, "the ledger's numbers:", *legend_lines()]
 
 
 def _cell(value: Any, spec: str = ".2f") -> str:
