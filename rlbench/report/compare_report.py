@@ -32,9 +32,11 @@ from rlbench.report.compare_summary import (
     span_text,
 )
 from rlbench.report.figures import PALETTE, _fig, note, steps_axis
+from rlbench.report.ledger_legend import legend_html
 from rlbench.report.page import table, write_page
 from rlbench.report.profile_report import GENERATED_LABEL, TRAINED_LABEL, trained_per_rollout_s
 from rlbench.report.replay_summary import replay_section
+from rlbench.report.verdict import verdict_lines
 
 CURVES = [
     ("bubble_ratio", "Bubble ratio per step", "%", 100.0),
@@ -56,7 +58,8 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
         doc = check_compare_doc(read_json(compare_dir / "compare.json"), compare_dir / "compare.json")
     runs, baseline = runs_and_baseline(doc)
     derived = compare_doc(runs, baseline, doc.get("workload"))
-    rows = derived["ratios"]
+    rows = [{k: f"{v:.2f}x" if k in RATIO_COLUMNS and v is not None else v for k, v in r.items()}
+            for r in derived["ratios"]]  # fmt: skip
     for row in rows:
         if (s := derived["speedup_per_round"].get(row["mode"])) and s["min"] is not None:
             row["speed-up per round (min-max)"] = f"{s['min']:.2f}-{s['max']:.2f}x"
@@ -108,15 +111,37 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
             curves.append(steps_axis(fig, [s["step"] for r in runs for s in r.get("steps") or []]))
     workload = doc.get("workload") or {}
     subtitle = " · ".join(f"{k}: {v}" for k, v in workload.items() if not isinstance(v, (dict, list)))
+    # the first screen answers which mode is faster, by how much, why, and at what cost to what is trained
     sections = [
         *([("Read this first", caveats)] if caveats else []),
+        ("The verdict", [verdict_html(verdict_lines(derived, doc.get("gpu_replay")))]),
+        ("What each mode trades for its speed", [_ledger_table(derived["ledger"])]),
         ("The bubble", bubble),
         ("Where the step time went", parts or [note(f"No '{baseline}' run: no split against it.")]),
-        ("What each mode trades for its speed", [_ledger_table(derived["ledger"])]),
         ("Modes side by side", intro),
         ("Per-step curves", curves or [note("No per-step data.")]),
     ]
     return write_page(compare_dir / "report.html", "rlbench compare", sections, subtitle)
+
+
+# The ratio columns of "Modes side by side", shown with their unit.
+RATIO_COLUMNS = ("speed-up (step time)", "trained throughput ×", "generated throughput ×", "reward ×")
+
+
+def verdict_html(lines: list[str]) -> str:
+    """The verdict lines as a list, each mode's name in bold."""
+    items = []
+    for line in lines:
+        mode, sep, rest = line.partition(": ")
+        text = f"<b>{html.escape(mode)}</b>{sep}{html.escape(rest)}" if sep else html.escape(line)
+        items.append(f"<li>{text}</li>")
+    why = (
+        '<p class="sub">Speed-up: baseline step time / the mode\'s, its decimals fitted to its range over '
+        "rounds; each cause is the part of the step that moved most, per step, and why; what it costs in "
+        "training is the ledger's (below); the replay is a model of the same schedule on a GPU, over the "
+        'admission costs it sweeps ("GPU replay" below).</p>'
+    )
+    return f'<ul class="verdict">{"".join(items)}</ul>{why}'
 
 
 def _bubble_table(derived: dict[str, Any]) -> str:
@@ -142,17 +167,19 @@ def _bubble_table(derived: dict[str, Any]) -> str:
     return table(rows, columns) + why
 
 
+# The ledger's columns at the precision they are read at (the JSON keeps every digit).
+LEDGER_FORMATS = {"speed-up (step time)": "{:.2f}x", "length KS, trained vs generated": "{:.2f}",
+                  "length KS vs baseline, same prompts": "{:.2f}", "longest 10% trained (%)": "{:.0f}",
+                  "staleness mean": "{:.2f}", "reward, completed": "{:.3f}", "reward, all": "{:.3f}",
+                  "trainer waits (%)": "{:.0f}", "rollout waits (%)": "{:.0f}"}  # fmt: skip
+
+
 def _ledger_table(rows: list[dict[str, Any]]) -> str:
+    rows = [{k: LEDGER_FORMATS[k].format(v) if k in LEDGER_FORMATS and v is not None else v
+             for k, v in r.items()} for r in rows]  # fmt: skip
     columns = [c for c in rows[0] if any(row.get(c) is not None for row in rows)] if rows else []
-    why = (
-        '<p class="sub">The bias and starvation ledger (docs/metrics.md): the KS distance between the '
-        "trained response lengths and every generation's, and the baseline's trained lengths on the "
-        "prompts both trained; the share of the longest 10% of generations an update trained; the oldest "
-        "prompt still waiting at an update, in policy versions; the trained tokens' staleness; reward over "
-        "the generations that completed and over all of them; the share of the run each side waited, and "
-        "the label the two give.</p>"
-    )
-    return table(rows, columns) + why
+    why = '<p class="sub">The bias and starvation ledger (docs/metrics.md), each number read here:</p>'
+    return table(rows, columns) + why + legend_html()
 
 
 def _bubble_figure(runs: list[dict[str, Any]]) -> Any:

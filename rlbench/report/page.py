@@ -22,6 +22,7 @@ td:first-child,th:first-child{text-align:left}
 .note{background:#fff8e1;padding:8px 12px;border-left:4px solid #f0b400}
 .kpis{display:flex;gap:16px;flex-wrap:wrap} .kpi{background:#f6f8fa;padding:10px 16px;border-radius:6px}
 .kpi b{display:block;font-size:1.5em}
+table.legend td,table.legend th{text-align:left;max-width:40em;font-size:.9em} .verdict li{margin:4px 0}
 """
 
 
