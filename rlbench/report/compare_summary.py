@@ -20,8 +20,9 @@ from reference_trainer.trace.compare import (
 )
 from reference_trainer.trace.metrics import same_prompts_ks
 from rlbench.report.ledger_legend import TRAINING_KEYS, flags, legend_lines
-from rlbench.report.profile_report import GENERATED_LABEL, TRAINED_LABEL, summary_problem
+from rlbench.report.profile_report import GENERATED_LABEL, TRAINED_LABEL
 from rlbench.report.replay_summary import comparison_lines, replay_problem
+from rlbench.report.run_doc import summary_problem
 
 
 def check_compare_doc(doc: Any, source: Any) -> dict[str, Any]:

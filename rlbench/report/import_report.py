@@ -12,7 +12,8 @@ from reference_trainer.trace.records import read_json
 from reference_trainer.trace.schema import read_trace
 from rlbench.report.figures import Event, _fig, note, num, pct, steps_axis
 from rlbench.report.page import table, write_page
-from rlbench.report.profile_report import check_profile_doc, kpis, step_figures, summary_rows
+from rlbench.report.profile_report import kpis, step_figures, summary_rows
+from rlbench.report.run_doc import check_profile_doc
 from rlbench.report.timeline import slot_timeline
 
 
