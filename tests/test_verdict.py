@@ -83,7 +83,7 @@ def test_every_ledger_number_has_its_meaning_and_thresholds_in_the_terminal() ->
     lines = legend_lines()
     for field in FIELDS:
         assert any(line.startswith(f"  {field.name}: {field.meaning}; some ") for line in lines)
-    assert "strong at or below 0.5" in BY_KEY["long_decile_trained_share"].when()
+    assert "strong at or below 50%" in BY_KEY["long_decile_trained_share"].when()
     assert "sync-overhead = both sides wait" in lines[-1]
     runs = _runs(("baseline", BASE, [9.0]), ("sorted", SORTED, [5.0]))
     printed = summary_lines({"baseline": "baseline", "runs": runs})
@@ -103,3 +103,27 @@ def test_the_compare_page_opens_with_the_verdict_and_the_ledger_legend(tmp_path:
     ledger = page.index("<h2>What each mode trades for its speed</h2>")
     assert verdict < ledger < page.index('<table class="legend">') < page.index("<h2>The bubble</h2>")
     assert "<td>sync-overhead</td>" in page and "<td>1.80x</td>" in page  # labels explained, ratios in x
+
+
+def test_the_profile_page_says_what_the_speed_costs_and_names_its_shading_above_the_timeline(
+    tmp_path,
+) -> None:
+    from test_report import fake_gpu, synthetic_trace, write_run
+
+    from rlbench.report.ledger_legend import cost_lines
+    from rlbench.report.profile_report import render_profile
+
+    run_dir = tmp_path / "run"
+    write_run(run_dir, gpu=fake_gpu(synthetic_trace()))
+    page = render_profile(run_dir).read_text()
+    cost = page.index("<h2>What the speed costs in training</h2>")
+    assert page.index("<h2>Summary</h2>") < cost < page.index("<h2>Slot occupancy</h2>")
+    assert "<th>worrying when</th>" in page[cost:]
+    timeline = page.index("<h2>Slot occupancy</h2>")
+    assert timeline < page.index("Shaded: ", timeline) < page.index('<div id="fig1"', timeline)
+    lines = cost_lines(
+        {"trained_vs_generated_ks": 0.41, "long_decile_trained_share": 1.0, "bound": "balanced"}
+    )
+    assert lines[1].startswith("  length KS, trained vs generated: 0.41 (strong length bias): how far")
+    assert lines[2].startswith("  longest 10% trained: 100% (fine): of the longest tenth")
+    assert lines[3] == "  bound: balanced: neither side waits much"

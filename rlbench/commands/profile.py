@@ -90,6 +90,7 @@ def profile_command(
         return
     from reference_trainer.errors import Interrupted
     from rlbench.profiling.session import run_profile
+    from rlbench.report.ledger_legend import cost_lines
     from rlbench.report.replay_summary import run_lines
     from rlbench.rundirs import check_new_run
     from rlbench.training import build_config
@@ -102,7 +103,7 @@ def profile_command(
     except KeyboardInterrupt:
         said = f"interrupted: {out / 'report.html'} profiles the finished steps; --overwrite starts again"
         raise Interrupted(said) from None
-    for line in [*bubble_lines(doc["summary"]), *run_lines(doc["gpu_replay"])]:
+    for line in [*bubble_lines(doc["summary"]), *cost_lines(doc["summary"]), *run_lines(doc["gpu_replay"])]:
         typer.echo(line)
     typer.echo(f"report: {out / 'report.html'}")
 

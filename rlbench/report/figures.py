@@ -80,6 +80,18 @@ def shade_phases(fig: Any, events: Sequence[Event], kinds: Sequence[str], label:
     return fig
 
 
+def shading_legend(events: Sequence[Event], kinds: Sequence[str], label: str = "phase") -> str:
+    """The shadings' names as HTML above a tall figure, where plotly's own legend would sit below its end,
+    a screen or more down: a swatch per kind that occurs."""
+    seen = [k for k in kinds if any(ev.get("kind") == k for ev in events)]
+    swatch = '<span style="display:inline-block;width:12px;height:12px;background:{};opacity:0.35"></span>'
+    named = "".join(
+        f"{swatch.format(PHASE_COLOURS[k])} {html.escape('held-out evaluation' if k == 'heldout' else k)} "
+        for k in seen
+    )
+    return f'<p class="sub">Shaded: {named}{html.escape(label)}s.</p>' if seen else ""
+
+
 def steps_axis(fig: Any, x: Sequence[int]) -> Any:
     """Integer step ticks (plotly would put ticks at 0.2-step intervals on a short run)."""
     fig.update_xaxes(tickmode="linear", tick0=min(x) if x else 0, dtick=max(1, -(-len(set(x)) // 12)))

@@ -42,7 +42,8 @@ class LedgerField:
 
     def when(self) -> str:
         side = "at or below" if self.low_worries else "at or above"
-        return f"some {self.concern} {side} {self.some:g}, strong {side} {self.strong:g}"
+        some, strong = _shown(self.key, self.some), _shown(self.key, self.strong)
+        return f"some {self.concern} {side} {some}, strong {side} {strong}"
 
 
 FIELDS = (
@@ -99,7 +100,7 @@ def _shown(key: str, value: float) -> str:
     if key in ("long_decile_trained_share", "reward_gap", "trainer_wait_share", "rollout_wait_share"):
         return f"{100 * value:.0f}%"
     if key == "oldest_waiting_age_max":
-        return f"{value:g} versions"
+        return f"{value:g} version{'s' * (value != 1)}"
     return f"{value:.2f}"
 
 
@@ -143,3 +144,39 @@ def legend_html() -> str:
         '<table class="legend"><tr><th>number</th><th>what it means</th><th>worrying when</th></tr>'
         f"{rows}{bounds}</table>"
     )
+
+
+def reading(field: LedgerField, value: float | None) -> str:
+    """A number as shown, with its reading: "0.41 (strong length bias)", "100% (fine)", "n/a"."""
+    if value is None:
+        return "n/a"
+    return f"{_shown(field.key, value)} ({field.worry(round(value, 2)) or 'fine'})"
+
+
+def cost_lines(summary: dict[str, Any]) -> list[str]:
+    """`profile`'s lines: what the run's speed costs in training, one number a line with its reading and
+    meaning (the numbers of one run: no baseline to set its lengths against)."""
+    found = values(summary)
+    lines = ["what the speed costs in training (the ledger: each number, its reading, what it means):"]
+    for field in FIELDS:
+        if field.key != "length_ks_vs_baseline" and found[field.key] is not None:
+            lines.append(f"  {field.name}: {reading(field, found[field.key])}: {field.meaning}")
+    if bound := summary.get("bound"):
+        lines.append(f"  bound: {bound}: {BOUNDS.get(bound, '')}")
+    return lines
+
+
+def cost_html(summary: dict[str, Any]) -> str:
+    """The profile page's section: the run's ledger numbers, each with its reading, meaning and thresholds."""
+    found, rows = values(summary), []
+    for f in FIELDS:
+        if f.key != "length_ks_vs_baseline" and found[f.key] is not None:
+            cells = (f.name, reading(f, found[f.key]), f.meaning, f.when())
+            rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    if not rows:
+        return '<p class="sub">No ledger in this run (it needs the trace\'s sequence events).</p>'
+    if bound := summary.get("bound"):
+        rows.append(f"<tr><td>bound</td><td>{html.escape(bound)}</td><td colspan=2>"
+                    f"{html.escape(BOUNDS.get(bound, ''))}</td></tr>")  # fmt: skip
+    head = "<tr><th>number</th><th>this run</th><th>what it means</th><th>worrying when</th></tr>"
+    return f'<table class="legend">{head}{"".join(rows)}</table>'

@@ -27,6 +27,7 @@ from rlbench.report.figures import (
     shade_phases,
     steps_axis,
 )
+from rlbench.report.ledger_legend import cost_html
 from rlbench.report.observe_report import observed_sections
 from rlbench.report.page import kpis, table, write_page
 from rlbench.report.replay_summary import replay_section
@@ -369,6 +370,8 @@ def render_profile(
     if meta.get("command"):
         top.append(f"<p><code>{html.escape(shlex.join(meta['command']))}</code></p>")
     sections: list[tuple[str, Sequence[Any]]] = [("Summary", top)]
+    if steps:  # beside the speed, what it costs in what is trained (the ledger, read on the spot)
+        sections.append(("What the speed costs in training", [cost_html(doc.get("summary") or {})]))
     if doc.get("engine_metrics"):  # observed servers: gauges instead of the trainer's slot maps
         sections.extend(observed_sections(run_dir, doc, list(events)))
     if steps:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reference_trainer.trace.schema import FORWARD_KINDS, HELDOUT, REWARD, ROLLOUT, SEQUENCE, SYNC, UPDATE
-from rlbench.report.figures import PALETTE, Event, _fig, note, shade_phases
+from rlbench.report.figures import PALETTE, Event, _fig, note, shade_phases, shading_legend
 
 MAX_BARS = 20_000
 
@@ -101,6 +101,7 @@ def slot_timeline(events: Sequence[Event]) -> list[Any]:
     # shade the non-rollout phases so the gaps between rollouts read as what they are (named in the legend)
     phases = [ev for ev in events if int(ev.get("step", 0)) in shown]
     shade_phases(fig, phases, (REWARD, UPDATE, SYNC, HELDOUT))
+    fig.update_layout(showlegend=False)  # named above the figure instead: its legend sits below its end
     if len(rollouts) <= 20:  # label each rollout with its step; more labels than that would overlap
         for ev in rollouts:
             fig.add_vline(
@@ -117,9 +118,9 @@ def slot_timeline(events: Sequence[Event]) -> list[Any]:
         bargap=0.15,
         yaxis={"categoryorder": "array", "categoryarray": labels[::-1]},
     )
-    parts: list[Any] = [fig]
     legend = f"{len(bars)} bars, {len(groups)} prompt groups (colours repeat every {len(PALETTE)} groups)."
-    parts.append(f'<p class="sub">{html.escape(legend)} The shaded phases are named in the legend.</p>')
+    parts: list[Any] = [shading_legend(phases, (REWARD, UPDATE, SYNC, HELDOUT)), fig]
+    parts.append(f'<p class="sub">{html.escape(legend)}</p>')
     if msg:
         parts.append(note(msg))
     return parts
