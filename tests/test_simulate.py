@@ -225,12 +225,30 @@ def test_cli_bad_input_is_one_line(tmp_path):
         (["--synthetic", "--modes", "baseline,magic"], "unknown mode 'magic'"),
         (["--synthetic", "--modes", "sorted", "--mode-option", "max_attempts=2"], "cannot model option"),
         (["--synthetic", "--workers", "1,x"], "expected comma-separated integers"),
-        ([], "exactly one of --trace FILE or --synthetic"),
+        (["--synthetic", "--trace", str(tmp_path / "t.jsonl")], "exactly one of --trace FILE or --synthetic"),
         (["--synthetic", "--calibrate", str(tmp_path / "MISSING")], "--calibrate"),  # was read after --out
     ):
         res = simulate_cli(*args, "--out", str(tmp_path / "o"))
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and msg in res.stderr, (args, res.stderr)
         assert not (tmp_path / "o").exists()  # refused before --out is claimed
+
+
+def test_no_options_run_the_synthetic_workload_quickly_with_progress_and_the_asked_modes_first(tmp_path):
+    from rlbench.simulate.config import DEFAULT_WORKERS, SYNTHETIC_WORKERS, SimConfig
+
+    bare = SimConfig.from_cli(None, None, None)  # `rlbench simulate` as typed: a workload, not a refusal
+    assert bare.synthetic and bare.workers == SYNTHETIC_WORKERS and max(bare.workers) < max(DEFAULT_WORKERS)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("")
+    assert SimConfig.from_cli(None, None, None, trace=trace).workers == DEFAULT_WORKERS  # a trace: the sweep
+    res = simulate_cli("--steps", "1", "--prompts", "4", "--group-size", "2", "--workers", "1,2",
+                       "--modes", "sorted,rhyme", "--out", str(tmp_path / "o"))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "no --trace: the synthetic heavy-tailed workload, 1 steps of 4 prompts x 2" in res.stderr
+    said = [line for line in res.stderr.splitlines() if line.startswith("[")]
+    assert [line.split("]")[0] for line in said] == [f"[{n}/6" for n in range(1, 7)]  # each as it came
+    rows = [line[7:].split()[0] for line in res.stdout.splitlines() if line.startswith("W=")]
+    assert rows == ["sorted", "sorted", "rhyme", "rhyme", "baseline", "baseline"]  # asked first, in order
 
 
 def test_validate_is_a_command_of_its_own(tmp_path):

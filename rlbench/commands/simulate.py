@@ -23,8 +23,16 @@ def simulate_command(
             help="Length trace JSONL (see rlbench.simulate.workload), a run's trace.jsonl or run dir."
         ),
     ] = None,
-    synthetic: Annotated[bool, typer.Option(help="Use the synthetic heavy-tailed workload.")] = False,
-    workers: Annotated[str, typer.Option(help="Worker counts, comma-separated.")] = "1,8,64,512,4096",
+    synthetic: Annotated[
+        bool, typer.Option(help="Use the synthetic heavy-tailed workload (the default without --trace).")
+    ] = False,
+    workers: Annotated[
+        str | None,
+        typer.Option(
+            help="Worker counts, comma-separated. Default: 1,8,64,512,4096 for a trace; 1,8,64 for the "
+            "synthetic workload (a quick default; add 512,4096 for the full sweep)."
+        ),
+    ] = None,
     gpu: SimGpu = "h100",
     model_size: SimModelSize = "7b",
     calibrate: Annotated[
@@ -43,7 +51,9 @@ def simulate_command(
     capacity: Annotated[
         int | None, typer.Option(min=1, help="Slots per worker (default 256; a calibration run's own).")
     ] = None,
-    steps: Annotated[int | None, typer.Option(min=1, help="RL steps (default: the trace's).")] = None,
+    steps: Annotated[
+        int | None, typer.Option(min=1, help="RL steps (default: the trace's; 4 of the synthetic workload).")
+    ] = None,
     groups_per_worker: Annotated[
         int | None, typer.Option(min=1, help="Weak scaling: B = this x workers groups per step.")
     ] = None,
@@ -55,7 +65,7 @@ def simulate_command(
         float, typer.Option(min=-1.0, max=1.0, help="Epoch-to-epoch length rank correlation.")
     ] = 0.8,
     overlap: Annotated[float, typer.Option(min=0.0, max=1.0, help="Synthetic: reusable token share.")] = 0.8,
-    prompts: Annotated[int, typer.Option(min=1, help="Synthetic: prompts per step.")] = 512,
+    prompts: Annotated[int, typer.Option(min=1, help="Synthetic: prompts per step.")] = 128,
     group_size: Annotated[int, typer.Option(min=1, help="Synthetic: samples per prompt.")] = 8,
     mean_tokens: Annotated[float, typer.Option(min=1.0, help="Synthetic: mean response tokens.")] = 2000.0,
     sigma: Annotated[float, typer.Option(min=0.0, help="Synthetic: log-normal sigma (tail weight).")] = 1.0,
@@ -63,8 +73,9 @@ def simulate_command(
     max_prefill_tokens: Annotated[int, typer.Option(min=1, help="Tokens per batched prefill.")] = 8192,
     seed: Seed = 0,
 ) -> None:
-    """Replay a length trace through the schedulers at 1..N workers: simulate.json + report.html.
-    `rlbench simulate validate RUN` checks the simulator against a measured run."""
+    """Replay a length trace (default: the synthetic workload) through the schedulers at 1..N workers:
+    simulate.json + report.html. `rlbench simulate validate RUN` checks the simulator against a measured
+    run."""
     from reference_trainer.errors import UserError
     from rlbench.rundirs import claim
     from rlbench.simulate.config import SimConfig
@@ -81,25 +92,57 @@ def simulate_command(
                              overlap=overlap, prompts=prompts, group_size=group_size, mean_tokens=mean_tokens,
                              sigma=sigma, max_tokens=max_tokens, max_prefill_tokens=max_prefill_tokens,
                              seed=seed)  # fmt: skip
+    if trace is None and not synthetic:
+        typer.echo(f"no --trace: {workload_line(cfg)}", err=True)
     with claim(out, "simulate", accepts=("simulate",)):  # one writer, into a simulation or a new folder
         _simulate(cfg, out)
 
 
+def workload_line(cfg: SimConfig) -> str:
+    """What a run without a named workload replays, and how to ask for more."""
+    from rlbench.simulate.config import SYNTHETIC_STEPS
+
+    workers = ",".join(map(str, cfg.workers))
+    return (
+        f"the synthetic heavy-tailed workload, {cfg.steps or SYNTHETIC_STEPS} steps of "
+        f"{cfg.synthetic_prompts} prompts x {cfg.group_size}, on {workers} workers (--steps 10 --prompts 512 "
+        "--workers 1,8,64,512,4096: the full sweep, ten times the samples; --trace FILE: your own lengths)"
+    )
+
+
+def result_line(r: dict) -> str:
+    return (
+        f"W={r['workers']:>5} {r['policy']:<16} speed-up {r['speedup']:.2f}x  "
+        f"bubble {r['bubble_ratio']:.1%}  idle {r['worker_idle_share']:.1%}  step {r['step_time_s']:.1f}s"
+    )
+
+
+def asked_first(results: list[dict], asked: tuple[str, ...]) -> list[dict]:
+    """The results by mode, the modes the user asked for first, in their order (then the reference the
+    simulator adds), each mode's worker counts in order."""
+    order = {name: i for i, name in enumerate(asked)}
+
+    def rank(r: dict) -> int:
+        return order.get(r["policy"], order.get(str(r["policy"]).split(":")[0], len(order)))
+
+    return sorted(results, key=lambda r: (rank(r), r["workers"]))
+
+
 def _simulate(cfg: SimConfig, out: Path) -> None:
-    """The checked run, inside the command's claim of `out`."""
+    """The checked run, inside the command's claim of `out`: each result on stderr as it comes (a long
+    sweep shows its way), then the table by mode on stdout."""
     from reference_trainer.trace.records import write_json
     from rlbench.report.simulate_report import render
     from rlbench.simulate.config import run
 
-    doc = run(cfg)
+    def progress(r: dict, done: int, total: int) -> None:
+        typer.echo(f"[{done}/{total}] {result_line(r)}", err=True)
+
+    doc = run(cfg, progress)
     write_json(out / "simulate.json", doc)
     page = render(doc, out)
-    for r in doc["results"]:
-        typer.echo(
-            f"W={r['workers']:>5} {r['policy']:<16} speed-up {r['speedup']:.2f}x  "
-            f"bubble {r['bubble_ratio']:.1%}  idle {r['worker_idle_share']:.1%}  "
-            f"step {r['step_time_s']:.1f}s"
-        )
+    for r in asked_first(doc["results"], cfg.modes):
+        typer.echo(result_line(r))
     typer.echo(f"simulated in {doc['elapsed_s']:.1f} s: {out / 'simulate.json'}, {page}")
 
 

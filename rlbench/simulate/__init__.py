@@ -19,6 +19,7 @@ config.py      one `rlbench simulate` run as a checked SimConfig, and the run
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -49,10 +50,12 @@ def simulate(
     rank_corr: float = 0.8,
     max_prefill_tokens: float = 8192,
     seed: int = 0,
+    progress: Callable[[dict[str, Any], int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Every (mode, worker count). `modes` are registry names, optionally with options of their own
     (NAME:KEY=VALUE...); `mode_options` go to every mode that takes them. `groups_per_worker` set = weak
-    scaling (B = groups_per_worker * W)."""
+    scaling (B = groups_per_worker * W). `progress(result, done, total)` hears of each result as it is
+    replayed (a long sweep shows its way)."""
     t0 = time.perf_counter()
     sim_modes = parse_sim_modes(modes, mode_options)
     pred = fill_predictions(trace, rank_corr, seed)
@@ -79,6 +82,8 @@ def simulate(
             r["speedup"] = base["step_time_s"] / r["step_time_s"] if r["step_time_s"] else None
             r["rollout_speedup"] = base["rollout_s"] / r["rollout_s"] if r["rollout_s"] else None
             results.append(r)
+            if progress is not None:
+                progress(r, len(results) + len(not_modelled), len(workers) * len(sim_modes))
     return {
         "workload": {
             **trace.summary(),

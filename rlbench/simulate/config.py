@@ -4,6 +4,7 @@ model (a preset, or fitted to a measured run), the workload (a length trace, or 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,12 @@ DEFAULT_CAPACITY = 256
 
 
 DEFAULT_WORKERS = (1, 8, 64, 512, 4096)
+# The synthetic workload's default size, a quick one: every mode on 1, 8 and 64 workers, 4 steps of 128
+# prompts x 8, took 35 s of CPU (docs/simulate.md). The run time grows with the samples replayed on few
+# workers: 10 steps of 512 prompts hold ten times as many.
+SYNTHETIC_WORKERS = (1, 8, 64)
+SYNTHETIC_STEPS = 4
+SYNTHETIC_PROMPTS = 128
 
 
 def parse_worker_counts(text: str, flag: str = "--workers") -> tuple[int, ...]:
@@ -59,7 +66,7 @@ class SimConfig:
     acceptance: float = 0.7
     rank_corr: float = 0.8
     overlap: float = 0.8
-    prompts: int = 512
+    prompts: int = SYNTHETIC_PROMPTS
     group_size: int = 8
     mean_tokens: float = 2000.0
     sigma: float = 1.0
@@ -69,12 +76,16 @@ class SimConfig:
 
     @classmethod
     def from_cli(
-        cls, workers: str, modes: str | None, mode_option: list[str] | None, **rest: Any
+        cls, workers: str | None, modes: str | None, mode_option: list[str] | None, **rest: Any
     ) -> SimConfig:
-        """The command's options: --workers and --modes as comma-separated text (no --modes: every mode),
-        --mode-option as KEY=VALUE pairs; parsed, then checked."""
+        """The command's options: --workers and --modes as comma-separated text (no --modes: every mode;
+        no --workers: the full sweep for a trace, the quick one for the synthetic workload), --mode-option
+        as KEY=VALUE pairs; parsed, then checked. No workload named: the synthetic one."""
+        if rest.get("trace") is None:
+            rest["synthetic"] = True
+        default = DEFAULT_WORKERS if rest.get("trace") is not None else SYNTHETIC_WORKERS
         return cls(
-            workers=parse_worker_counts(workers),
+            workers=parse_worker_counts(workers) if workers is not None else default,
             modes=tuple(m.strip() for m in (modes or ",".join(MODES)).split(",") if m.strip()),
             mode_options=parse_option_pairs(mode_option or [], "--mode-option"),
             **rest,
@@ -102,7 +113,7 @@ class SimConfig:
         check_number("--sigma", self.sigma, low=0.0, high=10.0)  # e^10: a tail far beyond any response cap
         check_integer("--max-prefill-tokens", self.max_prefill_tokens, low=1)
         check_integer("--seed", self.seed, low=0, high=MAX_SEED)
-        samples = self.synthetic_prompts * self.group_size * (self.steps or 10)
+        samples = self.synthetic_prompts * self.group_size * (self.steps or SYNTHETIC_STEPS)
         if self.synthetic and samples > MAX_SIM_SAMPLES:
             raise UserError(
                 f"the synthetic workload would hold {samples:,} samples; at most {MAX_SIM_SAMPLES:,} (fewer "
@@ -124,8 +135,8 @@ class SimConfig:
         return max(self.prompts, (self.groups_per_worker or 0) * max(self.workers))
 
 
-def run(cfg: SimConfig) -> dict[str, Any]:
-    """simulate.json's document for a checked config."""
+def run(cfg: SimConfig, progress: Callable[[dict[str, Any], int, int], None] | None = None) -> dict[str, Any]:
+    """simulate.json's document for a checked config (`progress`: simulate's, each result as it comes)."""
     capacity = cfg.capacity
     if cfg.calibrate is not None:
         events = read_events(cfg.calibrate)
@@ -136,7 +147,7 @@ def run(cfg: SimConfig) -> dict[str, Any]:
         cost = preset(cfg.gpu, cfg.model_size)
     if cfg.synthetic:
         lengths = workload.synthetic(
-            steps=cfg.steps or 10,
+            steps=cfg.steps or SYNTHETIC_STEPS,
             prompts=cfg.synthetic_prompts,
             group_size=cfg.group_size,
             mean_tokens=cfg.mean_tokens,
@@ -162,4 +173,5 @@ def run(cfg: SimConfig) -> dict[str, Any]:
         rank_corr=cfg.rank_corr,
         max_prefill_tokens=cfg.max_prefill_tokens,
         seed=cfg.seed,
+        progress=progress,
     )
