@@ -103,6 +103,7 @@ def test_the_compare_page_opens_with_the_verdict_and_the_ledger_legend(tmp_path:
     ledger = page.index("<h2>What each mode trades for its speed</h2>")
     assert verdict < ledger < page.index('<table class="legend">') < page.index("<h2>The bubble</h2>")
     assert "<td>sync-overhead</td>" in page and "<td>1.80x</td>" in page  # labels explained, ratios in x
+    assert "<td>sorted</td><td>4.0</td><td>-46.0</td>" in page  # shares to a tenth of a point, not 4.000
 
 
 def test_the_profile_page_says_what_the_speed_costs_and_names_its_shading_above_the_timeline(

@@ -164,7 +164,7 @@ def _bubble_table(derived: dict[str, Any]) -> str:
         '<p class="sub">Bubble: the share of the rollout\'s slot-time (slots x rollout wall time) in which '
         "no sequence ran, over all steps (docs/metrics.md); the range is over the rounds, one step each.</p>"
     )
-    return table(rows, columns) + why
+    return table(shown(rows, TABLE_FORMATS), columns) + why
 
 
 # The ledger's columns at the precision they are read at (the JSON keeps every digit).
@@ -174,9 +174,20 @@ LEDGER_FORMATS = {"speed-up (step time)": "{:.2f}x", "length KS, trained vs gene
                   "trainer waits (%)": "{:.0f}", "rollout waits (%)": "{:.0f}"}  # fmt: skip
 
 
-def _ledger_table(rows: list[dict[str, Any]]) -> str:
-    rows = [{k: LEDGER_FORMATS[k].format(v) if k in LEDGER_FORMATS and v is not None else v
+# The other tables' columns likewise: shares to a tenth of a point, seconds to hundredths, ratios in x.
+TABLE_FORMATS = {"bubble (%)": "{:.1f}", "vs baseline (pts)": "{:+.1f}", "GPU idle in rollout (%)": "{:.1f}",
+                 **{f"{p} (s)": "{:.2f}" for p in PHASES}, "step (s)": "{:.2f}", "speed-up": "{:.2f}x",
+                 TRAINED_LABEL: "{:.0f}", GENERATED_LABEL: "{:.0f}"}  # fmt: skip
+
+
+def shown(rows: list[dict[str, Any]], formats: dict[str, str]) -> list[dict[str, Any]]:
+    """The rows with their numbers at the precision the table reads them at (the JSON keeps every digit)."""
+    return [{k: formats[k].format(v) if k in formats and isinstance(v, (int, float)) else v
              for k, v in r.items()} for r in rows]  # fmt: skip
+
+
+def _ledger_table(rows: list[dict[str, Any]]) -> str:
+    rows = shown(rows, LEDGER_FORMATS)
     columns = [c for c in rows[0] if any(row.get(c) is not None for row in rows)] if rows else []
     why = '<p class="sub">The bias and starvation ledger (docs/metrics.md), each number read here:</p>'
     return table(rows, columns) + why + legend_html()
@@ -220,7 +231,7 @@ def _parts_table(derived: dict[str, Any], runs: list[dict[str, Any]]) -> str:
         "gaps between phases. Held-out evaluation is outside the step. Generated tokens count aborted and "
         "carried-over ones; trained tokens are those the update used.</p>"
     )
-    return table(rows) + why
+    return table(shown(rows, TABLE_FORMATS)) + why
 
 
 def _parts_figure(derived: dict[str, Any]) -> Any:
