@@ -9,7 +9,7 @@ from pathlib import Path
 from rlbench.report.compare_report import render_compare
 from rlbench.report.compare_summary import compare_doc, summary_lines
 from rlbench.report.ledger_legend import BY_KEY, FIELDS, flags, legend_lines
-from rlbench.report.verdict import fitted, span, verdict_lines
+from rlbench.report.verdict import fitted, span, verdict_block, verdict_lines
 
 
 def _summary(step: float, gen: float, update: float, length: float, bubble: float, **ledger: float) -> dict:
@@ -52,6 +52,14 @@ def test_one_verdict_line_per_mode_says_how_much_why_at_what_cost_and_on_a_gpu()
         "tokens; rollout unchanged (±0.05 s)) · trains 29% of the longest tenth · length KS, trained vs "
         "generated 0.41: strong length bias · replayed on NVIDIA H200 (a model): 0.5-0.9x"
     )  # fmt: skip
+
+
+def test_compare_prints_the_verdict_from_its_document_alone() -> None:
+    runs = _runs(("baseline", BASE, [9.0, 9.0]), ("sorted", SORTED, [6.0, 4.3]))
+    block = verdict_block({"baseline": "baseline", "runs": runs, "gpu_replay": REPLAY})
+    assert block[0] == "verdict:" and len(block) == 3
+    assert block[2].startswith("  sorted: 1.8x faster steps (rounds 1.5-2.1x; update -4 s")
+    assert block[2].endswith("· replayed on NVIDIA H200 (a model): 0.5-0.9x")
 
 
 def test_a_slower_mode_and_a_missing_baseline_are_said_as_such() -> None:

@@ -40,6 +40,7 @@ def compare_command(
     --target-accuracy, also the time each mode took to reach it."""
     from rlbench.profiling.compare import run_compare
     from rlbench.report.compare_summary import drift_note, summary_lines
+    from rlbench.report.verdict import verdict_block
     from rlbench.training import build_configs
 
     names = [m.strip() for m in modes.split(",") if m.strip()]
@@ -54,6 +55,6 @@ def compare_command(
                       calibration=calibration)  # fmt: skip
     if message := drift_note(doc["drift"]):  # before the speed-ups it invalidates
         typer.echo(f"warning: {message}", err=True)
-    for line in summary_lines(doc):
+    for line in [*summary_lines(doc), *verdict_block(doc)]:  # the verdict last: read where the output ends
         typer.echo(line)
     typer.echo(f"report: {out / 'report.html'}")

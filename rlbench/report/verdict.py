@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rlbench.report.compare_summary import compare_doc, runs_and_baseline
 from rlbench.report.ledger_legend import TRAINING_KEYS, flags
 
 # A part of the step that moved by less than this share of the baseline's step is unchanged (noise).
@@ -59,6 +60,13 @@ def verdict_lines(derived: dict[str, Any], replay: dict[str, Any] | None = None)
             said += _replayed(mode, replay)
             lines.append(" · ".join(said))
     return lines
+
+
+def verdict_block(doc: dict[str, Any]) -> list[str]:
+    """What `rlbench compare` prints last: its verdict lines, from compare.json's document alone."""
+    runs, baseline = runs_and_baseline(doc)
+    derived = compare_doc(runs, baseline, doc.get("workload"))
+    return ["verdict:", *(f"  {line}" for line in verdict_lines(derived, doc.get("gpu_replay")))]
 
 
 def _baseline_line(mode: str, parts: dict[str, Any], summary: dict[str, Any]) -> str:
