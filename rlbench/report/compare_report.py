@@ -51,7 +51,6 @@ CURVES = [
 
 def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -> Path:
     """Write compare_dir/report.html from compare.json (or the given doc)."""
-    import plotly.graph_objects as go
 
     compare_dir = Path(compare_dir)
     if doc is None:
@@ -90,25 +89,7 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
             "what the update used, and all the engine generated) and reward: mode / baseline; the bubble's "
             "change in percentage points.</p>"
         )
-    curves: list[Any] = []
-    for key, title, unit, scale in CURVES:
-        fig = _fig(title, "step", unit)
-        for i, r in enumerate(runs):
-            steps = r.get("steps") or []
-            values = [trained_per_rollout_s(s) if key == TRAINED_LABEL else s.get(key) for s in steps]
-            ys = [None if v is None else scale * v for v in values]
-            if any(y is not None for y in ys):
-                fig.add_trace(
-                    go.Scatter(
-                        x=[s["step"] for s in steps],
-                        y=ys,
-                        name=r["mode"],
-                        mode="lines+markers",
-                        line={"color": PALETTE[i % len(PALETTE)]},
-                    )
-                )
-        if fig.data:
-            curves.append(steps_axis(fig, [s["step"] for r in runs for s in r.get("steps") or []]))
+    curves = _curves(runs)
     workload = doc.get("workload") or {}
     subtitle = " · ".join(f"{k}: {v}" for k, v in workload.items() if not isinstance(v, (dict, list)))
     # the first screen answers which mode is faster, by how much, why, and at what cost to what is trained
@@ -142,6 +123,32 @@ def verdict_html(lines: list[str]) -> str:
         'admission costs it sweeps ("GPU replay" below).</p>'
     )
     return f'<ul class="verdict">{"".join(items)}</ul>{why}'
+
+
+def _curves(runs: list[dict[str, Any]]) -> list[Any]:
+    """The per-step curves, one figure per metric any run has, a line per mode."""
+    import plotly.graph_objects as go
+
+    curves: list[Any] = []
+    for key, title, unit, scale in CURVES:
+        fig = _fig(title, "step", unit)
+        for i, r in enumerate(runs):
+            steps = r.get("steps") or []
+            values = [trained_per_rollout_s(s) if key == TRAINED_LABEL else s.get(key) for s in steps]
+            ys = [None if v is None else scale * v for v in values]
+            if any(y is not None for y in ys):
+                fig.add_trace(
+                    go.Scatter(
+                        x=[s["step"] for s in steps],
+                        y=ys,
+                        name=r["mode"],
+                        mode="lines+markers",
+                        line={"color": PALETTE[i % len(PALETTE)]},
+                    )
+                )
+        if fig.data:
+            curves.append(steps_axis(fig, [s["step"] for r in runs for s in r.get("steps") or []]))
+    return curves
 
 
 def _bubble_table(derived: dict[str, Any]) -> str:
