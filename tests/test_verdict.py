@@ -136,3 +136,13 @@ def test_the_profile_page_says_what_the_speed_costs_and_names_its_shading_above_
     assert lines[1].startswith("  length KS, trained vs generated: 0.41 (strong length bias): how far")
     assert lines[2].startswith("  longest 10% trained: 100% (fine): of the longest tenth")
     assert lines[3] == "  bound: balanced: neither side waits much"
+
+
+def test_the_compare_page_names_the_baseline_the_reference_not_a_saving(tmp_path: Path) -> None:
+    runs = _runs(("baseline", BASE, [9.0, 9.0]), ("sorted", SORTED, [6.0, 4.3]))
+    page = render_compare(tmp_path, {"baseline": "baseline", "runs": runs}).read_text()
+    base_row = page[page.index("<td>baseline</td>", page.index("produced by")) :]
+    base_row = base_row[: base_row.index("</tr>")]
+    assert "<td>reference</td>" in base_row and "saved" not in base_row
+    sorted_row = page[page.index("<td>sorted</td>", page.index("produced by")) :]
+    assert "update saved 3.95 s (99%)" in sorted_row[: sorted_row.index("</tr>")]

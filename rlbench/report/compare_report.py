@@ -65,7 +65,7 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
     drift = doc.get("drift") or derived["drift"]
     has_base = any(r["mode"] == baseline for r in runs)
     bubble: list[Any] = [_bubble_table(derived), _bubble_figure(runs)]
-    parts: list[Any] = [_parts_table(derived, runs)] if has_base else []
+    parts: list[Any] = [_parts_table(derived, runs, baseline)] if has_base else []
     if has_base:
         parts.append(_parts_figure(derived))
     parts += replay_section(doc.get("gpu_replay"))
@@ -214,7 +214,7 @@ def _bubble_figure(runs: list[dict[str, Any]]) -> Any:
     return fig
 
 
-def _parts_table(derived: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+def _parts_table(derived: dict[str, Any], runs: list[dict[str, Any]], baseline: str) -> str:
     rows = []
     for r in runs:
         parts = derived["parts"].get(r["mode"]) or {}
@@ -226,7 +226,8 @@ def _parts_table(derived: dict[str, Any], runs: list[dict[str, Any]]) -> str:
                 **{f"{p} (s)": secs.get(p) for p in PHASES},
                 "step (s)": sum(secs.values()) if secs else None,
                 "speed-up": parts.get("speedup"),
-                "produced by": produced_by(parts).removeprefix(": "),
+                # the baseline is the reference: it saved nothing against itself
+                "produced by": "reference" if r["mode"] == baseline else produced_by(parts)[2:],
                 "trained length mean / longest": lengths_text(s),
                 TRAINED_LABEL: s.get("trained_tokens_per_rollout_s"),
                 GENERATED_LABEL: s.get("rollout_tokens_per_s"),
