@@ -179,7 +179,9 @@ def test_replaying_a_run_through_its_own_forward_times_reproduces_its_rollout(
               "--prompts-per-step", "2", "--group-size", "2", "--max-tokens", "12", "--eval-every", "0",
               "--device", "cpu", "--out", str(out))  # fmt: skip
     assert res.returncode == 0, res.stderr
-    events = read_trace(out / "trace.jsonl")
+    # The rollout's wall time outside its forwards (the replay's source without CPU seconds): what the
+    # measured rollout holds, whatever this machine's load.
+    events = [{k: v for k, v in e.items() if k != "host_cpu_s"} for e in read_trace(out / "trace.jsonl")]
     decode, prefill = defaultdict(list), defaultdict(list)
     for f in forwards(events):
         if f.kind == "decode" and not f.admitted_rows:
@@ -198,8 +200,37 @@ def test_replaying_a_run_through_its_own_forward_times_reproduces_its_rollout(
         table[rows][per_row] = statistics.mean(seconds)
     own = replace(own_decode, prefill=dict(table), update={"s_fixed": 0.0, "s_per_token": 1e-6, "points": []})
     run = replay(events, own)
+    assert run.source == "wall"
     measured = statistics.mean(s.measured_rollout_s for s in run.steps)
     assert len(run.steps) == 2 and run.rollout_s({}) == pytest.approx(measured, rel=0.05)
+
+
+def _with_cpu(events: list[dict], parts: dict[str, float]) -> list[dict]:
+    """The run with each rollout phase's CPU seconds by host part (as InlineRollout records them)."""
+    return [{**e, "host_cpu_s": parts} if e["kind"] == "rollout" else e for e in events]
+
+
+def test_the_replay_takes_host_time_from_cpu_seconds_or_the_calibration_and_says_which() -> None:
+    parts = {"engine": 0.004, "controller": 0.003, "sampling": 0.001}
+    wall, cpu = _run(2, 1, 10, 0.05, 1000), _with_cpu(_run(2, 1, 10, 0.05, 1000), parts)
+    assert replay(wall, calibration()).source == "wall"
+    assert [s.host_s for s in replay(wall, calibration()).steps] == pytest.approx([0.05, 0.05])
+    run = replay(cpu, calibration())  # decode timed as the forward alone: every host part is this CPU's
+    assert run.source == "cpu" and [s.host_s for s in run.steps] == pytest.approx([0.008, 0.008])
+    host = run.doc()["host"]
+    assert host["cpu_s_by_part"] == pytest.approx(parts)
+    assert host["s_per_engine_step"] == pytest.approx(0.008 / 11)
+    free = run.rollout_s({"prefill": 0.0, "update": 1e-4})
+    assert host["share_of_rollout"][0] == pytest.approx(0.008 / free)
+    steps = calibration(decode_scope="engine_step")  # the engine's host work is in its decode costs
+    assert [s.host_s for s in replay(cpu, steps).steps] == pytest.approx([0.003, 0.003])
+    per_step = calibration(host={"s_per_step": 2e-4})  # measured per engine step on the GPU machine
+    run = replay(cpu, per_step)
+    assert run.source == "calibration" and run.steps[0].host_s == pytest.approx(11 * 2e-4 + 0.003)
+    doc = comparison({"baseline": replay(wall, per_step), "sorted": run}, "baseline")
+    lines = comparison_lines(doc)
+    assert "from this machine's wall time outside the forwards" in lines[2]
+    assert "from the engine's host work as the calibration measured it on its GPU" in lines[3]
 
 
 def test_fit_update_is_a_line_or_the_pooled_rate_when_noise_makes_it_unphysical() -> None:

@@ -12,6 +12,7 @@ import torch
 
 from reference_trainer.engine import timing
 from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.hostclock import HostClock
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.protocol import DecodeReport, Speculation
 from reference_trainer.engine.requests import RequestBook
@@ -69,7 +70,8 @@ class Engine(RequestBook):
         )  # fmt: skip
         self.scheduler = Scheduler(self.slots, config.max_prefill_tokens)
         self.sampling = SlotParams(config.max_num_seqs, device)  # per slot, on the device
-        self.runner = ModelRunner(model, config, self.slots, self.sampling)
+        self.host_clock = HostClock()  # the host's CPU seconds by part (hostclock.py); the rollout reads it
+        self.runner = ModelRunner(model, config, self.slots, self.sampling, self.host_clock)
         self.device = device
         # Each request's random stream key (sampler.py): from its seed, or for an unseeded request from the
         # engine's own source, itself seeded from torch's global generator (torch.manual_seed governs it).
@@ -111,16 +113,21 @@ class Engine(RequestBook):
         """One forward: a decode of every running sequence, with the sequences admitted into free slots
         riding in it (one forward over both, runner.mixed), or, with a speculation hook that proposes
         drafts, a verify of them; a prefill of its own only for admissions while nothing runs. Returns the
-        sequences that finished in this step."""
+        sequences that finished in this step. Its host CPU time is the engine's (`host_clock`)."""
+        with self.host_clock.engine:
+            return self._step()
+
+    def _step(self) -> list[Sequence]:
         kind, running, admitted = self.scheduler.schedule()
         if not running and not admitted:
             return []
         if admitted:  # the slots' sampling parameters change only when their requests do
-            self.sampling.assign(
-                [s.slot for s in admitted],  # type: ignore[misc]
-                [s.params for s in admitted],
-                [self._keys[s.seq_id] for s in admitted],
-            )
+            with self.host_clock.sampling:
+                self.sampling.assign(
+                    [s.slot for s in admitted],  # type: ignore[misc]
+                    [s.params for s in admitted],
+                    [self._keys[s.seq_id] for s in admitted],
+                )
         ops = self._capture_decode_graphs(running) if running and not admitted else None
         t_start = self.trace.now()
         occupied = dict(self.scheduler.occupied)
@@ -251,15 +258,17 @@ class Engine(RequestBook):
         counts = [len(d) + 1 for d in drafts]  # rows of each sequence: its draft positions + the bonus
         params = [s.params for s, c in zip(seqs, counts, strict=True) for _ in range(c)]
         # Row j of a sequence scores the token at position length + j: the draw plain decoding makes there.
-        batch = self.sampling.batch(scored.slots, scored.positions, params)  # type: ignore[arg-type]
+        with self.host_clock.sampling:
+            batch = self.sampling.batch(scored.slots, scored.positions, params)  # type: ignore[arg-type]
         draft_flat = scored.drafts
         assert draft_flat is not None and scored.logits is not None
-        scaled = scaled_logits(scored.logits, batch)
-        plain, probs = plain_tokens(scaled, batch)
-        accept = accept_rule(probs, plain, draft_flat) & (draft_flat >= 0)
-        emit_flat = torch.where(accept, draft_flat, plain)
-        logp_flat = token_logprobs(scaled, emit_flat)
-        accept_l, emit_l, logp_l = read_back(accept, emit_flat, logp_flat)  # the step's one read-back
+        with self.host_clock.forwards:
+            scaled = scaled_logits(scored.logits, batch)
+            plain, probs = plain_tokens(scaled, batch)
+            accept = accept_rule(probs, plain, draft_flat) & (draft_flat >= 0)
+            emit_flat = torch.where(accept, draft_flat, plain)
+            logp_flat = token_logprobs(scaled, emit_flat)
+            accept_l, emit_l, logp_l = read_back(accept, emit_flat, logp_flat)  # the step's one read-back
 
         finished: list[Sequence] = []
         accepted_each: list[int] = []
@@ -327,13 +336,17 @@ class Engine(RequestBook):
         """Sample one token per sequence from its row of `scored` (unless a decode graph did), read the
         tokens back (the step's one device-to-host transfer) and append them; returns the sequences that
         finished."""
+        clock = self.host_clock
         if scored.sampled is not None:
             tokens, logprobs = scored.sampled
         else:
             params = [s.params for s in seqs]
-            batch = self.sampling.batch(scored.slots, scored.positions, params)  # type: ignore[arg-type]
-            tokens, logprobs = sample(scored.logits, batch)  # type: ignore[arg-type]
-        tokens_l, logprobs_l = read_back(tokens, logprobs)
+            with clock.sampling:
+                batch = self.sampling.batch(scored.slots, scored.positions, params)  # type: ignore[arg-type]
+            with clock.forwards:
+                tokens, logprobs = sample(scored.logits, batch)  # type: ignore[arg-type]
+        with clock.forwards:
+            tokens_l, logprobs_l = read_back(tokens, logprobs)
         return self._append_one_each(seqs, tokens_l, logprobs_l)
 
     # ---- costs and weights -------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import torch
 
 from reference_trainer.engine.config import EngineConfig
 from reference_trainer.engine.graphs import StaticForward
+from reference_trainer.engine.hostclock import HostClock
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.sampler import SamplerOps, SlotParams
 from reference_trainer.engine.sequence import Sequence
@@ -60,10 +61,17 @@ class Part:
 
 class ModelRunner:
     def __init__(
-        self, model: DecoderLM, config: EngineConfig, slots: SlotManager, sampling: SlotParams | None = None
+        self,
+        model: DecoderLM,
+        config: EngineConfig,
+        slots: SlotManager,
+        sampling: SlotParams | None = None,
+        clock: HostClock | None = None,
     ) -> None:
-        """`sampling`: the engine's per-slot sampling table, which the graph path's decode samples from."""
+        """`sampling`: the engine's per-slot sampling table, which the graph path's decode samples from;
+        `clock`: the engine's host clock, charged the upload (sampling) and the forward (forwards)."""
         self.model = model
+        self.clock = clock or HostClock()
         self.config = config
         self.slots = slots
         self.device = next(model.parameters()).device
@@ -101,7 +109,8 @@ class ModelRunner:
             ends = [start + 1 for start in starts]  # also the position of the token each row draws
             self.slots.reserve_each(slots, ends)
             ops = ops or SamplerOps.of([s.params for s in seqs])
-            sampled = static.decode([s.last_token for s in seqs], starts, slots, ends, ops)
+            with self.clock.forwards:  # its upload into static buffers, the graph's replay and sampling
+                sampled = static.decode([s.last_token for s in seqs], starts, slots, ends, ops)
             scored = Scored(None, None, None, sampled=sampled)
         else:
             scored = self._continue(seqs, [[s.last_token] for s in seqs], verify=False)
@@ -237,10 +246,11 @@ class ModelRunner:
             self.slots.reserve_each(slots, [start + width for start in starts])
             # Which of the forward's [rows x width] outputs each sampled row is (none needed when all are).
             order = [b * width + j for b, row in enumerate(rows) for j in range(len(row))]
-            hidden, inputs = self.static.run(rows, starts, slots, {"index": order, **sample})
-            flat = hidden.view(-1, hidden.shape[-1])
-            picked = flat[: len(rows)] if width == 1 else flat[inputs["index"]]
-            logits = self.model.logits(picked).float()
+            with self.clock.forwards:
+                hidden, inputs = self.static.run(rows, starts, slots, {"index": order, **sample})
+                flat = hidden.view(-1, hidden.shape[-1])
+                picked = flat[: len(rows)] if width == 1 else flat[inputs["index"]]
+                logits = self.model.logits(picked).float()
         else:
             logits, inputs = self._run([self._continue_part(seqs, rows)], sample)
         return Scored(logits, inputs["slots"], inputs["positions"], inputs.get("drafts"))
@@ -261,15 +271,17 @@ class ModelRunner:
             host |= {f"starts{i}": p.starts, f"where{i}": p.where}
             host |= {f"num_new{i}": p.num_new} if p.num_new is not None else {}
         host |= sample | ({} if everything else {"select": select})
-        inputs = upload(host, self.device)
-        batches = [self._batch(p, inputs, i) for i, p in enumerate(parts)]
-        if len(parts) == 1:
-            ids, batch = inputs["ids"].view(parts[0].rows, parts[0].width), batches[0]
-        else:  # one row of every part's tokens
-            ids = inputs["ids"].view(1, offset)
-            batch = MixedBatch([(b, p.rows, p.width) for b, p in zip(batches, parts, strict=True)])
-        logits = self.model.forward_cached(ids, batch, select=None if everything else inputs["select"])
-        return logits.view(-1, logits.shape[-1]), inputs
+        with self.clock.sampling:
+            inputs = upload(host, self.device)
+        with self.clock.forwards:
+            batches = [self._batch(p, inputs, i) for i, p in enumerate(parts)]
+            if len(parts) == 1:
+                ids, batch = inputs["ids"].view(parts[0].rows, parts[0].width), batches[0]
+            else:  # one row of every part's tokens
+                ids = inputs["ids"].view(1, offset)
+                batch = MixedBatch([(b, p.rows, p.width) for b, p in zip(batches, parts, strict=True)])
+            logits = self.model.forward_cached(ids, batch, select=None if everything else inputs["select"])
+            return logits.view(-1, logits.shape[-1]), inputs
 
     def _batch(self, part: Part, inputs: dict[str, torch.Tensor], i: int) -> CachedBatch:
         where = inputs[f"where{i}"]

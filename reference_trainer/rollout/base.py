@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from reference_trainer.engine.config import SamplingParams
+from reference_trainer.engine.hostclock import HostClock, host_fields
 from reference_trainer.engine.protocol import RequestEngine
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.prompting import encode_prompt
@@ -151,8 +152,17 @@ class InlineRollout:
         """Nothing runs between steps here."""
 
     def collect(self) -> list[Group]:
+        """The step's rollout phase; with an engine that keeps a host clock (engine/hostclock.py), its CPU
+        seconds by part: the strategy's own work outside engine steps is the controller's."""
+        clock: HostClock | None = getattr(self.engine, "host_clock", None)
         with self.engine.trace.phase(ROLLOUT, policy_version=self.engine.policy_version) as rollout:
-            groups = self.strategy.collect(self.ctx)
+            if clock is None:
+                groups = self.strategy.collect(self.ctx)
+            else:
+                before = clock.snapshot()
+                with clock.controller:
+                    groups = self.strategy.collect(self.ctx)
+                rollout.update(host_fields(clock.since(before)))
             rollout["groups"] = len(groups)
         return groups
 

@@ -71,8 +71,18 @@ def _times(run: dict[str, Any]) -> str:
     return (
         f"rollout {rollout} (measured here {_num(measured['rollout_s'])} s), "
         f"step {step} (here {_num(measured['step_s'])} s); "
-        f"forwards per step: {per}" + (f"; {beyond} beyond the measured sizes" if beyond else "")
+        f"forwards per step: {per}"
+        + (f"; {beyond} beyond the measured sizes" if beyond else "")
+        + _host(run.get("host"))
     )
+
+
+def _host(host: Any) -> str:
+    """The replayed rollout's host time: its source and its share of the figure (older files: nothing)."""
+    if not isinstance(host, dict) or host.get("s_per_rl_step") is None:
+        return ""
+    shares = _span([100 * s if s is not None else None for s in host.get("share_of_rollout") or []], "%", 0)
+    return f"; host {1e3 * host['s_per_rl_step']:.1f} ms per step ({shares} of it) from {host.get('label')}"
 
 
 def _num(value: float | None) -> str:

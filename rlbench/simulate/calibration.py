@@ -8,7 +8,11 @@ Terms:
 - verify: a forward of `width` tokens per row (1 + drafts), as a multiple of a decode forward over as many
   rows (measured together, at one context, so the two agree);
 - prefill: seconds of an admission forward, by rows x uncached tokens per row;
-- update: seconds of the GRPO update, fixed + per token it processes.
+- update: seconds of the GRPO update, fixed + per token it processes;
+- host (optional): the engine's host CPU seconds per engine step (bookkeeping, sampling parameters, uploads),
+  measured on the GPU machine, where decode was timed as the forward alone (`decode_scope` "forward");
+  with `decode_scope` "engine_step" decode was timed as whole engine steps, so the engine's host work is in
+  it already. The replay (gpu_replay.py) adds the rest of the host work from the run's own CPU seconds.
 A term never measured has no value here: it is swept over the values in `swept`, and every figure computed
 with it says which value it assumed. An admission then costs a decode forward over its rows plus the assumed
 seconds (`admission_s`): at least the work of one token per row, the rest unknown.
@@ -53,6 +57,8 @@ DEFAULT_SWEEPS: dict[str, dict[str, Any]] = {
     "update": {"values": [1e-5, 3e-5, 1e-4], "simulator": 3e-5, "unit": "s per update token"},
 }
 TERMS = ("decode", "verify", "prefill", "update")
+# What a decode cost holds: the forward alone, or a whole engine step (its host bookkeeping with it).
+DECODE_SCOPES = ("forward", "engine_step")
 
 
 def along(xs: list[float], ys: list[float], x: Any) -> np.ndarray:
@@ -100,6 +106,15 @@ class Calibration:
     update: dict[str, Any] | None = None  # {"s_fixed", "s_per_token", "points": [[tokens, s], ...]}
     swept: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    decode_scope: str = "forward"  # DECODE_SCOPES: what one decode cost holds
+    host: dict[str, Any] | None = (
+        None  # {"s_per_step": s, "points": {rows: s}}: the engine's host CPU seconds
+    )
+
+    @property
+    def engine_host_measured(self) -> bool:
+        """Whether the engine's host work per step comes from the GPU machine (in decode, or as `host`)."""
+        return self.decode_scope == "engine_step" or self.host is not None
 
     @property
     def name(self) -> str:
@@ -158,6 +173,7 @@ class Calibration:
             **{k: self.provenance.get(k) for k in PROVENANCE_KEYS},
             "context": self.context,
             "measured": self.measured_terms,
+            "decode_scope": self.decode_scope,
             "swept": {k: {"values": v["values"], "unit": v["unit"]} for k, v in self.swept.items()},
         }
 
@@ -218,6 +234,11 @@ def from_json(doc: Any) -> Calibration:
     if any(widths.get(1) != 1.0 for widths in verify.values()):
         raise ValueError("verify needs width 1 at 1.0 in every row (the decode forward it is a multiple of)")
     prefill = None if doc.get("prefill") is None else _two_way(doc["prefill"], "prefill")
+    scope, host = doc.get("decode_scope", "forward"), doc.get("host")
+    if scope not in DECODE_SCOPES:
+        raise ValueError(f"decode_scope is {scope!r}, not one of {', '.join(DECODE_SCOPES)}")
+    if host is not None and not (isinstance(host, dict) and _positive(host.get("s_per_step"))):
+        raise ValueError("host needs s_per_step, a positive number of seconds")
     update = doc.get("update")
     if update is not None and not (
         isinstance(update, dict) and all(isinstance(update.get(k), (int, float)) and update[k] >= 0
@@ -241,6 +262,7 @@ def from_json(doc: Any) -> Calibration:
         shape={k: shape[k] for k in SHAPE_KEYS}, provenance=dict(provenance), context=doc["context"],
         decode=_costs(doc.get("decode"), "decode"), verify=verify,
         prefill=prefill, update=update, swept=swept, notes=list(doc.get("notes") or []),
+        decode_scope=scope, host=host,
     )  # fmt: skip
 
 

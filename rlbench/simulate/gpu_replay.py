@@ -2,10 +2,15 @@
 measurement.
 
 Every forward of the run's trace keeps its kind and shape (rows, tokens, drafts, the admissions riding in it)
-and costs what the calibration measured on its GPU for that shape. The rollout's time outside the forwards
-(scheduling, the strategy's own work) stays as the run measured it, and so do the reward, the weight sync and
-the gaps between phases; the update costs the calibration's update for the tokens it processed. A term the
-calibration never measured is swept: every figure is given at each of its values (`Calibration.sweep`).
+and costs what the calibration measured on its GPU for that shape. The rollout's host work outside the
+forwards (the engine's bookkeeping, the mode's controller, sampling parameters and uploads) comes from one
+stated source (`HOST_SOURCES`): the engine's part from the calibration's measured host seconds per engine step
+where it has them, else, as every part without one, the CPU seconds the run's rollout thread spent on it
+(the rollout phase's `host_cpu_s`: they do not move with this machine's load the way wall time does); a trace
+without them (an older run, another engine) falls back on its rollout's wall time outside its forwards. The
+reward, the weight sync and the gaps between phases stay as measured; the update costs the calibration's
+update for the tokens it processed. A term the calibration never measured is swept: every figure is given at
+each of its values (`Calibration.sweep`).
 
 Forward shapes come from the trace contract (docs/metrics.md, "Engine steps"): `rows` and `input_tokens`, and
 `prefill_rows` / `prefill_tokens` for the admissions that rode in a decode or verify forward. Traces without
@@ -25,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.trace import metrics
-from reference_trainer.trace.schema import FORWARD_KINDS, PREFILL, SEQUENCE, TRAINER_WAIT, VERIFY
+from reference_trainer.trace.schema import FORWARD_KINDS, PREFILL, ROLLOUT, SEQUENCE, TRAINER_WAIT, VERIFY
 from rlbench.simulate.calibration import Calibration, find_calibration, missing, model_shape
 
 Event = dict[str, Any]
@@ -99,6 +104,51 @@ def beyond(cal: Calibration, f: Forward) -> bool:
     return cal.beyond(f.rows, width) or admitted
 
 
+# Where a replay's host time comes from, as its doc and lines name it.
+HOST_SOURCES = {
+    "cpu": "this machine's CPU seconds (the rollout thread's: engine, controller, sampling and uploads)",
+    "calibration": "the engine's host work as the calibration measured it on its GPU, the controller's as "
+    "this machine's CPU seconds",
+    "wall": "this machine's wall time outside the forwards (no CPU seconds in the trace: it moves with load)",
+}
+
+
+def host_cpu(events: Sequence[Event]) -> dict[int, dict[str, float]]:
+    """Per step, the CPU seconds its rollout phases recorded by host part (`host_cpu_s`); a step with a
+    rollout phase that recorded none is left out."""
+    out: dict[int, dict[str, float]] = {}
+    lacking: set[int] = set()
+    for e in events:
+        if e.get("kind") != ROLLOUT:
+            continue
+        parts = e.get("host_cpu_s")
+        if not isinstance(parts, dict):
+            lacking.add(int(e["step"]))
+            continue
+        into = out.setdefault(int(e["step"]), {})
+        for part, seconds in parts.items():
+            into[part] = into.get(part, 0.0) + float(seconds)
+    return {step: parts for step, parts in out.items() if step not in lacking}
+
+
+def host_source(cal: Calibration) -> str:
+    """Where the host time of a run whose trace has CPU seconds comes from (`HOST_SOURCES`)."""
+    return "calibration" if cal.engine_host_measured else "cpu"
+
+
+def host_s(cal: Calibration, parts: dict[str, float] | None, engine_steps: int, wall: float) -> float:
+    """One rollout's host seconds (`HOST_SOURCES`): its wall time outside forwards without CPU seconds; the
+    controller's CPU seconds plus the engine's as the calibration measured it (inside its decode steps, or
+    per step) where it did; else every host part's CPU seconds."""
+    if parts is None:
+        return wall
+    if cal.decode_scope == "engine_step":
+        return parts.get("controller", 0.0)
+    if cal.host is not None:
+        return float(cal.host["s_per_step"]) * engine_steps + parts.get("controller", 0.0)
+    return sum(parts.values())
+
+
 @dataclass
 class StepReplay:
     """One RL step: per worker, its forwards' replayed seconds with admissions free and its admissions (each
@@ -106,7 +156,8 @@ class StepReplay:
 
     step: int
     workers: dict[int, tuple[float, int]]
-    host_s: float  # the rollout's time outside the busiest worker's forwards
+    host_s: float  # the rollout's host work outside its forwards (HOST_SOURCES)
+    host_parts: dict[str, float] | None  # this machine's CPU seconds by host part, where the trace has them
     rest_s: float  # reward, weight sync and the gaps between phases
     update_tokens: float | None
     measured_rollout_s: float
@@ -127,6 +178,7 @@ class RunReplay:
     cal: Calibration
     steps: list[StepReplay]
     counts: Counter[str]  # forwards by kind, and admissions, beyond_measured
+    source: str = "wall"  # where host_s comes from (HOST_SOURCES)
 
     def rollout_s(self, assumed: dict[str, float]) -> float | None:
         return _mean([s.rollout_s(assumed) for s in self.steps])
@@ -145,12 +197,35 @@ class RunReplay:
                 "step_s": _mean([s.measured_step_s for s in self.steps]),
             },
             "host_s": _mean([s.host_s for s in self.steps]),
+            "host": self.host_doc(),
             "per_step": {key: self.counts[key] / n for key in (*FORWARD_KINDS, "admissions")},
             "beyond_measured": self.counts["beyond_measured"],
             "points": [
                 {"assumed": a, "rollout_s": self.rollout_s(a), "step_s": self.step_s(a)}
                 for a in self.cal.sweep()
             ],
+        }
+
+    def host_doc(self) -> dict[str, Any]:
+        """The host time's source, its mean per RL step and per engine step, this machine's CPU seconds by
+        part (where the trace has them) and its share of the replayed rollout at each sweep point."""
+        host = _mean([s.host_s for s in self.steps])
+        n = max(1, len(self.steps))
+        engine_steps = sum(self.counts[k] for k in FORWARD_KINDS) / n
+        parts = [s.host_parts for s in self.steps]
+        by_part = (
+            {k: statistics.mean(p.get(k, 0.0) for p in parts if p) for k in parts[0]}
+            if parts and all(parts)
+            else None
+        )
+        shares = [_ratio(host, self.rollout_s(a)) for a in self.cal.sweep()]
+        return {
+            "source": self.source,
+            "label": HOST_SOURCES[self.source],
+            "s_per_rl_step": host,
+            "s_per_engine_step": host / engine_steps if host is not None and engine_steps else None,
+            "cpu_s_by_part": by_part,
+            "share_of_rollout": shares,
         }
 
 
@@ -166,6 +241,7 @@ def replay(events: Sequence[Event], cal: Calibration) -> RunReplay:
     free = {name: 0.0 for name in cal.swept}
     per_step: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
     counts: Counter[str] = Counter()
+    engine_steps: Counter[int] = Counter()
     for f in forwards(events):
         admits = f.kind == PREFILL or f.admitted_rows > 0
         cell = per_step[f.step][f.worker]
@@ -174,19 +250,22 @@ def replay(events: Sequence[Event], cal: Calibration) -> RunReplay:
         counts[f.kind] += 1
         counts["admissions"] += admits
         counts["beyond_measured"] += beyond(cal, f)
+        engine_steps[f.step] += 1
+    cpu = host_cpu(events)
+    rows = [row for row in metrics.step_metrics(events) if row.get("timing_s/gen")]
+    # One source for the whole run: CPU seconds only where every replayed step recorded them.
+    source = host_source(cal) if rows and all(row["step"] in cpu for row in rows) else "wall"
     steps = []
-    for row in metrics.step_metrics(events):
-        gen = row.get("timing_s/gen")
-        if not gen:
-            continue
+    for row in rows:
+        gen = row["timing_s/gen"]
         busy = max((row.get("worker_busy_s") or {}).values(), default=0.0)
         step, update = row.get("step_time_s"), row.get("timing_s/update") or 0.0
         workers = {w: (s, int(n)) for w, (s, n) in per_step.get(row["step"], {}).items()}
         rest = 0.0 if step is None else step - gen - update
-        steps.append(
-            StepReplay(row["step"], workers, max(0.0, gen - busy), rest, row.get("update_tokens"), gen, step)
-        )
-    return RunReplay(cal, steps, counts)
+        parts = cpu.get(row["step"]) if source != "wall" else None
+        host = host_s(cal, parts, engine_steps[row["step"]], max(0.0, gen - busy))
+        steps.append(StepReplay(row["step"], workers, host, parts, rest, row.get("update_tokens"), gen, step))
+    return RunReplay(cal, steps, counts, source)
 
 
 def break_even(mode: RunReplay, base: RunReplay) -> float | None:

@@ -1,0 +1,79 @@
+"""The rollout's host work counted as itself: CPU seconds of the rollout's thread (`time.thread_time`), split
+by where they go, so the figure does not move with the machine's load the way wall time does.
+
+Parts (exclusive: a part nested inside another is not counted in the outer one):
+- `engine`: the engine's bookkeeping in a step (scheduling, planning the forward's inputs, appending tokens,
+  stop rules, the trace event);
+- `controller`: the mode's own work between engine steps (which prompts to admit, when to stop, what to keep);
+- `sampling`: the per-slot sampling parameters and the step's input upload (host-to-device copies);
+- `forwards`: the forwards themselves, the sampler's arithmetic and the read-back. On a CPU this is the
+  model's compute; on a GPU its launches and its wait for the device. The GPU replay puts a calibration's
+  measured forward in its place, so it is kept apart and never counted as host work.
+
+Thread CPU time counts the rollout thread only: a forward's intra-op worker threads are the forward's.
+"""
+
+from __future__ import annotations
+
+import time
+
+HOST_PARTS = ("engine", "controller", "sampling")
+FORWARDS = "forwards"
+PARTS = (*HOST_PARTS, FORWARDS)
+
+
+class _Part:
+    """`with clock.engine:` and the like: one reusable context per part (no generator on the hot path)."""
+
+    __slots__ = ("clock", "name")
+
+    def __init__(self, clock: HostClock, name: str) -> None:
+        self.clock, self.name = clock, name
+
+    def __enter__(self) -> None:
+        self.clock.enter(self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        self.clock.leave()
+
+
+class HostClock:
+    """Exclusive thread-CPU seconds per part, accumulated for the clock's life; a rollout reads what it added
+    (`since`). Outside every part nothing is counted."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+        self._stack: list[str | None] = []
+        self._part: str | None = None
+        self._since = 0.0
+        self.engine, self.controller = _Part(self, "engine"), _Part(self, "controller")
+        self.sampling, self.forwards = _Part(self, "sampling"), _Part(self, FORWARDS)
+
+    def enter(self, part: str) -> None:
+        now = time.thread_time()
+        if self._part is not None:
+            self.seconds[self._part] += now - self._since
+        self._stack.append(self._part)
+        self._part, self._since = part, now
+
+    def leave(self) -> None:
+        now = time.thread_time()
+        if self._part is not None:
+            self.seconds[self._part] += now - self._since
+        self._part, self._since = self._stack.pop(), now
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.seconds)
+
+    def since(self, before: dict[str, float]) -> dict[str, float]:
+        """Seconds per part added since `before` (a `snapshot`)."""
+        return {part: self.seconds[part] - before[part] for part in PARTS}
+
+
+def host_fields(added: dict[str, float]) -> dict[str, object]:
+    """A rollout phase's fields (docs/metrics.md): `host_cpu_s`, the host parts' CPU seconds, and
+    `forward_cpu_s`, the forwards' own."""
+    return {
+        "host_cpu_s": {part: round(added[part], 6) for part in HOST_PARTS},
+        "forward_cpu_s": round(added[FORWARDS], 6),
+    }
