@@ -32,9 +32,14 @@ class Group:
 class PromptStream:
     """The task's problems in a fixed order; the position is part of the run's resumable state."""
 
+    CACHED = 4096  # problems kept (the oldest dropped first): a strategy re-reads its active ones each step
+
     def __init__(self, task: Task, seed: int, pool: int | None = None) -> None:
         self.task, self.seed, self.next_index = task, seed, 0
         self.pool = pool  # cycle a fixed pool of this many problems: epochs repeat prompts
+        # Generating a problem is a task's whole sampler (arith draws its operations): SortedRL's controller
+        # asks for its active prompts' problems at every submission, so each is made once.
+        self._problems: dict[int, Problem] = {}
 
     def take(self) -> tuple[int, Problem]:
         index = self.next_index
@@ -43,7 +48,12 @@ class PromptStream:
 
     def problem(self, index: int) -> Problem:
         start = index % self.pool if self.pool else index
-        return self.task.problems(1, seed=self.seed, start=start)[0]
+        found = self._problems.get(start)
+        if found is None:
+            if len(self._problems) >= self.CACHED:  # the oldest entry first (dicts keep insertion order)
+                del self._problems[next(iter(self._problems))]
+            found = self._problems[start] = self.task.problems(1, seed=self.seed, start=start)[0]
+        return found
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_index": self.next_index}

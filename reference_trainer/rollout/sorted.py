@@ -124,6 +124,11 @@ class SortedRollout:
         self.dropped: list[int] = []  # prompt indices given up after max_attempts regenerations
         self.stats = {"admitted": 0, "trained": 0, "aborted": 0, "cached": 0, "regenerated": 0, "stale": 0}
         self._inflight: dict[int, tuple[PromptState, Sample]] = {}  # id(seq) -> owner, during collect only
+        # The controller's per-step counts, kept during collect instead of recounted at every engine step
+        # (at 128 slots a recount over every sample was most of its host time): unfinished samples, and the
+        # submitted sequences that may still wait for a slot (pruned as the engine admits them).
+        self._open = 0
+        self._queued: list[Sequence] = []
         self.bubble: BubbleFill | None = BubbleFill() if lookahead else None
 
     # ---- the step ---------------------------------------------------------------------------------------
@@ -141,6 +146,7 @@ class SortedRollout:
             requeued, key=lambda ps: len(ps[1].response_ids) + len(self._prompt(ctx, ps[0]))
         ):
             self._submit(ctx, prompt, s, REQUEUED)
+        self._open = self.unfinished()
         complete = [p for p in self.active if p.complete]
         while len(complete) < ctx.update_batch:
             self._refill(ctx)
@@ -155,6 +161,7 @@ class SortedRollout:
                 prompt, sample = owner
                 sample.keep(seq)
                 sample.finish_reason = seq.finish_reason or "eos"
+                self._open -= 1
                 if prompt.complete:
                     complete.append(prompt)
         # Early termination: the update_batch shortest complete groups; the micro-curriculum's order.
@@ -190,14 +197,20 @@ class SortedRollout:
         still waiting gets a slot at the next engine step (priority puts it ahead of any new prompt)."""
         cap = self.max_unfinished(ctx)
         margin = ctx.group_size if self.refill_margin is None else self.refill_margin
-        while self.unfinished() + ctx.group_size <= cap:
-            waiting = [seq for seq, _ in self._waiting()]
-            # Lookahead runs hold slots only until real work needs them (BubbleFill.make_room).
-            free = self._capacity(ctx) - sum(not s.lookahead for s in ctx.engine.running)
-            if sum(seq.priority == REQUEUED for seq in waiting) > free:
-                return
-            if len(waiting) >= free + margin:
-                return
+        # Inside the loop only the prompts it admits change the counts, each by a group of new waiting
+        # samples, so they are advanced instead of recounted.
+        unfinished = self._open
+        if unfinished + ctx.group_size > cap:
+            return
+        waiting, requeued = self._waiting_counts()
+        # Lookahead runs hold slots only until real work needs them (BubbleFill.make_room).
+        free = self._capacity(ctx) - sum(not s.lookahead for s in ctx.engine.running)
+        if requeued > free:
+            return
+        while unfinished + ctx.group_size <= cap and waiting < free + margin:
+            unfinished += ctx.group_size
+            waiting += ctx.group_size
+            self._open += ctx.group_size
             index, _ = ctx.stream.take()
             samples = [Sample(k) for k in range(ctx.group_size)]
             prompt = PromptState(index, samples, admitted=ctx.engine.policy_version)
@@ -205,6 +218,11 @@ class SortedRollout:
             self.stats["admitted"] += 1
             for s in prompt.samples:
                 self._submit(ctx, prompt, s, NEW)
+
+    def _waiting_counts(self) -> tuple[int, int]:
+        """The samples queued in the engine without a slot yet: all of them, and the re-queued ones."""
+        self._queued = [seq for seq in self._queued if seq.status == SequenceStatus.WAITING]
+        return len(self._queued), sum(seq.priority == REQUEUED for seq in self._queued)
 
     def _waiting(self) -> list[tuple[Sequence, Sample]]:
         return [
@@ -225,6 +243,7 @@ class SortedRollout:
                               policy_versions=s.policy_versions)  # fmt: skip
         s.seq = ctx.engine.add_request(request)
         self._inflight[id(s.seq)] = (prompt, s)
+        self._queued.append(s.seq)
 
     def _stop_the_rest(self, ctx: RolloutContext, chosen: list[PromptState]) -> None:
         """Convert everything not chosen to buffer state; the engine is empty afterwards."""
@@ -245,6 +264,7 @@ class SortedRollout:
             else:
                 s.seq = None
         self._inflight.clear()
+        self._queued = []
         chosen_ids = {id(p) for p in chosen}
         self.active = [p for p in self.active if id(p) not in chosen_ids]
         if self.partial:  # finished samples wait in the buffer for their group
@@ -322,7 +342,7 @@ class SortedRollout:
         ]
         self.dropped = [int(i) for i in state["dropped"]]
         self.stats = {k: int(v) for k, v in state["stats"].items()}
-        self._inflight = {}
+        self._inflight, self._queued = {}, []
 
 
 class SortedPartialRollout(SortedRollout):
