@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gc
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -38,6 +39,7 @@ from benchmarks.gpu import SMOLLM2_SHAPE
 from benchmarks.update_speed import synthetic_batch
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
+from reference_trainer.engine.fingerprint import engine_fingerprint
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.engine.timing import PROBE_TOKEN, synchronize
 from reference_trainer.model.decoder import DecoderLM
@@ -78,10 +80,14 @@ def gpu_name(device: str) -> str:
     return found.group(1) if found else re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
 
 
-def time_engine_step(engine: Engine, rows: int, context: int, steps: int, repeats: int) -> float:
+def time_engine_step(
+    engine: Engine, rows: int, context: int, steps: int, repeats: int
+) -> tuple[float, float]:
     """Seconds of one engine decode step over `rows` running sequences of about `context` cached tokens:
     `steps` calls of `Engine.step` once every sequence is admitted, the fastest of `repeats` such runs after
-    a warm-up run. Each step reads its tokens back, so it ends when the device is done."""
+    a warm-up run. Each step reads its tokens back, so it ends when the device is done. With it, the host CPU
+    seconds per step of the timed runs outside the forwards (the engine's bookkeeping, sampling parameters
+    and uploads: its host clock's parts, engine/hostclock.py)."""
     budget = (repeats + 1) * steps + 8
     for i in range(rows):
         params = SamplingParams(temperature=1.0, max_tokens=budget, ignore_eos=True, seed=i)
@@ -90,13 +96,15 @@ def time_engine_step(engine: Engine, rows: int, context: int, steps: int, repeat
         engine.step()
     engine.step()  # the step the last admissions rode in, or their first decode: not timed
     times = []
+    before = engine.host_clock.snapshot()
     for _ in range(repeats + 1):
         start = time.perf_counter()
         for _ in range(steps):
             engine.step()
         times.append((time.perf_counter() - start) / steps)
+    added = engine.host_clock.since(before)
     engine.close()  # abort them: their slots free for the next cell
-    return min(times[1:])
+    return min(times[1:]), (added["engine"] + added["sampling"]) / ((repeats + 1) * steps)
 
 
 @torch.inference_mode()
@@ -178,7 +186,10 @@ def calibrate(
                                {**info, "model": model_label, "cells": cells})  # fmt: skip
         if not terms & {"decode", "verify", "update"}:
             return
-        steps = {b: time_engine_step(engine, b, sizes.context, sizes.steps, repeats) for b in sizes.rows}
+        timed = {b: time_engine_step(engine, b, sizes.context, sizes.steps, repeats) for b in sizes.rows}
+        steps, host = {b: s for b, (s, _) in timed.items()}, {b: h for b, (_, h) in timed.items()}
+        # What one admission of 32 tokens adds to a decode step, in plain decode steps, by running rows.
+        admission = engine.measure_admission_overhead(batches=sizes.rows, tokens=32, repeats=repeats)
         print(
             f"  {name} decode: " + ", ".join(f"{b}: {1e3 * s:.2f} ms" for b, s in steps.items()), flush=True
         )
@@ -194,11 +205,14 @@ def calibrate(
         measured = Calibration(
             gpu=gpu_name(str(info["device"])), model=name, model_label=model_label,
             shape={k: v for k, v in (model_shape(path) or {}).items() if k in SHAPE_KEYS},
-            provenance={**info, "driver": info.get("driver") or "none (CPU)",
+            provenance={**info, "driver": info.get("driver") or "none (CPU)", "engine": engine_fingerprint(),
                         "command": "python -m benchmarks.gpu_calibrate " + " ".join(sys.argv[1:])},
             context=sizes.context, decode=steps,
             verify={b: {w: s / ws[1] for w, s in ws.items()} for b, ws in widths.items()}, prefill=prefill,
-            notes=NOTES,
+            notes=NOTES, decode_scope="engine_step",
+            host={"s_per_step": max(statistics.median(host.values()), 1e-9),
+                  "by_rows": {str(b): h for b, h in host.items()}},
+            admission_overhead=admission,
         )  # fmt: skip
         print(f"  wrote {write_calibration(out, measured)}", flush=True)
         if "update" in terms:

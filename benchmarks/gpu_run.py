@@ -19,8 +19,11 @@ JSON it wrote, so a call cut off at its limit still returns what finished. Stage
              each cell written as it finishes; ms, GPU busy share, launches and copies per step
   prefill    t_prefill at 1 / 16 / 128 rows x 64 and 256 tokens, SmolLM2's shape and the embedded model
              (benchmarks/gpu_calibrate.py)
-  calibrate  the calibration files (DIR/calibration/<gpu>-<model>.json): decode by rows, verify by width,
-             the prefill stage's table, update by tokens (benchmarks/gpu_calibrate.py)
+  calibrate  the calibration files (DIR/calibration/<gpu>-<model>.json): decode by rows (whole engine
+             steps, with the engine's host CPU seconds per step), verify by width, the admission overhead
+             (what an admission adds to a graph decode step), the prefill stage's table, update by tokens,
+             the engine's source fingerprint (benchmarks/gpu_calibrate.py); copied into the package's
+             rlbench/simulate/calibrations/ (--calibrations-into), so later stages replay through them
   tests      `pytest -m gpu`
   attention  the decode/verify step per attention implementation (benchmarks/gpu.py)
   static     transformers' static-cache (compiled) generate against the engine, with the time left
@@ -53,6 +56,7 @@ from typing import Any
 
 from benchmarks.decode_step import record
 from reference_trainer.trace.records import write_json
+from rlbench.simulate.calibration import CALIBRATIONS, read_calibration, write_calibration
 
 ROOT = Path(__file__).resolve().parent.parent
 RESERVE_S = 10  # kept back from the budget for the last write
@@ -229,6 +233,15 @@ def run_stage(stage: Stage, timeout_s: float, out: Path, log: Path) -> dict[str,
     return result
 
 
+def install_calibrations(found: Path, into: Path) -> list[str]:
+    """Copy the calibrate stage's files (each checked as the replay reads it) into `into`; their names."""
+    installed = []
+    for path in sorted(found.glob("*.json")):
+        write_calibration(into, read_calibration(path))
+        installed.append(path.name)
+    return installed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -243,6 +256,8 @@ def main() -> None:
         "nothing existing is written over; kept out of --out, whose files a call returns)",
     )
     parser.add_argument("--dry-run", action="store_true", help="the same stages on the CPU at tiny shapes")
+    parser.add_argument("--calibrations-into", type=Path, help="where the calibrate stage's files are copied "
+                        "(default: the package's calibrations; none in a dry run)")  # fmt: skip
     parser.add_argument("--real-model", type=Path, metavar="PARTS_DIR",
                         help="the real model's mode: a folder of the GGUF's parts (*.part*)")  # fmt: skip
     args = parser.parse_args()
@@ -276,6 +291,10 @@ def main() -> None:
         else:
             print(f"[gpu_run] {stage.name} (up to {min(stage.cap_s, left):.0f} s)", flush=True)
             summary["stages"][stage.name] = run_stage(stage, min(stage.cap_s, left), args.out, log)
+            into = args.calibrations_into or (None if args.dry_run else CALIBRATIONS)
+            if stage.name == "calibrate" and into is not None:
+                installed = install_calibrations(args.out / "calibration", into)
+                summary["stages"][stage.name]["installed"] = installed
             print(f"[gpu_run] {stage.name}: rc {summary['stages'][stage.name]['rc']} in "
                   f"{summary['stages'][stage.name]['seconds']} s", flush=True)  # fmt: skip
         write_json(args.out / "gpu_run.json", summary)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, assert_one_line_error, cli
 
+from reference_trainer.engine.fingerprint import engine_fingerprint
 from reference_trainer.errors import UserError
 from reference_trainer.trace.schema import read_trace
 from rlbench.report.compare_summary import summary_lines
@@ -303,3 +304,17 @@ def test_a_saved_replay_of_the_wrong_shape_is_one_line(tmp_path: Path, file: str
                "gpu_replay": saved_replay}  # fmt: skip
     (saved / file).write_text(json.dumps(doc))
     assert_one_line_error(cli("report", str(saved), tmp=tmp_path), message)
+
+
+def test_a_calibration_from_another_engine_says_it_was_measured_on_an_older_engine() -> None:
+    here = calibration(provenance={**PROVENANCE, "engine": engine_fingerprint()})
+    assert not here.describe()["older_engine"]
+    doc = comparison({"baseline": replay(_run(1, 1, 4, 0.01, 100), here)}, "baseline")
+    assert "older engine" not in comparison_lines(doc)[0]
+    for provenance in ({**PROVENANCE, "engine": "0123456789ab"}, PROVENANCE):  # another; none recorded
+        other = calibration(provenance=provenance)
+        line = comparison_lines(
+            comparison({"baseline": replay(_run(1, 1, 4, 0.01, 100), other)}, "baseline")
+        )[0]
+        assert f"measured on an older engine (engine {provenance.get('engine', 'not recorded')}, " in line
+        assert f"replayed on {engine_fingerprint()})" in line

@@ -18,6 +18,7 @@ import pytest
 from conftest import ROOT
 
 from benchmarks import gpu_run
+from reference_trainer.engine.fingerprint import engine_fingerprint
 from rlbench.simulate.calibration import read_calibration
 
 # rlbench's packages a bare GPU machine lacks and docs/development.md does not carry as wheels there: the
@@ -42,7 +43,7 @@ def test_the_dry_run_runs_its_stages_and_records_each(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run", "--out", str(out), "--budget-s", "300",
          "--stages", "checks,decode,prefill,calibrate", "--decode-sides", "engine",
-         "--work", str(tmp_path / "work")],
+         "--work", str(tmp_path / "work"), "--calibrations-into", str(tmp_path / "installed")],
         cwd=ROOT, capture_output=True, text=True, timeout=360, env=as_on_the_gpu_machine(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -73,6 +74,14 @@ def test_the_dry_run_runs_its_stages_and_records_each(tmp_path):
         prefill["cells"][1]["s"])}, 4: {16: pytest.approx(prefill["cells"][2]["s"]), 32: pytest.approx(
         prefill["cells"][3]["s"])}}  # fmt: skip
     assert calibration.provenance["command"].startswith("python -m benchmarks.gpu_calibrate")
+    # Measured beside decode: the engine it ran on, its host CPU seconds per step, what admitting adds
+    assert calibration.provenance["engine"] == engine_fingerprint()
+    assert calibration.decode_scope == "engine_step"
+    assert calibration.host["s_per_step"] > 0 and set(calibration.host["by_rows"]) == {"1", "4"}
+    assert calibration.admission_overhead and all(v >= 0 for v in calibration.admission_overhead.values())
+    # ... and copied where the replay reads calibrations (here a folder of the test's; on a GPU the package's)
+    assert summary["stages"]["calibrate"]["installed"] == ["cpu-tiny.json"]
+    assert read_calibration(tmp_path / "installed" / "cpu-tiny.json") == calibration
 
 
 def test_a_stage_cut_off_ends_with_every_process_it_started(tmp_path):

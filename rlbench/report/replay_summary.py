@@ -25,9 +25,18 @@ def header(doc: dict[str, Any]) -> list[str]:
     swept = "; ".join(f"{t} at {_values(t, s['values'], s['unit'])}" for t, s in cal["swept"].items())
     return [
         f"GPU replay (a model, not a measurement): each forward of the run at its cost on {cal['device']}, "
-        f"calibration {cal['name']} ({cal['model']}, commit {str(cal['commit'])[:7]}, {cal['date']})",
+        f"calibration {cal['name']} ({cal['model']}, commit {str(cal['commit'])[:7]}, {cal['date']})"
+        + _engine_age(cal),
         f"  measured: {', '.join(cal['measured'])}" + (f"; never measured, swept: {swept}" if swept else ""),
     ]
+
+
+def _engine_age(cal: dict[str, Any]) -> str:
+    """ "measured on an older engine" where the calibration's engine is not the one that replayed it."""
+    if not cal.get("older_engine"):
+        return ""
+    measured_on = cal.get("engine") or "not recorded"
+    return f"; measured on an older engine (engine {measured_on}, replayed on {cal.get('replaying_engine')})"
 
 
 def replay_problem(doc: Any) -> str | None:

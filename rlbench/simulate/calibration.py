@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from reference_trainer.engine.fingerprint import engine_fingerprint
 from reference_trainer.errors import UserError
 from reference_trainer.trace.records import make_dir, read_json, write_json
 
@@ -107,9 +108,12 @@ class Calibration:
     swept: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     decode_scope: str = "forward"  # DECODE_SCOPES: what one decode cost holds
-    host: dict[str, Any] | None = (
-        None  # {"s_per_step": s, "points": {rows: s}}: the engine's host CPU seconds
-    )
+    # The engine's host CPU seconds per engine step on the GPU machine: {"s_per_step": s, "by_rows": {...}}.
+    host: dict[str, Any] | None = None
+    # What one admission of 32 tokens adds to a decode step, in plain decode steps, by running rows
+    # (Engine.measure_admission_overhead on the GPU: an eager mixed step against a graph replay). Recorded
+    # for the admission gate and the reader; the replay's riding admissions still take the prefill term.
+    admission_overhead: dict[int, float] | None = None
 
     @property
     def engine_host_measured(self) -> bool:
@@ -165,6 +169,12 @@ class Calibration:
             return False
         return rows > max(self.prefill) or tokens_per_row > max(max(t) for t in self.prefill.values())
 
+    def engine_age(self) -> dict[str, Any]:
+        """The engine the costs were measured on (its source fingerprint; none recorded before it was) beside
+        the one replaying them, and whether they differ ("measured on an older engine")."""
+        measured_on, here = self.provenance.get("engine"), engine_fingerprint()
+        return {"engine": measured_on, "replaying_engine": here, "older_engine": measured_on != here}
+
     def describe(self) -> dict[str, Any]:
         """What a figure computed from this calibration names: the file, the GPU, the model, where from."""
         return {
@@ -174,6 +184,7 @@ class Calibration:
             "context": self.context,
             "measured": self.measured_terms,
             "decode_scope": self.decode_scope,
+            **self.engine_age(),
             "swept": {k: {"values": v["values"], "unit": v["unit"]} for k, v in self.swept.items()},
         }
 
@@ -239,6 +250,12 @@ def from_json(doc: Any) -> Calibration:
         raise ValueError(f"decode_scope is {scope!r}, not one of {', '.join(DECODE_SCOPES)}")
     if host is not None and not (isinstance(host, dict) and _positive(host.get("s_per_step"))):
         raise ValueError("host needs s_per_step, a positive number of seconds")
+    overhead = doc.get("admission_overhead")
+    if overhead is not None:  # values may be 0 (admitting cost nothing more)
+        bad = not isinstance(overhead, dict) or not all(_positive(v) or v == 0 for v in overhead.values())
+        overhead = _costs({k: 1 for k in ({} if bad else overhead)}, "admission_overhead") and {
+            int(k): float(v) for k, v in overhead.items()
+        }
     update = doc.get("update")
     if update is not None and not (
         isinstance(update, dict) and all(isinstance(update.get(k), (int, float)) and update[k] >= 0
@@ -262,7 +279,7 @@ def from_json(doc: Any) -> Calibration:
         shape={k: shape[k] for k in SHAPE_KEYS}, provenance=dict(provenance), context=doc["context"],
         decode=_costs(doc.get("decode"), "decode"), verify=verify,
         prefill=prefill, update=update, swept=swept, notes=list(doc.get("notes") or []),
-        decode_scope=scope, host=host,
+        decode_scope=scope, host=host, admission_overhead=overhead,
     )  # fmt: skip
 
 
