@@ -12,7 +12,7 @@ import torch
 
 from reference_trainer.engine import timing
 from reference_trainer.engine.config import EngineConfig, SamplingParams
-from reference_trainer.engine.hostclock import HostClock
+from reference_trainer.engine.hostclock import FORWARDS, HostClock
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.protocol import DecodeReport, Speculation
 from reference_trainer.engine.requests import RequestBook
@@ -258,11 +258,11 @@ class Engine(RequestBook):
         counts = [len(d) + 1 for d in drafts]  # rows of each sequence: its draft positions + the bonus
         params = [s.params for s, c in zip(seqs, counts, strict=True) for _ in range(c)]
         # Row j of a sequence scores the token at position length + j: the draw plain decoding makes there.
-        with self.host_clock.sampling:
-            batch = self.sampling.batch(scored.slots, scored.positions, params)  # type: ignore[arg-type]
         draft_flat = scored.drafts
         assert draft_flat is not None and scored.logits is not None
-        with self.host_clock.forwards:
+        with self.host_clock.sampling:  # the sampling parameters, then the draws and read-back (forwards)
+            batch = self.sampling.batch(scored.slots, scored.positions, params)  # type: ignore[arg-type]
+            self.host_clock.switch(FORWARDS)
             scaled = scaled_logits(scored.logits, batch)
             plain, probs = plain_tokens(scaled, batch)
             accept = accept_rule(probs, plain, draft_flat) & (draft_flat >= 0)
@@ -336,16 +336,15 @@ class Engine(RequestBook):
         """Sample one token per sequence from its row of `scored` (unless a decode graph did), read the
         tokens back (the step's one device-to-host transfer) and append them; returns the sequences that
         finished."""
-        clock = self.host_clock
-        if scored.sampled is not None:
-            tokens, logprobs = scored.sampled
-        else:
-            params = [s.params for s in seqs]
-            with clock.sampling:
+        with self.host_clock.sampling:  # the sampling parameters, then the draw and read-back (forwards)
+            if scored.sampled is not None:
+                tokens, logprobs = scored.sampled
+                self.host_clock.switch(FORWARDS)
+            else:
+                params = [s.params for s in seqs]
                 batch = self.sampling.batch(scored.slots, scored.positions, params)  # type: ignore[arg-type]
-            with clock.forwards:
+                self.host_clock.switch(FORWARDS)
                 tokens, logprobs = sample(scored.logits, batch)  # type: ignore[arg-type]
-        with clock.forwards:
             tokens_l, logprobs_l = read_back(tokens, logprobs)
         return self._append_one_each(seqs, tokens_l, logprobs_l)
 

@@ -21,7 +21,7 @@ import torch
 
 from reference_trainer.engine.config import EngineConfig
 from reference_trainer.engine.graphs import StaticForward
-from reference_trainer.engine.hostclock import HostClock
+from reference_trainer.engine.hostclock import FORWARDS, HostClock
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.sampler import SamplerOps, SlotParams
 from reference_trainer.engine.sequence import Sequence
@@ -271,9 +271,9 @@ class ModelRunner:
             host |= {f"starts{i}": p.starts, f"where{i}": p.where}
             host |= {f"num_new{i}": p.num_new} if p.num_new is not None else {}
         host |= sample | ({} if everything else {"select": select})
-        with self.clock.sampling:
+        with self.clock.sampling:  # the upload, then the forward: one clock read between them
             inputs = upload(host, self.device)
-        with self.clock.forwards:
+            self.clock.switch(FORWARDS)
             batches = [self._batch(p, inputs, i) for i, p in enumerate(parts)]
             if len(parts) == 1:
                 ids, batch = inputs["ids"].view(parts[0].rows, parts[0].width), batches[0]
