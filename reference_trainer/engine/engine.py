@@ -7,6 +7,7 @@ import random
 import time
 from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,7 +17,7 @@ from reference_trainer.engine.hostclock import FORWARDS, HostClock
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.protocol import DecodeReport, Speculation
 from reference_trainer.engine.requests import RequestBook
-from reference_trainer.engine.runner import ModelRunner, Scored
+from reference_trainer.engine.runner import ModelRunner
 from reference_trainer.engine.sampler import (
     AcceptRule,
     SamplerOps,
@@ -36,6 +37,25 @@ from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import resolve_dtype
 from reference_trainer.trace.schema import CAPTURE
 from reference_trainer.trace.writer import Trace
+
+
+@dataclass
+class Scheduled:
+    """One step as `Engine._prepare` planned it: its kind, the running sequences, those admitted into it,
+    the running rows' sampler ops (graphs), when it started and the slots it occupies (for the trace)."""
+
+    kind: str
+    running: list[Sequence]
+    admitted: list[Sequence]
+    ops: SamplerOps | None
+    t_start: float
+    occupied: dict[str, str]
+    seqs: list[Sequence] = field(init=False)
+    admitted_tokens: int = field(init=False)  # the admitted rows' uncached tokens, fed in this step
+
+    def __post_init__(self) -> None:
+        self.seqs = self.running + self.admitted
+        self.admitted_tokens = sum(s.length - s.num_cached for s in self.admitted)
 
 
 class Engine(RequestBook):
@@ -113,14 +133,33 @@ class Engine(RequestBook):
         """One forward: a decode of every running sequence, with the sequences admitted into free slots
         riding in it (one forward over both, runner.mixed), or, with a speculation hook that proposes
         drafts, a verify of them; a prefill of its own only for admissions while nothing runs. Returns the
-        sequences that finished in this step. Its host CPU time is the engine's (`host_clock`)."""
+        sequences that finished in this step. Three parts, as nano-vllm's step: `_prepare` (schedule, the
+        admitted slots' sampling parameters, the decode graphs' ops), `_run` (the forward, the draw and the
+        read-back) and `_postprocess` (append the tokens, stop rules, the trace event). Its host CPU time
+        is the engine's (`host_clock`)."""
         with self.host_clock.engine:
-            return self._step()
+            planned = self._prepare()
+            if planned is None:
+                return []
+            running, admitted = planned.running, planned.admitted
+            hook = self.speculation if running else None
+            if hook is not None:
+                drafts = hook.propose(running, [self._draft_room(s) for s in running])
+                if drafts is not None:
+                    return self.verify(
+                        running, drafts, hook.accept_rule, admitted=admitted, t_start=planned.t_start
+                    )
+            t0 = time.perf_counter()
+            finished = self._postprocess(planned, *self._run(planned))
+            if hook is not None:  # a step with admissions is not the forward the cost table times
+                hook.observe(DecodeReport(running, None if admitted else time.perf_counter() - t0))
+            return finished
 
-    def _step(self) -> list[Sequence]:
+    def _prepare(self) -> Scheduled | None:
+        """The step's plan: what runs and what is admitted into it (None: nothing to do)."""
         kind, running, admitted = self.scheduler.schedule()
         if not running and not admitted:
-            return []
+            return None
         if admitted:  # the slots' sampling parameters change only when their requests do
             with self.host_clock.sampling:
                 self.sampling.assign(
@@ -129,31 +168,46 @@ class Engine(RequestBook):
                     [self._keys[s.seq_id] for s in admitted],
                 )
         ops = self._capture_decode_graphs(running) if running and not admitted else None
-        t_start = self.trace.now()
         occupied = dict(self.scheduler.occupied)
-        hook = self.speculation if running else None
-        if hook is not None:
-            drafts = hook.propose(running, [self._draft_room(s) for s in running])
-            if drafts is not None:
-                return self.verify(running, drafts, hook.accept_rule, admitted=admitted, t_start=t_start)
-        fed = len(running) + sum(s.length - s.num_cached for s in admitted)
-        t0 = time.perf_counter()
-        if kind == "prefill":
+        return Scheduled(kind, running, admitted, ops, self.trace.now(), occupied)
+
+    def _run(self, planned: Scheduled) -> tuple[list[float], list[float]]:
+        """The forward (a prefill, a decode with admissions riding in it, or a plain decode), one token
+        drawn per sequence from its row (unless a decode graph drew it) and read back: the step's one
+        device-to-host transfer."""
+        running, admitted = planned.running, planned.admitted
+        if planned.kind == "prefill":
             scored = self.runner.prefill(admitted)
         elif admitted:
             scored = self.runner.mixed(running, admitted)
         else:
-            scored = self.runner.decode(running, ops)
-        seqs = running + admitted
-        finished = self._emit(seqs, scored)
-        if hook is not None:  # a step with admissions is not the forward the cost table times
-            hook.observe(DecodeReport(running, None if admitted else time.perf_counter() - t0))
+            scored = self.runner.decode(running, planned.ops)
+        with self.host_clock.sampling:  # the sampling parameters, then the draw and read-back (forwards)
+            if scored.sampled is not None:
+                tokens, logprobs = scored.sampled
+                self.host_clock.switch(FORWARDS)
+            else:
+                params = [s.params for s in planned.seqs]
+                batch = self.sampling.batch(scored.slots, scored.positions, params)  # type: ignore[arg-type]
+                self.host_clock.switch(FORWARDS)
+                tokens, logprobs = sample(scored.logits, batch)  # type: ignore[arg-type]
+            tokens_l, logprobs_l = read_back(tokens, logprobs)
+        return tokens_l, logprobs_l
+
+    def _postprocess(self, planned: Scheduled, tokens: list[float], logprobs: list[float]) -> list[Sequence]:
+        """Append each sequence's token (stop rules, finishing), then the step's trace event; returns the
+        sequences that finished."""
+        running, admitted, seqs = planned.running, planned.admitted, planned.seqs
+        finished = self._append_one_each(seqs, tokens, logprobs)
+        fed = len(running) + planned.admitted_tokens
         extra = (
             {"prefill_rows": len(admitted), "prefill_tokens": fed - len(running)}
             if running and admitted
             else {}
         )
-        self._trace_forward(kind, t_start, occupied, seqs, len(seqs), input_tokens=fed, **extra)
+        self._trace_forward(
+            planned.kind, planned.t_start, planned.occupied, seqs, len(seqs), input_tokens=fed, **extra
+        )
         return finished
 
     def _draft_room(self, seq: Sequence) -> int:
@@ -331,22 +385,6 @@ class Engine(RequestBook):
             kind, t_start, self.trace.now(), occupied, self.slots.capacity, tokens - lookahead_tokens,
             rows=len(seqs), **extra,
         )  # fmt: skip
-
-    def _emit(self, seqs: list[Sequence], scored: Scored) -> list[Sequence]:
-        """Sample one token per sequence from its row of `scored` (unless a decode graph did), read the
-        tokens back (the step's one device-to-host transfer) and append them; returns the sequences that
-        finished."""
-        with self.host_clock.sampling:  # the sampling parameters, then the draw and read-back (forwards)
-            if scored.sampled is not None:
-                tokens, logprobs = scored.sampled
-                self.host_clock.switch(FORWARDS)
-            else:
-                params = [s.params for s in seqs]
-                batch = self.sampling.batch(scored.slots, scored.positions, params)  # type: ignore[arg-type]
-                self.host_clock.switch(FORWARDS)
-                tokens, logprobs = sample(scored.logits, batch)  # type: ignore[arg-type]
-            tokens_l, logprobs_l = read_back(tokens, logprobs)
-        return self._append_one_each(seqs, tokens_l, logprobs_l)
 
     # ---- costs and weights -------------------------------------------------------------------------------
     def time_forwards(
