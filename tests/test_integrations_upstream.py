@@ -210,7 +210,7 @@ def test_convert_each_source_to_the_open_rollout_trace_and_validate(tmp_path):
     tok = _word_tokenizer(tmp_path / "tok")
     sources = {"slime": [str(UP / "slime_rollout_3.pt")], "trl": [str(UP / "trl_1.16.0")],
                "verl": [str(UP / "verl_rollouts"), "--tokenizer", str(tok)]}  # fmt: skip
-    lengths = tmp_path / "lengths.jsonl"
+    lengths = tmp_path / "length_log.jsonl"  # not lengths.jsonl, which is where its conversion goes
     lengths.write_text('{"step": 0, "group": "a", "response_tokens": [3, 5]}\n')
     sources["lengths"] = [str(lengths)]
     assert (

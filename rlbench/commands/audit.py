@@ -32,6 +32,9 @@ def audit_command(
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write the audit as JSON to this file.")
     ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing --out file, or write one inside a run.")
+    ] = False,
 ) -> None:
     """Rebuild trainer idle, rollout idle and the slot bubble from the run's own evidence, set them beside
     the framework's figures, flag disagreements, and label the run (rollout-bound, trainer-bound, balanced,
@@ -41,10 +44,13 @@ def audit_command(
     from rlbench.integrations.audit import audit
     from rlbench.integrations.imports import load_tokenizer
     from rlbench.report.figures import pct
+    from rlbench.rundirs import check_output_file
 
     if slots is not None:
         check_integer("--slots", slots, low=1)
     check_number("--tolerance", tolerance, low=0.0, high=1.0)
+    if out is not None:  # before the audit: a refused path costs nothing
+        check_output_file(out, (source,), overwrite)
     doc = audit(
         source, slots, tolerance, (lambda: load_tokenizer(tokenizer)) if tokenizer else None, trust_pickle
     )
