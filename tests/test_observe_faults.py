@@ -1,7 +1,7 @@
 """Observing hostile servers on 127.0.0.1: a body sent a byte at a time, an endless body, histogram buckets
 without a numeric `le` and gauges that are not numbers. The observation still ends, the healthy server
 beside them is sampled as often as alone, and what was wrong is said once per server. (How soon it ends is
-timed by the fault drill, benchmarks/fault_drill.py's servers group: timings are not asserted here.)"""
+timed by the fault drill, faults/fault_drill.py's servers group: timings are not asserted here.)"""
 
 from __future__ import annotations
 
