@@ -28,8 +28,14 @@ Groups (each case is one command, or a kill and a resume, judged by what it must
   files past any run (values, workers, steps, rows, a million lines), lookahead and suffix modes, an empty
   observation.
 
+- async: a rollout run ahead whose rollout process is killed (SIGKILL, SIGTERM), whose trainer gets SIGTERM,
+  whose resume lacks its run-ahead weights, whose max_staleness cannot fit: one line, no ring left behind.
+- outputs: `--out` over the command's own input, inside another run or over an earlier run; two suites on one
+  data file; the TRL callback's overwrite given as 'false'.
+
 The first four groups are in fault_runs.py, the inputs in fault_inputs.py, servers and fuzz in fault_fuzz.py,
-the hostile round in fault_hostile.py, the fourth round in fault_surfaces.py.
+the hostile round in fault_hostile.py, the fourth round in fault_surfaces.py, async and outputs in
+fault_supervision.py.
 
 A case fails when the command does not end as it must; a traceback is any "Traceback" a command printed (or an
 exception escaping it in process); "lost" counts finished work or intact data that did not survive the fault.
@@ -54,6 +60,7 @@ from faults.fault_fuzz import hostile_servers, option_fuzz
 from faults.fault_hostile import hostile_round3
 from faults.fault_inputs import Check, Outcome, corrupt_inputs
 from faults.fault_runs import ROOT, concurrency, disks, kill_resume, signals
+from faults.fault_supervision import async_supervision, output_cases
 from faults.fault_surfaces import surfaces
 from reference_trainer.trace.records import write_json
 
@@ -70,6 +77,8 @@ GROUPS: dict[str, Callable[[Path], Iterator[tuple[str, Check]]]] = {
     "fuzz": option_fuzz,
     "hostile": hostile_round3,
     "surfaces": surfaces,
+    "async": async_supervision,
+    "outputs": output_cases,
 }
 
 
