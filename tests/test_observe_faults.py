@@ -102,3 +102,12 @@ def test_a_servers_page_reaches_the_terminal_without_its_control_bytes(tmp_path)
         res = cli("observe", server.url, "--duration", "0.5", "--out", "obs", tmp=tmp_path)
     assert "pwned" in res.stderr, res.stderr  # what the page said is shown ...
     assert "\x1b" not in res.stderr + res.stdout and "\x07" not in res.stderr  # ... but not acted on
+
+
+def test_a_url_given_many_times_is_one_server():
+    from rlbench.profiling.observe import server_urls
+
+    assert server_urls(",".join(["127.0.0.1:9"] * 300 + ["h:1", "http://127.0.0.1:9/metrics"])) == [
+        "http://127.0.0.1:9/metrics",
+        "http://h:1/metrics",
+    ]
