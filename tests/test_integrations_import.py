@@ -5,6 +5,7 @@ upstream writers' own output in test_integrations_upstream.py."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -323,3 +324,21 @@ def test_a_parquet_claiming_more_rows_than_a_run_is_refused_from_its_footer(tmp_
     res = cli("import", "trl", str(tmp_path / "trl"), "--out", str(tmp_path / "o"))
     assert_one_line_error(res, "completions_00002.parquet: 300 rows; the completions files hold at most 500")
     assert sum(read) == rows  # the first file only
+
+
+@pytest.mark.parametrize("value", ["12", [1], {"a": 1}])
+def test_audit_refuses_a_length_that_is_not_a_number(tmp_path, value):
+    log = _jsonl(tmp_path / "log.jsonl", [_with(_verl_step(1, 3.0), "prompt_length/mean", value)])
+    assert_one_line_error(cli("audit", str(log), "--slots", "8"), "prompt_length/mean is")
+
+
+def test_audit_never_prints_a_share_outside_0_1(tmp_path):
+    """Timers summing past the step: the trainer's idle would be negative; it is left out with a note."""
+    row = _with(_verl_step(1, 3.0), "timing_s/update_actor", 1e6)
+    log = _jsonl(tmp_path / "log.jsonl", [row])
+    res = cli("audit", str(log), "--slots", "8", "--out", str(tmp_path / "a.json"))
+    assert res.returncode == 0, res.stderr
+    doc = read_json(tmp_path / "a.json")
+    shares = [f["rebuilt"] for f in doc["figures"] if "idle" in f["quantity"] and f["rebuilt"] is not None]
+    assert all(0 <= s <= 1 for s in shares) and not re.search(r"-\d[\d.,]*%", res.stdout)
+    assert any("trainer idle not rebuilt" in n for n in doc["notes"])

@@ -68,11 +68,15 @@ LIMITS = [
 ]
 
 
+COUNTED = ("prompt_length/", "response_length/", TOKENS, GENERATED, PROCESSING_MEAN)
+
+
 def _check_value(key: str, value: Any) -> str | None:
     """What is wrong with one value the import believes (a timer, the score, verl's own shares), or None.
     Other keys are carried as they are, or not at all."""
     timed = key.startswith("timing_s/")
-    if value is None or not (timed or key == SCORE or key in IDLE_KEYS):
+    counted = key.startswith(COUNTED)  # sizes the audit divides by: non-negative like a time
+    if value is None or not (timed or counted or key == SCORE or key in IDLE_KEYS):
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"{key} is {type(value).__name__}, not a number"
@@ -80,7 +84,7 @@ def _check_value(key: str, value: Any) -> str | None:
         return f"{key} is {value}, not a finite number"
     if abs(value) > MAX_MAGNITUDE:
         return f"{key} is {str(value)[:24]}, not a time or score a run logs"
-    if timed and value < 0:
+    if (timed or counted) and value < 0:
         return f"negative {key} ({value:g}): a time cannot be negative"
     if key in IDLE_KEYS and not 0 <= value <= 1:
         return f"{key} is {value:g}, not a share in [0, 1]"
