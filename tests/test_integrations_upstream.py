@@ -246,6 +246,11 @@ def test_a_pickle_that_needs_trust_is_refused_in_one_line(tmp_path):
         ({"response_tokens": -1}, "response_tokens: -1 is less than the minimum of 0"),
         ({"t_admit": 5.0, "t_finish": 2.0}, "t_finish 2 is before t_admit 5"),
         ({"schema": "other/1"}, "schema: 'rlbench-rollout-trace/1' was expected"),
+        # the readers' bounds, which JSON and the schema let through
+        ({"t_admit": float("nan")}, "t_admit is nan, not a finite time"),
+        ({"t_admit": 0.0, "t_finish": float("inf")}, "t_finish is inf, not a finite time"),
+        ({"response_tokens": 10**400}, "response_tokens is 1000"),
+        ({"step": 2**63}, "step is 9223372036854775808, past"),
     ],
 )
 def test_validate_names_the_first_bad_record(tmp_path, change, why):
