@@ -342,3 +342,10 @@ def test_audit_never_prints_a_share_outside_0_1(tmp_path):
     shares = [f["rebuilt"] for f in doc["figures"] if "idle" in f["quantity"] and f["rebuilt"] is not None]
     assert all(0 <= s <= 1 for s in shares) and not re.search(r"-\d[\d.,]*%", res.stdout)
     assert any("trainer idle not rebuilt" in n for n in doc["notes"])
+
+
+def test_one_line_cannot_size_the_import_past_its_bound(tmp_path):
+    """A group of 70,000 samples (one line) is refused at the line, before anything is built from it."""
+    log = _jsonl(tmp_path / "big.jsonl", [{"step": 0, "group": "a", "response_tokens": [1] * 70_000}])
+    res = cli("import", "lengths", str(log), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, "big.jsonl:1: response_tokens holds 70,000 samples: one group holds at most")
