@@ -274,3 +274,18 @@ def test_audit_of_a_native_run_labels_it_from_its_trace(tiny_model_dir, tmp_path
     assert trainer["rebuilt"] == pytest.approx(summary["trainer_idle_share"])
     assert rollout["rebuilt"] == pytest.approx(summary["rollout_idle_share"])
     assert doc["label"] == summary["bound"] and doc["label_from"] == "rebuilt"
+
+
+def test_a_slime_dump_of_0_bytes_or_with_odd_traces_is_one_line_or_converted(tmp_path):
+    torch = __import__("torch")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    res = cli("trace", "convert", str(tmp_path / "empty.pt"), "--out", str(tmp_path / "e.jsonl"))
+    assert_one_line_error(res, "not a torch file")
+    dump = torch.load(UP / "slime_rollout_3.pt", weights_only=True)
+    odd = [None, "x", {"events": "no"}, {"events": [None, {"name": "sglang_generate", "type": "span_start",
+                                                           "ts": "3"}]}]  # fmt: skip
+    for n, sample in enumerate(dump["samples"]):
+        sample["trace"], sample["spec_info"] = odd[n % len(odd)], [1, None, "x"][n % 3]
+    torch.save(dump, tmp_path / "odd.pt")
+    res = cli("trace", "convert", str(tmp_path / "odd.pt"), "--out", str(tmp_path / "o.jsonl"))
+    assert res.returncode == 0 and ", 0 with times" in res.stdout, res.stderr
