@@ -79,7 +79,8 @@ def test_a_killed_rollout_process_ends_the_run_with_one_line(tiny_model_dir, tmp
         proc.kill()
     assert proc.returncode == 2
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and f"killed by {sig.name}" in lines[0] and "--resume" in lines[0], err
+    resume = f"--resume {tmp_path / 'run'}`"
+    assert len(lines) == 1 and f"killed by {sig.name}" in lines[0] and resume in lines[0], err
     assert _rings(proc.pid) == []
     assert (tmp_path / "run" / "metrics.jsonl").read_text().strip()  # the finished steps are kept
 
