@@ -14,6 +14,7 @@ COPY reference_trainer ./reference_trainer
 COPY suites ./suites
 COPY reports ./reports
 COPY benchmarks ./benchmarks
+COPY faults ./faults
 COPY tests ./tests
 COPY scripts ./scripts
 # The image's torch and vllm satisfy rlbench's ranges, so pip keeps them (no second CUDA stack).

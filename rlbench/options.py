@@ -217,7 +217,7 @@ def with_run_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def numeric_options(app: typer.Typer) -> list[tuple[tuple[str, ...], str, type]]:
     """(command path, flag, int or float) of every numeric option of every command of `app`: what the
-    option fuzzing (tests/test_option_fuzz.py, benchmarks/fault_fuzz.py) feeds bad numbers to."""
+    option fuzzing (tests/test_option_fuzz.py, faults/fault_fuzz.py) feeds bad numbers to."""
 
     def walk(command: Any, path: tuple[str, ...]) -> Any:
         if hasattr(command, "commands"):

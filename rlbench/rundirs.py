@@ -69,12 +69,39 @@ def claim(directory: str | Path, command: str, accepts: tuple[str, ...]) -> Iter
 OVERWRITE_HINT = "pass --overwrite to replace it, or use another --out"
 
 
-def check_new_run(out: str | Path, kind: str, overwrite: bool, hint: str = OVERWRITE_HINT) -> None:
-    """Refuse to start a run in `out` over a finished run of `kind` (its first marker file is there) unless
-    `overwrite`: the new run would replace its files without a word. `hint` says how to go on instead."""
-    marker = next(name for name, held in MARKERS if held == kind)
+def check_new_run(
+    out: str | Path, kind: str, overwrite: bool, hint: str = OVERWRITE_HINT, marker: str | None = None
+) -> None:
+    """Refuse to start a run in `out` over a finished run of `kind` (its first marker file, or `marker`, is
+    there) unless `overwrite`: the new run would replace its files without a word. `hint` says how to go on
+    instead."""
+    marker = marker or next(name for name, held in MARKERS if held == kind)
     if not overwrite and (Path(out) / marker).exists():
         raise UserError(f"{out} already holds {NAMES[kind]}: {hint}")
+
+
+def check_not_input(out: str | Path, inputs: tuple[str | Path, ...]) -> None:
+    """Refuse an output that is one of the command's `inputs`, is inside one, or (a folder) holds one: the
+    command would write over what it reads. Never lifted by --overwrite."""
+    where = Path(out).resolve(strict=False)
+    for given in inputs:
+        source = Path(given).resolve(strict=False)
+        if where == source or source in where.parents or where in source.parents:
+            how = "is" if where == source else "is inside" if source in where.parents else "holds"
+            raise UserError(f"{out} {how} the input {given}: use another --out")
+
+
+def check_run_dir(
+    out: str | Path,
+    kind: str,
+    overwrite: bool,
+    inputs: tuple[str | Path, ...] = (),
+    marker: str | None = None,
+) -> None:
+    """The one rule for a command that writes a run folder from inputs (`import`, `simulate`): never over
+    its inputs, and never over a finished run without `overwrite` (`claim` refuses other commands' runs)."""
+    check_not_input(out, inputs)
+    check_new_run(out, kind, overwrite, marker=marker)
 
 
 def check_new_comparison(out: Path, modes: list[str], overwrite: bool) -> None:
@@ -87,3 +114,24 @@ def check_new_comparison(out: Path, modes: list[str], overwrite: bool) -> None:
     for folder in sorted(p for p in out.iterdir() if p.is_dir() and not p.is_symlink()):
         if folder.name not in modes and (held_by(folder) or ("", ""))[0] in ("train", "profile"):
             shutil.rmtree(folder)
+
+
+def check_output_file(out: str | Path, inputs: tuple[str | Path, ...], overwrite: bool) -> Path:
+    """The one rule for a command that writes one file (`audit --out`, `trace convert --out`): refused when
+    it is one of the command's `inputs` or inside one (never overwritten, even with `overwrite`: the command
+    would destroy what it reads), and, unless `overwrite`, when it is inside a run folder (a run's own files
+    are its commands' to write) or names a file that is already there."""
+    path = Path(out)
+    where = path.resolve(strict=False)
+    check_not_input(out, inputs)
+    if path.is_dir():
+        raise UserError(f"{out} is a folder; --out names the file to write")
+    if overwrite:
+        return path
+    run = next((p for p in where.parents if held_by(p) is not None), None)
+    if run is not None:
+        kind, marker = held_by(run) or ("", "")
+        raise UserError(f"{out} is inside {NAMES[kind]} ({run / marker}): {OVERWRITE_HINT}")
+    if path.exists() or path.is_symlink():
+        raise UserError(f"{out} exists: {OVERWRITE_HINT}")
+    return path

@@ -260,6 +260,15 @@ def test_a_calibration_is_found_by_its_model_shape_and_a_wrong_one_is_refused(
     broken.write_text(json.dumps({**calibration().to_json(), "decode": {"1": -1}}))
     with pytest.raises(UserError, match="decode holds a count below 1 or a value that is not a positive"):
         read_calibration(broken)
+    # JSON's Infinity and 10^400 (no float) are not costs: refused at the reader, never `step inf s`
+    for bad in ('{"1": Infinity}', '{"1": 1' + "0" * 400 + "}"):
+        broken.write_text(json.dumps(calibration().to_json())[:-1] + f', "decode": {bad}}}')
+        with pytest.raises(UserError, match="decode holds a count below 1 or a value that is not a positive"):
+            read_calibration(broken)
+    update = {**calibration().to_json(), "update": {"s_fixed": 0.0, "s_per_token": float("inf")}}
+    broken.write_text(json.dumps(update))
+    with pytest.raises(UserError, match="update needs s_fixed and s_per_token"):
+        read_calibration(broken)
 
 
 def test_compare_prints_the_replay_beside_the_measured_times_and_not_the_old_split(

@@ -5,6 +5,7 @@ upstream writers' own output in test_integrations_upstream.py."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -207,6 +208,10 @@ def _verl_step(step: int, gen: float) -> dict:
     return {"step": step, "data": {**line["data"], "timing_s/gen": gen}}
 
 
+def _with(row: dict, key: str, value) -> dict:
+    return {**row, "data": {**row["data"], key: value}}
+
+
 @pytest.mark.parametrize(
     ("rows", "why"),
     [
@@ -217,11 +222,54 @@ def _verl_step(step: int, gen: float) -> dict:
         # past any run: the refusal came from the rebuilt trace, naming no line of the log
         ([_verl_step(1, 1e308)], "bad.jsonl:1: timing_s/gen is 1e+308, not a time"),
         ([{**_verl_step(1, 3.0), "step": 10**400}], "bad.jsonl:1: step is 1000"),
+        # every value the import believes is checked at the reader, naming the line and the key
+        (
+            [_verl_step(1, 3.0), _with(_verl_step(2, 3.0), "timing_s/reward", -1.0)],
+            "bad.jsonl:2: negative timing_s/reward",
+        ),
+        ([_with(_verl_step(1, 3.0), "timing_s/reward", float("nan"))], "bad.jsonl:1: timing_s/reward is nan"),
+        ([_with(_verl_step(1, 3.0), "timing_s/update_actor", 10**400)], "timing_s/update_actor is 1000"),
+        ([_with(_verl_step(1, 3.0), "critic/score/mean", float("inf"))], "critic/score/mean is inf"),
+        ([_with(_verl_step(1, 3.0), "trainer/idle_ratio", 3.0)], "trainer/idle_ratio is 3, not a share"),
+        ([_with(_verl_step(1, 3.0), "timing_s/gen", "12")], "timing_s/gen is str, not a number"),
     ],
 )
 def test_a_malformed_verl_log_is_one_line(tmp_path, rows, why):
     log = _jsonl(tmp_path / "bad.jsonl", rows)
     assert_one_line_error(cli("import", "verl", str(log), "--out", str(tmp_path / "o")), why)
+
+
+def test_verl_lines_left_out_are_counted_in_the_output(tmp_path):
+    rows = [_verl_step(1, 3.0), {"step": 1, "data": {}}, {"step": 7, "data": {"timing_s/param_sync": 1.0}}]
+    log = _jsonl(tmp_path / "log.jsonl", rows)
+    res = cli("import", "verl", str(log), "--out", str(tmp_path / "o"))
+    assert res.returncode == 0, res.stderr
+    notes = json.dumps(read_json(tmp_path / "o" / "metrics.json"))
+    assert "1 step(s) with lines but no training line" in notes and "1 line(s) with an empty data" in notes
+
+
+def test_a_trl_parquet_holding_two_steps_keeps_both_and_bad_figures_are_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    completions = tmp_path / "trl" / "completions"
+    completions.mkdir(parents=True)
+    table = pa.table(
+        {"step": [1, 1, 2, 2], "prompt": ["a", "a", "a", "a"], "completion_tokens": [3, 5, 7, 9]}
+    )
+    pq.write_table(table, completions / "completions_00002.parquet")
+    args = ("import", "trl", str(tmp_path / "trl"), "--out", str(tmp_path / "o"))
+    assert cli(*args).returncode == 0
+    steps = {e["step"] for e in read_jsonl(tmp_path / "o" / "trace.jsonl") if e["kind"] == "sequence"}
+    assert steps == {1, 2}
+    clipped = "completions/clipped_ratio"
+    for key, value, why in (("step_time", float("nan"), "step_time is nan"),
+                            ("step_time", -2.0, "step_time is -2, and cannot be negative"),
+                            (clipped, 1.5, f"{clipped} is 1.5, not a share")):  # fmt: skip
+        entry = {"step": 1, "step_time": 1.0, "reward": 0.5, key: value}
+        (tmp_path / "trl" / "trainer_state.json").write_text(json.dumps({"log_history": [entry]}))
+        res = cli(*args, "--overwrite")
+        assert_one_line_error(res, f"trainer_state.json: log_history[0] (step 1): {why}")
 
 
 def test_a_trl_output_dir_without_lengths_or_with_a_bad_file_is_one_line(tmp_path):
@@ -276,3 +324,28 @@ def test_a_parquet_claiming_more_rows_than_a_run_is_refused_from_its_footer(tmp_
     res = cli("import", "trl", str(tmp_path / "trl"), "--out", str(tmp_path / "o"))
     assert_one_line_error(res, "completions_00002.parquet: 300 rows; the completions files hold at most 500")
     assert sum(read) == rows  # the first file only
+
+
+@pytest.mark.parametrize("value", ["12", [1], {"a": 1}])
+def test_audit_refuses_a_length_that_is_not_a_number(tmp_path, value):
+    log = _jsonl(tmp_path / "log.jsonl", [_with(_verl_step(1, 3.0), "prompt_length/mean", value)])
+    assert_one_line_error(cli("audit", str(log), "--slots", "8"), "prompt_length/mean is")
+
+
+def test_audit_never_prints_a_share_outside_0_1(tmp_path):
+    """Timers summing past the step: the trainer's idle would be negative; it is left out with a note."""
+    row = _with(_verl_step(1, 3.0), "timing_s/update_actor", 1e6)
+    log = _jsonl(tmp_path / "log.jsonl", [row])
+    res = cli("audit", str(log), "--slots", "8", "--out", str(tmp_path / "a.json"))
+    assert res.returncode == 0, res.stderr
+    doc = read_json(tmp_path / "a.json")
+    shares = [f["rebuilt"] for f in doc["figures"] if "idle" in f["quantity"] and f["rebuilt"] is not None]
+    assert all(0 <= s <= 1 for s in shares) and not re.search(r"-\d[\d.,]*%", res.stdout)
+    assert any("trainer idle not rebuilt" in n for n in doc["notes"])
+
+
+def test_one_line_cannot_size_the_import_past_its_bound(tmp_path):
+    """A group of 70,000 samples (one line) is refused at the line, before anything is built from it."""
+    log = _jsonl(tmp_path / "big.jsonl", [{"step": 0, "group": "a", "response_tokens": [1] * 70_000}])
+    res = cli("import", "lengths", str(log), "--out", str(tmp_path / "o"))
+    assert_one_line_error(res, "big.jsonl:1: response_tokens holds 70,000 samples: one group holds at most")

@@ -210,7 +210,7 @@ def test_convert_each_source_to_the_open_rollout_trace_and_validate(tmp_path):
     tok = _word_tokenizer(tmp_path / "tok")
     sources = {"slime": [str(UP / "slime_rollout_3.pt")], "trl": [str(UP / "trl_1.16.0")],
                "verl": [str(UP / "verl_rollouts"), "--tokenizer", str(tok)]}  # fmt: skip
-    lengths = tmp_path / "lengths.jsonl"
+    lengths = tmp_path / "length_log.jsonl"  # not lengths.jsonl, which is where its conversion goes
     lengths.write_text('{"step": 0, "group": "a", "response_tokens": [3, 5]}\n')
     sources["lengths"] = [str(lengths)]
     assert (
@@ -246,6 +246,11 @@ def test_a_pickle_that_needs_trust_is_refused_in_one_line(tmp_path):
         ({"response_tokens": -1}, "response_tokens: -1 is less than the minimum of 0"),
         ({"t_admit": 5.0, "t_finish": 2.0}, "t_finish 2 is before t_admit 5"),
         ({"schema": "other/1"}, "schema: 'rlbench-rollout-trace/1' was expected"),
+        # the readers' bounds, which JSON and the schema let through
+        ({"t_admit": float("nan")}, "t_admit is nan, not a finite time"),
+        ({"t_admit": 0.0, "t_finish": float("inf")}, "t_finish is inf, not a finite time"),
+        ({"response_tokens": 10**400}, "response_tokens is 1000"),
+        ({"step": 2**63}, "step is 9223372036854775808, past"),
     ],
 )
 def test_validate_names_the_first_bad_record(tmp_path, change, why):
@@ -269,3 +274,18 @@ def test_audit_of_a_native_run_labels_it_from_its_trace(tiny_model_dir, tmp_path
     assert trainer["rebuilt"] == pytest.approx(summary["trainer_idle_share"])
     assert rollout["rebuilt"] == pytest.approx(summary["rollout_idle_share"])
     assert doc["label"] == summary["bound"] and doc["label_from"] == "rebuilt"
+
+
+def test_a_slime_dump_of_0_bytes_or_with_odd_traces_is_one_line_or_converted(tmp_path):
+    torch = __import__("torch")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    res = cli("trace", "convert", str(tmp_path / "empty.pt"), "--out", str(tmp_path / "e.jsonl"))
+    assert_one_line_error(res, "not a torch file")
+    dump = torch.load(UP / "slime_rollout_3.pt", weights_only=True)
+    odd = [None, "x", {"events": "no"}, {"events": [None, {"name": "sglang_generate", "type": "span_start",
+                                                           "ts": "3"}]}]  # fmt: skip
+    for n, sample in enumerate(dump["samples"]):
+        sample["trace"], sample["spec_info"] = odd[n % len(odd)], [1, None, "x"][n % 3]
+    torch.save(dump, tmp_path / "odd.pt")
+    res = cli("trace", "convert", str(tmp_path / "odd.pt"), "--out", str(tmp_path / "o.jsonl"))
+    assert res.returncode == 0 and ", 0 with times" in res.stdout, res.stderr

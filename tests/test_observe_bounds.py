@@ -36,7 +36,7 @@ def test_counters_that_go_backwards_on_every_scrape_are_named_a_load_balancer():
 
 
 def test_a_report_of_300_servers_draws_the_busiest_few():
-    """Drawing every server took 66 s; the bound is what is drawn (benchmarks/fault_drill.py times it)."""
+    """Drawing every server took 66 s; the bound is what is drawn (faults/fault_drill.py times it)."""
     from rlbench.report.observe_report import MAX_DRAWN, occupancy_figure
 
     rows = [row for s in range(300) for row in scrapes(lambda k: k, n=30, server=s)]

@@ -1,7 +1,7 @@
 """Observing hostile servers on 127.0.0.1: a body sent a byte at a time, an endless body, histogram buckets
 without a numeric `le` and gauges that are not numbers. The observation still ends, the healthy server
 beside them is sampled as often as alone, and what was wrong is said once per server. (How soon it ends is
-timed by the fault drill, benchmarks/fault_drill.py's servers group: timings are not asserted here.)"""
+timed by the fault drill, faults/fault_drill.py's servers group: timings are not asserted here.)"""
 
 from __future__ import annotations
 
@@ -102,3 +102,12 @@ def test_a_servers_page_reaches_the_terminal_without_its_control_bytes(tmp_path)
         res = cli("observe", server.url, "--duration", "0.5", "--out", "obs", tmp=tmp_path)
     assert "pwned" in res.stderr, res.stderr  # what the page said is shown ...
     assert "\x1b" not in res.stderr + res.stdout and "\x07" not in res.stderr  # ... but not acted on
+
+
+def test_a_url_given_many_times_is_one_server():
+    from rlbench.profiling.observe import server_urls
+
+    assert server_urls(",".join(["127.0.0.1:9"] * 300 + ["h:1", "http://127.0.0.1:9/metrics"])) == [
+        "http://127.0.0.1:9/metrics",
+        "http://h:1/metrics",
+    ]

@@ -4,7 +4,7 @@ is accepted and the command reaches its work with it. Never a traceback.
 The commands are found by walking the Typer app, so a new option is fuzzed without touching this file. The
 work itself (training, profiling, evaluating, generating, simulating, observing, building) is stubbed where it
 starts: what this test checks is that validation happens up front, in one place per command; the fault drill
-(benchmarks/fault_drill.py) runs accepted values for real.
+(faults/fault_drill.py) runs accepted values for real.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import cli
 
-from benchmarks.fault_inputs import FUZZ_STUBS, FUZZ_VALUES, fuzz_base_args
+from faults.fault_inputs import FUZZ_STUBS, FUZZ_VALUES, fuzz_base_args
 from rlbench.cli import app_
 from rlbench.options import numeric_options
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_one_line_error, cli, write_tiny_char_model
 
+from reference_trainer.errors import UserError
 from reference_trainer.trace.records import read_json, write_json
 from reference_trainer.trace.schema import FORWARD_KINDS
 from rlbench.reproduce import runner as runner_module
@@ -220,3 +221,15 @@ def test_a_spec_model_is_the_default_and_the_command_names_only_an_override(tmp_
     assert read_json(tmp_path / "toy" / "cpu" / "work" / "origin.json")["model"] == "embedded"
     other = reproduce("toy", spec, tmp_path / "o", device="cpu", quick=False, model="some-dir")
     assert other["command"] == "rlbench reproduce toy --model some-dir"
+
+
+def test_a_plain_reproduce_writes_under_runs_and_only_update_reports_writes_reports(tmp_path):
+    from rlbench.commands.reproduce import results_root
+
+    assert results_root(None, False, False) == Path("runs/reproduce")
+    assert results_root(None, True, False) == Path("runs/reproduce-quick")
+    assert results_root(tmp_path, False, False) == tmp_path
+    assert results_root(None, False, True) == Path("reports")
+    for out, quick in ((tmp_path, False), (None, True)):
+        with pytest.raises(UserError, match="--update-reports writes reports/"):
+            results_root(out, quick, True)

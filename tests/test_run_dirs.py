@@ -130,3 +130,77 @@ def test_observe_simulate_and_reproduce_are_refused_beside_a_running_writer(held
             f"{run} is in use by another rlbench process (pid {pid})",
         )
     assert [p.name for p in run.iterdir()] == [".rlbench.lock"]
+
+
+# ---- the one rule for what a command writes: never its input, another run, or a file it did not make ------
+
+
+def lengths_log(tmp_path):
+    log = tmp_path / "lengths.jsonl"
+    rows = [
+        {"step": s, "group": g, "prompt_tokens": 10, "response_tokens": [4, 2 + s]}
+        for s in (0, 1)
+        for g in "ab"
+    ]
+    log.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return log
+
+
+def test_a_written_file_is_never_the_input_another_run_or_a_file_there(tmp_path):
+    log = lengths_log(tmp_path)
+    run = tmp_path / "run"
+    assert (
+        cli("import", "lengths", str(log), "--slots", "2", "--workers", "1", "--out", str(run)).returncode
+        == 0
+    )
+    before = snapshot(run)
+    for args in (
+        ("trace", "convert", str(run), "--out", str(run / "trace.jsonl")),  # its own input
+        ("trace", "convert", str(log), "--out", str(log)),
+        ("audit", str(log), "--slots", "8", "--out", str(log)),
+        ("audit", str(run), "--out", str(run / "metrics.json")),
+    ):
+        assert_one_line_error(cli(*args), "input")
+    other = tmp_path / "other"
+    assert (
+        cli("import", "lengths", str(log), "--slots", "2", "--workers", "1", "--out", str(other)).returncode
+        == 0
+    )
+    assert_one_line_error(
+        cli("trace", "convert", str(log), "--out", str(other / "trace.jsonl")), "--overwrite"
+    )
+    (tmp_path / "mine.jsonl").write_text("keep\n")
+    assert_one_line_error(cli("trace", "convert", str(log), "--out", str(tmp_path / "mine.jsonl")), "exists")
+    assert (tmp_path / "mine.jsonl").read_text() == "keep\n" and snapshot(run) == before
+    res = cli("trace", "convert", str(log), "--out", str(tmp_path / "mine.jsonl"), "--overwrite")
+    assert res.returncode == 0 and (tmp_path / "mine.jsonl").read_text() != "keep\n"
+
+
+def test_import_and_simulate_replace_a_finished_run_only_with_overwrite(tmp_path):
+    log, out = lengths_log(tmp_path), tmp_path / "imp"
+    args = ("import", "lengths", str(log), "--slots", "2", "--workers", "1", "--out", str(out))
+    assert cli(*args).returncode == 0
+    before = snapshot(out)
+    assert_one_line_error(cli(*args), "--overwrite")
+    assert snapshot(out) == before
+    assert cli(*args, "--overwrite").returncode == 0
+    assert_one_line_error(cli("import", "lengths", str(log), "--out", str(tmp_path)), "holds the input")
+    sim = ("simulate", "--synthetic", "--prompts", "4", "--group-size", "2", "--mean-tokens", "20",
+           "--max-tokens", "40", "--steps", "1", "--workers", "1", "--modes", "baseline",
+           "--out", str(tmp_path / "s"))  # fmt: skip
+    assert cli(*sim).returncode == 0
+    assert_one_line_error(cli(*sim), "--overwrite")
+    assert cli(*sim, "--overwrite").returncode == 0
+
+
+def test_two_suites_on_one_data_file_are_refused_before_anything_is_written(tmp_path):
+    for name in ("sa", "sb"):
+        (tmp_path / f"{name}.yaml").write_text(
+            f"name: {name}\ntitle: {name}\nprompt: math\ngrader: math\ndata:\n  file: shared.jsonl\n"
+        )
+    (tmp_path / "shared.jsonl").write_text(json.dumps({"id": "p0", "problem": "1+1?", "answer": "2"}) + "\n")
+    res = cli("suites", "download", "sa", "sb", "--include-path", str(tmp_path), "--to", str(tmp_path / "d"))
+    assert_one_line_error(res, "both write data.file")
+    assert not (tmp_path / "d").exists()
+    res = cli("suites", "download", "sa", "--include-path", str(tmp_path), "--to", "/dev/null")
+    assert_one_line_error(res, "not a folder")

@@ -54,6 +54,15 @@ def test_overwrite_replaces_a_recorded_run_up_front(tmp_path):
     recorder.finish()
 
 
+@pytest.mark.parametrize("value", ["false", "no", [0], 0, 1, None, "True"])
+def test_overwrite_takes_only_a_real_bool(tmp_path, value):
+    """bool('false') is True: anything but True or False is refused, and the recorded run stays."""
+    _run(tmp_path / "run", {"imported.json": "{}", "trace.jsonl": '{"kind": "update"}\n'})
+    with pytest.raises(UserError, match="overwrite must be True or False"):
+        RLBenchRecorder(tmp_path / "run", overwrite=value)
+    assert (tmp_path / "run" / "trace.jsonl").read_text() == '{"kind": "update"}\n'
+
+
 def test_one_folder_one_recorder_until_it_finishes(tmp_path):
     first = RLBenchRecorder(tmp_path / "run")
     with pytest.raises(UserError, match="another RLBenchRecorder"):

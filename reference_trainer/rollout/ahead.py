@@ -28,13 +28,12 @@ from __future__ import annotations
 import copy
 import functools
 import multiprocessing
-import os
 import queue
+import signal
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,100 +43,13 @@ from reference_trainer.engine.config import SamplingParams
 from reference_trainer.errors import UserError
 from reference_trainer.model.loader import resolve_device, resolve_dtype
 from reference_trainer.rollout.base import Group, PromptStream, RolloutContext, RolloutStrategy
+from reference_trainer.rollout.gate import POLL_S, Gate, Inbox, Outbox, RolloutDied, Stopped, death_line
 from reference_trainer.rollout.ring import WeightRing
 from reference_trainer.rollout.workers import RolloutWorker, WorkerSpec
 from reference_trainer.trace.schema import ROLLOUT, ROLLOUT_SIDE, ROLLOUT_WAIT, SYNC, TRAINER_WAIT
 from reference_trainer.trace.writer import Trace
 
 BACKENDS = ("process", "thread")
-POLL_S = 1.0  # how often a waiting side checks that the other is still there
-
-
-class Stopped(Exception):
-    """The trainer closed the rollout side (or went away)."""
-
-
-class _Flag:
-    """A multiprocessing Value's `.value`, for the thread backend."""
-
-    def __init__(self, value: int = 0) -> None:
-        self.value = value
-
-
-class Gate:
-    """Lets the rollout side run only inside the trainer's steps. `cond` also guards the weight ring's stamps,
-    so one notification wakes a side waiting for either. `busy` is held by the rollout side around each
-    forward (and weight load): `hold` returns once none is running, and none starts until `let_run`."""
-
-    def __init__(self, backend: str) -> None:
-        if backend == "process":
-            mp = multiprocessing.get_context("spawn")
-            self.cond: Any = mp.Condition()
-            self.busy: Any = mp.Lock()
-            self.open: Any = mp.Value("b", 0, lock=False)
-            self.stop: Any = mp.Value("b", 0, lock=False)
-            self.parent = os.getpid()
-        else:
-            self.cond, self.busy = threading.Condition(), threading.Lock()
-            self.open, self.stop, self.parent = _Flag(), _Flag(), None
-
-    # ---- the trainer's side --------------------------------------------------------------------------------
-    def let_run(self) -> None:
-        with self.cond:
-            self.open.value = 1
-            self.cond.notify_all()
-
-    def hold(self, alive: Callable[[], bool]) -> None:
-        """Close the gate and wait out a forward in progress: afterwards the rollout side is idle. A side
-        that died inside a forward (holding `busy`) is not waited for."""
-        with self.cond:
-            self.open.value = 0
-            self.cond.notify_all()
-        while not self.busy.acquire(timeout=POLL_S):
-            if not alive():
-                return
-        self.busy.release()
-
-    def close(self) -> None:
-        with self.cond:
-            self.stop.value, self.open.value = 1, 1
-            self.cond.notify_all()
-
-    # ---- the rollout side --------------------------------------------------------------------------------
-    def check(self) -> None:
-        """Raise Stopped when the trainer closed the gate for good or its process is gone."""
-        if self.stop.value or (self.parent is not None and os.getppid() != self.parent):
-            raise Stopped
-
-    def wait(self) -> None:
-        """Block (with `cond` held) until something changes, checking the trainer is still there."""
-        self.check()
-        self.cond.wait(POLL_S)
-        self.check()
-
-    @contextmanager
-    def forward(self, trace: Trace, spans: Spans | None = None) -> Iterator[None]:
-        """Around one forward of the rollout side: wait while the gate is closed (closing the rollout
-        phase's open stretch, if any, and opening a new one when it reopens), then hold `busy`."""
-        paused = False
-        while True:
-            self.check()
-            self.busy.acquire()
-            if self.open.value:
-                break
-            self.busy.release()
-            if spans is not None and not paused:
-                spans.pause(trace.now())
-            paused = True
-            with self.cond:
-                while not self.open.value:
-                    self.wait()
-        try:
-            if paused and spans is not None:
-                spans.resume(trace.now())
-            yield
-        finally:
-            self.busy.release()
 
 
 class Spans:
@@ -216,15 +128,17 @@ class AheadBatch:
 
 def serve(spec: AheadSpec, ring: WeightRing, gate: Gate, out: Any) -> None:
     """The rollout side's loop: every step from `spec.start_step` on, until the trainer closes it. Any
-    error goes to the trainer as one message."""
-    if hasattr(out, "cancel_join_thread"):
-        out.cancel_join_thread()  # a trainer gone away must not keep this process flushing its queue
+    error goes to the trainer as one message. `out`: a queue (thread backend) or a pipe's end."""
+    if not isinstance(out, queue.Queue):
+        out = Outbox(out)
     try:
         _serve(spec, ring, gate, out)
     except Stopped:
         pass
     except BaseException:  # noqa: BLE001 - everything, to the trainer, which raises it
         out.put(("error", traceback.format_exc()))
+        if isinstance(out, Outbox):
+            out.flush()
 
 
 def _serve(spec: AheadSpec, ring: WeightRing, gate: Gate, out: Any) -> None:
@@ -322,7 +236,8 @@ class AheadRollout:
         self._side: Any = None
         self._out: Any = None
         self._step: int | None = None
-        self._finalizer = weakref.finalize(self, _shut, self.gate, self.ring, None)
+        self._sigterm = _on_sigterm()
+        self._finalizer = weakref.finalize(self, _shut, self.gate, self.ring, None, self._sigterm)
 
     # ---- RolloutEngine -----------------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
@@ -345,23 +260,29 @@ class AheadRollout:
         spec = AheadSpec(self.worker, self.ctx.stream, self.strategy, self.ctx.group_size,
                          self.ctx.update_batch, self.ctx.params, self.ctx.seed, self.max_staleness, step,
                          self.trace.t0)  # fmt: skip
+        self._watch = Watch()
         if self.backend == "process":
             mp = multiprocessing.get_context("spawn")
-            self._out = mp.Queue()
-            self._side = mp.Process(target=serve, args=(spec, self.ring, self.gate, self._out), daemon=True,
+            source, sink = mp.Pipe(duplex=False)
+            self._side = mp.Process(target=serve, args=(spec, self.ring, self.gate, sink), daemon=True,
                                     name="rlbench-rollout")  # fmt: skip
         else:  # its own copies: the mirrors change only when a step is consumed
             spec.stream, spec.strategy = copy.deepcopy(spec.stream), copy.deepcopy(spec.strategy)
-            self._out = queue.Queue()
-            self._side = threading.Thread(target=serve, args=(spec, self.ring, self.gate, self._out),
+            source = sink = queue.Queue()
+            self._side = threading.Thread(target=serve, args=(spec, self.ring, self.gate, sink),
                                           daemon=True, name="rlbench-rollout")  # fmt: skip
         self._side.start()
+        if sink is not source:
+            sink.close()  # the child's copy is the only writer left: its death is an end of file here
+        self._watch.side = self._side
+        self.gate.cond.check = self._watch  # a side gone while the trainer waits for the stamps' lock
+        self._out = Inbox(source, self._watch)
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _shut, self.gate, self.ring, self._side)
+        self._finalizer = weakref.finalize(self, _shut, self.gate, self.ring, self._side, self._sigterm)
         kind, _ = self._receive()
         if kind != "ready":
             raise RuntimeError(f"the rollout side sent {kind!r} before it was ready")
-        self._step = step
+        self._step = self._watch.step = step
 
     def begin(self, step: int) -> None:
         """A step starts: let the rollout side run."""
@@ -384,6 +305,7 @@ class AheadRollout:
         self.strategy.load_state_dict(batch.strategy)
         self.ctx.recorded.extend(batch.recorded)
         self._step += 1
+        self._watch.step = self._step
         return batch.groups
 
     def _check_staleness(self, batch: AheadBatch) -> None:
@@ -410,23 +332,67 @@ class AheadRollout:
         low = self.policy_version - self.max_staleness
         return {v: self.ring.read(v) for v in self.ring.versions() if low <= v < self.policy_version}
 
-    def restore(self, history: Mapping[int, Mapping[str, torch.Tensor]]) -> None:
-        for version, weights in history.items():
-            self.ring.publish(weights, version)
+    def restore(self, history: Mapping[int, Mapping[str, torch.Tensor]], step: int, where: str = "") -> None:
+        """Publish the older versions steps `step`.. roll out on, from a checkpoint of step `step` (call after
+        `update_weights` published its own version). A checkpoint that cannot give them (another run's
+        history, one kept for a smaller max_staleness, an edited policy_version) is one line, never a
+        rollout side waiting for a version that will not come; versions a smaller max_staleness no longer
+        needs are left out."""
+        need = check_history(history, self.ring.layout, self.policy_version, step, self.max_staleness, where)
+        for version in need:
+            self.ring.publish(history[version], version)
 
     # ---- the channel -------------------------------------------------------------------------------------
     def _receive(self) -> tuple[str, Any]:
-        while True:
-            try:
-                kind, payload = self._out.get(timeout=POLL_S)
-            except queue.Empty:
-                if not self._side.is_alive():
-                    code = getattr(self._side, "exitcode", None)
-                    raise UserError(f"the rollout process died (exit code {code}) without a word") from None
-                continue
-            if kind == "error":
-                raise RuntimeError(f"the rollout side failed:\n{payload}")
-            return kind, payload
+        kind, payload = self._out.get()
+        if kind == "error":
+            raise RuntimeError(f"the rollout side failed:\n{payload}")
+        return kind, payload
+
+
+class Watch:
+    """The trainer's check that the rollout side is still there (called at every wait's deadline): one line
+    naming what ended it and at which step. Holds the side, not the AheadRollout, so no cycle keeps that
+    alive past its last use."""
+
+    def __init__(self) -> None:
+        self.side: Any = None
+        self.step: int | None = None
+
+    def __call__(self) -> None:
+        if self.side is not None and not self.side.is_alive():
+            raise RolloutDied(death_line(getattr(self.side, "exitcode", None), self.step))
+
+
+def check_history(
+    history: Mapping[int, Mapping[str, torch.Tensor]],
+    layout: list[tuple[str, tuple[int, ...], torch.dtype, int, int]],
+    version: int,
+    step: int,
+    k: int,
+    where: str,
+) -> list[int]:
+    """The versions older than `version` that steps step..step+k-1 roll out on, each checked to be in
+    `history` with the ring's names and shapes; one line naming `where` for what cannot be resumed."""
+    at = f"{where}: " if where else ""
+    if version != step:  # one update per step: a checkpoint of step s holds version s
+        raise UserError(f"{at}policy_version {version} does not match step {step}; the checkpoint was edited")
+    need = sorted({max(0, j - k) for j in range(step, step + k)} - {version})
+    if missing := [v for v in need if v not in history]:
+        kept = sorted(history)
+        raise UserError(
+            f"{at}a resume at step {step} with max_staleness {k} rolls out on versions {need}, and the "
+            f"checkpoint keeps {kept or 'none'} (missing {missing}): resume with the max_staleness the run "
+            "was started with, or start it again with --overwrite"
+        )
+    shapes = {name: (shape, dtype) for name, shape, dtype, _, _ in layout}
+    for v in need:
+        got = {name: (tuple(t.shape), t.dtype) for name, t in history[v].items()}
+        if {n: s for n, (s, _) in got.items()} != {n: s for n, (s, _) in shapes.items()}:
+            raise UserError(f"{at}version {v}'s weights are not this model's (another run's history?)")
+        if bad := [n for n, (_, d) in got.items() if not d.is_floating_point]:
+            raise UserError(f"{at}version {v}'s {bad[0]} is not a floating-point tensor")
+    return need
 
 
 def _inference_template(weights: Mapping[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
@@ -437,7 +403,22 @@ def _inference_template(weights: Mapping[str, torch.Tensor], device: str) -> dic
     }
 
 
-def _shut(gate: Gate, ring: WeightRing, side: Any) -> None:
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # unwinds like Ctrl-C: the run keeps what finished and the ring is removed
+
+
+def _on_sigterm() -> Any:
+    """Turn SIGTERM into the unwinding of Ctrl-C while a ring exists (a killed process would leave k + 1
+    copies of the weights in /dev/shm); returns the handler to put back, or None where none was set."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None  # someone else's handler: theirs to run
+    signal.signal(signal.SIGTERM, _terminated)
+    return signal.SIG_DFL
+
+
+def _shut(gate: Gate, ring: WeightRing, side: Any, previous: Any = None) -> None:
     """Stop the rollout side (ending a process that does not stop within its poll) and remove the ring."""
     gate.close()
     if side is not None:
@@ -446,3 +427,6 @@ def _shut(gate: Gate, ring: WeightRing, side: Any) -> None:
             side.terminate()
             side.join(timeout=POLL_S)
     ring.close()
+    main = threading.current_thread() is threading.main_thread()
+    if previous is not None and main and signal.getsignal(signal.SIGTERM) is _terminated:
+        signal.signal(signal.SIGTERM, previous)

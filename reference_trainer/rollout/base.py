@@ -188,7 +188,7 @@ class InlineRollout:
         """Older weights a resumed run needs: none, every step rolls out on the newest."""
         return {}
 
-    def restore(self, history: dict[int, dict[str, Any]]) -> None:
+    def restore(self, history: dict[int, dict[str, Any]], step: int, where: str = "") -> None:
         """Nothing to restore (see `history`)."""
 
 

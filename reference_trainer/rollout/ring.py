@@ -9,7 +9,10 @@ v - k - 1, which only step v - 1's rollout used, and the trainer publishes v onl
 back.
 
 The slots are files under /dev/shm (a temporary folder where /dev/shm lacks the room), so a process started
-with `spawn` maps the same memory by name, at any model size, without torch's shared-memory handles.
+with `spawn` maps the same memory by name, at any model size, without torch's shared-memory handles. Their
+room is reserved when they are made (a full /dev/shm is one line then, not a SIGBUS at the first write),
+after checking that the k + 1 copies fit at all. The folder is named by the trainer's pid: the trainer removes
+it on every exit it sees, and a ring whose trainer was killed outright is removed when the next one starts.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from reference_trainer.errors import UserError
 
 EMPTY, WRITING = -1, -2  # stamps of a slot that holds no version yet, and of one being written
 ALIGN = 64  # each tensor starts at a multiple of this many bytes of its slot
@@ -30,11 +36,68 @@ class TornRead(RuntimeError):
     """A slot was rewritten while the rollout side copied it."""
 
 
-def _folder(nbytes: int) -> str:
-    shm = "/dev/shm"
-    if os.path.isdir(shm) and shutil.disk_usage(shm).free > 2 * nbytes:
-        return tempfile.mkdtemp(prefix="rlbench-ring-", dir=shm)
-    return tempfile.mkdtemp(prefix="rlbench-ring-")
+SHM = "/dev/shm"
+PREFIX = "rlbench-ring-"
+
+
+def _free(folder: str) -> int:
+    try:
+        return shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
+    except OSError:
+        return 0
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+def _folder(nbytes: int, slots: int) -> str:
+    """A new folder for `nbytes` of slots: /dev/shm with room to spare, else the temporary folder; one line
+    when neither has the room (checked before anything is written)."""
+    remove_orphans()
+    prefix = f"{PREFIX}{os.getpid()}-"
+    if _free(SHM) > 2 * nbytes:
+        return tempfile.mkdtemp(prefix=prefix, dir=SHM)
+    tmp = tempfile.gettempdir()
+    if _free(tmp) > nbytes:
+        return tempfile.mkdtemp(prefix=prefix)
+    raise UserError(
+        f"a rollout run ahead keeps max_staleness + 1 = {slots} copies of the weights ({_gib(nbytes)}), "
+        f"more than {SHM} ({_gib(_free(SHM))} free) or {tmp} ({_gib(_free(tmp))} free) holds: "
+        "lower max_staleness, or free some room"
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process: its folder is not ours to judge
+    return True
+
+
+def remove_orphans() -> list[Path]:
+    """Remove the rings left by trainers that are gone (killed with SIGKILL, which nothing can catch): each
+    ring's folder is named by its trainer's pid. Returns what it removed."""
+    removed = []
+    for base in (SHM, tempfile.gettempdir()):
+        for folder in Path(base).glob(f"{PREFIX}*-*") if os.path.isdir(base) else []:
+            pid = folder.name.removeprefix(PREFIX).split("-")[0]
+            if pid.isdigit() and not _alive(int(pid)) and folder.is_dir() and not folder.is_symlink():
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+    return removed
+
+
+def _reserve(path: str, nbytes: int) -> None:
+    """Make `path` with `nbytes` of room reserved, so writing to its mapping cannot find the disk full."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    finally:
+        os.close(fd)
 
 
 class WeightRing:
@@ -52,7 +115,18 @@ class WeightRing:
             at += -(-size // ALIGN) * ALIGN
         self.nbytes = max(at, ALIGN)
         self.n, self.lock = max(1, slots), lock
-        self.folder = _folder(self.n * self.nbytes)
+        self.folder = _folder(self.n * self.nbytes, self.n)
+        try:
+            _reserve(os.path.join(self.folder, "stamps"), self.n * 8)
+            for i in range(self.n):
+                _reserve(os.path.join(self.folder, f"slot{i}"), self.nbytes)
+        except OSError as err:
+            self.close()
+            size, where = _gib(self.n * self.nbytes), os.path.dirname(self.folder)
+            raise UserError(
+                f"cannot reserve the weight ring's {self.n} copies of the weights ({size}) in {where}: "
+                f"{err.strerror or err}; lower max_staleness, or free some room"
+            ) from None
         self._map()
         self.stamps.fill_(EMPTY)
 

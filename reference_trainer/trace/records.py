@@ -116,15 +116,17 @@ def write_chunks(path: str | Path, chunks: Iterable[str]) -> None:
 
 
 def _blocks(chunks: Iterable[str]) -> Iterator[bytes]:
+    """UTF-8 blocks; a file name that is not UTF-8 (its bytes kept by Python as lone surrogates) is written
+    as its escape, `\\udcff`, as json.dumps writes it, never a UnicodeEncodeError after the work is done."""
     block: list[str] = []
     size = 0
     for chunk in chunks:
         block.append(chunk)
         size += len(chunk)
         if size >= _WRITE_BLOCK:
-            yield "".join(block).encode("utf-8")
+            yield "".join(block).encode("utf-8", "backslashreplace")
             block, size = [], 0
-    yield "".join(block).encode("utf-8")
+    yield "".join(block).encode("utf-8", "backslashreplace")
 
 
 def _write_blocks(path: str | Path, blocks: Iterable[bytes]) -> None:

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.errors import UserError
+from reference_trainer.errors import MAX_COUNT, UserError
 from reference_trainer.trace.records import read_jsonl
-from reference_trainer.trace.schema import FORWARD_KINDS, SEQUENCE
+from reference_trainer.trace.schema import FORWARD_KINDS, MAX_MAGNITUDE, SEQUENCE
 
 SCHEMA_ID = "rlbench-rollout-trace/1"
 SCHEMA_PATH = Path(__file__).with_name("rollout_trace.schema.json")
@@ -47,9 +48,29 @@ def check(records: Sequence[Any], source: Any) -> list[Record]:
         if error is not None:
             where = "/".join(map(str, error.path)) or "the record"
             raise UserError(f"{source}: record {n}: {where}: {error.message}")
-        if (why := _times(record)) is not None:
+        if (why := _bounds(record) or _times(record)) is not None:
             raise UserError(f"{source}: record {n}: {why}")
     return list(records)
+
+
+TIMES = ("t_admit", "t_first_token", "t_finish", "t_abort")
+COUNTS = ("step", "sample", "prompt_tokens", "response_tokens")
+
+
+def _bounds(record: Record) -> str | None:
+    """The readers' bounds, which the schema cannot say: times finite and within MAX_MAGNITUDE seconds,
+    counts within MAX_COUNT (JSON allows NaN, Infinity, 1e400 and integers of any size)."""
+    for key in TIMES:
+        value = record.get(key)
+        if value is not None and (
+            isinstance(value, float) and not math.isfinite(value) or abs(value) > MAX_MAGNITUDE
+        ):
+            return f"{key} is {str(value)[:24]}, not a finite time within {MAX_MAGNITUDE:g} s"
+    for key in COUNTS:
+        value = record.get(key)
+        if isinstance(value, int) and value > MAX_COUNT:
+            return f"{key} is {str(value)[:24]}, past {MAX_COUNT}"
+    return None
 
 
 def _times(record: Record) -> str | None:

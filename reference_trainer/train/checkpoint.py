@@ -179,8 +179,10 @@ def load_rollout_history(path: Path) -> dict[int, dict[str, torch.Tensor]]:
     from safetensors.torch import load
 
     file = path / "trainer" / HISTORY
-    if not file.is_file():
-        return {}
+    if not (file.exists() or file.is_symlink()):
+        return {}  # a run that keeps none; whether one was needed is the rollout's check (ahead.restore)
+    if file.is_symlink() or not file.is_file():
+        raise UserError(f"{file}: not a regular file (a checkpoint writes its own; was it replaced?)")
     try:
         flat = load(file.read_bytes())
     except (SafetensorError, OSError) as err:
@@ -188,7 +190,9 @@ def load_rollout_history(path: Path) -> dict[int, dict[str, torch.Tensor]]:
     out: dict[int, dict[str, torch.Tensor]] = {}
     for key, tensor in flat.items():
         version, _, name = key.partition("/")
-        out.setdefault(int(version.removeprefix("v")), {})[name] = tensor
+        if not (version.startswith("v") and version[1:].isdigit() and version[1:].isascii() and name):
+            raise UserError(f"{file}: {key!r} is not a kept version's tensor (vN/name)")
+        out.setdefault(int(version[1:]), {})[name] = tensor
     return out
 
 

@@ -122,7 +122,7 @@ class Trainer:
                 self.policy.load_state_dict(weights)
                 self.updater.load_state_dict(optimizer)
                 self.engine.update_weights(self.policy.state_dict(), version=state["policy_version"])
-                self.rollout.restore(load_rollout_history(ckpt))
+                self.rollout.restore(load_rollout_history(ckpt), state["step"], str(ckpt))
                 self.stream.load_state_dict(state["stream"])
                 self.strategy.load_state_dict(state["strategy"])
                 torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))

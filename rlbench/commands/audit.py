@@ -32,22 +32,37 @@ def audit_command(
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write the audit as JSON to this file.")
     ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing --out file, or write one inside a run.")
+    ] = False,
 ) -> None:
     """Rebuild trainer idle, rollout idle and the slot bubble from the run's own evidence, set them beside
     the framework's figures, flag disagreements, and label the run (rollout-bound, trainer-bound, balanced,
     sync-overhead)."""
-    from reference_trainer.errors import check_integer, check_number, printable
+    from reference_trainer.errors import check_integer, check_number
     from reference_trainer.trace.records import write_json
     from rlbench.integrations.audit import audit
     from rlbench.integrations.imports import load_tokenizer
-    from rlbench.report.figures import pct
+    from rlbench.rundirs import check_output_file
 
     if slots is not None:
         check_integer("--slots", slots, low=1)
     check_number("--tolerance", tolerance, low=0.0, high=1.0)
+    if out is not None:  # before the audit: a refused path costs nothing
+        check_output_file(out, (source,), overwrite)
     doc = audit(
         source, slots, tolerance, (lambda: load_tokenizer(tokenizer)) if tokenizer else None, trust_pickle
     )
+    _say(doc)
+    if out is not None:
+        write_json(out, doc)
+
+
+def _say(doc: dict) -> None:
+    """The audit as the terminal shows it: each figure, rebuilt beside declared, the label, the notes."""
+    from reference_trainer.errors import printable
+    from rlbench.report.figures import pct
+
     typer.echo(f"{doc['source']} ({doc['kind']}, {doc['steps']} step(s)); tolerance {doc['tolerance']:g}")
     for f in doc["figures"]:
         declared = (
@@ -65,5 +80,3 @@ def audit_command(
     typer.echo(f"label: {label}{basis}")
     for note in doc["notes"]:
         typer.echo(printable(f"note: {note}"))
-    if out is not None:
-        write_json(out, doc)

@@ -28,12 +28,20 @@ Workers = Annotated[
 ]
 
 
-def _config(out: Path, slots: int | None, workers: str | None, gpu: str, model_size: str):  # -> ImportConfig
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an imported run already in --out.")]
+
+
+def _config(out: Path, slots: int | None, workers: str | None, gpu: str, model_size: str,
+            overwrite: bool, inputs: tuple[Path | None, ...]):  # fmt: skip
+    """The checked ImportConfig (-> ImportConfig), after the new-run rule for --out (rlbench/rundirs.py)."""
     from rlbench.integrations.imports import ImportConfig
+    from rlbench.rundirs import check_run_dir
     from rlbench.simulate.config import parse_worker_counts
 
     counts = parse_worker_counts(workers) if workers is not None else None  # the simulator's --workers rule
-    return ImportConfig(out=out, slots=slots, workers=counts, gpu=gpu, model_size=model_size).check()
+    cfg = ImportConfig(out=out, slots=slots, workers=counts, gpu=gpu, model_size=model_size).check()
+    check_run_dir(out, "import", overwrite, tuple(p for p in inputs if p is not None))
+    return cfg
 
 
 def _say(doc: dict, out: Path) -> None:
@@ -71,13 +79,14 @@ def lengths_command(
     workers: Workers = None,
     gpu: SimGpu = "h100",
     model_size: SimModelSize = "7b",
+    overwrite: Overwrite = False,
 ) -> None:
     """A per-step, per-group length log (from any framework) as an rlbench run: the synchronous baseline's
     bubble at --slots per worker, the within/between-group length variance, and what sorted,
     sorted-partial and histopipe would buy (a replay through the simulator, not a measurement)."""
     from rlbench.integrations.imports import import_lengths
 
-    _say(import_lengths(file, _config(out, slots, workers, gpu, model_size)), out)
+    _say(import_lengths(file, _config(out, slots, workers, gpu, model_size, overwrite, (file,))), out)
 
 
 def verl_command(
@@ -93,12 +102,14 @@ def verl_command(
     workers: Workers = None,
     gpu: SimGpu = "h100",
     model_size: SimModelSize = "7b",
+    overwrite: Overwrite = False,
 ) -> None:
     """A verl run's file log as an rlbench run: per-step phases and rollout share, the bubble (rebuilt from
     per-sample lengths with --rollout-dir, else a stated estimate), verl's own utilisation figures beside."""
     from rlbench.integrations.imports import import_verl
 
-    _say(import_verl(file, rollout_dir, tokenizer, _config(out, slots, workers, gpu, model_size)), out)
+    cfg = _config(out, slots, workers, gpu, model_size, overwrite, (file, rollout_dir, tokenizer))
+    _say(import_verl(file, rollout_dir, tokenizer, cfg), out)
 
 
 def trl_command(
@@ -114,9 +125,11 @@ def trl_command(
     workers: Workers = None,
     gpu: SimGpu = "h100",
     model_size: SimModelSize = "7b",
+    overwrite: Overwrite = False,
 ) -> None:
     """A finished TRL GRPOTrainer run as an rlbench run, from its completions parquet files (lengths per
     sample) and trainer_state.json (TRL's step times): the bubble in decode steps, the what-if."""
     from rlbench.integrations.imports import import_trl
 
-    _say(import_trl(output_dir, tokenizer, _config(out, slots, workers, gpu, model_size)), out)
+    cfg = _config(out, slots, workers, gpu, model_size, overwrite, (output_dir, tokenizer))
+    _say(import_trl(output_dir, tokenizer, cfg), out)

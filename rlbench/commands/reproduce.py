@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from rlbench.reproduce.spec import Spec
 
 QUICK_OUT = Path("runs/reproduce-quick")
+RUNS_OUT = Path("runs/reproduce")
+REPORTS = Path("reports")  # the committed results, and the README's table: written only when asked
 
 
 def reproduce_command(
@@ -31,8 +33,14 @@ def reproduce_command(
     model: ModelDir = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", help=f"Results root (default reports/, or {QUICK_OUT} with --quick)."),
+        typer.Option("--out", help=f"Results root (default {RUNS_OUT}, or {QUICK_OUT} with --quick)."),
     ] = None,
+    update_reports: Annotated[
+        bool,
+        typer.Option(
+            "--update-reports", help="Write the committed results: reports/ and the README's table."
+        ),
+    ] = False,
 ) -> None:
     """Run reproductions: write <out>/<name>/<cpu|gpu>/result.json and report.html, and the index
     <out>/README.md."""
@@ -45,20 +53,12 @@ def reproduce_command(
         for name, spec in load_specs().items():
             typer.echo(list_entry(name, spec))
         return
-    if device not in ("auto", "cpu", "cuda"):
-        raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
     if all_ == bool(names):
         raise UserError("name reproductions or give --all (not both); --list shows them")
     specs = check_names(list(names or []))
     chosen = list(specs) if all_ else list(names or [])
-    if device != "cpu":
-        import torch
-
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        elif not torch.cuda.is_available():
-            raise UserError("--device cuda: no CUDA device is visible")
-    root = out or (QUICK_OUT if quick else Path("reports"))
+    device = _device(device)
+    root = results_root(out, quick, update_reports)
     from rlbench.reproduce.runner import reproduce as run_one
 
     chosen, left_out = runnable_here(specs, chosen, all_, device)
@@ -89,6 +89,27 @@ def reproduce_command(
         typer.echo(f"index: {write_index(specs, root)}")
     if failed:
         raise UserError(f"{len(failed)} reproduction(s) failed: {', '.join(failed)}")
+
+
+def _device(device: str) -> str:
+    """cpu or cuda: `auto` resolved here; cuda only where a CUDA device is visible."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"--device must be auto, cpu or cuda, got {device!r}")
+    if device == "cpu":
+        return device
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is visible")
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def results_root(out: Path | None, quick: bool, update_reports: bool) -> Path:
+    """Where results go: runs/ unless `update_reports` (the committed reports/ and the README's table, never
+    rewritten by a plain run), or `out`."""
+    if update_reports and (out is not None or quick):
+        raise UserError("--update-reports writes reports/: not with --out, nor with --quick (smoke results)")
+    return REPORTS if update_reports else out or (QUICK_OUT if quick else RUNS_OUT)
 
 
 def list_entry(name: str, spec: Spec, width: int = 100) -> str:

@@ -13,6 +13,8 @@ from rlbench.options import ModeOption, OutDir, Seed, SimGpu, SimModelSize
 if TYPE_CHECKING:
     from rlbench.simulate.config import SimConfig
 
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a simulation already in --out.")]
+
 
 def simulate_command(
     ctx: typer.Context,
@@ -72,12 +74,13 @@ def simulate_command(
     max_tokens: Annotated[int, typer.Option(min=1, help="Synthetic: response length cap.")] = 16384,
     max_prefill_tokens: Annotated[int, typer.Option(min=1, help="Tokens per batched prefill.")] = 8192,
     seed: Seed = 0,
+    overwrite: Overwrite = False,
 ) -> None:
     """Replay a length trace (default: the synthetic workload) through the schedulers at 1..N workers:
     simulate.json + report.html. `rlbench simulate validate RUN` checks the simulator against a measured
     run."""
     from reference_trainer.errors import UserError
-    from rlbench.rundirs import claim
+    from rlbench.rundirs import check_run_dir, claim
     from rlbench.simulate.config import SimConfig
 
     if ctx.invoked_subcommand is not None:
@@ -95,6 +98,7 @@ def simulate_command(
     if trace is None and not synthetic:
         typer.echo(f"no --trace: {workload_line(cfg)}", err=True)
     with claim(out, "simulate", accepts=("simulate",)):  # one writer, into a simulation or a new folder
+        check_run_dir(out, "simulate", overwrite, tuple(p for p in (trace, calibrate) if p is not None))
         _simulate(cfg, out)
 
 
@@ -149,15 +153,17 @@ def _simulate(cfg: SimConfig, out: Path) -> None:
 def validate_command(
     run: Annotated[Path, typer.Argument(help="A measured baseline run: its directory or its trace.jsonl.")],
     out: OutDir = Path("runs/simulate-validate"),
+    overwrite: Overwrite = False,
 ) -> None:
     """Replay a measured baseline run on a cost model fitted to it, and compare its bubble with the
     measured one, step by step: validation.json."""
     import json
 
     from reference_trainer.trace.records import write_json
-    from rlbench.rundirs import claim
+    from rlbench.rundirs import check_run_dir, claim
     from rlbench.simulate.replay import validate
 
+    check_run_dir(out, "simulate", overwrite, (run,), marker="validation.json")
     doc = validate(run)  # reads the run only: a bad one is one line before --out is touched
     with claim(out, "simulate", accepts=("simulate",)):
         write_json(out / "validation.json", doc)

@@ -70,13 +70,18 @@ def convert_command(
         bool,
         typer.Option("--trust-pickle", help="Load a .pt that needs a full unpickle (it can run code in it)."),
     ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing --out file, or write one inside a run.")
+    ] = False,
 ) -> None:
     """Write another framework's per-sample file as an open rollout trace (docs/integrations.md)."""
     from reference_trainer.trace import rollout_trace
     from reference_trainer.trace.records import write_jsonl
     from rlbench.integrations.convert import to_records
     from rlbench.integrations.imports import load_tokenizer
+    from rlbench.rundirs import check_output_file
 
+    check_output_file(out, (source,), overwrite)
     loader = (lambda: load_tokenizer(tokenizer)) if tokenizer else None
     records = rollout_trace.check(to_records(source, loader, trust_pickle), source)  # our bug: refused here
     write_jsonl(out, records)

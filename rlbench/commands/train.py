@@ -27,6 +27,7 @@ def train_command(
 ) -> None:
     """Train with GRPO; writes metrics.jsonl, trace.jsonl and checkpoints/ to the run directory."""
     from reference_trainer.errors import Interrupted
+    from reference_trainer.rollout.gate import RolloutDied
     from rlbench.rundirs import check_new_run, claim
     from rlbench.training import build_config, run_training
 
@@ -52,6 +53,8 @@ def train_command(
         except KeyboardInterrupt:
             hint = f"`rlbench train --resume {out_dir}` continues"
             raise Interrupted(f"interrupted: {out_dir} keeps every finished step; {hint}") from None
+        except RolloutDied as err:  # its line says how to resume: with this run's folder
+            raise RolloutDied(str(err).replace("RUN_DIR", str(out_dir))) from None
     if rows:
         first, last = rows[0], rows[-1]
         typer.echo(

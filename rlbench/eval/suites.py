@@ -322,15 +322,24 @@ def download(names: Sequence[str], to: Path, include: Sequence[Path] = ()) -> li
     problem in the schema a data dir holds, then read them back from there as `--data-dir` does and check
     they are the same problems. Returns (suite, file written, rows) per suite. Every name is resolved, and
     every suite checked for a data.file, before anything is fetched."""
-    if Path(to).is_file():
-        raise UserError(f"--to {to} is a file; pass the folder to write the suites' JSONL files into")
+    if (Path(to).exists() or Path(to).is_symlink()) and not Path(to).is_dir():
+        raise UserError(f"--to {to} is not a folder; pass the folder to write the suites' JSONL files into")
     suites: list[Suite] = []
     for name in names:
         record = resolve(name, include)
-        suites += group_members(record, include) if isinstance(record, Group) else [record]
+        for suite in group_members(record, include) if isinstance(record, Group) else [record]:
+            if suite.name not in {s.name for s in suites}:  # named twice (itself and in a group): once
+                suites.append(suite)
+    files: dict[str, str] = {}
     for suite in suites:
         if suite.data_file is None:
             raise UserError(f"suite {suite.name!r} names no data.file: a data dir cannot hold it")
+        # Two suites on one file: the second would overwrite the first, and both would be reported written.
+        key = os.path.normpath(str(suite.data_file))
+        if key in files:
+            raise UserError(f"suites {files[key]!r} and {suite.name!r} both write data.file "
+                            f"{suite.data_file}: download them into separate folders")  # fmt: skip
+        files[key] = suite.name
     written = []
     for suite in suites:
         if suite.hub is not None:

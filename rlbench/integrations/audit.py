@@ -51,6 +51,15 @@ def _figure(
     }
 
 
+def _share(value: float | None, what: str, notes: list[str], why: str) -> float | None:
+    """A rebuilt share, or None with a note when the evidence puts it outside [0, 1]: such a share is
+    never printed (nor labels the run), the note says which figures disagree."""
+    if value is None or 0.0 <= value <= 1.0:
+        return value
+    notes.append(f"{what} not rebuilt: {why}; the log's figures disagree")
+    return None
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -75,7 +84,9 @@ def _verl_rollout_evidence(data: dict[str, Any], generated_before: float) -> tup
             "generated samples x fully_async/processing_time/avg over version_time",
         )
     mean = data.get(verl.SAMPLE_TIME.format("mean"))
-    length = (data.get("prompt_length/mean") or 0) + (data.get(verl.LENGTH.format("mean")) or 0)
+    length = (verl.first_number(data, ("prompt_length/mean",)) or 0) + (
+        verl.first_number(data, (verl.LENGTH.format("mean"),)) or 0
+    )
     if is_number(mean) and is_number(data.get(verl.TOKENS)) and length > 0:
         n = float(data[verl.TOKENS]) / length
         return (
@@ -112,8 +123,11 @@ def audit_verl(path: Path, slots: int | None, tolerance: float) -> dict[str, Any
             sample_s, window_s, how = sample_s + evidence[0], window_s + evidence[1], evidence[2]
         if is_number(data.get(verl.GENERATED)):
             generated = float(data[verl.GENERATED])
-    trainer_idle = 1.0 - work / step_s if step_s > 0 else None
-    rollout_idle = 1.0 - sample_s / (slots * window_s) if slots and how and window_s > 0 else None
+    over = f"the trainer's timers ({work:.4g} s) exceed its steps ({step_s:.4g} s)"
+    trainer_idle = _share(1.0 - work / step_s if step_s > 0 else None, "trainer idle", notes, over)
+    rollout_idle = _share(1.0 - sample_s / (slots * window_s) if slots and how and window_s > 0 else None,
+                          "rollout idle", notes, f"the samples' time ({sample_s:.4g} sample-s) exceeds "
+                          f"--slots {slots} x the window ({window_s:.4g} s)")  # fmt: skip
     where = verl.key_generations(steps)
     figures = [
         _figure(

@@ -24,7 +24,7 @@ from reference_trainer.errors import UserError
 from reference_trainer.trace import rollout_trace
 from reference_trainer.trace.records import read_jsonl
 from reference_trainer.trace.rollout_trace import Record, prompt_hash, record
-from reference_trainer.trace.schema import read_trace
+from reference_trainer.trace.schema import MAX_MAGNITUDE, is_number, read_trace
 from rlbench.integrations import lengthlog, trl_logs, verl
 from rlbench.integrations.lengthlog import Group
 
@@ -79,8 +79,9 @@ def _slime(path: Path, trust_pickle: bool) -> list[Record]:
         doc = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError:
         raise UserError(PICKLE_RISK.format(path=path)) from None
-    except (OSError, RuntimeError, EOFError) as err:
-        raise UserError(f"{path}: not a torch file ({str(err).splitlines()[0]})") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as err:  # a 0-byte file's error has no message
+        why = str(err).splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{path}: not a torch file ({why})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("samples"), list):
         raise UserError(f"{path}: no 'samples' list (not slime's --save-debug-rollout-data file)")
     step = doc.get("rollout_id") if type(doc.get("rollout_id")) is int else 0
@@ -91,7 +92,7 @@ def _slime(path: Path, trust_pickle: bool) -> list[Record]:
         if not isinstance(s, dict) or type(s.get("response_length")) is not int:
             raise UserError(f"{path}: sample {n} has no response_length (not a slime Sample)")
         status, reason = SLIME_STATUS.get(str(s.get("status")), ("finished", None))
-        spec = s.get("spec_info") or {}
+        spec = s.get("spec_info") if isinstance(s.get("spec_info"), dict) else {}
         tokens = s.get("tokens")
         out.append(
             record(
@@ -123,10 +124,15 @@ def _slime(path: Path, trust_pickle: bool) -> list[Record]:
 
 
 def _generate_span(sample: Any) -> tuple[float | None, float | None]:
-    """The first sglang_generate span's start and the last one's end in a slime sample's trace."""
-    events = ((sample.get("trace") or {}).get("events") or []) if isinstance(sample, dict) else []
-    starts = [e["ts"] for e in events if e.get("name") == "sglang_generate" and e.get("type") == "span_start"]
-    ends = [e["ts"] for e in events if e.get("name") == "sglang_generate" and e.get("type") == "span_end"]
+    """The first sglang_generate span's start and the last one's end in a slime sample's trace. Events that
+    are not objects with a finite numeric `ts` within MAX_MAGNITUDE are not times and are left out."""
+    trace = sample.get("trace") if isinstance(sample, dict) else None
+    events = trace.get("events") if isinstance(trace, dict) else None
+    events = events if isinstance(events, list) else []
+    timed = [e for e in events if isinstance(e, dict) and e.get("name") == "sglang_generate"
+             and is_number(e.get("ts")) and abs(e["ts"]) <= MAX_MAGNITUDE]  # fmt: skip
+    starts = [e["ts"] for e in timed if e.get("type") == "span_start"]
+    ends = [e["ts"] for e in timed if e.get("type") == "span_end"]
     return (min(starts) if starts else None), (max(ends) if ends else None)
 
 

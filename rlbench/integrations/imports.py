@@ -98,8 +98,9 @@ def load_tokenizer(path: Path) -> Any:
         )
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError, KeyError) as err:
-        raise UserError(f"{path}: cannot load a tokenizer ({str(err).splitlines()[0]})") from None
+    except Exception as err:  # noqa: BLE001 - a foreign folder fails anywhere in transformers or tokenizers
+        why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        raise UserError(f"{path}: cannot load a tokenizer ({type(err).__name__}: {why})") from None
 
 
 def import_verl(

@@ -9,8 +9,8 @@ Format (JSONL, one prompt group of one RL step per line):
 - `prompt_tokens` (int >= 0, default 0) and `worker` (int >= 0: the rollout engine that ran the group,
   default 0) are optional. Lines of one step are in submission order. Anything else is ignored.
 - Bounds, each refused at the line that passes it: a step number below 2^31, at most 2^24 tokens in a
-  prompt or response, at most MAX_WORKERS workers and MAX_STEPS steps, and workers x steps at most
-  MAX_WORKER_STEPS (each step's metrics keep every worker's busy time).
+  prompt or response, at most MAX_GROUP samples in a group (one line), MAX_WORKERS workers and MAX_STEPS
+  steps, and workers x steps at most MAX_WORKER_STEPS (each step's metrics keep every worker's busy time).
 
 Rebuilding a step (`rebuild`): every worker runs its samples in log order under continuous batching with
 `slots` slots, one token per running sample per decode step (a synchronous rollout: the step waits for its
@@ -40,6 +40,7 @@ from rlbench.simulate.workload import MAX_TOKENS, LengthTrace, _from_rows
 SLOT_MAP_BUDGET = 1 << 20
 MAX_WORKERS = 4096  # rollout engines in one log (the what-if's largest count)
 MAX_STEPS = 100_000  # RL steps in one log: each becomes a row of metrics.json
+MAX_GROUP = 1 << 16  # samples of one prompt group (one line): GRPO groups are 2-64; the rebuild holds each
 MAX_WORKER_STEPS = 1 << 20  # workers x steps: every step's metrics hold each worker's busy time
 
 
@@ -75,6 +76,8 @@ def problem(row: dict[str, Any]) -> str | None:
     if isinstance(row["group"], str) and len(row["group"]) > 1024:
         return f"group is a name of {len(row['group']):,} characters; at most 1,024"
     lengths = row.get("response_tokens")
+    if isinstance(lengths, list) and len(lengths) > MAX_GROUP:  # before anything is built from it
+        return f"response_tokens holds {len(lengths):,} samples: one group holds at most {MAX_GROUP:,}"
     if not isinstance(lengths, list) or not lengths or not all(_count(n, 1) for n in lengths):
         return "response_tokens is not a non-empty list of integers >= 1"
     if max(lengths) > MAX_TOKENS:

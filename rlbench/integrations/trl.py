@@ -110,12 +110,14 @@ class RLBenchRecorder(TrainerCallback):
     ) -> None:
         if not isinstance(out, (str, Path)) or not str(out):
             raise UserError(f"RLBenchRecorder: the run folder must be a path, got {out!r}")
+        if not isinstance(overwrite, bool):  # bool('false') is True: only a real bool may remove a run
+            raise UserError(f"RLBenchRecorder: overwrite must be True or False, got {overwrite!r}")
         workers = tuple(whatif_workers) if isinstance(whatif_workers, (list, tuple)) else whatif_workers
         self.config = ImportConfig(Path(out), slots, workers, gpu, model_size).check()
         self.out = self.config.out
         self.slots, self.whatif_workers, self.gpu, self.model_size = slots, workers, gpu, model_size
         self._held = ExitStack()
-        self._claim(bool(overwrite))
+        self._claim(overwrite)
         self.probe = LengthProbe(self)
         self.group_size = 1
         self.t0 = time.perf_counter()

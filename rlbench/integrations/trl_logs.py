@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import pyarrow.parquet as pq
 from reference_trainer.errors import MAX_COUNT, UserError
 from reference_trainer.inputs import open_input
 from reference_trainer.trace.records import read_json
-from reference_trainer.trace.schema import REWARD, ROLLOUT
+from reference_trainer.trace.schema import MAX_MAGNITUDE, REWARD, ROLLOUT
 from rlbench.integrations.lengthlog import MAX_TOKENS, Group
 
 LENGTH_COLUMN = "completion_tokens"  # the length probe's column (rlbench.integrations.trl)
@@ -61,10 +62,26 @@ def read_state(path: Path) -> dict[int, dict[str, Any]]:
     if not isinstance(history, list):
         raise UserError(f"{path}: no log_history list (not a transformers trainer_state.json)")
     steps = {}
-    for entry in history:
+    for n, entry in enumerate(history):
         if isinstance(entry, dict) and "step_time" in entry and type(entry.get("step")) is int:
+            for key in TRL_KEYS:
+                if key in entry and (why := _bad_figure(key, entry[key])) is not None:
+                    raise UserError(f"{path}: log_history[{n}] (step {entry['step']}): {key} {why}")
             steps[entry["step"]] = {k: entry[k] for k in TRL_KEYS if k in entry}
     return steps
+
+
+def _bad_figure(key: str, value: Any) -> str | None:
+    """What makes one of TRL's logged figures unbelievable (None: nothing): a number, finite, in range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"is {type(value).__name__}, not a number"
+    if isinstance(value, float) and not math.isfinite(value) or abs(value) > MAX_MAGNITUDE:
+        return f"is {str(value)[:24]}, not a finite number a run logs"
+    if key == "completions/clipped_ratio" and not 0 <= value <= 1:
+        return f"is {value:g}, not a share in [0, 1]"
+    if key != "reward" and value < 0:  # a reward may be negative; times, spreads and lengths may not
+        return f"is {value:g}, and cannot be negative"
+    return None
 
 
 def reward_phases(events: list[dict[str, Any]], logged: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -129,18 +146,18 @@ def read_completions(directory: Path, tokenizer: Any = None) -> list[Group]:
     groups: list[Group] = []
     read = 0
     for path in files:
-        order: dict[str, list[int]] = {}
-        step = 0
+        order: dict[tuple[int, str], list[int]] = {}  # by step too: a file may hold more than one step
         for n, row in enumerate(_rows(path, tokenizer, MAX_ROWS - read), 1):
             if type(row.get("step")) is not int or not 1 <= row["step"] <= MAX_COUNT:
                 shown = repr(row.get("step"))[:40]
                 raise UserError(f"{path}: row {n}: step is {shown}, not TRL's global step (1..{MAX_COUNT})")
-            step = row["step"]  # TRL's global_step when it logged: the step that generated these samples
-            key = json.dumps(row.get("prompt"), sort_keys=True, default=str)
+            # TRL's global_step when it logged: the step that generated these samples
+            key = (row["step"], json.dumps(row.get("prompt"), sort_keys=True, default=str))
             order.setdefault(key, []).append(_length(row, tokenizer, f"{path}: row {n}"))
             read += 1
         # named by a hash of the prompt, as the callback names them, so a prompt seen again keeps its name
-        groups += [Group(step, hashlib.sha1(k.encode()).hexdigest()[:12], tuple(v)) for k, v in order.items()]
+        groups += [Group(step, hashlib.sha1(k.encode()).hexdigest()[:12], tuple(v))
+                   for (step, k), v in order.items()]  # fmt: skip
     if not groups:
         raise UserError(f"{directory}: the completions files hold no rows")
     return groups

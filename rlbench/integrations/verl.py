@@ -20,6 +20,7 @@ each key.
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -67,18 +68,37 @@ LIMITS = [
 ]
 
 
+COUNTED = ("prompt_length/", "response_length/", TOKENS, GENERATED, PROCESSING_MEAN)
+
+
+def _check_value(key: str, value: Any) -> str | None:
+    """What is wrong with one value the import believes (a timer, the score, verl's own shares), or None.
+    Other keys are carried as they are, or not at all."""
+    timed = key.startswith("timing_s/")
+    counted = key.startswith(COUNTED)  # sizes the audit divides by: non-negative like a time
+    if value is None or not (timed or counted or key == SCORE or key in IDLE_KEYS):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{key} is {type(value).__name__}, not a number"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{key} is {value}, not a finite number"
+    if abs(value) > MAX_MAGNITUDE:
+        return f"{key} is {str(value)[:24]}, not a time or score a run logs"
+    if (timed or counted) and value < 0:
+        return f"negative {key} ({value:g}): a time cannot be negative"
+    if key in IDLE_KEYS and not 0 <= value <= 1:
+        return f"{key} is {value:g}, not a share in [0, 1]"
+    return None
+
+
 def _check_line(row: dict[str, Any]) -> str | None:
     if type(row.get("step")) is not int or not 0 <= row["step"] <= MAX_COUNT:
         return f"step is {repr(row.get('step'))[:40]}, not an integer in 0..{MAX_COUNT}"
     if not isinstance(row.get("data"), dict):
         return 'data is not an object (verl\'s file logger writes {"step": N, "data": {...}})'
-    for key, value in row["data"].items():  # what becomes a time or a reward on the trace
-        if (
-            (str(key).startswith("timing_s/") or key == SCORE)
-            and is_number(value)
-            and abs(value) > MAX_MAGNITUDE
-        ):
-            return f"{key} is {value:g}, not a time or score a run logs"
+    for key, value in row["data"].items():  # what becomes a time, a reward or a share on the trace
+        if (why := _check_value(str(key), value)) is not None:
+            return why
     return None
 
 
@@ -92,10 +112,12 @@ def read_log(path: Path) -> tuple[dict[int, dict[str, Any]], list[str]]:
     rows = read_jsonl(path, ("step", "data"), check=_check_line)
     trained: dict[int, dict[str, Any]] = {}
     extra: dict[int, dict[str, Any]] = {}
-    validation = repeated = merged = 0
+    validation = repeated = merged = empty = 0
     for row in rows:
         step, data = row["step"], row["data"]
-        if _training(data):
+        if not data:
+            empty += 1
+        elif _training(data):
             if data[GEN] < 0 or data[STEP] < 0:
                 raise UserError(f"{path}: step {step}: negative {GEN} or {STEP}")
             repeated += step in trained
@@ -112,6 +134,10 @@ def read_log(path: Path) -> tuple[dict[int, dict[str, Any]], list[str]]:
     notes += [f"{repeated} step(s) logged twice (a resumed run): the later line kept"] if repeated else []
     used = sum(1 for s in extra if s in trained)
     notes += [f"{merged} line(s) without {GEN} merged into the step they name"] if used else []
+    if orphans := sorted(s for s in extra if s not in trained):  # said, never dropped without a word
+        notes.append(f"{len(orphans)} step(s) with lines but no training line ({GEN} and {STEP}) left out: "
+                     f"{', '.join(map(str, orphans[:5]))}{' ...' if len(orphans) > 5 else ''}")  # fmt: skip
+    notes += [f"{empty} line(s) with an empty data object skipped"] if empty else []
     return steps, notes
 
 

@@ -206,7 +206,8 @@ def from_samples(opts: ObserveOptions, out: Path, say: Callable[[str], None] = p
 
 
 def server_urls(text: str) -> list[str]:
-    """Comma-separated Prometheus endpoints; a bare host:port gets http:// and /metrics."""
+    """Comma-separated Prometheus endpoints; a bare host:port gets http:// and /metrics. A URL given more
+    than once is one server, sampled once (a second sampler would count its requests twice)."""
     urls = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -218,6 +219,7 @@ def server_urls(text: str) -> list[str]:
         if part.rstrip("/").count("/") == 2:  # scheme://host[:port] alone
             part = part.rstrip("/") + "/metrics"
         urls.append(part)
+    urls = list(dict.fromkeys(urls))
     if not urls:
         raise UserError("no engine metrics URL given")
     if len(urls) > MAX_SERVERS:  # each server is sampled in a thread of its own

@@ -24,6 +24,7 @@ below the smallest it is held there (`beyond` says where a figure left the measu
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -34,6 +35,7 @@ import numpy as np
 from reference_trainer.engine.fingerprint import engine_fingerprint
 from reference_trainer.errors import UserError
 from reference_trainer.trace.records import make_dir, read_json, write_json
+from reference_trainer.trace.schema import MAX_MAGNITUDE
 
 CALIBRATIONS = Path(__file__).with_name("calibrations")
 FORMAT = 1
@@ -201,10 +203,19 @@ class Calibration:
         return {"format": FORMAT, **doc}
 
 
+def _number(value: Any) -> bool:
+    """A finite number a calibration can hold (a cost, a ratio): JSON also allows Infinity and 10^400."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) <= MAX_MAGNITUDE and (not isinstance(value, float) or math.isfinite(value))
+
+
 def _positive(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0
-    )
+    return _number(value) and value > 0
+
+
+def _non_negative(value: Any) -> bool:
+    return _number(value) and value >= 0
 
 
 def _costs(raw: Any, what: str) -> dict[int, float]:
@@ -258,8 +269,7 @@ def from_json(doc: Any) -> Calibration:
         }
     update = doc.get("update")
     if update is not None and not (
-        isinstance(update, dict) and all(isinstance(update.get(k), (int, float)) and update[k] >= 0
-                                         for k in ("s_fixed", "s_per_token"))
+        isinstance(update, dict) and all(_non_negative(update.get(k)) for k in ("s_fixed", "s_per_token"))
     ):  # fmt: skip
         raise ValueError("update needs s_fixed and s_per_token, numbers >= 0")
     swept = doc.get("swept") or {}
@@ -270,9 +280,9 @@ def from_json(doc: Any) -> Calibration:
         )
     for term, sweep in swept.items():
         values = sweep.get("values") if isinstance(sweep, dict) else None
-        if not values or not all(isinstance(v, (int, float)) and v >= 0 for v in values):
+        if not isinstance(values, list) or not values or not all(_non_negative(v) for v in values):
             raise ValueError(f"swept {term} needs values, numbers >= 0")
-        if not isinstance(sweep.get("simulator"), (int, float)) or not isinstance(sweep.get("unit"), str):
+        if not _non_negative(sweep.get("simulator")) or not isinstance(sweep.get("unit"), str):
             raise ValueError(f"swept {term} needs the simulator's value and a unit")
     return Calibration(
         gpu=doc["gpu"], model=doc["model"], model_label=doc["model_label"],

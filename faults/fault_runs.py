@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fault_inputs import (
+from faults.fault_inputs import (
     TINY_RUN,
     Check,
     Outcome,

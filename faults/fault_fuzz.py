@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fault_inputs import (
+from faults.fault_inputs import (
     FUZZ_STUBS,
     FUZZ_VALUES,
     Accepted,

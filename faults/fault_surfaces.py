@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.fault_inputs import Check, Outcome, write_tiny_model
-from benchmarks.fault_runs import ROOT
+from faults.fault_inputs import Check, Outcome, write_tiny_model
+from faults.fault_runs import ROOT
 
 HANG_S = 120.0
 MEMORY_CAP = 4 << 30  # address space: a MemoryError past it, where an unbounded read would take the machine

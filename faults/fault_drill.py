@@ -1,6 +1,6 @@
 """The fault drill: rlbench driven as an operator meets faults, with a table of what held.
 
-    python -m benchmarks.fault_drill [--out benchmarks/results/fault_drill.json] [--only GROUP]
+    python -m faults.fault_drill [--out faults/results/fault_drill.json] [--only GROUP]
 
 Groups (each case is one command, or a kill and a resume, judged by what it must do):
 - kill/resume: `train` killed (SIGKILL) after k finished steps, in start-up and in its final held-out
@@ -28,12 +28,18 @@ Groups (each case is one command, or a kill and a resume, judged by what it must
   files past any run (values, workers, steps, rows, a million lines), lookahead and suffix modes, an empty
   observation.
 
+- async: a rollout run ahead whose rollout process is killed (SIGKILL, SIGTERM), whose trainer gets SIGTERM,
+  whose resume lacks its run-ahead weights, whose max_staleness cannot fit: one line, no ring left behind.
+- outputs: `--out` over the command's own input, inside another run or over an earlier run; two suites on one
+  data file; the TRL callback's overwrite given as 'false'.
+
 The first four groups are in fault_runs.py, the inputs in fault_inputs.py, servers and fuzz in fault_fuzz.py,
-the hostile round in fault_hostile.py, the fourth round in fault_surfaces.py.
+the hostile round in fault_hostile.py, the fourth round in fault_surfaces.py, async and outputs in
+fault_supervision.py.
 
 A case fails when the command does not end as it must; a traceback is any "Traceback" a command printed (or an
 exception escaping it in process); "lost" counts finished work or intact data that did not survive the fault.
-Writes the cases and totals as JSON (benchmarks/results/fault_drill.json).
+Writes the cases and totals as JSON (faults/results/fault_drill.json).
 """
 
 from __future__ import annotations
@@ -50,14 +56,15 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fault_fuzz import hostile_servers, option_fuzz
-from benchmarks.fault_hostile import hostile_round3
-from benchmarks.fault_inputs import Check, Outcome, corrupt_inputs
-from benchmarks.fault_runs import ROOT, concurrency, disks, kill_resume, signals
-from benchmarks.fault_surfaces import surfaces
+from faults.fault_fuzz import hostile_servers, option_fuzz
+from faults.fault_hostile import hostile_round3
+from faults.fault_inputs import Check, Outcome, corrupt_inputs
+from faults.fault_runs import ROOT, concurrency, disks, kill_resume, signals
+from faults.fault_supervision import async_supervision, output_cases
+from faults.fault_surfaces import surfaces
 from reference_trainer.trace.records import write_json
 
-RESULT = ROOT / "benchmarks" / "results" / "fault_drill.json"
+RESULT = ROOT / "faults" / "results" / "fault_drill.json"
 
 
 GROUPS: dict[str, Callable[[Path], Iterator[tuple[str, Check]]]] = {
@@ -70,6 +77,8 @@ GROUPS: dict[str, Callable[[Path], Iterator[tuple[str, Check]]]] = {
     "fuzz": option_fuzz,
     "hostile": hostile_round3,
     "surfaces": surfaces,
+    "async": async_supervision,
+    "outputs": output_cases,
 }
 
 
@@ -129,7 +138,7 @@ def main() -> None:
     elapsed = time.perf_counter() - t0
     print(f"{elapsed:.0f} s")
     doc = {
-        "command": "python -m benchmarks.fault_drill" + "".join(f" --only {g}" for g in args.only or []),
+        "command": "python -m faults.fault_drill" + "".join(f" --only {g}" for g in args.only or []),
         "date": date.today().isoformat(),
         "machine": {
             "cpus": os.cpu_count(),

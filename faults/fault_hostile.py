@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.fault_inputs import TINY_RUN, Check, Outcome, cli, one_line, write_suite, write_tiny_model
+from faults.fault_inputs import TINY_RUN, Check, Outcome, cli, one_line, write_suite, write_tiny_model
 
 Setup = Callable[[Path], tuple[tuple[str, ...], str, list[Path]]]  # d -> (command, must say, protected)
 

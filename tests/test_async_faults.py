@@ -1,0 +1,191 @@
+"""A rollout run ahead is supervised: its rollout process killed by any signal ends the run with one line
+and the weight ring removed; a resume that cannot give the rollout side its weights is one line; a ring
+left by a trainer killed outright is removed by the next; a ring that cannot fit is refused before it is
+written. Every case runs under a generous deadline, so a hang fails instead of stalling the suite."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_trainer import tiny_config
+
+from reference_trainer.errors import UserError
+from reference_trainer.rollout import ring as ring_module
+from reference_trainer.rollout.ahead import check_history
+from reference_trainer.rollout.gate import Signal, death_line
+from reference_trainer.rollout.ring import WeightRing, remove_orphans
+from reference_trainer.train.checkpoint import HISTORY, latest_checkpoint
+from reference_trainer.train.trainer import Trainer
+
+DEADLINE_S = 300  # a hang, not a slow machine: these runs take seconds
+
+
+def _rings(pid: int) -> list[Path]:
+    return [
+        p for base in ("/dev/shm", tempfile.gettempdir()) for p in Path(base).glob(f"rlbench-ring-{pid}-*")
+    ]
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cmdline = (stat.parent / "cmdline").read_bytes() if stat.parent.exists() else b""
+        if int(fields[1]) == pid and b"resource_tracker" not in cmdline:  # multiprocessing's helper
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _train(model_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
+    args = ["--model", str(model_dir), "--task", "arith", "--mode", "async", "--threads", "2",
+            "--steps", "40", "--prompts-per-step", "2", "--group-size", "2", "--max-tokens", "8",
+            "--eval-every", "0", "--mode-option", "max_staleness=1", "--out", str(out), *extra]  # fmt: skip
+    code = "from rlbench.cli import app; app()"
+    return subprocess.Popen([sys.executable, "-c", code, "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _wait_for_a_step(proc: subprocess.Popen, out: Path) -> None:
+    start = time.monotonic()
+    while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text().strip():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - start < DEADLINE_S, "no step finished"
+        time.sleep(0.2)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_rollout_process_ends_the_run_with_one_line(tiny_model_dir, tmp_path, sig):
+    proc = _train(tiny_model_dir, tmp_path / "run")
+    try:
+        _wait_for_a_step(proc, tmp_path / "run")
+        assert _rings(proc.pid)  # the ring is there while the run is
+        (child,) = _children(proc.pid)  # the rollout process
+        os.kill(child, sig)
+        _, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2
+    lines = err.strip().splitlines()
+    resume = f"--resume {tmp_path / 'run'}`"
+    assert len(lines) == 1 and f"killed by {sig.name}" in lines[0] and resume in lines[0], err
+    assert _rings(proc.pid) == []
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().strip()  # the finished steps are kept
+
+
+@pytest.mark.e2e
+def test_a_terminated_trainer_removes_its_ring(tiny_model_dir, tmp_path):
+    proc = _train(tiny_model_dir, tmp_path / "run")
+    try:
+        _wait_for_a_step(proc, tmp_path / "run")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "Traceback" not in err, err
+    assert _rings(proc.pid) == []
+
+
+def test_a_ring_whose_trainer_is_gone_is_removed_by_the_next(tmp_path, monkeypatch):
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    pid = int(dead.stdout)  # exited: what a SIGKILL leaves
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(ring_module, "SHM", str(tmp_path / "no-shm"))
+    left = tmp_path / f"rlbench-ring-{pid}-abc"
+    left.mkdir()
+    (left / "slot0").write_bytes(b"x" * 64)
+    mine = tmp_path / f"rlbench-ring-{os.getpid()}-abc"  # a live trainer's: kept
+    mine.mkdir()
+    ring = WeightRing({"a": torch.zeros(4)}, 2, threading.Condition())
+    try:
+        assert not left.exists() and mine.exists()
+        assert Path(ring.folder).parent == tmp_path
+    finally:
+        ring.close()
+    assert remove_orphans() == []
+
+
+def test_a_ring_that_cannot_fit_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(ring_module, "SHM", str(tmp_path / "no-shm"))
+    with pytest.raises(UserError, match=r"max_staleness \+ 1 = 2147483648 copies"):
+        WeightRing({"a": torch.zeros(1024)}, 2**31, threading.Condition())
+    assert list(tmp_path.iterdir()) == []
+
+
+def _layout() -> list:
+    ring = WeightRing({"w": torch.zeros(2, 3)}, 1, threading.Condition())
+    ring.close()
+    return ring.layout
+
+
+def test_a_resume_checks_the_weights_its_rollout_needs():
+    layout, w = _layout(), {"w": torch.zeros(2, 3)}
+    assert check_history({3: w, 4: w}, layout, 5, 5, 2, "ck") == [3, 4]
+    assert check_history({3: w, 4: w}, layout, 5, 5, 1, "ck") == [4]  # a smaller k: honoured
+    assert check_history({4: w}, layout, 5, 5, 0, "ck") == []
+    with pytest.raises(UserError, match=r"ck: .*max_staleness 3 .*missing \[2\]"):
+        check_history({3: w, 4: w}, layout, 5, 5, 3, "ck")  # a larger k: refused
+    with pytest.raises(UserError, match="keeps none"):
+        check_history({}, layout, 5, 5, 1, "ck")  # the history file deleted
+    with pytest.raises(UserError, match="policy_version 0 does not match step 5"):
+        check_history({4: w}, layout, 0, 5, 1, "ck")
+    with pytest.raises(UserError, match="not this model's"):
+        check_history({4: {"w": torch.zeros(3, 2)}}, layout, 5, 5, 1, "ck")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("damage", ["deleted", "folder", "fifo", "dev-zero"])
+def test_a_resume_with_a_damaged_history_is_one_line(tiny_model_dir, tmp_path, damage):
+    config = tiny_config(tiny_model_dir, 2, mode="async", threads=2, mode_options={"max_staleness": 1})
+    trainer = Trainer(config, tmp_path)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    history = latest_checkpoint(tmp_path / "checkpoints") / "trainer" / HISTORY
+    history.unlink()
+    if damage == "folder":
+        history.mkdir()
+    elif damage == "fifo":
+        os.mkfifo(history)
+    elif damage == "dev-zero":
+        history.symlink_to("/dev/zero")
+    config.steps = 4
+    with pytest.raises(UserError) as err:
+        Trainer(config, tmp_path, resume=True).close()
+    assert HISTORY in str(err.value) or "keeps none" in str(err.value)
+
+
+def test_a_lock_held_by_a_dead_side_is_not_waited_for():
+    class Gone(Exception):
+        pass
+
+    held = Signal("thread")
+    held._lock.acquire()  # as a process killed inside its critical section leaves it
+
+    def check():
+        raise Gone
+
+    held.check = check
+    with pytest.raises(Gone):
+        held.__enter__()
+
+
+def test_the_death_line_names_the_signal():
+    assert "killed by SIGKILL during step 3" in death_line(-9, 3)
+    assert "exited with code 1" in death_line(1, None)
