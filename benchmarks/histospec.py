@@ -33,7 +33,7 @@ import torch
 
 from benchmarks.common import resolve_model
 from reference_trainer.errors import UserError
-from reference_trainer.mode_options import parse_option_pairs
+from reference_trainer.modes import parse_option_pairs
 from reference_trainer.speculation.drafters import DRAFTERS
 from reference_trainer.trace.compare import DRIFT_TOLERANCE
 from reference_trainer.trace.records import write_json

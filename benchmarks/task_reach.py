@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from reference_trainer.mode_options import parse_option_pairs
 from reference_trainer.model.loader import resolve_threads
+from reference_trainer.modes import parse_option_pairs
 from reference_trainer.tasks import get_task
 from reference_trainer.trace.records import write_json
 from reference_trainer.train.heldout import policy_card

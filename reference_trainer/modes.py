@@ -14,28 +14,35 @@ strategy is built, and the drafter table (speculation/drafters.py) holds classes
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from reference_trainer.errors import UserError
-from reference_trainer.mode_options import AHEAD_OPTIONS, SPEC, STRATEGY_OPTIONS, flatten_options
-from reference_trainer.option import Option
+from reference_trainer.option import Option, Options, options_of
+from reference_trainer.rollout.base import AheadOptions
+from reference_trainer.rollout.placement import PlacedOptions
+from reference_trainer.rollout.sorted import SortedOptions
 from reference_trainer.speculation.drafters import (
-    LOOKAHEAD_OPTIONS,
-    VLLM_SPEC_OPTIONS,
+    SPEC,
+    SpeculationOptions,
+    VLLMSpecOptions,
     drafters_taking,
     spec_options,
+    vllm_spec_options,
 )
+from reference_trainer.speculation.lookahead import LookaheadOptions
+from reference_trainer.trace.records import decode_json
 
 
 @dataclass(frozen=True)
 class Strategy:
     """A rollout strategy: its class, by import path (imported when one is built: strategies import torch),
-    and its title."""
+    its title and the record of its options (None: it takes none)."""
 
     path: str  # "module:Class"
     title: str
+    options: type[Options] | None = None
 
     def load(self) -> type:
         module, _, name = self.path.partition(":")
@@ -45,12 +52,26 @@ class Strategy:
 # The rollout strategies by name, in one table; "placed" is the synchronous baseline spread over a WorkerPool.
 STRATEGY_TABLE: dict[str, Strategy] = {
     "baseline": Strategy("reference_trainer.rollout.base:SynchronousRollout", "synchronous"),
-    "sorted": Strategy("reference_trainer.rollout.sorted:SortedRollout", "SortedRL, on-policy"),
-    "sorted-partial": Strategy(
-        "reference_trainer.rollout.sorted:SortedPartialRollout", "SortedRL, partial rollouts"
+    "sorted": Strategy(
+        "reference_trainer.rollout.sorted:SortedRollout", "SortedRL, on-policy", SortedOptions
     ),
-    "placed": Strategy("reference_trainer.rollout.placed:PlacedRollout", "synchronous over W workers"),
+    "sorted-partial": Strategy(
+        "reference_trainer.rollout.sorted:SortedPartialRollout", "SortedRL, partial rollouts", SortedOptions
+    ),
+    "placed": Strategy(
+        "reference_trainer.rollout.placed:PlacedRollout", "synchronous over W workers", PlacedOptions
+    ),
 }
+
+
+@dataclass(frozen=True)
+class ModeOptions:
+    """A run's mode options as the records its parts take: the strategy's, the rollout run ahead's, the
+    speculation's (a SpeculationOptions on the reference engine, a VLLMSpecOptions on vLLM)."""
+
+    strategy: Options | None = None
+    ahead: AheadOptions | None = None
+    speculation: SpeculationOptions | VLLMSpecOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -90,15 +111,16 @@ class ModeSpec:
         names = [self.strategy] if workers is None or workers <= 1 else [self.strategy_for(workers)]
         if workers is None and self.placement is not None:
             names.append("placed")
-        out = {o.name: o for n in names for o in STRATEGY_OPTIONS[n]}
+        records = [r for n in names if (r := STRATEGY_TABLE[n].options) is not None]
         if self.ahead:  # max_staleness (shared with SortedRL's) bounds a trained token's age either way
-            out.update({o.name: o for o in AHEAD_OPTIONS})
+            records.append(AheadOptions)
+        out = {o.name: o for r in records for o in options_of(r)}
         if "placement" in out and self.placement is not None:
             out["placement"] = replace(out["placement"], default=self.placement)
         if not self.speculative:
             return out
         if engine == "vllm":
-            out.update({o.name: o for o in VLLM_SPEC_OPTIONS})
+            out.update(vllm_spec_options())
             if self.speculation == "suffix":  # vLLM's own SuffixDecoding
                 out["spec.method"] = replace(out["spec.method"], default="suffix")
         else:
@@ -119,26 +141,35 @@ class ModeSpec:
             return None
         return self.tis_cap
 
-    def speculation_options(self, options: Mapping[str, Any], engine: str = "reference") -> dict[str, Any]:
-        """The engine's speculation options (a config's "spec" dict) with this mode's drafter filled in
-        where they leave it out."""
+    def speculation_options(
+        self, options: Mapping[str, Any], engine: str = "reference"
+    ) -> SpeculationOptions | VLLMSpecOptions:
+        """The engine's speculation as its record, from a config's "spec" values, with this mode's drafter
+        (or vLLM method) where they leave it out."""
         key = "method" if engine == "vllm" else "drafter"
-        out = {key: self.options(1, engine)[f"{SPEC}.{key}"].default, **options}
-        if self.lookahead and engine != "vllm":
-            out["lookahead"] = True
-        return out
+        values = {key: self.options(1, engine)[f"{SPEC}.{key}"].default, **options}
+        if engine == "vllm":
+            return VLLMSpecOptions(**values)
+        return SpeculationOptions.of({**values, "lookahead": self.lookahead})
 
-    def strategy_options(self, options: Mapping[str, Any], workers: int) -> dict[str, Any]:
-        """The part of a config's mode options that the strategy on `workers` workers takes (a placement's
-        options mean nothing on one worker, where there is nothing to place)."""
-        takes = {o.name for o in STRATEGY_OPTIONS[self.strategy_for(workers)]}
-        return {k: v for k, v in options.items() if k in takes}
+    def resolve(self, options: Mapping[str, Any], workers: int = 1, engine: str = "reference") -> ModeOptions:
+        """A config's (checked) mode options as the records the parts of a run on `workers` workers take (a
+        placement's options mean nothing on one worker, where there is nothing to place)."""
+        flat = flatten_options(options)
+        record = STRATEGY_TABLE[self.strategy_for(workers)].options
+        if record is PlacedOptions:
+            flat = {"placement": self.placement, **flat}
+        return ModeOptions(
+            strategy=record.take(flat) if record is not None else None,
+            ahead=AheadOptions.take(flat) if self.ahead else None,
+            speculation=self.speculation_options(options.get(SPEC, {}), engine) if self.speculative else None,
+        )
 
     def _drafter_takes(self, name: str, drafter: str | None) -> bool:
         """Whether option `name` goes with `drafter` (the speculator's options go with any; a lookahead
         mode's LookaheadDrafter takes its own in front of any drafter)."""
         owners = drafters_taking(name)
-        ahead = self.lookahead and any(o.name == name for o in LOOKAHEAD_OPTIONS)
+        ahead = self.lookahead and any(o.name == name for o in options_of(LookaheadOptions, f"{SPEC}."))
         return not owners or drafter in owners or ahead
 
     def check_options(
@@ -357,13 +388,43 @@ def get_mode(name: str) -> ModeSpec:
     return MODES[name]
 
 
-def make_mode_strategy(mode: ModeSpec, workers: int, options: Mapping[str, Any]) -> Any:
-    """The mode's rollout strategy for `workers` rollout workers, from a config's mode options (imports the
+def make_mode_strategy(mode: ModeSpec, workers: int, options: ModeOptions) -> Any:
+    """The mode's rollout strategy for `workers` rollout workers, from its resolved options (imports the
     strategy, and torch, now)."""
     name = mode.strategy_for(workers)
-    kwargs = mode.strategy_options(options, workers)
-    if mode.lookahead:
-        kwargs["lookahead"] = True
+    cls = STRATEGY_TABLE[name].load()
     if name == "placed":
-        kwargs = {"placement": mode.placement, **kwargs}
-    return STRATEGY_TABLE[name].load()(**kwargs)
+        return cls(options.strategy)
+    if options.strategy is None:
+        return cls(lookahead=mode.lookahead)
+    return cls(options.strategy, lookahead=mode.lookahead)
+
+
+def parse_option_pairs(pairs: Sequence[str], flag: str = "--mode-option") -> dict[str, Any]:
+    """["oversubscription=3", "spec.max_draft=8"] -> {"oversubscription": 3, "spec": {...}}:
+    values are JSON where they parse, else strings; a dotted key nests one level."""
+    parsed: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"{flag} needs KEY=VALUE, got {pair!r}")
+        value, why, _ = decode_json(raw)  # depth and 4,300-digit integers too: a string, never a traceback
+        if why:
+            value = raw
+        head, _, sub = key.partition(".")
+        if sub:
+            parsed.setdefault(head, {})[sub] = value
+        else:
+            parsed[key] = value
+    return parsed
+
+
+def flatten_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """{"spec": {"max_draft": 8}} -> {"spec.max_draft": 8}."""
+    flat: dict[str, Any] = {}
+    for key, value in options.items():
+        if key == SPEC and isinstance(value, Mapping):
+            flat.update({f"{SPEC}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return flat

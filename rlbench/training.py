@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from reference_trainer.errors import UserError
-from reference_trainer.mode_options import flatten_options, parse_option_pairs
-from reference_trainer.modes import get_mode
+from reference_trainer.modes import get_mode, parse_option_pairs
 from reference_trainer.rollout.slots import WorkerSlots
 from reference_trainer.tasks import RUN_TASK_OPTIONS
 from reference_trainer.trace.locks import run_lock
@@ -79,15 +78,15 @@ def thread_split_note(config: TrainConfig, device: str) -> str | None:
     mode = get_mode(config.mode)
     if not mode.ahead or device != "cpu":
         return None
-    options = mode.values(flatten_options(config.mode_options), config.workers, config.engine)
-    if options["backend"] != "process":
+    ahead = mode.resolve(config.mode_options, config.workers, config.engine).ahead
+    if ahead is None or ahead.backend != "process":
         return None
     from reference_trainer.model.loader import resolve_threads
     from reference_trainer.rollout.ahead import split_threads  # torch: only once the cheap checks passed
 
     budget = resolve_threads(config.threads)
-    rollout, update = split_threads(budget, options["max_staleness"], options["rollout_threads"])
-    if rollout + update <= budget or options["max_staleness"] == 0:
+    rollout, update = split_threads(budget, ahead.max_staleness, ahead.rollout_threads)
+    if rollout + update <= budget or ahead.max_staleness == 0:
         return None
     return (
         f"note: {config.mode} runs rollout and update side by side, and {budget} CPU thread cannot be split: "

@@ -13,7 +13,7 @@ import torch
 from conftest import ROOT, assert_one_line_error, cli
 
 from reference_trainer.errors import UserError
-from reference_trainer.mode_options import parse_option_pairs
+from reference_trainer.modes import parse_option_pairs
 from reference_trainer.trace.records import read_jsonl
 
 

@@ -12,14 +12,14 @@ from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.graphs import StaticForward
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
-from reference_trainer.speculation.cost import CostModel, expected_tokens, measure_cost_model, verify_width
+from reference_trainer.speculation.cost import ForwardCosts, expected_tokens, measure_cost_model, verify_width
 
 MARGIN = 0.05  # the Speculator's default
 
 
-def table(ratios: dict[int, float], batches: tuple[int, ...] = (1, 16, 64)) -> CostModel:
+def table(ratios: dict[int, float], batches: tuple[int, ...] = (1, 16, 64)) -> ForwardCosts:
     """A cost table whose verify of width w costs ratios[w] decode steps at every batch."""
-    return CostModel({(b, w): 1e-3 * r for b in batches for w, r in ratios.items()})
+    return ForwardCosts({(b, w): 1e-3 * r for b in batches for w, r in ratios.items()})
 
 
 # Verify widths 1..17 cost 1.00-1.04 decode steps: the shape a GPU's memory-bound forward has under graphs.

@@ -8,7 +8,7 @@ import pytest
 
 from reference_trainer.engine.config import SamplingParams
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
-from reference_trainer.speculation.histospec import HistoryDrafter, SuffixAutomaton
+from reference_trainer.speculation.histospec import HistoryDrafter, HistoSpecOptions, SuffixAutomaton
 
 PROMPT = [7, 8, 9]
 
@@ -66,7 +66,7 @@ def test_draft_stops_when_the_continuations_share_falls_below_min_confidence():
     assert sam.draft(state, length, 3, 1, min_confidence=0.5) == [3, 5]
     assert sam.draft(state, length, 3, 1, min_confidence=0.6) == [3]
     assert sam.draft(state, length, 3, 1, min_confidence=0.8) == []
-    drafter = HistoryDrafter(min_confidence=0.6)
+    drafter = HistoryDrafter(HistoSpecOptions(min_confidence=0.6))
     for s in ([1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 5], [1, 2, 6]):
         drafter.add_response(PROMPT, s)
     assert drafter.draft(seq([1, 2]), 4) == [3]
@@ -85,7 +85,9 @@ def test_match_falls_back_to_shorter_suffixes():
 
 
 def test_drafter_uses_siblings_and_follows_growing_responses():
-    drafter = HistoryDrafter(init_draft=4, max_draft=8, min_confidence=0.0)  # every match drafts
+    drafter = HistoryDrafter(
+        HistoSpecOptions(init_draft=4, max_draft=8, min_confidence=0.0)
+    )  # every match drafts
     s = seq([])
     assert drafter.draft(s, 8) == []  # no history yet
     sibling = seq([10, 11, 12, 13, 14, 15, 2])
@@ -103,7 +105,7 @@ def test_drafter_uses_siblings_and_follows_growing_responses():
 
 
 def test_adaptive_draft_length_stays_in_bounds():
-    drafter = HistoryDrafter(min_draft=2, init_draft=3, max_draft=10)
+    drafter = HistoryDrafter(HistoSpecOptions(min_draft=2, init_draft=3, max_draft=10))
     drafter.add_response(PROMPT, list(range(10, 40)))
     s = seq([10])
     lengths = []
@@ -115,11 +117,13 @@ def test_adaptive_draft_length_stays_in_bounds():
         drafter.observe(s, drafter.draft_len(s), 0)
     assert drafter.draft_len(s) == 2
     with pytest.raises(ValueError):
-        HistoryDrafter(min_draft=4, init_draft=2)
+        HistoryDrafter(HistoSpecOptions(min_draft=4, init_draft=2))
 
 
 def test_memory_is_bounded_lru_prompts_responses_epochs():
-    drafter = HistoryDrafter(max_prompts=3, max_responses=4, max_epochs=2, min_confidence=0.0)
+    drafter = HistoryDrafter(
+        HistoSpecOptions(max_prompts=3, max_responses=4, max_epochs=2, min_confidence=0.0)
+    )
     for p in range(5):
         drafter.add_response([p], [1, 2, 3])
     assert list(drafter.prompts) == [(2,), (3,), (4,)]  # least recently used prompts evicted

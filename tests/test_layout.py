@@ -28,7 +28,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("reference_trainer.engine",),
     ("reference_trainer.speculation",),
     ("reference_trainer.rollout",),
-    ("reference_trainer.mode_options", "reference_trainer.modes"),
+    ("reference_trainer.modes",),
     ("reference_trainer.train",),
     ("rlbench.gguf_import", "rlbench.models", "rlbench.rundirs"),
     ("rlbench.eval", "rlbench.simulate", "rlbench.observe", "rlbench.perfetto"),

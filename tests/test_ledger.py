@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from reference_trainer.trace import metrics
+from reference_trainer.trace import ledger, metrics
 
 
 def _phase(kind, step, t0, t1, **extra):
@@ -76,10 +76,10 @@ def test_the_bound_label_rule(trainer, rollout, label):
 
 
 def test_ks_distance_by_hand():
-    assert metrics.ks_distance([1, 2, 3], [1, 2, 3]) == 0.0
-    assert metrics.ks_distance([1, 2], [3, 4]) == 1.0
-    assert metrics.ks_distance([1, 2, 3, 4], [3, 4, 5, 6]) == pytest.approx(0.5)
-    assert metrics.ks_distance([], [1]) is None
+    assert ledger.ks_distance([1, 2, 3], [1, 2, 3]) == 0.0
+    assert ledger.ks_distance([1, 2], [3, 4]) == 1.0
+    assert ledger.ks_distance([1, 2, 3, 4], [3, 4, 5, 6]) == pytest.approx(0.5)
+    assert ledger.ks_distance([], [1]) is None
 
 
 def _sorted_like_trace():
@@ -98,7 +98,7 @@ def _sorted_like_trace():
 
 
 def test_the_ledger_of_a_run_that_defers_its_long_samples():
-    book = metrics.ledger(_sorted_like_trace())
+    book = ledger.ledger(_sorted_like_trace())
     # trained {5, 10} against generated {5, 40, 30, 10, 50}: the CDFs differ most just past 10 (1 vs 2/5)
     assert book["trained_vs_generated_ks"] == pytest.approx(0.6)
     assert book["long_decile_trained_share"] == 0.0  # the longest generation (50) was not trained
@@ -112,7 +112,7 @@ def test_the_ledger_of_a_run_that_defers_its_long_samples():
 def test_a_synchronous_run_trains_what_it_generates():
     events = [_phase("update", 0, 0.0, 1.0, policy_version=0)]
     events += [_seq(0, f"p{i}/0", 10 * (i + 1), index=i, admit=0, reward=float(i % 2)) for i in range(10)]
-    book = metrics.ledger(events)
+    book = ledger.ledger(events)
     assert book["trained_vs_generated_ks"] == 0.0 and book["long_decile_trained_share"] == 1.0
     assert book["oldest_waiting_age"] == {"0": 0}
     assert book["reward_completed"] == book["reward_all"] == 0.5
@@ -120,11 +120,11 @@ def test_a_synchronous_run_trains_what_it_generates():
 
 def test_a_kept_partial_at_the_end_is_left_out_and_same_prompts_compare():
     events = _sorted_like_trace() + [_seq(1, "p3/0", 70, "cached", index=3, admit=1, reason=None)]
-    assert metrics.ledger(events)["long_decile_trained_share"] == 0.0  # 70 has no known fate: not counted
-    assert metrics.ledger(events)["generations"] == 5
+    assert ledger.ledger(events)["long_decile_trained_share"] == 0.0  # 70 has no known fate: not counted
+    assert ledger.ledger(events)["generations"] == 5
     # kept at step 0 and never seen again: given up (regenerated), so generated and not trained
     given_up = _sorted_like_trace() + [_seq(0, "p4/0", 90, "cached", index=4, admit=0, reason=None)]
-    assert metrics.ledger(given_up)["generations"] == 6
+    assert ledger.ledger(given_up)["generations"] == 6
     baseline = {"0": [5], "1": [60], "2": [80]}
-    mine = metrics.ledger(events)["trained_lengths_by_prompt"]
-    assert metrics.same_prompts_ks(mine, baseline) == 0.5  # over prompts 0 and 1: {5, 10} vs {5, 60}
+    mine = ledger.ledger(events)["trained_lengths_by_prompt"]
+    assert ledger.same_prompts_ks(mine, baseline) == 0.5  # over prompts 0 and 1: {5, 10} vs {5, 60}

@@ -19,9 +19,9 @@ from reference_trainer.engine.sampler import coupled_accept
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.modes import MODES, get_mode
-from reference_trainer.speculation.cost import CostModel
+from reference_trainer.speculation.cost import ForwardCosts
 from reference_trainer.speculation.drafters import DRAFTERS, attach
-from reference_trainer.speculation.lookahead import LookaheadDrafter
+from reference_trainer.speculation.lookahead import LookaheadDrafter, LookaheadOptions
 from reference_trainer.speculation.speculator import Speculator
 from reference_trainer.trace.metrics import step_metrics
 from reference_trainer.train.config import TrainConfig
@@ -34,9 +34,11 @@ from rlbench.simulate.scheduler import simulate_mode
 
 PROMPT = [5, 6, 7, 8]
 EOS = 2
-FREE = CostModel({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})  # rows and verifies cost nothing
+FREE = ForwardCosts(
+    {(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0}
+)  # rows and verifies cost nothing
 # A CPU's shape: a decode step's time grows with its rows, a verify of q tokens costs about q decode steps.
-CPU = CostModel({(b, q): 1e-3 * (1 + 0.1 * b) * q for b in (1, 4, 16, 64) for q in (1, 2, 4, 8, 16)})
+CPU = ForwardCosts({(b, q): 1e-3 * (1 + 0.1 * b) * q for b in (1, 4, 16, 64) for q in (1, 2, 4, 8, 16)})
 LOOKAHEAD_MODES = ("lookahead", "sorted+lookahead", "rhyme+lookahead")
 
 
@@ -88,7 +90,7 @@ def lookahead_runs(old: DecoderLM, params: list[SamplingParams], steps: int) -> 
 def with_lookahead(model, old, params, rule=coupled_accept, steps=9, cost=FREE):
     """The requests under `model`, drafting from their lookahead runs under `old`: sequences, verifies."""
     engine = engine_of(model)
-    spec = attach(engine, {"drafter": "lookahead", "cost_model": cost}, accept_rule=rule)
+    spec = attach(engine, {"drafter": "lookahead"}, accept_rule=rule, cost_model=cost)
     for run in lookahead_runs(old, params, steps):
         spec.drafter.on_done(run, 0)
     out = engine.generate([PROMPT] * len(params), params)
@@ -128,7 +130,7 @@ def test_seeded_outputs_are_plain_decoding_s_and_the_coupling_accepts_what_the_w
 
 
 def test_a_draft_ends_at_its_first_mismatch_and_goes_with_its_request():
-    drafter = LookaheadDrafter(max_draft=3)
+    drafter = LookaheadDrafter(options=LookaheadOptions(max_draft=3))
     params = SamplingParams(seed=7)
     ahead = Sequence("lookahead:p/0", PROMPT, params, response_ids=[10, 11, 12, 13, 14], lookahead=True)
     drafter.on_done(ahead, 0)
@@ -280,7 +282,7 @@ def test_every_drafter_goes_through_the_cost_gate(model, old, drafter):
     plain = [s.response_ids for s in engine_of(model).generate([PROMPT] * 8, params)]
     for cost, verifies in ((CPU, False), (FREE, True)):
         engine = engine_of(model)
-        spec = attach(engine, {"drafter": drafter, "cost_model": cost, "prior_acceptance": 0.5})
+        spec = attach(engine, {"drafter": drafter, "prior_acceptance": 0.5}, cost_model=cost)
         for run in lookahead_runs(old, params, 12):  # drafts for every drafter: runs, or their responses
             spec.drafter.on_done(run, 0) if drafter == "lookahead" else spec.drafter.add_response(
                 PROMPT, run.response_ids
@@ -296,7 +298,7 @@ def test_every_drafter_goes_through_the_cost_gate(model, old, drafter):
 def test_the_modes_are_registered_listed_and_simulated(tmp_path):
     for name in LOOKAHEAD_MODES:
         mode = MODES[name]
-        assert mode.lookahead and mode.placement is None and mode.speculation_options({})["lookahead"]
+        assert mode.lookahead and mode.placement is None and mode.speculation_options({}).lookahead
         sim = SIM_MODES[name]
         assert sim.spec and sim.mode == name
         tr = workload.synthetic(steps=2, prompts=8, group_size=4, mean_tokens=400, max_tokens=2000, seed=1)

@@ -3,7 +3,7 @@ accept the same names and options with the same meaning."""
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,13 +15,12 @@ from conftest import cli
 from test_simulate import UnitCost, heavy, run_policy
 
 from reference_trainer.errors import UserError
-from reference_trainer.mode_options import STRATEGY_OPTIONS
 from reference_trainer.modes import MODES, STRATEGY_TABLE, get_mode, make_mode_strategy
 from reference_trainer.speculation.drafters import (
     DRAFTERS,
-    LOOKAHEAD_OPTIONS,
-    SPECULATOR_OPTIONS,
-    VLLM_SPEC_OPTIONS,
+    SpeculationOptions,
+    build_speculator,
+    vllm_spec_options,
 )
 from rlbench.simulate import workload
 from rlbench.simulate.modes import parse_sim_modes, sim_mode
@@ -36,46 +35,40 @@ def one_line_error(res: subprocess.CompletedProcess) -> str:
     return res.stderr
 
 
-def _params(cls: type, drop: tuple[str, ...] = ()) -> dict[str, object]:
-    if cls.__init__ is object.__init__:  # no constructor of its own: takes nothing
-        return {}
-    sig = inspect.signature(cls.__init__).parameters
-    return {k: p.default for k, p in sig.items() if k != "self" and k not in drop}
-
-
 # ---- the registry and the strategies -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("strategy", list(STRATEGY_OPTIONS))
-def test_registry_options_are_the_strategy_constructor_arguments(strategy):
-    params = _params(STRATEGY_TABLE[strategy].load())
-    options = {o.name: o.default for o in STRATEGY_OPTIONS[strategy]}
-    if strategy != "placed":  # lookahead is the mode's (ModeSpec.lookahead), not an option
-        assert params.pop("lookahead") is False
-    assert options == params  # the same names, and the same defaults
+@pytest.mark.parametrize("strategy", [n for n, s in STRATEGY_TABLE.items() if s.options is not None])
+def test_a_strategy_receives_its_options_as_its_record(strategy):
+    """The registry's options of a strategy are its record's fields, and a value set on the command line
+    arrives at the class in that record (no copy of a default or a range to hold equal)."""
+    record = STRATEGY_TABLE[strategy].options
+    mode = next(m for m in MODES.values() if m.strategy_for(2 if strategy == "placed" else 1) == strategy)
+    workers = 2 if strategy == "placed" else 1
+    names = {f.name for f in dataclasses.fields(record)}
+    assert names <= set(mode.options(workers))
+    key, value = ("placement", "least-outstanding") if strategy == "placed" else ("oversubscription", 3)
+    built = make_mode_strategy(mode, workers, mode.resolve({key: value}, workers))
+    assert type(built.options) is record and getattr(built.options, key) == value
+    with pytest.raises(ValueError, match="must be >= 1|unknown placement"):  # checked once, by the record
+        record(**{"oversubscription": 0.5} if strategy != "placed" else {"placement": "x"})
 
 
-def test_each_drafter_option_is_its_constructor_argument():
-    """The drafter table is the one source: a drafter's options are its constructor's arguments with their
-    defaults, the speculator's options are the Speculator's, and the vLLM keys are those the vLLM engine
-    maps."""
+def test_each_drafter_receives_its_options_as_its_record():
+    """A mode's spec.* values reach each drafter, the lookahead drafter and the speculator as their own
+    records; the vLLM keys are those the vLLM engine maps."""
     from reference_trainer.engine.vllm_engine import speculative_config
-    from reference_trainer.speculation.lookahead import LookaheadDrafter
-    from reference_trainer.speculation.speculator import Speculator
 
-    def defaults(options):
-        return {o.key: o.default for o in options}
-
-    def listed(params):  # tuples in signatures, lists in JSON options
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
-
-    for spec in DRAFTERS.values():
-        cls = spec.cls or LookaheadDrafter
-        assert defaults(spec.options) == _params(cls, drop=("fallback", "max_entries")), spec.name
-    assert defaults(LOOKAHEAD_OPTIONS) == _params(LookaheadDrafter, drop=("fallback", "max_entries"))
-    # accept_rule is a callable, no command-line option; the drafter is built from the table
-    assert defaults(SPECULATOR_OPTIONS) == listed(_params(Speculator, drop=("drafter", "accept_rule")))
-    for o in VLLM_SPEC_OPTIONS:  # every vLLM key is one the vLLM engine maps, with its default
+    for name, spec in DRAFTERS.items():
+        if spec.cls is None or name == "suffix":  # suffix needs arctic-inference (tests/test_suffix.py)
+            continue
+        built = build_speculator(SpeculationOptions.of({"drafter": name, "max_draft": 4, "margin": 0.2}))
+        assert built.drafter.options == spec.options(max_draft=4) and built.options.margin == 0.2
+    ahead = build_speculator({"drafter": "histospec", "lookahead": True, "max_draft": 5})
+    assert ahead.drafter.options.max_draft == 5 and ahead.drafter.fallback.options.max_draft == 5
+    with pytest.raises(ValueError, match="takes no option suffix_min_prob"):
+        SpeculationOptions.of({"drafter": "histospec", "suffix_min_prob": 0.2})
+    for o in vllm_spec_options().values():  # every vLLM key is one the vLLM engine maps, with its default
         speculative_config({o.key: o.default})
         assert o.key in speculative_config.__doc__
     with pytest.raises(ValueError):
@@ -84,13 +77,13 @@ def test_each_drafter_option_is_its_constructor_argument():
 
 def test_modes_build_their_strategies():
     for mode in MODES.values():
-        strategy = make_mode_strategy(mode, 1, {})
+        strategy = make_mode_strategy(mode, 1, mode.resolve({}, 1))
         assert type(strategy) is STRATEGY_TABLE[mode.strategy].load()
         if mode.placement is None:
             with pytest.raises(UserError, match="runs on one engine"):
                 mode.strategy_for(2)
         else:
-            placed = make_mode_strategy(mode, 2, {})
+            placed = make_mode_strategy(mode, 2, mode.resolve({}, 2))
             assert placed.migrate == (mode.placement == "histopipe")
     assert MODES["sorted+rhyme"].strategy == "sorted" and MODES["sorted+rhyme"].speculative
     assert MODES["sorted+suffix"].strategy == "sorted" and MODES["sorted+suffix"].speculation == "suffix"

@@ -13,7 +13,7 @@ from test_report import CHROMIUM, check_all_figures_drew, synthetic_trace
 
 from reference_trainer.errors import UserError
 from rlbench.simulate import engine, simulate, workload
-from rlbench.simulate.cost import CostModel, calibrate, preset
+from rlbench.simulate.cost import CostModel, fit_run, preset
 from rlbench.simulate.modes import SIM_MODES, SimMode, parse_sim_modes, sim_mode
 from rlbench.simulate.scheduler import simulate_mode, spec_rate
 
@@ -197,7 +197,7 @@ def test_histospec_and_histopipe():
 
 def test_calibration_recovers_a_known_cost():
     events = synthetic_trace(workers=1, steps=1)  # decode 10 ms, prefill 4 ms, 1 ms between forwards
-    cost = calibrate(events)
+    cost = fit_run(events)
     assert cost.decode(np.array([3.0]), np.array([100.0]))[0] == pytest.approx(0.01, abs=1e-4)
     assert 0.0007 < cost.gap <= 0.001  # the trace leaves 1 ms after decodes, none after prefills: a mean
     assert cost.prefill(np.array([2]), np.array([24.0]), np.array([0.0]))[0] == pytest.approx(0.004, abs=5e-4)

@@ -17,7 +17,7 @@ from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus
 from reference_trainer.model.tokenizer import CharTokenizer
 from reference_trainer.modes import MODES, STRATEGY_TABLE
 from reference_trainer.rollout.base import PromptStream, RolloutContext
-from reference_trainer.rollout.sorted import NEW, REQUEUED, SortedPartialRollout, SortedRollout
+from reference_trainer.rollout.sorted import NEW, REQUEUED, SortedOptions, SortedPartialRollout, SortedRollout
 from reference_trainer.tasks.arith import ArithTask
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import read_jsonl
@@ -136,7 +136,7 @@ def drive(cls, options, ctx, steps: int, checkpoint_at: int | None = None):
     """The trainer loop with a fake update (a version bump); optionally a checkpoint round trip mid-run.
     Returns the strategy and, per step, (version, consumed groups as plain data)."""
     engine = ctx.engine
-    strategy = cls(**options)
+    strategy = cls(SortedOptions(**options))
     engine.strategy, engine.ctx = strategy, ctx
     log = []
     for step in range(steps):
@@ -168,7 +168,7 @@ def drive(cls, options, ctx, steps: int, checkpoint_at: int | None = None):
         engine.policy_version += 1
         if step == checkpoint_at:
             state = json.loads(json.dumps({"ctrl": strategy.state_dict(), "stream": ctx.stream.state_dict()}))
-            strategy = cls(**options)
+            strategy = cls(SortedOptions(**options))
             strategy.load_state_dict(state["ctrl"])
             ctx.stream = PromptStream(ctx.stream.task, ctx.stream.seed)
             ctx.stream.load_state_dict(state["stream"])
@@ -288,9 +288,9 @@ def test_registries_and_options():
     assert STRATEGY_TABLE["sorted"].load() is SortedRollout
     assert STRATEGY_TABLE["sorted-partial"].load() is SortedPartialRollout
     with pytest.raises(ValueError):
-        SortedRollout(oversubscription=0.5)
+        SortedRollout(SortedOptions(oversubscription=0.5))
     with pytest.raises(ValueError):
-        SortedRollout(max_staleness=-1)
+        SortedRollout(SortedOptions(max_staleness=-1))
 
 
 # ---- the real trainer at tiny shapes -------------------------------------------------------------------

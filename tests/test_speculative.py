@@ -16,16 +16,16 @@ from reference_trainer.engine.sampler import coupled_accept
 from reference_trainer.engine.sequence import Request
 from reference_trainer.model.attention import CachedBatch, PagedKVCache
 from reference_trainer.model.decoder import DecoderLM
-from reference_trainer.speculation.cost import CostModel
+from reference_trainer.speculation.cost import ForwardCosts
 from reference_trainer.speculation.drafters import DRAFTERS, attach
 from reference_trainer.speculation.histospec import HistoryDrafter
-from reference_trainer.speculation.speculator import Speculator
+from reference_trainer.speculation.speculator import Speculator, SpeculatorOptions
 from reference_trainer.trace.metrics import step_metrics
 from rlbench.reproduce.lossless import generous_accept, homogeneity_test, sample_responses
 
 PROMPT = [5, 6, 7, 8]
 EOS = 2
-CHEAP = CostModel({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})  # verifying is free
+CHEAP = ForwardCosts({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})  # verifying is free
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +33,11 @@ def model() -> DecoderLM:
     return peaked_model()
 
 
-def make_engine(model: DecoderLM, capacity: int = 64, **spec) -> tuple[Engine, Speculator | None]:
+def make_engine(
+    model: DecoderLM, capacity: int = 64, cost_model: ForwardCosts | None = None, **spec
+) -> tuple[Engine, Speculator | None]:
     engine = Engine(model, EngineConfig(max_num_seqs=capacity, max_model_len=96), eos_token_ids=[EOS])
-    return engine, (attach(engine, spec) if spec else None)
+    return engine, (attach(engine, spec, cost_model=cost_model) if spec or cost_model is not None else None)
 
 
 def needs(drafter: str) -> None:
@@ -160,27 +162,37 @@ def test_sampling_distribution_is_unchanged_and_a_wrong_rule_is_detected(model, 
 
 def test_cost_model_interpolates_and_chooser_respects_cost():
     table = {(b, q): 0.001 * b * q for b in (1, 8) for q in (1, 4, 8)}
-    cm = CostModel(table)
+    cm = ForwardCosts(table)
     assert cm.cost(4, 2) == pytest.approx(0.001 * 4 * 2)
     assert cm.cost(16, 8) == pytest.approx(0.001 * 16 * 8)  # linear extrapolation beyond the grid
 
-    expensive = Speculator(HistoryDrafter(), cost_model=cm, prior_acceptance=0.9)
+    expensive = Speculator(HistoryDrafter(), SpeculatorOptions(prior_acceptance=0.9), cost_model=cm)
     assert expensive.choose_width([8] * 8) == 0  # q+1 tokens cost q+1 decode steps: never worth it
-    flat = CostModel({(b, q): 0.01 for b in (1, 64) for q in (1, 16)})
-    cheap = Speculator(HistoryDrafter(), cost_model=flat, prior_acceptance=0.5)
+    flat = ForwardCosts({(b, q): 0.01 for b in (1, 64) for q in (1, 16)})
+    cheap = Speculator(HistoryDrafter(), SpeculatorOptions(prior_acceptance=0.5), cost_model=flat)
     assert cheap.choose_width([8, 3, 0]) == 8  # free verification: verify every draft token
     assert cheap.choose_width([0, 0]) == 0  # nothing to verify
     # Verification costing 2x a decode: worth it at high acceptance, not at low.
-    double = CostModel({(1, 1): 1.0, (1, 2): 2.0, (1, 16): 2.0, (64, 1): 1.0, (64, 2): 2.0, (64, 16): 2.0})
-    assert Speculator(HistoryDrafter(), cost_model=double, prior_acceptance=0.95).choose_width([8]) > 0
-    assert Speculator(HistoryDrafter(), cost_model=double, prior_acceptance=0.3).choose_width([8]) == 0
+    double = ForwardCosts({(1, 1): 1.0, (1, 2): 2.0, (1, 16): 2.0, (64, 1): 1.0, (64, 2): 2.0, (64, 16): 2.0})
+    assert (
+        Speculator(
+            HistoryDrafter(), SpeculatorOptions(prior_acceptance=0.95), cost_model=double
+        ).choose_width([8])
+        > 0
+    )
+    assert (
+        Speculator(HistoryDrafter(), SpeculatorOptions(prior_acceptance=0.3), cost_model=double).choose_width(
+            [8]
+        )
+        == 0
+    )
 
 
 def test_measured_cost_model_and_plain_steps_when_verification_is_expensive(model):
     engine, spec = make_engine(model, capacity=8, cost_batches=(1, 8), cost_qs=(1, 4), cost_repeats=1)
     assert spec.cost_model is not None and set(spec.cost_model.table) == {(1, 1), (1, 4), (8, 1), (8, 4)}
     assert all(t > 0 for t in spec.cost_model.table.values())
-    spec.cost_model = CostModel({(b, q): 0.001 * q for b in (1, 8) for q in (1, 16)})
+    spec.cost_model = ForwardCosts({(b, q): 0.001 * q for b in (1, 8) for q in (1, 16)})
     spec.drafter.add_response(PROMPT, list(range(10, 30)))
     run(engine, [PROMPT] * 4, sampling(range(4)))
     kinds = Counter(e["kind"] for e in engine.trace.events)

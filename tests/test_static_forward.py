@@ -19,11 +19,11 @@ from reference_trainer.model import embedded
 from reference_trainer.model.loader import load_model
 from reference_trainer.model.prompting import encode_prompt
 from reference_trainer.model.tokenizer import CharTokenizer
-from reference_trainer.speculation.cost import CostModel
+from reference_trainer.speculation.cost import ForwardCosts
 from reference_trainer.speculation.drafters import attach
 from reference_trainer.tasks import get_task
 
-FREE_VERIFY = CostModel({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})
+FREE_VERIFY = ForwardCosts({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})
 
 
 def test_buckets_end_at_the_capacity():
@@ -77,7 +77,7 @@ def run(model, prompts, params, eos, layout, static, monkeypatch, history=None):
         forward._forward = spy  # type: ignore[method-assign]
         engine.runner.static = forward
     if history is not None:
-        spec = attach(engine, {"cost_model": FREE_VERIFY})
+        spec = attach(engine, {}, cost_model=FREE_VERIFY)
         for prompt, response in history:
             spec.drafter.add_response(prompt, response)
     out = engine.generate(prompts, params)
@@ -129,7 +129,7 @@ def test_cuda_graphs_emit_the_eager_tokens(layout, request, monkeypatch):
             engine.runner.static = StaticForward(model, engine.slots, engine.config.max_verify_tokens, False,
                                                  sampling=engine.sampling)  # fmt: skip
         if history:
-            spec = attach(engine, {"cost_model": FREE_VERIFY})
+            spec = attach(engine, {}, cost_model=FREE_VERIFY)
             for prompt, response in history:
                 spec.drafter.add_response(prompt, response)
         out = [s.response_ids for s in engine.generate(prompts, params)]

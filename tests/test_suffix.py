@@ -9,11 +9,12 @@ from reference_trainer.engine.config import SamplingParams
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
 from reference_trainer.errors import UserError
 from reference_trainer.modes import get_mode
-from reference_trainer.speculation.histospec import HistoryDrafter
+from reference_trainer.speculation.drafters import SpeculationOptions, VLLMSpecOptions
+from reference_trainer.speculation.histospec import HistoryDrafter, HistoSpecOptions
 
 pytest.importorskip("arctic_inference.suffix_decoding")
 
-from reference_trainer.speculation.suffix import SuffixDrafter  # noqa: E402
+from reference_trainer.speculation.suffix import SuffixDrafter, SuffixOptions  # noqa: E402
 
 PROMPT = [7, 8, 9]
 
@@ -29,22 +30,29 @@ def finished(response: list[int], prompt: list[int] = PROMPT) -> Sequence:
 
 
 def test_drafts_from_other_prompts_responses_where_histospec_has_none():
-    suffix, history = SuffixDrafter(suffix_min_prob=0.0), HistoryDrafter(min_confidence=0.0)
+    suffix, history = (
+        SuffixDrafter(SuffixOptions(suffix_min_prob=0.0)),
+        HistoryDrafter(HistoSpecOptions(min_confidence=0.0)),
+    )
     for drafter in (suffix, history):
         drafter.add_response([1, 2], [10, 11, 12, 13, 14, 15])
     other = seq([10, 11], prompt=[3, 4])  # a prompt never seen: HistoSpec's first epoch
     assert history.draft(other, 4) == []
     assert suffix.draft(other, 4) == [12, 13]  # drafts no longer than the match (spec_factor 1.0)
-    assert SuffixDrafter(suffix_min_prob=0.0, suffix_spec_offset=4).draft(other, 3) == []  # no history
-    wide = SuffixDrafter(suffix_min_prob=0.0, suffix_spec_factor=4.0)
+    assert (
+        SuffixDrafter(SuffixOptions(suffix_min_prob=0.0, suffix_spec_offset=4)).draft(other, 3) == []
+    )  # no history
+    wide = SuffixDrafter(SuffixOptions(suffix_min_prob=0.0, suffix_spec_factor=4.0))
     wide.add_response([1, 2], [10, 11, 12, 13, 14, 15])
     assert wide.draft(other, 3) == [12, 13, 14]  # the engine's limit caps it
     assert wide.draft(seq([10, 11], prompt=[5]), 8) == [12, 13, 14, 15]
-    assert SuffixDrafter(max_draft=1, suffix_spec_factor=4.0).draft(other, 8) == []  # empty global tree
+    assert (
+        SuffixDrafter(SuffixOptions(max_draft=1, suffix_spec_factor=4.0)).draft(other, 8) == []
+    )  # empty global tree
 
 
 def test_drafts_from_the_prompt_and_from_running_responses():
-    drafter = SuffixDrafter(suffix_min_prob=0.0, suffix_spec_factor=2.0)
+    drafter = SuffixDrafter(SuffixOptions(suffix_min_prob=0.0, suffix_spec_factor=2.0))
     echo = seq([20, 21], prompt=[20, 21, 22, 23, 5])
     # The prompt's text, then the response itself (prompt + response is one text), continue the response.
     assert drafter.draft(echo, 4) == [22, 23, 5, 20]
@@ -59,7 +67,7 @@ def test_drafts_from_the_prompt_and_from_running_responses():
 
 
 def test_finished_and_aborted_responses_stay_and_memory_is_bounded():
-    drafter = SuffixDrafter(suffix_min_prob=0.0, suffix_max_cached=2, suffix_spec_factor=4.0)
+    drafter = SuffixDrafter(SuffixOptions(suffix_min_prob=0.0, suffix_max_cached=2, suffix_spec_factor=4.0))
     done = seq([40, 41, 42])
     drafter.draft(done, 4)
     done.response_ids.append(43)
@@ -77,9 +85,13 @@ def test_finished_and_aborted_responses_stay_and_memory_is_bounded():
 
 def test_selected_per_mode_and_options_of_the_other_drafter_are_errors():
     suffix, rhyme = get_mode("suffix"), get_mode("rhyme")
-    assert suffix.speculation_options({}) == {"drafter": "suffix"}
-    assert rhyme.speculation_options({"max_draft": 4}) == {"drafter": "histospec", "max_draft": 4}
-    assert suffix.speculation_options({}, "vllm") == {"method": "suffix"}  # vLLM's own SuffixDecoding
+    assert suffix.speculation_options({}) == SpeculationOptions.of({"drafter": "suffix"})
+    assert rhyme.speculation_options({"max_draft": 4}) == SpeculationOptions.of(
+        {"drafter": "histospec", "max_draft": 4}
+    )
+    assert suffix.speculation_options({}, "vllm") == VLLMSpecOptions(
+        method="suffix"
+    )  # vLLM's own SuffixDecoding
     assert get_mode("sorted+suffix").check_options({"spec": {"suffix_min_prob": 0.2}})
     assert rhyme.check_options({"spec": {"drafter": "suffix", "suffix_max_depth": 32}})
     with pytest.raises(UserError, match="option spec.min_confidence needs spec.drafter=histospec"):
@@ -97,7 +109,7 @@ def test_selected_per_mode_and_options_of_the_other_drafter_are_errors():
 def test_the_benchmark_attributes_drafts_to_other_prompts():
     from benchmarks.histospec import SourceCounter
 
-    counter = SourceCounter(SuffixDrafter(suffix_min_prob=0.0))
+    counter = SourceCounter(SuffixDrafter(SuffixOptions(suffix_min_prob=0.0)))
     counter.add_response([1, 2], [10, 11, 12, 13, 14, 15])  # another prompt's response
     other = seq([10, 11], prompt=[3, 4])
     assert counter.draft(other, 4) == [12, 13]

@@ -25,11 +25,11 @@ from reference_trainer.engine.graphs import StaticForward
 from reference_trainer.engine.sequence import Request
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
-from reference_trainer.speculation.cost import CostModel
+from reference_trainer.speculation.cost import ForwardCosts
 from reference_trainer.speculation.drafters import attach
 
 EOS = 2
-FREE_VERIFY = CostModel({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})
+FREE_VERIFY = ForwardCosts({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
 SYNCING_OPS = {
     "aten._local_scalar_dense.default",
@@ -170,7 +170,7 @@ def test_a_decode_step_uploads_once_and_reads_back_once(model, layout, monkeypat
 def test_a_verify_step_uploads_once_and_reads_back_once(model, layout, monkeypatch):
     history = make_engine(model, layout, monkeypatch).generate([[5, 6, 7]] * 4, params(4, first_seed=50))
     engine = make_engine(model, layout, monkeypatch)
-    spec = attach(engine, {"cost_model": FREE_VERIFY})
+    spec = attach(engine, {}, cost_model=FREE_VERIFY)
     for seq in history:
         spec.drafter.add_response([5, 6, 7], seq.response_ids)
     for p in params(6):
@@ -202,7 +202,7 @@ def test_on_cuda_a_decode_and_a_verify_step_synchronise_once(model):
     cuda = copy.deepcopy(model).to("cuda")
     engine = Engine(cuda, EngineConfig(max_num_seqs=16, max_model_len=128), eos_token_ids=[EOS])
     assert engine.runner.static is not None and engine.runner.static.capture
-    spec = attach(engine, {"cost_model": FREE_VERIFY})
+    spec = attach(engine, {}, cost_model=FREE_VERIFY)
     for seq in Engine(cuda, EngineConfig(max_num_seqs=4, max_model_len=128)).generate(
         [[5, 6, 7]] * 4, params(4, first_seed=50)
     ):

@@ -44,7 +44,7 @@ def vllm_available() -> bool:
 
 def speculative_config(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """vLLM's speculative_config for the speculative modes (their `spec.*` options on --engine vllm,
-    speculation/drafters.py VLLM_SPEC_OPTIONS): n-gram prompt lookup by default ("ngram"), or "suffix"
+    speculation/drafters.py VLLMSpecOptions): n-gram prompt lookup by default ("ngram"), or "suffix"
     (needs arctic-inference). Keys: method, max_draft (vLLM's num_speculative_tokens), prompt_lookup_min,
     prompt_lookup_max."""
     opts = dict(options or {})

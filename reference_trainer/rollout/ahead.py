@@ -42,14 +42,12 @@ import torch
 from reference_trainer.engine.config import SamplingParams
 from reference_trainer.errors import UserError
 from reference_trainer.model.loader import resolve_device, resolve_dtype
-from reference_trainer.rollout.base import Group, PromptStream, RolloutContext, RolloutStrategy
+from reference_trainer.rollout.base import AheadOptions, Group, PromptStream, RolloutContext, RolloutStrategy
 from reference_trainer.rollout.gate import POLL_S, Gate, Inbox, Outbox, RolloutDied, Stopped, death_line
 from reference_trainer.rollout.ring import WeightRing
 from reference_trainer.rollout.workers import RolloutWorker, WorkerSpec
 from reference_trainer.trace.schema import ROLLOUT, ROLLOUT_SIDE, ROLLOUT_WAIT, SYNC, TRAINER_WAIT
 from reference_trainer.trace.writer import Trace
-
-BACKENDS = ("process", "thread")
 
 
 class Spans:
@@ -219,18 +217,15 @@ class AheadRollout:
         strategy: RolloutStrategy,
         ctx: RolloutContext,
         trace: Trace,
-        max_staleness: int,
-        backend: str = "process",
+        options: AheadOptions,
     ) -> None:
         """`weights`: the policy's; `strategy` and `ctx.stream` are the trainer's mirrors of the rollout
         side's (their state as of the last consumed step: what a checkpoint saves)."""
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.worker, self.strategy, self.ctx, self.trace = worker, strategy, ctx, trace
-        self.max_staleness, self.backend = max_staleness, backend
-        self.gate = Gate(backend)
+        self.max_staleness, self.backend = options.max_staleness, options.backend
+        self.gate = Gate(self.backend)
         template = _inference_template(weights, worker.engine_config.device)
-        self.ring = WeightRing(template, max_staleness + 1, self.gate.cond)
+        self.ring = WeightRing(template, self.max_staleness + 1, self.gate.cond)
         self.policy_version = 0
         self.ring.publish(weights, 0)
         self._side: Any = None

@@ -8,16 +8,33 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from reference_trainer.engine.config import SamplingParams
 from reference_trainer.engine.hostclock import HostClock, host_fields
 from reference_trainer.engine.protocol import RequestEngine
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.prompting import encode_prompt
-from reference_trainer.speculation.speculator import Speculator
+from reference_trainer.option import Options, option
 from reference_trainer.tasks.base import Problem, Task
 from reference_trainer.trace.schema import ROLLOUT
+
+if TYPE_CHECKING:  # the speculator imports torch; the strategies' options are read without it
+    from reference_trainer.speculation.speculator import Speculator
+
+
+def max_staleness() -> Any:
+    """The bound on a trained token's age in policy versions, whoever keeps tokens that long: a field of
+    SortedOptions (a kept partial rollout older than it is regenerated) and of AheadOptions (a rollout runs
+    this many steps ahead)."""
+    return option(
+        1,
+        "a trained token is at most this many policy versions old: a kept sample whose oldest token would be "
+        "older is regenerated (no effect on-policy: nothing outlives an update); an async mode's rollout "
+        "runs this many steps ahead, step t on the weights of step t - k (0: the synchronous schedule)",
+        minimum=0,
+        simulated=True,
+    )
 
 
 @dataclass
@@ -139,6 +156,33 @@ class RolloutStrategy(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class AheadOptions(Options):
+    """The options of a strategy run ahead of the update in a rollout process of its own (modes async,
+    sorted+async: ahead.AheadRollout, which imports torch; so they are declared here, with InlineRollout,
+    the other way a loop gets its groups)."""
+
+    max_staleness: int = max_staleness()
+    rollout_threads: int | None = option(
+        None,
+        "CPU threads of the rollout side; the update keeps the rest of --threads (auto: half, at least 1; "
+        "with max_staleness 0 both sides take all, as they never run at once)",
+        minimum=1,
+        null_word="auto",
+    )
+    rollout_device: str | None = option(
+        None,
+        "the rollout side's device, e.g. cuda:1 (auto: the run's --device, shared with the update)",
+        null_word="auto",
+    )
+    backend: str = option(
+        "process",
+        "where the rollout side runs: a process of its own, or a thread of the trainer's (tests and "
+        "debugging: one GIL and one torch thread pool, so its timings are not a process's)",
+        choices=("process", "thread"),
+    )
 
 
 class InlineRollout:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,7 @@ from reference_trainer.engine.config import EngineConfig
 from reference_trainer.engine.protocol import RolloutEngine
 from reference_trainer.engine.vllm_engine import INSTALL_HINT, VLLMEngine, vllm_available
 from reference_trainer.errors import UserError
-from reference_trainer.speculation.drafters import attach
+from reference_trainer.speculation.drafters import SpeculationOptions, VLLMSpecOptions, attach
 from reference_trainer.trace.writer import Trace
 
 if TYPE_CHECKING:
@@ -57,8 +56,9 @@ class RolloutEngineSpec:
 
     kind: str = "reference"  # ROLLOUT_ENGINES
     config: EngineConfig = field(default_factory=EngineConfig)
-    # The mode's speculation options (ModeSpec.speculation_options: the drafter filled in); None: no drafts.
-    speculation: Mapping[str, Any] | None = None
+    # The mode's speculation (ModeSpec.speculation_options: a SpeculationOptions on the reference engine, a
+    # VLLMSpecOptions on vLLM); None: no drafts.
+    speculation: SpeculationOptions | VLLMSpecOptions | None = None
     workers: int = 1  # > 1: a pool of reference engines (workers.py)
     worker_backend: str = "ray"  # ray | local
     ray_address: str | None = None
@@ -104,7 +104,7 @@ def build_rollout_engine(
         if model_dir is None:
             raise ValueError("the vllm engine loads a model directory: pass model_dir")
         return VLLMEngine(model_dir, spec.config, eos, tokenizer=tokenizer, trace=trace, seed=spec.seed,
-                          speculative=spec.speculation)  # fmt: skip
+                          speculative=asdict(spec.speculation) if spec.speculation else None)  # fmt: skip
     if model is None:
         raise ValueError("the reference engine runs a loaded model: pass model")
     trace = trace if trace is not None else Trace()
@@ -116,7 +116,7 @@ def build_rollout_engine(
             spec.config,
             sorted(eos),
             tokenizer,
-            dict(spec.speculation) if spec.speculation is not None else None,
+            spec.speculation,
             threads=max(1, (os.cpu_count() or 1) // spec.workers),  # the cores split between replicas
         )
         return make_worker_pool(

@@ -14,7 +14,7 @@ from typing import Any
 
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.rollout.base import Group, RolloutContext
-from reference_trainer.rollout.placement import LengthHistory, Unit, get_placement, reorder
+from reference_trainer.rollout.placement import LengthHistory, PlacedOptions, Unit, get_placement, reorder
 from reference_trainer.rollout.workers import WorkerPool, WorkerReport
 from reference_trainer.trace.schema import MIGRATE
 
@@ -22,16 +22,10 @@ from reference_trainer.trace.schema import MIGRATE
 class PlacedRollout:
     name = "placed"
 
-    def __init__(
-        self, placement: str = "round-robin", migrate: bool | None = None, order: str | None = None
-    ) -> None:
-        """`migrate` (straggler migration) and `order` (placement.reorder) default to the placement's own:
-        on for histopipe with its alternating order, off and in stream order for the baselines."""
-        self.place = get_placement(placement)
-        self.migrate = placement == "histopipe" if migrate is None else bool(migrate)
-        self.order = order
-        if order is not None:
-            reorder([], [], 0, order)  # validate now, not mid-run
+    def __init__(self, options: PlacedOptions | None = None) -> None:
+        self.options = options = options or PlacedOptions()
+        self.place = get_placement(options.placement)
+        self.migrate, self.order = options.migrates, options.queue_order
         self.history = LengthHistory()
 
     def collect(self, ctx: RolloutContext) -> list[Group]:
@@ -46,8 +40,7 @@ class PlacedRollout:
                 requests.append(ctx.request(index, problem, k))
                 units.append(Unit(g, work))
         placement = self.place(units, pool.size, step)
-        if self.order is not None:
-            placement = reorder(placement, units, step, self.order)
+        placement = reorder(placement, units, step, self.order)  # idempotent on histopipe's own order
         run = _Run(pool, step, {r.seq_id: u.work for r, u in zip(requests, units, strict=True)}, self.migrate)
         for w, queue in enumerate(placement):
             run.submit(w, [replace(requests[i], priority=pos) for pos, i in enumerate(queue)])

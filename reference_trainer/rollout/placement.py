@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reference_trainer.option import Options, option
+
 Placement = list[list[int]]
 
 
@@ -82,6 +84,44 @@ PLACEMENTS: dict[str, Callable[[Sequence[Unit], int, int], Placement]] = {
     "least-outstanding": least_outstanding,
     "histopipe": histopipe,
 }
+
+
+@dataclass(frozen=True)
+class PlacedOptions(Options):
+    """The options of a rollout over W workers (placed.PlacedRollout); `migrate` and `order` left to auto
+    follow the placement (`migrates`, `queue_order`: the trainer's and the simulator's one rule)."""
+
+    placement: str = option(
+        "round-robin",
+        "which worker runs which request (rollout/placement.py)",
+        choices=tuple(PLACEMENTS),
+        multi_worker=True,
+        simulated=True,
+    )
+    migrate: bool | None = option(
+        None,
+        "straggler migration: a worker that runs dry takes not-started requests from the busiest; auto = on "
+        "for histopipe placement",
+        null_word="auto",
+        multi_worker=True,
+        simulated=True,
+    )
+    order: str | None = option(
+        None,
+        "each worker's queue order; auto = alternate for histopipe placement, else fifo",
+        choices=ORDERS,
+        null_word="auto",
+        multi_worker=True,
+        simulated=True,
+    )
+
+    @property
+    def migrates(self) -> bool:
+        return self.placement == "histopipe" if self.migrate is None else self.migrate
+
+    @property
+    def queue_order(self) -> str:
+        return self.order or ("alternate" if self.placement == "histopipe" else "fifo")
 
 
 def get_placement(name: str) -> Callable[[Sequence[Unit], int, int], Placement]:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
-from reference_trainer.rollout.base import BubbleFill, Group, RolloutContext
+from reference_trainer.option import Options, option
+from reference_trainer.rollout.base import BubbleFill, Group, RolloutContext, max_staleness
 
 REQUEUED, NEW = 0, 1  # engine priorities: lower is admitted first
 
@@ -98,28 +99,38 @@ class PromptState:
         return sum(len(s.response_ids) for s in self.samples)
 
 
+@dataclass(frozen=True)
+class SortedOptions(Options):
+    """SortedRL's options (modes sorted, sorted-partial and those built on them)."""
+
+    oversubscription: float = option(
+        2.0,
+        "unfinished samples allowed at once, as a multiple of one update's (prompts admitted beyond the "
+        "update: the early-termination pool)",
+        minimum=1.0,
+        simulated=True,
+    )
+    max_staleness: int = max_staleness()
+    max_attempts: int | None = option(
+        None, "drop a prompt after this many regenerations; none = never", minimum=1
+    )
+    refill_margin: int | None = option(
+        None, "requests kept queued beyond the free slots; none = group_size", minimum=0
+    )
+
+
 class SortedRollout:
     """SortedRL, fully on-policy: unfinished work is aborted and regenerated under the new policy."""
 
     name = "sorted"
     partial = False
 
-    def __init__(
-        self,
-        oversubscription: float = 2.0,
-        max_staleness: int = 1,
-        max_attempts: int | None = None,
-        refill_margin: int | None = None,
-        lookahead: bool = False,
-    ) -> None:
+    def __init__(self, options: SortedOptions | None = None, lookahead: bool = False) -> None:
         """`lookahead`: slots idle while the oversubscription bound holds admission back run the stream's
         next prompts ahead (base.BubbleFill); their tokens draft for those prompts when admitted."""
-        if oversubscription < 1.0:
-            raise ValueError(f"oversubscription must be >= 1, got {oversubscription}")
-        if max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
-        self.oversubscription, self.max_staleness = float(oversubscription), int(max_staleness)
-        self.max_attempts, self.refill_margin = max_attempts, refill_margin
+        self.options = options = options or SortedOptions()
+        self.oversubscription, self.max_staleness = options.oversubscription, options.max_staleness
+        self.max_attempts, self.refill_margin = options.max_attempts, options.refill_margin
         self.active: list[PromptState] = []  # admitted and not yet trained, in admission order
         self.dropped: list[int] = []  # prompt indices given up after max_attempts regenerations
         self.stats = {"admitted": 0, "trained": 0, "aborted": 0, "cached": 0, "regenerated": 0, "stale": 0}

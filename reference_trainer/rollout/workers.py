@@ -23,7 +23,7 @@ from reference_trainer.engine.protocol import RolloutEngine
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.rollout.slots import WorkerPoolError, WorkerSlots
-from reference_trainer.speculation.drafters import attach
+from reference_trainer.speculation.drafters import SpeculationOptions, attach
 from reference_trainer.trace.writer import Trace
 
 
@@ -47,7 +47,7 @@ class WorkerSpec:
     engine_config: EngineConfig
     eos_token_ids: list[int]
     tokenizer: Any = None
-    speculation: dict[str, Any] | None = None
+    speculation: SpeculationOptions | None = None  # the record attach takes
     threads: int = 1
 
 

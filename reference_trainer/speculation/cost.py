@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
 
-from reference_trainer.engine.engine import Engine
+if TYPE_CHECKING:  # the Speculator's options are read without torch
+    from reference_trainer.engine.engine import Engine
 
 
-class CostModel:
+class ForwardCosts:
     """Seconds per forward as a function of (batch, q tokens per row), bilinear in a measured table and
     linear extrapolation beyond it."""
 
@@ -26,7 +28,7 @@ class CostModel:
         self.qs = sorted({q for _, q in table})
 
     @classmethod
-    def from_rows(cls, rows: list[list[float]]) -> CostModel:
+    def from_rows(cls, rows: list[list[float]]) -> ForwardCosts:
         """[[batch, q, seconds], ...]: the JSON form a TrainConfig holds (option spec.cost_model)."""
         return cls({(int(b), int(q)): float(t) for b, q, t in rows})
 
@@ -53,7 +55,7 @@ def measure_cost_model(
     qs: Seq[int] = (1, 2, 4, 8, 16),
     context: int = 64,
     repeats: int = 3,
-) -> CostModel:
+) -> ForwardCosts:
     """The engine's forwards timed at every (batch, q) (`Engine.time_forwards`: decode for q = 1, verify
     for q > 1, the path the engine takes, graphs included), made monotone: a forward over more rows or more
     tokens never costs less, so timing noise is smoothed out."""
@@ -64,7 +66,7 @@ def measure_cost_model(
             below = [table[batches_[i - 1], q]] if i else []
             left = [table[b, qs_[j - 1]]] if j else []
             table[b, q] = max([table[b, q], *below, *left])
-    return CostModel(table)
+    return ForwardCosts(table)
 
 
 def expected_tokens(draft_lens: Seq[int], q: int, alpha: float) -> float:
@@ -76,7 +78,7 @@ def expected_tokens(draft_lens: Seq[int], q: int, alpha: float) -> float:
 
 
 def verify_width(
-    cost_model: CostModel,
+    cost_model: ForwardCosts,
     draft_lens: Seq[int],
     alpha: float,
     margin: float,

@@ -1,93 +1,49 @@
-"""The drafters in one table (name, class, title, options) and `attach`, which builds a Speculator from a
-mode's `spec.*` options and hooks it into an engine.
+"""The drafters in one table (name, class, title, options record), the speculation a mode runs as one
+record (`SpeculationOptions`), and `attach`, which builds a Speculator from it and hooks it into an engine.
 
-A drafter's options are its constructor's arguments as `spec.<argument>` (tests/test_modes.py checks that
-each option names an argument); the speculator's options are the Speculator's. A lookahead mode puts the
-LookaheadDrafter (lookahead.py) in front of the mode's drafter, which it falls back to; the `lookahead`
-drafter is the LookaheadDrafter alone. Imports nothing heavy: the mode registry (modes.py) reads the table
-without loading torch.
+Each drafter's options are a record beside its class (histospec.py `HistoSpecOptions`, suffix.py
+`SuffixOptions`, lookahead.py `LookaheadOptions`), the speculator's beside the Speculator
+(`SpeculatorOptions`); on the command line they are `spec.<field>`. A lookahead mode puts the
+LookaheadDrafter in front of the mode's drafter, which it falls back to; the `lookahead` drafter is the
+LookaheadDrafter alone. Imports nothing heavy: the mode registry (modes.py) reads the table without torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reference_trainer.option import Option
-from reference_trainer.speculation.histospec import HistoryDrafter
-from reference_trainer.speculation.lookahead import LookaheadDrafter
-from reference_trainer.speculation.suffix import SuffixDrafter
+from reference_trainer.option import Option, Options, option, options_of
+from reference_trainer.speculation.histospec import HistoryDrafter, HistoSpecOptions
+from reference_trainer.speculation.lookahead import LookaheadDrafter, LookaheadOptions
+from reference_trainer.speculation.speculator import Speculator, SpeculatorOptions
+from reference_trainer.speculation.suffix import SuffixDrafter, SuffixOptions
 
 if TYPE_CHECKING:
     from reference_trainer.engine.engine import Engine
-    from reference_trainer.speculation.speculator import Speculator
+    from reference_trainer.speculation.cost import ForwardCosts
 
-
-def _options(rows: tuple[tuple[Any, ...], ...]) -> tuple[Option, ...]:
-    """Rows of (argument, type, default, minimum, nullable, help) -> spec.* options."""
-    return tuple(
-        Option(f"spec.{arg}", kind, default, text, minimum=low, nullable=null)
-        for arg, kind, default, low, null, text in rows
-    )
-
-
-MAX_DRAFT = Option("spec.max_draft", "int", 8, "longest draft", minimum=1, simulated=True)
+SPEC = "spec"  # the group of the speculation options: `spec.KEY=VALUE`, held as config["spec"][KEY]
 
 
 @dataclass(frozen=True)
 class DrafterSpec:
     """One drafter: its class (None: lookahead runs only, the LookaheadDrafter alone), its title, and the
-    options its constructor takes."""
+    record of the options its constructor takes."""
 
     name: str
     title: str
     cls: type | None
-    options: tuple[Option, ...]
+    options: type[Options]
 
 
 DRAFTERS: dict[str, DrafterSpec] = {
-    "histospec": DrafterSpec(
-        "histospec",
-        "HistoSpec",
-        HistoryDrafter,
-        (
-            MAX_DRAFT,
-            *_options(
-                (
-                    ("max_prompts", "int", 4096, 1, False, "prompts with a history (LRU)"),
-                    ("max_responses", "int", 16, 1, False, "responses kept per prompt"),
-                    ("max_epochs", "int", 2, 1, False, "policy versions a history spans"),
-                    ("min_draft", "int", 1, 1, False, "shortest adaptive draft"),
-                    ("init_draft", "int", 4, 1, False, "a new sequence's draft length"),
-                    ("min_match", "int", 1, 0, False, "shortest suffix match that may draft"),
-                    ("rematch_window", "int", 64, 1, False, "tokens re-matched after a history change"),
-                    ("min_confidence", "float", 0.5, 0, False, "stop a draft below this cumulative share"),
-                )
-            ),
-        ),
-    ),
-    "suffix": DrafterSpec(
-        "suffix",
-        "SuffixDecoding",
-        SuffixDrafter,
-        (
-            MAX_DRAFT,
-            *_options(
-                (
-                    ("suffix_max_depth", "int", 64, 1, False, "suffix trees' depth: longest match + draft"),
-                    ("suffix_max_cached", "int", 10000, 1, False, "responses in the global tree (FIFO)"),
-                    ("suffix_spec_factor", "float", 1.0, 0, False, "draft <= this x match length + offset"),
-                    ("suffix_spec_offset", "float", 0.0, None, False, "that offset, in tokens"),
-                    ("suffix_min_prob", "float", 0.1, 0, False, "stop at a token estimated below it"),
-                )
-            ),
-        ),
-    ),
-    "lookahead": DrafterSpec("lookahead", "Lookahead", None, (MAX_DRAFT,)),
+    "histospec": DrafterSpec("histospec", "HistoSpec", HistoryDrafter, HistoSpecOptions),
+    "suffix": DrafterSpec("suffix", "SuffixDecoding", SuffixDrafter, SuffixOptions),
+    "lookahead": DrafterSpec("lookahead", "Lookahead", None, LookaheadOptions),
 }
-LOOKAHEAD_OPTIONS = (MAX_DRAFT,)  # the LookaheadDrafter's own, in front of any drafter in a lookahead mode
-
 DRAFTER_OPTION = Option(
     "spec.drafter",
     "str",
@@ -97,31 +53,16 @@ DRAFTER_OPTION = Option(
     "default: the mode's",
     choices=tuple(DRAFTERS),
 )
-SPECULATOR_OPTIONS = _options(
-    (
-        ("cost_model", "list", None, None, True, "[[batch, q, seconds], ...]; none = measure"),
-        ("margin", "float", 0.05, 0, False, "verify must beat decode by this share or cost within it"),
-        ("prior_acceptance", "float", 0.7, 0, False, "acceptance assumed before any is seen"),
-        ("prior_weight", "float", 8.0, 0, False, "weight of that prior, in draft positions"),
-        ("decay", "float", 0.98, 0, False, "per-step decay of the acceptance counts"),
-        ("cost_batches", "list[int]", [1, 4, 16, 64], None, False, "batch sizes the cost table times"),
-        ("cost_qs", "list[int]", [1, 2, 4, 8, 16], None, False, "verify widths the cost table times"),
-        ("cost_repeats", "int", 3, 1, False, "timing repeats per cost-table cell"),
-    )
-)
-# --engine vllm: vLLM's own drafting (engine/vllm_engine.py speculative_config maps these keys).
-VLLM_SPEC_OPTIONS = (
-    Option(
-        "spec.method",
-        "str",
-        "ngram",
-        "vLLM drafter (suffix needs arctic-inference)",
-        choices=("ngram", "suffix"),
-    ),  # fmt: skip
-    Option("spec.max_draft", "int", 4, "num_speculative_tokens", minimum=1),
-    Option("spec.prompt_lookup_min", "int", 2, "shortest n-gram match (ngram)", minimum=1),
-    Option("spec.prompt_lookup_max", "int", 4, "longest n-gram match (ngram)", minimum=1),
-)
+
+
+@dataclass(frozen=True)
+class VLLMSpecOptions(Options):
+    """--engine vllm: vLLM's own drafting (engine/vllm_engine.py speculative_config maps these keys)."""
+
+    method: str = option("ngram", "vLLM drafter (suffix needs arctic-inference)", choices=("ngram", "suffix"))
+    max_draft: int = option(4, "num_speculative_tokens", minimum=1)
+    prompt_lookup_min: int = option(2, "shortest n-gram match (ngram)", minimum=1)
+    prompt_lookup_max: int = option(4, "longest n-gram match (ngram)", minimum=1)
 
 
 def spec_options() -> dict[str, Option]:
@@ -129,41 +70,84 @@ def spec_options() -> dict[str, Option]:
     speculator's."""
     out = {DRAFTER_OPTION.name: DRAFTER_OPTION}
     for spec in DRAFTERS.values():
-        out.update({o.name: o for o in spec.options})
-    out.update({o.name: o for o in SPECULATOR_OPTIONS})
+        out.update({o.name: o for o in options_of(spec.options, f"{SPEC}.")})
+    out.update({o.name: o for o in options_of(SpeculatorOptions, f"{SPEC}.")})
     return out
+
+
+def vllm_spec_options() -> dict[str, Option]:
+    return {o.name: o for o in options_of(VLLMSpecOptions, f"{SPEC}.")}
 
 
 def drafters_taking(name: str) -> list[str]:
     """The drafters whose options include `name` (a spec.* option); empty for the speculator's own."""
-    return [d.name for d in DRAFTERS.values() if any(o.name == name for o in d.options)]
+    return [
+        d.name for d in DRAFTERS.values() if any(o.name == name for o in options_of(d.options, f"{SPEC}."))
+    ]
 
 
-def build_speculator(options: Mapping[str, Any], accept_rule: Any = None) -> Speculator:
-    """A Speculator from a mode's speculation options (the config's "spec" dict, keys without the prefix;
-    "drafter" names the drafter, "lookahead" true puts lookahead drafts in front of it). `accept_rule`: the
-    verify's accept rule (default: the exact one); another only to show what it costs."""
-    from reference_trainer.engine.sampler import coupled_accept
-    from reference_trainer.speculation.speculator import Speculator
+@dataclass(frozen=True)
+class SpeculationOptions:
+    """What a reference engine drafts with: the drafter and its options, lookahead's in front of it where
+    the mode looks ahead, and the speculator's."""
 
-    options = dict(options)
-    name, lookahead = str(options.pop("drafter", "histospec")), bool(options.pop("lookahead", False))
-    if name not in DRAFTERS:
-        raise ValueError(f"unknown drafter {name!r}; valid: {', '.join(DRAFTERS)}")
-    spec = DRAFTERS[name]
-    lookahead = lookahead or spec.cls is None
-    mine = {o.key for o in spec.options} if spec.cls is not None else set()
-    ahead = {o.key for o in LOOKAHEAD_OPTIONS} if lookahead else set()
-    shared = {o.key for o in SPECULATOR_OPTIONS}
-    if unknown := sorted(set(options) - mine - ahead - shared):
-        raise ValueError(f"drafter {name!r} takes no option {', '.join(unknown)}")
-    drafter = spec.cls(**{k: v for k, v in options.items() if k in mine}) if spec.cls is not None else None
-    if lookahead:
-        drafter = LookaheadDrafter(drafter, **{k: v for k, v in options.items() if k in ahead})
-    kwargs = {k: v for k, v in options.items() if k in shared}
-    return Speculator(drafter, accept_rule=accept_rule or coupled_accept, **kwargs)
+    drafter: str = DRAFTER_OPTION.default
+    lookahead: bool = False
+    drafter_options: Options | None = None  # the drafter's record; None: its defaults
+    lookahead_options: LookaheadOptions = dataclasses.field(default_factory=LookaheadOptions)
+    speculator: SpeculatorOptions = dataclasses.field(default_factory=SpeculatorOptions)
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> SpeculationOptions:
+        """The records from a config's "spec" values (keys without the prefix; "drafter" names the drafter,
+        "lookahead" true puts lookahead drafts in front of it). Each record takes its own fields."""
+        values = dict(values)
+        name, lookahead = (
+            str(values.pop("drafter", DRAFTER_OPTION.default)),
+            bool(values.pop("lookahead", False)),
+        )
+        if name not in DRAFTERS:
+            raise ValueError(f"unknown drafter {name!r}; valid: {', '.join(DRAFTERS)}")
+        spec = DRAFTERS[name]
+        lookahead = lookahead or spec.cls is None
+        records = (
+            [SpeculatorOptions] + [LookaheadOptions] * lookahead + [spec.options] * (spec.cls is not None)
+        )
+        taken = {f.name for r in records for f in dataclasses.fields(r)}
+        if unknown := sorted(set(values) - taken):
+            raise ValueError(f"drafter {name!r} takes no option {', '.join(unknown)}")
+        return cls(
+            drafter=name,
+            lookahead=lookahead,
+            drafter_options=spec.options.take(values) if spec.cls is not None else None,
+            lookahead_options=LookaheadOptions.take(values) if lookahead else LookaheadOptions(),
+            speculator=SpeculatorOptions.take(values),
+        )
 
 
-def attach(engine: Engine, options: Mapping[str, Any], accept_rule: Any = None) -> Speculator:
-    """`build_speculator(options)` hooked into `engine` (its cost table timed now, before any request)."""
-    return build_speculator(options, accept_rule).attach(engine)
+def build_speculator(
+    options: SpeculationOptions | Mapping[str, Any],
+    accept_rule: Any = None,
+    cost_model: ForwardCosts | None = None,
+) -> Speculator:
+    """A Speculator from a mode's speculation (the record, or a config's "spec" values to make it from).
+    `accept_rule`: the verify's accept rule (default: the exact one); another only to show what it costs.
+    `cost_model`: a cost table at hand (tests, reproductions), instead of the options' or a timed one."""
+    if not isinstance(options, SpeculationOptions):
+        options = SpeculationOptions.of(options)
+    spec = DRAFTERS[options.drafter]
+    drafter = spec.cls(options.drafter_options) if spec.cls is not None else None
+    if options.lookahead:
+        drafter = LookaheadDrafter(drafter, options.lookahead_options)
+    return Speculator(drafter, options.speculator, accept_rule=accept_rule, cost_model=cost_model)
+
+
+def attach(
+    engine: Engine,
+    options: SpeculationOptions | Mapping[str, Any],
+    accept_rule: Any = None,
+    cost_model: ForwardCosts | None = None,
+) -> Speculator:
+    """`build_speculator(...)` hooked into `engine` (its cost table timed now, before any request, unless
+    one is given)."""
+    return build_speculator(options, accept_rule, cost_model).attach(engine)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
+from reference_trainer.option import Options, option
+from reference_trainer.speculation.protocol import max_draft
 
 
 class SuffixAutomaton:
@@ -155,6 +157,22 @@ class _SeqState:
     k: int = 0
 
 
+@dataclass(frozen=True)
+class HistoSpecOptions(Options):
+    """HistoSpec's options (`spec.*`)."""
+
+    max_prompts: int = option(4096, "prompts with a history (LRU)", minimum=1)
+    max_responses: int = option(16, "responses kept per prompt", minimum=1)
+    max_epochs: int = option(2, "policy versions a history spans", minimum=1)
+    min_draft: int = option(1, "shortest adaptive draft", minimum=1)
+    max_draft: int = max_draft()
+    init_draft: int = option(4, "a new sequence's draft length", minimum=1)
+    min_match: int = option(1, "shortest suffix match that may draft", minimum=0)
+    rematch_window: int = option(64, "tokens re-matched after a history change", minimum=1)
+    # 0.5 measured best on the embedded model (README: HistoSpec): a little coverage for higher acceptance.
+    min_confidence: float = option(0.5, "stop a draft below this cumulative share", minimum=0)
+
+
 class HistoryDrafter:
     """Per-prompt history stores (LRU over prompts) plus per-sequence match state and draft length.
 
@@ -162,26 +180,14 @@ class HistoryDrafter:
     (down to `min_draft`) on a rejection.
     """
 
-    def __init__(
-        self,
-        max_prompts: int = 4096,
-        max_responses: int = 16,
-        max_epochs: int = 2,
-        min_draft: int = 1,
-        max_draft: int = 8,
-        init_draft: int = 4,
-        min_match: int = 1,
-        rematch_window: int = 64,
-        # Stop a draft once the history's cumulative share for it drops below this; 0.5 measured best on
-        # the embedded model (README: HistoSpec), trading a little coverage for higher acceptance.
-        min_confidence: float = 0.5,
-    ) -> None:
-        if not 1 <= min_draft <= init_draft <= max_draft:
+    def __init__(self, options: HistoSpecOptions | None = None) -> None:
+        self.options = o = options or HistoSpecOptions()
+        if not o.min_draft <= o.init_draft <= o.max_draft:
             raise ValueError("need 1 <= min_draft <= init_draft <= max_draft")
-        self.max_prompts, self.max_responses, self.max_epochs = max_prompts, max_responses, max_epochs
-        self.min_draft, self.max_draft, self.init_draft = min_draft, max_draft, init_draft
-        self.min_match, self.rematch_window = min_match, rematch_window
-        self.min_confidence = min_confidence
+        self.max_prompts, self.max_responses, self.max_epochs = o.max_prompts, o.max_responses, o.max_epochs
+        self.min_draft, self.max_draft, self.init_draft = o.min_draft, o.max_draft, o.init_draft
+        self.min_match, self.rematch_window = o.min_match, o.rematch_window
+        self.min_confidence = o.min_confidence
         self.prompts: OrderedDict[tuple[int, ...], PromptHistory] = OrderedDict()
         self._seqs: dict[Sequence, _SeqState] = {}
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference_trainer.engine.sequence import Sequence
-from reference_trainer.speculation.protocol import Drafter
+from reference_trainer.option import Options
+from reference_trainer.speculation.protocol import Drafter, max_draft
 
 DraftKey = tuple[tuple[int, ...], int | None]  # (prompt, seed): the request a draft continues
 
@@ -40,13 +41,26 @@ class _Match:
     alive: bool = True
 
 
+@dataclass(frozen=True)
+class LookaheadOptions(Options):
+    """The LookaheadDrafter's own options, in front of any drafter in a lookahead mode (`spec.*`)."""
+
+    max_draft: int = max_draft()
+
+
 class LookaheadDrafter:
     """The Drafter over lookahead runs: per (prompt, seed), the tokens a lookahead request generated; else
     `fallback`'s drafts. Memory: at most `max_entries` drafts, the oldest dropped first; a draft goes once
     its request is done."""
 
-    def __init__(self, fallback: Drafter | None = None, max_draft: int = 8, max_entries: int = 4096) -> None:
-        self.fallback, self.max_draft, self.max_entries = fallback, max_draft, max_entries
+    def __init__(
+        self,
+        fallback: Drafter | None = None,
+        options: LookaheadOptions | None = None,
+        max_entries: int = 4096,
+    ) -> None:
+        self.options = options or LookaheadOptions()
+        self.fallback, self.max_draft, self.max_entries = fallback, self.options.max_draft, max_entries
         self.drafts: OrderedDict[DraftKey, list[int]] = OrderedDict()
         self._matches: dict[Sequence, _Match] = {}
         self.counts = {"stored": 0, "used": 0}  # drafts stored; requests that found one

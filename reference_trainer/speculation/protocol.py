@@ -5,6 +5,12 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from reference_trainer.engine.sequence import Sequence
+from reference_trainer.option import option
+
+
+def max_draft() -> Any:
+    """The longest draft: a field of every drafter's options (HistoSpec's, SuffixDecoding's, lookahead's)."""
+    return option(8, "longest draft", minimum=1, simulated=True)
 
 
 class Drafter(Protocol):

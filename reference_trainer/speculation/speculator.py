@@ -13,13 +13,33 @@ to emit any extra token, so drafting is never switched off where verifying is fr
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.protocol import DecodeReport
-from reference_trainer.engine.sampler import AcceptRule, coupled_accept
 from reference_trainer.engine.sequence import Sequence
-from reference_trainer.speculation.cost import CostModel, measure_cost_model, verify_width
+from reference_trainer.option import Options, option
+from reference_trainer.speculation.cost import ForwardCosts, measure_cost_model, verify_width
 from reference_trainer.speculation.protocol import Drafter
+from reference_trainer.trace.schema import DECODE, VERIFY
+
+if TYPE_CHECKING:  # the engine and its sampler import torch; the options are read without it
+    from reference_trainer.engine.engine import Engine
+    from reference_trainer.engine.sampler import AcceptRule
+
+
+@dataclass(frozen=True)
+class SpeculatorOptions(Options):
+    """The Speculator's options (`spec.*`), taken with any drafter."""
+
+    cost_model: list[list[float]] | None = option(None, "[[batch, q, seconds], ...]; none = measure")
+    margin: float = option(0.05, "verify must beat decode by this share or cost within it", minimum=0)
+    prior_acceptance: float = option(0.7, "acceptance assumed before any is seen", minimum=0)
+    prior_weight: float = option(8.0, "weight of that prior, in draft positions", minimum=0)
+    decay: float = option(0.98, "per-step decay of the acceptance counts", minimum=0)
+    cost_batches: tuple[int, ...] = option((1, 4, 16, 64), "batch sizes the cost table times")
+    cost_qs: tuple[int, ...] = option((1, 2, 4, 8, 16), "verify widths the cost table times")
+    cost_repeats: int = option(3, "timing repeats per cost-table cell", minimum=1)
 
 
 class Speculator:
@@ -28,22 +48,20 @@ class Speculator:
     def __init__(
         self,
         drafter: Drafter,
-        cost_model: CostModel | list[list[float]] | None = None,
-        margin: float = 0.05,
-        prior_acceptance: float = 0.7,
-        prior_weight: float = 8.0,
-        decay: float = 0.98,
-        cost_batches: Seq[int] = (1, 4, 16, 64),
-        cost_qs: Seq[int] = (1, 2, 4, 8, 16),
-        cost_repeats: int = 3,
-        accept_rule: AcceptRule = coupled_accept,
+        options: SpeculatorOptions | None = None,
+        accept_rule: AcceptRule | None = None,
+        cost_model: ForwardCosts | None = None,
     ) -> None:
-        if isinstance(cost_model, list):
-            cost_model = CostModel.from_rows(cost_model)
-        self.drafter, self.cost_model, self.margin = drafter, cost_model, margin
-        self.prior_acceptance, self.prior_weight, self.decay = prior_acceptance, prior_weight, decay
-        self.cost_args = {"batches": cost_batches, "qs": cost_qs, "repeats": cost_repeats}
-        self.accept_rule = accept_rule
+        """`cost_model`: a table already at hand (else `options.cost_model`'s rows, else timed on attach)."""
+        from reference_trainer.engine.sampler import coupled_accept
+
+        self.options = o = options or SpeculatorOptions()
+        if cost_model is None and o.cost_model is not None:
+            cost_model = ForwardCosts.from_rows(o.cost_model)
+        self.drafter, self.cost_model, self.margin = drafter, cost_model, o.margin
+        self.prior_acceptance, self.prior_weight, self.decay = o.prior_acceptance, o.prior_weight, o.decay
+        self.cost_args = {"batches": o.cost_batches, "qs": o.cost_qs, "repeats": o.cost_repeats}
+        self.accept_rule = accept_rule or coupled_accept
         # Decayed counts of verified draft positions: each is accepted with probability ~alpha. Decaying
         # towards the prior lets a speculator that stopped verifying (low alpha) try again later.
         self._tried, self._accepted = 0.0, 0.0
@@ -113,7 +131,7 @@ class Speculator:
         """The step's time corrects its kind's cost; a verify's acceptances feed the drafter and alpha."""
         assert self.cost_model is not None
         if report.seconds is not None:
-            kind = "decode" if report.drafts is None else "verify"
+            kind = DECODE if report.drafts is None else VERIFY
             predicted = self.cost_model.cost(len(report.seqs), report.width)
             ratio = min(max(report.seconds / predicted, 0.05), 20.0)
             old = self.correction[kind]

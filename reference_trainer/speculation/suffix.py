@@ -17,10 +17,13 @@ Memory is bounded by `suffix_max_cached` responses in the global tree (FIFO), ea
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 from reference_trainer.engine.sequence import Sequence
 from reference_trainer.errors import SUFFIX_INSTALL, UserError
+from reference_trainer.option import Options, option
+from reference_trainer.speculation.protocol import max_draft
 
 # arctic-inference compiles a small C++ extension against the installed torch (errors.SUFFIX_INSTALL)
 INSTALL_HINT = f"the suffix drafter needs arctic-inference: {SUFFIX_INSTALL}"
@@ -34,6 +37,19 @@ def suffix_available() -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class SuffixOptions(Options):
+    """SuffixDecoding's options (`spec.*`)."""
+
+    max_draft: int = max_draft()
+    suffix_max_depth: int = option(64, "suffix trees' depth: longest match + draft", minimum=1)
+    # vLLM's default for suffix_decoding_max_cached_requests: the global tree's memory bound.
+    suffix_max_cached: int = option(10000, "responses in the global tree (FIFO)", minimum=1)
+    suffix_spec_factor: float = option(1.0, "draft <= this x match length + offset", minimum=0)
+    suffix_spec_offset: float = option(0.0, "that offset, in tokens")
+    suffix_min_prob: float = option(0.1, "stop at a token estimated below it", minimum=0)
+
+
 class SuffixDrafter:
     """The Drafter (protocol.py) over Arctic Inference's SuffixDecodingCache.
 
@@ -42,28 +58,20 @@ class SuffixDrafter:
     trees when it next drafts and when it leaves the engine.
     """
 
-    def __init__(
-        self,
-        max_draft: int = 8,
-        suffix_max_depth: int = 64,
-        # vLLM's default for suffix_decoding_max_cached_requests: the global tree's memory bound.
-        suffix_max_cached: int = 10000,
-        suffix_spec_factor: float = 1.0,
-        suffix_spec_offset: float = 0.0,
-        suffix_min_prob: float = 0.1,
-    ) -> None:
+    def __init__(self, options: SuffixOptions | None = None) -> None:
         try:
             from arctic_inference.suffix_decoding import SuffixDecodingCache
         except ImportError:
             raise UserError(INSTALL_HINT) from None  # one line, not an ImportError's traceback
-        if max_draft < 1 or suffix_max_depth < 1 or suffix_max_cached == 0:
-            raise ValueError("need max_draft >= 1, suffix_max_depth >= 1 and suffix_max_cached != 0")
-        self.max_draft, self.max_depth = max_draft, suffix_max_depth
-        self.spec_factor = suffix_spec_factor
-        self.spec_offset = suffix_spec_offset
-        self.min_prob = suffix_min_prob
+        self.options = o = options or SuffixOptions()
+        self.max_draft, self.max_depth = o.max_draft, o.suffix_max_depth
+        self.spec_factor, self.spec_offset, self.min_prob = (
+            o.suffix_spec_factor,
+            o.suffix_spec_offset,
+            o.suffix_min_prob,
+        )
         self.cache = SuffixDecodingCache(
-            max_tree_depth=suffix_max_depth, max_cached_requests=suffix_max_cached
+            max_tree_depth=o.suffix_max_depth, max_cached_requests=o.suffix_max_cached
         )
         self._ids = itertools.count()
         self._seqs: dict[Sequence, tuple[int, int]] = {}  # running sequence -> (request id, tokens fed)

@@ -14,7 +14,6 @@ import torch
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.protocol import RolloutEngine
-from reference_trainer.mode_options import SPEC, flatten_options
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.embedded import default_model_dir
 from reference_trainer.model.loader import load_model, resolve_device, resolve_threads
@@ -61,12 +60,12 @@ def assemble(config: TrainConfig, trace: Trace | None = None, slots: WorkerSlots
     loads); a Ray worker pool runs in `slots` (shared with other runs' pools), its own when None."""
     mode = get_mode(config.mode)
     grpo = config.update_config(mode.correction(config.mode_options))
-    options = mode.values(flatten_options(config.mode_options), config.workers, config.engine)
+    options = mode.resolve(config.mode_options, config.workers, config.engine)
     device = str(resolve_device(config.device))  # "auto" becomes what it means here, for every part
     threads = resolve_threads(config.threads)
     rollout_threads = threads
-    if mode.ahead and options["backend"] == "process":  # two processes at the run's budget
-        k, asked = options["max_staleness"], options["rollout_threads"]
+    if options.ahead is not None and options.ahead.backend == "process":  # two processes at the run's budget
+        k, asked = options.ahead.max_staleness, options.ahead.rollout_threads
         rollout_threads, threads = split_threads(threads, k, asked) if device == "cpu" else (threads, threads)
     torch.set_num_threads(threads)
     model_dir = Path(config.model) if config.model else default_model_dir()
@@ -85,9 +84,7 @@ def assemble(config: TrainConfig, trace: Trace | None = None, slots: WorkerSlots
             max_prefill_tokens=config.max_prefill_tokens,
             device=device,
         ),
-        speculation=mode.speculation_options(config.mode_options.get(SPEC, {}), config.engine)
-        if mode.speculative
-        else None,
+        speculation=options.speculation,
         workers=config.workers,
         worker_backend=config.worker_backend,
         ray_address=config.ray_address,
@@ -95,20 +92,19 @@ def assemble(config: TrainConfig, trace: Trace | None = None, slots: WorkerSlots
         rollout_copy=True,  # the policy trains in fp32; the engine runs a copy in the inference dtype
     )
     stream = PromptStream(task, config.seed, config.prompt_pool)
-    strategy = make_mode_strategy(mode, config.workers, config.mode_options)
+    strategy = make_mode_strategy(mode, config.workers, options)
     params = SamplingParams(
         temperature=config.temperature, top_p=config.top_p, max_tokens=config.response_tokens
     )
     ctx = RolloutContext(engine=None, tokenizer=tokenizer, stream=stream, group_size=config.group_size,  # type: ignore[arg-type]
                          update_batch=config.prompts_per_step, params=params, seed=config.seed)  # fmt: skip
     rollout: InlineRollout | AheadRollout
-    if mode.ahead:  # the engine runs on the rollout side; the trainer sees its handle
-        on = replace(spec.config, device=options["rollout_device"] or device)
+    if options.ahead is not None:  # the engine runs on the rollout side; the trainer sees its handle
+        on = replace(spec.config, device=options.ahead.rollout_device or device)
         worker = WorkerSpec(
             policy.config, on, sorted(tokenizer.eos_token_ids), tokenizer, threads=rollout_threads
         )
-        k, backend = options["max_staleness"], options["backend"]
-        rollout = AheadRollout(worker, policy.state_dict(), strategy, ctx, trace, k, backend)
+        rollout = AheadRollout(worker, policy.state_dict(), strategy, ctx, trace, options.ahead)
         engine: RolloutEngine = rollout
     else:
         engine = build_rollout_engine(

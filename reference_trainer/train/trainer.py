@@ -30,9 +30,9 @@ from reference_trainer.errors import UserError
 from reference_trainer.model.loader import load_model
 from reference_trainer.rollout.base import Group
 from reference_trainer.rollout.slots import WorkerSlots
-from reference_trainer.trace.metrics import worker_capacities
 from reference_trainer.trace.records import append_jsonl, make_dir, read_jsonl, write_json, write_text
 from reference_trainer.trace.schema import HELDOUT, REWARD, SYNC, UPDATE
+from reference_trainer.trace.steps import worker_capacities
 from reference_trainer.trace.writer import Trace
 from reference_trainer.train.assemble import RunParts, assemble
 from reference_trainer.train.checkpoint import (

@@ -15,7 +15,7 @@ def registry_doc() -> dict[str, Any]:
     """The registry as JSON: every mode, and every option with the modes that take it."""
     from reference_trainer.modes import MODES, STRATEGY_TABLE
     from reference_trainer.option import Option
-    from reference_trainer.speculation.drafters import VLLM_SPEC_OPTIONS
+    from reference_trainer.speculation.drafters import vllm_spec_options
 
     def option(o: Option) -> dict[str, Any]:
         return {
@@ -40,7 +40,9 @@ def registry_doc() -> dict[str, Any]:
             "multi_worker": m.placement is not None,
             "tis_cap": m.tis_cap,
             "options": {name: option(o) for name, o in m.options().items()},
-            "vllm_spec_options": {o.name: option(o) for o in VLLM_SPEC_OPTIONS} if m.speculative else None,
+            "vllm_spec_options": {n: option(o) for n, o in vllm_spec_options().items()}
+            if m.speculative
+            else None,
             "simulator_note": m.simulator_note,
         }
     return {"modes": modes}
@@ -54,9 +56,8 @@ def _wrap(label: str, text: str) -> list[str]:
 
 
 def render_table() -> str:
-    from reference_trainer.mode_options import SPEC
     from reference_trainer.modes import MODES, STRATEGY_TABLE
-    from reference_trainer.speculation.drafters import DRAFTERS
+    from reference_trainer.speculation.drafters import DRAFTERS, SPEC
 
     cols = ("MODE", "STRATEGY", "SPECULATION", "PLACEMENT (W>1)", "OFF-POLICY CORRECTION")
     rows = [
@@ -89,7 +90,7 @@ def render_table() -> str:
 def render_options() -> str:
     """Every option once: type, default, the modes that take it, and whether the simulator models it."""
     from reference_trainer.modes import MODES
-    from reference_trainer.speculation.drafters import VLLM_SPEC_OPTIONS
+    from reference_trainer.speculation.drafters import vllm_spec_options
 
     takers: dict[str, list[str]] = {}
     options = {}
@@ -107,7 +108,7 @@ def render_options() -> str:
         sim = "simulated" if o.simulated else "trainer only"
         out += ["", f"{name}  [{kind}; default {default}; {sim}; modes: {', '.join(takers[name])}]"]
         out += _wrap("", o.help + (f" (choices: {', '.join(o.choices)})" if o.choices else ""))
-    vllm = ", ".join(f"{o.name}={o.shown_default()}" for o in VLLM_SPEC_OPTIONS)
+    vllm = ", ".join(f"{o.name}={o.shown_default()}" for o in vllm_spec_options().values())
     vllm_line = f"With --engine vllm the spec keys are instead: {vllm}."
     out += ["", *textwrap.wrap(vllm_line, WIDTH, break_on_hyphens=False)]
     return "\n".join(line.replace("  : ", "    ", 1) if line.startswith("  : ") else line for line in out)

@@ -37,8 +37,11 @@ def simulate_command(
     ] = None,
     gpu: SimGpu = "h100",
     model_size: SimModelSize = "7b",
-    calibrate: Annotated[
-        Path | None, typer.Option(help="Fit the cost model to this run (dir or trace.jsonl) instead.")
+    fit: Annotated[
+        Path | None,
+        typer.Option(
+            "--fit", "--calibrate", help="Fit the cost model to this run (dir or trace.jsonl) instead."
+        ),
     ] = None,
     modes: Annotated[
         str | None,
@@ -90,7 +93,7 @@ def simulate_command(
             raise UserError(f"{flags}: give `simulate {ctx.invoked_subcommand}`'s options after its name")
         return
     cfg = SimConfig.from_cli(workers, modes, mode_option, trace=trace, synthetic=synthetic, gpu=gpu,
-                             model_size=model_size, calibrate=calibrate, capacity=capacity, steps=steps,
+                             model_size=model_size, fit=fit, capacity=capacity, steps=steps,
                              groups_per_worker=groups_per_worker, acceptance=acceptance, rank_corr=rank_corr,
                              overlap=overlap, prompts=prompts, group_size=group_size, mean_tokens=mean_tokens,
                              sigma=sigma, max_tokens=max_tokens, max_prefill_tokens=max_prefill_tokens,
@@ -98,7 +101,7 @@ def simulate_command(
     if trace is None and not synthetic:
         typer.echo(f"no --trace: {workload_line(cfg)}", err=True)
     with claim(out, "simulate", accepts=("simulate",)):  # one writer, into a simulation or a new folder
-        check_run_dir(out, "simulate", overwrite, tuple(p for p in (trace, calibrate) if p is not None))
+        check_run_dir(out, "simulate", overwrite, tuple(p for p in (trace, fit) if p is not None))
         _simulate(cfg, out)
 
 

@@ -169,7 +169,7 @@ def audit_verl(path: Path, slots: int | None, tolerance: float) -> dict[str, Any
     if (
         all(d is not None and d < QUIET for d in quiet)
         and rollout_idle is not None
-        and rollout_idle >= metrics.IDLE_HIGH
+        and rollout_idle >= steps.IDLE_HIGH
     ):
         notes.append(
             f"verl declares that neither side idles (trainer {quiet[0]:.1%}, rollouter {quiet[1]:.1%}), yet "
@@ -305,7 +305,7 @@ def _doc(
         "kind": kind,
         "steps": steps,
         "tolerance": tolerance,
-        "idle_high": metrics.IDLE_HIGH,
+        "idle_high": steps.IDLE_HIGH,
         "figures": figures,
         "label": label,
         "label_from": basis if label else None,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.errors import UserError
-from reference_trainer.trace import metrics
+from reference_trainer.trace import ledger, metrics
 from reference_trainer.trace.records import write_json, write_jsonl
 from reference_trainer.trace.schema import SEQUENCE, TRAINER_WAIT, Event, check_events
 from rlbench.integrations import lengthlog
@@ -136,7 +136,7 @@ def write_run(
                 elif e.get("kind") == SEQUENCE:
                     sequences[0] += 1
                     if sequences[0] <= LEDGER_SEQUENCES:
-                        kept.append({k: e[k] for k in metrics.LEDGER_FIELDS if k in e})
+                        kept.append({k: e[k] for k in ledger.LEDGER_FIELDS if k in e})
             if n == 0 or (len(part) <= room[0] and any(e.get("slots") for e in part)):
                 drawn.extend(part)
                 room[0] -= len(part)

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from reference_trainer.errors import MAX_COUNT, UserError
 from reference_trainer.inputs import open_input
 from reference_trainer.trace.records import read_json
-from reference_trainer.trace.schema import MAX_MAGNITUDE, REWARD, ROLLOUT
+from reference_trainer.trace.schema import MAX_MAGNITUDE, REWARD, ROLLOUT, SEQUENCE
 from rlbench.integrations.lengthlog import MAX_TOKENS, Group
 
 LENGTH_COLUMN = "completion_tokens"  # the length probe's column (rlbench.integrations.trl)
@@ -89,7 +89,7 @@ def reward_phases(events: list[dict[str, Any]], logged: dict[int, dict[str, Any]
     weighted sum of the reward functions, averaged over the logging step), so the run's reward is TRL's."""
     ends: dict[int, float] = {}
     for e in events:
-        if e["kind"] == ROLLOUT or e["kind"] == "sequence":
+        if e["kind"] == ROLLOUT or e["kind"] == SEQUENCE:
             end = e["t_end"] if e["kind"] == ROLLOUT else e["t_finish"]
             ends[e["step"]] = max(ends.get(e["step"], end), end)
     return [

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from reference_trainer.trace.schema import SEQUENCE
 from rlbench.simulate.whatif import whatif
 from rlbench.simulate.workload import _from_rows, load
 
@@ -23,7 +24,7 @@ def length_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         {"step": e["step"], "prompt_id": e["prompt_id"], "sample": 0,
          "prompt_tokens": int(e.get("prompt_tokens") or 0), "response_tokens": int(e["response_tokens"])}
         for e in events
-        if e["kind"] == "sequence" and e.get("response_tokens")
+        if e["kind"] == SEQUENCE and e.get("response_tokens")
     ]  # fmt: skip
 
 

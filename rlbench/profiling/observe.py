@@ -17,7 +17,7 @@ from reference_trainer.errors import MAX_COUNT, UserError, check_integer, check_
 from reference_trainer.inputs import open_input
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import read_json, read_jsonl, write_json, write_jsonl
-from reference_trainer.trace.schema import is_number
+from reference_trainer.trace.schema import DECODE, ROLLOUT, is_number
 from rlbench.observe.derive import server_stats, to_trace
 from rlbench.observe.nvml import NvmlSampler
 from rlbench.observe.sampler import ServerSampler
@@ -94,8 +94,8 @@ def finish(
     notes = [*notes, *derive_notes]
     write_jsonl(out / "trace.jsonl", events)
     computed = metrics.compute(events, base.get("gpu")) if events else {"summary": {}, "steps": []}
-    caps = {int(e["worker"]): int(e["capacity"]) for e in events if e["kind"] == "decode"}
-    if not any(e["kind"] == "rollout" for e in events):
+    caps = {int(e["worker"]): int(e["capacity"]) for e in events if e["kind"] == DECODE}
+    if not any(e["kind"] == ROLLOUT for e in events):
         notes.append("no rollout phase seen: no server ran a request while observed")
     whatif: dict[str, Any] = {"available": False, "reason": "no rollout phase observed"}
     if caps:

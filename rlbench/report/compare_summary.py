@@ -18,7 +18,7 @@ from reference_trainer.trace.compare import (
     speedup_parts,
     step_speedups,
 )
-from reference_trainer.trace.metrics import same_prompts_ks
+from reference_trainer.trace.ledger import same_prompts_ks
 from rlbench.report.ledger_legend import TRAINING_KEYS, flags, legend_lines
 from rlbench.report.profile_report import GENERATED_LABEL, TRAINED_LABEL
 from rlbench.report.replay_summary import comparison_lines, replay_problem

@@ -16,9 +16,9 @@ from typing import Any
 
 from reference_trainer.engine.config import SamplingParams
 from reference_trainer.engine.sequence import Sequence as EngineSequence
-from reference_trainer.speculation.histospec import HistoryDrafter
+from reference_trainer.speculation.histospec import HistoryDrafter, HistoSpecOptions
 from reference_trainer.trace.records import extend_jsonl, read_json, read_jsonl, write_json
-from reference_trainer.trace.schema import read_trace
+from reference_trainer.trace.schema import SEQUENCE, read_trace
 from reference_trainer.train.config import TrainConfig
 from rlbench.models import resolve_model
 from rlbench.report.figures import PALETTE, _fig, note
@@ -117,9 +117,7 @@ def _by_prompt_and_epoch(rows: list[dict[str, Any]], w: Workload, field: str) ->
 
 def length_table(run: Path, w: Workload) -> dict[str, list[float]]:
     """prompt_id -> mean response length (tokens) per epoch, from the trace's finished sequences."""
-    seqs = [
-        e for e in read_trace(run / "trace.jsonl") if e["kind"] == "sequence" and e["status"] == "finished"
-    ]
+    seqs = [e for e in read_trace(run / "trace.jsonl") if e["kind"] == SEQUENCE and e["status"] == "finished"]
     lens = _by_prompt_and_epoch(seqs, w, "response_tokens")
     return {p: [sum(x) / len(x) for x in per_epoch] for p, per_epoch in lens.items() if all(per_epoch)}
 
@@ -147,10 +145,10 @@ def rank_stability(lengths: Sequence[Sequence[float]], move_share: float = MOVE_
 
 
 def draftable(history: Sequence[Tokens], responses: Sequence[Tokens], **options: Any) -> list[list[bool]]:
-    """Per token of each response: would HistoSpec's drafter (`HistoryDrafter(**options)`), holding only
+    """Per token of each response: would HistoSpec's drafter (`HistoSpecOptions(**options)`), holding only
     `history` for this prompt, have proposed exactly that token as its next draft, given the tokens before
     it? The drafter's own matching and confidence rule decide; nothing here matches suffixes."""
-    drafter, key = HistoryDrafter(**options), [0]  # one prompt: any key
+    drafter, key = HistoryDrafter(HistoSpecOptions(**options)), [0]  # one prompt: any key
     for tokens in history:
         drafter.add_response(key, tokens)
     out = []

@@ -25,17 +25,18 @@ from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.sampler import AcceptRule, coupled_accept
 from reference_trainer.model.prompting import encode_prompt
 from reference_trainer.model.tokenizer import load_tokenizer
-from reference_trainer.speculation.cost import CostModel
+from reference_trainer.speculation.cost import ForwardCosts
 from reference_trainer.speculation.drafters import attach
 from reference_trainer.speculation.suffix import suffix_available
 from reference_trainer.tasks import get_task
+from reference_trainer.trace.schema import VERIFY
 from rlbench.models import resolve_model
 from rlbench.report.figures import PALETTE, _fig, note
 from rlbench.report.page import table
 from rlbench.reproduce.base import Context, Outcome
 
 # Verifying costs what a decode step costs: the Speculator verifies every draft (cost changes speed only).
-FREE_VERIFY = CostModel({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})
+FREE_VERIFY = ForwardCosts({(1, 1): 1.0, (64, 1): 1.0, (1, 16): 1.0, (64, 16): 1.0})
 SEED_STRIDE = 1_000_000  # per-run seed blocks: history, plain, with drafts (the wrong rules share it)
 
 
@@ -126,7 +127,7 @@ def sample_responses(
     max_len = max(len(p) for p in prompts) + max_tokens + 1
     engine = Engine(model, EngineConfig(max_num_seqs=capacity, max_model_len=max_len), eos_token_ids=eos_ids)
     if rule is not None:
-        spec = attach(engine, {"drafter": drafter, "cost_model": FREE_VERIFY}, accept_rule=rule)
+        spec = attach(engine, {"drafter": drafter}, accept_rule=rule, cost_model=FREE_VERIFY)
         for prompt, responses in zip(prompts, history, strict=False):  # no history: none
             for response in responses:
                 spec.add_history(list(prompt), list(response), 0)
@@ -136,7 +137,7 @@ def sample_responses(
         for j in range(n)
     ]
     out = engine.generate([list(p) for p in prompts for _ in range(n)], params)
-    verify = [e for e in engine.trace.events if e["kind"] == "verify"]
+    verify = [e for e in engine.trace.events if e["kind"] == VERIFY]
     return Samples(
         responses=[[tuple(s.response_ids) for s in out[i * n : (i + 1) * n]] for i in range(len(prompts))],
         drafted=sum(e["drafted"] for e in verify),

@@ -3,7 +3,7 @@ rollout workers on the H100 cost model.
 
 Validation: a small real GRPO baseline run (embedded model, arith) on one engine and one over 2 Ray workers
 with round-robin placement, the same load per worker; each is replayed by `rlbench.simulate.replay.validate`
-(its own lengths, a cost model calibrated on its own trace, its worker count and slots) and the predicted
+(its own lengths, a cost model fitted to its own trace, its worker count and slots) and the predicted
 bubble ratio is compared with the measured one (reference_trainer.trace.metrics).
 
 Scale: `rlbench.simulate.simulate` on the synthetic heavy-tailed workload (reasoning-RL-like lengths) with

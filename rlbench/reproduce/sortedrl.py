@@ -4,7 +4,7 @@ The three trainers start from the same weights on the same `arith` prompt stream
 take their steps round-robin in one process (a drift in machine load hits all alike); every mode consumes
 the same trained samples. Engine capacity = one update's samples, so the baseline idles its slots while
 the longest sample of a step runs. Metrics come from each run's trace (reference_trainer.trace.metrics). The
-throughput claim adds the simulator: the same lengths replayed on a cost model calibrated from the baseline's
+throughput claim adds the simulator: the same lengths replayed on a cost model fitted to the baseline's
 own trace (what the CPU measurement should be) and on the H100 roofline (what a GPU would see).
 """
 
@@ -24,7 +24,7 @@ from rlbench.report.page import table
 from rlbench.report.timeline import slot_timeline
 from rlbench.reproduce.base import Context, Outcome
 from rlbench.simulate import simulate, workload
-from rlbench.simulate.cost import calibrate, preset
+from rlbench.simulate.cost import fit_run, preset
 from rlbench.training import run_modes
 
 MODES = ("baseline", "sorted", "sorted-partial")
@@ -215,14 +215,14 @@ def bubble(ctx: Context, w: Workload | None = None, setting_note: str = EMBEDDED
 
 def _simulated_ratios(ctx: Context, w: Workload) -> dict[str, dict[str, float]]:  # w: one seed's workload
     """Rollout tokens/s of each mode over baseline's, simulated on the lengths the baseline generated: on a
-    cost model calibrated from the baseline's own trace (this CPU) and on the H100 roofline (1.5B shape)."""
+    cost model fitted to the baseline's own trace (this CPU) and on the H100 roofline (1.5B shape)."""
     events = read_trace(ctx.work_dir / f"seed{w.seed}" / "baseline" / "trace.jsonl")
     trace = workload.from_run_trace(events, "baseline trace")
     capacity = w.prompts_per_step * w.group_size
     options = {"oversubscription": w.oversubscription, "max_staleness": w.max_staleness}
     out: dict[str, dict[str, float]] = {}
     for label, cost in (
-        ("cpu (calibrated)", calibrate(events, "baseline trace")),
+        ("cpu (fitted)", fit_run(events, "baseline trace")),
         ("h100", preset("h100", "1.5b")),
     ):
         doc = simulate(trace, cost, [1], list(MODES), capacity, steps=w.steps, mode_options=options)
@@ -293,7 +293,7 @@ def throughput(ctx: Context, w: Workload | None = None, setting_note: str | None
             "Throughput counts every generated token, including those sorted discards and regenerates; the "
             "paper's +7.57% / +39.48% are on GPUs, where a decode step's cost barely grows with the batch, "
             "so filling idle slots is nearly free. On this CPU a step's cost grows with the batch, which "
-            "the calibrated cost model captures; the H100 column replays the same lengths on the roofline.",
+            "the fitted cost model captures; the H100 column replays the same lengths on the roofline.",
             "The bubble is weighted by step time: on the CPU the tail's small-batch steps are cheap, on the "
             "H100 they cost a full weight read each, so the same lengths leave far more of the H100 idle and "
             "the simulated gain there is larger than the paper's (its baseline is not this tail-heavy).",

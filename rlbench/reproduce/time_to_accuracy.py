@@ -21,7 +21,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from reference_trainer.trace import metrics
+from reference_trainer.trace import ledger, metrics
 from reference_trainer.trace.compare import HELDOUT_ACCURACY, reached, time_to_target
 from reference_trainer.trace.schema import read_trace
 from rlbench.report.page import table
@@ -109,13 +109,13 @@ def run_task_seed(ctx: Context, w: Workload, task: str, seed: int) -> dict[str, 
 
 def traced(dirs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per mode, from its trace: the TRACED summary values, and its trained lengths' KS distance to the
-    baseline's on the prompts both trained (metrics.same_prompts_ks)."""
+    baseline's on the prompts both trained (ledger.same_prompts_ks)."""
     computed = {m: metrics.compute(read_trace(d / "trace.jsonl")) for m, d in dirs.items()}
     base = computed.get("baseline", {}).get("ledger", {}).get("trained_lengths_by_prompt")
     out = {}
     for mode, doc in computed.items():
         mine = doc["ledger"]["trained_lengths_by_prompt"]
-        versus = metrics.same_prompts_ks(mine, base) if base and mode != "baseline" else None
+        versus = ledger.same_prompts_ks(mine, base) if base and mode != "baseline" else None
         out[mode] = {**{k: doc["summary"].get(k) for k in TRACED}, "length_ks_vs_baseline": versus}
     return out
 

@@ -10,7 +10,7 @@ modes.py       the trainer's modes (reference_trainer/modes.py) + options -> Sim
 jobs.py        the trace's groups as a stream; a step's outstanding sequences
 scheduler.py   the modes' schedulers, step by step, and the metrics of each step
 pipeline.py    a rollout run ahead of the update (async): rollout and trainer as two pools, pipelined
-replay.py      validation: a measured run replayed on a cost model calibrated from itself
+replay.py      validation: a measured run replayed on a cost model fitted to itself
 whatif.py      what each mode would buy on lengths rlbench did not run (observed servers, imports)
 config.py      one `rlbench simulate` run as a checked SimConfig, and the run
 (simulate.json -> report.html is rlbench/report/simulate_report.py)

@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.errors import MAX_SEED, UserError, check_integer, check_number
-from reference_trainer.mode_options import parse_option_pairs
-from reference_trainer.modes import MODES
-from reference_trainer.trace.schema import DECODE, PREFILL
+from reference_trainer.modes import MODES, parse_option_pairs
+from reference_trainer.trace.steps import worker_capacities
 from rlbench.simulate import simulate, workload
-from rlbench.simulate.cost import calibrate as fit
-from rlbench.simulate.cost import preset
+from rlbench.simulate.cost import fit_run, preset
 from rlbench.simulate.modes import parse_sim_modes
 from rlbench.simulate.replay import read_events
 
@@ -57,7 +55,7 @@ class SimConfig:
     workers: tuple[int, ...] = DEFAULT_WORKERS
     gpu: str = "h100"
     model_size: str = "7b"
-    calibrate: Path | None = None
+    fit: Path | None = None  # a run whose own cost model the simulator fits (`--fit`, alias `--calibrate`)
     modes: tuple[str, ...] = tuple(MODES)
     mode_options: dict[str, Any] = field(default_factory=dict)
     capacity: int | None = None
@@ -119,12 +117,12 @@ class SimConfig:
                 f"the synthetic workload would hold {samples:,} samples; at most {MAX_SIM_SAMPLES:,} (fewer "
                 "--steps, --prompts, --group-size or --groups-per-worker)"
             )
-        if self.calibrate is None:
+        if self.fit is None:
             preset(self.gpu, self.model_size)  # an unknown preset: one line, before the workload
         parse_sim_modes(list(self.modes), self.mode_options)  # a bad name or option fails before the workload
         if (self.trace is None) == (not self.synthetic):
             raise UserError("give exactly one of --trace FILE or --synthetic")
-        for flag, path in (("--trace", self.trace), ("--calibrate", self.calibrate)):
+        for flag, path in (("--trace", self.trace), ("--fit/--calibrate", self.fit)):
             if path is not None and not Path(path).exists():  # before --out is claimed (and created)
                 raise UserError(f"{flag} {path}: no such trace file or run folder")
         return self
@@ -138,11 +136,10 @@ class SimConfig:
 def run(cfg: SimConfig, progress: Callable[[dict[str, Any], int, int], None] | None = None) -> dict[str, Any]:
     """simulate.json's document for a checked config (`progress`: simulate's, each result as it comes)."""
     capacity = cfg.capacity
-    if cfg.calibrate is not None:
-        events = read_events(cfg.calibrate)
-        cost = fit(events, source=str(cfg.calibrate))
-        caps = [int(e.get("capacity", 0)) for e in events if e.get("kind") in (PREFILL, DECODE)]
-        capacity = capacity or max(caps, default=DEFAULT_CAPACITY)
+    if cfg.fit is not None:
+        events = read_events(cfg.fit)
+        cost = fit_run(events, source=str(cfg.fit))
+        capacity = capacity or max(worker_capacities(events).values(), default=DEFAULT_CAPACITY)
     else:
         cost = preset(cfg.gpu, cfg.model_size)
     if cfg.synthetic:

@@ -11,7 +11,7 @@ forward and the KV cache of every live token, so at RL batch sizes it is memory-
 with the batch's total context, not with the batch size. Verifying k drafted tokens per sequence is one
 forward over (k+1) tokens per sequence: the same bytes, (k+1)x FLOPs.
 
-`Calibrated` replaces the roofline by a least-squares fit of a `profile`/`train` run's own engine events
+`FittedRun` replaces the roofline by a least-squares fit of a `profile`/`train` run's own engine events
 (time vs live slots and context), which is how a replay is checked against a measured run.
 """
 
@@ -215,7 +215,7 @@ def preset(gpu: str, model: str, **kw: Any) -> CostModel:
 
 
 @dataclass
-class Calibrated(CostModel):
+class FittedRun(CostModel):
     """Linear fits of a measured run: decode = a + b*live + c*context; prefill = a + b*seqs + c*tokens;
     admissions riding in a decode forward add d*seqs + e*tokens."""
 
@@ -228,7 +228,7 @@ class Calibrated(CostModel):
     source: str = ""
     fit_r2: float | None = None
 
-    name = "calibrated"
+    name = "fitted"
 
     def decode(self, batch: np.ndarray, ctx: np.ndarray, q: float = 1.0) -> np.ndarray:
         a, b, c = self.decode_coef
@@ -248,7 +248,7 @@ class Calibrated(CostModel):
 
     def describe(self) -> dict[str, Any]:
         return {
-            "kind": "calibrated",
+            "kind": "fitted",
             "source": self.source,
             "decode_s": dict(
                 zip(("per_forward", "per_live_seq", "per_context_token"), self.decode_coef, strict=True)
@@ -293,15 +293,15 @@ def _lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float | None]:
     return coef, (1.0 - float((resid**2).sum()) / var) if var > 0 else None
 
 
-def calibrate(events: list[dict[str, Any]], source: str = "") -> Calibrated:
-    """Fit a `Calibrated` model to a run's trace events (engine steps, phases and sequences)."""
+def fit_run(events: list[dict[str, Any]], source: str = "") -> FittedRun:
+    """Fit a `FittedRun` model to a run's trace events (engine steps, phases and sequences)."""
     prompt_len = {e["id"]: int(e.get("prompt_tokens", 0)) for e in events if e.get("kind") == SEQUENCE}
     engine = sorted(
         (e for e in events if e.get("kind") in FORWARD_KINDS),
         key=lambda e: (int(e.get("worker", 0)), float(e["t_start"])),
     )
     if not any(e["kind"] == DECODE for e in engine):
-        raise UserError(f"{source or 'trace'}: no decode events to calibrate a cost model from")
+        raise UserError(f"{source or 'trace'}: no decode events to fit a cost model to")
     dec_x, dec_y, pre_x, pre_y, gaps = [], [], [], [], []
     ctx: dict[str, int] = {}  # live sequence -> tokens in its KV cache
     prev: dict[int, dict[str, Any]] = {}
@@ -362,7 +362,7 @@ def calibrate(events: list[dict[str, Any]], source: str = "") -> Calibrated:
         for e in events
         if e.get("kind") == SEQUENCE and e.get("status") == "finished"
     )
-    return Calibrated(
+    return FittedRun(
         decode_coef=tuple(float(v) for v in dcoef),  # type: ignore[arg-type]
         prefill_coef=tuple(float(v) for v in pcoef),  # type: ignore[arg-type]
         riding_coef=tuple(float(v) for v in rcoef),  # type: ignore[arg-type]

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference_trainer.errors import UserError
-from reference_trainer.mode_options import flatten_options, parse_option_pairs
-from reference_trainer.modes import MODES, ModeSpec, get_mode
+from reference_trainer.modes import MODES, ModeSpec, flatten_options, get_mode, parse_option_pairs
+from reference_trainer.rollout.placement import PlacedOptions
+from reference_trainer.rollout.sorted import SortedOptions
+from reference_trainer.speculation.lookahead import LookaheadOptions
 
 # The simulator's former policy names that were not modes, and what they are now.
 RENAMED = {
@@ -30,15 +32,16 @@ class SimMode:
     name: str  # the label in results: the --modes entry as written ("rhyme", "baseline:placement=...")
     mode: str = "baseline"  # the registry mode
     options: tuple[tuple[str, Any], ...] = ()  # the options given (flat keys), sorted
-    placement: str = "round-robin"  # the trainer's placements: round-robin | least-outstanding | histopipe
-    order: str = "fifo"  # fifo | alternate | long-first (rollout/placement.py reorder)
-    migrate: bool = False  # straggler migration
+    placement: str = PlacedOptions.placement  # the trainer's: round-robin | least-outstanding | histopipe
+    order: str = PlacedOptions().queue_order  # fifo | alternate | long-first (rollout/placement.py reorder)
+    migrate: bool = PlacedOptions().migrates  # straggler migration
     spec: bool = False  # HistoSpec speculative decoding
-    max_draft: int = 8  # longest draft the cost-aware chooser may pick
+    max_draft: int = LookaheadOptions.max_draft  # longest draft the cost-aware chooser may pick
     oversub: float = 1.0  # > 1: SortedRL early termination over this many times the update's groups
     partial: bool = False  # SortedRL keeps unfinished work (sorted-partial)
-    max_staleness: int = 1  # partial: kept work older than this many policy versions is regenerated;
-    # ahead: how many steps the rollout runs ahead of the update
+    # partial: kept work older than this many policy versions is regenerated; ahead: how many steps the
+    # rollout runs ahead of the update
+    max_staleness: int = SortedOptions.max_staleness
     ahead: bool = False  # the rollout runs beside the update (async): rollout and trainer as two pools
 
 
@@ -65,22 +68,21 @@ def sim_mode(name: str, options: dict[str, Any] | None = None, label: str | None
                 "see rlbench modes)"
             )
     opts = {k: o.default for k, o in accepted.items()} | given
-    placement = opts.get("placement") or "round-robin"
-    order = opts.get("order") or ("alternate" if placement == "histopipe" else "fifo")
-    migrate = opts.get("migrate")
+    # One worker's mode takes no placement: the simulator places its W > 1 extrapolation as the default does.
+    placed = PlacedOptions.take(opts)
     sortedrl = mode.strategy in ("sorted", "sorted-partial")
     return SimMode(
         name=label or name,
         mode=name,
         options=tuple(sorted(given.items())),
-        placement=placement,
-        order=order,
-        migrate=placement == "histopipe" if migrate is None else bool(migrate),
+        placement=placed.placement,
+        order=placed.queue_order,
+        migrate=placed.migrates,
         spec=mode.speculative,
-        max_draft=int(opts.get("spec.max_draft", 8)),
+        max_draft=int(opts.get("spec.max_draft", SimMode.max_draft)),
         oversub=float(opts["oversubscription"]) if sortedrl else 1.0,
         partial=mode.strategy == "sorted-partial",
-        max_staleness=int(opts.get("max_staleness", 1)),
+        max_staleness=int(opts.get("max_staleness", SimMode.max_staleness)),
         ahead=mode.ahead,
     )
 

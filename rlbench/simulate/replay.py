@@ -1,4 +1,4 @@
-"""Validation: replay a measured run's lengths on a cost model calibrated from the same run, and compare.
+"""Validation: replay a measured run's lengths on a cost model fitted to the same run, and compare.
 
 The run's baseline rollout (W = 1, or round-robin placement over W Ray workers) is replayed at its own
 worker count and per-worker slot capacity; what the simulator must reproduce is the run's measured bubble
@@ -19,8 +19,9 @@ import numpy as np
 from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics
 from reference_trainer.trace.schema import FORWARD_KINDS
+from reference_trainer.trace.steps import worker_capacities
 from rlbench.simulate import workload
-from rlbench.simulate.cost import calibrate
+from rlbench.simulate.cost import fit_run
 from rlbench.simulate.modes import SIM_MODES
 from rlbench.simulate.scheduler import simulate_mode
 
@@ -42,10 +43,10 @@ def validate(run: str | Path) -> dict[str, Any]:
     engine_ev = [e for e in events if e.get("kind") in FORWARD_KINDS]
     if not engine_ev:
         raise UserError(f"{run}: the trace has no engine steps to replay")
-    workers = len({int(e.get("worker", 0)) for e in engine_ev})
-    capacity = max(int(e.get("capacity", 0)) for e in engine_ev)  # per worker
+    caps = worker_capacities(events)  # per worker
+    workers, capacity = len(caps), max(caps.values())
     measured = metrics.compute(events)
-    cost = calibrate(events, source=str(run))
+    cost = fit_run(events, source=str(run))
     trace = workload.from_run_trace(events, str(run))
     n_steps = len(trace.steps)
     pred = np.full(len(trace), float(trace.response_tokens.mean()))

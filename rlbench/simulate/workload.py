@@ -33,6 +33,7 @@ import numpy as np
 
 from reference_trainer.errors import MAX_COUNT, UserError
 from reference_trainer.trace.records import read_jsonl, write_text
+from reference_trainer.trace.schema import SEQUENCE
 
 REQUIRED = ("step", "prompt_id", "sample", "prompt_tokens", "response_tokens")
 MAX_TOKENS = 1 << 24  # a prompt or response longer than any context window: a corrupt log, not a workload
@@ -136,7 +137,7 @@ def load(path: str | Path) -> LengthTrace:
 
 def from_run_trace(events: list[dict], source: str = "trace.jsonl") -> LengthTrace:
     """The finished `sequence` events of an rlbench run (aborted/cached ones hold partial lengths)."""
-    rows = [e for e in events if e.get("kind") == "sequence" and e.get("status", "finished") == "finished"]
+    rows = [e for e in events if e.get("kind") == SEQUENCE and e.get("status", "finished") == "finished"]
     return _from_rows(rows, source)
 
 
