@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import assert_one_line_error, cli
 
-from reference_trainer.trace import metrics, rollout_trace, steps
+from reference_trainer.trace import metrics, rollout_trace
 from reference_trainer.trace.records import read_json, read_jsonl
+from reference_trainer.trace.steps import IDLE_HIGH
 from rlbench.integrations import verl
 
 UP = Path(__file__).parent / "fixtures" / "upstream"
@@ -168,7 +169,7 @@ def test_import_trl_of_a_real_output_dir(tmp_path):
 
 
 def test_bound_label_is_one_rule():
-    high, low = steps.IDLE_HIGH + 0.1, steps.IDLE_HIGH - 0.1
+    high, low = IDLE_HIGH + 0.1, IDLE_HIGH - 0.1
     assert metrics.bound_label(high, low) == "rollout-bound"
     assert metrics.bound_label(low, high) == "trainer-bound"
     assert metrics.bound_label(high, high) == "sync-overhead"

@@ -52,6 +52,25 @@ COUNTS = ("tokens", "drafted", "accepted", "draft_seqs", "lookahead_slots", "loo
 WORKER_FIELDS = ("worker", "from", "to")
 
 
+def phase_event(kind: str, t_start: float, t_end: float, **fields: Any) -> Event:
+    """A phase (PHASE_KINDS) from `t_start` to `t_end`: the one shape every writer of phases uses (the
+    trainer's Trace, a rollout run ahead, and the traces rebuilt from other frameworks' logs)."""
+    if kind not in PHASE_KINDS:
+        raise ValueError(f"{kind!r} is no phase kind; valid: {', '.join(PHASE_KINDS)}")
+    return {"kind": kind, "t_start": t_start, "t_end": t_end, **fields}
+
+
+def forward_event(
+    kind: str, t_start: float, t_end: float, active_slots: int, capacity: int, tokens: int, **fields: Any
+) -> Event:
+    """An engine forward (FORWARD_KINDS) over `active_slots` of a worker's `capacity` slots, emitting
+    `tokens`: the one shape of the engine's Trace and of the traces rebuilt from server gauges and logs."""
+    if kind not in FORWARD_KINDS:
+        raise ValueError(f"{kind!r} is no forward kind; valid: {', '.join(FORWARD_KINDS)}")
+    counts = {"active_slots": active_slots, "capacity": capacity, "tokens": tokens}
+    return {"kind": kind, "t_start": t_start, "t_end": t_end, **counts, **fields}
+
+
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

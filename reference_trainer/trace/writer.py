@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.trace.records import extend_jsonl, write_jsonl
+from reference_trainer.trace.schema import forward_event, phase_event
 
 
 class Trace:
@@ -46,17 +47,9 @@ class Trace:
         """One engine forward. `slots`: str(slot) -> sequence id of every occupied slot, keyed as JSON keys
         them, recorded as given (the caller passes a map of its own: the engine a copy of its scheduler's)."""
         self.add(
-            {
-                "kind": kind,
-                "t_start": t_start,
-                "t_end": t_end,
-                "active_slots": len(slots),
-                "capacity": capacity,
-                "tokens": tokens,
-                "worker": self.worker,
-                "slots": slots,
-                **extra,
-            }
+            forward_event(
+                kind, t_start, t_end, len(slots), capacity, tokens, worker=self.worker, slots=slots, **extra
+            )
         )
 
     @contextmanager
@@ -68,7 +61,7 @@ class Trace:
         try:
             yield fields
         finally:
-            self.add({"kind": kind, "t_start": t_start, "t_end": self.now(), **fields})
+            self.add(phase_event(kind, t_start, self.now(), **fields))
 
     def flush_to(self, path: str | Path) -> None:
         """Append the events not yet written to a JSONL file (fsync'd, so a kill loses nothing written)."""

@@ -18,7 +18,7 @@ from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.embedded import default_model_dir
 from reference_trainer.model.loader import load_model, resolve_device, resolve_threads
 from reference_trainer.model.tokenizer import load_tokenizer
-from reference_trainer.modes import ModeSpec, get_mode, make_mode_strategy
+from reference_trainer.modes import ModeOptions, ModeSpec, get_mode, make_mode_strategy
 from reference_trainer.rollout.ahead import AheadRollout, split_threads
 from reference_trainer.rollout.base import InlineRollout, PromptStream, RolloutContext, RolloutStrategy
 from reference_trainer.rollout.engines import RolloutEngineSpec, build_rollout_engine, speculator_of
@@ -55,6 +55,31 @@ def styled_task_options(config: TrainConfig, tokenizer: Any) -> dict[str, Any]:
     return {"style": style, **config.task_options}
 
 
+def _threads(config: TrainConfig, options: ModeOptions, device: str) -> tuple[int, int]:
+    """(the update's, the rollout's) CPU threads: one budget, split between two processes when the rollout
+    runs ahead in a process of its own on the CPU."""
+    threads = resolve_threads(config.threads)
+    ahead = options.ahead
+    if ahead is None or ahead.backend != "process" or device != "cpu":
+        return threads, threads
+    rollout, update = split_threads(threads, ahead.max_staleness, ahead.rollout_threads)
+    return update, rollout
+
+
+def _engine_spec(config: TrainConfig, options: ModeOptions, device: str) -> RolloutEngineSpec:
+    sizes = {"max_num_seqs": config.max_num_seqs, "max_model_len": config.max_model_len}
+    return RolloutEngineSpec(
+        kind=config.engine,
+        config=EngineConfig(**sizes, max_prefill_tokens=config.max_prefill_tokens, device=device),
+        speculation=options.speculation,
+        workers=config.workers,
+        worker_backend=config.worker_backend,
+        ray_address=config.ray_address,
+        seed=config.seed,
+        rollout_copy=True,  # the policy trains in fp32; the engine runs a copy in the inference dtype
+    )
+
+
 def assemble(config: TrainConfig, trace: Trace | None = None, slots: WorkerSlots | None = None) -> RunParts:
     """Every part of a run, built from `config` (checked first: a bad config fails before any model
     loads); a Ray worker pool runs in `slots` (shared with other runs' pools), its own when None."""
@@ -62,11 +87,7 @@ def assemble(config: TrainConfig, trace: Trace | None = None, slots: WorkerSlots
     grpo = config.update_config(mode.correction(config.mode_options))
     options = mode.resolve(config.mode_options, config.workers, config.engine)
     device = str(resolve_device(config.device))  # "auto" becomes what it means here, for every part
-    threads = resolve_threads(config.threads)
-    rollout_threads = threads
-    if options.ahead is not None and options.ahead.backend == "process":  # two processes at the run's budget
-        k, asked = options.ahead.max_staleness, options.ahead.rollout_threads
-        rollout_threads, threads = split_threads(threads, k, asked) if device == "cpu" else (threads, threads)
+    threads, rollout_threads = _threads(config, options, device)
     torch.set_num_threads(threads)
     model_dir = Path(config.model) if config.model else default_model_dir()
     # The weights first: a config.json that lies is named by the weights it disagrees with, before the
@@ -76,21 +97,7 @@ def assemble(config: TrainConfig, trace: Trace | None = None, slots: WorkerSlots
     task = get_task(config.task, **styled_task_options(config, tokenizer))
     ref_model = copy.deepcopy(policy).eval().requires_grad_(False) if grpo.kl_coef else None
     trace = trace if trace is not None else Trace()
-    spec = RolloutEngineSpec(
-        kind=config.engine,
-        config=EngineConfig(
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=config.max_model_len,
-            max_prefill_tokens=config.max_prefill_tokens,
-            device=device,
-        ),
-        speculation=options.speculation,
-        workers=config.workers,
-        worker_backend=config.worker_backend,
-        ray_address=config.ray_address,
-        seed=config.seed,
-        rollout_copy=True,  # the policy trains in fp32; the engine runs a copy in the inference dtype
-    )
+    spec = _engine_spec(config, options, device)
     stream = PromptStream(task, config.seed, config.prompt_pool)
     strategy = make_mode_strategy(mode, config.workers, options)
     params = SamplingParams(

@@ -25,6 +25,7 @@ from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics, rollout_trace
 from reference_trainer.trace.records import read_json, read_jsonl
 from reference_trainer.trace.schema import is_number, read_trace
+from reference_trainer.trace.steps import IDLE_HIGH
 from rlbench.integrations import convert, lengthlog, verl
 
 TOLERANCE = 0.10  # absolute, on shares; relative on times
@@ -169,7 +170,7 @@ def audit_verl(path: Path, slots: int | None, tolerance: float) -> dict[str, Any
     if (
         all(d is not None and d < QUIET for d in quiet)
         and rollout_idle is not None
-        and rollout_idle >= steps.IDLE_HIGH
+        and rollout_idle >= IDLE_HIGH
     ):
         notes.append(
             f"verl declares that neither side idles (trainer {quiet[0]:.1%}, rollouter {quiet[1]:.1%}), yet "
@@ -305,7 +306,7 @@ def _doc(
         "kind": kind,
         "steps": steps,
         "tolerance": tolerance,
-        "idle_high": steps.IDLE_HIGH,
+        "idle_high": IDLE_HIGH,
         "figures": figures,
         "label": label,
         "label_from": basis if label else None,

@@ -32,7 +32,7 @@ from typing import Any
 
 from reference_trainer.errors import MAX_COUNT, UserError
 from reference_trainer.trace.records import iter_jsonl, write_jsonl
-from reference_trainer.trace.schema import DECODE, ROLLOUT, SEQUENCE
+from reference_trainer.trace.schema import DECODE, ROLLOUT, SEQUENCE, forward_event, phase_event
 from rlbench.simulate.workload import MAX_TOKENS, LengthTrace, _from_rows
 
 # Slot maps ({slot: sequence id}) make the report's slot-occupancy picture. They grow with the square of a
@@ -241,18 +241,16 @@ def rebuild_steps(
             return t0 + k * scale
 
         if phases:
-            events.append({"kind": ROLLOUT, "step": step, "t_start": t0, "t_end": t1, "source": "rebuilt"})
+            events.append(phase_event(ROLLOUT, t0, t1, step=step, source="rebuilt"))
         for w in workers:  # a worker with nothing to do still counts as idle slots: its capacity, once
-            events.append({"kind": DECODE, "step": step, "t_start": t0, "t_end": t0, "active_slots": 0,
-                           "capacity": slots, "tokens": 0, "worker": w})  # fmt: skip
+            events.append(forward_event(DECODE, t0, t0, 0, slots, 0, step=step, worker=w))
         workers = []
         for w, (placed, stretches) in batches.items():
             ids = [f"{step}-{j}-{k}" for j, _, k in samples[w]]  # unique even if a group name repeats
             with_maps = map_entries + sum(n for _, _, n in stretches) <= SLOT_MAP_BUDGET
             maps = _slot_maps(placed, ids, stretches) if with_maps else None
             for a, b, n in stretches:
-                event = {"kind": DECODE, "step": step, "t_start": at(a), "t_end": at(b), "active_slots": n,
-                         "capacity": slots, "tokens": n * (b - a), "worker": w}  # fmt: skip
+                event = forward_event(DECODE, at(a), at(b), n, slots, n * (b - a), step=step, worker=w)
                 if maps is not None:
                     event["slots"] = next(maps)
                     map_entries += n

@@ -40,7 +40,7 @@ from transformers import TrainerCallback
 from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import extend_jsonl, write_json
-from reference_trainer.trace.schema import REWARD, ROLLOUT, UPDATE
+from reference_trainer.trace.schema import REWARD, ROLLOUT, UPDATE, phase_event
 from rlbench.integrations import lengthlog, run, trl_logs
 from rlbench.integrations.imports import ImportConfig
 from rlbench.integrations.lengthlog import Group
@@ -218,12 +218,11 @@ class RLBenchRecorder(TrainerCallback):
         update_from = self._probe_at if self._probe_at is not None else self._begin
         if self._step_groups:  # this step generated (with steps_per_generation > 1, not every step does)
             window = self._gen or (self._begin, update_from)
-            events.append({"kind": ROLLOUT, "step": self._step, "t_start": window[0], "t_end": window[1],
-                           "source": "trl"})  # fmt: skip
+            events.append(phase_event(ROLLOUT, window[0], window[1], step=self._step, source="trl"))
             slots = self.slots or sum(len(g.lengths) for g in self._step_groups)
             events += lengthlog.rebuild(self._step_groups, slots, {self._step: window}, phases=False)
             self.groups += self._step_groups
-        events.append({"kind": UPDATE, "step": self._step, "t_start": update_from, "t_end": end})
+        events.append(phase_event(UPDATE, update_from, end, step=self._step))
         self.events += events
         extend_jsonl(self.out / "trace.jsonl", events)  # durable per step: a killed run keeps its steps
 
@@ -236,8 +235,7 @@ class RLBenchRecorder(TrainerCallback):
             rollouts = [e for e in self.events if e["kind"] == ROLLOUT and e["step"] == step]
             if rollouts and isinstance(logs.get("reward"), (int, float)):  # TRL's reward, on the trace
                 at = rollouts[-1]["t_end"]
-                event = {"kind": REWARD, "step": step, "t_start": at, "t_end": at}
-                event["reward_mean"] = logs["reward"]
+                event = phase_event(REWARD, at, at, step=step, reward_mean=logs["reward"])
                 self.events.append(event)
                 extend_jsonl(self.out / "trace.jsonl", [event])
 

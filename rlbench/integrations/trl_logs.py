@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from reference_trainer.errors import MAX_COUNT, UserError
 from reference_trainer.inputs import open_input
 from reference_trainer.trace.records import read_json
-from reference_trainer.trace.schema import MAX_MAGNITUDE, REWARD, ROLLOUT, SEQUENCE
+from reference_trainer.trace.schema import MAX_MAGNITUDE, REWARD, ROLLOUT, SEQUENCE, phase_event
 from rlbench.integrations.lengthlog import MAX_TOKENS, Group
 
 LENGTH_COLUMN = "completion_tokens"  # the length probe's column (rlbench.integrations.trl)
@@ -93,7 +93,7 @@ def reward_phases(events: list[dict[str, Any]], logged: dict[int, dict[str, Any]
             end = e["t_end"] if e["kind"] == ROLLOUT else e["t_finish"]
             ends[e["step"]] = max(ends.get(e["step"], end), end)
     return [
-        {"kind": REWARD, "step": step, "t_start": end, "t_end": end, "reward_mean": logged[step]["reward"]}
+        phase_event(REWARD, end, end, step=step, reward_mean=logged[step]["reward"])
         for step, end in sorted(ends.items())
         if isinstance(logged.get(step, {}).get("reward"), (int, float))
     ]

@@ -26,7 +26,15 @@ from typing import Any
 
 from reference_trainer.errors import MAX_COUNT, UserError
 from reference_trainer.trace.records import read_jsonl
-from reference_trainer.trace.schema import MAX_MAGNITUDE, REWARD, ROLLOUT, SYNC, UPDATE, is_number
+from reference_trainer.trace.schema import (
+    MAX_MAGNITUDE,
+    REWARD,
+    ROLLOUT,
+    SYNC,
+    UPDATE,
+    is_number,
+    phase_event,
+)
 from rlbench.integrations.lengthlog import Group
 
 CHECKED_AT = (
@@ -204,11 +212,9 @@ def timeline(steps: dict[int, dict[str, Any]]) -> tuple[list[dict[str, Any]], di
         gen, total = float(data[GEN]), max(float(data[STEP]), float(data[GEN]))
         end = clock + total
         windows[step] = (clock, clock + gen)
-        events.append(
-            {"kind": ROLLOUT, "step": step, "t_start": clock, "t_end": clock + gen, "source": "verl gen"}
-        )
+        events.append(phase_event(ROLLOUT, clock, clock + gen, step=step, source="verl gen"))
         at = clock + gen
-        reward = {"kind": REWARD, "step": step, "t_start": at, "t_end": min(end, at + timer(data, "reward"))}
+        reward = phase_event(REWARD, at, min(end, at + timer(data, "reward")), step=step)
         if is_number(data.get(SCORE)):
             reward["reward_mean"] = float(data[SCORE])
         if is_number(data.get(REWARD_T)) or "reward_mean" in reward:
@@ -218,10 +224,10 @@ def timeline(steps: dict[int, dict[str, Any]]) -> tuple[list[dict[str, Any]], di
             for name in names:
                 if is_number(data.get(f"timing_s/{name}")):
                     stop = min(end, at + timer(data, name))
-                    events.append({"kind": kind, "step": step, "t_start": at, "t_end": stop, "name": name})
+                    events.append(phase_event(kind, at, stop, step=step, name=name))
                     at = stop
         # the step's end must be on the clock even when no timer reaches it (its work is unknown)
-        events.append({"kind": SYNC, "step": step, "t_start": end, "t_end": end, "name": "step end"})
+        events.append(phase_event(SYNC, end, end, step=step, name="step end"))
         clock = end
     return events, windows
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference_trainer.trace import metrics
-from reference_trainer.trace.schema import DECODE, ROLLOUT, SEQUENCE
+from reference_trainer.trace.schema import DECODE, ROLLOUT, SEQUENCE, forward_event, phase_event
 
 Row = dict[str, Any]
 
@@ -127,11 +127,9 @@ def to_trace(
     found = phases(per_server, idle_gap_s)
     events: list[Row] = []
     for p in found:
-        events.append({"kind": ROLLOUT, "step": p.step, "t_start": p.t_start, "t_end": p.t_end,
-                       "source": "observed"})  # fmt: skip
+        events.append(phase_event(ROLLOUT, p.t_start, p.t_end, step=p.step, source="observed"))
         for s in per_server:
-            events.append({"kind": DECODE, "step": p.step, "t_start": p.t_start, "t_end": p.t_start,
-                           "active_slots": 0, "capacity": caps[s], "tokens": 0, "worker": s})  # fmt: skip
+            events.append(forward_event(DECODE, p.t_start, p.t_start, 0, caps[s], 0, step=p.step, worker=s))
 
     def phase_of(t: float) -> Phase | None:
         return next((p for p in found if p.t_start <= t <= p.t_end), None)
@@ -165,10 +163,20 @@ def to_trace(
             if shares:
                 shares[-1] = tokens - sum(shares[:-1])
             for (t0, t1, row), n in zip(halves, shares, strict=True):
-                events.append({"kind": DECODE, "step": p.step, "t_start": t0, "t_end": t1,
-                               "active_slots": int(row["running"]), "capacity": caps[s], "tokens": n,
-                               "worker": s, "waiting": row.get("waiting"),
-                               "kv_usage": row.get("kv_usage")})  # fmt: skip
+                events.append(
+                    forward_event(
+                        DECODE,
+                        t0,
+                        t1,
+                        int(row["running"]),
+                        caps[s],
+                        n,
+                        step=p.step,
+                        worker=s,
+                        waiting=row.get("waiting"),
+                        kv_usage=row.get("kv_usage"),
+                    )
+                )
             finished = int(min(_growth(b, a, "finished"), MAX_FINISHED_PER_SCRAPE + 1))
             if finished > MAX_FINISHED_PER_SCRAPE:
                 if s not in implausible:

@@ -293,15 +293,12 @@ def _lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float | None]:
     return coef, (1.0 - float((resid**2).sum()) / var) if var > 0 else None
 
 
-def fit_run(events: list[dict[str, Any]], source: str = "") -> FittedRun:
-    """Fit a `FittedRun` model to a run's trace events (engine steps, phases and sequences)."""
-    prompt_len = {e["id"]: int(e.get("prompt_tokens", 0)) for e in events if e.get("kind") == SEQUENCE}
-    engine = sorted(
-        (e for e in events if e.get("kind") in FORWARD_KINDS),
-        key=lambda e: (int(e.get("worker", 0)), float(e["t_start"])),
-    )
-    if not any(e["kind"] == DECODE for e in engine):
-        raise UserError(f"{source or 'trace'}: no decode events to fit a cost model to")
+def _forward_rows(
+    engine: list[dict[str, Any]], prompt_len: dict[str, int]
+) -> tuple[list[Any], list[float], list[Any], list[float], list[float]]:
+    """The regression rows of a run's forwards, in worker and time order: decode steps (rows, context
+    tokens, the admissions that rode in them) and prefills (rows, prompt tokens), with their times, and the
+    gaps between one worker's forwards within a step."""
     dec_x, dec_y, pre_x, pre_y, gaps = [], [], [], [], []
     ctx: dict[str, int] = {}  # live sequence -> tokens in its KV cache
     prev: dict[int, dict[str, Any]] = {}
@@ -333,6 +330,33 @@ def fit_run(events: list[dict[str, Any]], source: str = "") -> FittedRun:
                 ctx[s] = prompt_len.get(s, 0)
             for s in live:
                 ctx[s] += 1
+    return dec_x, dec_y, pre_x, pre_y, gaps
+
+
+def _rollout_fixed(events: list[dict[str, Any]], engine: list[dict[str, Any]], gap: float) -> list[float]:
+    # The rollout phase's time outside the slowest worker's forwards and the gaps between them: host work
+    # per RL step (workers run in parallel, so it is measured against the busiest one, not their sum).
+    rollout: dict[int, float] = defaultdict(float)
+    for e in events:
+        if e.get("kind") == ROLLOUT:
+            rollout[int(e["step"])] += float(e["t_end"]) - float(e["t_start"])
+    worker_time: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for e in engine:
+        worker_time[int(e["step"])][int(e.get("worker", 0))] += float(e["t_end"]) - float(e["t_start"]) + gap
+    fixed = [max(0.0, r - max(worker_time[s].values(), default=0.0)) for s, r in rollout.items() if r > 0]
+    return fixed
+
+
+def fit_run(events: list[dict[str, Any]], source: str = "") -> FittedRun:
+    """Fit a `FittedRun` model to a run's trace events (engine steps, phases and sequences)."""
+    prompt_len = {e["id"]: int(e.get("prompt_tokens", 0)) for e in events if e.get("kind") == SEQUENCE}
+    engine = sorted(
+        (e for e in events if e.get("kind") in FORWARD_KINDS),
+        key=lambda e: (int(e.get("worker", 0)), float(e["t_start"])),
+    )
+    if not any(e["kind"] == DECODE for e in engine):
+        raise UserError(f"{source or 'trace'}: no decode events to fit a cost model to")
+    dec_x, dec_y, pre_x, pre_y, gaps = _forward_rows(engine, prompt_len)
     x = np.asarray(dec_x)
     if not x[:, 3].any():  # no admission rode (an older trace): fit decode alone
         x = x[:, :3]
@@ -344,17 +368,8 @@ def fit_run(events: list[dict[str, Any]], source: str = "") -> FittedRun:
         pcoef = dcoef.copy()
     rcoef = coef[3:] if coef.size > 3 else pcoef[1:]  # riding unseen: as a prefill's per-row and token cost
 
-    # The rollout phase's time outside the slowest worker's forwards and the gaps between them: host work
-    # per RL step (workers run in parallel, so it is measured against the busiest one, not their sum).
-    rollout: dict[int, float] = defaultdict(float)
-    for e in events:
-        if e.get("kind") == ROLLOUT:
-            rollout[int(e["step"])] += float(e["t_end"]) - float(e["t_start"])
     gap = float(np.mean(gaps)) if gaps else 0.0
-    worker_time: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    for e in engine:
-        worker_time[int(e["step"])][int(e.get("worker", 0))] += float(e["t_end"]) - float(e["t_start"]) + gap
-    fixed = [max(0.0, r - max(worker_time[s].values(), default=0.0)) for s, r in rollout.items() if r > 0]
+    fixed = _rollout_fixed(events, engine, gap)
 
     upd_time = sum(float(e["t_end"]) - float(e["t_start"]) for e in events if e.get("kind") == UPDATE)
     upd_tokens = sum(
