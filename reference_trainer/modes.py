@@ -260,6 +260,20 @@ _PLACE_SIM = (
     "dry)."
 )
 
+
+def _on_sorted(name: str, what: str, note: str, **kw: Any) -> ModeSpec:
+    """A mode on SortedRL's on-policy strategy and its one engine, with `what` added."""
+    sim = f"{_ONE_ENGINE_SIM} {note}"
+    return ModeSpec(
+        name,
+        f"SortedRL's on-policy strategy (as sorted) {what}",
+        "sorted",
+        placement=None,
+        simulator_note=sim,
+        **kw,
+    )
+
+
 MODES: dict[str, ModeSpec] = {
     m.name: m
     for m in (
@@ -304,13 +318,8 @@ MODES: dict[str, ModeSpec] = {
             placement="histopipe",
             simulator_note=_SPEC_SIM + " " + _PLACE_SIM,
         ),
-        ModeSpec(
-            "sorted+rhyme",
-            "SortedRL's on-policy strategy (as sorted) with HistoSpec drafting on its one engine.",
-            strategy="sorted",
-            speculation="histospec",
-            placement=None,
-            simulator_note=_ONE_ENGINE_SIM + " " + _SPEC_SIM,
+        _on_sorted(
+            "sorted+rhyme", "with HistoSpec drafting on its one engine.", _SPEC_SIM, speculation="histospec"
         ),
         ModeSpec(
             "suffix",
@@ -320,13 +329,11 @@ MODES: dict[str, ModeSpec] = {
             speculation="suffix",
             simulator_note=_SUFFIX_SIM,
         ),
-        ModeSpec(
+        _on_sorted(
             "sorted+suffix",
-            "SortedRL's on-policy strategy (as sorted) with SuffixDecoding drafting on its one engine.",
-            strategy="sorted",
+            "with SuffixDecoding drafting on its one engine.",
+            _SUFFIX_SIM,
             speculation="suffix",
-            placement=None,
-            simulator_note=_ONE_ENGINE_SIM + " " + _SUFFIX_SIM,
         ),
         ModeSpec(
             "lookahead",
@@ -338,15 +345,13 @@ MODES: dict[str, ModeSpec] = {
             lookahead=True,
             simulator_note=_LOOKAHEAD_SIM,
         ),
-        ModeSpec(
+        _on_sorted(
             "sorted+lookahead",
-            "SortedRL's on-policy strategy (as sorted) with lookahead: slots idle while the oversubscription "
-            "bound holds admission back run the stream's next prompts, whose tokens draft for them.",
-            strategy="sorted",
+            "with lookahead: slots idle while the oversubscription bound holds admission back run the "
+            "stream's next prompts, whose tokens draft for them.",
+            _LOOKAHEAD_SIM,
             speculation="lookahead",
-            placement=None,
             lookahead=True,
-            simulator_note=_ONE_ENGINE_SIM + " " + _LOOKAHEAD_SIM,
         ),
         ModeSpec(
             "rhyme+lookahead",
@@ -368,15 +373,12 @@ MODES: dict[str, ModeSpec] = {
             ahead=True,
             simulator_note=_AHEAD_SIM,
         ),
-        ModeSpec(
+        _on_sorted(
             "sorted+async",
-            "SortedRL's on-policy strategy (as sorted) run up to max_staleness steps ahead of the update, "
-            "beside it; TIS corrects the stale tokens.",
-            strategy="sorted",
-            placement=None,
+            "run up to max_staleness steps ahead of the update, beside it; TIS corrects the stale tokens.",
+            _AHEAD_SIM,
             tis_cap=2.0,
             ahead=True,
-            simulator_note=_ONE_ENGINE_SIM + " " + _AHEAD_SIM,
         ),
     )
 }

@@ -26,7 +26,7 @@ update fires), so `state_dict` is plain JSON and a resumed run replays the unint
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
@@ -63,14 +63,8 @@ class Sample:
         self.policy_versions = list(seq.policy_versions)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "sample": self.sample,
-            "attempt": self.attempt,
-            "response_ids": self.response_ids,
-            "logprobs": self.logprobs,
-            "policy_versions": self.policy_versions,
-            "finish_reason": self.finish_reason,
-        }
+        """Every field but the engine sequence (not persisted)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "seq"}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Sample:

@@ -161,11 +161,11 @@ class _SeqState:
 class HistoSpecOptions(Options):
     """HistoSpec's options (`spec.*`)."""
 
+    max_draft: int = max_draft()
     max_prompts: int = option(4096, "prompts with a history (LRU)", minimum=1)
     max_responses: int = option(16, "responses kept per prompt", minimum=1)
     max_epochs: int = option(2, "policy versions a history spans", minimum=1)
     min_draft: int = option(1, "shortest adaptive draft", minimum=1)
-    max_draft: int = max_draft()
     init_draft: int = option(4, "a new sequence's draft length", minimum=1)
     min_match: int = option(1, "shortest suffix match that may draft", minimum=0)
     rematch_window: int = option(64, "tokens re-matched after a history change", minimum=1)
