@@ -46,14 +46,7 @@ from reference_trainer.rollout.base import AheadOptions, Group, PromptStream, Ro
 from reference_trainer.rollout.gate import POLL_S, Gate, Inbox, Outbox, RolloutDied, Stopped, death_line
 from reference_trainer.rollout.ring import WeightRing
 from reference_trainer.rollout.workers import RolloutWorker, WorkerSpec
-from reference_trainer.trace.schema import (
-    ROLLOUT,
-    ROLLOUT_SIDE,
-    ROLLOUT_WAIT,
-    SYNC,
-    TRAINER_WAIT,
-    phase_event,
-)
+from reference_trainer.trace.schema import ROLLOUT, ROLLOUT_SIDE, ROLLOUT_WAIT, SYNC, TRAINER_WAIT
 from reference_trainer.trace.writer import Trace
 
 
@@ -77,9 +70,7 @@ class Spans:
         self._add(now if self.start is None else self.start, now, {"groups": groups})
 
     def _add(self, t_start: float, t_end: float, extra: dict[str, Any]) -> None:
-        self.trace.add(
-            phase_event(ROLLOUT, t_start, t_end, side=ROLLOUT_SIDE, policy_version=self.version, **extra)
-        )
+        self.trace.add_phase(ROLLOUT, t_start, t_end, side=ROLLOUT_SIDE, policy_version=self.version, **extra)
 
 
 class GatedEngine:
@@ -186,11 +177,11 @@ def _wait_for(ring: WeightRing, gate: Gate, trace: Trace, version: int) -> None:
             if gate.open.value and start is None:
                 start = trace.now()
             elif not gate.open.value and start is not None:
-                trace.add(phase_event(ROLLOUT_WAIT, start, trace.now(), side=ROLLOUT_SIDE))
+                trace.add_phase(ROLLOUT_WAIT, start, trace.now(), side=ROLLOUT_SIDE)
                 start = None
             gate.wait()
     if start is not None:
-        trace.add(phase_event(ROLLOUT_WAIT, start, trace.now(), side=ROLLOUT_SIDE))
+        trace.add_phase(ROLLOUT_WAIT, start, trace.now(), side=ROLLOUT_SIDE)
 
 
 def split_threads(budget: int, max_staleness: int, rollout: int | None = None) -> tuple[int, int]:

@@ -41,13 +41,13 @@ def suffix_available() -> bool:
 class SuffixOptions(Options):
     """SuffixDecoding's options (`spec.*`)."""
 
-    max_draft: int = max_draft()
     suffix_max_depth: int = option(64, "suffix trees' depth: longest match + draft", minimum=1)
     # vLLM's default for suffix_decoding_max_cached_requests: the global tree's memory bound.
     suffix_max_cached: int = option(10000, "responses in the global tree (FIFO)", minimum=1)
     suffix_spec_factor: float = option(1.0, "draft <= this x match length + offset", minimum=0)
     suffix_spec_offset: float = option(0.0, "that offset, in tokens")
     suffix_min_prob: float = option(0.1, "stop at a token estimated below it", minimum=0)
+    max_draft: int = max_draft()
 
 
 class SuffixDrafter:

@@ -61,7 +61,11 @@ class Trace:
         try:
             yield fields
         finally:
-            self.add(phase_event(kind, t_start, self.now(), **fields))
+            self.add_phase(kind, t_start, self.now(), **fields)
+
+    def add_phase(self, kind: str, t_start: float, t_end: float, **fields: Any) -> None:
+        """A phase already over (a rollout run ahead's, timed by its own side)."""
+        self.add(phase_event(kind, t_start, t_end, **fields))
 
     def flush_to(self, path: str | Path) -> None:
         """Append the events not yet written to a JSONL file (fsync'd, so a kill loses nothing written)."""

@@ -13,7 +13,7 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-from reference_trainer.trace.metrics import IDLE_HIGH
+from reference_trainer.trace.steps import IDLE_HIGH
 
 
 @dataclass(frozen=True)
