@@ -449,8 +449,10 @@ def test_an_import_page_with_a_wide_per_step_table_fits_the_window(tmp_path):
         "timing_s/gen", "timing_s/step", "timing_s/update_actor", "response_length/mean",
         "response_length/max",
     ]  # fmt: skip
-    rows = [{"step": s, "data": {k: 10.0 + s for k in keys} | {"timing_s/gen": 6.0, "timing_s/step": 11.0}}
-            for s in range(1, 5)]  # fmt: skip
+    # the idle ratio and utilisation are shares: a reader refuses one outside [0, 1]
+    shares = {"fully_async/rollouter/idle_ratio": 0.1, "dynamic_resource/rollout_resource_utilization": 0.8}
+    times = {"timing_s/gen": 6.0, "timing_s/step": 11.0}
+    rows = [{"step": s, "data": {k: 10.0 + s for k in keys} | shares | times} for s in range(1, 5)]
     log = tmp_path / "exp.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = cli("import", "verl", str(log), "--workers", "1", "--out", str(tmp_path / "verl"))

@@ -297,7 +297,7 @@ class Engine(RequestBook):
             and static.ensure_captured(len(seqs), width, max(s.num_cached for s in seqs) + width)
         ):  # outside the verify forward's time
             t_start = self.trace.now()
-            self.trace.add({"kind": CAPTURE, "t_start": capture_start, "t_end": t_start, "graphs": 1})
+            self.trace.add_phase(CAPTURE, capture_start, t_start, graphs=1)
         occupied = dict(self.scheduler.occupied)
         t0 = time.perf_counter()
         rows = [[s.last_token] + d for s, d in zip(seqs, drafts, strict=True)]

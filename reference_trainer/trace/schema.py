@@ -53,10 +53,11 @@ WORKER_FIELDS = ("worker", "from", "to")
 
 
 def phase_event(kind: str, t_start: float, t_end: float, **fields: Any) -> Event:
-    """A phase (PHASE_KINDS) from `t_start` to `t_end`: the one shape every writer of phases uses (the
-    trainer's Trace, a rollout run ahead, and the traces rebuilt from other frameworks' logs)."""
-    if kind not in PHASE_KINDS:
-        raise ValueError(f"{kind!r} is no phase kind; valid: {', '.join(PHASE_KINDS)}")
+    """A phase (PHASE_KINDS, or an engine's CAPTURE, which has a phase's shape but belongs to no step) from
+    `t_start` to `t_end`: the one shape every writer of phases uses (the trainer's Trace, the engine's
+    capture, a rollout run ahead, and the traces rebuilt from other frameworks' logs)."""
+    if kind not in (*PHASE_KINDS, CAPTURE):
+        raise ValueError(f"{kind!r} is no phase kind; valid: {', '.join((*PHASE_KINDS, CAPTURE))}")
     return {"kind": kind, "t_start": t_start, "t_end": t_end, **fields}
 
 
