@@ -128,8 +128,11 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
         # the clause ends on formulas ("... the value is $10 \\text{ hundred}$.", "are $1$, $2$ and $3$."):
         # their own text is the answer, read as a statement's maths is (the answer forms apply)
         return LocatedAnswer(a, ", ".join(clean_value(f) for f in formulas) or None, text[a:b])
-    return LocatedAnswer(a, None, text[a:b])
+    return LocatedAnswer(a, None, _CURRENCY_BEFORE.sub("", text[a:b]))  # "is R28.": 28
 
+
+# A currency sign before an amount in prose ("The total is R28."): math-verify would read R times 28.
+_CURRENCY_BEFORE = re.compile(r"(?<![A-Za-z\\])(?:R|Rs\.?|[€£¥₹])\s?(?=\d)")
 
 # A quantifier after the answer's formula: "$f(x) = \\frac{1}{x}$ for all $x \\in \\mathbb{Q}^+$" answers
 # f(x) = 1/x.
