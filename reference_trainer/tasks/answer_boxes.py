@@ -134,5 +134,5 @@ def _next_part(text: str, before: tuple[int, int, str], box: tuple[int, int, str
 def _join(run: list[tuple[int, int, str]], masked: str) -> LocatedAnswer:
     contents = list(dict.fromkeys(clean_value(content) for _, _, content in run))  # a repeated box once
     if len(contents) > 1 and CONDITION.search(masked[run[0][1] : run[-1][0]]):
-        return LocatedAnswer(run[0][0], hedged=True)
-    return LocatedAnswer(run[0][0], ", ".join(c for c in contents if c))
+        return LocatedAnswer(run[0][0], hedged=True, end=run[-1][1])
+    return LocatedAnswer(run[0][0], ", ".join(c for c in contents if c), end=run[-1][1])

@@ -89,6 +89,42 @@ def _doubted(masked: str, last: LocatedAnswer) -> bool:
     )
 
 
+# After the last statement, words that take it back: what the response concludes after them is its answer.
+_RETRACTION = re.compile(
+    r"\b(?:wait|actually|oops|sorry|mistakes?|mistaken|wrong|incorrect|errors?|redo\w*|re-?calculat\w*|"
+    r"re-?comput\w*|re-?count\w*|re-?do\w*|re-?evaluat\w*|should\s+(?:be|have|include)|on\s+second\s+thought|"
+    r"let\s+me\s+re\w*|correction)\b",
+    re.IGNORECASE,
+)
+_LEFT_OF_BOX = re.compile(r"([^$=<>]{1,40})=\s*$")  # "m + n = " before "\boxed{3}"
+
+
+def _later_commitment(text: str, masked: str, last: LocatedAnswer, problem: str) -> LocatedAnswer | None:
+    """What the response commits to after its last statement, `last` when nothing: a box taken back
+    ("... = \\boxed{3}$. Wait, ... Redoing it gives ..., so $m + n = 4$.") answers what follows the
+    retraction; the quantity the box equated, stated again with
+    another value ("m + n = \\boxed{3}" ... "so $m + n = 4$."), answers that value."""
+    after = SENTENCE_END.search(masked, max(last.start, last.end))
+    if after is None or not text[after.end() :].strip():
+        return last
+    tail = after.end()
+    retraction = _RETRACTION.search(masked, tail)
+    if retraction is None and not _restates_left_side(text, last, tail):
+        return last
+    later = last_clause(text[tail:], problem)
+    if later is not None and (later.value is not None or later.text):
+        return LocatedAnswer(tail + later.start, later.value, later.text)
+    return last  # taken back with nothing after it: the statement stands, as a reader would mark it
+
+
+def _restates_left_side(text: str, last: LocatedAnswer, tail: int) -> bool:
+    left = _LEFT_OF_BOX.search(text, max(0, last.start - 40), last.start)
+    if left is None or not re.search(r"[A-Za-z]", left.group(1)):
+        return False
+    name = re.sub(r"\s+|\$", "", left.group(1).split("$")[-1])
+    return bool(name) and f"{name}=" in re.sub(r"\s+|\$", "", text[tail:])
+
+
 def own_turn(response: str) -> str:
     """The response up to the first turn marker that follows some text of its own."""
     for marker in _TURN_MARKER.finditer(response):
@@ -108,5 +144,5 @@ def locate_answer(response: str, problem: str = "") -> LocatedAnswer | None:
     ):
         return LocatedAnswer(stated[-1].start, hedged=True)
     if stated:
-        return stated[-1]
+        return _later_commitment(text, masked, stated[-1], problem)
     return whole_answer(text) or last_clause(text, problem)

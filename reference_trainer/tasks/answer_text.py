@@ -18,6 +18,7 @@ class LocatedAnswer:
     value: str | None = None
     text: str = ""
     hedged: bool = False  # different answers under conditions ("3 if unordered, and 6 if ordered"): none
+    end: int = 0  # where a box's run of boxes ends (0: unknown, the statement's sentence ends it)
 
 
 # ----------------------------------------------------------------------------- math environments
