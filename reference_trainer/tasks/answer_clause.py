@@ -89,6 +89,8 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
         for a, b in zip(reversed(ends[:-1]), reversed(ends[1:]), strict=True)
         if _HAS_MATHS.search(masked[a:b])
     ]
+    while len(spans) > 1 and _SUBSTITUTION.match(masked, spans[0][0]):
+        spans = spans[1:]  # the check after the result
     if not spans:
         return None
     if _NO_SOLUTION.search(masked, spans[0][0]):
@@ -130,6 +132,13 @@ def last_clause(text: str, problem: str = "") -> LocatedAnswer | None:
         return LocatedAnswer(a, ", ".join(clean_value(f) for f in formulas) or None, text[a:b])
     return LocatedAnswer(a, None, _CURRENCY_BEFORE.sub("", text[a:b]))  # "is R28.": 28
 
+
+# A clause that substitutes a value is working, not an answer: "Substituting $y = 1$ confirms it."
+_SUBSTITUTION = re.compile(
+    r"[\s*_]*(?:(?:and|then|now|again)\s+)?(?:substitut\w*|plugg?(?:ing|ed)?(?:\s+in)?|setting|letting|"
+    r"putting|taking|checking|using)\b",
+    re.IGNORECASE,
+)
 
 # A currency sign before an amount in prose ("The total is R28."): math-verify would read R times 28.
 _CURRENCY_BEFORE = re.compile(r"(?<![A-Za-z\\])(?:R|Rs\.?|[€£¥₹])\s?(?=\d)")
