@@ -19,8 +19,10 @@ from rlbench.report.eval_report import write_eval_report
 
 
 def test_each_sample_is_graded_by_both() -> None:
-    # math-verify joins the two boxes (3,5); rlbench reads the later one, the correction
-    item = GradeItem("math", r"So $\boxed{3}$. Wait, recheck: $\boxed{5}$", "5", id="x#0")
+    # math-verify takes the box before any later phrase; rlbench reads the correction after it
+    item = GradeItem(
+        "math", r"We get $\boxed{204}$. I must add 24 more: the answer is $228$.", "228", id="x#0"
+    )
     result = grade_item(item)
     assert (result.correct, result.second_correct) == (True, False)
     assert grade_item(GradeItem("math", r"\boxed{5}", "5")).second_correct is True
@@ -66,7 +68,7 @@ def test_disagreements_by_answer_type() -> None:
 
 
 class TwoReadingsBackend:
-    """Sample 0 ends on a box and a correction (rlbench reads the correction, math-verify joins the boxes);
+    """Sample 0 corrects its box in a later phrase (rlbench reads the correction, math-verify the box);
     sample 1 is one plain box."""
 
     name, model, tokenizer = "fake", "fake-model", None
@@ -75,7 +77,7 @@ class TwoReadingsBackend:
         out = []
         for idx, prompt in enumerate(prompts):
             gold = GOLDS[re.search(r"Problem (fx-\d+)", prompt).group(1)]
-            first = f"So $\\boxed{{999}}$. Wait, recheck: $\\boxed{{{gold}}}$"
+            first = f"We get $\\boxed{{999}}$. I must add more: the answer is ${gold}$."
             out.append(first if idx % 2 == 0 else f"The answer is $\\boxed{{{gold}}}$.")
         return out
 
