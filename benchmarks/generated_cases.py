@@ -17,6 +17,7 @@ list of every answer type, so the generator runs without the data too (fewer cas
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import random
@@ -73,7 +74,7 @@ def words(n: int) -> str:
 def _latex_variants(g: str) -> str:
     out = g.replace("\\frac", "\\dfrac")
     out = re.sub(r"^\((.*)\)$", r"\\left(\1\\right)", out)
-    return out.replace(",", ", ").replace(",  ", ", ")
+    return re.sub(r",\s*(?!\d{3}(?!\d))", ", ", out)  # a space after a list's comma, never in "58,500"
 
 
 _RIGHT: dict[str, Callable[[str], str]] = {
@@ -111,9 +112,15 @@ def _one_digit(g: str, rng: random.Random) -> str | None:
     return g[:at] + str((int(g[at]) + rng.randint(1, 8)) % 10) + g[at + 1 :]
 
 
+_NO_DIGIT_CHANGE = re.compile(r"\\(?:begin|end|text|mbox)|\^\\circ")
+
+
 def _wrongs(g: str, rng: random.Random) -> dict[str, str]:
     found: dict[str, str] = {}
-    if (changed := _one_digit(g, rng)) is not None and not re.search(r"\\(?:begin|end)|\^\\circ", g):
+    # (not in a unit or an angle: "864 \\mbox{ inches}^9" is the same number of other units)
+    if (changed := _one_digit(g, rng)) is not None and not re.search(
+        r"\\(?:begin|end|text|mbox)|\^\\circ", g
+    ):
         found["one digit"] = f"So the answer is $\\boxed{{{changed}}}$."
         found["taken back for a wrong one"] = (
             f"We get $\\boxed{{{g}}}$. Wait, that is wrong; the answer is ${changed}$."
@@ -121,7 +128,9 @@ def _wrongs(g: str, rng: random.Random) -> dict[str, str]:
     if re.fullmatch(r"-?\d+(?:\.\d+)?|-?\\frac\{\d+\}\{\d+\}", g) and g.strip("-") not in {"0", "0.0"}:
         found["sign"] = f"Final answer: ${g[1:] if g.startswith('-') else '-' + g}$"
     parts = [p.strip() for p in g.strip("()").split(",")]
-    if "," in g and len(parts) > 1 and "=" not in g and not g.startswith("["):
+    # a list of distinct elements (a set drops a repeated one) that no decimal comma reads ("-3,0" is -3.0)
+    distinct = len(set(parts)) == len(parts) and not re.fullmatch(r"-?\d+,\d{1,2}", g)
+    if "," in g and len(parts) > 1 and distinct and "=" not in g and not g.startswith("["):
         dropped = ", ".join(parts[:-1])
         found["element dropped"] = (
             f"The answer is $\\boxed{{{'(' + dropped + ')' if g.startswith('(') else dropped}}}$."
@@ -162,7 +171,9 @@ def _kk_forms(names: list[str], sol: list[bool]) -> dict[str, str]:
         "lower-case name: role": "Final roles:\n"
         + "\n".join(f"{n.lower()}: {_role(k).upper()}" for n, k in pairs),
         "json": "<answer>" + json.dumps({n: _role(k) for n, k in pairs}) + "</answer>",
-        "knights and knaves lists": f"Knights: {knights}\nKnaves: {knaves}",
+        "knights and knaves lists": "\n".join(
+            line for line in (knights and f"Knights: {knights}", knaves and f"Knaves: {knaves}") if line
+        ),
     }
     # prose with references: "A is a knight. So is B." and "... the others are knaves"
     sentences = []
@@ -248,6 +259,8 @@ def main() -> None:
     right = sum(c.correct for c in cases)
     print(f"{len(cases)} cases ({right} right, {len(cases) - right} wrong): {len(fp)} false positives, "
           f"{len(fn)} false negatives ({100 * len(fn) / max(right, 1):.2f}% of right)")  # fmt: skip
+    kinds = collections.Counter(("FP" if c in fp else "FN", c.kind) for c in fp + fn)
+    print(", ".join(f"{v} {k}: {n}" for (v, k), n in sorted(kinds.items())))
     for c in (fp + fn)[:60]:
         print(f"{'FP' if c in fp else 'FN'} [{c.kind}] gold {c.gold[:60]!r}: {c.response[:160]!r}")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_eval_runner import GOLDS, _cfg, _write_suite, eval_plan
 
-from reference_trainer.tasks.grading import GradeItem, grade_item
-from reference_trainer.tasks.second_opinion import RULES_VERSION, answer_type, grader_versions
+from reference_trainer.tasks.grading import GradeItem
+from reference_trainer.tasks.second_opinion import RULES_VERSION, answer_type, grade_both, grader_versions
 from rlbench.eval.disagreements import compare_graders
 from rlbench.eval.pool import GradingPool
 from rlbench.eval.runner import run_eval
@@ -23,13 +23,13 @@ def test_each_sample_is_graded_by_both() -> None:
     item = GradeItem(
         "math", r"We get $\boxed{204}$. I must add 24 more: the answer is $228$.", "228", id="x#0"
     )
-    result = grade_item(item)
+    result = grade_both(item)
     assert (result.correct, result.second_correct) == (True, False)
-    assert grade_item(GradeItem("math", r"\boxed{5}", "5")).second_correct is True
+    assert grade_both(GradeItem("math", r"\boxed{5}", "5")).second_correct is True
     conclusion = "Zoey: knight, Oliver is a knave."  # the strict reader reads "Name is a knight|knave" only
-    kk = grade_item(GradeItem("kk", conclusion, "", ["Zoey", "Oliver"], [True, False]))
+    kk = grade_both(GradeItem("kk", conclusion, "", ["Zoey", "Oliver"], [True, False]))
     assert (kk.correct, kk.second_correct) == (True, False)
-    assert grade_item(GradeItem("math", r"\boxed{5}", "5", second=False)).second_correct is None
+    assert grade_both(GradeItem("math", r"\boxed{5}", "5", second=False)).second_correct is None
 
 
 def test_the_versions_are_pinned() -> None:

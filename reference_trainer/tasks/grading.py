@@ -40,7 +40,6 @@ from reference_trainer.tasks.answer_extraction import LocatedAnswer, locate_answ
 from reference_trainer.tasks.answer_forms import CLOCK_24H, chain_end, clean_value, clock_24h, text_only
 from reference_trainer.tasks.answer_forms import prose_start as prose_start
 from reference_trainer.tasks.kk_answers import format_assignment, parse_free_form_assignment
-from reference_trainer.tasks.second_opinion import second_kk, second_math
 from reference_trainer.tasks.user_grader import grade_with, is_user_grader
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -224,15 +223,15 @@ def grade_math(
     """(extracted answer text, correct) for one response against the gold; `problem` is the problem
     statement where known (a clause that only repeats it gives way to a result stated before it; an
     option's text reads as its letter)."""
-    located = locate_answer(response, problem)
-    pred = parse_located(located, timeout_s)
+    pred = parse_answer(response, timeout_s, problem)
     extracted = answer_text(pred)
-    if located is None or extracted is None or answers_another_quantity(extracted, gold, problem):
+    if extracted is None or answers_another_quantity(extracted, gold, problem):
         return extracted, False
     golds = parse_gold(gold, timeout_s)
     if equivalent(golds, pred, timeout_s):
         return extracted, True
-    own = located.value or extracted  # as written: math-verify's text drops "\\mathbf{I}"
+    located = locate_answer(response, problem)
+    own = (located.value if located else None) or extracted  # as written: math-verify's drops "\\mathbf{I}"
     readings = option_readings(own, problem)
     if (matrix := named_matrix_reading(own, gold)) is not None:
         readings.append(matrix)
@@ -268,7 +267,7 @@ class GradeItem:
     id: str = ""  # "problem-id#sample", named in the one line a failure logs
     verify_timeout_s: int = VERIFY_TIMEOUT_S  # longer on the one retry after a timeout
     problem: str = ""  # the problem statement (maths: a clause that only repeats it gives way, rule 5)
-    second: bool = True  # also grade by the second grader (second_opinion.py); off where only ours counts
+    second: bool = True  # the pool also grades it by the second grader (second_opinion.grade_both)
 
 
 @dataclass
@@ -307,19 +306,9 @@ def _grade_math(item: GradeItem) -> GradeResult:
 
 
 def grade_item(item: GradeItem) -> GradeResult:
-    """Extract and grade one response, by rlbench's grader and by the second one (`second_opinion`); runs
-    inside a pool worker."""
-    result = get_grader(item.grader).grade(item)
-    if not item.second:
-        return result
-    if item.grader == "math":
-        result.second_extracted, result.second_correct = second_math(
-            item.response, item.gold, item.verify_timeout_s
-        )
-    elif item.grader == "kk":
-        solution = list(kk_gold(item.gold, item.names or [], item.solution).values())
-        result.second_extracted, result.second_correct = second_kk(item.response, item.names or [], solution)
-    return result
+    """Extract and grade one response; runs inside a pool worker (`second_opinion.grade_both` adds the
+    second grader's verdict)."""
+    return get_grader(item.grader).grade(item)
 
 
 # ----------------------------------------------------------------------------- the graders

@@ -65,6 +65,8 @@ _FILLER = (
 # long list of names ("Zoey, Zoey, ...") is not rescanned from every name (quadratic)
 _MAX_LISTED = 12
 _COUNT = r"(?:two|three|four|five|six|seven|eight|\d)"
+# Between the names of a list: a comma, "and" or both ("Zoey, Oliver and Max", "Zoey and Oliver and Max").
+_AND = rf"(?:{_S}*,{_S}*(?:(?i:and|&){_S}+)?|{_S}+(?i:and|&){_S}+)"
 # An aside between a name and its role: "Ella, on the other hand, is a knave".
 _ASIDES = r"on\s+the\s+other\s+hand|however|in\s+turn|meanwhile|therefore|thus|then|though|in\s+contrast|"
 _ASIDES += r"by\s+contrast|likewise|similarly|too|also"
@@ -97,8 +99,7 @@ def _name(names: Sequence[str], any_case: bool = False) -> str:
 
 def _patterns(names: Sequence[str]) -> list[re.Pattern[str]]:
     name = _name(names)
-    people = rf"(?P<people>(?i:both{_S}+)?{name}(?:{_S}*,{_S}*{name}){{0,{_MAX_LISTED}}}"
-    people += rf"(?:{_S}*,?{_S}*(?i:and|&){_S}+{name})?)"
+    people = rf"(?P<people>(?i:both{_S}+)?{name}(?:{_AND}{name}){{0,{_MAX_LISTED}}})"
     # a name that a colon or a dash gives a role is a name in any case ("jack: knave", "will - knight")
     listed = rf"(?P<people>{_name(names, any_case=True)})"
     return [
@@ -151,8 +152,7 @@ _ROLES_EITHER = rf"{_ANY_ROLE}{_S}+or{_S}+{_ANY_ROLE}"
 
 def _hedge_patterns(names: Sequence[str]) -> list[re.Pattern[str]]:
     name = _name(names)
-    people = rf"(?P<people>{name}(?:{_S}*,{_S}*{name}){{0,{_MAX_LISTED}}}"
-    people += rf"(?:{_S}*,?{_S}*(?i:and|&){_S}+{name})?)"
+    people = rf"(?P<people>{name}(?:{_AND}{name}){{0,{_MAX_LISTED}}})"
     return [
         re.compile(
             rf"{people}{_S}+(?i:could|can|might|may){_S}+(?i:be){_S}+(?i:either{_S}+)?{_ROLES_EITHER}", re.I
@@ -215,8 +215,7 @@ def _canonical(names: Sequence[str]) -> dict[str, str]:
 # sentence has not named, or, where it names none, those no statement before it named).
 def _reference_patterns(names: Sequence[str]) -> list[re.Pattern[str]]:
     name = _name(names)
-    people = rf"(?P<people>{name}(?:{_S}*,{_S}*{name}){{0,{_MAX_LISTED}}}"
-    people += rf"(?:{_S}*,?{_S}*(?i:and|&){_S}+{name})?)"
+    people = rf"(?P<people>{name}(?:{_AND}{name}){{0,{_MAX_LISTED}}})"
     kind = rf"(?:{_S}+(?:ones|people|persons|inhabitants))?"
     others = rf"(?i:(?:all{_S}+)?(?:the{_S}+)?(?:others|other(?:{_S}+(?P<count>{_COUNT}))?{kind}"
     others += rf"|rest(?:{_S}+of{_S}+them)?|remaining(?:{_S}+(?:{_COUNT}|ones|people))?"

@@ -20,6 +20,8 @@ from importlib import metadata
 from typing import Any
 
 from reference_trainer.tasks import answer_equality
+from reference_trainer.tasks.grading import GradeItem, GradeResult, grade_item, kk_gold
+from reference_trainer.tasks.kk import parse_compact_assignment
 
 # The version of rlbench's grading rules: changed with any rule of docs/eval.md's grading policy, so that a
 # score names the rules that made it (the date the rules last changed, and a counter for that day).
@@ -55,8 +57,6 @@ _CONCLUSION = re.compile(r"^[ \t#*_>]*conclusion\b", re.IGNORECASE | re.MULTILIN
 
 def second_kk(response: str, names: Sequence[str], solution: Sequence[bool]) -> tuple[str | None, bool]:
     """(the roles read, correct) under the strict reader."""
-    from reference_trainer.tasks.kk import parse_compact_assignment  # kk's task imports the grading
-
     blocks = re.findall(r"<answer>(.*?)</answer>", response, re.DOTALL | re.IGNORECASE)
     markers = list(_CONCLUSION.finditer(response))
     stated = blocks[-1] if blocks else response[markers[-1].end() :] if markers else response
@@ -92,3 +92,19 @@ def answer_type(gold: str, grader: str) -> str:
         ("radical or constant", _CONSTANT.fullmatch(text) and not re.search(r"(?<!\\)\b[a-df-z]\b", text)),
     ]  # fmt: skip
     return next((name for name, ok in checks if ok), "expression")
+
+
+def grade_both(item: GradeItem) -> GradeResult:
+    """`grading.grade_item`, with the second grader's reading and verdict where the item's grader has one
+    (maths, K&K) and the item asks for it; the grading pool's default."""
+    result = grade_item(item)
+    if not item.second:
+        return result
+    if item.grader == "math":
+        result.second_extracted, result.second_correct = second_math(
+            item.response, item.gold, item.verify_timeout_s
+        )
+    elif item.grader == "kk":
+        solution = list(kk_gold(item.gold, item.names or [], item.solution).values())
+        result.second_extracted, result.second_correct = second_kk(item.response, item.names or [], solution)
+    return result
