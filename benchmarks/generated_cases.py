@@ -23,7 +23,7 @@ import os
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 DATA = Path(os.environ.get("RLBENCH_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -238,9 +238,11 @@ def grade(cases: list[Case], workers: int) -> list[bool]:
     from reference_trainer.tasks.grading import GradeItem
     from rlbench.eval.pool import GradingPool
 
+    # an older grader (a checkout before the second grader, run to compare) has no `second` switch
+    second = {"second": False} if "second" in {f.name for f in fields(GradeItem)} else {}
     items = [
         GradeItem(c.grader, c.response, c.gold, list(c.names) or None, list(c.solution) or None,
-                  id=f"generated-{i}", second=False)
+                  id=f"generated-{i}", **second)
         for i, c in enumerate(cases)
     ]  # fmt: skip
     with GradingPool(workers=workers, chunk_size=64, timeout=60) as pool:
