@@ -3,7 +3,7 @@ equality chain's last value, a substitution, values written with signs or words,
 named matrices, and a K&K answer read from the conclusion only (references, any case, negations, quoted
 claims). Each maths row is (response, gold, correct?); a False row is a wrong answer a looser rule would
 credit. `tests/test_grading_rules.py` tests them rule by rule; `python -m benchmarks.grader_cases --set rules`
-grades them as `rlbench eval` does, with the issue's own examples (`ISSUE_EXAMPLES`) beside them.
+grades them as `rlbench eval` does, with the reported examples the rules came from (`REPORTED_EXAMPLES`).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ KK = [
 
 # The examples the rules were written from: a box taken back, a person never concluded, and the false
 # negatives by kind (the rules' own tables above are new examples of the same kinds).
-ISSUE_EXAMPLES = [
+REPORTED_EXAMPLES = [
     (r"…so $m + n = \boxed{3}$. Wait, the recursion for $P(9)$ should include the jump of size 1 twice. "
      r"Redoing it gives $\frac{1}{3}$, so $m + n = 4$.", "3", False),
     (r"…so $m + n = \boxed{3}$. Wait, the recursion for $P(9)$ should include the jump of size 1 twice. "
@@ -139,13 +139,13 @@ ISSUE_EXAMPLES = [
     (r"\boxed{-\mathbf{I}}", r"\begin{pmatrix} -1 & 0 \\ 0 & -1 \end{pmatrix}", True),
     (r"The train arrives at $20:34$.", r"\text{20:34:00}", True),
 ]  # fmt: skip
-ISSUE_OPTION = (
+REPORTED_OPTION = (
     r"\boxed{\text{Plane}}",
     r"\text{(C)}",
     True,
     "Which is it? (A) Line (B) Point (C) Plane (D) Cone",
 )
-ISSUE_KK = [
+REPORTED_KK = [
     ('Michael commented, "Michael is a knight". So Owen is a knight, Aiden is a knight, Henry is a knight.',
      ["Owen", "Aiden", "Henry", "Michael"], [True, True, True, True], False),
     ("William is a knight. So is Alexander. Ella, on the other hand, is a knave.",
@@ -166,13 +166,13 @@ def _kk_case(response: str, roles: dict[str, bool] | None, kind: str) -> RuleCas
 def all_cases() -> list[RuleCase]:
     tables = {
         "last-commitment": LAST_COMMITMENT, "chains": CHAINS, "substitutions": SUBSTITUTIONS,
-        "values": VALUES, "clocks": CLOCKS, "matrices": MATRICES, "issue": ISSUE_EXAMPLES,
+        "values": VALUES, "clocks": CLOCKS, "matrices": MATRICES, "reported": REPORTED_EXAMPLES,
     }  # fmt: skip
     cases = [RuleCase(r, g, c, kind=kind) for kind, rows in tables.items() for r, g, c in rows]
     cases += [RuleCase(r, g, c, PROBLEM, "options") for r, g, c in OPTIONS]
-    cases.append(RuleCase(*ISSUE_OPTION[:3], ISSUE_OPTION[3], "issue"))
+    cases.append(RuleCase(*REPORTED_OPTION[:3], REPORTED_OPTION[3], "reported"))
     cases += [_kk_case(r, roles, "kk") for r, roles in KK]
     cases += [
-        RuleCase(r, "", c, kind="issue-kk", grader="kk", names=n, solution=s) for r, n, s, c in ISSUE_KK
+        RuleCase(r, "", c, kind="reported-kk", grader="kk", names=n, solution=s) for r, n, s, c in REPORTED_KK
     ]
     return cases
