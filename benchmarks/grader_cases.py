@@ -1,8 +1,9 @@
 """The grader against a judged case set: false positives per thousand cases judged wrong and false negatives
 per thousand judged right, by kind. `--set old` is `benchmarks/judged_cases.py`, `--set fresh` is
-`benchmarks/fresh_cases.py` (other graders' tests and real model outputs, maths and K&K).
+`benchmarks/fresh_cases.py` (other graders' tests and real model outputs, maths and K&K), `--set rules` is
+`benchmarks/rule_cases.py` (the grading rules' own cases and the examples they were written from).
 
-    python -m benchmarks.grader_cases [--set old|fresh] [--workers 2] [--show-agreeing]
+    python -m benchmarks.grader_cases [--set old|fresh|rules] [--workers 2] [--show-agreeing]
 
 Every case is graded as `rlbench eval` grades a sample: in the grading pool (forked workers, the wall-clock
 limit and the one retry after a timeout), with the problem statement where the case has one. A false
@@ -21,7 +22,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from benchmarks import fresh_cases, judged_cases
+from benchmarks import fresh_cases, judged_cases, rule_cases
 from reference_trainer.errors import UserError
 from reference_trainer.tasks.grading import GradeItem, GradeResult
 from reference_trainer.trace.records import write_json
@@ -31,6 +32,7 @@ RESULTS = Path(__file__).parent / "results"
 SETS: dict[str, tuple[Callable[[], list[Any]], Path]] = {
     "old": (judged_cases.all_cases, RESULTS / "grader_cases.json"),
     "fresh": (fresh_cases.all_cases, RESULTS / "grader_cases_fresh.json"),
+    "rules": (rule_cases.all_cases, RESULTS / "grader_cases_rules.json"),
 }
 
 

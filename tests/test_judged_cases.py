@@ -37,7 +37,7 @@ def test_every_fresh_case_names_its_source_and_no_case_is_judged_both_ways() -> 
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["old", "fresh"])
+@pytest.mark.parametrize("name", ["old", "fresh", "rules"])
 def test_the_grader_meets_its_targets_on_the_judged_cases(name: str) -> None:
     """Issues 44 and 56: no false positive, at most 15 false negatives per thousand right answers."""
     from benchmarks.grader_cases import SETS, grade_cases

@@ -126,6 +126,8 @@ def clean_value(value: str) -> str:
     if m := _CHOICE_LABEL.fullmatch(text):
         text = m.group("value").strip()
     text = _TEXT_NUMBER.sub(r"\1", text)
+    text = _CURRENCY_SIGN.sub("", _INFINITY_SIGN.sub(r"\\infty", text))
+    text = _CLOCK_SECONDS.sub(r"\1", text)
     text = _PERCENT_WORD.sub(r"\\%", text)
     text = _without_units(text)
     if _GROUPED_NUMBER.fullmatch(text):
@@ -143,11 +145,18 @@ def clean_value(value: str) -> str:
     elif m := _CLOCK_12H.fullmatch(text):
         hour = int(m.group(1)) % 12 + (12 if m.group(3).lower() == "p" else 0)
         text = f"\\text{{{clock_24h(hour, m.group(2))}}}"
-    if (number := number_from_words(text)) is not None:
+    words = _TEXT_WORDS.fullmatch(text)  # "\\text{thirty-seven}" is 37, as "thirty-seven" is
+    if (number := number_from_words(words.group(1) if words else text)) is not None:
         text = str(number)
     return text.strip()
 
 
+# A currency sign before its amount ("R28", "\\$18", "€5", "Rs. 40", "US$ 3"): the amount is the value.
+_CURRENCY_SIGN = re.compile(r"^(?:\\\$|US\$|[€£¥₹]|Rs\.?|R(?=\d))\s*(?=-?\d)")
+_INFINITY_SIGN = re.compile("∞")
+# A clock time's zero seconds ("20:34:00" is 20:34); other seconds stay ("20:34:15" is another time).
+_CLOCK_SECONDS = re.compile(r"(?<![\d:])(\d{1,2}:[0-5]\d):00(?![\d:])")
+_TEXT_WORDS = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{([A-Za-z \-]+)\}")
 _TRIG = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![A-Za-z])")
 _DEGREES = re.compile(r"(\d+(?:\.\d+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)")
 _INFINITY_WORD = re.compile(r"\s*(?:(?:\+|positive|plus)\s*|(-|negative\s+|minus\s+))?infinity\s*", re.I)
@@ -217,3 +226,42 @@ def number_from_words(text: str) -> int | None:
         else:
             return None
     return sign * (total + current)
+
+
+# ----------------------------------------------------------------------------- an equality chain
+
+_INDEX = re.compile(r"_\{?\w+\}?")
+# A list of equations ("x = 2, x = 1"; a comma that groups digits is none: "26{,}000"), a system (a line
+# break, "\\quad") or an approximation is no chain.
+_NOT_ONE_CHAIN = re.compile(
+    r"(?<!\{),(?!\}|\d{3}(?!\d))|;|\\text|\\q?quad|\\\\|\\approx|\\(?:lor|land|vee|wedge)\b|\b(?:and|or)\b"
+)
+
+
+def _top_level_equals(latex: str) -> list[int]:
+    """Positions of the `=` signs outside braces and brackets."""
+    depth, found = 0, []
+    for i, ch in enumerate(latex):
+        if ch in "{([":
+            depth += 1
+        elif ch in "})]":
+            depth -= 1
+        elif depth == 0 and ch == "=" and latex[i - 1 : i] not in "<>!\\=" and latex[i + 1 : i + 2] != "=":
+            found.append(i)
+    return found
+
+
+def chain_end(latex: str) -> str:
+    """An equality chain's last value: "(513 - 487)(513 + 487) = 26 \\cdot 1000 = 26,000" is 26,000 and
+    "x = 5+5+1 = 1/3" is x = 1/3 (the name it opens with is kept: a variable or a label, no digits outside
+    its indices). The steps between are working, not the answer (math-verify reads the chain as a
+    conjunction of equations, true only where every step is). A single equation, a list or a system of
+    equations stays as it is."""
+    at = _top_level_equals(latex)
+    if len(at) < 2 or _NOT_ONE_CHAIN.search(latex):
+        return latex
+    first, last = latex[: at[0]].strip(), latex[at[-1] + 1 :].strip()
+    if not last:
+        return latex
+    named = re.search(r"[A-Za-z]", first) and not re.search(r"\d", _INDEX.sub("", first))
+    return f"{first} = {last}" if named else last

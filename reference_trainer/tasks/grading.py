@@ -30,9 +30,14 @@ from typing import Any
 
 from reference_trainer.errors import UserError
 from reference_trainer.tasks import answer_equality
+from reference_trainer.tasks.answer_context import (
+    answers_another_quantity,
+    named_matrix_reading,
+    option_readings,
+)
 from reference_trainer.tasks.answer_extraction import MAX_RESPONSE_CHARS as MAX_RESPONSE_CHARS
-from reference_trainer.tasks.answer_extraction import locate_answer
-from reference_trainer.tasks.answer_forms import CLOCK_24H, clean_value, clock_24h, text_only
+from reference_trainer.tasks.answer_extraction import LocatedAnswer, locate_answer
+from reference_trainer.tasks.answer_forms import CLOCK_24H, chain_end, clean_value, clock_24h, text_only
 from reference_trainer.tasks.answer_forms import prose_start as prose_start
 from reference_trainer.tasks.kk_answers import format_assignment, parse_free_form_assignment
 from reference_trainer.tasks.user_grader import grade_with, is_user_grader
@@ -101,6 +106,7 @@ def parse_value(value: str, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
     if text_only(value):  # its own text, not math-verify's normalisation (which drops "\text{ hundred}")
         return [re.sub(r"\s+", "", value)]
     answer_equality.install_exact_comparison()
+    value = chain_end(value)
     parsed = parse(f"\\boxed{{{value}}}", _value_configs(), parsing_timeout=timeout_s)
     if parsed and (as_set := answer_equality.relations_as_set(value, parsed[0])) is not None:
         parsed = [as_set, *parsed[1:]]
@@ -156,7 +162,10 @@ def parse_answer(response: str, timeout_s: int = VERIFY_TIMEOUT_S, problem: str 
     """The response's answer (`answer_extraction.locate_answer`; `problem`, where known, is the problem
     statement) parsed: [sympy object, text], [text] when it does not parse, [] when the response gives no
     answer (or a hedge: different answers under conditions)."""
-    located = locate_answer(response, problem)
+    return parse_located(locate_answer(response, problem), timeout_s)
+
+
+def parse_located(located: LocatedAnswer | None, timeout_s: int = VERIFY_TIMEOUT_S) -> list[Any]:
     if located is None or located.hedged:
         return []
     if located.value is not None:
@@ -212,33 +221,21 @@ def grade_math(
     response: str, gold: str, timeout_s: int = VERIFY_TIMEOUT_S, problem: str = ""
 ) -> tuple[str | None, bool]:
     """(extracted answer text, correct) for one response against the gold; `problem` is the problem
-    statement where known (a clause that only repeats it gives way to a result stated before it)."""
+    statement where known (a clause that only repeats it gives way to a result stated before it; an
+    option's text reads as its letter)."""
     pred = parse_answer(response, timeout_s, problem)
     extracted = answer_text(pred)
     if extracted is None or answers_another_quantity(extracted, gold, problem):
         return extracted, False
-    return extracted, equivalent(parse_gold(gold, timeout_s), pred, timeout_s)
-
-
-_FUNCTION_OF = re.compile(
-    r"\\(?:log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|arctan)(?![A-Za-z])|[A-Za-z]\("
-)
-
-
-def answers_another_quantity(answer: str, gold: str, problem: str) -> bool:
-    """Is the answer an equation giving the value of a function of something the problem does not ask for
-    ("\\log a^b = 0" for "find a + b": math-verify compares its right side with a gold that is no equation)?
-    A left side written in the problem ("f(2) = 5" for "find f(2)") or a variable is what was asked."""
-    if not problem or "=" not in answer or "=" in gold:
-        return False
-    left = answer.split("=", 1)[0]
-    if not _FUNCTION_OF.search(left):
-        return False
-    return _squeezed(left) not in _squeezed(problem)
-
-
-def _squeezed(latex: str) -> str:
-    return re.sub(r"\s+|\$|\\left|\\right", "", latex)
+    golds = parse_gold(gold, timeout_s)
+    if equivalent(golds, pred, timeout_s):
+        return extracted, True
+    located = locate_answer(response, problem)
+    own = (located.value if located else None) or extracted  # as written: math-verify's drops "\\mathbf{I}"
+    readings = option_readings(own, problem)
+    if (matrix := named_matrix_reading(own, gold)) is not None:
+        readings.append(matrix)
+    return extracted, any(equivalent(golds, parse_value(r, timeout_s), timeout_s) for r in readings)
 
 
 # ----------------------------------------------------------------------------- knights and knaves
@@ -270,6 +267,7 @@ class GradeItem:
     id: str = ""  # "problem-id#sample", named in the one line a failure logs
     verify_timeout_s: int = VERIFY_TIMEOUT_S  # longer on the one retry after a timeout
     problem: str = ""  # the problem statement (maths: a clause that only repeats it gives way, rule 5)
+    second: bool = True  # the pool also grades it by the second grader (second_opinion.grade_both)
 
 
 @dataclass
@@ -280,6 +278,9 @@ class GradeResult:
     key: str | None = None  # the extracted answer as voted on (equal keys are one answer)
     extra: dict[str, Any] = field(default_factory=dict)
     retried: bool = False  # the first attempt timed out; this is the retry's verdict (GradingPool)
+    # the second grader's reading and verdict (second_opinion.py; None: a suite's own grader has none)
+    second_extracted: str | None = None
+    second_correct: bool | None = None
 
 
 def _grade_user(item: GradeItem) -> GradeResult:
@@ -305,7 +306,8 @@ def _grade_math(item: GradeItem) -> GradeResult:
 
 
 def grade_item(item: GradeItem) -> GradeResult:
-    """Extract and grade one response; runs inside a pool worker."""
+    """Extract and grade one response; runs inside a pool worker (`second_opinion.grade_both` adds the
+    second grader's verdict)."""
     return get_grader(item.grader).grade(item)
 
 

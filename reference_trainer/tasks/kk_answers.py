@@ -36,9 +36,9 @@ from collections.abc import Sequence
 from reference_trainer.tasks.answer_extraction import MAX_RESPONSE_CHARS, ends_complete
 
 _KNIGHT_WORDS = (
-    r"knights?|truth-?tellers?|truth\s+tellers?|truthful|honest|tells\s+the\s+truth|telling\s+the\s+truth"
+    r"knights?|truth-?tellers?|truth\s+tellers?|truthful|honest|tells?\s+the\s+truth|telling\s+the\s+truth"
 )
-_KNAVE_WORDS = r"knaves?|liars?|lying|lies|dishonest|tells\s+lies"
+_KNAVE_WORDS = r"knaves?|liars?|lying|lies|lie|dishonest|tells?\s+lies"
 _ROLE = rf"(?P<role>(?i:{_KNIGHT_WORDS}|{_KNAVE_WORDS}))"
 _IS_KNIGHT = re.compile(rf"(?:{_KNIGHT_WORDS})$", re.IGNORECASE)
 # "Zoey is a knight or a knave", "... (it cannot be determined)": the person's role is left open.
@@ -50,19 +50,27 @@ _UNDECIDED_AFTER = re.compile(
 # A sentence that supposes, doubts or reports states nothing about the answer: the statement is skipped.
 _NOT_ASSERTED_BEFORE = re.compile(
     r"\b(?:if|suppose|supposing|assume|assuming|assumption|might|could|may|would|whether|think|thought|"
-    r"seems?|says?|said|claims?|claimed|states?|stated|tells?|told|unless|either)\b",
+    r"seems?|says?|said|claims?|claimed|states?|stated|tells?|told|unless|either|comments?|commented|remarks?|"
+    r"remarked|mentions?|mentioned|notes?|noted|asserts?|asserted|declares?|declared|exclaims?|exclaimed|"
+    r"insists?|insisted|argues?|argued|according)\b",
     re.IGNORECASE,
 )
 _CONTEXT_CHARS = 200  # how far back a hedge ("If ...") is looked for: bounded, so long text stays linear
 _S = r"[ \t]"  # a statement stays on its line: "Knights: Zoey\nKnaves: ..." is two
 _FILLER = (
-    rf"(?:{_S}+(?i:is|are|was|were|must|be|has|have|to|both|all|therefore|thus|hence|so|also|then|indeed|"
-    r"clearly|definitely|actually|certainly|each|the|an?))*"
+    rf"(?:{_S}+(?i:is|are|was|were|must|be|has|have|to|does|do|did|both|all|therefore|thus|hence|so|also|then|"
+    r"indeed|clearly|definitely|actually|certainly|each|the|an?))*"
 )
 # A statement lists at most this many people (K&K puzzles have 2 to 8): bounded, so that a response of one
 # long list of names ("Zoey, Zoey, ...") is not rescanned from every name (quadratic)
 _MAX_LISTED = 12
 _COUNT = r"(?:two|three|four|five|six|seven|eight|\d)"
+# Between the names of a list: a comma, "and" or both ("Zoey, Oliver and Max", "Zoey and Oliver and Max").
+_AND = rf"(?:{_S}*,{_S}*(?:(?i:and|&){_S}+)?|{_S}+(?i:and|&){_S}+)"
+# An aside between a name and its role: "Ella, on the other hand, is a knave".
+_ASIDES = r"on\s+the\s+other\s+hand|however|in\s+turn|meanwhile|therefore|thus|then|though|in\s+contrast|"
+_ASIDES += r"by\s+contrast|likewise|similarly|too|also"
+_ASIDE = rf"(?:{_S}*,{_S}*(?i:{_ASIDES}){_S}*,)?"
 # Names that are also English words: matched only with their capital ("Zoey will be" is no statement).
 ENGLISH_NAMES = frozenset({
     "will", "grace", "jack", "lily", "mason", "rose", "mark", "bill", "hope", "joy", "faith", "may", "june",
@@ -73,29 +81,34 @@ ENGLISH_NAMES = frozenset({
 })  # fmt: skip
 
 
-def _one_name(name: str) -> str:
-    spelled = (
-        re.escape(name)
-        if name.lower() in ENGLISH_NAMES
-        else f"(?:{re.escape(name)}|{re.escape(name.lower())})"
-    )
+def _one_name(name: str, any_case: bool = False) -> str:
+    if any_case:
+        spelled = f"(?i:{re.escape(name)})"
+    elif name.lower() in ENGLISH_NAMES:
+        spelled = re.escape(name)
+    else:
+        spelled = f"(?:{re.escape(name)}|{re.escape(name.lower())})"
     return rf"(?<![A-Za-z]){spelled}(?![A-Za-z])"
 
 
-def _name(names: Sequence[str]) -> str:
-    """Any of the names, whole ("Eli" is not in "Elizabeth"), capitalised or in lower case."""
-    return "(?:" + "|".join(_one_name(n) for n in names) + ")"
+def _name(names: Sequence[str], any_case: bool = False) -> str:
+    """Any of the names, whole ("Eli" is not in "Elizabeth"), capitalised or in lower case (an English word
+    only capitalised, unless `any_case`: where the phrasing says it is a name)."""
+    return "(?:" + "|".join(_one_name(n, any_case) for n in names) + ")"
 
 
 def _patterns(names: Sequence[str]) -> list[re.Pattern[str]]:
     name = _name(names)
-    people = rf"(?P<people>(?i:both{_S}+)?{name}(?:{_S}*,{_S}*{name}){{0,{_MAX_LISTED}}}"
-    people += rf"(?:{_S}*,?{_S}*(?i:and|&){_S}+{name})?)"
+    people = rf"(?P<people>(?i:both{_S}+)?{name}(?:{_AND}{name}){{0,{_MAX_LISTED}}})"
+    # a name that a colon or a dash gives a role is a name in any case ("jack: knave", "will - knight")
+    listed = rf"(?P<people>{_name(names, any_case=True)})"
     return [
         # Zoey is a knight / Penelope and David are both knaves / Zoey is not a knave / Zoey lies
-        re.compile(rf"{people}{_FILLER}(?P<neg>{_S}+(?i:not))?{_FILLER}{_S}+{_ROLE}\b"),
+        re.compile(
+            rf"{people}{_ASIDE}{_FILLER}(?P<neg>{_S}+(?i:not|no|never)|(?i:n['’]t))?{_FILLER}{_S}+{_ROLE}\b"
+        ),
         # Zoey: knave / Zoey - knave / | Zoey | Knight | / Zoey = knight
-        re.compile(rf"{people}{_S}*(?::|-|–|—|=|\||->|→|=>){_S}*(?i:an?{_S}+)?{_ROLE}\b"),
+        re.compile(rf"{listed}{_S}*(?::|-|–|—|=|\||->|→|=>){_S}*(?i:an?{_S}+)?{_ROLE}\b"),
         # Zoey (knave) / Zoey is truthful (a knight)
         re.compile(
             rf"{people}(?P<gap>(?:(?!(?i:knight|knave))[^.;,\n()]){{0,30}}?)"
@@ -139,8 +152,7 @@ _ROLES_EITHER = rf"{_ANY_ROLE}{_S}+or{_S}+{_ANY_ROLE}"
 
 def _hedge_patterns(names: Sequence[str]) -> list[re.Pattern[str]]:
     name = _name(names)
-    people = rf"(?P<people>{name}(?:{_S}*,{_S}*{name}){{0,{_MAX_LISTED}}}"
-    people += rf"(?:{_S}*,?{_S}*(?i:and|&){_S}+{name})?)"
+    people = rf"(?P<people>{name}(?:{_AND}{name}){{0,{_MAX_LISTED}}})"
     return [
         re.compile(
             rf"{people}{_S}+(?i:could|can|might|may){_S}+(?i:be){_S}+(?i:either{_S}+)?{_ROLES_EITHER}", re.I
@@ -195,18 +207,70 @@ def _left_open(region: str, m: re.Match[str]) -> bool:
 
 
 def _canonical(names: Sequence[str]) -> dict[str, str]:
-    return {**{n.lower(): n for n in names}, **{n: n for n in names}}
+    return {n.lower(): n for n in names}
+
+
+# A statement by reference: "So is Alexander", "Neither is Zoey", "Zoey is too", "The same goes for Zoey"
+# (the role of the statement before it); "the other three", "everyone else", "the rest" (the people the
+# sentence has not named, or, where it names none, those no statement before it named).
+def _reference_patterns(names: Sequence[str]) -> list[re.Pattern[str]]:
+    name = _name(names)
+    people = rf"(?P<people>{name}(?:{_AND}{name}){{0,{_MAX_LISTED}}})"
+    kind = rf"(?:{_S}+(?:ones|people|persons|inhabitants))?"
+    others = rf"(?i:(?:all{_S}+)?(?:the{_S}+)?(?:others|other(?:{_S}+(?P<count>{_COUNT}))?{kind}"
+    others += rf"|rest(?:{_S}+of{_S}+them)?|remaining(?:{_S}+(?:{_COUNT}|ones|people))?"
+    others += rf"|everyone{_S}+else|everybody{_S}+else))"
+    return [
+        re.compile(
+            rf"\b(?i:so|as|neither|nor){_S}+(?i:is|are|does|do|must{_S}+be){_S}+{people}(?![ \t]+(?i:is|are))"
+        ),
+        re.compile(rf"{people}{_S}+(?i:is|are){_S}+(?i:one{_S}+)?(?i:too|as{_S}+well)\b"),
+        re.compile(rf"\b(?i:the{_S}+same{_S}+(?:goes|holds|is{_S}+true){_S}+for){_S}+{people}"),
+        re.compile(rf"\b(?P<others>{others}){_FILLER}(?P<neg>{_S}+(?i:not))?{_FILLER}{_S}+{_ROLE}\b"),
+    ]
+
+
+def _by_reference(region: str, names: Sequence[str], found: list) -> list:
+    """`found` (sorted) with the statements by reference resolved in order: a "same" statement takes the
+    role of the statement before it, "the others" the people its sentence (or, failing that, every
+    statement before it) has not named."""
+    name_re = re.compile(_name(names, any_case=True))
+    canonical = _canonical(names)
+    refs = []
+    for pattern in _reference_patterns(names):
+        for m in pattern.finditer(region):
+            if _asserted(region, m) and not _left_open(region, m):
+                refs.append((m.start(), m))
+    resolved = list(found)
+    for at, m in sorted(refs, key=lambda r: r[0]):
+        before = sorted((s for s in resolved if s[0] < at and s[2] is not None), key=lambda s: s[0])
+        if m.groupdict().get("others") is None:
+            if before:
+                people = [canonical[n.group(0).lower()] for n in name_re.finditer(m.group("people"))]
+                resolved.append((at, people, before[-1][2]))
+            continue
+        named = {
+            canonical[n.group(0).lower()] for n in name_re.finditer(region, _sentence_start(region, at), at)
+        }
+        named = named or {p for s in before for p in s[1]}
+        people = [n for n in names if n not in named]
+        count = m.group("count")
+        counted = _COUNT_WORDS.get(count.lower()) if count and not count.isdigit() else count
+        if people and named and (counted is None or int(counted) == len(people)):
+            knight = bool(_IS_KNIGHT.match(m.group("role"))) != bool(m.group("neg"))
+            resolved.append((at, people, knight))
+    return sorted(resolved, key=lambda s: s[0])
 
 
 def _statements(region: str, names: Sequence[str]) -> list[tuple[int, list[str], bool | None]]:
     """(position, people, is_knight) of every asserted statement in order; is_knight None where the
     statement leaves the role open (a hedge)."""
     found: list[tuple[int, list[str], bool | None]] = []
-    name_re = re.compile(_name(names))
+    name_re = re.compile(_name(names, any_case=True))
     canonical = _canonical(names)
 
     def people_of(m: re.Match[str]) -> list[str]:
-        return [canonical[n.group(0)] for n in name_re.finditer(m.group("people"))]
+        return [canonical[n.group(0).lower()] for n in name_re.finditer(m.group("people"))]
 
     for pattern in _patterns(names):
         for m in pattern.finditer(region):
@@ -228,7 +292,7 @@ def _statements(region: str, names: Sequence[str]) -> list[tuple[int, list[str],
             found.append((m.start(), list(names), None if _left_open(region, m) else knight))
     for pattern in _hedge_patterns(names):
         found += [(m.start(), people_of(m), None) for m in pattern.finditer(region)]
-    return sorted(found, key=lambda s: s[0])
+    return _by_reference(region, names, sorted(found, key=lambda s: s[0]))
 
 
 _ANSWER_SENTENCE = re.compile(
@@ -252,12 +316,18 @@ def _cut_off(text: str, names: Sequence[str]) -> bool:
     return not any(m.end() == len(last) for pattern in _patterns(names) for m in pattern.finditer(last))
 
 
+# A sentence in quotes ('Michael commented, "Michael is a knight"'): the puzzle's claim, quoted or echoed,
+# not the response's conclusion. A quoted word or two is no sentence: JSON's {"Zoey": "a knight"}.
+_QUOTED_SENTENCE = re.compile(r'"(?=[^"\n]*\s\S+\s)[^"\n]{1,300}"|“[^”\n]{1,300}”')
+
+
 def parse_free_form_assignment(text: str, names: Sequence[str]) -> dict[str, bool] | None:
     """{name: is_knight} as the response finally states it (policy above); None unless every name gets a
     role."""
     if not names:
         return None
     region, stated = _answer_region(text[-MAX_RESPONSE_CHARS:])
+    region = _QUOTED_SENTENCE.sub(lambda m: " " * len(m.group(0)), region)  # a quoted claim concludes nothing
     region = re.sub(r"[*`_\"]", "", region)  # markdown emphasis around names and roles, JSON's quotes
     statements = _statements(region, names)
     if not stated and _cut_off(region, names):

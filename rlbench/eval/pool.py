@@ -35,9 +35,9 @@ from reference_trainer.tasks.grading import (
     GradingTimeout,
     VoteItem,
     answer_classes,
-    grade_item,
     text_classes,
 )
+from reference_trainer.tasks.second_opinion import grade_both
 
 log = logging.getLogger("rlbench.eval")
 
@@ -87,7 +87,7 @@ class GradingPool:
 
     def __init__(
         self,
-        grade_fn: Callable[[GradeItem], GradeResult] = grade_item,
+        grade_fn: Callable[[GradeItem], GradeResult] = grade_both,  # rlbench's grader and the second
         workers: int | None = None,
         timeout: float = 5.0,
         chunk_size: int = 8,

@@ -20,6 +20,7 @@ from reference_trainer.tasks.grading import GradeItem, GradeResult, VoteItem, ge
 from reference_trainer.tasks.prompts import TEMPLATES, build_prompt, resolve_template
 from reference_trainer.trace.records import append_jsonl, read_json, read_jsonl, trim_torn_tail, write_json
 from rlbench.eval.backends import GenerationBackend
+from rlbench.eval.disagreements import compare_graders
 from rlbench.eval.estimators import avg_at_k, majority_correct, majority_vote, pass_at_k, pass_ks
 from rlbench.eval.pool import GradingPool
 from rlbench.eval.schema import GROUP_FIELDS, row_problem
@@ -144,6 +145,8 @@ def _problem_row(
         "response_tokens": [len(tokenizer.encode(r)) for r in responses] if tokenizer is not None else None,
         "truncated_prompts": sum(truncated),
         "grade_errors": [g.error for g in graded],
+        "second_extracted": [g.second_extracted for g in graded],  # the second grader (disagreements.py)
+        "second_correct": [g.second_correct for g in graded],
         "grading_retries": sum(g.retried for g in graded),  # graded again after a timeout (GradingPool)
         "responses": responses,
     }
@@ -196,6 +199,7 @@ def summarize(
         "grading_retries": sum(int(r.get("grading_retries", 0)) for r in rows),
         "truncated_prompts": sum(int(r.get("truncated_prompts", 0)) for r in rows),
         "by_group": by_group,
+        **(compare_graders(rows, suite.grader) or {}),
         "problems": [{k2: v for k2, v in r.items() if k2 != "responses"} for r in rows],
     }
 

@@ -38,6 +38,10 @@ def _scalar(value: Any) -> bool:
     return is_text(value) or is_number(value)
 
 
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
 # field -> (what it must be, the test); a row may hold more fields, which readers ignore
 ROW_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "id": ("text", is_text),
@@ -56,6 +60,11 @@ OPTIONAL_ROW_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "response_tokens": ("a list of counts or null", _list_of(_count)),
     "truncated_prompts": ("a count", _count),
     "responses": ("a list of texts", _list_of(is_text)),
+    "second_extracted": ("a list of texts or nulls", _list_of(is_text, nullable=True)),
+    "second_correct": (
+        "a list of true/false or nulls",
+        _list_of(lambda x: isinstance(x, bool), nullable=True),
+    ),
     **{name: ("text or a number", _scalar) for name in GROUP_FIELDS},
 }
 

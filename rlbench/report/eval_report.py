@@ -124,6 +124,29 @@ def _problem_table(results: dict[str, Any], rows: list[dict[str, Any]]) -> list[
     return parts
 
 
+def _second_grader(results: dict[str, Any]) -> list[Any]:
+    """The score under each grader with its version, and the samples they grade differently by answer
+    type, with examples (results.json's `graders` and `disagreements`)."""
+    graders = [{"grader": name, "version": g["version"], "accuracy (avg@k)": g["accuracy"]}
+               for name, g in results["graders"].items()]  # fmt: skip
+    d = results["disagreements"]
+    types = [
+        {"answer type": kind, "samples": e["samples"], "right for rlbench only": e["rlbench_only"],
+         f"right for {d['second_grader']} only": e["second_only"]}
+        for kind, e in d["by_type"].items()
+    ]  # fmt: skip
+    second = d["second_grader"]
+    mark = lambda ok: "✓" if ok else "✗"  # noqa: E731
+    examples = [
+        {"answer type": kind, "sample": x["id"], "gold": x["gold"], "rlbench read": x["rlbench"]["answer"],
+         "rlbench": mark(x["rlbench"]["correct"]), f"{second} read": x["second"]["answer"],
+         second: mark(x["second"]["correct"])}
+        for kind, e in d["by_type"].items() for x in e["examples"]
+    ]  # fmt: skip
+    parts: list[Any] = [table(graders), table(types)]
+    return parts + ([table(examples)] if examples else [note("the two graders agree on every sample")])
+
+
 def write_eval_report(path: Path, results: dict[str, Any], partial: bool = False) -> Path:
     k = results["samples"]
     rows = results.get("problems", [])
@@ -158,6 +181,8 @@ def write_eval_report(path: Path, results: dict[str, Any], partial: bool = False
         first.insert(0, note("partial run: results.json was never written; these are the finished problems"))
     sections: list[tuple[str, list[Any]]] = [("Accuracy", first), ("pass@k", [_pass_curve(results)])]
     sections += [_group_section(field, groups) for field, groups in results.get("by_group", {}).items()]
+    if results.get("graders") and results.get("disagreements"):
+        sections.append(("Second grader", _second_grader(results)))
     if lengths := _lengths(rows):
         sections.append(("Response length", [lengths[0]]))
     if rows:
