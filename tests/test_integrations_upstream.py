@@ -315,3 +315,17 @@ def test_a_slime_dump_of_0_bytes_or_with_odd_traces_is_one_line_or_converted(tmp
     torch.save(dump, tmp_path / "odd.pt")
     res = cli("trace", "convert", str(tmp_path / "odd.pt"), "--out", str(tmp_path / "o.jsonl"))
     assert res.returncode == 0 and ", 0 with times" in res.stdout, res.stderr
+
+
+def test_trace_convert_says_up_front_that_verl_dumps_need_the_tokenizer(tmp_path):
+    out = str(tmp_path / "t.jsonl")
+    said = " ".join(
+        cli("trace", "convert", "--help").stdout.replace("│", " ").split()
+    )  # rich's box, unwrapped
+    assert "verl's rollout dumps (their folder; needs --tokenizer)" in said
+    res = cli("trace", "convert", str(UP / "verl_rollouts"), "--out", out)
+    assert_one_line_error(res, "verl's rollout dumps hold texts, not token counts: pass the run's tokenizer")
+    # one dump given alone is named as such, with the folder and the tokenizer it needs
+    res = cli("trace", "convert", str(UP / "verl_rollouts" / "1.jsonl"), "--out", out)
+    assert_one_line_error(res, f"one of verl's rollout dumps: give their folder ({UP / 'verl_rollouts'})")
+    assert "--tokenizer DIR" in res.stderr and not (tmp_path / "t.jsonl").exists()
