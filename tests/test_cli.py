@@ -138,6 +138,15 @@ def test_train_without_a_terminal_says_each_step_and_each_evaluation(tiny_model_
             "task 'kk': num_people must lie in 2..8",
         ),
         (("compare", "--task-option", "style=fancy"), "task 'arith': style must be one of compact, chat"),
+        # not an int nor a [lo,hi] pair: one line, not "too many values to unpack (expected 2)"
+        (
+            ("train", "--task", "kk", "--task-option", "num_people=abc"),
+            "task 'kk': num_people must be an integer or a range [lo,hi] such as [3,7], got 'abc'",
+        ),
+        (
+            ("train", "--task", "kk", "--task-option", "num_people=3,7"),
+            "task 'kk': num_people must be an integer or a range [lo,hi] such as [3,7], got '3,7'",
+        ),
         (("train", "--task-option", "max_ops"), "--task-option needs KEY=VALUE"),
         (("train", "--resume", "nowhere"), "holds no training run"),
         (("train", "--mode", "sorted", "--workers", "2"), "mode 'sorted' runs on one engine; --workers > 1"),

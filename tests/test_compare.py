@@ -139,7 +139,7 @@ def test_a_fast_machine_prints_the_same_fields_where_its_step_times_round_to_not
     }
     rounds = {"baseline": [0.0105, 0.0103], "sorted": [0.0104, 0.0100]}
     lines = summary_lines({"baseline": "baseline", "runs": _runs(summaries, rounds)})
-    assert lines[4] == "        baseline: 0.01 + 0.00 + 0.00 + 0.00 = 0.01 s  1.00x"
+    assert lines[4] == "        baseline: 0.01 + 0.00 + 0.00 + 0.00 = 0.01 s  1.00x (the reference)"
     assert lines[5] == (
         "          sorted: 0.01 + 0.00 + 0.00 + 0.00 = 0.01 s  1.02x (1.01-1.03x): "
         "update saved 0.00 s (n/a), rollout saved 0.00 s (n/a)"
@@ -160,6 +160,17 @@ def test_a_speed_up_or_share_that_cannot_be_computed_reads_n_a() -> None:
     assert lines[1] == "          sorted:   3.0% (3.0-3.0)  n/a pts vs baseline"
     assert lines[4] == "          sorted: 1.76 + 2.10 + 0.10 + 0.04 = 4.00 s  n/a (n/a): n/a"
     assert lines[5] == "           rhyme: 1.00 + 1.90 + 0.10 + 0.00 = 3.00 s  n/a (n/a): n/a"
+
+
+def test_without_a_baseline_run_the_reference_is_named_not_called_baseline() -> None:
+    # `compare --modes sorted`: compare measures against its first mode; nothing may read "vs baseline"
+    summaries = {"sorted": _summary(4.0, 1.76, 2.1, 0.1, 0.03)}
+    lines = summary_lines({"baseline": "sorted", "runs": _runs(summaries)})
+    assert lines[2].endswith(
+        "speed-up vs sorted (range per round); no baseline run, so sorted is the reference"
+    )
+    assert lines[3] == "          sorted: 1.76 + 2.10 + 0.10 + 0.04 = 4.00 s  1.00x (the reference)"
+    assert not any("vs baseline" in line for line in lines[:4])
 
 
 STEP_LINE = re.compile(

@@ -109,3 +109,16 @@ def test_import_trl_reads_a_finished_runs_output_dir(tmp_path):
     assert [r["step"] for r in doc["integration"]["per_step"]] == [1, 2]
     assert [s["reward_mean"] for s in doc["steps"]] == [s["reward_mean"] for s in recorded["steps"]]
     assert all(r["TRL step_time"] > 0 for r in doc["integration"]["per_step"])
+
+
+def test_the_benchmark_s_trl_config_names_checkpointing_as_the_installed_transformers_does(tmp_path):
+    """TRL's default gradient checkpointing, passed under transformers' current name: building the trainer
+    raises no FutureWarning about the config's old name (one per test run in the suite's output before)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = _trainer(tmp_path, RLBenchRecorder(tmp_path / "run"), steps=1)
+    said = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert not [m for m in said if m.startswith("`gradient_checkpointing` is deprecated")], said
+    assert trainer.args.gradient_checkpointing  # the setting itself kept: TRL's default, on

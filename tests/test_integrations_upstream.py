@@ -110,6 +110,31 @@ def test_audit_says_a_verl_6693_log_is_trainer_bound_though_it_declares_no_idle(
     assert "needs --slots" in res.stdout and "DISAGREES" not in res.stdout
 
 
+def test_audit_label_follows_the_evidence_and_says_when_it_could_not_check(tmp_path):
+    # 16 slots (the fixture's): the rebuilt rollout idle makes the run trainer-bound where the log's own
+    # figures (0.5% / 0.0% idle) would call it balanced; the label follows the evidence and says so
+    res = cli("audit", str(ASYNC_NEW), "--slots", "16", "--out", str(tmp_path / "a.json"))
+    doc = read_json(tmp_path / "a.json")
+    assert doc["label"] == "trainer-bound" and doc["label_from"] == "rebuilt"
+    assert "follows the evidence" in doc["label_check"] and "say balanced" in doc["label_check"]
+    label = next(line for line in res.stdout.splitlines() if line.startswith("label:"))
+    assert "follows the evidence" in label
+    # 8 slots: the evidence still disagrees with the declared 0.0%, and the label (from it) says so
+    res = cli("audit", str(ASYNC_NEW), "--slots", "8", "--out", str(tmp_path / "b.json"))
+    doc = read_json(tmp_path / "b.json")
+    rollout = doc["figures"][1]
+    assert rollout["flagged"] and doc["label_from"] == "rebuilt"
+    assert doc["label"] == metrics.bound_label(doc["figures"][0]["rebuilt"], rollout["rebuilt"])
+    assert "16.2% rebuilt against 0.0% declared" in doc["label_check"]
+    # no slots: the rollout idle cannot be rebuilt, so the declared label is marked unchecked
+    res = cli("audit", str(ASYNC_NEW), "--out", str(tmp_path / "c.json"))
+    doc = read_json(tmp_path / "c.json")
+    assert doc["label_from"] == "rebuilt and declared"
+    assert doc["label_check"].startswith("unchecked: the log's rollout idle could not be rebuilt")
+    label = next(line for line in res.stdout.splitlines() if line.startswith("label:"))
+    assert "unchecked" in label and "needs --slots" in label
+
+
 def test_audit_of_a_verl_sync_log_and_of_a_run_folder(tmp_path):
     res = cli("audit", str(SYNC), "--slots", "16", "--out", str(tmp_path / "audit.json"))
     assert res.returncode == 0, res.stderr
@@ -290,3 +315,17 @@ def test_a_slime_dump_of_0_bytes_or_with_odd_traces_is_one_line_or_converted(tmp
     torch.save(dump, tmp_path / "odd.pt")
     res = cli("trace", "convert", str(tmp_path / "odd.pt"), "--out", str(tmp_path / "o.jsonl"))
     assert res.returncode == 0 and ", 0 with times" in res.stdout, res.stderr
+
+
+def test_trace_convert_says_up_front_that_verl_dumps_need_the_tokenizer(tmp_path):
+    out = str(tmp_path / "t.jsonl")
+    said = " ".join(
+        cli("trace", "convert", "--help").stdout.replace("│", " ").split()
+    )  # rich's box, unwrapped
+    assert "verl's rollout dumps (their folder; needs --tokenizer)" in said
+    res = cli("trace", "convert", str(UP / "verl_rollouts"), "--out", out)
+    assert_one_line_error(res, "verl's rollout dumps hold texts, not token counts: pass the run's tokenizer")
+    # one dump given alone is named as such, with the folder and the tokenizer it needs
+    res = cli("trace", "convert", str(UP / "verl_rollouts" / "1.jsonl"), "--out", out)
+    assert_one_line_error(res, f"one of verl's rollout dumps: give their folder ({UP / 'verl_rollouts'})")
+    assert "--tokenizer DIR" in res.stderr and not (tmp_path / "t.jsonl").exists()

@@ -193,6 +193,27 @@ def explain(stmt: Statement, names: Sequence[str], knights: Sequence[bool]) -> s
     return f"{_explain_atom(stmt[1], names, knights)} {symbol} {_explain_atom(stmt[2], names, knights)}"
 
 
+def _people_range(num_people: Any) -> tuple[int, int]:
+    """`num_people` as an inclusive (lo, hi): an int, or a pair of ints (from `--task-option
+    num_people=[3,7]`); anything else, e.g. the string "3,7" or "abc", is refused in one line rather than
+    failing at tuple unpacking."""
+    if isinstance(num_people, int) and not isinstance(num_people, bool):
+        lo = hi = num_people
+    elif (
+        isinstance(num_people, (list, tuple))
+        and len(num_people) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in num_people)
+    ):
+        lo, hi = num_people
+    else:
+        raise ValueError(
+            f"num_people must be an integer or a range [lo,hi] such as [3,7], got {num_people!r}"
+        )
+    if not 2 <= lo <= hi <= 8:
+        raise ValueError(f"num_people must lie in 2..8, got {num_people}")
+    return lo, hi
+
+
 class KKTask(BaseTask):
     """Knights and Knaves with 2..8 people (`num_people`: an int, or an inclusive (lo, hi) range).
 
@@ -216,10 +237,7 @@ class KKTask(BaseTask):
         style: str = "compact",
     ) -> None:
         super().__init__(format_reward, style)
-        lo, hi = (num_people, num_people) if isinstance(num_people, int) else num_people
-        if not 2 <= lo <= hi <= 8:
-            raise ValueError(f"num_people must lie in 2..8, got {num_people}")
-        self.people_range = (lo, hi)
+        self.people_range = _people_range(num_people)
         self.sft_person_error = sft_person_error
 
     def problem(self, seed: int, index: int) -> Problem:

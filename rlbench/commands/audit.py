@@ -77,6 +77,7 @@ def _say(doc: dict) -> None:
     basis = (
         f" (from the {doc['label_from']} shares; idle high at {doc['idle_high']:.0%})" if doc["label"] else ""
     )
-    typer.echo(f"label: {label}{basis}")
+    check = f"; {doc['label_check']}" if doc["label_check"] else ""
+    typer.echo(f"label: {label}{basis}{check}")
     for note in doc["notes"]:
         typer.echo(printable(f"note: {note}"))

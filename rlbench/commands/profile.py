@@ -89,6 +89,7 @@ def profile_command(
             sys.exit(code if 0 < code < 256 else 1)
         return
     from reference_trainer.errors import Interrupted
+    from reference_trainer.trace.records import read_json
     from rlbench.profiling.session import run_profile
     from rlbench.report.ledger_legend import cost_lines
     from rlbench.report.replay_summary import run_lines
@@ -105,6 +106,8 @@ def profile_command(
         raise Interrupted(said) from None
     for line in [*bubble_lines(doc["summary"]), *cost_lines(doc["summary"]), *run_lines(doc["gpu_replay"])]:
         typer.echo(line)
+    heldout = out / "heldout.json"
+    typer.echo(heldout_line(read_json(heldout) if heldout.is_file() else None))
     typer.echo(f"report: {out / 'report.html'}")
 
 
@@ -118,6 +121,20 @@ def wrap_lines(doc: dict[str, Any]) -> list[str]:
     why = f" ({s['gpu_note']})" if s["gpu_note"] else ""
     observed = summary_lines(doc) if "engine_metrics" in doc else []
     return [*observed, f"wall {s['wall_time_s']:.2f} s, GPU idle {idle}{why}"]
+
+
+def heldout_line(heldout: dict[str, Any] | None) -> str:
+    """The trained policy's final held-out accuracy (heldout.json's last evaluation), beside the first, so
+    the speed figures above are read with what the run learnt."""
+    curve = (heldout or {}).get("curve") or []
+    if not curve:
+        return "held-out accuracy: n/a (the run made no held-out evaluation)"
+    first, last = curve[0], curve[-1]
+    return (
+        f"held-out greedy accuracy after step {last['step']}: {last['greedy_acc']:.3f} "
+        f"(pass@1 {last['pass1']:.3f}; step {first['step']}: {first['greedy_acc']:.3f}; "
+        f"{heldout['problems']} problems)"  # type: ignore[index]
+    )
 
 
 def bubble_lines(s: dict[str, Any]) -> list[str]:

@@ -59,12 +59,18 @@ def convert_command(
     source: Annotated[
         Path,
         typer.Argument(
-            help="An rlbench run folder, TRL's output_dir, verl's rollout dumps, a length log or slime's .pt."
+            help="An rlbench run folder, TRL's output_dir, verl's rollout dumps (their folder; needs "
+            "--tokenizer), a length log or slime's .pt."
         ),
     ],
     out: Annotated[Path, typer.Option("--out", help="The open rollout trace to write (JSONL).")],
     tokenizer: Annotated[
-        Path | None, typer.Option("--tokenizer", help="The run's tokenizer directory (texts to count).")
+        Path | None,
+        typer.Option(
+            "--tokenizer",
+            help="The run's tokenizer folder: required for verl's rollout dumps (texts, no token counts); "
+            "TRL's texts are counted with it too.",
+        ),
     ] = None,
     trust_pickle: Annotated[
         bool,
@@ -74,7 +80,8 @@ def convert_command(
         bool, typer.Option("--overwrite", help="Replace an existing --out file, or write one inside a run.")
     ] = False,
 ) -> None:
-    """Write another framework's per-sample file as an open rollout trace (docs/integrations.md)."""
+    """Write another framework's per-sample file as an open rollout trace (docs/integrations.md). verl's
+    rollout dumps hold texts, not token counts: they need the run's tokenizer folder, --tokenizer DIR."""
     from reference_trainer.trace import rollout_trace
     from reference_trainer.trace.records import write_jsonl
     from rlbench.integrations.convert import to_records

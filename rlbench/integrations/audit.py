@@ -3,8 +3,10 @@
 For each quantity (trainer idle, rollout idle, the slot bubble) the audit rebuilds a value from what the
 run recorded per sample or per phase and sets it beside the figure the framework declared (verl's
 `*/idle_ratio` and rollout utilisation, TRL's `step_time`, NVML's GPU bubble for rlbench's own runs); a
-difference beyond the tolerance is flagged. The run is labelled by metrics.bound_label,
-the rule of docs/metrics.md, from the rebuilt shares where both are known, else from the declared ones.
+difference beyond the tolerance is flagged. The run is labelled by metrics.bound_label, the rule of
+docs/metrics.md, from the rebuilt shares: the evidence wins over the log, and the label says so where they
+disagree. A side with nothing to rebuild it from falls back to its declared share, and the label then says
+that it could not be checked.
 
 What is rebuilt from what (docs/integrations.md, "rlbench audit"):
 - an rlbench run folder (native or imported): trainer idle and rollout idle from its trace (metrics.py);
@@ -297,10 +299,7 @@ def _doc(
     notes: list[str],
     tolerance: float,
 ) -> dict[str, Any]:
-    label, basis = metrics.bound_label(trainer_idle, rollout_idle), "rebuilt"
-    if label is None:
-        by = {f["quantity"]: f["declared"] for f in figures}
-        label, basis = metrics.bound_label(by.get("trainer idle"), by.get("rollout idle")), "declared"
+    label, basis, checked = _label(figures, {"trainer idle": trainer_idle, "rollout idle": rollout_idle})
     return {
         "source": str(source),
         "kind": kind,
@@ -310,8 +309,42 @@ def _doc(
         "figures": figures,
         "label": label,
         "label_from": basis if label else None,
+        "label_check": checked,
         "notes": notes,
     }
+
+
+def _label(
+    figures: list[dict[str, Any]], rebuilt: dict[str, float | None]
+) -> tuple[str | None, str, str | None]:
+    """(label, basis, what the label's check found). The evidence wins: each side's rebuilt share where
+    there is one, the declared share only where nothing could be rebuilt, and then the label says it is
+    unchecked; where the two disagree the label says it follows the evidence, and what the log alone says."""
+    by = {f["quantity"]: f for f in figures if f["quantity"] in rebuilt}
+    declared = {q: (by[q]["declared"] if q in by else None) for q in rebuilt}
+    shares = {q: rebuilt[q] if rebuilt[q] is not None else declared[q] for q in rebuilt}
+    label = metrics.bound_label(shares["trainer idle"], shares["rollout idle"])
+    log_label = metrics.bound_label(declared["trainer idle"], declared["rollout idle"])
+    unchecked = [q for q in rebuilt if rebuilt[q] is None and declared[q] is not None]
+    if label is None:
+        return None, "rebuilt", None
+    if unchecked:
+        why = "; ".join(f"the log's {q} could not be rebuilt ({by[q]['evidence']})" for q in unchecked)
+        basis = "declared" if len(unchecked) == len(rebuilt) else "rebuilt and declared"
+        return label, basis, f"unchecked: {why}"
+    disagree = [q for q in rebuilt if by.get(q, {}).get("flagged")]
+    if not disagree:
+        return label, "rebuilt", None
+    said = ", ".join(
+        f"{q} {by[q]['rebuilt']:.1%} rebuilt against {by[q]['declared']:.1%} declared" for q in disagree
+    )
+    if log_label is None:
+        log_says = "the log's figures alone give no label"
+    elif log_label != label:
+        log_says = f"the log's own figures say {log_label}"
+    else:
+        log_says = "the log's figures give the same label"
+    return label, "rebuilt", f"follows the evidence where it disagrees with the log ({said}); {log_says}"
 
 
 def audit(

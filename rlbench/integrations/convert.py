@@ -144,6 +144,11 @@ def _jsonl(path: Path) -> list[Record]:
         return rollout_trace.read(path)
     if "response_tokens" in first and "group" in first:
         return from_groups(lengthlog.read(path), "length log", hashed=False)
+    if {"input", "output"} <= set(first):  # one of verl's {step}.jsonl dumps, given alone
+        raise UserError(
+            f"{path}: one of verl's rollout dumps: give their folder ({path.parent}) and the run's "
+            "tokenizer, --tokenizer DIR (the dumps hold texts, not token counts)"
+        )
     raise UserError(f"{path}: neither an open rollout trace nor a length log (see docs/integrations.md)")
 
 
@@ -182,7 +187,10 @@ def to_records(
         )
     if found == "verl-dumps":
         if tokenizer is None:
-            raise UserError(f"{path}: verl's dumps hold texts: --tokenizer DIR counts their tokens")
+            raise UserError(
+                f"{path}: verl's rollout dumps hold texts, not token counts: pass the run's tokenizer "
+                "folder, --tokenizer DIR"
+            )
         return from_groups(verl.read_rollout_dir(path, tokenizer()), "verl", hashed=True)
     if found == "slime":
         return _slime(path, trust_pickle)

@@ -183,9 +183,12 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         span = span_text(derived["bubble_per_round"].get(mode), 100.0) or "n/a"
         text = f"{'n/a':>6}" if b is None else f"{100 * b:5.1f}%"
         lines.append(f"{mode:>16}: {text} ({span}){gpu}{versus}")
+    # The reference named as it is: without a baseline run, compare measures against its first mode, and a
+    # header saying "vs baseline" would put a "1.00x vs baseline" beside a mode that is not one.
+    no_baseline = "" if baseline == "baseline" else f"; no baseline run, so {baseline} is the reference"
     lines.append(
         "time per step (s): rollout + update + reward + other (rollout: what the update waited for); "
-        "speed-up vs baseline (range per round)"
+        f"speed-up vs {baseline} (range per round){no_baseline}"
     )
     for mode, parts in derived["parts"].items():
         lines.append(step_line(mode, parts, derived["speedup_per_round"].get(mode), mode == baseline))
@@ -264,7 +267,7 @@ def step_line(mode: str, parts: dict[str, Any], spread: dict[str, Any] | None, i
     split = " + ".join(f"{secs[p]:.2f}" for p in PHASES) + f" = {sum(secs.values()):.2f} s"
     speed = "n/a" if parts["speedup"] is None else f"{parts['speedup']:.2f}x"
     if is_baseline:  # 1.00x by definition: no range, and nothing produced it
-        return f"{mode:>16}: {split}  {speed}"
+        return f"{mode:>16}: {split}  {speed} (the reference)"
     return f"{mode:>16}: {split}  {speed} ({span_text(spread, unit='x') or 'n/a'}){produced_by(parts)}"
 
 
