@@ -22,19 +22,18 @@ Groups (each case is one command, or a kill and a resume, judged by what it must
 - hostile: run files that are symlinks, folders holding another command's run, damaged checkpoints and
   weights, sampling values that vanish in float32, JSON the interpreter refuses, shapes and sizes past any
   run, unbounded claims of servers and files, saved numbers a report would print wrongly, paths.
-- surfaces: the fourth round, each case in a process under a deadline and a memory cap: the TRL callback's
+- surfaces: each case in a process under a deadline and a memory cap: the TRL callback's
   folder and arguments, suite files and groups (names and paths leaving their roots, YAML alias bombs,
   FIFOs and devices, graders that fail to import, sampling values), length logs, verl logs and TRL parquet
   files past any run (values, workers, steps, rows, a million lines), lookahead and suffix modes, an empty
   observation.
-
 - async: a rollout run ahead whose rollout process is killed (SIGKILL, SIGTERM), whose trainer gets SIGTERM,
   whose resume lacks its run-ahead weights, whose max_staleness cannot fit: one line, no ring left behind.
 - outputs: `--out` over the command's own input, inside another run or over an earlier run; two suites on one
   data file; the TRL callback's overwrite given as 'false'.
 
 The first four groups are in fault_runs.py, the inputs in fault_inputs.py, servers and fuzz in fault_fuzz.py,
-the hostile round in fault_hostile.py, the fourth round in fault_surfaces.py, async and outputs in
+hostile input in fault_hostile.py, the surfaces in fault_surfaces.py, async and outputs in
 fault_supervision.py.
 
 A case fails when the command does not end as it must; a traceback is any "Traceback" a command printed (or an
