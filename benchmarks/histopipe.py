@@ -1,9 +1,9 @@
-"""HistoPipe vs round-robin vs least-outstanding placement over W Ray rollout workers.
+"""HistoPipe vs round-robin vs least-in-flight placement over W Ray rollout workers.
 
     python -m benchmarks.histopipe [--workers 2] [--epochs 4] [--pool 32] [--prompts-per-step 8]
                                    [--group-size 8] [--max-tokens 400] [--slots 32] [--model DIR|random]
 
-Four trainers (round-robin, least-outstanding, histopipe, histopipe-lpt; see VARIANTS in
+Four trainers (round-robin, least-in-flight, histopipe, histopipe-lpt; see VARIANTS in
 rlbench/reproduce/histopipe.py, which holds the workload's code and is also `rlbench reproduce
 histopipe-balance`) train from the same weights on the same heavy-tailed `arith` pool of `--pool` prompts,
 cycled for `--epochs` epochs, with the same per-request seeds, so they generate the same samples (checked per

@@ -1,5 +1,5 @@
 """Modes, defined once: each mode is a rollout strategy plus, optionally, speculation (HistoSpec's,
-SuffixDecoding's or lookahead drafts), lookahead in the bubble, a placement over W > 1 workers and an
+SuffixDecoding's or lookahead drafts), lookahead in the bubble, a dispatch policy over W > 1 workers and an
 off-policy correction, with typed options.
 
 `rlbench train/profile/compare` build the trainer from this registry, `rlbench simulate` builds its policies
@@ -21,7 +21,7 @@ from typing import Any
 from reference_trainer.errors import UserError
 from reference_trainer.option import Option, Options, options_of
 from reference_trainer.rollout.base import AheadOptions
-from reference_trainer.rollout.placement import PlacedOptions
+from reference_trainer.rollout.dispatch import DispatchOptions, renamed_option
 from reference_trainer.rollout.sorted import SortedOptions
 from reference_trainer.speculation.drafters import (
     SPEC,
@@ -59,7 +59,7 @@ STRATEGY_TABLE: dict[str, Strategy] = {
         "reference_trainer.rollout.sorted:SortedPartialRollout", "SortedRL, partial rollouts", SortedOptions
     ),
     "placed": Strategy(
-        "reference_trainer.rollout.placed:PlacedRollout", "synchronous over W workers", PlacedOptions
+        "reference_trainer.rollout.placed:PlacedRollout", "synchronous over W workers", DispatchOptions
     ),
 }
 
@@ -81,8 +81,9 @@ class ModeSpec:
     strategy: str  # a key of STRATEGY_TABLE: the strategy on one worker
     # The drafter attached to every engine (speculation/drafters.py DRAFTERS): the default of spec.drafter.
     speculation: str | None = None
-    # With --workers > 1: the default placement of the "placed" strategy; None = the mode needs one engine.
-    placement: str | None = "round-robin"
+    # With --workers > 1: the default dispatch policy (rollout/dispatch.py); None = the trainer runs the mode
+    # on one engine (the simulator dispatches its W > 1 extrapolation round-robin, or as its options say).
+    dispatch: str | None = "round-robin"
     # Truncated-importance-sampling cap for modes that train on tokens of older policies (GRPOConfig.tis_cap
     # takes it when the run's config leaves that None); None = no off-policy correction.
     tis_cap: float | None = None
@@ -100,8 +101,8 @@ class ModeSpec:
     def strategy_for(self, workers: int) -> str:
         if workers <= 1:
             return self.strategy
-        if self.placement is None:
-            multi = ", ".join(m.name for m in MODES.values() if m.placement is not None)
+        if self.dispatch is None:
+            multi = ", ".join(m.name for m in MODES.values() if m.dispatch is not None)
             raise UserError(f"mode {self.name!r} runs on one engine; --workers > 1 supports: {multi}")
         return "placed"
 
@@ -109,14 +110,14 @@ class ModeSpec:
         """The options this mode takes on `workers` workers (None: on any worker count, as the table and
         the simulator's sweep over worker counts see them), keyed by name, with this mode's defaults."""
         names = [self.strategy] if workers is None or workers <= 1 else [self.strategy_for(workers)]
-        if workers is None and self.placement is not None:
+        if workers is None:  # on any count: the simulator dispatches every mode's W > 1
             names.append("placed")
-        records = [r for n in names if (r := STRATEGY_TABLE[n].options) is not None]
+        records = [r for n in dict.fromkeys(names) if (r := STRATEGY_TABLE[n].options) is not None]
         if self.ahead:  # max_staleness (shared with SortedRL's) bounds a trained token's age either way
             records.append(AheadOptions)
         out = {o.name: o for r in records for o in options_of(r)}
-        if "placement" in out and self.placement is not None:
-            out["placement"] = replace(out["placement"], default=self.placement)
+        if "dispatch" in out and self.dispatch is not None:
+            out["dispatch"] = replace(out["dispatch"], default=self.dispatch)
         if not self.speculative:
             return out
         if engine == "vllm":
@@ -154,11 +155,11 @@ class ModeSpec:
 
     def resolve(self, options: Mapping[str, Any], workers: int = 1, engine: str = "reference") -> ModeOptions:
         """A config's (checked) mode options as the records the parts of a run on `workers` workers take (a
-        placement's options mean nothing on one worker, where there is nothing to place)."""
+        dispatch's options mean nothing on one worker, where there is nothing to dispatch)."""
         flat = flatten_options(options)
         record = STRATEGY_TABLE[self.strategy_for(workers)].options
-        if record is PlacedOptions:
-            flat = {"placement": self.placement, **flat}
+        if record is DispatchOptions:
+            flat = {"dispatch": self.dispatch, **flat}
         return ModeOptions(
             strategy=record.take(flat) if record is not None else None,
             ahead=AheadOptions.take(flat) if self.ahead else None,
@@ -180,6 +181,8 @@ class ModeSpec:
         `engine`) or a wrong type or value. Returns them flat."""
         takes = self.options(workers, engine)
         flat = flatten_options(options)
+        if (renamed := renamed_option(flat)) is not None:
+            raise UserError(f"mode {self.name!r}: {renamed}")
         groups = sorted({key.split(".")[0] for key in flat if key not in takes})
         unknown = [g for g in groups if g != SPEC or not self.speculative]
         if multi := [k for k in unknown if k in self.options()]:
@@ -194,6 +197,12 @@ class ModeSpec:
                 out[key] = takes[key].check(value)
             except ValueError as err:
                 raise UserError(f"mode {self.name!r}: {err}") from None
+        try:
+            DispatchOptions.take(
+                out
+            )  # a dotted-path policy is loaded here, so one that does not is this line
+        except ValueError as err:
+            raise UserError(f"mode {self.name!r}: {err}") from None
         if self.lookahead and engine == "vllm":
             raise UserError(
                 f"mode {self.name!r} runs lookahead on the reference engine: use --engine reference"
@@ -231,7 +240,8 @@ class ModeSpec:
 _ONE_ENGINE_SIM = (
     "Admission is modelled as all outstanding groups queued at the step's start (the trainer admits "
     "lazily as slots free up). W > 1 is an extrapolation: the trainer runs SortedRL on one engine; the "
-    "simulator gives each worker its share of the outstanding groups, placed round-robin."
+    "simulator dispatches the step's new requests with option dispatch (round-robin by default) onto "
+    "engines still holding the carried work."
 )
 _SPEC_SIM = (
     "HistoSpec is modelled as i.i.d. per-token acceptance (the trace's, else --acceptance) with one "
@@ -254,8 +264,8 @@ _AHEAD_SIM = (
     "done. On one device the trainer shares it with the rollout, which the simulator does not model."
 )
 _PLACE_SIM = (
-    "W > 1: histopipe placement is LPT over whole groups by predicted tokens (the trainer places each "
-    "request), queues ordered as the trainer's; migration moves not-yet-admitted work from the slowest "
+    "W > 1: the trainer's dispatch policy (histopipe: LPT over requests by predicted tokens), queues "
+    "ordered as the trainer's; migration moves not-yet-admitted work from the slowest "
     "to the fastest workers, kept only when the makespan drops (the trainer steals when a worker runs "
     "dry)."
 )
@@ -268,7 +278,7 @@ def _on_sorted(name: str, what: str, note: str, **kw: Any) -> ModeSpec:
         name,
         f"SortedRL's on-policy strategy (as sorted) {what}",
         "sorted",
-        placement=None,
+        dispatch=None,
         simulator_note=sim,
         **kw,
     )
@@ -281,16 +291,16 @@ MODES: dict[str, ModeSpec] = {
             "baseline",
             "Admit the step's prompts x group_size samples and wait for the slowest.",
             strategy="baseline",
-            simulator_note="Continuous batching replayed on the cost model. W > 1: round-robin places whole "
-            "groups and least-outstanding deals requests by count, as the trainer's do; placement=histopipe "
-            "as in mode histopipe.",
+            simulator_note="Continuous batching replayed on the cost model. W > 1: the trainer's dispatch "
+            "policy objects assign the requests (rollout/dispatch.py); dispatch=histopipe as in mode "
+            "histopipe.",
         ),
         ModeSpec(
             "sorted",
             "Oversubscribe; update on the first update_batch complete groups (shortest first); abort and "
             "regenerate the rest under the new policy.",
             strategy="sorted",
-            placement=None,
+            dispatch=None,
             simulator_note=_ONE_ENGINE_SIM,
         ),
         ModeSpec(
@@ -298,24 +308,24 @@ MODES: dict[str, ModeSpec] = {
             "As sorted, but unfinished samples keep their tokens and resume under the new weights; TIS "
             "corrects the off-policy tokens.",
             strategy="sorted-partial",
-            placement=None,
+            dispatch=None,
             tis_cap=2.0,
             simulator_note=_ONE_ENGINE_SIM + " TIS changes the update, not the timing: not modelled.",
         ),
         ModeSpec(
             "histopipe",
-            "The baseline over W workers with HistoPipe placement; on one worker it is the baseline.",
+            "The baseline over W workers with HistoPipe dispatch; on one worker it is the baseline.",
             strategy="baseline",
-            placement="histopipe",
+            dispatch="histopipe",
             simulator_note=_PLACE_SIM,
         ),
         ModeSpec(
             "rhyme",
-            "RhymeRL: HistoSpec drafting from earlier epochs' responses, and HistoPipe placement with "
+            "RhymeRL: HistoSpec drafting from earlier epochs' responses, and HistoPipe dispatch with "
             "--workers > 1.",
             strategy="baseline",
             speculation="histospec",
-            placement="histopipe",
+            dispatch="histopipe",
             simulator_note=_SPEC_SIM + " " + _PLACE_SIM,
         ),
         _on_sorted(
@@ -341,7 +351,7 @@ MODES: dict[str, ModeSpec] = {
             "their tokens are those requests' drafts after the update (BubbleSpec/SRT), verified exactly.",
             strategy="baseline",
             speculation="lookahead",
-            placement=None,
+            dispatch=None,
             lookahead=True,
             simulator_note=_LOOKAHEAD_SIM,
         ),
@@ -359,7 +369,7 @@ MODES: dict[str, ModeSpec] = {
             "HistoSpec's history of its prompt.",
             strategy="baseline",
             speculation="histospec",
-            placement=None,
+            dispatch=None,
             lookahead=True,
             simulator_note=_SPEC_SIM + " " + _LOOKAHEAD_SIM,
         ),
@@ -368,7 +378,7 @@ MODES: dict[str, ModeSpec] = {
             "The baseline's rollout run up to max_staleness steps ahead of the update, beside it (its own "
             "process): step t's samples come from the weights of step t - k; TIS corrects the stale tokens.",
             strategy="baseline",
-            placement=None,
+            dispatch=None,
             tis_cap=2.0,
             ahead=True,
             simulator_note=_AHEAD_SIM,

@@ -23,7 +23,7 @@ _KINDS = {"int": "int", "float": "float", "bool": "bool", "str": "str", "tuple[i
 
 def option(default: Any, help: str, **meta: Any) -> Any:
     """A field of an `Options` record: its default and help, plus any of `minimum`, `choices`, `null_word`,
-    `multi_worker`, `simulated` (as `Option` has them)."""
+    `multi_worker`, `simulated`, `dotted_path` (as `Option` has them)."""
     return dataclasses.field(default=default, metadata={"help": help, **meta})
 
 
@@ -58,6 +58,9 @@ class Option:
     null_word: str = "none"  # how `rlbench modes` shows a null default ("auto": the component picks one)
     multi_worker: bool = False  # takes effect only with --workers > 1
     simulated: bool = False  # rlbench simulate models it
+    # A value outside `choices` of the form package.module:Class is accepted too: the record that takes it
+    # loads the class (a user's own dispatch policy), so a name that cannot be loaded is its error.
+    dotted_path: bool = False
 
     @property
     def key(self) -> str:
@@ -86,8 +89,9 @@ class Option:
         if not ok:
             want = _TYPE_WORDS.get(self.type, f"a JSON {self.type}")
             raise ValueError(f"option {self.name} must be {want}{' or null' * self.nullable}, got {value!r}")
-        if self.choices and value not in self.choices:
-            raise ValueError(f"unknown {self.name} {value!r}; valid: {', '.join(self.choices)}")
+        if self.choices and value not in self.choices and not (self.dotted_path and ":" in value):
+            more = ", or package.module:Class" if self.dotted_path else ""
+            raise ValueError(f"unknown {self.name} {value!r}; valid: {', '.join(self.choices)}{more}")
         if self.minimum is not None and value < self.minimum:
             raise ValueError(f"option {self.name} must be >= {self.minimum:g}, got {value!r}")
         return float(value) if self.type == "float" else value

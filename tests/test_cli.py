@@ -152,8 +152,21 @@ def test_train_without_a_terminal_says_each_step_and_each_evaluation(tiny_model_
         (("train", "--mode", "sorted", "--workers", "2"), "mode 'sorted' runs on one engine; --workers > 1"),
         (("train", "--workers", "0"), "Invalid value for '--workers': Input should be greater than or equal"),
         (
-            ("profile", "--mode", "histopipe", "--workers", "2", "--mode-option", "placement=fifo"),
-            "mode 'histopipe': unknown placement 'fifo'; valid: round-robin, least-outstanding, histopipe",
+            ("profile", "--mode", "histopipe", "--workers", "2", "--mode-option", "dispatch=fifo"),
+            "mode 'histopipe': unknown dispatch 'fifo'; valid: round-robin, least-in-flight, least-tokens, "
+            "group-sticky, group-spread, histopipe, or package.module:Class",
+        ),
+        (
+            (
+                "profile",
+                "--mode",
+                "histopipe",
+                "--workers",
+                "2",
+                "--mode-option",
+                "placement=least-outstanding",
+            ),
+            "mode 'histopipe': option placement=fifo is now dispatch=fifo",
         ),
         # option types come from the mode registry (reference_trainer/modes.py)
         (
@@ -169,8 +182,8 @@ def test_train_without_a_terminal_says_each_step_and_each_evaluation(tiny_model_
             "mode 'rhyme': unknown option spec.bogus",
         ),
         (
-            ("train", "--mode", "baseline", "--mode-option", "placement=histopipe"),
-            "mode 'baseline' takes option placement only with --workers > 1",
+            ("train", "--mode", "baseline", "--mode-option", "dispatch=histopipe"),
+            "mode 'baseline' takes option dispatch only with --workers > 1",
         ),
         (("simulate", "--synthetic", "--modes", "turbo"), "unknown mode 'turbo'; valid modes: baseline"),
         (

@@ -47,11 +47,11 @@ def test_a_strategy_receives_its_options_as_its_record(strategy):
     workers = 2 if strategy == "placed" else 1
     names = {f.name for f in dataclasses.fields(record)}
     assert names <= set(mode.options(workers))
-    key, value = ("placement", "least-outstanding") if strategy == "placed" else ("oversubscription", 3)
+    key, value = ("dispatch", "least-in-flight") if strategy == "placed" else ("oversubscription", 3)
     built = make_mode_strategy(mode, workers, mode.resolve({key: value}, workers))
     assert type(built.options) is record and getattr(built.options, key) == value
-    with pytest.raises(ValueError, match="must be >= 1|unknown placement"):  # checked once, by the record
-        record(**{"oversubscription": 0.5} if strategy != "placed" else {"placement": "x"})
+    with pytest.raises(ValueError, match="must be >= 1|unknown dispatch"):  # checked once, by the record
+        record(**{"oversubscription": 0.5} if strategy != "placed" else {"dispatch": "x"})
 
 
 def test_each_drafter_receives_its_options_as_its_record():
@@ -79,12 +79,13 @@ def test_modes_build_their_strategies():
     for mode in MODES.values():
         strategy = make_mode_strategy(mode, 1, mode.resolve({}, 1))
         assert type(strategy) is STRATEGY_TABLE[mode.strategy].load()
-        if mode.placement is None:
+        if mode.dispatch is None:
             with pytest.raises(UserError, match="runs on one engine"):
                 mode.strategy_for(2)
         else:
             placed = make_mode_strategy(mode, 2, mode.resolve({}, 2))
-            assert placed.migrate == (mode.placement == "histopipe")
+            assert placed.migrate == (mode.dispatch == "histopipe")
+            assert placed.policy.name == mode.dispatch
     assert MODES["sorted+rhyme"].strategy == "sorted" and MODES["sorted+rhyme"].speculative
     assert MODES["sorted+suffix"].strategy == "sorted" and MODES["sorted+suffix"].speculation == "suffix"
     assert MODES["sorted-partial"].tis_cap == 2.0 and MODES["sorted"].tis_cap is None
@@ -103,12 +104,18 @@ def test_option_types_and_values_are_checked_from_the_registry():
         ({"oversubscription": 1e308}, "option oversubscription must be within ±1e\\+06"),
         ({"max_staleness": 1.5}, "option max_staleness must be an integer"),
         ({"max_staleness": True}, "option max_staleness must be an integer"),
-        ({"placement": "histopipe"}, "takes no option placement"),
+        # the former option and policy names: one line naming the new ones
+        ({"placement": "histopipe"}, "option placement=histopipe is now dispatch=histopipe"),
+        ({"placement": "least-outstanding"}, "placement=least-outstanding is now dispatch=least-in-flight"),
     ):
         with pytest.raises(UserError, match=message):
             sorted_mode.check_options(options)
-    with pytest.raises(UserError, match="unknown placement 'fifo'; valid: round-robin"):
-        rhyme.check_options({"placement": "fifo"})
+    with pytest.raises(UserError, match="takes option dispatch only with --workers > 1"):
+        sorted_mode.check_options({"dispatch": "histopipe"}, workers=1)
+    with pytest.raises(UserError, match="unknown dispatch 'fifo'; valid: round-robin"):
+        rhyme.check_options({"dispatch": "fifo"})
+    with pytest.raises(UserError, match="dispatch 'no_such_module:Policy' cannot be loaded"):
+        rhyme.check_options({"dispatch": "no_such_module:Policy"})
     with pytest.raises(UserError, match="unknown option spec.bogus"):
         rhyme.check_options({"spec": {"bogus": 1}})
     assert rhyme.check_options({"spec": {"max_draft": 4}}) == {"spec.max_draft": 4}
@@ -116,9 +123,9 @@ def test_option_types_and_values_are_checked_from_the_registry():
     assert rhyme.check_options({"spec": {"method": "ngram"}}, 1, "vllm")
     with pytest.raises(UserError, match="unknown option spec.method"):
         rhyme.check_options({"spec": {"method": "ngram"}})
-    # placement options exist only where there is something to place
+    # dispatch options exist only where there is something to dispatch
     baseline = get_mode("baseline")
-    assert "placement" not in baseline.options(1) and "placement" in baseline.options(2)
+    assert "dispatch" not in baseline.options(1) and "dispatch" in baseline.options(2)
 
 
 @pytest.mark.e2e
@@ -137,20 +144,20 @@ def test_simulator_policies_follow_the_registry():
         assert p.spec == mode.speculative
         assert p.partial == (mode.strategy == "sorted-partial")
         assert (p.oversub > 1.0) == (mode.strategy in ("sorted", "sorted-partial"))
-        assert p.placement == (mode.placement or "round-robin")
+        assert p.dispatch == (mode.dispatch or "round-robin")
     # sorted+rhyme is the trainer's: on-policy SortedRL (nothing kept) with HistoSpec, not partial + LPT
     p = sim_mode("sorted+rhyme")
-    assert (p.partial, p.spec, p.oversub, p.placement) == (False, True, 2.0, "round-robin")
+    assert (p.partial, p.spec, p.oversub, p.dispatch) == (False, True, 2.0, "round-robin")
     # the simulator's former extra policies are options of modes now
-    assert sim_mode("baseline", {"placement": "least-outstanding"}).placement == "least-outstanding"
-    old_histospec = sim_mode("rhyme", {"placement": "round-robin"})
+    assert sim_mode("baseline", {"dispatch": "least-in-flight"}).dispatch == "least-in-flight"
+    old_histospec = sim_mode("rhyme", {"dispatch": "round-robin"})
     assert (old_histospec.spec, old_histospec.migrate, old_histospec.order) == (True, False, "fifo")
 
 
 def test_simulator_option_errors_are_one_line_user_errors():
     for entries, options, message in (
         (["turbo"], {}, "unknown mode 'turbo'; valid modes: baseline, sorted"),
-        (["least-loaded"], {}, "now baseline:placement=least-outstanding"),
+        (["least-loaded"], {}, "now baseline:dispatch=least-in-flight"),
         (["sorted"], {"max_attempts": 3}, "cannot model option max_attempts of mode 'sorted'"),
         (["rhyme"], {"spec": {"min_draft": 2}}, "cannot model option spec.min_draft"),
         (["sorted"], {"oversubscription": "x"}, "mode 'sorted': option oversubscription must be a number"),
@@ -159,10 +166,8 @@ def test_simulator_option_errors_are_one_line_user_errors():
     ):
         with pytest.raises(UserError, match=message):
             parse_sim_modes(entries, options)
-    labels = [
-        p.name for p in parse_sim_modes(["rhyme:placement=round-robin", "sorted"], {"max_staleness": 0})
-    ]
-    assert labels == ["baseline", "rhyme:placement=round-robin", "sorted"]  # plain baseline is the reference
+    labels = [p.name for p in parse_sim_modes(["rhyme:dispatch=round-robin", "sorted"], {"max_staleness": 0})]
+    assert labels == ["baseline", "rhyme:dispatch=round-robin", "sorted"]  # plain baseline is the reference
 
 
 def test_sorted_rhyme_now_discards_like_sorted_and_drafts():
@@ -199,13 +204,13 @@ def test_placements_at_one_and_two_workers():
         p = sim_mode(name, options)
         return simulate_mode(p, tr, pred, pred, UnitCost(), workers, 1, 1)["rollout_s"]
 
-    # round-robin keeps the group on one worker; least-outstanding deals each request, as the trainer does
+    # round-robin keeps the group on one worker; least-in-flight deals each request, as the trainer does
     assert (
         rollout("baseline", {}, 2)
         == rollout("baseline", {}, 1)
-        > 1.9 * rollout("baseline", {"placement": "least-outstanding"}, 2)
+        > 1.9 * rollout("baseline", {"dispatch": "least-in-flight"}, 2)
     )
-    # on one worker a placement has nothing to place: histopipe is the baseline there, as in the trainer
+    # on one worker a policy has nothing to dispatch: histopipe is the baseline there, as in the trainer
     tr2 = heavy(steps=2, prompts=16)
     assert run_policy("histopipe", tr2)["step_time_s"] == run_policy("baseline", tr2)["step_time_s"]
 
@@ -246,4 +251,4 @@ def test_modes_command_lists_every_mode(tmp_path):
     assert list(doc["modes"]) == list(MODES)
     assert doc["modes"]["sorted-partial"]["tis_cap"] == 2.0
     assert doc["modes"]["sorted"]["options"]["oversubscription"]["default"] == 2.0
-    assert doc["modes"]["rhyme"]["options"]["placement"]["default"] == "histopipe"
+    assert doc["modes"]["rhyme"]["options"]["dispatch"]["default"] == "histopipe"

@@ -11,8 +11,8 @@ import torch
 
 from reference_trainer.errors import UserError
 from reference_trainer.rollout.base import PromptStream, RolloutContext
+from reference_trainer.rollout.dispatch import DispatchOptions
 from reference_trainer.rollout.placed import PlacedRollout
-from reference_trainer.rollout.placement import PlacedOptions
 from reference_trainer.rollout.workers import LocalWorkerPool, WorkerSpec
 from reference_trainer.trace.metrics import compute
 from reference_trainer.trace.writer import Trace
@@ -82,7 +82,7 @@ def test_idle_worker_takes_unstarted_requests_from_the_busiest(tiny_model_dir, t
         pool, trainer.tokenizer, PromptStream(trainer.task, 0), 3, 3, trainer.ctx.params, seed=0
     )
     # round-robin with migration switched on: worker 0 gets groups 0 and 2, worker 1 only group 1
-    strategy = PlacedRollout(PlacedOptions("round-robin", migrate=True))
+    strategy = PlacedRollout(DispatchOptions("round-robin", migrate=True))
     groups = strategy.collect(ctx)
     moves = [e for e in pool.trace.events if e["kind"] == "migrate"]
     assert moves and all(m["from"] != m["to"] and m["requests"] >= 1 for m in moves)
@@ -114,7 +114,7 @@ def test_resume_with_workers_matches_an_uninterrupted_run(tiny_model_dir, toy_ta
     with pytest.raises(Kill):
         Trainer(config(tiny_model_dir, toy_task, steps=3), tmp_path / "killed").run(kill_after_first_step)
     resumed = Trainer(config(tiny_model_dir, toy_task, steps=3), tmp_path / "killed", resume=True)
-    assert resumed.step == 1 and resumed.strategy.history.last  # placement history restored
+    assert resumed.step == 1 and resumed.strategy.history.last  # length history restored
     last = resumed.run()[-1]
     assert last["reward_mean"] == rows[-1]["reward_mean"]
     assert last["response_len_mean"] == rows[-1]["response_len_mean"]

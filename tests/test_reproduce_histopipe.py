@@ -45,7 +45,7 @@ def test_compare_uses_epochs_with_history_and_paired_differences():
         [0.1, 0.1, 0.2, 0.1, 0.1, 0.2],
         [0.4, 0.4, 0.1, 0.1, 0.05, 0.1],
     )
-    results = {"round-robin": epochs(rr), "least-outstanding": epochs(lo), "histopipe": epochs(hp)}
+    results = {"round-robin": epochs(rr), "least-in-flight": epochs(lo), "histopipe": epochs(hp)}
     got = compare(results, epochs=3, differ=[])
     assert got["history_epochs"] == 2 and got["same_samples"] == 1.0
     assert got["idle_share.round-robin"] == pytest.approx(0.275)  # epoch 1 (0.4, 0.4) left out
@@ -55,7 +55,7 @@ def test_compare_uses_epochs_with_history_and_paired_differences():
     se = statistics.stdev(diff) / math.sqrt(4) / 0.275
     assert got["idle_vs_round_robin_se.histopipe"] == pytest.approx(se)
     assert "idle_vs_round_robin_se.round-robin" not in got
-    assert got["idle_gap.histopipe_minus_least-outstanding"] == pytest.approx(0.0875 - 0.15)
+    assert got["idle_gap.histopipe_minus_least-in-flight"] == pytest.approx(0.0875 - 0.15)
     assert compare(results, epochs=3, differ=[4])["same_samples"] == 0.0
     one = compare({p: r[:1] for p, r in results.items()}, epochs=1, differ=[])
     assert one["history_epochs"] == 0 and one["idle_share.histopipe"] is None
@@ -87,7 +87,7 @@ def test_workload_sizes():
 def test_a_tiny_run_end_to_end_with_local_workers(tmp_path, monkeypatch):
     model = write_tiny_char_model(tmp_path / "model", eos_weight=1.0)
     w = Workload(epochs=2, pool=4, prompts_per_step=2, group_size=3, max_tokens=24, slots=4, lr=1e-2,
-                 placements=("round-robin", "least-outstanding", "histopipe"))  # fmt: skip
+                 placements=("round-robin", "least-in-flight", "histopipe"))  # fmt: skip
     monkeypatch.setattr(Workload, "for_context", classmethod(lambda cls, ctx: w))
     monkeypatch.setattr(histopipe, "worker_backend", lambda: "local")  # as where Ray is not installed
     lines: list[str] = []

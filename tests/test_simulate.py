@@ -186,9 +186,9 @@ def test_sortedrl_removes_bubbles_and_partial_wastes_only_stale_work():
 def test_histospec_and_histopipe():
     tr = heavy(prompts=32)
     base = run_policy("baseline", tr, workers=8)
-    spec = run_policy(sim_mode("rhyme", {"placement": "round-robin"}), tr, workers=8)  # HistoSpec alone
+    spec = run_policy(sim_mode("rhyme", {"dispatch": "round-robin"}), tr, workers=8)  # HistoSpec alone
     assert spec["draft_len"] > 0 and spec["rollout_s"] < 0.8 * base["rollout_s"]
-    # HistoPipe balances predicted work: placement can only remove worker idle time, not add it
+    # HistoPipe balances predicted work: its dispatch can only remove worker idle time, not add it
     pipe = run_policy("histopipe", tr, workers=8, capacity=8)
     rr = run_policy("baseline", tr, workers=8, capacity=8)
     assert pipe["worker_idle_share"] < rr["worker_idle_share"]

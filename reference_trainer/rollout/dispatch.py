@@ -27,11 +27,14 @@ Pure Python over lists and heaps, O(n log W) a batch: the simulator dispatches 4
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from reference_trainer.option import Options, option
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,9 @@ class DispatchPolicy(Protocol):
 
 
 class _Least:
-    """The engine with the least `key` (ties: lowest id), kept in a heap that stays valid while only the
-    assigning policy changes the load."""
+    """The engine with the least `key` (ties: lowest id), from a heap of (key, engine) entries: an entry
+    whose key is no longer the engine's (its load moved since) is dropped when popped, so an assignment
+    outside `take` costs a push (`add`), not a rebuild."""
 
     def __init__(self, load: EngineLoad, by_tokens: bool) -> None:
         self.load, self.by_tokens = load, by_tokens
@@ -94,18 +98,34 @@ class _Least:
     def _key(self, w: int) -> float:
         return self.load.tokens[w] if self.by_tokens else float(self.load.in_flight[w])
 
-    def take(self, work: float) -> int:
-        _, w = heapq.heappop(self.heap)
+    def take(self, work: float, skip: set[int] | frozenset[int] = frozenset()) -> int:
+        """The least engine not in `skip`, with `work` added to it."""
+        skipped = []
+        while True:
+            key, w = heapq.heappop(self.heap)
+            if key != self._key(w):
+                continue
+            if w not in skip:
+                break
+            skipped.append((key, w))
+        for entry in skipped:
+            heapq.heappush(self.heap, entry)
+        self.add(w, work)
+        return w
+
+    def add(self, w: int, work: float) -> None:
         self.load.add(w, work)
         heapq.heappush(self.heap, (self._key(w), w))
-        return w
 
 
 @dataclass
 class RoundRobin:
+    """A group's samples together on the next engine in turn, from engine 0 each step (OpenRLHF, AReaL)."""
+
     name: str = "round-robin"
-    turn: int = 0
-    _step_groups: dict[int, int] = field(default_factory=dict)
+    # State, not options (init=False): a policy's options are its other constructor fields (policy_options).
+    turn: int = field(default=0, init=False)
+    _step_groups: dict[int, int] = field(default_factory=dict, init=False)
 
     def begin_step(self, step: int) -> None:
         # Each step deals from engine 0 again, so a synchronous step's placement depends on the step alone.
@@ -125,6 +145,8 @@ class RoundRobin:
 
 @dataclass
 class LeastInFlight:
+    """Each request to the engine with the fewest requests in flight (verl's global load balancer)."""
+
     name: str = "least-in-flight"
 
     def begin_step(self, step: int) -> None:
@@ -137,6 +159,8 @@ class LeastInFlight:
 
 @dataclass
 class LeastTokens:
+    """Each request to the engine with the fewest predicted tokens outstanding."""
+
     name: str = "least-tokens"
 
     def begin_step(self, step: int) -> None:
@@ -149,8 +173,10 @@ class LeastTokens:
 
 @dataclass
 class GroupSticky:
+    """A group's samples on one engine, the least in flight at its first sample, and its later ones."""
+
     name: str = "group-sticky"
-    engine_of: dict[int, int] = field(default_factory=dict)
+    engine_of: dict[int, int] = field(default_factory=dict, init=False)
 
     def begin_step(self, step: int) -> None:
         pass
@@ -162,8 +188,7 @@ class GroupSticky:
             if w is None or w >= load.engines:
                 w = self.engine_of[u.group] = least.take(u.work)
             else:
-                load.add(w, u.work)
-                least = _Least(load, by_tokens=False)  # the load moved outside the heap
+                least.add(w, u.work)
             out.append(w)
         return out
 
@@ -174,6 +199,8 @@ class GroupSticky:
 
 @dataclass
 class GroupSpread:
+    """A group's samples dealt over distinct engines, least in flight first (ROLL Flash's replication)."""
+
     name: str = "group-spread"
 
     def begin_step(self, step: int) -> None:
@@ -182,20 +209,21 @@ class GroupSpread:
     def assign(self, units: Sequence[Unit], load: EngineLoad) -> list[int]:
         # A group's samples go to distinct engines while there are engines it has not used, least in flight
         # first; with more samples than engines, the deal wraps.
-        out, used = [], {}
+        least, out, used = _Least(load, by_tokens=False), [], {}
         for u in units:
             seen = used.setdefault(u.group, set())
             if len(seen) >= load.engines:
                 seen.clear()
-            w = min((e for e in range(load.engines) if e not in seen), key=lambda e: (load.in_flight[e], e))
+            w = least.take(u.work, skip=seen)
             seen.add(w)
-            load.add(w, u.work)
             out.append(w)
         return out
 
 
 @dataclass
 class HistoPipe:
+    """Longest predicted first onto the engine with the fewest predicted tokens outstanding (RhymeRL, LPT)."""
+
     name: str = "histopipe"
 
     def begin_step(self, step: int) -> None:
@@ -213,11 +241,47 @@ DISPATCH: dict[str, type] = {
 }
 
 
+# Former names of policies and of the option, and what they are now (a one-line error names the new ones).
+RENAMED = {"least-outstanding": "least-in-flight"}
+RENAMED_OPTIONS = {"placement": "dispatch"}
+
+
+def renamed_option(options: dict) -> str | None:
+    """What a former option or policy among `options` (flat) is now: placement=least-outstanding is now
+    dispatch=least-in-flight. None when there is none."""
+    for key, value in options.items():
+        new_key = RENAMED_OPTIONS.get(key, key)
+        policy = new_key == "dispatch" and isinstance(value, str)
+        new_value = RENAMED.get(value, value) if policy else value
+        if (new_key, new_value) != (key, value):
+            return f"option {key}={value} is now {new_key}={new_value} (rlbench modes lists them)"
+    return None
+
+
+def describe(policy: type) -> str:
+    """A policy's one-line description: the first line of its class docstring."""
+    return (policy.__doc__ or "").strip().splitlines()[0] if policy.__doc__ else ""
+
+
+def policy_options(policy: type) -> dict[str, object]:
+    """A policy class's options: its constructor's fields other than `name`, with their defaults (the
+    built-in policies take none; a dotted-path class may)."""
+    if not dataclasses.is_dataclass(policy):
+        return {}
+    return {
+        f.name: f.default if f.default is not dataclasses.MISSING else None
+        for f in dataclasses.fields(policy)
+        if f.init and f.name != "name"
+    }
+
+
 def make_policy(name: str) -> DispatchPolicy:
     """A fresh policy by its name in `DISPATCH`, or by a dotted path `package.module:Class` to a class with
     `name`, `begin_step` and `assign` (constructed with no arguments)."""
     if name in DISPATCH:
         return DISPATCH[name]()
+    if name in RENAMED:
+        raise ValueError(f"dispatch {name!r} is now {RENAMED[name]!r}")
     module, sep, attr = name.partition(":")
     if not sep:
         raise ValueError(f"unknown dispatch {name!r}; valid: {', '.join(DISPATCH)}, or package.module:Class")
@@ -229,3 +293,62 @@ def make_policy(name: str) -> DispatchPolicy:
     if not isinstance(policy, DispatchPolicy):
         raise ValueError(f"dispatch {name!r} is not a policy: it needs name, begin_step and assign")
     return policy
+
+
+def engine_queues(engines: Sequence[int], n_engines: int) -> list[list[int]]:
+    """Per engine, the indices of the units assigned to it (`engines`: one per unit), in the units' order."""
+    out: list[list[int]] = [[] for _ in range(n_engines)]
+    for i, w in enumerate(engines):
+        out[w].append(i)
+    return out
+
+
+# Each engine's queue order (rollout/placement.py reorder): as dispatched, HistoPipe's alternation by step,
+# or longest first on every step.
+ORDERS = ("fifo", "alternate", "long-first")
+
+
+@dataclass(frozen=True)
+class DispatchOptions(Options):
+    """The options of a rollout over W engines: the policy, migration and queue order; `migrate` and `order`
+    left to auto follow the policy (`migrates`, `queue_order`: the trainer's and the simulator's one rule)."""
+
+    dispatch: str = option(
+        "round-robin",
+        "which engine runs which request (rollout/dispatch.py; rlbench modes lists the policies)",
+        choices=tuple(DISPATCH),
+        dotted_path=True,
+        multi_worker=True,
+        simulated=True,
+    )
+    migrate: bool | None = option(
+        None,
+        "straggler migration: an engine that runs dry takes not-started requests from the busiest; auto = on "
+        "for dispatch histopipe",
+        null_word="auto",
+        multi_worker=True,
+        simulated=True,
+    )
+    order: str | None = option(
+        None,
+        "each engine's queue order; auto = alternate for dispatch histopipe, else fifo",
+        choices=ORDERS,
+        null_word="auto",
+        multi_worker=True,
+        simulated=True,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.policy()  # a dotted path that does not load is this record's one-line ValueError
+
+    def policy(self) -> DispatchPolicy:
+        return make_policy(self.dispatch)
+
+    @property
+    def migrates(self) -> bool:
+        return self.dispatch == "histopipe" if self.migrate is None else self.migrate
+
+    @property
+    def queue_order(self) -> str:
+        return self.order or ("alternate" if self.dispatch == "histopipe" else "fifo")

@@ -1,10 +1,11 @@
-"""Synchronous rollout over W workers with a placement policy (placement.py): the baseline's semantics
+"""Synchronous rollout over W workers with a dispatch policy (dispatch.py): the baseline's semantics
 (every sample of every group finishes before the update) spread over a `WorkerPool`.
 
-With HistoPipe, requests are placed by their predicted work (the prompt's mean response length last epoch),
-each worker's queue alternates long->short / short->long by step, and a worker whose queue runs dry (free
-slots, nothing waiting) takes requests that have not started yet from the worker with the most predicted
-work left (straggler migration).
+Every request carries its predicted work (the prompt's mean response length last epoch: placement.py
+LengthHistory); the policy assigns the step's requests to engines at once, and the trace records that
+decision (a `dispatch` event). Each worker's queue is then ordered (placement.py reorder: HistoPipe's
+alternates long->short / short->long by step), and with migration a worker whose queue runs dry (free slots,
+nothing waiting) takes requests that have not started yet from the worker with the most predicted work left.
 """
 
 from __future__ import annotations
@@ -14,17 +15,18 @@ from typing import Any
 
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.rollout.base import Group, RolloutContext
-from reference_trainer.rollout.placement import LengthHistory, PlacedOptions, Unit, get_placement, reorder
+from reference_trainer.rollout.dispatch import DispatchOptions, EngineLoad, Unit, engine_queues
+from reference_trainer.rollout.placement import LengthHistory, reorder
 from reference_trainer.rollout.workers import WorkerPool, WorkerReport
-from reference_trainer.trace.schema import MIGRATE
+from reference_trainer.trace.schema import MIGRATE, dispatch_event
 
 
 class PlacedRollout:
     name = "placed"
 
-    def __init__(self, options: PlacedOptions | None = None) -> None:
-        self.options = options = options or PlacedOptions()
-        self.place = get_placement(options.placement)
+    def __init__(self, options: DispatchOptions | None = None) -> None:
+        self.options = options = options or DispatchOptions()
+        self.policy = options.policy()
         self.migrate, self.order = options.migrates, options.queue_order
         self.history = LengthHistory()
 
@@ -38,11 +40,14 @@ class PlacedRollout:
             work = self.history.predict(problem.prompt_id, len(ctx.prompt_ids(index, problem)))
             for k in range(ctx.group_size):
                 requests.append(ctx.request(index, problem, k))
-                units.append(Unit(g, work))
-        placement = self.place(units, pool.size, step)
-        placement = reorder(placement, units, step, self.order)  # idempotent on histopipe's own order
+                units.append(Unit(g, work))  # a group of this step: each runs in one step
+        self.policy.begin_step(step)
+        load = EngineLoad.empty(pool.size)
+        engines = self.policy.assign(units, load)
+        pool.trace.add(dispatch_event(pool.trace.now(), step, self.policy.name, engines, load.tokens))
+        queues = reorder(engine_queues(engines, pool.size), units, step, self.order)
         run = _Run(pool, step, {r.seq_id: u.work for r, u in zip(requests, units, strict=True)}, self.migrate)
-        for w, queue in enumerate(placement):
+        for w, queue in enumerate(queues):
             run.submit(w, [replace(requests[i], priority=pos) for pos, i in enumerate(queue)])
         finished = run.drive()
 

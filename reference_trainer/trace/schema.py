@@ -8,6 +8,7 @@ with one line naming the event, before any reader trips over it deep inside.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from reference_trainer.errors import UserError
@@ -34,6 +35,10 @@ ROLLOUT_SIDE = "rollout"
 SEQUENCE = "sequence"  # one per sample: admission, finish, tokens, the policy versions that wrote it
 MIGRATE = "migrate"  # a request moved between rollout workers (HistoPipe straggler migration)
 CAPTURE = "capture"  # an engine capturing its CUDA graphs before its first step: no metric counts it
+ENGINE_KINDS = (*FORWARD_KINDS, CAPTURE)  # written by one engine: each names it (`worker`)
+# A dispatch policy's decision over a batch of requests (rollout/dispatch.py): the engine of each request,
+# and every engine's predicted tokens outstanding once the batch is assigned.
+DISPATCH = "dispatch"
 
 # The numeric fields each kind must carry (a sequence's times may be null: never admitted, never finished).
 NUMBERS: dict[str, tuple[str, ...]] = {
@@ -41,6 +46,7 @@ NUMBERS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(PHASE_KINDS, ("t_start", "t_end")),
     SEQUENCE: ("t_admit", "t_finish"),
     MIGRATE: ("t_start",),
+    DISPATCH: ("t_start",),
     CAPTURE: ("t_start", "t_end"),
 }
 NULLABLE = {SEQUENCE}
@@ -72,6 +78,34 @@ def forward_event(
     return {"kind": kind, "t_start": t_start, "t_end": t_end, **counts, **fields}
 
 
+def dispatch_event(
+    t: float, step: int, policy: str, engines: Sequence[int], tokens_outstanding: Sequence[float]
+) -> Event:
+    """A dispatch decision at time `t` of step `step`: `engines`, one per request of the batch in the order
+    the policy was given them; `tokens_outstanding`, one per engine, the predicted tokens each holds once the
+    batch is assigned (what dispatch imbalance is read from). The one shape of every writer of dispatches."""
+    return {
+        "kind": DISPATCH,
+        "t_start": t,
+        "t_end": t,
+        "step": step,
+        "policy": policy,
+        "engines": [int(w) for w in engines],
+        "tokens_outstanding": [float(x) for x in tokens_outstanding],
+    }
+
+
+def _dispatch_problem(event: Event) -> str | None:
+    engines, tokens = event.get("engines"), event.get("tokens_outstanding")
+    if not isinstance(engines, list) or not all(type(w) is int and w >= 0 for w in engines):
+        return "engines is not a list of engine indices"
+    if not isinstance(tokens, list) or not tokens or not all(is_number(x) and x >= 0 for x in tokens):
+        return "tokens_outstanding is not a list of token counts, one per engine"
+    if any(w >= len(tokens) for w in engines):
+        return f"engines names an engine past the {len(tokens)} of tokens_outstanding"
+    return None
+
+
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -100,6 +134,8 @@ def problem(event: Any) -> str | None:
             return f"{key} is {value!r}, not a worker index"
     if kind == SEQUENCE and "id" not in event:
         return "a sequence without an id"
+    if kind == DISPATCH and (why := _dispatch_problem(event)) is not None:
+        return why
     slots = event.get("slots")
     if slots is not None and not (isinstance(slots, dict) and all(str(k).isdigit() for k in slots)):
         return "slots is not a {slot: sequence id} map"

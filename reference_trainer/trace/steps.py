@@ -9,8 +9,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from reference_trainer.trace.engines import engine_step
 from reference_trainer.trace.schema import (
     DECODE_KINDS,
+    DISPATCH,
     FORWARD_KINDS,
     HELDOUT,
     PHASE_KINDS,
@@ -79,10 +81,11 @@ def bound_label(
 
 def _split(
     events: Iterable[Event],
-) -> tuple[dict[int, list[Event]], dict[int, list[Event]], dict[int, list[Event]]]:
+) -> tuple[dict[int, list[Event]], ...]:
     engine: dict[int, list[Event]] = defaultdict(list)
     phases: dict[int, list[Event]] = defaultdict(list)
     seqs: dict[int, list[Event]] = defaultdict(list)
+    dispatches: dict[int, list[Event]] = defaultdict(list)
     for ev in events:
         kind = ev.get("kind")
         step = int(ev.get("step", 0))
@@ -92,7 +95,9 @@ def _split(
             phases[step].append(ev)
         elif kind == SEQUENCE:
             seqs[step].append(ev)
-    return engine, phases, seqs
+        elif kind == DISPATCH:
+            dispatches[step].append(ev)
+    return engine, phases, seqs, dispatches
 
 
 def worker_capacities(events: Iterable[Event]) -> dict[int, int]:
@@ -302,7 +307,12 @@ def _trained(phases: list[Event], seqs: list[Event]) -> Event:
 
 
 def _step(
-    step: int, engine: list[Event], phases: list[Event], seqs: list[Event], caps: dict[int, int]
+    step: int,
+    engine: list[Event],
+    phases: list[Event],
+    seqs: list[Event],
+    dispatches: list[Event],
+    caps: dict[int, int],
 ) -> Event:
     window = rollout_window(phases, engine)
     wall = window[2] if window else 0.0
@@ -314,6 +324,7 @@ def _step(
         "tail_time_share": _tail_share(seqs, window),
         **_drafts(engine, seqs),
         **_workers(engine, caps),
+        **engine_step(engine, dispatches, caps, wall),
         **_trained(phases, seqs),
         "rollout_start": window[0] if window else None,
         "rollout_end": window[1] if window else None,
@@ -324,10 +335,13 @@ def step_metrics(events: Sequence[Event], capacities: dict[int, int] | None = No
     """One dict per RL step (sorted by step) with every per-step metric of the contract. `capacities`
     (per-worker slot capacity) defaults to what the events show; a caller that sees only part of a run
     (the trainer, one step at a time) passes the run's so every worker counts in every step."""
-    engine, phases, seqs = _split(events)
+    engine, phases, seqs, dispatches = _split(events)
     caps = worker_capacities(events) if capacities is None else capacities
     steps = sorted(set(engine) | set(phases) | set(seqs))
-    return [_step(s, engine.get(s, []), phases.get(s, []), seqs.get(s, []), caps) for s in steps]
+    return [
+        _step(s, engine.get(s, []), phases.get(s, []), seqs.get(s, []), dispatches.get(s, []), caps)
+        for s in steps
+    ]
 
 
 def mean_of(values: Iterable[Any]) -> float | None:

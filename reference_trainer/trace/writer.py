@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.trace.records import extend_jsonl, write_jsonl
-from reference_trainer.trace.schema import forward_event, phase_event
+from reference_trainer.trace.schema import ENGINE_KINDS, forward_event, phase_event
 
 
 class Trace:
@@ -32,6 +32,8 @@ class Trace:
 
     def add(self, event: dict[str, Any]) -> None:
         event.setdefault("step", self.step)
+        if event.get("kind") in ENGINE_KINDS:  # an engine's trace is its worker's: every event names it
+            event.setdefault("worker", self.worker)
         self.events.append(event)
 
     def engine_step(

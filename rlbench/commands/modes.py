@@ -36,8 +36,8 @@ def registry_doc() -> dict[str, Any]:
             "strategy_title": STRATEGY_TABLE[m.strategy].title,
             "speculation": m.speculation,
             "lookahead": m.lookahead,
-            "placement": m.placement,
-            "multi_worker": m.placement is not None,
+            "dispatch": m.dispatch,
+            "multi_worker": m.dispatch is not None,
             "tis_cap": m.tis_cap,
             "options": {name: option(o) for name, o in m.options().items()},
             "vllm_spec_options": {n: option(o) for n, o in vllm_spec_options().items()}
@@ -45,7 +45,36 @@ def registry_doc() -> dict[str, Any]:
             else None,
             "simulator_note": m.simulator_note,
         }
-    return {"modes": modes}
+    return {"modes": modes, "dispatch": dispatch_doc()}
+
+
+def dispatch_doc() -> dict[str, Any]:
+    """The dispatch policies (rollout/dispatch.py DISPATCH): description, options, and what migrate and
+    order are when left to auto."""
+    from reference_trainer.rollout.dispatch import DISPATCH, DispatchOptions, describe, policy_options
+
+    return {
+        name: {
+            "description": describe(cls),
+            "options": policy_options(cls),
+            "auto_migrate": DispatchOptions(dispatch=name).migrates,
+            "auto_order": DispatchOptions(dispatch=name).queue_order,
+        }
+        for name, cls in DISPATCH.items()
+    }
+
+
+def render_dispatch() -> str:
+    """The dispatch policies as a section of their own."""
+    out = [
+        "DISPATCH POLICIES (--mode-option dispatch=NAME with --workers > 1, or package.module:Class;",
+        "rlbench simulate --dispatch P1,P2 runs each mode under each)",
+    ]
+    for name, doc in dispatch_doc().items():
+        opts = ", ".join(f"{k}={v}" for k, v in doc["options"].items()) or "none"
+        auto = f"migrate auto = {'on' if doc['auto_migrate'] else 'off'}, order auto = {doc['auto_order']}"
+        out += ["", *_wrap(name, doc["description"]), *_wrap("  options", f"{opts}; {auto}")]
+    return "\n".join(out)
 
 
 def _wrap(label: str, text: str) -> list[str]:
@@ -59,14 +88,14 @@ def render_table() -> str:
     from reference_trainer.modes import MODES, STRATEGY_TABLE
     from reference_trainer.speculation.drafters import DRAFTERS, SPEC
 
-    cols = ("MODE", "STRATEGY", "SPECULATION", "PLACEMENT (W>1)", "OFF-POLICY CORRECTION")
+    cols = ("MODE", "STRATEGY", "SPECULATION", "DISPATCH (W>1)", "OFF-POLICY CORRECTION")
     rows = [
         (
             m.name,
             STRATEGY_TABLE[m.strategy].title,
             (DRAFTERS[m.speculation].title if m.speculation else "none")
             + (" + lookahead" if m.lookahead and m.speculation != "lookahead" else ""),
-            m.placement or "one engine only",
+            m.dispatch or "one engine only",
             f"TIS, cap {m.tis_cap:g}" if m.tis_cap is not None else "none",
         )
         for m in MODES.values()
@@ -117,8 +146,9 @@ def render_options() -> str:
 def modes_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the registry as JSON.")] = False,
 ) -> None:
-    """List the modes train/profile/compare/simulate accept: strategy, speculation, placement,
-    off-policy correction, options with defaults, and how the simulator models each."""
+    """List the modes train/profile/compare/simulate accept: strategy, speculation, dispatch policy,
+    off-policy correction, options with defaults, and how the simulator models each; then the dispatch
+    policies."""
     if json_out:
         import json
 
@@ -127,3 +157,5 @@ def modes_command(
     typer.echo(render_table())
     typer.echo("")
     typer.echo(render_options())
+    typer.echo("")
+    typer.echo(render_dispatch())

@@ -49,7 +49,15 @@ def simulate_command(
             "--modes",
             help="Comma-separated modes, as train's --mode takes them (rlbench modes lists them; "
             "default: all). An entry may carry its own options: NAME:KEY=VALUE[:KEY=VALUE], e.g. "
-            "baseline:placement=least-outstanding.",
+            "baseline:dispatch=least-in-flight.",
+        ),
+    ] = None,
+    dispatch: Annotated[
+        str | None,
+        typer.Option(
+            "--dispatch",
+            help="Comma-separated dispatch policies (rlbench modes lists them; or package.module:Class): "
+            "each mode runs under each, labelled MODE:dispatch=POLICY.",
         ),
     ] = None,
     mode_option: ModeOption = None,
@@ -92,7 +100,7 @@ def simulate_command(
             flags = ", ".join("--" + name.replace("_", "-") for name in given)
             raise UserError(f"{flags}: give `simulate {ctx.invoked_subcommand}`'s options after its name")
         return
-    cfg = SimConfig.from_cli(workers, modes, mode_option, trace=trace, synthetic=synthetic, gpu=gpu,
+    cfg = SimConfig.from_cli(workers, modes, mode_option, dispatch, trace=trace, synthetic=synthetic, gpu=gpu,
                              model_size=model_size, fit=fit, capacity=capacity, steps=steps,
                              groups_per_worker=groups_per_worker, acceptance=acceptance, rank_corr=rank_corr,
                              overlap=overlap, prompts=prompts, group_size=group_size, mean_tokens=mean_tokens,

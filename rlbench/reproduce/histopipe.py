@@ -1,4 +1,4 @@
-"""HistoPipe's balance: worker idle share of HistoPipe placement against round-robin and least-outstanding.
+"""HistoPipe's balance: worker idle share of HistoPipe placement against round-robin and least-in-flight.
 
 One trainer per placement (VARIANTS) trains from the same weights on the same heavy-tailed `arith` pool of
 `pool` prompts, cycled for `epochs` epochs, with the same per-request seeds, so all generate the same samples
@@ -38,10 +38,10 @@ from rlbench.training import run_modes
 # name -> PlacedRollout options. histopipe is RhymeRL's (alternating order + migration); histopipe-lpt keeps
 # the balanced placement and migration but orders every worker's queue longest-first on every step.
 VARIANTS: dict[str, dict[str, str]] = {
-    "round-robin": {"placement": "round-robin"},
-    "least-outstanding": {"placement": "least-outstanding"},
-    "histopipe": {"placement": "histopipe"},
-    "histopipe-lpt": {"placement": "histopipe", "order": "long-first"},
+    "round-robin": {"dispatch": "round-robin"},
+    "least-in-flight": {"dispatch": "least-in-flight"},
+    "histopipe": {"dispatch": "histopipe"},
+    "histopipe-lpt": {"dispatch": "histopipe", "order": "long-first"},
 }
 PLACEMENTS = tuple(VARIANTS)
 READING = (
@@ -72,7 +72,7 @@ class Workload:
     def for_context(cls, ctx: Context) -> Workload:
         # the benchmark's step shape; more epochs than its 4, for more steps with history to average over
         return cls(epochs=ctx.pick(6, 2), pool=ctx.pick(32, 16), max_tokens=ctx.pick(400, 200), seed=ctx.seed,
-                   placements=("round-robin", "least-outstanding", "histopipe"))  # fmt: skip
+                   placements=("round-robin", "least-in-flight", "histopipe"))  # fmt: skip
 
 
 def train_config(w: Workload, placement: str, model: str, device: str = "cpu", backend: str = "ray") -> Any:
@@ -187,9 +187,9 @@ def compare(results: dict[str, list[dict[str, Any]]], epochs: int, differ: list[
             diff = [a - b for a, b in zip(rr_steps, _history_steps(ep), strict=True)]
             out[f"idle_vs_round_robin_se.{p}"] = statistics.stdev(diff) / math.sqrt(len(diff)) / rr
         out[f"rollout_s.{p}"] = later_mean(ep, "rollout_s")
-    lo, hp = out.get("idle_share.least-outstanding"), out.get("idle_share.histopipe")
+    lo, hp = out.get("idle_share.least-in-flight"), out.get("idle_share.histopipe")
     if lo is not None and hp is not None:
-        out["idle_gap.histopipe_minus_least-outstanding"] = hp - lo
+        out["idle_gap.histopipe_minus_least-in-flight"] = hp - lo
     return out
 
 
@@ -267,9 +267,9 @@ def balance(ctx: Context) -> Outcome:
     backend = worker_backend()
     results, differ = measure(ctx, w, backend)
     measured = compare(results, w.epochs, differ)
-    rr, hp, lo = (measured[f"idle_share.{p}"] for p in ("round-robin", "histopipe", "least-outstanding"))
+    rr, hp, lo = (measured[f"idle_share.{p}"] for p in ("round-robin", "histopipe", "least-in-flight"))
     measured = {
-        "headline": f"idle share {rr:.1%} round-robin → {hp:.1%} HistoPipe (least-outstanding {lo:.1%}), "
+        "headline": f"idle share {rr:.1%} round-robin → {hp:.1%} HistoPipe (least-in-flight {lo:.1%}), "
         f"epochs 2-{w.epochs}, W = {w.workers}",
         **measured,
     }

@@ -11,6 +11,7 @@ from typing import Any
 
 from reference_trainer.errors import MAX_SEED, UserError, check_integer, check_number
 from reference_trainer.modes import MODES, parse_option_pairs
+from reference_trainer.rollout.dispatch import make_policy
 from reference_trainer.trace.steps import worker_capacities
 from rlbench.simulate import simulate, workload
 from rlbench.simulate.cost import fit_run, preset
@@ -57,6 +58,7 @@ class SimConfig:
     model_size: str = "7b"
     fit: Path | None = None  # a run whose own cost model the simulator fits (`--fit`, alias `--calibrate`)
     modes: tuple[str, ...] = tuple(MODES)
+    dispatch: tuple[str, ...] = ()  # --dispatch: every mode under each of these policies
     mode_options: dict[str, Any] = field(default_factory=dict)
     capacity: int | None = None
     steps: int | None = None
@@ -74,7 +76,12 @@ class SimConfig:
 
     @classmethod
     def from_cli(
-        cls, workers: str | None, modes: str | None, mode_option: list[str] | None, **rest: Any
+        cls,
+        workers: str | None,
+        modes: str | None,
+        mode_option: list[str] | None,
+        dispatch: str | None = None,
+        **rest: Any,
     ) -> SimConfig:
         """The command's options: --workers and --modes as comma-separated text (no --modes: every mode;
         no --workers: the full sweep for a trace, the quick one for the synthetic workload), --mode-option
@@ -85,6 +92,7 @@ class SimConfig:
         return cls(
             workers=parse_worker_counts(workers) if workers is not None else default,
             modes=tuple(m.strip() for m in (modes or ",".join(MODES)).split(",") if m.strip()),
+            dispatch=tuple(p.strip() for p in (dispatch or "").split(",") if p.strip()),
             mode_options=parse_option_pairs(mode_option or [], "--mode-option"),
             **rest,
         ).check()
@@ -119,13 +127,27 @@ class SimConfig:
             )
         if self.fit is None:
             preset(self.gpu, self.model_size)  # an unknown preset: one line, before the workload
-        parse_sim_modes(list(self.modes), self.mode_options)  # a bad name or option fails before the workload
+        for policy in self.dispatch:
+            try:
+                make_policy(policy)
+            except ValueError as err:
+                raise UserError(f"--dispatch: {err}") from None
+        if self.dispatch and (own := [m for m in self.modes if "dispatch=" in m]):
+            raise UserError(f"--dispatch and a --modes entry's own dispatch ({own[0]}): give one of them")
+        parse_sim_modes(self.entries, self.mode_options)  # a bad name or option fails before the workload
         if (self.trace is None) == (not self.synthetic):
             raise UserError("give exactly one of --trace FILE or --synthetic")
         for flag, path in (("--trace", self.trace), ("--fit/--calibrate", self.fit)):
             if path is not None and not Path(path).exists():  # before --out is claimed (and created)
                 raise UserError(f"{flag} {path}: no such trace file or run folder")
         return self
+
+    @property
+    def entries(self) -> list[str]:
+        """The --modes entries, each under each --dispatch policy (`sorted:dispatch=least-tokens`)."""
+        if not self.dispatch:
+            return list(self.modes)
+        return [f"{m}:dispatch={p}" for m in self.modes for p in self.dispatch]
 
     @property
     def synthetic_prompts(self) -> int:
@@ -161,7 +183,7 @@ def run(cfg: SimConfig, progress: Callable[[dict[str, Any], int, int], None] | N
         lengths,
         cost,
         list(cfg.workers),
-        list(cfg.modes),
+        cfg.entries,
         capacity or DEFAULT_CAPACITY,
         steps=cfg.steps,
         groups_per_worker=cfg.groups_per_worker,

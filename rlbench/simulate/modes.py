@@ -4,7 +4,7 @@ options becomes a `SimMode`, the handful of knobs scheduler.py steps through.
 So `rlbench simulate --modes X` accepts exactly the names `rlbench train --mode X` does, with the same
 meaning; `--mode-option KEY=VALUE` works as on train, and an option the simulator cannot model is a
 one-line error. A `--modes` entry may carry options of its own, `NAME:KEY=VALUE[:KEY=VALUE...]`, so one
-run can compare variants of a mode (e.g. `baseline,baseline:placement=least-outstanding`).
+run can compare variants of a mode (e.g. `baseline,baseline:dispatch=least-in-flight`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import Any
 
 from reference_trainer.errors import UserError
 from reference_trainer.modes import MODES, ModeSpec, flatten_options, get_mode, parse_option_pairs
-from reference_trainer.rollout.placement import PlacedOptions
+from reference_trainer.rollout.dispatch import DispatchOptions
 from reference_trainer.rollout.sorted import SortedOptions
 from reference_trainer.speculation.lookahead import LookaheadOptions
 
 # The simulator's former policy names that were not modes, and what they are now.
 RENAMED = {
-    "least-loaded": "baseline:placement=least-outstanding",
-    "histospec": "rhyme:placement=round-robin",
+    "least-loaded": "baseline:dispatch=least-in-flight",
+    "histospec": "rhyme:dispatch=round-robin",
 }
 
 
@@ -29,12 +29,12 @@ RENAMED = {
 class SimMode:
     """A mode with its options resolved to what the simulator models."""
 
-    name: str  # the label in results: the --modes entry as written ("rhyme", "baseline:placement=...")
+    name: str  # the label in results: the --modes entry as written ("rhyme", "baseline:dispatch=...")
     mode: str = "baseline"  # the registry mode
     options: tuple[tuple[str, Any], ...] = ()  # the options given (flat keys), sorted
-    placement: str = PlacedOptions.placement  # the trainer's: round-robin | least-outstanding | histopipe
-    order: str = PlacedOptions().queue_order  # fifo | alternate | long-first (rollout/placement.py reorder)
-    migrate: bool = PlacedOptions().migrates  # straggler migration
+    dispatch: str = DispatchOptions.dispatch  # the trainer's policy (rollout/dispatch.py make_policy)
+    order: str = DispatchOptions().queue_order  # fifo | alternate | long-first (rollout/placement.py reorder)
+    migrate: bool = DispatchOptions().migrates  # straggler migration
     spec: bool = False  # HistoSpec speculative decoding
     max_draft: int = LookaheadOptions.max_draft  # longest draft the cost-aware chooser may pick
     oversub: float = 1.0  # > 1: SortedRL early termination over this many times the update's groups
@@ -68,14 +68,13 @@ def sim_mode(name: str, options: dict[str, Any] | None = None, label: str | None
                 "see rlbench modes)"
             )
     opts = {k: o.default for k, o in accepted.items()} | given
-    # One worker's mode takes no placement: the simulator places its W > 1 extrapolation as the default does.
-    placed = PlacedOptions.take(opts)
+    placed = DispatchOptions.take(opts)
     sortedrl = mode.strategy in ("sorted", "sorted-partial")
     return SimMode(
         name=label or name,
         mode=name,
         options=tuple(sorted(given.items())),
-        placement=placed.placement,
+        dispatch=placed.dispatch,
         order=placed.queue_order,
         migrate=placed.migrates,
         spec=mode.speculative,
@@ -88,7 +87,7 @@ def sim_mode(name: str, options: dict[str, Any] | None = None, label: str | None
 
 
 def parse_entry(entry: str) -> tuple[str, dict[str, Any]]:
-    """ "rhyme:placement=round-robin:spec.max_draft=4" -> ("rhyme", flat options)."""
+    """ "rhyme:dispatch=round-robin:spec.max_draft=4" -> ("rhyme", flat options)."""
 
     name, *pairs = (part.strip() for part in entry.split(":"))
     return name, flatten_options(parse_option_pairs(pairs))

@@ -1,8 +1,10 @@
 """The modes' schedulers (SimModes built from the mode registry: modes.py), replayed step by step over a
 stream of groups on W simulated workers.
 
-A step trains on B complete groups (all samples of a prompt). A group runs on one worker, as prefix caching
-wants, except under least-outstanding placement, which places each request as the trainer's does.
+A step trains on B complete groups (all samples of a prompt). Which worker runs each new request is the
+trainer's own dispatch policy object (reference_trainer/rollout/dispatch.py), called as the trainer calls
+it: once per step over the step's new requests (group = the group's uid, work = its predicted length),
+against the load the carried work leaves on each worker.
 Synchronous modes (baseline, histopipe, rhyme) roll out exactly the step's B groups and wait for the last.
 SortedRL keeps ceil(oversub * B) groups outstanding and fires the update when B groups are complete (the
 first B to complete: shortest first); on-policy mode drops the rest and regenerates them from scratch
@@ -13,12 +15,12 @@ only behind the kept work.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from reference_trainer.rollout.dispatch import DispatchPolicy, EngineLoad, Unit, make_policy
 from rlbench.simulate import engine
 from rlbench.simulate.cost import CostModel
 from rlbench.simulate.jobs import Jobs, Stream
@@ -46,31 +48,26 @@ def choose_draft_len(cost: CostModel, acc: float, batch: int, ctx: float, max_k:
     return best_k
 
 
-def _place(sim_mode: SimMode, loads: np.ndarray, n_w: int, quota: np.ndarray) -> np.ndarray:
-    """A worker per new group: round-robin (within each worker's quota), or histopipe's LPT over `loads`
-    (predicted tokens)."""
-    n = loads.size
-    if sim_mode.placement == "round-robin":
-        if not np.isfinite(quota).all():
-            return np.arange(n) % n_w
-        # deal in turns to the workers still under quota: turn r serves every worker with quota > r
-        turns = np.minimum(quota.astype(np.int64), n)
-        w = np.repeat(np.arange(n_w), turns)
-        r = np.arange(w.size) - np.repeat(np.cumsum(turns) - turns, turns)
-        return w[np.lexsort((w, r))][:n]
-    order = np.argsort(-loads, kind="stable") if sim_mode.placement == "histopipe" else np.arange(n)
-    heap = [(0.0, w) for w in range(n_w) if quota[w] > 0]
-    left = quota.astype(np.int64) if np.isfinite(quota).all() else None
-    out = np.zeros(n, dtype=np.int64)
-    for j in order.tolist():
-        load, w = heapq.heappop(heap)
-        out[j] = w
-        if left is not None:
-            left[w] -= 1
-            if left[w] <= 0:
-                continue
-        heapq.heappush(heap, (load + float(loads[j]), w))
-    return out
+def _dispatch(
+    policy: DispatchPolicy,
+    step: int,
+    carried: Jobs,
+    uids: np.ndarray,
+    work: np.ndarray,
+    n_w: int,
+    predicted: np.ndarray,
+) -> np.ndarray:
+    """A worker per new request: the policy's assignment, from the load of the carried requests still
+    running (their count and predicted tokens per worker)."""
+    live = ~carried.done
+    on = carried.worker[live]
+    load = EngineLoad(
+        np.bincount(on, minlength=n_w).tolist(),
+        np.bincount(on, weights=predicted[carried.row[live]], minlength=n_w).astype(float).tolist(),
+    )
+    policy.begin_step(step)
+    units = [Unit(g, w) for g, w in zip(uids.tolist(), work.astype(float).tolist(), strict=True)]
+    return np.asarray(policy.assign(units, load), dtype=np.int64)
 
 
 def _queues(jobs: Jobs, keys: np.ndarray, rate: np.ndarray, n_w: int) -> tuple[engine.Queues, np.ndarray]:
@@ -110,7 +107,8 @@ def simulate_mode(
     stream = Stream.of(trace)
     n_w = workers
     if n_w == 1:  # as in the trainer, where one worker runs the mode's one-engine strategy: nothing to place
-        sim_mode = replace(sim_mode, placement="round-robin", order="fifo", migrate=False)
+        sim_mode = replace(sim_mode, dispatch="round-robin", order="fifo", migrate=False)
+    policy = make_policy(sim_mode.dispatch)
     k = 0
     if sim_mode.spec:
         ctx = float(trace.prompt_tokens.mean() + trace.response_tokens.mean() / 2.0)
@@ -130,20 +128,7 @@ def simulate_mode(
         new_uids = np.concatenate([front[:want], np.arange(pos, pos + fresh)])
         front, pos = front[want:], pos + fresh
         rows, which = stream.expand(new_uids)
-        pred_load = np.bincount(which, weights=predicted[rows], minlength=new_uids.size)
-        quota = np.full(n_w, np.inf)
-        if sim_mode.oversub > 1.0:  # each worker holds at most its share of the outstanding groups
-            per_w = math.ceil(max(b, math.ceil(sim_mode.oversub * b)) / n_w)
-            _, first = np.unique(carried.uid, return_index=True)
-            have = np.bincount(carried.worker[first], minlength=n_w)
-            quota = np.maximum(0, per_w - have).astype(float)
-            if quota.sum() < new_uids.size:
-                quota += math.ceil((new_uids.size - quota.sum()) / n_w)
-        if sim_mode.placement == "least-outstanding" and sim_mode.oversub <= 1.0:
-            # each request to the worker with the fewest outstanding: all start empty, so a count deal
-            seq_worker = np.arange(rows.size) % n_w
-        else:
-            seq_worker = _place(sim_mode, pred_load, n_w, quota)[which]
+        seq_worker = _dispatch(policy, s, carried, new_uids[which], predicted[rows], n_w, predicted)
         new = Jobs(
             rows,
             new_uids[which],
