@@ -33,14 +33,16 @@ class PlacedRollout:
     def collect(self, ctx: RolloutContext) -> list[Group]:
         pool: WorkerPool = ctx.engine  # type: ignore[assignment]
         step = pool.trace.step
-        groups, requests, units = [], [], []
-        for g in range(ctx.update_batch):
+        groups, requests, units, predicted = [], [], [], {}
+        for _ in range(ctx.update_batch):
             index, problem = ctx.stream.take()
             groups.append(Group(index, problem, []))
-            work = self.history.predict(problem.prompt_id, len(ctx.prompt_ids(index, problem)))
+            work = predicted[index] = self.history.predict(
+                problem.prompt_id, len(ctx.prompt_ids(index, problem))
+            )
             for k in range(ctx.group_size):
                 requests.append(ctx.request(index, problem, k))
-                units.append(Unit(g, work))  # a group of this step: each runs in one step
+                units.append(Unit(index, work))  # the group's stream position: one per group in the run
         self.policy.begin_step(step)
         load = EngineLoad.empty(pool.size)
         engines = self.policy.assign(units, load)
@@ -56,7 +58,8 @@ class PlacedRollout:
             by_index[seq.meta["index"]].samples.append(seq)
         for group in groups:
             for seq in group.samples:
-                ctx.record(seq, worker=seq.meta["worker"])
+                # the work it was dispatched by: a length trace of the run replays the trainer's predictions
+                ctx.record(seq, worker=seq.meta["worker"], predicted_tokens=predicted[group.index])
             prompt = ctx.prompt_ids(group.index, group.problem)
             self.history.record(
                 group.problem.prompt_id, len(prompt), [len(s.response_ids) for s in group.samples]
