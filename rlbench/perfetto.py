@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from itertools import accumulate
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import Any
 from reference_trainer.errors import UserError
 from reference_trainer.trace.records import read_json, write_text
 from reference_trainer.trace.schema import (
+    DISPATCH,
     FORWARD_KINDS,
     MIGRATE,
     PHASE_KINDS,
@@ -183,6 +184,22 @@ def _request_tracks(reqs: list[Event], lane: Callable[[Event], int]) -> list[Eve
     return out
 
 
+def _dispatch_marks(events: list[Event]) -> list[Event]:
+    """Each dispatch decision as an instant on the run's phase track: the policy, the requests it sent to
+    each engine and the engines' predicted tokens outstanding after it."""
+    out = []
+    for d in (e for e in events if e.get("kind") == DISPATCH):
+        tokens, sent = d["tokens_outstanding"], Counter(d["engines"])
+        args = {
+            "policy": d.get("policy"),
+            "requests per engine": ", ".join(str(sent[w]) for w in range(len(tokens))),
+            "tokens outstanding": ", ".join(f"{x:g}" for x in tokens),
+        }
+        mark = {"ph": "i", "s": "p", "name": "dispatch", "cat": "dispatch", "pid": RUN_PID, "tid": 0}
+        out.append(mark | {"ts": _us(d["t_start"]), "args": _clean(args)})
+    return out
+
+
 def perfetto_trace(run_dir: Path) -> dict[str, Any]:
     """The run's trace-event JSON object (see the module docstring and docs/perfetto.md)."""
     trace_path = run_dir / "trace.jsonl"
@@ -239,6 +256,7 @@ def perfetto_trace(run_dir: Path) -> dict[str, Any]:
             {"ph": "i", "s": "p", "name": "migrate", "cat": "placement", "pid": pid, "tid": pid * LANES}
         )
         timed[-1] |= {"ts": _us(m["t_start"]), "args": _clean(args)}
+    timed += _dispatch_marks(events)
     gpu = doc["gpu"] if isinstance(doc.get("gpu"), dict) else {}
     for sample in (x for x in gpu.get("samples") or [] if isinstance(x, dict) and is_number(x.get("t"))):
         for k, name in NVML_COUNTERS:

@@ -31,6 +31,7 @@ from rlbench.report.compare_summary import (
     runs_and_baseline,
     span_text,
 )
+from rlbench.report.engines import CAPTION, engine_cells
 from rlbench.report.figures import PALETTE, _fig, note, steps_axis
 from rlbench.report.ledger_legend import legend_html
 from rlbench.report.page import table, write_page
@@ -164,13 +165,17 @@ def _bubble_table(derived: dict[str, Any]) -> str:
                 "range over rounds (%)": span_text(derived["bubble_per_round"].get(r["mode"]), 100.0),
                 "vs baseline (pts)": 100.0 * (b - base) if b is not None and base is not None else None,
                 "GPU idle in rollout (%)": percent(r["summary"].get("bubble_ratio_gpu")),
+                **engine_cells(r["summary"]),  # where the run had more than one engine
             }
         )
-    columns = [c for c in rows[0] if any(row.get(c) not in (None, "") for row in rows)]
+    keys = dict.fromkeys(k for row in rows for k in row)
+    columns = [c for c in keys if any(row.get(c) not in (None, "") for row in rows)]
     why = (
         '<p class="sub">Bubble: the share of the rollout\'s slot-time (slots x rollout wall time) in which '
         "no sequence ran, over all steps (docs/metrics.md); the range is over the rounds, one step each.</p>"
     )
+    if any(engine_cells(r["summary"]) for r in derived["runs"]):
+        why += CAPTION
     return table(shown(rows, TABLE_FORMATS), columns) + why
 
 

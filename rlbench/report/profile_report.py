@@ -16,6 +16,7 @@ from typing import Any
 from reference_trainer.trace.records import read_json
 from reference_trainer.trace.schema import FORWARD_KINDS, ROLLOUT, UPDATE
 from rlbench.observe.nvml import no_gpu_note
+from rlbench.report.engines import engine_section, multi_engine
 from rlbench.report.figures import (
     PALETTE,
     PHASE_COLOURS,
@@ -397,6 +398,10 @@ def render_profile(
         sections.append(("GPU replay (a model)", replay_section(doc["gpu_replay"])))
     if len((doc.get("summary") or {}).get("worker_idle_share") or {}) > 1:
         sections.append(("Rollout workers", worker_section(events, doc["summary"])))
+    if multi_engine(doc.get("summary") or {}):
+        sections.append(
+            ("Engines: bubble, cross-engine idle, dispatch", engine_section(steps, doc["summary"]))
+        )
     if doc.get("pyspy"):
         sections.append(("CPU profile (py-spy)", pyspy_links(doc["pyspy"])))
     sections.append(("All summary metrics", [table(summary_rows(doc.get("summary") or {}))]))
