@@ -195,7 +195,14 @@ def _dispatch_marks(events: list[Event]) -> list[Event]:
             "requests per engine": ", ".join(str(sent[w]) for w in range(len(tokens))),
             "tokens outstanding": ", ".join(f"{x:g}" for x in tokens),
         }
-        mark = {"ph": "i", "s": "p", "name": "dispatch", "cat": "dispatch", "pid": RUN_PID, "tid": 0}
+        mark = {
+            "ph": "i",
+            "s": "p",
+            "name": "dispatch",
+            "cat": "dispatch",
+            "pid": RUN_PID,
+            "tid": RUN_PID * LANES,
+        }
         out.append(mark | {"ts": _us(d["t_start"]), "args": _clean(args)})
     return out
 

@@ -402,6 +402,26 @@ def check_all_figures_drew(page: Path, tmp_path: Path) -> int:
     return n_figs
 
 
+def test_the_engines_section_appears_only_where_a_run_had_several_engines(tmp_path):
+    two = write_run(tmp_path / "two")
+    text = render_profile(tmp_path / "two").read_text()
+    assert "Engines: bubble, cross-engine idle, dispatch" in text and "straggler" in text
+    one_dir = tmp_path / "one"
+    one_dir.mkdir()
+    events = synthetic_trace(workers=1)
+    (one_dir / "trace.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    one = {"run": {"mode": "baseline"}, **metrics.compute(events, {"available": False, "samples": []})}
+    assert "Engines: bubble" not in render_profile(one_dir, one, events).read_text()
+    page = render_compare(tmp_path, {"baseline": "baseline", "runs": [{"mode": "baseline", **two}]})
+    assert "cross-engine idle" in page.read_text()
+    assert (
+        "cross-engine idle"
+        not in render_compare(
+            tmp_path, {"baseline": "baseline", "runs": [{"mode": "baseline", **one}]}
+        ).read_text()
+    )
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_error_hook_catches_a_broken_page(tmp_path):
     (tmp_path / "bad").mkdir()

@@ -17,6 +17,7 @@ from test_report import synthetic_trace
 from test_trainer import tiny_config
 
 from reference_trainer.trace.records import read_jsonl
+from reference_trainer.trace.schema import dispatch_event
 from reference_trainer.train.trainer import Trainer
 from rlbench.observe.derive import to_trace
 from rlbench.perfetto import perfetto_trace
@@ -143,6 +144,7 @@ def runs(tiny_model_dir, tmp_path_factory) -> dict:
             e["t_finish"] = None  # aborted without a time: ends at its last engine step
     events += [
         {"kind": "migrate", "step": 1, "t_start": 0.05, "t_end": 0.05, "from": 1, "to": 0, "requests": 2},
+        dispatch_event(0.01, 1, "least-tokens", [0, 1, 1], [4.0, 8.5]),
         {"kind": "rollout", "step": 0, "t_start": 0.0, "t_end": 0.3},  # a second worker's rollout overlaps
         {"kind": "update", "step": 1, "t_start": 9.0, "t_end": 9.5, "loss": math.nan},
     ]
@@ -278,9 +280,16 @@ def test_observed_servers_are_named_by_url_with_their_gauges(runs):
 
 def test_migrations_unfinished_requests_and_overlapping_phases(runs):
     trace, events = perfetto_trace(runs["synthetic"]), read_jsonl(runs["synthetic"] / "trace.jsonl")
-    (mig,) = [e for e in trace["traceEvents"] if e["ph"] == "i"]
+    (mig,) = [e for e in trace["traceEvents"] if e["ph"] == "i" and e["name"] == "migrate"]
     assert (mig["name"], mig["pid"], mig["ts"], mig["args"]["to"]) == ("migrate", pid_of(1), 5e4, 0)
     assert _lanes(trace)[(mig["pid"], mig["tid"])] == "engine steps"  # the worker the requests left
+    (sent,) = [e for e in trace["traceEvents"] if e["ph"] == "i" and e["name"] == "dispatch"]
+    assert _lanes(trace)[(sent["pid"], sent["tid"])] == "RL phases" and sent["ts"] == 1e4  # the run's track
+    assert sent["args"] == {
+        "policy": "least-tokens",
+        "requests per engine": "1, 2",
+        "tokens outstanding": "4, 8.5",
+    }
     last = {}
     for e in events:
         for sid in (e.get("slots") or {}).values():
