@@ -1,2 +1,2 @@
-"""Rollout strategies: synchronous (base.py), SortedRL (sorted.py), placement over workers (placed.py,
-placement.py)."""
+"""Rollout strategies: synchronous (base.py), SortedRL (sorted.py), dispatch over workers (placed.py,
+dispatch.py, placement.py)."""

@@ -71,6 +71,11 @@ TIMING_FIELDS = frozenset(
         "rollout_wait_s",
         "trainer_wait_share",
         "rollout_wait_share",
+        "engine_bubble",
+        "cross_engine_idle_s",
+        "engine_span_s",
+        "cross_engine_idle_share",
+        "straggler_engine",
     }
 )
 

@@ -236,8 +236,9 @@ NOTES = [
     "and 2 only; nothing here is measured at W > 2.",
     "Weak scaling: every worker gets the same groups per step, so a larger cluster waits for the slowest of "
     "more workers, which is the scale effect the papers describe.",
-    "The trainer runs SortedRL modes on one engine; the simulator extends them to W workers (each holds its "
-    "share of the outstanding groups). rhyme at W > 1 uses HistoPipe placement, as the trainer does.",
+    "The trainer runs SortedRL modes on one engine; the simulator extends them to W workers, dispatching "
+    "each step's new requests round-robin beside the work each worker carries. rhyme at W > 1 uses "
+    "HistoPipe dispatch, as the trainer does.",
 ]
 
 
