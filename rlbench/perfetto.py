@@ -184,6 +184,19 @@ def _request_tracks(reqs: list[Event], lane: Callable[[Event], int]) -> list[Eve
     return out
 
 
+def _migration_marks(migrations: list[Event]) -> list[Event]:
+    """Each straggler migration as an instant on the engine thread of the worker the requests left."""
+    out: list[Event] = []
+    for m in migrations:  # on the engine thread of the worker the requests left
+        args = {k: m.get(k) for k in ("from", "to", "requests")}
+        pid = _pid(_worker(m, "from"))
+        out.append(
+            {"ph": "i", "s": "p", "name": "migrate", "cat": "migration", "pid": pid, "tid": pid * LANES}
+        )
+        out[-1] |= {"ts": _us(m["t_start"]), "args": _clean(args)}
+    return out
+
+
 def _dispatch_marks(events: list[Event]) -> list[Event]:
     """Each dispatch decision as an instant on the run's phase track: the policy, the requests it sent to
     each engine and the engines' predicted tokens outstanding after it."""
@@ -256,14 +269,7 @@ def perfetto_trace(run_dir: Path) -> dict[str, Any]:
         timed.append(_span(p["kind"], "phase", RUN_PID, row, p["t_start"], p["t_end"], args))
     for row in range(1, len(busy)):
         out += _names(RUN_PID, row, f"RL phases {row}", row)
-    for m in migrations:  # on the engine thread of the worker the requests left
-        args = {k: m.get(k) for k in ("from", "to", "requests")}
-        pid = _pid(_worker(m, "from"))
-        timed.append(
-            {"ph": "i", "s": "p", "name": "migrate", "cat": "placement", "pid": pid, "tid": pid * LANES}
-        )
-        timed[-1] |= {"ts": _us(m["t_start"]), "args": _clean(args)}
-    timed += _dispatch_marks(events)
+    timed += _migration_marks(migrations) + _dispatch_marks(events)
     gpu = doc["gpu"] if isinstance(doc.get("gpu"), dict) else {}
     for sample in (x for x in gpu.get("samples") or [] if isinstance(x, dict) and is_number(x.get("t"))):
         for k, name in NVML_COUNTERS:

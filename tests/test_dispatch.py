@@ -5,6 +5,7 @@ policy."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -274,3 +275,18 @@ def test_the_trainers_dispatch_decisions_equal_the_simulators(
         tok = decision["tokens_outstanding"]
         assert s["dispatch_imbalance"] == pytest.approx(max(tok) / (sum(tok) / 2))
         assert 0.0 <= s["cross_engine_idle_share"] <= 1.0 and set(s["engine_bubble"]) == {"0", "1"}
+
+
+def test_rlbench_modes_lists_the_policies_from_the_registry(tmp_path):
+    from conftest import cli
+
+    from reference_trainer.rollout.dispatch import describe
+
+    text = cli("modes", tmp=tmp_path).stdout.split("DISPATCH POLICIES", 1)[1]
+    assert [line.split(":")[0].strip() for line in text.splitlines() if line.startswith("  ") and
+            not line.startswith("   ")] == list(DISPATCH)  # fmt: skip
+    doc = json.loads(cli("modes", "--json", tmp=tmp_path).stdout)["dispatch"]
+    assert {n: d["description"] for n, d in doc.items()} == {n: describe(c) for n, c in DISPATCH.items()}
+    assert all(d["description"] for d in doc.values())
+    assert [n for n, d in doc.items() if d["auto_migrate"]] == ["histopipe"]
+    assert doc["histopipe"]["auto_order"] == "alternate" and doc["round-robin"]["options"] == {}

@@ -70,6 +70,29 @@ def _dispatch(
     return np.asarray(policy.assign(units, load), dtype=np.int64)
 
 
+def _admit(
+    policy: DispatchPolicy,
+    step: int,
+    carried: Jobs,
+    new_uids: np.ndarray,
+    stream: Stream,
+    trace: LengthTrace,
+    predicted: np.ndarray,
+    n_w: int,
+) -> Jobs:
+    """The sequences of the groups `new_uids`, each on the worker the policy assigns it."""
+    rows, which = stream.expand(new_uids)
+    return Jobs(
+        rows,
+        new_uids[which],
+        _dispatch(policy, step, carried, new_uids[which], predicted[rows], n_w, predicted),
+        trace.response_tokens[rows],
+        trace.prompt_tokens[rows],
+        np.zeros(rows.size, dtype=bool),
+        np.full(rows.size, -1, dtype=np.int64),
+    )
+
+
 def _queues(jobs: Jobs, keys: np.ndarray, rate: np.ndarray, n_w: int) -> tuple[engine.Queues, np.ndarray]:
     """Pad jobs into per-worker queues ordered by `keys`; returns the queues and each job's position
     (-1 for jobs already done)."""
@@ -127,18 +150,7 @@ def simulate_mode(
         fresh = max(0, want - front.size)
         new_uids = np.concatenate([front[:want], np.arange(pos, pos + fresh)])
         front, pos = front[want:], pos + fresh
-        rows, which = stream.expand(new_uids)
-        seq_worker = _dispatch(policy, s, carried, new_uids[which], predicted[rows], n_w, predicted)
-        new = Jobs(
-            rows,
-            new_uids[which],
-            seq_worker,
-            trace.response_tokens[rows],
-            trace.prompt_tokens[rows],
-            np.zeros(rows.size, dtype=bool),
-            np.full(rows.size, -1, dtype=np.int64),
-        )
-        jobs = Jobs.cat(carried, new)
+        jobs = Jobs.cat(carried, _admit(policy, s, carried, new_uids, stream, trace, predicted, n_w))
         keys = np.arange(len(jobs), dtype=float)
         if sim_mode.order != "fifo":  # carried work first, then new work by predicted length
             sign = -1.0 if sim_mode.order == "long-first" or s % 2 == 0 else 1.0
