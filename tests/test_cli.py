@@ -166,7 +166,7 @@ def test_train_without_a_terminal_says_each_step_and_each_evaluation(tiny_model_
                 "--mode-option",
                 "placement=least-outstanding",
             ),
-            "mode 'histopipe': option placement=fifo is now dispatch=fifo",
+            "mode 'histopipe': option placement=least-outstanding is now dispatch=least-in-flight",
         ),
         # option types come from the mode registry (reference_trainer/modes.py)
         (
