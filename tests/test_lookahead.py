@@ -298,7 +298,7 @@ def test_every_drafter_goes_through_the_cost_gate(model, old, drafter):
 def test_the_modes_are_registered_listed_and_simulated(tmp_path):
     for name in LOOKAHEAD_MODES:
         mode = MODES[name]
-        assert mode.lookahead and mode.placement is None and mode.speculation_options({}).lookahead
+        assert mode.lookahead and mode.dispatch is None and mode.speculation_options({}).lookahead
         sim = SIM_MODES[name]
         assert sim.spec and sim.mode == name
         tr = workload.synthetic(steps=2, prompts=8, group_size=4, mean_tokens=400, max_tokens=2000, seed=1)
