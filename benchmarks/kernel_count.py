@@ -19,7 +19,11 @@ dimension <= 256) is counted as FLASH_KERNELS, with the flash kernel's output la
 `--admissions` counts what admitting requests costs (issue 57): a step admitting 64 requests of 32 tokens
 while nothing runs (a prefill of its own: ADMISSION_BUDGET), and 8 such requests riding in a decode step of
 64 running rows (what they add to a plain eager decode step), each with its slot-parameter uploads, sampler
-and read-back.
+and read-back; then the riding step on the static path a GPU replays as one CUDA graph per shape
+(engine/mixed.py, `admitting_graph_counts`): what runs inside the graph and what outside it (its upload,
+the admitted slots' sampling parameters, its read-back), the latter held to ADMITTING_OUTSIDE_BUDGET.
+A masked SDPA call that a GPU runs in its memory-efficient kernel (`efficient_eligible`: the packed
+prompts' document-causal attention) counts as EFFICIENT_KERNELS.
 
 On `meta` a composite op may decompose differently than on `cuda` (e.g. rms_norm, which has a fused CUDA
 kernel), so the budgets are stated for `cuda`; tests/test_kernel_budget.py holds the meta counts, which CI
@@ -66,8 +70,10 @@ NO_KERNEL = {
 }  # fmt: skip
 FLEX_KERNELS = 2  # a compiled flex-decoding call: the attention kernel and its split reduction
 FLASH_KERNELS = 1  # SDPA's flash forward (flash_eligible): one kernel
+EFFICIENT_KERNELS = 1  # SDPA's memory-efficient forward with a mask (efficient_eligible): one kernel
 # The issue's budget (issue 49): kernels per decoder layer inside the graph, and outside it per step.
 LAYER_BUDGET, OUTSIDE_BUDGET = 16, 10
+ADMITTING_OUTSIDE_BUDGET = 40  # kernels outside the graph of a step admitting 8 x 32 into 64 running rows
 ADMISSION_BUDGET = 560  # kernels of one admission of 64 x 32 tokens on SmolLM2's shape, all of it (issue 57)
 
 
@@ -97,6 +103,9 @@ class KernelCounter(TorchDispatchMode):
         if name == "aten::scaled_dot_product_attention" and flash_eligible(*args, **kwargs):
             self.ops[self.section()]["scaled_dot_product_flash_attention (fused)"] += FLASH_KERNELS
             return flash_output(args[0])
+        if name == "aten::scaled_dot_product_attention" and efficient_eligible(*args, **kwargs):
+            self.ops[self.section()]["scaled_dot_product_efficient_attention (fused)"] += EFFICIENT_KERNELS
+            return torch.empty_like(args[0])
         # A composite op (linear, matmul, rms_norm, ...) that has no kernel of the backend's own is what it
         # decomposes into: run its C++ composite with this mode active, so that its leaves are counted.
         if (
@@ -131,6 +140,30 @@ def flash_eligible(
         and attn_mask is None
         and not enable_gqa
         and dropout_p == 0.0
+        and q.shape[1] == k.shape[1] == v.shape[1]
+        and dim <= 256
+        and dim % 8 == 0
+    )
+
+
+def efficient_eligible(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    *a: Any,
+    **kw: Any,
+) -> bool:
+    """Whether a CUDA GPU runs this masked SDPA call in its memory-efficient kernel (which takes an
+    arbitrary mask, unlike flash): fp16/bf16, a mask, no dropout, no GQA, the same head count in q, k and
+    v, a head dimension up to 256 and a multiple of 8. The admitting step's packed prompts
+    (attention.PackedBatch) attend this way."""
+    dim = q.shape[-1]
+    return (
+        q.dtype in (torch.float16, torch.bfloat16)
+        and attn_mask is not None
+        and not kw.get("enable_gqa", False)
+        and kw.get("dropout_p", 0.0) == 0.0
         and q.shape[1] == k.shape[1] == v.shape[1]
         and dim <= 256
         and dim % 8 == 0
@@ -295,6 +328,60 @@ def admission_counts(
     }  # fmt: skip
 
 
+def admitting_graph_counts(
+    rows: int,
+    tokens: int,
+    running: int,
+    shape: ModelConfig,
+    device: str,
+    layout: str,
+    attention: str = "flex",
+) -> dict[str, Any]:
+    """Kernels of the engine step that admits `rows` requests of `tokens` tokens into `running` decoding
+    rows on the static path a GPU replays as one CUDA graph (engine/mixed.py): inside the graph (what
+    `MixedForward._forward` runs) and outside it (the upload, the admitted slots' sampling parameters, the
+    read-back). `outside` is what launches one by one: ADMITTING_OUTSIDE_BUDGET."""
+    with counted_engine(running + rows, shape, device, layout) as (engine, counter):
+        engine.runner.static = StaticForward(
+            engine.model,
+            engine.slots,
+            engine.config.max_verify_tokens,
+            False,
+            attention,
+            sampling=engine.sampling,
+        )  # as the runner builds it on CUDA, run eagerly (capture=False): no graph to launch without a GPU
+        admitting = engine.runner.admitting
+        assert admitting is not None
+        forward = admitting._forward
+
+        def captured(*args: Any) -> None:
+            counter.inside = True
+            try:
+                forward(*args)
+            finally:
+                counter.inside = False
+
+        admitting._forward = captured  # type: ignore[method-assign]
+        for i in range(running):
+            engine.add_request(Request([1, *range(3, 34)], PARAMS, seq_id=f"r{i}"))
+        engine.step()  # their prefill, not counted
+        for i in range(rows):
+            engine.add_request(Request([1, *range(3, 2 + tokens)], PARAMS, seq_id=f"a{i}"))
+        counter.counting = True
+        with counter:
+            engine.step()
+        counter.counting = False
+    assert admitting.ran, "the step did not take the static admitting path"
+    inside = sum(sum(counter.ops[k].values()) for k in ("layers", "shared", "head"))
+    outside = sum(counter.ops["outside"].values())
+    return {
+        "rows": rows, "tokens": tokens, "running": running, "device": device, "layout": layout,
+        "attention": attention, "graph": inside, "outside": outside,
+        "within_budget": outside <= ADMITTING_OUTSIDE_BUDGET, "shape": str(sorted(admitting.ran)[0][:4]),
+        "ops_outside": dict(counter.ops["outside"].most_common()),
+    }  # fmt: skip
+
+
 def real_number(fn: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     """fn's result as a real CPU tensor even under FakeTensorMode."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -363,7 +450,20 @@ def main() -> None:
             budget = {True: "within", False: "over", None: "-"}[r["within_budget"]]
             print(f"| {r['layout']} | {r['rows']} x {r['tokens']} | {r['running']} | {r['kernels']} | "
                   f"{r['ride_extra'] if r['ride_extra'] is not None else '-'} | {budget} |")  # fmt: skip
-        _write(args, rows, {"admission": ADMISSION_BUDGET})
+        graph = [
+            admitting_graph_counts(8, 32, 64, SMOLLM2_SHAPE, args.device, layout)
+            for layout in args.layouts.split(",")
+        ]
+        print("\nOn the static path (engine/mixed.py), replayed as one CUDA graph per shape:\n")
+        print("| layout | admitted | running | shape | in the graph | outside | budget (outside) |")
+        print("|---|---:|---:|---|---:|---:|---|")
+        for r in graph:
+            budget = "within" if r["within_budget"] else "over"
+            print(f"| {r['layout']} | {r['rows']} x {r['tokens']} | {r['running']} | {r['shape']} | "
+                  f"{r['graph']} | {r['outside']} | {budget} |")  # fmt: skip
+        _write(
+            args, rows + graph, {"admission": ADMISSION_BUDGET, "admitting_outside": ADMITTING_OUTSIDE_BUDGET}
+        )
         return
     rows = [
         decode_step_counts(int(b), SMOLLM2_SHAPE, args.device, attention, layout)

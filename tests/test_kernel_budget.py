@@ -13,8 +13,10 @@ import torch
 from benchmarks.gpu import SMOLLM2_SHAPE
 from benchmarks.kernel_count import (
     ADMISSION_BUDGET,
+    ADMITTING_OUTSIDE_BUDGET,
     OUTSIDE_BUDGET,
     admission_counts,
+    admitting_graph_counts,
     decode_step_counts,
     flash_eligible,
 )
@@ -52,3 +54,16 @@ def test_an_admission_runs_on_a_fused_attention_path_within_its_budget() -> None
     assert counts["kernels"] <= META_ADMISSION, counts["ops"]
     if torch.backends.cuda.is_built():
         assert admission_counts(64, 32, SMOLLM2_SHAPE, "cuda", "paged")["kernels"] <= ADMISSION_BUDGET
+
+
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_an_admitting_step_on_the_static_path_launches_within_budget_outside_the_graph(
+    layout: str,
+) -> None:
+    """64 running rows with 8 x 32 tokens admitted, on SmolLM2's shape: the step takes the static path that a
+    GPU replays as one graph (engine/mixed.py), and what stays outside it (upload, the admitted slots'
+    sampling parameters, read-back) is within the budget of 40 (the eager riding step: 743 on cuda)."""
+    counts = admitting_graph_counts(8, 32, 64, SMOLLM2_SHAPE, "meta", layout)
+    assert counts["shape"] == "(64, 8, 256, 144)"  # running bucket, admitted bucket, packed tokens, span
+    assert counts["outside"] <= ADMITTING_OUTSIDE_BUDGET, counts["ops_outside"]
+    assert counts["graph"] > 30 * 16  # the 30 layers ran inside the counted forward

@@ -89,11 +89,16 @@ def run(model, prompts, params, eos, layout, static, monkeypatch, history=None):
 def test_static_shapes_emit_the_own_shape_tokens(which, layout, request, monkeypatch):
     model, prompts, params, eos = workload(which, request)
     eager, _, _ = run(model, prompts, params, eos, layout, False, monkeypatch)
-    static, shapes, _ = run(model, prompts, params, eos, layout, True, monkeypatch)
+    static, shapes, engine = run(model, prompts, params, eos, layout, True, monkeypatch)
     assert [tokens for tokens, _ in static] == [tokens for tokens, _ in eager]
     for (_, a), (_, b) in zip(static, eager, strict=True):
         assert a == pytest.approx(b, abs=1e-4)
     assert {batch for batch, _ in shapes} >= {4, 2, 1}  # full and padded buckets both ran
+    # refills rode in decode steps on the static admitting path (engine/mixed.py), not the eager one
+    admitting = engine.runner.admitting
+    assert admitting is not None and admitting.ran
+    riding = [e for e in engine.trace.events if e.get("prefill_rows")]
+    assert len(riding) >= len(admitting.ran) > 0
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
@@ -118,7 +123,8 @@ def test_static_verification_emits_the_plain_tokens(layout, request, monkeypatch
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
 def test_cuda_graphs_emit_the_eager_tokens(layout, request, monkeypatch):
     """On CUDA: graphs replayed vs the same static forward run eagerly, token-identical (greedy and seeded,
-    plain and verified), and greedy fp32 also equal to the own-shape eager forward."""
+    plain and verified, refills riding in decode steps on their own graphs), and greedy fp32 also equal to
+    the own-shape eager forward."""
     model, prompts, params, eos = workload("llama", request)
     model = copy.deepcopy(model).to("cuda")
     monkeypatch.setattr(kv_cache, "CONTIGUOUS_KV_BYTES", 0 if layout == "paged" else 2**40)
@@ -135,6 +141,8 @@ def test_cuda_graphs_emit_the_eager_tokens(layout, request, monkeypatch):
         out = [s.response_ids for s in engine.generate(prompts, params)]
         if graphs and capture:
             assert engine.runner.static is not None and len(engine.runner.static.graphs) > 1
+            if not history:  # refills rode in decode steps replayed from their own graphs (engine/mixed.py)
+                assert engine.runner.admitting is not None and engine.runner.admitting.graphs
         return out
 
     replayed = generate(True, True)

@@ -168,6 +168,8 @@ class Engine(RequestBook):
                     [self._keys[s.seq_id] for s in admitted],
                 )
         ops = self._capture_decode_graphs(running) if running and not admitted else None
+        if running and admitted:
+            self._capture_admitting_graph(running, admitted)
         occupied = dict(self.scheduler.occupied)
         return Scheduled(kind, running, admitted, ops, self.trace.now(), occupied)
 
@@ -240,6 +242,18 @@ class Engine(RequestBook):
             with self.trace.phase(CAPTURE) as fields:
                 fields["graphs"] = static.prepare(ops)
         return ops
+
+    def _capture_admitting_graph(self, running: list[Sequence], admitted: list[Sequence]) -> None:
+        """Under CUDA graphs, the shape of a decode step with admissions riding in it (runner.py
+        `admitting_key`, mixed.py) captured when first met, as its own `capture` event before the step's
+        clock starts (it compiles nothing: its flex shape is the plain decode step's)."""
+        admitting = self.runner.admitting
+        if admitting is None or not admitting.static.capture:
+            return
+        key = self.runner.admitting_key(running, admitted)
+        if key is not None and key not in admitting.graphs:
+            with self.trace.phase(CAPTURE) as fields:
+                fields["graphs"] = int(admitting.ensure_captured(key))
 
     def prepare(self, params: SamplingParams) -> None:
         """Before a run's first timed step: capture every graph its decode steps (and, with a speculation

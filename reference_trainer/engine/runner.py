@@ -23,6 +23,7 @@ from reference_trainer.engine.config import EngineConfig
 from reference_trainer.engine.graphs import StaticForward
 from reference_trainer.engine.hostclock import FORWARDS, HostClock
 from reference_trainer.engine.kv_cache import SlotManager
+from reference_trainer.engine.mixed import Key, MixedForward
 from reference_trainer.engine.sampler import SamplerOps, SlotParams
 from reference_trainer.engine.sequence import Sequence
 from reference_trainer.engine.transfers import PAD_ID, padded, upload
@@ -85,6 +86,29 @@ class ModelRunner:
             self.static = StaticForward(
                 model, slots, config.max_verify_tokens, True, self.attention, sampling=sampling
             )
+        self._admitting: MixedForward | None = None
+
+    @property
+    def admitting(self) -> MixedForward | None:
+        """The static path of decode steps with admissions riding in them (mixed.py), over `static`'s
+        buffers and graph pool: None without a sampling static forward."""
+        static = self.static
+        if static is None or static.sampling is None:
+            return None
+        if self._admitting is None or self._admitting.static is not static:
+            self._admitting = MixedForward(static, self.config.max_prefill_tokens)
+        return self._admitting
+
+    def admitting_key(self, running: list[Sequence], admitted: list[Sequence]) -> Key | None:
+        """The static shape a decode step of `running` with `admitted` riding in it runs at (None: it runs
+        eagerly: no static path, a resumed admission, or past the buckets)."""
+        admitting = self.admitting
+        prompts = [s.all_ids[s.num_cached :] for s in admitted]
+        fresh = all(s.num_cached == 0 for s in admitted)
+        if admitting is None or not admitting.fits(len(running), prompts, fresh):
+            return None
+        ops = SamplerOps.of([s.params for s in running + admitted])
+        return admitting.key(len(running), prompts, max(s.num_cached for s in running) + 1, ops)
 
     # ---- the entry points --------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -127,6 +151,8 @@ class ModelRunner:
         `drafts` set, `num_cached` left to the caller as for `extend`), then the admitted sequences'
         uncached tokens (one row each: the logits after their last token, `drafts` -1)."""
         verify = rows is not None
+        if not verify and self.admitting_key(running, admitted) is not None:
+            return self._mixed_static(running, admitted)
         rows = rows if rows is not None else [[s.last_token] for s in running]
         decode = self._continue_part(running, rows)
         # The running part first: in the contiguous layout its packed slot range may write padding into an
@@ -141,6 +167,26 @@ class ModelRunner:
         for seq in admitted if verify else running + admitted:
             seq.num_cached = seq.length
         return Scored(logits, inputs["slots"], inputs["positions"], inputs.get("drafts"))
+
+    def _mixed_static(self, running: list[Sequence], admitted: list[Sequence]) -> Scored:
+        """`mixed`'s decode step on the static path (mixed.py): sampled inside the forward."""
+        admitting = self.admitting
+        assert admitting is not None
+        slots: list[int] = [s.slot for s in running]  # type: ignore[misc]
+        starts = [s.num_cached for s in running]
+        self.slots.reserve_each(slots, [start + 1 for start in starts])
+        admitted_slots: list[int] = [s.slot for s in admitted]  # type: ignore[misc]
+        prompts = [s.all_ids for s in admitted]  # fresh: nothing of them is cached
+        for slot, prompt in zip(admitted_slots, prompts, strict=True):
+            self.slots.reserve(slot, len(prompt))
+        ops = SamplerOps.of([s.params for s in running + admitted])
+        with self.clock.forwards:  # its upload into static buffers, the forward and sampling
+            sampled = admitting.run(
+                [s.last_token for s in running], starts, slots, prompts, admitted_slots, ops
+            )
+        for seq in running + admitted:
+            seq.num_cached = seq.length
+        return Scored(None, None, None, sampled=sampled)
 
     @torch.inference_mode()
     def extend(self, seqs: list[Sequence], new_tokens: list[list[int]]) -> Scored:

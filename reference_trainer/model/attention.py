@@ -235,11 +235,11 @@ def write_and_attend(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    batch: CachedBatch | MixedBatch,
+    batch: CachedBatch | MixedBatch | PackedBatch,
 ) -> torch.Tensor:
     """Store the new k/v ([B, Q, Hkv, D]) in the cache, then attend q ([B, Q, H, D]) over each row's cached
     positions; returns [B, Q, H * D]."""
-    if isinstance(batch, MixedBatch):
+    if isinstance(batch, MixedBatch | PackedBatch):
         return batch.write_and_attend(q, k, v, k_cache, v_cache)
     bsz, num_q, heads, dim = q.shape
     kv_heads = k.shape[2]
@@ -338,7 +338,7 @@ class MixedBatch:
     slot (the packed-range decode of the contiguous layout, runner.py) must come before it: the later part
     writes its real K/V over it in the same layer."""
 
-    def __init__(self, parts: list[tuple[CachedBatch, int, int]]) -> None:
+    def __init__(self, parts: list[tuple[CachedBatch | PackedBatch, int, int]]) -> None:
         self.parts = parts
         self.cache = parts[0][0].cache
         self.positions = torch.cat([b.positions.reshape(-1) for b, _, _ in parts])[None]  # [1, N]
@@ -355,3 +355,42 @@ class MixedBatch:
             outs.append(write_and_attend(q_, k_, v_, k_cache, v_cache, batch).reshape(1, n, -1))
             start += n
         return torch.cat(outs, dim=1)
+
+
+class PackedBatch:
+    """Fresh sequences (each from position 0) packed into one row of T tokens ([1, T]), as a static shape:
+    token t of document doc[t] sits at position positions[t] and writes its K/V at `write` (paged: the
+    flat pool index, block * block_size + offset; slot cache: (slot, position)). Each token attends
+    causally within its own document only, by a [T, T] mask built on the device from `doc` and `positions`,
+    so a captured graph holds it for any packing of up to T tokens (engine/mixed.py). Padding tokens are
+    a document of their own that writes into the cache's scratch place and is never sampled."""
+
+    def __init__(
+        self,
+        positions: torch.Tensor,
+        doc: torch.Tensor,
+        write: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        cache: PagedKVCache | SlotKVCache,
+    ) -> None:
+        self.cache, self.write = cache, write
+        self.positions = positions[None]  # [1, T]
+        same = doc[:, None] == doc[None, :]
+        self.mask = (same & (positions[None, :] <= positions[:, None]))[None, None]  # [1, 1, T, T]
+
+    def write_and_attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """Store k/v ([1, T, Hkv, D]) and attend q ([1, T, H, D]) over the packed tokens; [1, T, H * D]."""
+        _, n, heads, dim = q.shape
+        kv_heads = k.shape[2]
+        for new, pool in ((k, k_cache), (v, v_cache)):
+            if isinstance(self.write, tuple):  # slot cache [slot, Hkv, pos, D]
+                pool[self.write[0], :, self.write[1]] = new[0].to(pool.dtype)
+            else:
+                pool.view(kv_heads, -1, dim)[:, self.write] = new[0].transpose(0, 1).to(pool.dtype)
+        if kv_heads != heads:  # every query head's K/V, as the fresh prefill path does
+            k, v = (t.repeat_interleave(heads // kv_heads, dim=2) for t in (k, v))
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=self.mask
+        )
+        return out.transpose(1, 2).reshape(1, n, heads * dim)
