@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,12 +17,18 @@ from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.graphs import StaticForward
 from reference_trainer.engine.sampler import SamplerOps
 from reference_trainer.engine.sequence import Request
+from reference_trainer.model import loader
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.embedded import default_model_dir
 from reference_trainer.model.loader import load_model, read_config
+from reference_trainer.model.tokenizer import CharTokenizer
 from reference_trainer.modes import get_mode
+from reference_trainer.tasks import get_task
+from reference_trainer.train import assemble as assemble_module
+from reference_trainer.train import heldout
 from reference_trainer.train.assemble import assemble
 from reference_trainer.train.config import TrainConfig
+from reference_trainer.train.heldout import HeldOut
 from reference_trainer.train.trainer import Trainer
 
 
@@ -116,28 +123,51 @@ def test_every_shape_a_run_takes_is_prepared_before_its_first_step(tiny_model_di
         assert any(width > 1 for _, width, _, _ in static.ran)  # verify shapes ran, prepared too
 
 
-def test_a_compare_of_baseline_sorted_and_rhyme_compiles_at_most_12_flex_shapes():
+def flex_keys(model: DecoderLM, config: EngineConfig, temperature: float, verify: bool) -> set:
+    """The compiled flex shapes (graphs.py `compile_keys`) an engine of `config` over `model` prepares on a
+    GPU: the paged pool preallocated as under graphs, flex attention, the run's sampling."""
+    shape = model.config
+    max_len = min(config.max_model_len, shape.max_position_embeddings) + config.max_verify_tokens
+    slots = kv_cache.SlotManager(
+        shape, config.max_num_seqs, max_len, torch.device("meta"), torch.bfloat16, contiguous=False,
+        preallocate=True,
+    )  # fmt: skip
+    static = StaticForward(model, slots, config.max_verify_tokens, False, "flex")
+    static.prepare(SamplerOps.of([SamplingParams(temperature=temperature)]), verify=verify)
+    return static.compile_keys()
+
+
+def test_a_compare_with_its_held_out_evaluation_compiles_at_most_12_flex_shapes(monkeypatch):
     """The README's compare on a GPU (the embedded model, the run's defaults, flex attention): the compiled
-    flex shapes its engines prepare, counted from their shape keys; verify runs SDPA (no compile), decode
-    one span per batch bucket."""
+    flex shapes of its rollout engines and of the held-out evaluation's engine (built by train/heldout.py as
+    on CUDA: its dtype as resolved there), counted from their shape keys, dtype included; verify runs SDPA
+    (no compile), decode one span per batch bucket. The held-out engine adds none: it runs the rollout's
+    dtype at the rollout's sizes (an fp32 copy at other sizes added 8)."""
     defaults = TrainConfig()
-    shape = read_config(default_model_dir())
+    cuda_dtype = loader.resolve_dtype("auto", torch.device("cuda"))
     keys = set()
     for mode in ("baseline", "sorted", "rhyme"):
-        with torch.device("meta"):
-            model = DecoderLM(shape)
-        max_len = (
-            min(defaults.max_model_len, shape.max_position_embeddings) + EngineConfig().max_verify_tokens
-        )
-        slots = kv_cache.SlotManager(
-            shape, defaults.max_num_seqs, max_len, torch.device("meta"), torch.bfloat16, contiguous=False,
-            preallocate=True,
-        )  # fmt: skip
-        static = StaticForward(model, slots, EngineConfig().max_verify_tokens, False, "flex")
-        static.prepare(SamplerOps.of([SamplingParams(temperature=defaults.temperature)]),
-                       verify=get_mode(mode).speculative)  # fmt: skip
-        keys |= static.compile_keys()
-    assert 0 < len(keys) <= 12, sorted(keys)
+        with torch.device("meta"):  # the rollout's copy, in the inference dtype (rollout/engines.py)
+            model = DecoderLM(read_config(default_model_dir())).to(cuda_dtype)
+        # the rollout engine's config as train/assemble.py builds it (its sizes: no speculation in them)
+        config = assemble_module._engine_spec(defaults, SimpleNamespace(speculation=None), "cuda").config
+        keys |= flex_keys(model, config, defaults.temperature, get_mode(mode).speculative)
+    monkeypatch.setattr(heldout, "resolve_dtype", lambda dtype, device: cuda_dtype)  # as on a CUDA device
+    with torch.device("meta"):
+        policy = DecoderLM(read_config(default_model_dir()))  # the trained policy: fp32
+    tokenizer, task = CharTokenizer(), get_task("arith")
+    held = HeldOut(
+        policy,
+        tokenizer,
+        task,
+        task.problems(2, seed=1),
+        defaults.response_tokens,
+        defaults.max_model_len,
+        defaults.max_num_seqs,
+    )  # fmt: skip (as trainer.py builds it)
+    held_keys = flex_keys(held.engine.model, held.engine.config, 0.0, verify=False)
+    assert held_keys <= keys, sorted(held_keys - keys)
+    assert 0 < len(keys | held_keys) <= 12, sorted(keys | held_keys)
 
 
 def test_the_admission_overhead_is_measured_through_the_runner(llama_dir):

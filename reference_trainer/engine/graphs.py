@@ -245,12 +245,15 @@ class StaticForward:
                 self._replay(shape, self.padding_args(*shape))
         return len(self.graphs) - before
 
-    def compile_keys(self) -> set[tuple[int, int, int, int]]:
+    def compile_keys(self) -> set[tuple[int, int, int, int, str]]:
         """The compiled-flex shapes of every shape prepared or run: (bucket, width, table blocks, pool
-        size). Compiled flex compiles once per such key (flex.py), so this is the run's compile count."""
+        size, the model's dtype). Compiled flex compiles once per such key in a process (flex.py; its
+        compiled function is one per process, whichever engine calls it), so the keys of every engine of a
+        process, together, are its compile count."""
         pool = self.slots.cache.num_blocks if not self.slots.contiguous else self.slots.capacity + 1
+        dtype = str(next(self.model.parameters()).dtype)
         return {
-            (bucket, width, self._blocks(span), pool)
+            (bucket, width, self._blocks(span), pool, dtype)
             for bucket, width, span, _ in self.prepared | self.ran
             if self.attention_for(width) == "flex"
         }

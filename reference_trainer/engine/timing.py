@@ -94,7 +94,7 @@ def admission_overhead(
 ) -> dict[int, float]:
     """For each batch b: (a decode step of b rows with one admission of `tokens` tokens riding in it, minus
     a plain decode step of b rows) / the plain step. A plain decode step replays its graph where the runner
-    has them; a step with an admission runs eagerly (runner.mixed)."""
+    has them; a step with an admission replays its own (runner.mixed, engine/mixed.py) or runs eagerly."""
     table: dict[int, float] = {}
     for b in batches:
         probes = [_probe(slots, i, tokens, 1) for i in range(b)]

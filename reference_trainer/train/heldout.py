@@ -2,7 +2,8 @@
 
 The trainer calls `HeldOut.evaluate` at step 0 and every `eval_every` steps (`val/heldout_greedy_acc`,
 `val/heldout_pass1`); the embedded model's recipe uses `policy_card` to check its targets. Both decode with
-their own engine over a copy of the weights, so the training trace and the policy's modules stay untouched.
+their own engine over a copy of the weights in the rollout's inference dtype, so the training trace and the
+policy's modules stay untouched.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.model.decoder import DecoderLM
+from reference_trainer.model.loader import resolve_dtype
 from reference_trainer.model.prompting import encode_prompt
 from reference_trainer.tasks.base import Problem, Task
 from reference_trainer.train.config import HELD_OUT_SEED
@@ -51,6 +53,12 @@ class Decoded:
     response_ids: list[list[int]]
 
 
+def heldout_engine_config(max_num_seqs: int, max_model_len: int, device: str) -> EngineConfig:
+    """The held-out engine's configuration: the rollout engine's sizes (train/assemble.py), so that it
+    shares the rollout engine's static shapes and compiled flex shapes."""
+    return EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device)
+
+
 class HeldOut:
     """A fixed held-out set decoded by a private engine whose weights follow the policy on each call."""
 
@@ -67,14 +75,15 @@ class HeldOut:
         self.policy, self.tokenizer, self.task, self.problems = policy, tokenizer, task, problems
         self.max_tokens = max_tokens
         self.prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
-        model = copy.deepcopy(policy)
+        device = next(policy.parameters()).device
+        # In the rollout engine's inference dtype (rollout/engines.py makes its copy the same way) and at
+        # its sizes (the trainer passes its max_num_seqs and max_model_len): then every static shape this
+        # engine takes is one the rollout engine compiled, and on CUDA compiled flex reuses those compiles
+        # instead of adding one per batch bucket (an fp32 copy added 8 to the compare's 8).
+        model = copy.deepcopy(policy).requires_grad_(False).to(resolve_dtype("auto", device))
         self.engine = Engine(
             model,
-            EngineConfig(
-                max_num_seqs=max_num_seqs,
-                max_model_len=max_model_len,
-                device=str(next(policy.parameters()).device),
-            ),
+            heldout_engine_config(max_num_seqs, max_model_len, str(device)),
             eos_token_ids=tokenizer.eos_token_ids,
         )
 

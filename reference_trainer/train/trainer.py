@@ -95,6 +95,7 @@ class Trainer:
             problems,
             self.config.response_tokens,
             self.config.max_model_len,
+            self.config.max_num_seqs,  # the rollout engine's sizes: its compiled shapes serve both
         )
 
     def evaluate(self) -> dict[str, float]:
