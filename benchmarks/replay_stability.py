@@ -1,19 +1,22 @@
 """Does the GPU replay's figure hold still when this machine's load changes? The README's compare run twice
-with the same seed, as it is and beside busy-loop processes, and sorted's replayed rollout speed-up over the
-baseline's (free admissions) read from each, with its host time from CPU seconds (the replay's source when the
-trace has them) and, for reference, from wall time outside the forwards (the source before CPU seconds).
+with the same seed, as it is and beside busy-loop processes (or compare folders already run, `--runs`), and
+sorted's replayed rollout speed-up over the baseline's read from each at free admissions: as the replay
+gives it (host work per engine step from the calibration, else swept: a count, not this machine's time) at
+each swept host value, and, for reference, with this machine's CPU seconds as the host time (the replay's
+source before, which moved with the load).
 
     python -m benchmarks.replay_stability [--steps 4] [--busy 2] [--seed 0] [--out FILE]
+    python -m benchmarks.replay_stability --runs DIR[:LOAD] DIR[:LOAD] ... [--out FILE]
 
-Prints a table: per run, the load average around it, the replayed figure and sorted's host share of its
-replayed rollout under both sources, and the spread between the runs. The machine's other users load it
-too: the load recorded is what it was, not what was asked for.
+Prints a table: per run, the load average around it, the replayed figure per source, and the spread between
+the runs. The machine's other users load it too: the load recorded is what it was, not what was asked for.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,47 +48,61 @@ def run_compare(out: Path, steps: int, seed: int, busy: int) -> dict[str, Any]:
             loop.wait()
     if done.returncode != 0:
         raise SystemExit(f"compare failed: {done.stderr.strip().splitlines()[-1:]}")
-    return {"busy_loops": busy, "load_before": load_before, "load_after": load_after,
-            "wall_s": time.perf_counter() - start, "figures": figures(out)}  # fmt: skip
+    return {"name": f"{busy} busy loops", "load_before": f"{load_before:.1f}",
+            "load_after": f"{load_after:.1f}", "wall_s": time.perf_counter() - start,
+            "figures": figures(out)}  # fmt: skip
 
 
 def figures(out: Path) -> dict[str, Any]:
-    """Sorted's replayed rollout speed-up at free admissions and its host share, per host source."""
+    """Sorted's replayed rollout speed-up at free admissions: the replay's (per swept host value, or the
+    calibration's host) and, for reference, with this machine's CPU seconds as host time."""
     doc = read_json(out / "compare.json")["gpu_replay"]
     cal = next(c for c in packaged() if c.name == doc["calibration"]["name"])
-    traces = {m: read_trace(out / m / "trace.jsonl") for m in ("baseline", "sorted")}
-    wall = {m: [{k: v for k, v in e.items() if k != "host_cpu_s"} for e in t] for m, t in traces.items()}
-    found = {}
-    for source, runs in (("cpu", traces), ("wall", wall)):
-        replays = {m: replay(events, cal) for m, events in runs.items()}
-        comp = comparison(replays, "baseline")
-        free = next(p for p in comp["speedup"]["sorted"] if not any(p["assumed"].values()))
-        host = comp["runs"]["sorted"]["host"]
-        base = comp["runs"]["baseline"]["host"]
-        found[source] = {"speedup": free["rollout"], "sorted_host_ms": 1e3 * host["s_per_rl_step"],
-                         "sorted_host_share": host["share_of_rollout"][0],
-                         "baseline_host_ms": 1e3 * base["s_per_rl_step"]}  # fmt: skip
-    return found
+    runs = {m: replay(read_trace(out / m / "trace.jsonl"), cal, m) for m in ("baseline", "sorted")}
+    comp = comparison(runs, "baseline")
+    free = [p for p in comp["speedup"]["sorted"] if not p["assumed"].get("prefill")]
+    model = {str(p["assumed"].get("host", "calibration")): p["rollout"] for p in free}
+
+    def with_this_cpu(run: Any) -> float:  # forwards at free admissions + this CPU's host seconds
+        host0 = {**free[0]["assumed"], "host": 0.0}
+        cpu = statistics.mean(sum((s.host_parts or {}).values()) for s in run.steps)
+        return float(run.rollout_s(host0)) + cpu
+
+    return {"model": model, "this_cpu": with_this_cpu(runs["baseline"]) / with_this_cpu(runs["sorted"])}
 
 
 def table(runs: list[dict[str, Any]]) -> str:
+    hosts = list(runs[0]["figures"]["model"])
     lines = [
-        "| busy loops | load (before / after) | source | sorted vs baseline (replayed) "
-        "| sorted host ms / RL step "
-        "| its share | baseline host ms |",
-        "|---|---|---|---:|---:|---:|---:|",
-    ]
+        "| run | load (before / after) | "
+        + " | ".join(f"replayed, host {float(h) * 1e3:g} ms/step" if h != "calibration" else "replayed"
+                     for h in hosts)
+        + " | with this CPU's host seconds |",
+        "|---|---|" + "---:|" * (len(hosts) + 1),
+    ]  # fmt: skip
     for r in runs:
-        for source, f in r["figures"].items():
-            lines.append(
-                f"| {r['busy_loops']} | {r['load_before']:.1f} / {r['load_after']:.1f} | {source} | "
-                f"{f['speedup']:.3f}x | {f['sorted_host_ms']:.1f} | {100 * f['sorted_host_share']:.0f}% | "
-                f"{f['baseline_host_ms']:.1f} |"
-            )
-    for source in ("cpu", "wall"):
-        values = [r["figures"][source]["speedup"] for r in runs]
-        lines.append(f"spread ({source}): {100 * (max(values) / min(values) - 1):.1f}%")
+        cells = [f"{r['figures']['model'][h]:.3f}x" for h in hosts] + [f"{r['figures']['this_cpu']:.3f}x"]
+        lines.append(f"| {r['name']} | {r['load_before']} / {r['load_after']} | " + " | ".join(cells) + " |")
+    for h in hosts:
+        values = [r["figures"]["model"][h] for r in runs]
+        lines.append(f"spread (replayed, host {h}): {100 * (max(values) / min(values) - 1):.1f}%")
+    values = [r["figures"]["this_cpu"] for r in runs]
+    lines.append(f"spread (this CPU's host seconds): {100 * (max(values) / min(values) - 1):.1f}%")
     return "\n".join(lines)
+
+
+def read_runs(specs: list[str]) -> list[dict[str, Any]]:
+    """Compare folders already run, each DIR or DIR:LOAD (the load average it ran at, as recorded)."""
+    runs = []
+    for spec in specs:
+        folder, _, load = spec.partition(":")
+        if not (Path(folder) / "compare.json").is_file():
+            raise SystemExit(f"error: {folder}: no compare.json (a `rlbench compare` output folder)")
+        said = load or "not recorded"
+        runs.append(
+            {"name": folder, "load_before": said, "load_after": said, "figures": figures(Path(folder))}
+        )
+    return runs
 
 
 def main() -> None:
@@ -93,10 +110,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--busy", type=int, default=2, help="busy loops beside the second run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs", nargs="+", help="compare folders already run (DIR or DIR:LOAD) instead")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="replay-stability-") as tmp:
-        runs = [run_compare(Path(tmp) / f"busy{b}", args.steps, args.seed, b) for b in (0, args.busy)]
+    if args.runs:
+        runs = read_runs(args.runs)
+    else:
+        with tempfile.TemporaryDirectory(prefix="replay-stability-") as tmp:
+            runs = [run_compare(Path(tmp) / f"busy{b}", args.steps, args.seed, b) for b in (0, args.busy)]
     print(table(runs))
     command = " ".join(["python -m benchmarks.replay_stability", *sys.argv[1:]])
     write_json(args.out, {"command": command, "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(),

@@ -148,24 +148,28 @@ def _run(steps: int, prefills: int, decodes: int, host: float, update_tokens: in
     return events
 
 
-def test_the_replay_keeps_measured_host_time_and_sweeps_what_was_never_measured() -> None:
-    cal = calibration()  # prefill and update swept
+def test_the_replay_counts_host_time_per_engine_step_and_sweeps_what_was_never_measured() -> None:
+    cal = calibration()  # prefill, update and host work swept
     base, fewer = _run(2, 1, 10, 0.05, 1000), _run(2, 4, 5, 0.02, 500)
     doc = comparison({"baseline": replay(base, cal), "sorted": replay(fewer, cal)}, "baseline")
     decode2 = 1.02e-3
     point = next(
-        p for p in doc["runs"]["baseline"]["points"] if p["assumed"] == {"prefill": 0.01, "update": 1e-4}
+        p
+        for p in doc["runs"]["baseline"]["points"]
+        if p["assumed"] == {"prefill": 0.01, "update": 1e-4, "host": 0.001}
     )
-    assert point["rollout_s"] == pytest.approx(11 * decode2 + 0.01 + 0.05)
+    # 11 forwards, one admitting; host work 1 ms for each of its 11 engine steps (not the 0.05 s measured)
+    assert point["rollout_s"] == pytest.approx(11 * decode2 + 0.01 + 11 * 0.001)
     assert point["step_s"] == pytest.approx(point["rollout_s"] + 1000 * 1e-4 + 0.1)
     assert doc["runs"]["sorted"]["per_step"] == {"prefill": 4, "decode": 5, "verify": 0, "admissions": 4}
-    # sorted: 9 forwards + 0.02 s host against 11 + 0.05 s; its 4 admissions against one: even at 3a = ...
+    # sorted: 9 forwards against 11, its 4 admissions against one: even at 3a = 2 decodes (host work at 0)
     even = doc["break_even_prefill_s"]["sorted"]
-    assert even == pytest.approx((2 * decode2 + 0.03) / 3, rel=1e-6)
+    assert even == pytest.approx(2 * decode2 / 3, rel=1e-6)
     assert doc["break_even_prefill_s"]["baseline"] is None
     lines = comparison_lines(doc)
     assert lines[0].startswith("GPU replay (a model, not a measurement)") and "test GPU" in lines[0]
     assert "never measured, swept: prefill at 0 / 5 / 10 / 20 / 50 ms per admission beyond" in lines[1]
+    assert "host at 0 / 0.5 / 1 / 2.5 ms of host work per engine step" in lines[1]
     assert f"(break-even {1e3 * even:.1f} ms per admission)" in lines[-1]
 
 
@@ -201,9 +205,12 @@ def test_replaying_a_run_through_its_own_forward_times_reproduces_its_rollout(
         table[rows][per_row] = statistics.mean(seconds)
     own = replace(own_decode, prefill=dict(table), update={"s_fixed": 0.0, "s_per_token": 1e-6, "points": []})
     run = replay(events, own)
-    assert run.source == "wall"
+    assert run.source == "swept"
     measured = statistics.mean(s.measured_rollout_s for s in run.steps)
-    assert len(run.steps) == 2 and run.rollout_s({}) == pytest.approx(measured, rel=0.05)
+    # the run's host work as one rate per engine step: its wall time outside the forwards over its steps
+    outside = sum(s.measured_rollout_s for s in run.steps) - sum(f.seconds for f in forwards(events))
+    rate = outside / sum(s.engine_steps for s in run.steps)
+    assert len(run.steps) == 2 and run.rollout_s({"host": rate}) == pytest.approx(measured, rel=0.05)
 
 
 def _with_cpu(events: list[dict], parts: dict[str, float]) -> list[dict]:
@@ -211,27 +218,36 @@ def _with_cpu(events: list[dict], parts: dict[str, float]) -> list[dict]:
     return [{**e, "host_cpu_s": parts} if e["kind"] == "rollout" else e for e in events]
 
 
-def test_the_replay_takes_host_time_from_cpu_seconds_or_the_calibration_and_says_which() -> None:
+def test_the_replay_takes_host_time_from_the_calibration_or_a_sweep_never_from_this_machine() -> None:
+    """The replayed figure is a function of the run's counts and the calibration: the same whatever host
+    seconds this machine's load gave the run (wall or CPU, 1x or 10x), which are shown beside it."""
     parts = {"engine": 0.004, "controller": 0.003, "sampling": 0.001}
     wall, cpu = _run(2, 1, 10, 0.05, 1000), _with_cpu(_run(2, 1, 10, 0.05, 1000), parts)
-    assert replay(wall, calibration()).source == "wall"
-    assert [s.host_s for s in replay(wall, calibration()).steps] == pytest.approx([0.05, 0.05])
-    run = replay(cpu, calibration())  # decode timed as the forward alone: every host part is this CPU's
-    assert run.source == "cpu" and [s.host_s for s in run.steps] == pytest.approx([0.008, 0.008])
-    host = run.doc()["host"]
-    assert host["cpu_s_by_part"] == pytest.approx(parts)
-    assert host["s_per_engine_step"] == pytest.approx(0.008 / 11)
-    free = run.rollout_s({"prefill": 0.0, "update": 1e-4})
-    assert host["share_of_rollout"][0] == pytest.approx(0.008 / free)
-    steps = calibration(decode_scope="engine_step")  # the engine's host work is in its decode costs
-    assert [s.host_s for s in replay(cpu, steps).steps] == pytest.approx([0.003, 0.003])
-    per_step = calibration(host={"s_per_step": 2e-4})  # measured per engine step on the GPU machine
-    run = replay(cpu, per_step)
-    assert run.source == "calibration" and run.steps[0].host_s == pytest.approx(11 * 2e-4 + 0.003)
-    doc = comparison({"baseline": replay(wall, per_step), "sorted": run}, "baseline")
-    lines = comparison_lines(doc)
-    assert "from this machine's wall time outside the forwards" in lines[2]
-    assert "from the engine's host work as the calibration measured it on its GPU" in lines[3]
+    loaded = _with_cpu(_run(2, 1, 10, 0.5, 1000), {k: 10 * v for k, v in parts.items()})
+    runs = [replay(events, calibration()) for events in (wall, cpu, loaded)]
+    assert {r.source for r in runs} == {"swept"}
+    assert runs[0].doc()["points"] == runs[1].doc()["points"] == runs[2].doc()["points"]
+    forwards_s = runs[1].rollout_s({"prefill": 0.0, "update": 1e-4, "host": 0.0})
+    assert runs[1].rollout_s({"prefill": 0.0, "update": 1e-4, "host": 0.001}) == pytest.approx(
+        forwards_s + 11 * 0.001
+    )
+    host = runs[1].doc()["host"]
+    assert host["this_cpu_s_by_part"] == pytest.approx(parts)
+    assert host["this_cpu_s_per_engine_step"] == pytest.approx(0.008 / 11)
+    assert host["s_per_rl_step_range"] == pytest.approx([0.0, 11 * 0.0025])
+    assert runs[0].doc()["host"]["this_cpu_s_by_part"] is None  # a trace without CPU seconds
+    per_step = calibration(host={"s_per_step": 2e-4, "controller_s_per_step": {"sorted": 1e-4}})
+    run = replay(cpu, per_step, "sorted")  # measured per engine step on the GPU machine, the mode's too
+    assert run.source == "calibration" and "host" not in run.sweep()[0]
+    assert run.rollout_s({"prefill": 0.0, "update": 1e-4}) == pytest.approx(forwards_s + 11 * 3e-4)
+    base = replay(wall, per_step, "baseline")  # no controller cost measured for it: the engine's only
+    assert base.rollout_s({"prefill": 0.0, "update": 1e-4}) == pytest.approx(forwards_s + 11 * 2e-4)
+    steps = calibration(decode_scope="engine_step", host={"s_per_step": 2e-4})  # in its decode costs
+    assert replay(cpu, steps).rollout_s({"prefill": 0.0, "update": 1e-4}) == pytest.approx(forwards_s)
+    lines = comparison_lines(comparison({"baseline": base, "sorted": run}, "baseline"))
+    assert "as the calibration measured it on its GPU machine" in lines[2]
+    swept = comparison_lines(comparison({"baseline": runs[0], "sorted": runs[1]}, "baseline"))
+    assert "a host cost per engine step swept" in swept[3] and "this CPU's, not in it: 0.73 ms" in swept[3]
 
 
 def test_fit_update_is_a_line_or_the_pooled_rate_when_noise_makes_it_unphysical() -> None:

@@ -9,7 +9,7 @@ from rlbench.report.figures import note
 from rlbench.report.page import table
 
 # A swept term's values in a readable unit: its unit's seconds ("s per ...") scaled.
-SWEEP_SCALE = {"prefill": (1e3, "ms"), "update": (1e6, "µs")}
+SWEEP_SCALE = {"prefill": (1e3, "ms"), "update": (1e6, "µs"), "host": (1e3, "ms")}
 
 
 def _values(term: str, values: list[float], unit: str) -> str:
@@ -91,7 +91,13 @@ def _host(host: Any) -> str:
     if not isinstance(host, dict) or host.get("s_per_rl_step") is None:
         return ""
     shares = _span([100 * s if s is not None else None for s in host.get("share_of_rollout") or []], "%", 0)
-    return f"; host {1e3 * host['s_per_rl_step']:.1f} ms per step ({shares} of it) from {host.get('label')}"
+    lo, hi = host.get("s_per_rl_step_range") or [host["s_per_rl_step"]] * 2
+    here = host.get("this_cpu_s_per_engine_step")
+    beside = f"; this CPU's, not in it: {1e3 * here:.2f} ms per engine step" if here is not None else ""
+    return (
+        f"; host {_span([1e3 * lo, 1e3 * hi], ' ms', 1)} per step ({shares} of it) from {host.get('label')}"
+        + beside
+    )
 
 
 def _num(value: float | None) -> str:
@@ -99,13 +105,14 @@ def _num(value: float | None) -> str:
 
 
 def _by_prefill(points: list[dict[str, Any]]) -> str:
-    """A mode's rollout speed-up at each swept admission cost (or its one value where none is swept)."""
-    seen: dict[float | None, float | None] = {}
-    for p in points:
-        seen.setdefault(p["assumed"].get("prefill"), p["rollout"])
+    """A mode's rollout speed-up at each swept admission cost (or its one value where none is swept), each a
+    range where the host work per engine step is swept too."""
+    seen: dict[float | None, list[float | None]] = {}
+    for p in points:  # at each admission cost, the range over the other swept terms (host work per step)
+        seen.setdefault(p["assumed"].get("prefill"), []).append(p["rollout"])
     if list(seen) == [None]:
-        return _span(list(seen.values()), "x")
-    values = " / ".join("n/a" if r is None else f"{r:.2f}x" for r in seen.values())
+        return _span(seen[None], "x")
+    values = " / ".join(_span(r, "x") for r in seen.values())
     scale, prefix = SWEEP_SCALE["prefill"]
     return f"{values} at " + " / ".join(f"{scale * a:g}" for a in seen if a is not None) + f" {prefix}"
 

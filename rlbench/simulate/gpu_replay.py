@@ -104,18 +104,27 @@ def beyond(cal: Calibration, f: Forward) -> bool:
     return cal.beyond(f.rows, width) or admitted
 
 
-# Where a replay's host time comes from, as its doc and lines name it.
+# Where a replay's host time comes from, as its doc and lines name it. Never this machine's seconds: CPU
+# seconds measured here moved with its load (sorted's replayed figure 1.07x beside 1.02x with the same seed at
+# load 10-14, wall time 0.43x beside 0.22x), so they are shown beside the figure, not in it.
 HOST_SOURCES = {
-    "cpu": "this machine's CPU seconds (the rollout thread's: engine, controller, sampling and uploads)",
-    "calibration": "the engine's host work as the calibration measured it on its GPU, the controller's as "
-    "this machine's CPU seconds",
-    "wall": "this machine's wall time outside the forwards (no CPU seconds in the trace: it moves with load)",
+    "calibration": "the host work per engine step as the calibration measured it on its GPU machine "
+    "(engine, sampling and, where measured for the mode, its controller), times the run's engine steps",
+    "swept": "a host cost per engine step swept over the values below (the calibration never measured it), "
+    "times the run's engine steps: a count, so the figure does not move with this machine's load",
+}
+# What host work per engine step on a GPU machine is swept over where the calibration never measured it:
+# from a lean engine's step (vLLM's scheduler and sampler bookkeeping is in this range) to this CPU's
+# sorted engine step before its controller was made cheap (2.4 ms, benchmarks/controller_host.py).
+HOST_SWEEP = {
+    "values": [0.0, 0.0005, 0.001, 0.0025],
+    "unit": "s of host work per engine step (engine, controller, sampling), on the GPU machine",
 }
 
 
 def host_cpu(events: Sequence[Event]) -> dict[int, dict[str, float]]:
     """Per step, the CPU seconds its rollout phases recorded by host part (`host_cpu_s`); a step with a
-    rollout phase that recorded none is left out."""
+    rollout phase that recorded none is left out. Shown beside the figure (this machine's), not in it."""
     out: dict[int, dict[str, float]] = {}
     lacking: set[int] = set()
     for e in events:
@@ -132,45 +141,46 @@ def host_cpu(events: Sequence[Event]) -> dict[int, dict[str, float]]:
 
 
 def host_source(cal: Calibration) -> str:
-    """Where the host time of a run whose trace has CPU seconds comes from (`HOST_SOURCES`)."""
-    return "calibration" if cal.engine_host_measured else "cpu"
+    """Where a replay's host time comes from (`HOST_SOURCES`)."""
+    return "calibration" if cal.host is not None else "swept"
 
 
-def host_s(cal: Calibration, parts: dict[str, float] | None, engine_steps: int, wall: float) -> float:
-    """One rollout's host seconds (`HOST_SOURCES`): its wall time outside forwards without CPU seconds; the
-    controller's CPU seconds plus the engine's as the calibration measured it (inside its decode steps, or
-    per step) where it did; else every host part's CPU seconds."""
-    if parts is None:
-        return wall
-    if cal.decode_scope == "engine_step":
-        return parts.get("controller", 0.0)
-    if cal.host is not None:
-        return float(cal.host["s_per_step"]) * engine_steps + parts.get("controller", 0.0)
-    return sum(parts.values())
+def host_per_step(cal: Calibration, mode: str | None) -> float | None:
+    """The calibration's host seconds per engine step for `mode` (its engine's, plus its controller's where
+    the calibration measured the mode's: `host["controller_s_per_step"]`); None where it never measured host
+    work (the replay sweeps it). A calibration whose decode was timed as whole engine steps has the engine's
+    host work in it already."""
+    if cal.host is None:
+        return None
+    engine = 0.0 if cal.decode_scope == "engine_step" else float(cal.host["s_per_step"])
+    controller = (cal.host.get("controller_s_per_step") or {}).get(mode or "", 0.0)
+    return engine + float(controller)
 
 
 @dataclass
 class StepReplay:
     """One RL step: per worker, its forwards' replayed seconds with admissions free and its admissions (each
-    then costs the swept admission value more); the rest as measured."""
+    then costs the swept admission value more); its engine steps, whose host work costs the calibration's per
+    step (or the swept value); the rest as measured."""
 
     step: int
     workers: dict[int, tuple[float, int]]
-    host_s: float  # the rollout's host work outside its forwards (HOST_SOURCES)
+    engine_steps: int
     host_parts: dict[str, float] | None  # this machine's CPU seconds by host part, where the trace has them
     rest_s: float  # reward, weight sync and the gaps between phases
     update_tokens: float | None
     measured_rollout_s: float
     measured_step_s: float | None
 
-    def rollout_s(self, assumed: dict[str, float]) -> float:
+    def rollout_s(self, assumed: dict[str, float], per_step: float | None) -> float:
         per = assumed.get("prefill", 0.0)
-        return max((s + per * n for s, n in self.workers.values()), default=0.0) + self.host_s
+        host = (per_step if per_step is not None else assumed.get("host", 0.0)) * self.engine_steps
+        return max((s + per * n for s, n in self.workers.values()), default=0.0) + host
 
-    def step_s(self, cal: Calibration, assumed: dict[str, float]) -> float | None:
+    def step_s(self, cal: Calibration, assumed: dict[str, float], per_step: float | None) -> float | None:
         if self.measured_step_s is None or self.update_tokens is None:
             return None
-        return self.rollout_s(assumed) + cal.update_s(self.update_tokens, assumed) + self.rest_s
+        return self.rollout_s(assumed, per_step) + cal.update_s(self.update_tokens, assumed) + self.rest_s
 
 
 @dataclass
@@ -178,55 +188,87 @@ class RunReplay:
     cal: Calibration
     steps: list[StepReplay]
     counts: Counter[str]  # forwards by kind, and admissions, beyond_measured
-    source: str = "wall"  # where host_s comes from (HOST_SOURCES)
+    mode: str | None = None  # the run's mode, where known (the calibration may have its controller's cost)
+
+    @property
+    def source(self) -> str:
+        return host_source(self.cal)
+
+    def sweep(self) -> list[dict[str, float]]:
+        """The calibration's swept assumptions, each at every swept host value where it never measured
+        host work."""
+        points = self.cal.sweep()
+        if self.cal.host is not None:
+            return points
+        return [{**a, "host": h} for a in points for h in HOST_SWEEP["values"]]
+
+    def host_s(self, assumed: dict[str, float]) -> float | None:
+        """The replayed host seconds per RL step at `assumed`."""
+        per_step = host_per_step(self.cal, self.mode)
+        return _mean([(per_step if per_step is not None else assumed.get("host", 0.0)) * s.engine_steps
+                      for s in self.steps])  # fmt: skip
 
     def rollout_s(self, assumed: dict[str, float]) -> float | None:
-        return _mean([s.rollout_s(assumed) for s in self.steps])
+        per_step = host_per_step(self.cal, self.mode)
+        return _mean([s.rollout_s(assumed, per_step) for s in self.steps])
 
     def step_s(self, assumed: dict[str, float]) -> float | None:
-        return _mean([s.step_s(self.cal, assumed) for s in self.steps])
+        per_step = host_per_step(self.cal, self.mode)
+        return _mean([s.step_s(self.cal, assumed, per_step) for s in self.steps])
 
     def doc(self) -> dict[str, Any]:
         """The replay's JSON: its calibration, what the run measured, and each sweep point's figures."""
         n = max(1, len(self.steps))
         return {
-            "calibration": self.cal.describe(),
+            "calibration": describe(self.cal),
             "steps": len(self.steps),
             "measured": {
                 "rollout_s": _mean([s.measured_rollout_s for s in self.steps]),
                 "step_s": _mean([s.measured_step_s for s in self.steps]),
             },
-            "host_s": _mean([s.host_s for s in self.steps]),
             "host": self.host_doc(),
             "per_step": {key: self.counts[key] / n for key in (*FORWARD_KINDS, "admissions")},
             "beyond_measured": self.counts["beyond_measured"],
             "points": [
-                {"assumed": a, "rollout_s": self.rollout_s(a), "step_s": self.step_s(a)}
-                for a in self.cal.sweep()
+                {"assumed": a, "rollout_s": self.rollout_s(a), "step_s": self.step_s(a)} for a in self.sweep()
             ],
         }
 
     def host_doc(self) -> dict[str, Any]:
-        """The host time's source, its mean per RL step and per engine step, this machine's CPU seconds by
-        part (where the trace has them) and its share of the replayed rollout at each sweep point."""
-        host = _mean([s.host_s for s in self.steps])
+        """The host time's source, its values per RL step over the sweep, its share of the replayed rollout
+        at each sweep point, and, beside it, this machine's CPU seconds by part (where the trace has them:
+        not in the figure)."""
         n = max(1, len(self.steps))
-        engine_steps = sum(self.counts[k] for k in FORWARD_KINDS) / n
+        engine_steps = sum(s.engine_steps for s in self.steps) / n
+        points = self.sweep()
+        hosts = [self.host_s(a) for a in points]
         parts = [s.host_parts for s in self.steps]
         by_part = (
             {k: statistics.mean(p.get(k, 0.0) for p in parts if p) for k in parts[0]}
             if parts and all(parts)
             else None
         )
-        shares = [_ratio(host, self.rollout_s(a)) for a in self.cal.sweep()]
+        known = [h for h in hosts if h is not None]
+        cpu = sum(by_part.values()) if by_part else None
         return {
             "source": self.source,
             "label": HOST_SOURCES[self.source],
-            "s_per_rl_step": host,
-            "s_per_engine_step": host / engine_steps if host is not None and engine_steps else None,
-            "cpu_s_by_part": by_part,
-            "share_of_rollout": shares,
+            "s_per_rl_step": max(known) if known else None,
+            "s_per_rl_step_range": [min(known), max(known)] if known else None,
+            "engine_steps_per_rl_step": engine_steps,
+            "this_cpu_s_by_part": by_part,
+            "this_cpu_s_per_engine_step": cpu / engine_steps if cpu is not None and engine_steps else None,
+            "share_of_rollout": [_ratio(h, self.rollout_s(a)) for h, a in zip(hosts, points, strict=True)],
         }
+
+
+def describe(cal: Calibration) -> dict[str, Any]:
+    """The calibration as a replay's JSON names it: with the host sweep among its swept terms where it never
+    measured host work."""
+    doc = cal.describe()
+    if cal.host is None:
+        doc["swept"] = {**doc["swept"], "host": HOST_SWEEP}
+    return doc
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -235,8 +277,9 @@ def _mean(values: list[float | None]) -> float | None:
     return statistics.mean(known) if known and len(known) == len(values) else None
 
 
-def replay(events: Sequence[Event], cal: Calibration) -> RunReplay:
-    """A run's trace through `cal`: its steps with a rollout phase, each forward at the calibration's cost."""
+def replay(events: Sequence[Event], cal: Calibration, mode: str | None = None) -> RunReplay:
+    """A run's trace through `cal`: its steps with a rollout phase, each forward at the calibration's cost,
+    its host work per engine step from the calibration or swept (`HOST_SOURCES`)."""
     swept = "prefill" in cal.swept
     free = {name: 0.0 for name in cal.swept}
     per_step: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
@@ -253,19 +296,14 @@ def replay(events: Sequence[Event], cal: Calibration) -> RunReplay:
         engine_steps[f.step] += 1
     cpu = host_cpu(events)
     rows = [row for row in metrics.step_metrics(events) if row.get("timing_s/gen")]
-    # One source for the whole run: CPU seconds only where every replayed step recorded them.
-    source = host_source(cal) if rows and all(row["step"] in cpu for row in rows) else "wall"
     steps = []
     for row in rows:
-        gen = row["timing_s/gen"]
-        busy = max((row.get("worker_busy_s") or {}).values(), default=0.0)
-        step, update = row.get("step_time_s"), row.get("timing_s/update") or 0.0
+        gen, step = row["timing_s/gen"], row.get("step_time_s")
         workers = {w: (s, int(n)) for w, (s, n) in per_step.get(row["step"], {}).items()}
-        rest = 0.0 if step is None else step - gen - update
-        parts = cpu.get(row["step"]) if source != "wall" else None
-        host = host_s(cal, parts, engine_steps[row["step"]], max(0.0, gen - busy))
-        steps.append(StepReplay(row["step"], workers, host, parts, rest, row.get("update_tokens"), gen, step))
-    return RunReplay(cal, steps, counts, source)
+        rest = 0.0 if step is None else step - gen - (row.get("timing_s/update") or 0.0)
+        steps.append(StepReplay(row["step"], workers, engine_steps[row["step"]], cpu.get(row["step"]), rest,
+                                row.get("update_tokens"), gen, step))  # fmt: skip
+    return RunReplay(cal, steps, counts, mode)
 
 
 def break_even(mode: RunReplay, base: RunReplay) -> float | None:
@@ -319,7 +357,7 @@ class GpuReplay:
             return {"calibration": None, "why": missing(self.shape)}
         doc = comparison(
             {
-                mode: replay(events, self.calibration)
+                mode: replay(events, self.calibration, mode)
                 for mode, events in traces.items()
                 if not ran_ahead(events)
             },
@@ -341,7 +379,8 @@ def ran_ahead(events: Sequence[Event]) -> bool:
 
 def comparison(replays: dict[str, RunReplay], baseline: str) -> dict[str, Any]:
     """The comparison of replays through one calibration (`GpuReplay.comparison`)."""
-    cal = next(iter(replays.values())).cal
+    first = next(iter(replays.values()))
+    cal = first.cal
     base = replays.get(baseline)
     speedup: dict[str, list[dict[str, Any]]] = {}
     for mode, run in replays.items():
@@ -351,11 +390,11 @@ def comparison(replays: dict[str, RunReplay], baseline: str) -> dict[str, Any]:
                 "rollout": _ratio(base.rollout_s(a), run.rollout_s(a)) if base else None,
                 "step": _ratio(base.step_s(a), run.step_s(a)) if base else None,
             }
-            for a in cal.sweep()
+            for a in first.sweep()
         ]
     return {
         "baseline": baseline,
-        "calibration": cal.describe(),
+        "calibration": describe(cal),
         "runs": {
             mode: {k: v for k, v in run.doc().items() if k != "calibration"} for mode, run in replays.items()
         },
