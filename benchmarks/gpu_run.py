@@ -24,6 +24,10 @@ JSON it wrote, so a call cut off at its limit still returns what finished. Stage
              (what an admission adds to a graph decode step), the prefill stage's table, update by tokens,
              the engine's source fingerprint (benchmarks/gpu_calibrate.py); copied into the package's
              rlbench/simulate/calibrations/ (--calibrations-into), so later stages replay through them
+  grpo       the single-GPU GRPO step-time table in NeMo-RL's metric definitions (step time; generation,
+             log-prob, training and weight sync per stage; tokens/s/GPU) for baseline, sorted and rhyme
+             on SmolLM2's shape with random weights (benchmarks/grpo_table.py), and each mode's controller
+             host seconds per engine step folded into the calibration of that shape, copied again
   tests      `pytest -m gpu`
   attention  the decode/verify step per attention implementation (benchmarks/gpu.py)
   static     transformers' static-cache (compiled) generate against the engine, with the time left
@@ -98,6 +102,10 @@ def stages(
                               batches, *steps, *before, *device, "--out", str(out)], ("decode_step.json",)),
         Stage("prefill", 90, [*calibrate, "--terms", "prefill"], ("calibration/prefill/*.json",)),
         Stage("calibrate", 150, [*calibrate, "--terms", "decode,verify,update"], ("calibration/*.json",)),
+        Stage("grpo", 150, [py, "-m", "benchmarks.grpo_table", "--run", str(work / "grpo"), "--shape",
+                            "tiny" if dry_run else "smollm2", "--device", "cpu" if dry_run else "cuda",
+                            "--steps", "1" if dry_run else "3", "--calibrations", str(out / "calibration"),
+                            "--out", str(out / "grpo_table.json")], ("grpo_table.json",), min_s=60),
         Stage("tests", 200, [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rfEs",
                              str(ROOT / "tests")], ()),
         Stage("attention", 150, ([py, "-c", "print('the attention table needs CUDA')"] if dry_run else
@@ -292,7 +300,7 @@ def main() -> None:
             print(f"[gpu_run] {stage.name} (up to {min(stage.cap_s, left):.0f} s)", flush=True)
             summary["stages"][stage.name] = run_stage(stage, min(stage.cap_s, left), args.out, log)
             into = args.calibrations_into or (None if args.dry_run else CALIBRATIONS)
-            if stage.name == "calibrate" and into is not None:
+            if stage.name in ("calibrate", "grpo") and into is not None:  # grpo adds the controllers' host
                 installed = install_calibrations(args.out / "calibration", into)
                 summary["stages"][stage.name]["installed"] = installed
             print(f"[gpu_run] {stage.name}: rc {summary['stages'][stage.name]['rc']} in "

@@ -12,7 +12,9 @@ Terms:
 - host (optional): the engine's host CPU seconds per engine step (bookkeeping, sampling parameters, uploads),
   measured on the GPU machine, where decode was timed as the forward alone (`decode_scope` "forward");
   with `decode_scope` "engine_step" decode was timed as whole engine steps, so the engine's host work is in
-  it already. The replay (gpu_replay.py) adds the rest of the host work from the run's own CPU seconds.
+  it already; `controller_s_per_step` (optional): each mode's controller CPU seconds per engine step on the
+  GPU machine's CPU (benchmarks/grpo_table.py). The replay (gpu_replay.py) charges a run's engine steps
+  these; where `host` was never measured it sweeps a host cost per engine step instead.
 A term never measured has no value here: it is swept over the values in `swept`, and every figure computed
 with it says which value it assumed. An admission then costs a decode forward over its rows plus the assumed
 seconds (`admission_s`): at least the work of one token per row, the rest unknown.
@@ -261,6 +263,11 @@ def from_json(doc: Any) -> Calibration:
         raise ValueError(f"decode_scope is {scope!r}, not one of {', '.join(DECODE_SCOPES)}")
     if host is not None and not (isinstance(host, dict) and _positive(host.get("s_per_step"))):
         raise ValueError("host needs s_per_step, a positive number of seconds")
+    per_mode = (host or {}).get("controller_s_per_step")
+    if per_mode is not None and not (
+        isinstance(per_mode, dict) and all(_non_negative(v) for v in per_mode.values())
+    ):
+        raise ValueError("host's controller_s_per_step needs seconds >= 0 per mode")
     overhead = doc.get("admission_overhead")
     if overhead is not None:  # values may be 0 (admitting cost nothing more)
         bad = not isinstance(overhead, dict) or not all(_positive(v) or v == 0 for v in overhead.values())
