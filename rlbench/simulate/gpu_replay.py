@@ -110,7 +110,7 @@ def beyond(cal: Calibration, f: Forward) -> bool:
 HOST_SOURCES = {
     "calibration": "the host work per engine step as the calibration measured it on its GPU machine "
     "(engine, sampling and, where measured for the mode, its controller), times the run's engine steps",
-    "swept": "a host cost per engine step swept over the values below (the calibration never measured it), "
+    "swept": "a host cost per engine step, swept as the header says (the calibration never measured it), "
     "times the run's engine steps: a count, so the figure does not move with this machine's load",
 }
 # What host work per engine step on a GPU machine is swept over where the calibration never measured it:
