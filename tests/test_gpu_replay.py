@@ -247,7 +247,7 @@ def test_the_replay_takes_host_time_from_the_calibration_or_a_sweep_never_from_t
     lines = comparison_lines(comparison({"baseline": base, "sorted": run}, "baseline"))
     assert "as the calibration measured it on its GPU machine" in lines[2]
     swept = comparison_lines(comparison({"baseline": runs[0], "sorted": runs[1]}, "baseline"))
-    assert "a host cost per engine step swept" in swept[3] and "this CPU's, not in it: 0.73 ms" in swept[3]
+    assert "a host cost per engine step, swept" in swept[3] and "this CPU's, not in it: 0.73 ms" in swept[3]
 
 
 def test_fit_update_is_a_line_or_the_pooled_rate_when_noise_makes_it_unphysical() -> None:
@@ -343,3 +343,22 @@ def test_a_calibration_from_another_engine_says_it_was_measured_on_an_older_engi
         )[0]
         assert f"measured on an older engine (engine {provenance.get('engine', 'not recorded')}, " in line
         assert f"replayed on {engine_fingerprint()})" in line
+
+
+def test_the_step_figure_carries_the_update_fits_residuals_as_a_range() -> None:
+    points = [[1000.0, 1.0], [2000.0, 1.4], [3000.0, 1.2]]  # a line through noise
+    fit = fit_update(points)
+    cal = calibration(update=fit)
+    residual = cal.update_residual_s()
+    line = [fit["s_fixed"] + fit["s_per_token"] * t for t, _ in points]
+    assert residual == pytest.approx(
+        float(np.sqrt(np.mean([(s - f) ** 2 for (_, s), f in zip(points, line, strict=True)])))
+    )
+    run = replay(_run(2, 1, 10, 0.05, 1000), cal)
+    assert sorted({p["update_residual"] for p in run.sweep()}) == pytest.approx([-residual, 0.0, residual])
+    at = {"prefill": 0.0, "host": 0.0}
+    low, mid = run.step_s({**at, "update_residual": -residual}), run.step_s({**at, "update_residual": 0.0})
+    assert mid - low == pytest.approx(residual) and run.rollout_s(at) == run.rollout_s(
+        {**at, "update_residual": 1}
+    )
+    assert calibration(update={**fit, "points": points[:2]}).update_residual_s() is None  # too few to judge

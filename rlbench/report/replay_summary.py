@@ -9,7 +9,12 @@ from rlbench.report.figures import note
 from rlbench.report.page import table
 
 # A swept term's values in a readable unit: its unit's seconds ("s per ...") scaled.
-SWEEP_SCALE = {"prefill": (1e3, "ms"), "update": (1e6, "µs"), "host": (1e3, "ms")}
+SWEEP_SCALE = {
+    "prefill": (1e3, "ms"),
+    "update": (1e6, "µs"),
+    "host": (1e3, "ms"),
+    "update_residual": (1e3, "ms"),
+}
 
 
 def _values(term: str, values: list[float], unit: str) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -160,9 +161,21 @@ class Calibration:
         return np.where(np.asarray(rows) > 0, np.maximum(0.0, extra), 0.0)
 
     def update_s(self, tokens: float, assumed: Mapping[str, float]) -> float:
+        """The update of `tokens` tokens: the fit (plus an assumed residual, `update_residual_s`), or the
+        swept seconds per token."""
         if self.update is None:
             return assumed["update"] * tokens
-        return float(self.update["s_fixed"]) + float(self.update["s_per_token"]) * tokens
+        fit = float(self.update["s_fixed"]) + float(self.update["s_per_token"]) * tokens
+        return max(0.0, fit + assumed.get("update_residual", 0.0))
+
+    def update_residual_s(self) -> float | None:
+        """The update fit's residual over its measured points (root mean square, seconds): how far a step's
+        update may lie from the line (None: no fit, or under 3 points to judge it by)."""
+        points = (self.update or {}).get("points") or []
+        if self.update is None or len(points) < 3:
+            return None
+        fixed, per_token = float(self.update["s_fixed"]), float(self.update["s_per_token"])
+        return math.sqrt(statistics.mean((s - fixed - per_token * t) ** 2 for t, s in points))
 
     def beyond(self, rows: float, width: float = 1.0, tokens_per_row: float | None = None) -> bool:
         """Whether a forward of `rows` (`width` tokens each, or admitting `tokens_per_row` each) lies

@@ -198,9 +198,11 @@ class RunReplay:
         """The calibration's swept assumptions, each at every swept host value where it never measured
         host work."""
         points = self.cal.sweep()
-        if self.cal.host is not None:
-            return points
-        return [{**a, "host": h} for a in points for h in HOST_SWEEP["values"]]
+        if self.cal.host is None:
+            points = [{**a, "host": h} for a in points for h in HOST_SWEEP["values"]]
+        if (residual := self.cal.update_residual_s()) is not None:  # the step figure's range from the fit
+            points = [{**a, "update_residual": r} for a in points for r in (-residual, 0.0, residual)]
+        return points
 
     def host_s(self, assumed: dict[str, float]) -> float | None:
         """The replayed host seconds per RL step at `assumed`."""
@@ -264,10 +266,19 @@ class RunReplay:
 
 def describe(cal: Calibration) -> dict[str, Any]:
     """The calibration as a replay's JSON names it: with the host sweep among its swept terms where it never
-    measured host work."""
+    measured host work, and the update fit's residual (the step figure's range from the fit) where it has
+    one."""
     doc = cal.describe()
     if cal.host is None:
         doc["swept"] = {**doc["swept"], "host": HOST_SWEEP}
+    if (residual := cal.update_residual_s()) is not None:
+        doc["swept"] = {
+            **doc["swept"],
+            "update_residual": {
+                "values": [-residual, 0.0, residual],
+                "unit": "s of the update fit's residual (RMS over its points)",
+            },
+        }
     return doc
 
 
