@@ -55,14 +55,15 @@ from rlbench.simulate.calibration import SHAPE_KEYS, Calibration, fit_update, mo
 class Sizes:
     prefill_rows: tuple[int, ...] = (1, 16, 128)
     prefill_tokens: tuple[int, ...] = (64, 256)
-    rows: tuple[int, ...] = (1, 16, 64, 128, 256)
+    rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # every batch bucket a run's decode takes
+    admitted_tokens: tuple[int, ...] = (32, 256)  # tokens of one admission riding in a decode step
     widths: tuple[int, ...] = (1, 2, 4, 8, 16)
     context: int = 256
     steps: int = 16  # engine steps per timed run
     update_batches: tuple[tuple[int, int], ...] = ((16, 128), (64, 128), (64, 256))  # sequences x tokens
 
 
-QUICK = Sizes((1, 4), (16, 32), (1, 4), (1, 2), 32, 4, ((2, 16), (4, 16)))  # --quick: the CPU rehearsal
+QUICK = Sizes((1, 4), (16, 32), (1, 4), (8,), (1, 2), 32, 4, ((2, 16), (4, 16)))  # --quick: the CPU rehearsal
 MODELS = {"smollm2": "smollm2-135m", "embedded": "embedded", "tiny": "tiny"}  # --models -> preset name
 NOTES = [
     "decode: the engine's own decode step (time_engine_step: forward, sampling, read-back, host work)",
@@ -188,8 +189,13 @@ def calibrate(
             return
         timed = {b: time_engine_step(engine, b, sizes.context, sizes.steps, repeats) for b in sizes.rows}
         steps, host = {b: s for b, (s, _) in timed.items()}, {b: h for b, (_, h) in timed.items()}
-        # What one admission of 32 tokens adds to a decode step, in plain decode steps, by running rows.
-        admission = engine.measure_admission_overhead(batches=sizes.rows, tokens=32, repeats=repeats)
+        # What one admission adds to a decode step, in plain decode steps, by admitted tokens and running rows
+        # (on CUDA both steps replay graphs: engine/graphs.py, engine/mixed.py).
+        by_tokens = {
+            t: engine.measure_admission_overhead(batches=sizes.rows, tokens=t, repeats=repeats)
+            for t in sizes.admitted_tokens
+        }
+        admission = by_tokens[min(by_tokens, key=lambda t: abs(t - 32))]  # the gate's: about 32 tokens
         print(
             f"  {name} decode: " + ", ".join(f"{b}: {1e3 * s:.2f} ms" for b, s in steps.items()), flush=True
         )
@@ -212,7 +218,7 @@ def calibrate(
             notes=NOTES, decode_scope="engine_step",
             host={"s_per_step": max(statistics.median(host.values()), 1e-9),
                   "by_rows": {str(b): h for b, h in host.items()}},
-            admission_overhead=admission,
+            admission_overhead=admission, admission_overhead_by_tokens=by_tokens,
         )  # fmt: skip
         print(f"  wrote {write_calibration(out, measured)}", flush=True)
         if "update" in terms:

@@ -79,6 +79,8 @@ def test_the_dry_run_runs_its_stages_and_records_each(tmp_path):
     assert calibration.decode_scope == "engine_step"
     assert calibration.host["s_per_step"] > 0 and set(calibration.host["by_rows"]) == {"1", "4"}
     assert calibration.admission_overhead and all(v >= 0 for v in calibration.admission_overhead.values())
+    # ... by admitted tokens too (the quick sizes time 8); the gate's table is the one nearest 32 tokens
+    assert calibration.admission_overhead_by_tokens == {8: calibration.admission_overhead}
     # ... and copied where the replay reads calibrations (here a folder of the test's; on a GPU the package's)
     assert summary["stages"]["calibrate"]["installed"] == ["cpu-tiny.json"]
     assert read_calibration(tmp_path / "installed" / "cpu-tiny.json") == calibration

@@ -116,9 +116,11 @@ class Calibration:
     # The engine's host CPU seconds per engine step on the GPU machine: {"s_per_step": s, "by_rows": {...}}.
     host: dict[str, Any] | None = None
     # What one admission of 32 tokens adds to a decode step, in plain decode steps, by running rows
-    # (Engine.measure_admission_overhead on the GPU: an eager mixed step against a graph replay). Recorded
-    # for the admission gate and the reader; the replay's riding admissions still take the prefill term.
+    # (Engine.measure_admission_overhead on the GPU: a mixed step against a plain decode step, each replaying
+    # its graph). Recorded for the admission gate and the reader; the replay's riding admissions still take
+    # the prefill term. `admission_overhead_by_tokens`: the same by admitted tokens, then running rows.
     admission_overhead: dict[int, float] | None = None
+    admission_overhead_by_tokens: dict[int, dict[int, float]] | None = None
 
     @property
     def engine_host_measured(self) -> bool:
@@ -287,6 +289,12 @@ def from_json(doc: Any) -> Calibration:
         overhead = _costs({k: 1 for k in ({} if bad else overhead)}, "admission_overhead") and {
             int(k): float(v) for k, v in overhead.items()
         }
+    by_tokens = doc.get("admission_overhead_by_tokens")
+    if by_tokens is not None:
+        rows = by_tokens.values() if isinstance(by_tokens, dict) else [None]
+        if not all(isinstance(r, dict) and all(_non_negative(v) for v in r.values()) for r in rows):
+            raise ValueError("admission_overhead_by_tokens needs, per admitted tokens, numbers >= 0 by rows")
+        by_tokens = {int(t): {int(b): float(v) for b, v in r.items()} for t, r in by_tokens.items()}
     update = doc.get("update")
     if update is not None and not (
         isinstance(update, dict) and all(_non_negative(update.get(k)) for k in ("s_fixed", "s_per_token"))
@@ -309,7 +317,7 @@ def from_json(doc: Any) -> Calibration:
         shape={k: shape[k] for k in SHAPE_KEYS}, provenance=dict(provenance), context=doc["context"],
         decode=_costs(doc.get("decode"), "decode"), verify=verify,
         prefill=prefill, update=update, swept=swept, notes=list(doc.get("notes") or []),
-        decode_scope=scope, host=host, admission_overhead=overhead,
+        decode_scope=scope, host=host, admission_overhead=overhead, admission_overhead_by_tokens=by_tokens,
     )  # fmt: skip
 
 
