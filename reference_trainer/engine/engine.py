@@ -267,7 +267,7 @@ class Engine(RequestBook):
         with self.trace.phase(CAPTURE) as fields:
             ops = SamplerOps.of([params])
             fields["graphs"] = static.prepare(ops, verify=self.speculation is not None)
-            if static.capture:  # graphs replay a plain decode step; a step with admissions runs eagerly
+            if static.capture:  # what a mixed step's graph adds to a plain decode step's
                 table = self.measure_admission_overhead()
                 self.scheduler.gate.overhead = functools.partial(interpolate, table)
                 fields["admission_overhead"] = {str(b): k for b, k in table.items()}

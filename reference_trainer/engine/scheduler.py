@@ -14,13 +14,14 @@ from reference_trainer.engine.sequence import Sequence, SequenceStatus
 class AdmissionGate:
     """Whether admissions ride in the next decode step, or wait.
 
-    A step with admissions may cost more than a plain decode step: on a GPU a plain decode step replays a
-    CUDA graph and a step with admissions runs eagerly. `overhead(batch)` is that extra cost, in plain decode
-    steps at `batch` running rows (measured by the engine: Engine.measure_admission_overhead). Waiting costs
-    the free slots' idle time; admitting costs the overhead for every running row. Ski rental: idle
-    slot-steps accrue while admissions wait, and they ride once those reach the overhead times the running
-    rows, which costs at most twice the better of the two choices in hindsight (Karlin, Manasse, Rudolph and
-    Sleator, 1988). With no overhead (the CPU, where every forward runs eagerly) they ride at once."""
+    A step with admissions may cost more than a plain decode step: on a GPU each replays a CUDA graph of its
+    own, and the admitting one also runs the admitted prompts' tokens (engine/mixed.py). `overhead(batch)`
+    is that extra cost, in plain decode steps at `batch` running rows (measured by the engine:
+    Engine.measure_admission_overhead). Waiting costs the free slots' idle time; admitting costs the
+    overhead for every running row. Ski rental: idle slot-steps accrue while admissions wait, and they ride
+    once those reach the overhead times the running rows, which costs at most twice the better of the two
+    choices in hindsight (Karlin, Manasse, Rudolph and Sleator, 1988). With no overhead (the CPU, where every
+    forward runs eagerly) they ride at once."""
 
     def __init__(self, overhead: Callable[[int], float] | None = None) -> None:
         self.overhead = overhead
