@@ -119,6 +119,12 @@ def test_every_shape_a_run_takes_is_prepared_before_its_first_step(tiny_model_di
     for _ in range(2):
         trainer.train_step()
     assert static.ran and static.ran <= static.prepared, sorted(static.ran - static.prepared)
+    # an admitting step's decode part runs at a prepared decode shape: on CUDA its flex shape is compiled
+    admitting = trainer.engine.runner.admitting  # type: ignore[attr-defined]
+    decode_parts = {(bucket, 1, span) for bucket, _, _, span, _ in admitting.ran}
+    assert decode_parts <= {(b, w, s) for b, w, s, _ in static.prepared}, decode_parts
+    if mode == "sorted":
+        assert admitting.ran  # its refills rode in decode steps on the static path
     if mode == "rhyme":
         assert any(width > 1 for _, width, _, _ in static.ran)  # verify shapes ran, prepared too
 
