@@ -72,6 +72,7 @@ class ModeOptions:
     strategy: Options | None = None
     ahead: AheadOptions | None = None
     speculation: SpeculationOptions | VLLMSpecOptions | None = None
+    dispatch: DispatchOptions | None = None  # a controlled mode's on W > 1 engines (rollout/multi.py)
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,9 @@ class ModeSpec:
     strategy: str  # a key of STRATEGY_TABLE: the strategy on one worker
     # The drafter attached to every engine (speculation/drafters.py DRAFTERS): the default of spec.drafter.
     speculation: str | None = None
-    # With --workers > 1: the default dispatch policy (rollout/dispatch.py); None = the trainer runs the mode
-    # on one engine (the simulator dispatches its W > 1 extrapolation round-robin, or as its options say).
+    # With --workers > 1: the default dispatch policy (rollout/dispatch.py) of the "placed" strategy or of the
+    # controller (SortedRL, async: rollout/multi.py); None = the trainer runs the mode on one engine (the
+    # simulator dispatches its W > 1 extrapolation round-robin, or as its options say).
     dispatch: str | None = "round-robin"
     # Truncated-importance-sampling cap for modes that train on tokens of older policies (GRPOConfig.tis_cap
     # takes it when the run's config leaves that None); None = no off-policy correction.
@@ -104,7 +106,13 @@ class ModeSpec:
         if self.dispatch is None:
             multi = ", ".join(m.name for m in MODES.values() if m.dispatch is not None)
             raise UserError(f"mode {self.name!r} runs on one engine; --workers > 1 supports: {multi}")
-        return "placed"
+        return self.strategy if self.controlled else "placed"
+
+    @property
+    def controlled(self) -> bool:
+        """On W > 1 engines, the strategy runs unchanged over rollout/multi.py's controller (SortedRL, and
+        any rollout run ahead: its rollout process drives the engines)."""
+        return self.dispatch is not None and (self.strategy != "baseline" or self.ahead)
 
     def options(self, workers: int | None = None, engine: str = "reference") -> dict[str, Option]:
         """The options this mode takes on `workers` workers (None: on any worker count, as the table and
@@ -116,6 +124,8 @@ class ModeSpec:
         if self.ahead:  # max_staleness (shared with SortedRL's) bounds a trained token's age either way
             records.append(AheadOptions)
         out = {o.name: o for r in records for o in options_of(r)}
+        if self.controlled and workers is not None and workers > 1:  # the controller's policy: no migration
+            out.update({o.name: o for o in options_of(DispatchOptions) if o.name == "dispatch"})
         if "dispatch" in out and self.dispatch is not None:
             out["dispatch"] = replace(out["dispatch"], default=self.dispatch)
         if not self.speculative:
@@ -160,8 +170,10 @@ class ModeSpec:
         record = STRATEGY_TABLE[self.strategy_for(workers)].options
         if record is DispatchOptions:
             flat = {"dispatch": self.dispatch, **flat}
+        controlled = self.controlled and workers > 1
         return ModeOptions(
             strategy=record.take(flat) if record is not None else None,
+            dispatch=DispatchOptions(dispatch=flat.get("dispatch", self.dispatch)) if controlled else None,
             ahead=AheadOptions.take(flat) if self.ahead else None,
             speculation=self.speculation_options(options.get(SPEC, {}), engine) if self.speculative else None,
         )
@@ -185,7 +197,8 @@ class ModeSpec:
             raise UserError(f"mode {self.name!r}: {renamed}")
         groups = sorted({key.split(".")[0] for key in flat if key not in takes})
         unknown = [g for g in groups if g != SPEC or not self.speculative]
-        if multi := [k for k in unknown if k in self.options()]:
+        one = workers is None or workers <= 1  # an option of W > 1 engines that this run, on one, lacks
+        if one and (multi := [k for k in unknown if k in self.options()]):
             raise UserError(f"mode {self.name!r} takes option {', '.join(multi)} only with --workers > 1")
         if unknown:
             raise UserError(f"mode {self.name!r} takes no option {', '.join(unknown)}")
@@ -239,9 +252,9 @@ class ModeSpec:
 
 _ONE_ENGINE_SIM = (
     "Admission is modelled as all outstanding groups queued at the step's start (the trainer admits "
-    "lazily as slots free up). W > 1 is an extrapolation: the trainer runs SortedRL on one engine; the "
-    "simulator dispatches the step's new requests with option dispatch (round-robin by default) onto "
-    "engines still holding the carried work."
+    "lazily as slots free up). W > 1: the trainer's one controller admits over all engines' slots and "
+    "dispatches as it admits; the simulator dispatches the step's new requests with option dispatch "
+    "(round-robin by default) onto engines still holding the carried work."
 )
 _SPEC_SIM = (
     "HistoSpec is modelled as i.i.d. per-token acceptance (the trace's, else --acceptance) with one "
@@ -272,13 +285,14 @@ _PLACE_SIM = (
 
 
 def _on_sorted(name: str, what: str, note: str, **kw: Any) -> ModeSpec:
-    """A mode on SortedRL's on-policy strategy and its one engine, with `what` added."""
+    """A mode on SortedRL's on-policy strategy, with `what` added; on W engines unless it runs lookahead
+    (its bubble fill reads one engine's queue between engine steps)."""
     sim = f"{_ONE_ENGINE_SIM} {note}"
     return ModeSpec(
         name,
         f"SortedRL's on-policy strategy (as sorted) {what}",
         "sorted",
-        dispatch=None,
+        dispatch=None if kw.get("lookahead") else "round-robin",
         simulator_note=sim,
         **kw,
     )
@@ -300,7 +314,6 @@ MODES: dict[str, ModeSpec] = {
             "Oversubscribe; update on the first update_batch complete groups (shortest first); abort and "
             "regenerate the rest under the new policy.",
             strategy="sorted",
-            dispatch=None,
             simulator_note=_ONE_ENGINE_SIM,
         ),
         ModeSpec(
@@ -308,7 +321,6 @@ MODES: dict[str, ModeSpec] = {
             "As sorted, but unfinished samples keep their tokens and resume under the new weights; TIS "
             "corrects the off-policy tokens.",
             strategy="sorted-partial",
-            dispatch=None,
             tis_cap=2.0,
             simulator_note=_ONE_ENGINE_SIM + " TIS changes the update, not the timing: not modelled.",
         ),
@@ -329,7 +341,7 @@ MODES: dict[str, ModeSpec] = {
             simulator_note=_SPEC_SIM + " " + _PLACE_SIM,
         ),
         _on_sorted(
-            "sorted+rhyme", "with HistoSpec drafting on its one engine.", _SPEC_SIM, speculation="histospec"
+            "sorted+rhyme", "with HistoSpec drafting on every engine.", _SPEC_SIM, speculation="histospec"
         ),
         ModeSpec(
             "suffix",
@@ -341,7 +353,7 @@ MODES: dict[str, ModeSpec] = {
         ),
         _on_sorted(
             "sorted+suffix",
-            "with SuffixDecoding drafting on its one engine.",
+            "with SuffixDecoding drafting on every engine.",
             _SUFFIX_SIM,
             speculation="suffix",
         ),
@@ -378,7 +390,6 @@ MODES: dict[str, ModeSpec] = {
             "The baseline's rollout run up to max_staleness steps ahead of the update, beside it (its own "
             "process): step t's samples come from the weights of step t - k; TIS corrects the stale tokens.",
             strategy="baseline",
-            dispatch=None,
             tis_cap=2.0,
             ahead=True,
             simulator_note=_AHEAD_SIM,

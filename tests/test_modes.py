@@ -82,6 +82,10 @@ def test_modes_build_their_strategies():
         if mode.dispatch is None:
             with pytest.raises(UserError, match="runs on one engine"):
                 mode.strategy_for(2)
+        elif mode.controlled:  # SortedRL's own strategy over W engines, with its dispatch (rollout/multi.py)
+            options = mode.resolve({}, 2)
+            assert type(make_mode_strategy(mode, 2, options)) is STRATEGY_TABLE[mode.strategy].load()
+            assert options.dispatch is not None and options.dispatch.placement == mode.placement
         else:
             placed = make_mode_strategy(mode, 2, mode.resolve({}, 2))
             assert placed.migrate == (mode.dispatch == "histopipe")
@@ -116,6 +120,13 @@ def test_option_types_and_values_are_checked_from_the_registry():
         rhyme.check_options({"dispatch": "fifo"})
     with pytest.raises(UserError, match="dispatch 'no_such_module:Policy' cannot be loaded"):
         rhyme.check_options({"dispatch": "no_such_module:Policy"})
+    # SortedRL dispatches over W > 1 engines (rollout/multi.py), without migration; a mode on one engine only
+    # takes no dispatch
+    assert sorted_mode.check_options({"dispatch": "histopipe"}, 2) == {"dispatch": "histopipe"}
+    with pytest.raises(UserError, match="takes no option migrate"):
+        sorted_mode.check_options({"migrate": True}, 2)
+    with pytest.raises(UserError, match="runs on one engine"):
+        get_mode("sorted+lookahead").check_options({"dispatch": "histopipe"}, 2)
     with pytest.raises(UserError, match="unknown option spec.bogus"):
         rhyme.check_options({"spec": {"bogus": 1}})
     assert rhyme.check_options({"spec": {"max_draft": 4}}) == {"spec.max_draft": 4}

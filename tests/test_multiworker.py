@@ -121,8 +121,10 @@ def test_resume_with_workers_matches_an_uninterrupted_run(tiny_model_dir, toy_ta
 
 
 def test_one_engine_modes_refuse_several_workers(tiny_model_dir, toy_task, tmp_path):
-    with pytest.raises(UserError, match="mode 'sorted' runs on one engine; --workers > 1 supports"):
-        Trainer(config(tiny_model_dir, toy_task, "sorted"), tmp_path / "run")
+    with pytest.raises(
+        UserError, match="mode 'sorted[+]lookahead' runs on one engine; --workers > 1 supports"
+    ):
+        Trainer(config(tiny_model_dir, toy_task, "sorted+lookahead"), tmp_path / "run")
 
 
 def test_missing_ray_is_a_clear_error(tiny_model_dir, toy_task, tmp_path, monkeypatch):

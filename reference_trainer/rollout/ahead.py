@@ -3,11 +3,12 @@ beside step t's update, on the weights of step t, in a process of its own.
 
 Two sides, one schedule:
 
-- the rollout side (`serve`, in a spawned process, or a thread for tests) owns an engine (a `RolloutWorker`)
-  and the strategy. It rolls out step j once the weights of version j - k are published, loads them into
-  its engine between forwards (a `sync` phase of its own), runs the strategy's `collect` and sends the groups
-  with the step's trace events and the strategy's and stream's state after it. So step j's samples come from
-  exactly version j - k: a run is as reproducible as a synchronous one, and k = 0 is the synchronous schedule.
+- the rollout side (`serve`, in a spawned process, or a thread for tests) owns an engine (a `RolloutWorker`'s,
+  or W replicas under one controller, rollout/multi.py) and the strategy. It rolls out step j once the
+  weights of version j - k are published, loads them into every engine between forwards (a `sync` phase of
+  its own), runs the strategy's `collect` and sends the groups with the step's trace events and the
+  strategy's and stream's state after it. So step j's samples come from exactly version j - k: a run is as
+  reproducible as a synchronous one, and k = 0 is the synchronous schedule.
 - the trainer side (`AheadRollout`) waits for step t's samples (`trainer_wait`), updates, and publishes the
   new weights into the ring (`ring.py`) as the step's `sync`. It mirrors the rollout side's state as of the
   last step it consumed, so a checkpoint holds what a resume restarts the rollout from.
@@ -44,8 +45,9 @@ from reference_trainer.errors import UserError
 from reference_trainer.model.loader import resolve_device, resolve_dtype
 from reference_trainer.rollout.base import AheadOptions, Group, PromptStream, RolloutContext, RolloutStrategy
 from reference_trainer.rollout.gate import POLL_S, Gate, Inbox, Outbox, RolloutDied, Stopped, death_line
+from reference_trainer.rollout.multi import Engines, build_side
 from reference_trainer.rollout.ring import WeightRing
-from reference_trainer.rollout.workers import RolloutWorker, WorkerSpec
+from reference_trainer.rollout.workers import WorkerSpec
 from reference_trainer.trace.schema import ROLLOUT, ROLLOUT_SIDE, ROLLOUT_WAIT, SYNC, TRAINER_WAIT
 from reference_trainer.trace.writer import Trace
 
@@ -103,6 +105,7 @@ class AheadSpec:
     max_staleness: int
     start_step: int
     t0: float
+    engines: Engines = Engines()  # W > 1: replicas under one controller (rollout/multi.py)
 
     def version_for(self, step: int) -> int:
         """The weights step `step` rolls out on: those of `step - k`."""
@@ -143,20 +146,30 @@ def _serve(spec: AheadSpec, ring: WeightRing, gate: Gate, out: Any) -> None:
     with gate.cond:
         while not ring.holds(version):
             gate.wait()
-    worker = RolloutWorker(spec.worker, ring.read(version), 0, spec.t0, version)
-    worker.trace.step = spec.start_step
-    worker.prepare(spec.params)  # before the first timed step, as the trainer's own engine would
-    out.put(("ready", None))
-    trace, engine = worker.trace, GatedEngine(worker.engine, gate)
+    own, speculator, trace = build_side(spec.worker, ring.read(version), version, spec.t0, spec.engines)
+    try:
+        trace.step = spec.start_step
+        own.prepare(spec.params)  # before the first timed step, as the trainer's own engine would
+        out.put(("ready", None))
+        _loop(spec, ring, gate, out, own, GatedEngine(own, gate), speculator, trace)
+    finally:
+        if spec.engines.workers > 1:  # the replicas (Ray actors) end with the rollout side
+            own.close()
+
+
+def _loop(spec: AheadSpec, ring: WeightRing, gate: Gate, out: Any, own: Any, engine: GatedEngine,
+          speculator: Any, trace: Trace) -> None:  # fmt: skip
+    """Every step's rollout: `own` is the engine (or W engines' controller), `engine` it behind the gate.
+    Every engine loads each version's weights once, stamped with that version."""
     ctx = RolloutContext(engine, spec.worker.tokenizer, spec.stream, spec.group_size, spec.update_batch,  # type: ignore[arg-type]
-                         spec.params, spec.seed, speculator=worker.speculator)  # fmt: skip
+                         spec.params, spec.seed, speculator=speculator)  # fmt: skip
     step = spec.start_step
     while True:
         trace.step, version = step, spec.version_for(step)
         _wait_for(ring, gate, trace, version)
-        if worker.engine.policy_version != version:
+        if own.policy_version != version:
             with gate.forward(trace), trace.phase(SYNC, side=ROLLOUT_SIDE):
-                ring.read_into(version, functools.partial(worker.engine.update_weights, version=version))
+                ring.read_into(version, functools.partial(own.update_weights, version=version))
         with gate.forward(trace):  # the rollout starts inside a step of the trainer's
             engine.spans = Spans(trace, version)
         groups = spec.strategy.collect(ctx)
@@ -215,10 +228,13 @@ class AheadRollout:
         ctx: RolloutContext,
         trace: Trace,
         options: AheadOptions,
+        engines: Engines | None = None,
     ) -> None:
         """`weights`: the policy's; `strategy` and `ctx.stream` are the trainer's mirrors of the rollout
-        side's (their state as of the last consumed step: what a checkpoint saves)."""
+        side's (their state as of the last consumed step: what a checkpoint saves); `engines`: the rollout
+        side's (one, by default)."""
         self.worker, self.strategy, self.ctx, self.trace = worker, strategy, ctx, trace
+        self.engines = engines or Engines()
         self.max_staleness, self.backend = options.max_staleness, options.backend
         self.gate = Gate(self.backend)
         template = _inference_template(weights, worker.engine_config.device)
@@ -251,7 +267,7 @@ class AheadRollout:
             raise RuntimeError("the rollout side is running already")
         spec = AheadSpec(self.worker, self.ctx.stream, self.strategy, self.ctx.group_size,
                          self.ctx.update_batch, self.ctx.params, self.ctx.seed, self.max_staleness, step,
-                         self.trace.t0)  # fmt: skip
+                         self.trace.t0, self.engines)  # fmt: skip
         self._watch = Watch()
         if self.backend == "process":
             mp = multiprocessing.get_context("spawn")
@@ -301,13 +317,16 @@ class AheadRollout:
         return batch.groups
 
     def _check_staleness(self, batch: AheadBatch) -> None:
-        """Refuse a sample older than the bound (a scheduling bug, never trained on)."""
-        oldest = min((v for g in batch.groups for s in g.samples for v in s.policy_versions), default=None)
-        if oldest is not None and self.policy_version - oldest > self.max_staleness:
-            raise RuntimeError(
-                f"step {batch.step}'s samples hold tokens of version {oldest}, more than "
-                f"{self.max_staleness} behind the update's {self.policy_version}"
-            )
+        """Refuse a sample older than the bound (a scheduling bug, never trained on), per engine: each
+        sample's tokens carry the versions of the engine that wrote them."""
+        for s in (s for g in batch.groups for s in g.samples if s.policy_versions):
+            oldest = min(s.policy_versions)
+            if self.policy_version - oldest > self.max_staleness:
+                engine = f" (engine {s.meta['worker']})" if "worker" in s.meta else ""
+                raise RuntimeError(
+                    f"step {batch.step}'s samples hold tokens of version {oldest}{engine}, more than "
+                    f"{self.max_staleness} behind the update's {self.policy_version}"
+                )
 
     def end(self) -> None:
         """The step ended: hold the rollout side between forwards until the next one."""

@@ -142,6 +142,8 @@ class RolloutContext:
             record["prompt_index"] = int(seq.meta["index"])
         if seq.meta.get("admitted") is not None:
             record["admit_version"] = int(seq.meta["admitted"])
+        if "worker" in seq.meta:  # the engine that ran it last, when several do (multi.py, placed.py)
+            record["worker"] = int(seq.meta["worker"])
         record.update(extra)
         self.engine.trace.add(record)
         if record["status"] != LOOKAHEAD:

@@ -17,7 +17,7 @@ from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.rollout.base import Group, RolloutContext
 from reference_trainer.rollout.dispatch import DispatchOptions, EngineLoad, Unit, engine_queues
 from reference_trainer.rollout.placement import LengthHistory, reorder
-from reference_trainer.rollout.workers import WorkerPool, WorkerReport
+from reference_trainer.rollout.workers import WorkerLost, WorkerPool, WorkerReport
 from reference_trainer.trace.schema import MIGRATE, dispatch_event
 
 
@@ -111,6 +111,8 @@ class _Run:
         parked = {w for w in range(self.pool.size) if not self.outstanding[w]}
         while inflight:
             report = self.pool.next_report()
+            if report.lost:  # the placed baseline does not redistribute (rollout/multi.py's controller does)
+                raise WorkerLost(report.worker, "the placed baseline's step cannot finish without it")
             inflight -= 1
             self._absorb(report)
             w = report.worker

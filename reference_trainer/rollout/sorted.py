@@ -253,8 +253,15 @@ class SortedRollout:
     def _stop_the_rest(self, ctx: RolloutContext, chosen: list[PromptState]) -> None:
         """Convert everything not chosen to buffer state; the engine is empty afterwards."""
         touched: set[int] = set()  # prompts (by id) that generated tokens the on-policy mode must discard
+        halt = getattr(ctx.engine, "halt", None)
+        if halt is not None:  # W engines (multi.py): all stop in one round trip before the sequences are read
+            halt()
         for prompt, s in list(self._inflight.values()):
             assert s.seq is not None
+            if s.seq.status == SequenceStatus.FINISHED:  # finished in the engines' last gather: a done sample
+                s.keep(s.seq)
+                s.finish_reason = s.seq.finish_reason or "eos"
+                continue
             ran = s.seq.status == SequenceStatus.RUNNING
             ctx.engine.abort(s.seq)
             if ran:  # a request that never got a slot left no trace worth recording

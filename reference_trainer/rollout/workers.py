@@ -36,6 +36,16 @@ class WorkerReport:
     events: list[dict[str, Any]]
     waiting: list[str]  # ids of requests not yet admitted, in admission order
     running: int
+    lost: bool = False  # the worker died (its actor is gone): nothing it held comes back
+
+
+class WorkerLost(WorkerPoolError):
+    """A rollout worker died mid-call (a Ray actor killed, a node gone): the pool reports it as a `lost`
+    report and the controller (multi.py) finishes the step on the other workers."""
+
+    def __init__(self, worker: int, why: str = "") -> None:
+        super().__init__(f"rollout worker {worker} was lost{': ' + why if why else ''}")
+        self.worker = worker
 
 
 @dataclass
@@ -92,6 +102,17 @@ class RolloutWorker:
         waiting = [s.seq_id for s in self.engine.waiting]
         return WorkerReport(self.worker, finished, events, waiting, len(self.engine.running))
 
+    def abort_all(self) -> WorkerReport:
+        """Stop every request this worker holds: a report whose `finished` lists them aborted, with their
+        tokens, log-probs and policy versions so far, and whose `waiting` names those that had no slot."""
+        waiting = [s.seq_id for s in self.engine.waiting]
+        held = list(self._queued.values())
+        for seq in held:
+            self.engine.abort(seq)
+        self._queued = {}
+        events, self.trace.events = self.trace.events, []
+        return WorkerReport(self.worker, held, events, waiting, 0)
+
     def take_unstarted(self, seq_ids: list[str]) -> list[Request]:
         """Withdraw requests that have not been admitted yet (the rest are left alone)."""
         waiting = {s.seq_id for s in self.engine.waiting}
@@ -140,6 +161,10 @@ class WorkerPool(RolloutEngine, Protocol):
 
     def add_history(self, worker: int, responses: list[tuple[list[int], list[int]]]) -> None: ...
 
+    def halt(self, workers: list[int]) -> list[WorkerReport]: ...  # every slice in flight, then abort_all
+
+    def retire(self, worker: int) -> None: ...  # a lost worker: no call goes to it again
+
 
 def _inference_state(state_dict: Mapping[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
     from reference_trainer.model.loader import resolve_device, resolve_dtype
@@ -165,6 +190,8 @@ class LocalWorkerPool:
         self.slice_steps = slice_steps
         self.policy_version = 0
         self.workers = [RolloutWorker(spec, state_dict, w, trace.t0, 0) for w in range(workers)]
+        self.retired: set[int] = set()
+        self.dead: list[int] = []  # (Ray's: workers found dead outside a slice; in-process ones never are)
         self._pending: list[tuple[int, int]] = []
 
     def submit(self, worker: int, requests: list[Request]) -> None:
@@ -175,7 +202,17 @@ class LocalWorkerPool:
 
     def next_report(self) -> WorkerReport:
         worker, step = self._pending.pop(0)
-        return self.workers[worker].advance(step, float("inf"), self.slice_steps)
+        try:
+            return self.workers[worker].advance(step, float("inf"), self.slice_steps)
+        except WorkerLost:  # a test's injected failure: what a dead Ray actor reports
+            return WorkerReport(worker, [], [], [], 0, lost=True)
+
+    def halt(self, workers: list[int]) -> list[WorkerReport]:
+        reports = [self.next_report() for _ in range(len(self._pending))]
+        return reports + [self.workers[w].abort_all() for w in workers]
+
+    def retire(self, worker: int) -> None:
+        self.retired.add(worker)
 
     def take_unstarted(self, worker: int, seq_ids: list[str]) -> list[Request]:
         return self.workers[worker].take_unstarted(seq_ids)
@@ -185,12 +222,15 @@ class LocalWorkerPool:
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         self.policy_version = self.policy_version + 1 if version is None else version
-        for w in self.workers:
+        for w in self._live():
             w.update_weights(state_dict, self.policy_version)
 
     def prepare(self, params: SamplingParams) -> None:
-        for w in self.workers:
+        for w in self._live():
             w.prepare(params)
+
+    def _live(self) -> list[RolloutWorker]:
+        return [w for i, w in enumerate(self.workers) if i not in self.retired]
 
     def close(self) -> None:
         self.workers = []
@@ -237,6 +277,8 @@ class RayWorkerPool:
             actor.options(**self.slots.actor_options(w)).remote(spec, weights, w, trace.t0, 0)
             for w in range(workers)
         ]
+        self.retired: set[int] = set()
+        self.dead: list[int] = []  # workers found dead outside a slice (a weight update): retired, to report
         self._inflight: dict[Any, int] = {}
         # Wait for every actor to be built, so start-up is not billed to the first rollout.
         try:
@@ -245,8 +287,9 @@ class RayWorkerPool:
             self.close()
             raise
 
-    def _get(self, refs: Any, what: str, timeout: float | None = None) -> Any:
-        """`ray.get(refs)` within a deadline; a timeout or a dead actor is one line."""
+    def _get(self, refs: Any, what: str, timeout: float | None = None, raw_errors: bool = False) -> Any:
+        """`ray.get(refs)` within a deadline; a timeout or a dead actor is one line (`raw_errors`: a dead
+        actor's RayActorError as it is, for a caller that carries on without it)."""
         from ray.exceptions import GetTimeoutError, RayActorError
 
         timeout = self.deadlines.call_s if timeout is None else timeout
@@ -255,6 +298,8 @@ class RayWorkerPool:
         except GetTimeoutError:
             raise WorkerPoolError(self._late(what, timeout)) from None
         except RayActorError as err:
+            if raw_errors:
+                raise
             cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise WorkerPoolError(f"a rollout worker died ({what}): {cause}") from None
 
@@ -264,8 +309,30 @@ class RayWorkerPool:
             "need longer (RLBENCH_RAY_TIMEOUT_S, seconds); a hung or dead worker shows in Ray's logs"
         )
 
+    def _one(self, worker: int, ref: Any, what: str) -> Any:
+        """One worker's call; a dead actor is a WorkerLost naming it."""
+        from ray.exceptions import RayActorError
+
+        try:
+            return self._get(ref, what, raw_errors=True)
+        except RayActorError as err:
+            raise WorkerLost(worker, str(err).strip().splitlines()[0] if str(err).strip() else "") from None
+
+    def _each(self, call: Any, what: str) -> None:
+        """`call(actor)` on every live worker, gathered; a dead one is retired and listed in `dead` (for
+        the controller to dispatch its work elsewhere), unless none is left."""
+        refs = {w: call(a) for w, a in enumerate(self.actors) if w not in self.retired}
+        for w, ref in refs.items():
+            try:
+                self._one(w, ref, what)
+            except WorkerLost:
+                self.dead.append(w)
+                self.retired.add(w)
+        if len(self.retired) == self.size:
+            raise WorkerPoolError(f"every one of the {self.size} Ray rollout workers died ({what})")
+
     def submit(self, worker: int, requests: list[Request]) -> None:
-        self._get(self.actors[worker].submit.remote(requests), "take requests")
+        self._one(worker, self.actors[worker].submit.remote(requests), "take requests")
 
     def advance(self, worker: int, step: int) -> None:
         self._inflight[self.actors[worker].advance.remote(step, self.budget_s)] = worker
@@ -275,24 +342,43 @@ class RayWorkerPool:
         ready, _ = self._ray.wait(list(self._inflight), num_returns=1, timeout=timeout)
         if not ready:
             raise WorkerPoolError(self._late("report a slice of engine steps", timeout))
-        self._inflight.pop(ready[0])
-        return self._get(ready[0], "report a slice of engine steps")
+        return self._report(ready[0], self._inflight.pop(ready[0]))
+
+    def _report(self, ref: Any, worker: int) -> WorkerReport:
+        """A slice's (or an abort's) report; a dead actor's is a `lost` one, for the controller to act on."""
+        from ray.exceptions import RayActorError
+
+        try:
+            return self._get(ref, "report a slice of engine steps", raw_errors=True)
+        except RayActorError:
+            return WorkerReport(worker, [], [], [], 0, lost=True)
+
+    def halt(self, workers: list[int]) -> list[WorkerReport]:
+        """Every slice in flight and an abort of every request on `workers`, gathered in one round trip
+        (an actor runs its calls in order: its abort comes after its slice)."""
+        refs = list(self._inflight.items()) + [(self.actors[w].abort_all.remote(), w) for w in workers]
+        self._inflight = {}
+        self._ray.wait([r for r, _ in refs], num_returns=len(refs), timeout=self.deadlines.call_s)
+        return [self._report(ref, w) for ref, w in refs]
+
+    def retire(self, worker: int) -> None:
+        self.retired.add(worker)
 
     def take_unstarted(self, worker: int, seq_ids: list[str]) -> list[Request]:
         return self._get(self.actors[worker].take_unstarted.remote(seq_ids), "give back requests")
 
     def add_history(self, worker: int, responses: list[tuple[list[int], list[int]]]) -> None:
-        self._get(self.actors[worker].add_history.remote(responses, self.policy_version), "take drafts")
+        self._one(
+            worker, self.actors[worker].add_history.remote(responses, self.policy_version), "take drafts"
+        )
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         self.policy_version = self.policy_version + 1 if version is None else version
         weights = self._ray.put(_inference_state(state_dict, self.device))
-        self._get(
-            [a.update_weights.remote(weights, self.policy_version) for a in self.actors], "load weights"
-        )
+        self._each(lambda a: a.update_weights.remote(weights, self.policy_version), "load weights")
 
     def prepare(self, params: SamplingParams) -> None:
-        self._get([a.prepare.remote(params) for a in self.actors], "prepare")
+        self._each(lambda a: a.prepare.remote(params), "prepare")
 
     def close(self) -> None:
         for a in self.actors:

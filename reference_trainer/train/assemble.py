@@ -22,6 +22,7 @@ from reference_trainer.modes import ModeOptions, ModeSpec, get_mode, make_mode_s
 from reference_trainer.rollout.ahead import AheadRollout, split_threads
 from reference_trainer.rollout.base import InlineRollout, PromptStream, RolloutContext, RolloutStrategy
 from reference_trainer.rollout.engines import RolloutEngineSpec, build_rollout_engine, speculator_of
+from reference_trainer.rollout.multi import Engines, MultiEngine
 from reference_trainer.rollout.slots import WorkerSlots
 from reference_trainer.rollout.workers import WorkerSpec
 from reference_trainer.tasks import Task, get_task
@@ -80,6 +81,13 @@ def _engine_spec(config: TrainConfig, options: ModeOptions, device: str) -> Roll
     )
 
 
+def _engines(config: TrainConfig, options: ModeOptions) -> Engines:
+    """The engines a rollout run ahead drives in its process: one, or W under one controller."""
+    if options.dispatch is None:
+        return Engines()
+    return Engines(config.workers, config.worker_backend, config.ray_address, options.dispatch.dispatch)
+
+
 def assemble(config: TrainConfig, trace: Trace | None = None, slots: WorkerSlots | None = None) -> RunParts:
     """Every part of a run, built from `config` (checked first: a bad config fails before any model
     loads); a Ray worker pool runs in `slots` (shared with other runs' pools), its own when None."""
@@ -108,15 +116,18 @@ def assemble(config: TrainConfig, trace: Trace | None = None, slots: WorkerSlots
     rollout: InlineRollout | AheadRollout
     if options.ahead is not None:  # the engine runs on the rollout side; the trainer sees its handle
         on = replace(spec.config, device=options.ahead.rollout_device or device)
-        worker = WorkerSpec(
-            policy.config, on, sorted(tokenizer.eos_token_ids), tokenizer, threads=rollout_threads
-        )
-        rollout = AheadRollout(worker, policy.state_dict(), strategy, ctx, trace, options.ahead)
+        engines = _engines(config, options)
+        shared = engines.workers if engines.backend == "ray" else 1  # Ray's replicas split the threads
+        worker = WorkerSpec(policy.config, on, sorted(tokenizer.eos_token_ids), tokenizer,
+                            threads=max(1, rollout_threads // shared))  # fmt: skip
+        rollout = AheadRollout(worker, policy.state_dict(), strategy, ctx, trace, options.ahead, engines)
         engine: RolloutEngine = rollout
     else:
         engine = build_rollout_engine(
             spec, tokenizer, model=policy, model_dir=model_dir, trace=trace, slots=slots
         )
+        if options.dispatch is not None:  # SortedRL on W engines: one controller drives the pool
+            engine = MultiEngine(engine, spec.config, options.dispatch.dispatch)  # type: ignore[arg-type]
         ctx.speculator = speculator_of(engine)
         rollout = InlineRollout(strategy, ctx)
     ctx.engine = engine  # type: ignore[assignment]

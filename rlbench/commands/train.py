@@ -12,13 +12,18 @@ from rlbench.options import Mode, RunOptions, with_run_options
 
 @with_run_options
 def train_command(
+    ctx: typer.Context,
     run: RunOptions,
     mode: Mode = "baseline",
     steps: Annotated[int | None, typer.Option("--steps", min=1, help="Total RL steps (default 20).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Run directory (new run).")] = None,
     resume: Annotated[
         Path | None,
-        typer.Option("--resume", help="Continue the run in this directory from its last checkpoint."),
+        typer.Option(
+            "--resume",
+            help="Continue the run in this directory from its last checkpoint (on --workers W' engines if "
+            "given, else as many as it had).",
+        ),
     ] = None,
     lr: Annotated[float | None, typer.Option(help="Learning rate.")] = None,
     kl_coef: Annotated[float | None, typer.Option(help="KL penalty to the initial model (k3).")] = None,
@@ -36,6 +41,9 @@ def train_command(
 
         config = load_run_config(resume)
         config.steps = steps or config.steps  # resuming may extend the run
+        source = ctx.get_parameter_source("workers")
+        if source is not None and source.name == "COMMANDLINE":  # W engines resume on W' (no engine state)
+            config.workers = run.workers
         out_dir = resume
     else:
         config = build_config(

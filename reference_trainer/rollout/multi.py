@@ -1,0 +1,301 @@
+"""One controller over W rollout engines: the request-engine surface SortedRL's strategies drive (sorted.py:
+`add_request`, `step`, `abort`, `running`, `waiting`, `has_unfinished`, `config.max_num_seqs`,
+`policy_version`), presented over a `WorkerPool` (workers.py), so the strategy's own code runs unchanged on
+W engines and stays the one SortedRL there is.
+
+- `add_request` returns a local proxy `Sequence` and buffers the request; the next `step` dispatches the
+  buffer through the dispatch policy (dispatch.py: `make_policy`, `EngineLoad`, a `Unit` per request with
+  its predicted tokens left, from `placement.LengthHistory`), submits it per engine, starts a slice on every
+  engine with work and none in flight, and returns the sequences finished in the next report (any engine).
+  A proxy's status and tokens follow the reports of its engine.
+- `config.max_num_seqs` is W x slots: SortedRL's oversubscription and refill count every engine's slots; its
+  early-termination quota stays the strategy's, so it is global.
+- `halt` (the strategy calls it when its quota is reached) gathers every slice in flight and aborts every
+  request on every engine in ONE round trip (`WorkerPool.halt`); the aborted proxies carry their tokens,
+  log-probs and policy versions, and sequences that finished in that last gather come back finished.
+  A kept partial goes back through `add_request` and resumes on whatever engine the policy picks: the
+  sampler's draws are keyed by (request seed, token position) (engine/sampler.py), so it draws the same
+  tokens on any engine.
+- an engine lost mid-step (a dead Ray actor: a `lost` report) is retired, a trace event names it, and its
+  requests are dispatched again to the others from what the controller holds: the request as submitted
+  (with a kept partial's earlier tokens), so only the tokens that engine generated this step are lost, and
+  the same seeds redraw them. Nothing is trained twice: a request is finished once, by one engine.
+
+Nothing here is per-engine state that outlives a step (the engines are empty between steps, and the strategy's
+checkpoint holds none), so a run made with W engines resumes with any W'.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus
+from reference_trainer.rollout.dispatch import EngineLoad, Unit, make_policy
+from reference_trainer.rollout.placement import LengthHistory
+from reference_trainer.rollout.slots import WorkerPoolError
+from reference_trainer.rollout.workers import (
+    RolloutWorker,
+    WorkerLost,
+    WorkerPool,
+    WorkerReport,
+    WorkerSpec,
+    make_worker_pool,
+)
+from reference_trainer.trace.schema import dispatch_event
+from reference_trainer.trace.writer import Trace
+
+ENGINE_LOST = "engine_lost"  # an engine lost mid-run: the trace's mark of where its work went elsewhere
+
+
+def _follow(proxy: Sequence, remote: Sequence) -> None:
+    """The proxy takes what the engine reported of its sequence."""
+    for name in ("response_ids", "logprobs", "policy_versions"):
+        setattr(proxy, name, list(getattr(remote, name)))
+    for name in ("status", "finish_reason", "t_admit", "t_finish", "drafted", "accepted"):
+        setattr(proxy, name, getattr(remote, name))
+
+
+class MultiEngine:
+    """W engines behind one request engine, driven by one controller (the strategy)."""
+
+    def __init__(self, pool: WorkerPool, config: EngineConfig, dispatch: str = "least-in-flight") -> None:
+        self.pool, self.trace, self.dispatch = pool, pool.trace, dispatch
+        self.config = replace(config, max_num_seqs=config.max_num_seqs * pool.size)
+        self.max_model_len = config.max_model_len
+        self.policy = make_policy(dispatch)
+        self.history = LengthHistory()  # predicted response lengths: the dispatch's work
+        self.load = EngineLoad.empty(pool.size)
+        self.lost: set[int] = set()
+        self._buffer: list[tuple[Request, Sequence]] = []  # added, not dispatched yet
+        self._seqs: dict[str, Sequence] = {}  # the proxies of every request not finished, by id
+        self._requests: dict[str, Request] = {}  # as submitted: what a lost engine's requests restart from
+        self._where: dict[str, tuple[int, float]] = {}  # id -> (engine, predicted work)
+        self._on: list[set[str]] = [set() for _ in range(pool.size)]
+        self._busy: set[int] = set()  # engines with a slice in flight
+        self._finished: list[tuple[int, Sequence]] = []  # this step's, by engine: history for the drafters
+        self._step: int | None = None
+        self._names = itertools.count()  # ids for requests that come without one
+
+    # ---- what the trainer sees (RolloutEngine) ------------------------------------------------------------
+    @property
+    def policy_version(self) -> int:
+        return self.pool.policy_version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        self.pool.policy_version = version
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
+        self.pool.update_weights(state_dict, version)
+        self._notice()
+
+    def prepare(self, params: SamplingParams) -> None:
+        self.pool.prepare(params)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    # ---- what the strategy sees (RequestEngine) -----------------------------------------------------------
+    def add_request(self, request: Request) -> Sequence:
+        seq_id = request.seq_id or f"multi-{next(self._names)}"
+        request = replace(request, seq_id=seq_id)
+        seq = Sequence.for_request(request, seq_id, max_model_len=self.max_model_len,
+                                   policy_version=self.policy_version)  # fmt: skip
+        self._buffer.append((request, seq))
+        self._seqs[seq_id], self._requests[seq_id] = seq, request
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    @property
+    def running(self) -> list[Sequence]:
+        return [s for s in self._seqs.values() if s.status == SequenceStatus.RUNNING]
+
+    @property
+    def waiting(self) -> list[Sequence]:
+        return [s for s in self._seqs.values() if s.status == SequenceStatus.WAITING]
+
+    def step(self) -> list[Sequence]:
+        """Dispatch what was added, start a slice on every engine with work and none in flight, and return
+        what finished in the next report."""
+        self._notice()
+        self._dispatch()
+        for w in range(self.pool.size):
+            if self._on[w] and w not in self._busy:
+                self.pool.advance(w, self.trace.step)
+                self._busy.add(w)
+        if not self._busy:
+            return []
+        report = self.pool.next_report()
+        self._busy.discard(report.worker)
+        finished = self._absorb(report)
+        if not self._seqs:  # all done without a halt (the baseline's strategy): the step's end all the same
+            self._share_history()
+        return finished
+
+    def abort(self, seq: Sequence) -> Sequence:
+        """Stop `seq`: the first abort of a step halts every engine (one round trip), later ones are local."""
+        if self._on_engines():
+            self.halt()
+        if not seq.is_finished:
+            seq.status, seq.finish_reason, seq.t_finish = SequenceStatus.ABORTED, "abort", self.trace.now()
+        self._seqs.pop(seq.seq_id, None)
+        self._requests.pop(seq.seq_id, None)
+        return seq
+
+    def halt(self) -> None:
+        """The step's end: every slice in flight gathered and every engine's requests aborted, in one round
+        trip. An aborted proxy keeps its tokens and reads RUNNING (or WAITING, if it never had a slot), as
+        the strategy judges it before its own `abort`; one that finished in the gather reads FINISHED."""
+        busy = sorted(w for w in range(self.pool.size) if self._on[w] and w not in self.lost)
+        reports = self.pool.halt(busy) if busy or self._busy else []
+        self._busy = set()
+        for report in reports:
+            self._absorb(report, halting=True)
+        self._buffer = []
+        self._share_history()
+
+    # ---- the controller's bookkeeping ---------------------------------------------------------------------
+    def _on_engines(self) -> bool:
+        return any(self._on) or bool(self._busy)
+
+    def _work(self, request: Request) -> float:
+        prompt_id = str(request.meta.get("prompt_id", request.seq_id))
+        predicted = self.history.predict(prompt_id, len(request.prompt_ids))
+        return max(1.0, predicted - len(request.response_ids))
+
+    def _dispatch(self) -> None:
+        if self.trace.step != self._step:
+            self._step = self.trace.step
+            self.policy.begin_step(self.trace.step)
+        if not self._buffer:
+            return
+        live = [w for w in range(self.pool.size) if w not in self.lost]
+        units = [Unit(int(r.meta.get("index", 0)), self._work(r)) for r, _ in self._buffer]
+        sub = EngineLoad([self.load.in_flight[w] for w in live], [self.load.tokens[w] for w in live])
+        picks = self.policy.assign(units, sub)
+        batches: dict[int, list[Request]] = {}
+        for (request, seq), unit, k in zip(self._buffer, units, picks, strict=True):
+            w = live[k]
+            self.load.add(w, unit.work)
+            self._where[str(request.seq_id)] = (w, unit.work)
+            self._on[w].add(str(request.seq_id))
+            seq.meta["worker"] = w
+            batches.setdefault(w, []).append(request)
+        self._buffer = []
+        engines = [live[k] for k in picks]
+        self.trace.add(
+            dispatch_event(self.trace.now(), self.trace.step, self.policy.name, engines, self.load.tokens)
+        )
+        for w, requests in sorted(batches.items()):
+            try:
+                self.pool.submit(w, requests)
+            except WorkerLost as err:  # its requests go back to the buffer, for the engines left
+                self._lose(err.worker, halting=False)
+        if self._buffer:
+            self._dispatch()
+
+    def _absorb(self, report: WorkerReport, halting: bool = False) -> list[Sequence]:
+        if report.lost:
+            self._lose(report.worker, halting)
+            return []
+        for event in report.events:
+            self.trace.add(event)
+        waiting, finished = set(report.waiting), []
+        for remote in report.finished:
+            seq = self._seqs.get(remote.seq_id)
+            if seq is None:
+                continue
+            _follow(seq, remote)
+            self._settle(seq.seq_id)
+            if seq.status == SequenceStatus.FINISHED:
+                del self._seqs[seq.seq_id], self._requests[seq.seq_id]
+                finished.append(seq)
+                self._finished.append((report.worker, seq))
+                self.history.record(str(seq.meta.get("prompt_id", seq.seq_id)), len(seq.prompt_ids),
+                                    [len(seq.response_ids)])  # fmt: skip
+            else:  # aborted by a halt: as the strategy judges it before its own abort
+                seq.status = SequenceStatus.WAITING if seq.seq_id in waiting else SequenceStatus.RUNNING
+        for seq_id in self._on[report.worker]:
+            proxy = self._seqs[seq_id]
+            proxy.status = SequenceStatus.WAITING if seq_id in waiting else SequenceStatus.RUNNING
+        return finished
+
+    def _notice(self) -> None:
+        """Engines the pool found dead outside a slice (a weight update) are lost too."""
+        for w in getattr(self.pool, "dead", ()):
+            if w not in self.lost:
+                self._lose(w, halting=False)
+
+    def _settle(self, seq_id: str) -> None:
+        w, work = self._where.pop(seq_id)
+        self.load.remove(w, work)
+        self._on[w].discard(seq_id)
+
+    def _lose(self, worker: int, halting: bool) -> None:
+        """Retire a dead engine; its requests restart from what the controller holds (at a halt they are
+        handed back unrun instead, as if they never had a slot)."""
+        self._busy.discard(worker)
+        if worker in self.lost:  # a slice it had in flight reports the death again
+            return
+        self.lost.add(worker)
+        self.pool.retire(worker)
+        # A policy's memory names engines by their place among the live ones, which just moved: a fresh one.
+        self.policy = make_policy(self.dispatch)
+        self.policy.begin_step(self.trace.step)
+        orphans = sorted(self._on[worker])
+        t = self.trace.now()
+        self.trace.add({"kind": ENGINE_LOST, "t_start": t, "t_end": t, "worker": worker,
+                        "requests": len(orphans), "step": self.trace.step})  # fmt: skip
+        if len(self.lost) == self.pool.size:
+            raise WorkerPoolError(f"every one of the {self.pool.size} rollout engines was lost")
+        for seq_id in orphans:
+            self._settle(seq_id)
+            request, proxy = self._requests[seq_id], self._seqs[seq_id]
+            # A resumed partial's tokens from earlier steps came with the request: those the controller keeps.
+            kept = len(request.response_ids)
+            proxy.response_ids, proxy.logprobs = proxy.response_ids[:kept], proxy.logprobs[:kept]
+            proxy.policy_versions = proxy.policy_versions[:kept]
+            proxy.status, proxy.t_admit = SequenceStatus.WAITING, None
+            if not halting:
+                self._buffer.append((request, proxy))
+
+    def _share_history(self) -> None:
+        """Drafting engines see every other engine's finished responses of the step (as placed.py does)."""
+        finished, self._finished = self._finished, []
+        if not self.pool.drafts or not finished:
+            return
+        for w in range(self.pool.size):
+            if w not in self.lost:
+                self.pool.add_history(w, [(s.prompt_ids, s.response_ids) for v, s in finished if v != w])
+
+
+@dataclass(frozen=True)
+class Engines:
+    """The engines a rollout side drives: one in-process engine, or W replicas under one controller (a
+    rollout run ahead builds them in its own process: rollout/ahead.py)."""
+
+    workers: int = 1
+    backend: str = "ray"  # ray | local (workers.make_worker_pool)
+    address: str | None = None
+    dispatch: str = "round-robin"
+
+
+def build_side(
+    spec: WorkerSpec, weights: Mapping[str, Any], version: int, t0: float, engines: Engines
+) -> tuple[Any, Any, Trace]:
+    """(engine, its Speculator or None, the trace it records into) at policy `version`: one worker's engine
+    (W = 1, as a rollout run ahead always had), or a MultiEngine over W workers, each at `version`."""
+    if engines.workers <= 1:
+        worker = RolloutWorker(spec, weights, 0, t0, version)
+        return worker.engine, worker.speculator, worker.trace
+    trace = Trace(t0=t0)
+    pool = make_worker_pool(spec, weights, engines.workers, trace, engines.backend, engines.address)
+    if version:
+        pool.update_weights(weights, version)
+    return MultiEngine(pool, spec.engine_config, engines.dispatch), None, trace
