@@ -85,7 +85,7 @@ def test_modes_build_their_strategies():
         elif mode.controlled:  # SortedRL's own strategy over W engines, with its dispatch (rollout/multi.py)
             options = mode.resolve({}, 2)
             assert type(make_mode_strategy(mode, 2, options)) is STRATEGY_TABLE[mode.strategy].load()
-            assert options.dispatch is not None and options.dispatch.placement == mode.placement
+            assert options.dispatch is not None and options.dispatch.dispatch == mode.dispatch
         else:
             placed = make_mode_strategy(mode, 2, mode.resolve({}, 2))
             assert placed.migrate == (mode.dispatch == "histopipe")
