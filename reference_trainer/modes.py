@@ -64,6 +64,11 @@ STRATEGY_TABLE: dict[str, Strategy] = {
 }
 
 
+# What a controlled mode (rollout/multi.py) takes of DispatchOptions: its requests are admitted as the
+# strategy adds them, so there is no per-engine queue for `order` to arrange.
+CONTROLLER_TAKES = ("dispatch", "migrate")
+
+
 @dataclass(frozen=True)
 class ModeOptions:
     """A run's mode options as the records its parts take: the strategy's, the rollout run ahead's, the
@@ -124,8 +129,8 @@ class ModeSpec:
         if self.ahead:  # max_staleness (shared with SortedRL's) bounds a trained token's age either way
             records.append(AheadOptions)
         out = {o.name: o for r in records for o in options_of(r)}
-        if self.controlled and workers is not None and workers > 1:  # the controller's policy: no migration
-            out.update({o.name: o for o in options_of(DispatchOptions) if o.name == "dispatch"})
+        if self.controlled and workers is not None and workers > 1:  # the controller's policy and migration
+            out.update({o.name: o for o in options_of(DispatchOptions) if o.name in CONTROLLER_TAKES})
         if "dispatch" in out and self.dispatch is not None:
             out["dispatch"] = replace(out["dispatch"], default=self.dispatch)
         if not self.speculative:
@@ -173,7 +178,7 @@ class ModeSpec:
         controlled = self.controlled and workers > 1
         return ModeOptions(
             strategy=record.take(flat) if record is not None else None,
-            dispatch=DispatchOptions(dispatch=flat.get("dispatch", self.dispatch)) if controlled else None,
+            dispatch=DispatchOptions.take({"dispatch": self.dispatch, **flat}) if controlled else None,
             ahead=AheadOptions.take(flat) if self.ahead else None,
             speculation=self.speculation_options(options.get(SPEC, {}), engine) if self.speculative else None,
         )

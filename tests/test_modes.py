@@ -120,11 +120,16 @@ def test_option_types_and_values_are_checked_from_the_registry():
         rhyme.check_options({"dispatch": "fifo"})
     with pytest.raises(UserError, match="dispatch 'no_such_module:Policy' cannot be loaded"):
         rhyme.check_options({"dispatch": "no_such_module:Policy"})
-    # SortedRL dispatches over W > 1 engines (rollout/multi.py), without migration; a mode on one engine only
-    # takes no dispatch
+    # SortedRL dispatches over W > 1 engines (rollout/multi.py), with migration as the option says (auto:
+    # on for histopipe only), and no queue order (it admits as it goes); a one-engine mode takes no dispatch
     assert sorted_mode.check_options({"dispatch": "histopipe"}, 2) == {"dispatch": "histopipe"}
-    with pytest.raises(UserError, match="takes no option migrate"):
-        sorted_mode.check_options({"migrate": True}, 2)
+    assert sorted_mode.check_options({"migrate": True}, 2) == {"migrate": True}
+    for options, migrates in (({}, False), ({"dispatch": "histopipe"}, True), ({"migrate": True}, True)):
+        assert sorted_mode.resolve(options, 2).dispatch.migrates is migrates  # type: ignore[union-attr]
+    with pytest.raises(UserError, match="takes no option order"):
+        sorted_mode.check_options({"order": "alternate"}, 2)
+    with pytest.raises(UserError, match="takes option migrate only with --workers > 1"):
+        sorted_mode.check_options({"migrate": True}, 1)
     with pytest.raises(UserError, match="runs on one engine"):
         get_mode("sorted+lookahead").check_options({"dispatch": "histopipe"}, 2)
     with pytest.raises(UserError, match="unknown option spec.bogus"):

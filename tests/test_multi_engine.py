@@ -75,6 +75,17 @@ class FakeWorker:
         waiting = [s.seq_id for *_, s in sorted(self.waiting)]
         return WorkerReport(self.worker, finished, [], waiting, len(self.running))
 
+    def take_unstarted(self, seq_ids: list[str]) -> list[Request]:
+        chosen = set(seq_ids)
+        taken = [s for *_, s in sorted(self.waiting) if s.seq_id in chosen]
+        self.waiting = [e for e in self.waiting if e[2].seq_id not in chosen]
+        heapq.heapify(self.waiting)
+        for seq in taken:
+            del self.held[seq.seq_id]
+        return [Request(s.prompt_ids, s.params, s.seq_id, meta=s.meta, response_ids=list(s.response_ids),
+                        logprobs=list(s.logprobs), policy_versions=list(s.policy_versions))
+                for s in taken]  # fmt: skip
+
     def abort_all(self) -> WorkerReport:
         waiting = [s.seq_id for *_, s in sorted(self.waiting)]
         held = self.running + [s for *_, s in self.waiting]
@@ -126,6 +137,10 @@ class FakePool:
     def retire(self, worker: int) -> None:
         self.retired.add(worker)
 
+    def take_unstarted(self, worker: int, seq_ids: list[str]) -> list[Request]:
+        assert worker not in self.retired
+        return self.workers[worker].take_unstarted(seq_ids)
+
     def add_history(self, worker: int, responses: list[tuple[list[int], list[int]]]) -> None:
         self.history.setdefault(worker, []).extend((tuple(p), tuple(r)) for p, r in responses)
 
@@ -145,6 +160,7 @@ workloads = st.fixed_dictionaries(
         "oversubscription": st.sampled_from([1.0, 2.0, 3.0]),
         "lengths": st.lists(st.integers(1, 12), min_size=1, max_size=12),
         "dispatch": st.sampled_from(sorted(DISPATCH)),
+        "migrate": st.booleans(),
         "seed": st.integers(0, 2**16),
         "lose": st.none() | st.tuples(st.integers(0, 1), st.integers(1, 3)),
     }
@@ -156,7 +172,7 @@ workloads = st.fixed_dictionaries(
 def test_a_step_trains_its_quota_of_complete_groups_each_sample_once(w):
     rng = random.Random(w["seed"])
     pool = FakePool(w["workers"], w["capacity"], w["lengths"], rng, w["lose"])
-    engine = MultiEngine(pool, EngineConfig(max_num_seqs=w["capacity"]), w["dispatch"])  # type: ignore[arg-type]
+    engine = MultiEngine(pool, EngineConfig(max_num_seqs=w["capacity"]), w["dispatch"], w["migrate"])  # type: ignore[arg-type]
     assert engine.config.max_num_seqs == w["workers"] * w["capacity"]  # oversubscription counts every slot
     ctx = RolloutContext(engine, CharTokenizer(), PromptStream(ArithTask(), 0), w["group_size"],  # type: ignore[arg-type]
                          w["update_batch"], SamplingParams(max_tokens=10_000), seed=0)  # fmt: skip
@@ -207,6 +223,30 @@ def test_drafting_engines_get_every_other_engines_responses():
         for s in samples:
             pair = (tuple(s.prompt_ids), tuple(s.response_ids))
             assert (pair in got) == (s.meta["worker"] != w)
+
+
+@pytest.mark.parametrize("migrate", [False, True])
+def test_an_engine_run_dry_takes_unstarted_requests_from_the_busiest(migrate):
+    """Every request dispatched to engine 0: with migration, idle engine 1 takes requests that have not
+    started (traced as `migrate` events), and each sample still comes out once with its seeded tokens."""
+    pool = FakePool(2, 1, [6, 9, 4], random.Random(3))
+    engine = MultiEngine(pool, EngineConfig(max_num_seqs=1), "round-robin", migrate)  # type: ignore[arg-type]
+    engine.policy = Fixed(0)
+    ctx = RolloutContext(engine, CharTokenizer(), PromptStream(ArithTask(), 0), 2, 3,  # type: ignore[arg-type]
+                         SamplingParams(max_tokens=100), seed=0)  # fmt: skip
+    groups = SortedRollout(SortedOptions(oversubscription=2.0)).collect(ctx)
+    samples = [s for g in groups for s in g.samples]
+    assert len(samples) == 6 and len({s.seq_id for s in samples}) == 6
+    assert all(
+        s.response_ids == [token(s.params.seed, i) for i in range(len(s.response_ids))] for s in samples
+    )
+    moves = [e for e in pool.trace.events if e["kind"] == "migrate"]
+    on_1 = [s for s in samples if s.meta["worker"] == 1]
+    if not migrate:
+        assert not moves and not on_1
+        return
+    assert moves and all((e["from"], e["to"]) == (0, 1) for e in moves)
+    assert on_1 and len(on_1) <= sum(e["requests"] for e in moves)
 
 
 def test_an_engine_found_dead_at_a_weight_update_is_lost_between_steps():

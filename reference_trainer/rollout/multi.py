@@ -36,7 +36,7 @@ from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus
 from reference_trainer.rollout.dispatch import EngineLoad, Unit, make_policy
 from reference_trainer.rollout.placement import LengthHistory
-from reference_trainer.rollout.slots import WorkerPoolError
+from reference_trainer.rollout.rebalance import ENGINE_LOST, migrate_event, retire_engine, steal_plan
 from reference_trainer.rollout.workers import (
     RolloutWorker,
     WorkerLost,
@@ -48,7 +48,7 @@ from reference_trainer.rollout.workers import (
 from reference_trainer.trace.schema import dispatch_event
 from reference_trainer.trace.writer import Trace
 
-ENGINE_LOST = "engine_lost"  # an engine lost mid-run: the trace's mark of where its work went elsewhere
+__all__ = ["ENGINE_LOST", "Engines", "MultiEngine", "build_side"]
 
 
 def _follow(proxy: Sequence, remote: Sequence) -> None:
@@ -62,8 +62,10 @@ def _follow(proxy: Sequence, remote: Sequence) -> None:
 class MultiEngine:
     """W engines behind one request engine, driven by one controller (the strategy)."""
 
-    def __init__(self, pool: WorkerPool, config: EngineConfig, dispatch: str = "least-in-flight") -> None:
-        self.pool, self.trace, self.dispatch = pool, pool.trace, dispatch
+    def __init__(
+        self, pool: WorkerPool, config: EngineConfig, dispatch: str = "least-in-flight", migrate: bool = False
+    ) -> None:
+        self.pool, self.trace, self.dispatch, self.migrate = pool, pool.trace, dispatch, migrate
         self.config = replace(config, max_num_seqs=config.max_num_seqs * pool.size)
         self.max_model_len = config.max_model_len
         self.policy = make_policy(dispatch)
@@ -75,6 +77,7 @@ class MultiEngine:
         self._requests: dict[str, Request] = {}  # as submitted: what a lost engine's requests restart from
         self._where: dict[str, tuple[int, float]] = {}  # id -> (engine, predicted work)
         self._on: list[set[str]] = [set() for _ in range(pool.size)]
+        self._waiting: list[list[str]] = [[] for _ in range(pool.size)]  # not started, as last reported
         self._busy: set[int] = set()  # engines with a slice in flight
         self._finished: list[tuple[int, Sequence]] = []  # this step's, by engine: history for the drafters
         self._step: int | None = None
@@ -125,6 +128,10 @@ class MultiEngine:
         what finished in the next report."""
         self._notice()
         self._dispatch()
+        if self.migrate:  # an engine with nothing on it and no slice in flight takes from the busiest
+            for w in range(self.pool.size):
+                if not self._on[w] and w not in self._busy:
+                    self._steal_for(w)
         for w in range(self.pool.size):
             if self._on[w] and w not in self._busy:
                 self.pool.advance(w, self.trace.step)
@@ -134,6 +141,8 @@ class MultiEngine:
         report = self.pool.next_report()
         self._busy.discard(report.worker)
         finished = self._absorb(report)
+        if self.migrate and not report.lost and not report.waiting and report.running < self.pool.capacity:
+            self._steal_for(report.worker)  # out of queued work with free slots: before its next slice
         if not self._seqs:  # all done without a halt (the baseline's strategy): the step's end all the same
             self._share_history()
         return finished
@@ -187,6 +196,7 @@ class MultiEngine:
             self._on[w].add(str(request.seq_id))
             seq.meta["worker"] = w
             batches.setdefault(w, []).append(request)
+            self._waiting[w].append(str(request.seq_id))
         self._buffer = []
         engines = [live[k] for k in picks]
         self.trace.add(
@@ -207,6 +217,7 @@ class MultiEngine:
         for event in report.events:
             self.trace.add(event)
         waiting, finished = set(report.waiting), []
+        self._waiting[report.worker] = list(report.waiting)
         for remote in report.finished:
             seq = self._seqs.get(remote.seq_id)
             if seq is None:
@@ -241,19 +252,13 @@ class MultiEngine:
         """Retire a dead engine; its requests restart from what the controller holds (at a halt they are
         handed back unrun instead, as if they never had a slot)."""
         self._busy.discard(worker)
-        if worker in self.lost:  # a slice it had in flight reports the death again
+        orphans = sorted(self._on[worker])
+        if not retire_engine(self.pool, self.lost, worker, len(orphans)):
             return
-        self.lost.add(worker)
-        self.pool.retire(worker)
+        self._waiting[worker] = []
         # A policy's memory names engines by their place among the live ones, which just moved: a fresh one.
         self.policy = make_policy(self.dispatch)
         self.policy.begin_step(self.trace.step)
-        orphans = sorted(self._on[worker])
-        t = self.trace.now()
-        self.trace.add({"kind": ENGINE_LOST, "t_start": t, "t_end": t, "worker": worker,
-                        "requests": len(orphans), "step": self.trace.step})  # fmt: skip
-        if len(self.lost) == self.pool.size:
-            raise WorkerPoolError(f"every one of the {self.pool.size} rollout engines was lost")
         for seq_id in orphans:
             self._settle(seq_id)
             request, proxy = self._requests[seq_id], self._seqs[seq_id]
@@ -264,6 +269,39 @@ class MultiEngine:
             proxy.status, proxy.t_admit = SequenceStatus.WAITING, None
             if not halting:
                 self._buffer.append((request, proxy))
+
+    def _steal_for(self, thief: int) -> None:
+        """Move not-yet-started requests from the busiest engine to `thief` (rebalance.py's rule, as placed.py
+        migrates): they are settled off the donor and placed on the thief as if dispatched there."""
+        if thief in self.lost:
+            return
+        work = {i: self._where[i][1] for on in self._on for i in on}
+        waiting = [[i for i in self._waiting[w] if i in self._on[w]] for w in range(self.pool.size)]
+        plan = steal_plan(thief, waiting, lambda w: self.load.tokens[w], work)
+        if plan is None:
+            return
+        donor, chosen = plan
+        try:
+            taken = self.pool.take_unstarted(donor, chosen)
+        except WorkerLost as err:  # its requests go back to the buffer, for the next dispatch
+            self._lose(err.worker, halting=False)
+            return
+        self._waiting[donor] = [i for i in waiting[donor] if i not in chosen]  # taken, or started
+        for request in taken:
+            seq_id = str(request.seq_id)
+            self._settle(seq_id)
+            self.load.add(thief, work[seq_id])
+            self._where[seq_id] = (thief, work[seq_id])
+            self._on[thief].add(seq_id)
+            self._waiting[thief].append(seq_id)
+            self._seqs[seq_id].meta["worker"] = thief
+        if not taken:
+            return
+        self.trace.add(migrate_event(self.trace.now(), donor, thief, len(taken)))
+        try:
+            self.pool.submit(thief, taken)
+        except WorkerLost as err:
+            self._lose(err.worker, halting=False)
 
     def _share_history(self) -> None:
         """Drafting engines see every other engine's finished responses of the step (as placed.py does)."""
@@ -284,6 +322,7 @@ class Engines:
     backend: str = "ray"  # ray | local (workers.make_worker_pool)
     address: str | None = None
     dispatch: str = "round-robin"
+    migrate: bool = False  # straggler migration across the engines (rebalance.py)
 
 
 def build_side(
@@ -298,4 +337,4 @@ def build_side(
     pool = make_worker_pool(spec, weights, engines.workers, trace, engines.backend, engines.address)
     if version:
         pool.update_weights(weights, version)
-    return MultiEngine(pool, spec.engine_config, engines.dispatch), None, trace
+    return MultiEngine(pool, spec.engine_config, engines.dispatch, engines.migrate), None, trace

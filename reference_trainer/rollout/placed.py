@@ -17,8 +17,9 @@ from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.rollout.base import Group, RolloutContext
 from reference_trainer.rollout.dispatch import DispatchOptions, EngineLoad, Unit, engine_queues
 from reference_trainer.rollout.placement import LengthHistory, reorder
+from reference_trainer.rollout.rebalance import migrate_event, steal_plan
 from reference_trainer.rollout.workers import WorkerLost, WorkerPool, WorkerReport
-from reference_trainer.trace.schema import MIGRATE, dispatch_event
+from reference_trainer.trace.schema import dispatch_event
 
 
 class PlacedRollout:
@@ -144,21 +145,11 @@ class _Run:
         self.waiting[report.worker] = list(report.waiting)
 
     def _steal_for(self, thief: int) -> bool:
-        """Move not-yet-started requests from the back of the busiest queue to an idle worker: about half the
-        predicted-work gap between them, and only requests whose move narrows the gap (no ping-pong)."""
-        donors = [w for w in range(self.pool.size) if w != thief and self.waiting[w]]
-        if not donors:
+        """Move not-yet-started requests from the busiest queue to an idle worker (rebalance.py's rule)."""
+        plan = steal_plan(thief, self.waiting, self.left, self.work)
+        if plan is None:
             return False
-        donor = max(donors, key=self.left)
-        diff = self.left(donor) - self.left(thief)
-        chosen, moved = [], 0.0
-        for seq_id in reversed(self.waiting[donor]):
-            if moved + self.work[seq_id] > (diff / 2 if chosen else diff - 1e-9):
-                break
-            chosen.append(seq_id)
-            moved += self.work[seq_id]
-        if not chosen:
-            return False
+        donor, chosen = plan
         taken = self.pool.take_unstarted(donor, chosen)
         taken_ids = {r.seq_id for r in taken}
         self.waiting[donor] = [i for i in self.waiting[donor] if i not in chosen]  # taken, or started
@@ -166,8 +157,5 @@ class _Run:
             return False
         self.outstanding[donor] -= taken_ids
         self.submit(thief, taken)
-        t = self.pool.trace.now()
-        self.pool.trace.add(
-            {"kind": MIGRATE, "t_start": t, "t_end": t, "from": donor, "to": thief, "requests": len(taken)}
-        )
+        self.pool.trace.add(migrate_event(self.pool.trace.now(), donor, thief, len(taken)))
         return True

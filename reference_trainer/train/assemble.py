@@ -85,7 +85,8 @@ def _engines(config: TrainConfig, options: ModeOptions) -> Engines:
     """The engines a rollout run ahead drives in its process: one, or W under one controller."""
     if options.dispatch is None:
         return Engines()
-    return Engines(config.workers, config.worker_backend, config.ray_address, options.dispatch.dispatch)
+    d = options.dispatch
+    return Engines(config.workers, config.worker_backend, config.ray_address, d.dispatch, d.migrates)
 
 
 def assemble(config: TrainConfig, trace: Trace | None = None, slots: WorkerSlots | None = None) -> RunParts:
@@ -127,7 +128,8 @@ def assemble(config: TrainConfig, trace: Trace | None = None, slots: WorkerSlots
             spec, tokenizer, model=policy, model_dir=model_dir, trace=trace, slots=slots
         )
         if options.dispatch is not None:  # SortedRL on W engines: one controller drives the pool
-            engine = MultiEngine(engine, spec.config, options.dispatch.dispatch)  # type: ignore[arg-type]
+            d = options.dispatch
+            engine = MultiEngine(engine, spec.config, d.dispatch, d.migrates)  # type: ignore[arg-type]
         ctx.speculator = speculator_of(engine)
         rollout = InlineRollout(strategy, ctx)
     ctx.engine = engine  # type: ignore[assignment]
