@@ -433,6 +433,37 @@ def test_an_engine_lost_mid_step_finishes_on_the_others(tiny_model_dir, toy_task
     assert after and {e["worker"] for e in after} == {0}
 
 
+@pytest.mark.parametrize("migrate", [False, True])
+def test_the_baseline_on_two_workers_finishes_a_step_when_one_is_lost(
+    tiny_model_dir, toy_task, tmp_path, one_thread, migrate
+):
+    """The synchronous baseline (placed.py) on two in-process workers, worker 1 lost at its second slice:
+    the step finishes on worker 0 with the lost worker's unfinished requests dispatched again, the trace
+    marks the loss, and every sample trains once; the next step runs on worker 0 alone."""
+    options = {"dispatch": "round-robin", "migrate": migrate}
+    trainer = Trainer(_config(tiny_model_dir, toy_task, "baseline", 2, options=options, workers=2),
+                      tmp_path / "run")  # fmt: skip
+    worker = trainer.engine.workers[1]
+    calls, real = itertools.count(1), worker.advance
+
+    def dies_on_its_second_slice(*args, **kw):
+        if next(calls) == 2:
+            raise WorkerLost(1, "injected")
+        return real(*args, **kw)
+
+    worker.advance = dies_on_its_second_slice
+    rows = trainer.run()
+    lost = [e for e in trainer.trace.events if e["kind"] == ENGINE_LOST]
+    assert [(e["worker"], e["step"]) for e in lost] == [(1, 0)] and lost[0]["requests"] > 0
+    assert [r["samples"] for r in rows] == [6, 6]
+    ids = [e["id"] for e in trainer.trace.events if e["kind"] == "sequence" and e["status"] == "finished"]
+    assert len(ids) == len(set(ids)) == 2 * 2 * 3  # two steps of two groups of three, each sample once
+    after = [e for e in trainer.trace.events if e["kind"] == "decode" and e["t_start"] > lost[0]["t_start"]]
+    assert after and {e["worker"] for e in after} == {0}
+    later = [e for e in trainer.trace.events if e["kind"] == "dispatch" and e["t_start"] > lost[0]["t_start"]]
+    assert later and all(set(e["engines"]) == {0} for e in later)
+
+
 def _samples(trainer: Trainer) -> list[tuple]:
     keys = ("step", "id", "status", "response_tokens", "finish_reason", "policy_versions")
     return [tuple(e[k] for k in keys) for e in trainer.trace.events if e["kind"] == "sequence"]

@@ -365,7 +365,7 @@ class RayWorkerPool:
         self.retired.add(worker)
 
     def take_unstarted(self, worker: int, seq_ids: list[str]) -> list[Request]:
-        return self._get(self.actors[worker].take_unstarted.remote(seq_ids), "give back requests")
+        return self._one(worker, self.actors[worker].take_unstarted.remote(seq_ids), "give back requests")
 
     def add_history(self, worker: int, responses: list[tuple[list[int], list[int]]]) -> None:
         self._one(
