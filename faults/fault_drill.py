@@ -31,10 +31,12 @@ Groups (each case is one command, or a kill and a resume, judged by what it must
   whose resume lacks its run-ahead weights, whose max_staleness cannot fit: one line, no ring left behind.
 - outputs: `--out` over the command's own input, inside another run or over an earlier run; two suites on one
   data file; the TRL callback's overwrite given as 'false'.
+- engines: a Ray actor (a rollout engine of `sorted` at W = 2) killed mid-step: the step ends on the other,
+  the trace names the lost engine, each sample trains once; a W = 2 run resumed with `--workers 1`.
 
 The first four groups are in fault_runs.py, the inputs in fault_inputs.py, servers and fuzz in fault_fuzz.py,
 hostile input in fault_hostile.py, the surfaces in fault_surfaces.py, async and outputs in
-fault_supervision.py.
+fault_supervision.py, the engines in fault_engines.py.
 
 A case fails when the command does not end as it must; a traceback is any "Traceback" a command printed (or an
 exception escaping it in process); "lost" counts finished work or intact data that did not survive the fault.
@@ -55,6 +57,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from faults.fault_engines import engine_cases
 from faults.fault_fuzz import hostile_servers, option_fuzz
 from faults.fault_hostile import hostile_round3
 from faults.fault_inputs import Check, Outcome, corrupt_inputs
@@ -78,6 +81,7 @@ GROUPS: dict[str, Callable[[Path], Iterator[tuple[str, Check]]]] = {
     "surfaces": surfaces,
     "async": async_supervision,
     "outputs": output_cases,
+    "engines": engine_cases,
 }
 
 
