@@ -21,7 +21,7 @@ from typing import Any
 from reference_trainer.errors import UserError
 from reference_trainer.option import Option, Options, options_of
 from reference_trainer.rollout.base import AheadOptions
-from reference_trainer.rollout.dispatch import DispatchOptions, renamed_option
+from reference_trainer.rollout.dispatch import CONTROLLER_TAKES, DispatchOptions, renamed_option
 from reference_trainer.rollout.sorted import SortedOptions
 from reference_trainer.speculation.drafters import (
     SPEC,
@@ -62,11 +62,6 @@ STRATEGY_TABLE: dict[str, Strategy] = {
         "reference_trainer.rollout.placed:PlacedRollout", "synchronous over W workers", DispatchOptions
     ),
 }
-
-
-# What a controlled mode (rollout/multi.py) takes of DispatchOptions: its requests are admitted as the
-# strategy adds them, so there is no per-engine queue for `order` to arrange.
-CONTROLLER_TAKES = ("dispatch", "migrate")
 
 
 @dataclass(frozen=True)
@@ -215,10 +210,8 @@ class ModeSpec:
                 out[key] = takes[key].check(value)
             except ValueError as err:
                 raise UserError(f"mode {self.name!r}: {err}") from None
-        try:
-            DispatchOptions.take(
-                out
-            )  # a dotted-path policy is loaded here, so one that does not is this line
+        try:  # a dotted-path policy is loaded here, so one that does not is this line
+            DispatchOptions.take(out)
         except ValueError as err:
             raise UserError(f"mode {self.name!r}: {err}") from None
         if self.lookahead and engine == "vllm":

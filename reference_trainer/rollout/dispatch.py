@@ -308,6 +308,11 @@ def engine_queues(engines: Sequence[int], n_engines: int) -> list[list[int]]:
 ORDERS = ("fifo", "alternate", "long-first")
 
 
+# What the controller of a mode on W engines (rollout/multi.py) takes of DispatchOptions: it admits requests
+# as the strategy adds them, so there is no per-engine queue for `order` to arrange.
+CONTROLLER_TAKES = ("dispatch", "migrate")
+
+
 @dataclass(frozen=True)
 class DispatchOptions(Options):
     """The options of a rollout over W engines: the policy, migration and queue order; `migrate` and `order`
