@@ -464,6 +464,23 @@ def test_the_baseline_on_two_workers_finishes_a_step_when_one_is_lost(
     assert later and all(set(e["engines"]) == {0} for e in later)
 
 
+def test_sorted_on_real_engines_migrates_to_an_idle_one(tiny_model_dir, toy_task, tmp_path, one_thread):
+    """`sorted` on two in-process engines with migrate=true, every request dispatched to engine 0: engine 1
+    takes not-yet-started requests (migrate events), decodes them, and each sample trains once."""
+    options = {**SORTED_OPTIONS, "migrate": True}
+    trainer = Trainer(_config(tiny_model_dir, toy_task, "sorted", 1, options=options, workers=2),
+                      tmp_path / "run")  # fmt: skip
+    assert trainer.engine.migrate
+    trainer.engine.policy = Fixed(0)
+    rows = trainer.run()
+    events = trainer.trace.events
+    moves = [e for e in events if e["kind"] == "migrate"]
+    assert moves and all((e["from"], e["to"]) == (0, 1) for e in moves)
+    assert {e["worker"] for e in events if e["kind"] == "decode"} == {0, 1}
+    ids = [e["id"] for e in events if e["kind"] == "sequence" and e["status"] == "finished"]
+    assert len(ids) == len(set(ids)) == rows[0]["samples"] == 6
+
+
 def _samples(trainer: Trainer) -> list[tuple]:
     keys = ("step", "id", "status", "response_tokens", "finish_reason", "policy_versions")
     return [tuple(e[k] for k in keys) for e in trainer.trace.events if e["kind"] == "sequence"]
