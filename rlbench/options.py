@@ -92,7 +92,7 @@ TaskOption = Annotated[
     typer.Option(
         "--task-option",
         help="KEY=VALUE for the task (repeatable), e.g. max_ops=4, num_people=2, format_reward=0.1, "
-        "style=chat. Values are JSON where they parse, else strings.",
+        "style=chat; `rlbench modes` lists each task's. Values are JSON where they parse, else strings.",
     ),
 ]
 Workers = Annotated[

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from reference_trainer.tasks import TASKS, ArithTask, KKTask, Problem, get_task, parse_compact_assignment
+from reference_trainer.tasks import (
+    TASKS,
+    ArithOptions,
+    ArithTask,
+    KKOptions,
+    KKTask,
+    Problem,
+    get_task,
+    parse_compact_assignment,
+)
 from reference_trainer.tasks.base import final_answer_section, is_ascii_text
 from reference_trainer.tasks.kk import solve
 
@@ -27,7 +36,7 @@ def arith_problems() -> list[Problem]:
 
 @pytest.fixture(scope="module")
 def kk_problems() -> list[Problem]:
-    return KKTask(num_people=(2, 8)).problems(300, seed=0)
+    return KKTask(KKOptions(num_people=(2, 8))).problems(300, seed=0)
 
 
 # --- registry and determinism ---------------------------------------------------------------------
@@ -39,6 +48,18 @@ def test_registry_and_unknown_name() -> None:
     assert get_task("kk", num_people=4).people_range == (4, 4)
     with pytest.raises(ValueError, match="arith, kk"):
         get_task("gsm8k")
+
+
+def test_a_task_takes_its_options_as_one_record() -> None:
+    from rlbench.commands.modes import registry_doc
+
+    task = get_task("kk", num_people=[3, 4], style="chat")
+    assert task.options == KKOptions(num_people=(3, 4), style="chat") and task.people_range == (3, 4)
+    with pytest.raises(ValueError, match="takes no option 'max_ops'"):
+        get_task("kk", max_ops=3)
+    listed = registry_doc()["tasks"]  # `rlbench modes` reads the record's fields
+    assert listed["arith"]["options"]["max_ops"]["default"] == ArithOptions().max_ops == 16
+    assert listed["kk"]["run_options"] == {"num_people": 3}
 
 
 @pytest.mark.parametrize("name", ["arith", "kk"])
@@ -90,7 +111,7 @@ def test_arith_gold_matches_recomputation_and_prompt(arith_problems: list[Proble
 
 
 def test_arith_response_length_is_heavy_tailed(arith_problems: list[Problem]) -> None:
-    task = ArithTask(sft_step_error=0.0)
+    task = ArithTask(ArithOptions(sft_step_error=0.0))
     rng = random.Random(0)
     lengths = sorted(len(task.sft_response(p, rng)) for p in arith_problems)
     median = statistics.median(lengths)
@@ -104,10 +125,15 @@ def test_arith_response_length_is_heavy_tailed(arith_problems: list[Problem]) ->
 
 
 def test_arith_tail_exponent_controls_the_tail() -> None:
-    heavy = [p.meta["num_ops"] for p in ArithTask(tail_exponent=1.2).problems(500, seed=0)]
-    light = [p.meta["num_ops"] for p in ArithTask(tail_exponent=3.0).problems(500, seed=0)]
+    heavy = [p.meta["num_ops"] for p in ArithTask(ArithOptions(tail_exponent=1.2)).problems(500, seed=0)]
+    light = [p.meta["num_ops"] for p in ArithTask(ArithOptions(tail_exponent=3.0)).problems(500, seed=0)]
     assert statistics.mean(heavy) > 1.8 * statistics.mean(light)  # 5.9 vs 2.9 with max_ops 16
-    assert all(3 <= k <= 6 for k in (p.meta["num_ops"] for p in ArithTask(3, 6).problems(100, seed=0)))
+    assert all(
+        3 <= k <= 6
+        for k in (
+            p.meta["num_ops"] for p in ArithTask(ArithOptions(min_ops=3, max_ops=6)).problems(100, seed=0)
+        )
+    )
 
 
 def test_arith_reward_parsing() -> None:
@@ -130,13 +156,13 @@ def test_arith_reward_parsing() -> None:
 
 
 def test_arith_format_reward_is_optional() -> None:
-    task = ArithTask(format_reward=0.1)
+    task = ArithTask(ArithOptions(format_reward=0.1))
     p = Problem("x", "", "7", {})
     assert task.reward(p, "answer: 7") == 1.0
     assert task.reward(p, "answer: 8") == 0.1
     assert task.reward(p, "answer: eight") == 0.0
     with pytest.raises(ValueError):
-        ArithTask(format_reward=1.0)
+        ArithTask(ArithOptions(format_reward=1.0))
 
 
 def test_arith_sft_traces_are_imperfect_with_one_propagated_slip(arith_problems: list[Problem]) -> None:
@@ -162,7 +188,7 @@ def test_arith_sft_traces_are_imperfect_with_one_propagated_slip(arith_problems:
         assert bad == (0 if ok else 1)
         correct += ok
     assert 0.8 <= correct / len(problems) <= 0.95  # measured 0.874 (seed 0)
-    exact = ArithTask(sft_step_error=0.0)
+    exact = ArithTask(ArithOptions(sft_step_error=0.0))
     assert all(exact.is_correct(p, exact.sft_response(p, rng)) for p in problems)
 
 
@@ -222,15 +248,19 @@ def test_kk_statement_forms_and_prompt_phrasing(kk_problems: list[Problem]) -> N
 
 
 def test_kk_people_range_and_context_budget() -> None:
-    assert {p.meta["num_people"] for p in KKTask(num_people=(3, 5)).problems(60, seed=0)} == {3, 4, 5}
+    assert {p.meta["num_people"] for p in KKTask(KKOptions(num_people=(3, 5))).problems(60, seed=0)} == {
+        3,
+        4,
+        5,
+    }
     # the embedded model's context is 1536 characters: 8-person checks and 3-person searches fit in it
     for people, budget in ((8, 1000), (3, 1400)):
-        task, rng = KKTask(num_people=people), random.Random(0)
+        task, rng = KKTask(KKOptions(num_people=people)), random.Random(0)
         for p in task.problems(200, seed=0):
             assert len(p.prompt) + len(task.sft_response(p, rng)) < budget
     for bad in (1, 9, (1, 3), (5, 4)):
         with pytest.raises(ValueError):
-            KKTask(num_people=bad)
+            KKTask(KKOptions(num_people=bad))
 
 
 def test_parse_compact_assignment() -> None:
@@ -265,7 +295,7 @@ def test_kk_reward() -> None:
     # Roles stated only in the reasoning before the marker are not graded.
     assert task.reward(p, p.answer + "\nanswer:\n" + wrong_text) == 0.0
     assert task.reward(p, "answer:\n" + p.answer.rsplit("\n", 1)[0]) == 0.0  # last person missing
-    assert KKTask(format_reward=0.2).reward(p, "answer:\n" + wrong_text) == 0.2
+    assert KKTask(KKOptions(format_reward=0.2)).reward(p, "answer:\n" + wrong_text) == 0.2
 
 
 def test_kk_sft_search_traces_write_each_lookup_and_stop_at_the_first_pass() -> None:
@@ -275,7 +305,7 @@ def test_kk_sft_search_traces_write_each_lookup_and_stop_at_the_first_pass() -> 
     A candidate ends at its first no; the answer is the first candidate without one. A slip is an
     inconsistent check read as ok; on the accepted candidate it makes the answer wrong. Checked against
     this file's own evaluator, not the module's."""
-    task, rng = KKTask(num_people=(2, 3)), random.Random(0)
+    task, rng = KKTask(KKOptions(num_people=(2, 3))), random.Random(0)
     problems = task.problems(300, seed=2)
     check_line = re.compile(r" (\w+) ([TF]): (.*) = ([tf]) (ok|no)")
     atom = re.compile(r"(\w+)=([TF]):([TF]) ([tf])")
@@ -317,12 +347,12 @@ def test_kk_sft_search_traces_write_each_lookup_and_stop_at_the_first_pass() -> 
         assert ok == (not slipped)
         correct += ok
     assert 0.8 <= correct / len(problems) <= 0.98  # measured 0.92 (seed 0)
-    exact = KKTask(sft_person_error=0.0)
+    exact = KKTask(KKOptions(sft_person_error=0.0))
     assert all(exact.is_correct(p, exact.sft_response(p, rng)) for p in problems)
 
 
 def test_kk_sft_traces_for_larger_puzzles_flip_at_most_one_role() -> None:
-    task, rng = KKTask(num_people=(4, 7)), random.Random(0)
+    task, rng = KKTask(KKOptions(num_people=(4, 7))), random.Random(0)
     problems = task.problems(300, seed=2)
     correct = 0
     for p in problems:
@@ -335,7 +365,7 @@ def test_kk_sft_traces_for_larger_puzzles_flip_at_most_one_role() -> None:
         assert ok == (flips == 0)
         correct += ok
     assert 0.6 <= correct / len(problems) <= 0.85
-    exact = KKTask(sft_person_error=0.0)
+    exact = KKTask(KKOptions(sft_person_error=0.0))
     assert all(exact.is_correct(p, exact.sft_response(p, rng)) for p in problems)
 
 

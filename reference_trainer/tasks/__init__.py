@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from reference_trainer.tasks.arith import ArithTask
-from reference_trainer.tasks.base import Problem, Task, final_answer_section
-from reference_trainer.tasks.kk import KKTask, parse_compact_assignment
+from reference_trainer.tasks.arith import ArithOptions, ArithTask
+from reference_trainer.tasks.base import Problem, Task, TaskOptions, final_answer_section
+from reference_trainer.tasks.kk import KKOptions, KKTask, parse_compact_assignment
 
 TASKS: dict[str, type] = {ArithTask.name: ArithTask, KKTask.name: KKTask}
 
@@ -14,29 +15,45 @@ TASKS: dict[str, type] = {ArithTask.name: ArithTask, KKTask.name: KKTask}
 RUN_TASK_OPTIONS: dict[str, dict[str, Any]] = {name: dict(cls.run_options) for name, cls in TASKS.items()}
 
 
-def get_task(name: str, **kwargs: Any) -> Task:
-    """Instantiate a registered task by name; constructor knobs go through `kwargs`."""
+def task_class(name: str) -> type:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}")
-    return TASKS[name](**kwargs)
+    return TASKS[name]
+
+
+def task_options(name: str, values: Mapping[str, Any]) -> TaskOptions:
+    """The task's options record from `values` (a config's `task_options`): a ValueError naming a key the
+    task does not take, else the record's own one-line check."""
+    record = task_class(name).Options
+    if unknown := [k for k in values if k not in record.__dataclass_fields__]:
+        raise ValueError(f"takes no option {unknown[0]!r}")
+    return record(**values)
+
+
+def get_task(name: str, **values: Any) -> Task:
+    """A registered task by name, given its options record built from `values`."""
+    return task_class(name)(task_options(name, values))
 
 
 def response_budget(name: str) -> int:
     """The task's default response length in tokens (what --max-tokens falls back to)."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}")
-    return TASKS[name].max_response_tokens
+    return task_class(name).max_response_tokens
 
 
 __all__ = [
     "RUN_TASK_OPTIONS",
     "TASKS",
+    "ArithOptions",
     "ArithTask",
+    "KKOptions",
     "KKTask",
     "Problem",
     "Task",
+    "TaskOptions",
     "final_answer_section",
     "get_task",
     "parse_compact_assignment",
     "response_budget",
+    "task_class",
+    "task_options",
 ]

@@ -16,11 +16,14 @@ the exact running value stays in [0, 99].
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
+from reference_trainer.option import option
 from reference_trainer.tasks.base import (
     ANSWER_MARKER,
     BaseTask,
     Problem,
+    TaskOptions,
     chat_prompt,
     error_probability,
     final_answer_section,
@@ -42,6 +45,23 @@ def apply_op(value: int, op: str, k: int) -> int:
     raise ValueError(f"unknown op {op!r}")
 
 
+@dataclass(frozen=True)
+class ArithOptions(TaskOptions):
+    """arith's options."""
+
+    min_ops: int = option(2, "fewest operations in a chain (>= 1)")
+    max_ops: int = option(16, "most operations in a chain (>= min_ops)")
+    tail_exponent: float = option(1.6, "alpha of P(k) ~ k^-alpha over the chain length k (> 0)")
+    sft_step_error: float = option(0.03, "chance that one step of an SFT trace slips")
+
+    def check(self) -> None:
+        super().check()
+        if not 1 <= self.min_ops <= self.max_ops:
+            raise ValueError(f"need 1 <= min_ops <= max_ops, got {self.min_ops}, {self.max_ops}")
+        if self.tail_exponent <= 0:
+            raise ValueError(f"tail_exponent must be > 0, got {self.tail_exponent}")
+
+
 class ArithTask(BaseTask):
     """Left-to-right arithmetic chains.
 
@@ -53,25 +73,15 @@ class ArithTask(BaseTask):
     """
 
     name = "arith"
+    Options = ArithOptions
 
-    def __init__(
-        self,
-        min_ops: int = 2,
-        max_ops: int = 16,
-        tail_exponent: float = 1.6,
-        sft_step_error: float = 0.03,
-        format_reward: float = 0.0,
-        style: str = "compact",
-    ) -> None:
-        super().__init__(format_reward, style)
-        if not 1 <= min_ops <= max_ops:
-            raise ValueError(f"need 1 <= min_ops <= max_ops, got {min_ops}, {max_ops}")
-        if tail_exponent <= 0:
-            raise ValueError(f"tail_exponent must be > 0, got {tail_exponent}")
-        self.min_ops, self.max_ops, self.tail_exponent = min_ops, max_ops, tail_exponent
-        self.sft_step_error = sft_step_error
-        self._op_counts = list(range(min_ops, max_ops + 1))
-        self._op_weights = [k**-tail_exponent for k in self._op_counts]
+    def __init__(self, options: ArithOptions | None = None) -> None:
+        super().__init__(options)
+        o = self.options
+        self.min_ops, self.max_ops, self.tail_exponent = o.min_ops, o.max_ops, o.tail_exponent
+        self.sft_step_error = o.sft_step_error
+        self._op_counts = list(range(o.min_ops, o.max_ops + 1))
+        self._op_weights = [k**-o.tail_exponent for k in self._op_counts]
 
     def problem(self, seed: int, index: int) -> Problem:
         rng = problem_rng(self.name, seed, index)

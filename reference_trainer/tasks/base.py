@@ -11,11 +11,13 @@ Each task renders its problems in one of two styles:
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from reference_trainer.option import Options, option, options_of
 from reference_trainer.tasks.prompts import user_message
 
 ANSWER_MARKER = "answer:"
@@ -82,6 +84,42 @@ def error_probability(per_step: float, steps: int, cap: float = 0.95) -> float:
     return min(cap, 1.0 - (1.0 - per_step) ** steps)
 
 
+@dataclass(frozen=True)
+class TaskOptions(Options):
+    """The options every task takes (`--task-option KEY=VALUE`); a task's record adds its own fields and
+    ranges (`check`). Checked on construction, each with the one line `rlbench train` prints."""
+
+    format_reward: float = option(0.0, "reward in [0, 1) for an answer in the requested format that is wrong")
+    style: str = option("compact", "how problems are rendered and graded", choices=STYLES)
+
+    def __post_init__(self) -> None:
+        for o in options_of(type(self)):
+            _check_type(o.key, getattr(self, o.key), o.default)
+        self.check()
+
+    def check(self) -> None:
+        """The record's ranges (a one-line ValueError)."""
+        if not 0.0 <= self.format_reward < 1.0:
+            raise ValueError(f"format_reward must be in [0, 1), got {self.format_reward}")
+        if self.style not in STYLES:
+            raise ValueError(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
+
+
+def _check_type(key: str, value: Any, default: Any) -> None:
+    """A value of the type its default has, where the task compares numbers: its range checks would
+    otherwise fail on `'<=' not supported between str and int`."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, (int, float)):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = ok and (isinstance(value, int) or not isinstance(default, int))
+    else:
+        return
+    if not ok:
+        kind = "true or false" if isinstance(default, bool) else type(default).__name__
+        raise ValueError(f"option {key} must be {kind}, got {value!r}")
+
+
 class BaseTask:
     """Shared reward logic. Subclasses implement `parse` (response -> answer or None) and `gold`; a chat
     style task overrides `grade`.
@@ -91,18 +129,15 @@ class BaseTask:
     """
 
     name: str = ""
+    Options: ClassVar[type[TaskOptions]] = TaskOptions  # the record of the task's options
     # Response budget when a run sets none (train --max-tokens, the card): room for the longest SFT trace.
     max_response_tokens: int = 400
-    # What an RL run's task is when --task-option says nothing else (constructor arguments).
+    # What an RL run's task is when --task-option says nothing else (fields of its record).
     run_options: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, format_reward: float = 0.0, style: str = "compact") -> None:
-        if not 0.0 <= format_reward < 1.0:
-            raise ValueError(f"format_reward must be in [0, 1), got {format_reward}")
-        if style not in STYLES:
-            raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
-        self.format_reward = format_reward
-        self.style = style
+    def __init__(self, options: TaskOptions | None = None) -> None:
+        self.options = options = options or self.Options()
+        self.format_reward, self.style = options.format_reward, options.style
 
     def parse(self, problem: Problem, response: str) -> Any | None:
         raise NotImplementedError

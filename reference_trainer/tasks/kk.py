@@ -39,12 +39,15 @@ import itertools
 import random
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from reference_trainer.option import option
 from reference_trainer.tasks.base import (
     ANSWER_MARKER,
     BaseTask,
     Problem,
+    TaskOptions,
     chat_prompt,
     error_probability,
     final_answer_section,
@@ -193,10 +196,10 @@ def explain(stmt: Statement, names: Sequence[str], knights: Sequence[bool]) -> s
     return f"{_explain_atom(stmt[1], names, knights)} {symbol} {_explain_atom(stmt[2], names, knights)}"
 
 
-def _people_range(num_people: Any) -> tuple[int, int]:
-    """`num_people` as an inclusive (lo, hi): an int, or a pair of ints (from `--task-option
-    num_people=[3,7]`); anything else, e.g. the string "3,7" or "abc", is refused in one line rather than
-    failing at tuple unpacking."""
+def _people(num_people: Any) -> int | tuple[int, int]:
+    """`num_people` checked: an int, or a pair of ints (from `--task-option num_people=[3,7]`) as a tuple;
+    anything else, e.g. the string "3,7" or "abc", is refused in one line rather than failing at tuple
+    unpacking."""
     if isinstance(num_people, int) and not isinstance(num_people, bool):
         lo = hi = num_people
     elif (
@@ -211,7 +214,19 @@ def _people_range(num_people: Any) -> tuple[int, int]:
         )
     if not 2 <= lo <= hi <= 8:
         raise ValueError(f"num_people must lie in 2..8, got {num_people}")
-    return lo, hi
+    return num_people if isinstance(num_people, int) else (lo, hi)
+
+
+@dataclass(frozen=True)
+class KKOptions(TaskOptions):
+    """K&K's options."""
+
+    num_people: int | tuple[int, int] = option((3, 7), "people per puzzle: n, or a range [lo,hi] in 2..8")
+    sft_person_error: float = option(0.06, "chance that one person of an SFT trace slips")
+
+    def check(self) -> None:
+        super().check()
+        object.__setattr__(self, "num_people", _people(self.num_people))  # JSON's [3,7] as a tuple
 
 
 class KKTask(BaseTask):
@@ -224,21 +239,17 @@ class KKTask(BaseTask):
     """
 
     name = "kk"
+    Options = KKOptions
     max_response_tokens = 1000  # a 3-person search is up to about 860 characters
     # RL runs use puzzles of 3 people (the embedded model's search traces cover up to 3); the embedded
     # model's card is measured on the same settings.
     run_options: ClassVar[dict[str, Any]] = {"num_people": 3}
 
-    def __init__(
-        self,
-        num_people: int | tuple[int, int] = (3, 7),
-        sft_person_error: float = 0.06,
-        format_reward: float = 0.0,
-        style: str = "compact",
-    ) -> None:
-        super().__init__(format_reward, style)
-        self.people_range = _people_range(num_people)
-        self.sft_person_error = sft_person_error
+    def __init__(self, options: KKOptions | None = None) -> None:
+        super().__init__(options)
+        people = self.options.num_people
+        self.people_range = (people, people) if isinstance(people, int) else people
+        self.sft_person_error = self.options.sft_person_error
 
     def problem(self, seed: int, index: int) -> Problem:
         rng = problem_rng(self.name, seed, index)

@@ -8,8 +8,6 @@ before torch or a model loads.
 
 from __future__ import annotations
 
-import inspect
-import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -27,7 +25,7 @@ from reference_trainer.errors import (
 )
 from reference_trainer.modes import get_mode
 from reference_trainer.rollout.engines import check_engine_kind, check_worker_backend
-from reference_trainer.tasks import TASKS, get_task, response_budget
+from reference_trainer.tasks import response_budget, task_options
 from reference_trainer.trace.records import read_json
 
 HELD_OUT_SEED = 999_999  # the held-out set's default problem seed (train/heldout.py)
@@ -174,35 +172,13 @@ class TrainConfig:
             )
 
     def _check_task(self) -> None:
-        self._check_task_option_types()
         try:
-            get_task(self.task, **self.task_options)
-        except TypeError as err:  # an unknown keyword: "... got an unexpected keyword argument 'foo'"
-            raise UserError(
-                f"task {self.task!r} takes no option {str(err).split('argument')[-1].strip()}"
-            ) from None
+            task_options(self.task, self.task_options)
         except ValueError as err:
-            message = str(err) if str(err).startswith("unknown task") else f"task {self.task!r}: {err}"
-            raise UserError(message) from None
-
-    def _check_task_option_types(self) -> None:
-        """Each --task-option of the type its default has (a number where the task compares numbers): the
-        task's own range checks would otherwise fail on `'<=' not supported between str and int`."""
-        if self.task not in TASKS:
-            return  # get_task names the valid tasks
-        params = inspect.signature(TASKS[self.task]).parameters
-        for key, value in self.task_options.items():
-            default = params[key].default if key in params else None
-            if isinstance(default, bool):
-                ok = isinstance(value, bool)
-            elif isinstance(default, (int, float)):
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                ok = ok and (isinstance(value, int) or not isinstance(default, int))
-            else:
-                continue
-            if not ok:
-                kind = "true or false" if isinstance(default, bool) else type(default).__name__
-                raise UserError(f"task {self.task!r}: option {key} must be {kind}, got {value!r}")
+            if str(err).startswith("unknown task"):
+                raise UserError(str(err)) from None
+            sep = " " if str(err).startswith("takes no option") else ": "
+            raise UserError(f"task {self.task!r}{sep}{err}") from None
 
     def _check_mode(self) -> None:
         mode = get_mode(self.mode)

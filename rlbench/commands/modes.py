@@ -14,8 +14,9 @@ WIDTH = 110
 def registry_doc() -> dict[str, Any]:
     """The registry as JSON: every mode, and every option with the modes that take it."""
     from reference_trainer.modes import MODES, STRATEGY_TABLE
-    from reference_trainer.option import Option
+    from reference_trainer.option import Option, options_of
     from reference_trainer.speculation.drafters import vllm_spec_options
+    from reference_trainer.tasks import RUN_TASK_OPTIONS, TASKS
 
     def option(o: Option) -> dict[str, Any]:
         return {
@@ -45,7 +46,14 @@ def registry_doc() -> dict[str, Any]:
             else None,
             "simulator_note": m.simulator_note,
         }
-    return {"modes": modes, "dispatch": dispatch_doc()}
+    tasks = {
+        name: {
+            "options": {o.name: option(o) for o in options_of(cls.Options)},
+            "run_options": RUN_TASK_OPTIONS[name],
+        }
+        for name, cls in TASKS.items()
+    }
+    return {"modes": modes, "dispatch": dispatch_doc(), "tasks": tasks}
 
 
 def dispatch_doc() -> dict[str, Any]:
@@ -140,7 +148,23 @@ def render_options() -> str:
     vllm = ", ".join(f"{o.name}={o.shown_default()}" for o in vllm_spec_options().values())
     vllm_line = f"With --engine vllm the spec keys are instead: {vllm}."
     out += ["", *textwrap.wrap(vllm_line, WIDTH, break_on_hyphens=False)]
+    out += ["", *render_task_options()]
     return "\n".join(line.replace("  : ", "    ", 1) if line.startswith("  : ") else line for line in out)
+
+
+def render_task_options() -> list[str]:
+    """Each task's options (its record's fields), with the defaults an RL run overrides."""
+    from reference_trainer.option import options_of
+    from reference_trainer.tasks import RUN_TASK_OPTIONS, TASKS
+
+    out = ["TASK OPTIONS (--task-option KEY=VALUE on train, profile and compare)"]
+    for name, cls in TASKS.items():
+        runs = ", ".join(f"{k}={v}" for k, v in RUN_TASK_OPTIONS[name].items())
+        out += ["", f"{name}" + (f"  [RL runs: {runs}]" if runs else "")]
+        for o in options_of(cls.Options):
+            choices = f" (choices: {', '.join(o.choices)})" if o.choices else ""
+            out += _wrap(o.name, f"{o.type}, default {o.shown_default()}: {o.help}{choices}")
+    return out
 
 
 def modes_command(
