@@ -37,6 +37,7 @@ from reference_trainer.modes import parse_option_pairs
 from reference_trainer.speculation.drafters import DRAFTERS
 from reference_trainer.trace.compare import DRIFT_TOLERANCE
 from reference_trainer.trace.records import write_json
+from reference_trainer.trace.schema import DECODE, SEQUENCE
 from rlbench.reproduce.histospec import Workload, epoch_row, mode_configs
 from rlbench.training import interleave, open_trainers
 
@@ -55,12 +56,12 @@ def undrafted(events: list[dict[str, Any]], steps: range) -> dict[str, Any]:
         cut = t1 - 0.25 * (t1 - t0)
         for e in mine:
             took = e["t_end"] - e["t_start"]
-            plain += took * (e["kind"] == "decode")
+            plain += took * (e["kind"] == DECODE)
             if e["t_start"] >= cut:
                 tail_all += took
-                tail_plain += took * (e["kind"] == "decode")
+                tail_plain += took * (e["kind"] == DECODE)
     total = sum(e["t_end"] - e["t_start"] for e in engine)
-    seqs = [e for e in events if e["kind"] == "sequence" and e["step"] in steps]
+    seqs = [e for e in events if e["kind"] == SEQUENCE and e["step"] in steps]
     longest = max(seqs, key=lambda e: e["response_tokens"], default=None)
     return {
         "plain_decode_time_share": plain / total if total else None,
@@ -224,7 +225,7 @@ def main() -> None:
             interleave(trainers, steps_per_epoch, say=lambda line: None)
             ev = {m: t.trace.events for m, t in trainers.items()}
             seqs = {m: {e["id"]: e["response_tokens"] for e in ev[m]
-                        if e["kind"] == "sequence" and e["step"] in steps} for m in ev}  # fmt: skip
+                        if e["kind"] == SEQUENCE and e["step"] in steps} for m in ev}  # fmt: skip
             row: dict[str, Any] = {"epoch": epoch + 1}
             for d in drafters:
                 mode = MODE_OF[d]

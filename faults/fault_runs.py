@@ -27,6 +27,7 @@ from faults.fault_inputs import (
     write_suite,
     write_tiny_model,
 )
+from reference_trainer.trace.schema import ROLLOUT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,7 +79,7 @@ def profile_args(model: Path, out: str) -> tuple[str, ...]:
 def resumed_run_is_whole(d: Path, before: bytes, ran: Ran) -> Outcome:
     metrics = d / "run" / "metrics.jsonl"
     steps = [r["step"] for r in rows(metrics)]
-    rollouts = [e["step"] for e in rows(d / "run" / "trace.jsonl") if e.get("kind") == "rollout"]
+    rollouts = [e["step"] for e in rows(d / "run" / "trace.jsonl") if e.get("kind") == ROLLOUT]
     kept = metrics.is_file() and metrics.read_bytes().startswith(before)
     temps = list((d / "run").glob("checkpoints/.step-*")) + list((d / "run").glob(".*.tmp"))
     lost = (0 if kept else 1) + (len(range(STEPS)) - len(set(steps) & set(range(STEPS))))

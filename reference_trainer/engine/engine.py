@@ -35,7 +35,7 @@ from reference_trainer.engine.timing import interpolate
 from reference_trainer.engine.transfers import read_back
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.model.loader import resolve_dtype
-from reference_trainer.trace.schema import CAPTURE
+from reference_trainer.trace.schema import CAPTURE, PREFILL, VERIFY
 from reference_trainer.trace.writer import Trace
 
 
@@ -178,7 +178,7 @@ class Engine(RequestBook):
         drawn per sequence from its row (unless a decode graph drew it) and read back: the step's one
         device-to-host transfer."""
         running, admitted = planned.running, planned.admitted
-        if planned.kind == "prefill":
+        if planned.kind == PREFILL:
             scored = self.runner.prefill(admitted)
         elif admitted:
             scored = self.runner.mixed(running, admitted)
@@ -369,7 +369,7 @@ class Engine(RequestBook):
             n = len(running)
             self.speculation.observe(DecodeReport(running, seconds, drafts[:n], accepted_each[:n]))
         extra = {"prefill_rows": len(admitted), "prefill_tokens": prefill_tokens} if admitted else {}
-        self._trace_forward("verify", t_start, occupied, seqs, emitted, ahead, input_tokens=fed,
+        self._trace_forward(VERIFY, t_start, occupied, seqs, emitted, ahead, input_tokens=fed,
                             drafted=drafted, accepted=accepted, draft_seqs=draft_seqs,
                             draft_emitted=draft_emitted, width=width - 1, **extra)  # fmt: skip
         return finished

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from reference_trainer.engine.kv_cache import SlotManager
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
+from reference_trainer.trace.schema import DECODE, PREFILL
 
 
 class AdmissionGate:
@@ -86,8 +87,8 @@ class Scheduler:
         ready = min(free, self.num_waiting) if free and self._waiting else 0
         admitted = self._admit() if ready and self.gate.admit(len(running), ready) else []
         if not running:
-            return ("prefill", [], admitted) if admitted else ("decode", [], [])
-        return "decode", list(running), admitted
+            return (PREFILL, [], admitted) if admitted else (DECODE, [], [])
+        return DECODE, list(running), admitted
 
     def _admit(self) -> list[Sequence]:
         """Waiting sequences into free slots, in admission order, while their padded prefill fits

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reference_trainer.engine.config import SamplingParams
-from reference_trainer.trace.schema import SEQUENCE
+from reference_trainer.trace.schema import sequence_event
 
 
 def resume_seed(seed: int, resumed_tokens: int) -> int:
@@ -141,18 +141,17 @@ class Sequence:
         status = {SequenceStatus.FINISHED: "finished", SequenceStatus.ABORTED: "aborted"}.get(
             self.status, "cached"
         )
-        return {
-            "kind": SEQUENCE,
-            "id": self.seq_id,
-            "prompt_id": str(self.meta.get("prompt_id", self.seq_id)),
-            "sample": int(self.meta.get("sample", 0)),
-            "prompt_tokens": len(self.prompt_ids),
-            "response_tokens": len(self.response_ids),
-            "t_admit": self.t_admit,
-            "t_finish": self.t_finish,
-            "policy_versions": list(self.policy_versions) if self.policy_versions else None,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "status": status,
-            "finish_reason": self.finish_reason,
-        }
+        return sequence_event(
+            self.seq_id,
+            str(self.meta.get("prompt_id", self.seq_id)),
+            int(self.meta.get("sample", 0)),
+            self.t_admit,
+            self.t_finish,
+            status,
+            self.finish_reason,
+            prompt_tokens=len(self.prompt_ids),
+            response_tokens=len(self.response_ids),
+            policy_versions=list(self.policy_versions) if self.policy_versions else None,
+            drafted=self.drafted,
+            accepted=self.accepted,
+        )

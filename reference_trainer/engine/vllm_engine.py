@@ -24,6 +24,7 @@ from typing import Any
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.requests import RequestBook
 from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus, resume_seed
+from reference_trainer.trace.schema import DECODE, PREFILL, VERIFY
 from reference_trainer.trace.writer import Trace
 
 INSTALL_HINT = (
@@ -223,13 +224,13 @@ class VLLMEngine(RequestBook):
             if done:
                 finished.append(seq)
         extra: dict[str, Any] = {}
-        kind = "prefill" if admitted else "decode"
+        kind = PREFILL if admitted else DECODE
         if self.spec_config is not None:
             totals = self._read_spec_metrics()
             delta = {k: totals[k] - self._spec_totals.get(k, 0) for k in totals}
             self._spec_totals = totals
             if delta.get("drafts", 0) > 0:
-                kind = "verify"
+                kind = VERIFY
                 extra = {
                     "drafted": delta["drafted"],
                     "accepted": delta["accepted"],

@@ -106,6 +106,30 @@ def _dispatch_problem(event: Event) -> str | None:
     return None
 
 
+SEQUENCE_STATUSES = ("finished", "aborted", "cached", "lookahead")
+
+
+def sequence_event(
+    id: str,
+    prompt_id: str,
+    sample: int,
+    t_admit: float | None,
+    t_finish: float | None,
+    status: str,
+    finish_reason: str | None = None,
+    **fields: Any,
+) -> Event:
+    """One sample (SEQUENCE): its id, its prompt's and its draw's, when it was admitted and finished (null:
+    never, or not known), how it ended, then the writer's optional fields (`step`, `prompt_tokens`,
+    `response_tokens`, `policy_versions`, `drafted`, `accepted`, `worker`, `length_source`): the one shape
+    of the engine's sequences and of the ones rebuilt from server gauges and length logs."""
+    if status not in SEQUENCE_STATUSES:
+        raise ValueError(f"{status!r} is no sequence status; valid: {', '.join(SEQUENCE_STATUSES)}")
+    times = {"t_admit": t_admit, "t_finish": t_finish}
+    ids = {"id": id, "prompt_id": prompt_id, "sample": sample}
+    return {"kind": SEQUENCE, **ids, **times, "status": status, "finish_reason": finish_reason, **fields}
+
+
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

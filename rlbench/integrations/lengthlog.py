@@ -32,7 +32,7 @@ from typing import Any
 
 from reference_trainer.errors import MAX_COUNT, UserError
 from reference_trainer.trace.records import iter_jsonl, write_jsonl
-from reference_trainer.trace.schema import DECODE, ROLLOUT, SEQUENCE, forward_event, phase_event
+from reference_trainer.trace.schema import DECODE, ROLLOUT, forward_event, phase_event, sequence_event
 from rlbench.simulate.workload import MAX_TOKENS, LengthTrace, _from_rows
 
 # Slot maps ({slot: sequence id}) make the report's slot-occupancy picture. They grow with the square of a
@@ -256,11 +256,9 @@ def rebuild_steps(
                     map_entries += n
                 events.append(event)
             for (_, g, k), (a, b, _), sid in zip(samples[w], placed, ids, strict=True):
-                events.append({"kind": SEQUENCE, "step": step, "id": sid, "prompt_id": g.group, "sample": k,
-                               "prompt_tokens": g.prompt_tokens, "response_tokens": g.lengths[k],
-                               "t_admit": at(a), "t_finish": at(b), "status": "finished",
-                               "finish_reason": None, "policy_versions": None, "worker": w,
-                               "length_source": "log"})  # fmt: skip
+                lengths = {"prompt_tokens": g.prompt_tokens, "response_tokens": g.lengths[k]}
+                event = sequence_event(sid, g.group, k, at(a), at(b), "finished", step=step, **lengths)
+                events.append({**event, "policy_versions": None, "worker": w, "length_source": "log"})
         yield events
 
 

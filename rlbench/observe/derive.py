@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference_trainer.trace import metrics
-from reference_trainer.trace.schema import DECODE, ROLLOUT, SEQUENCE, forward_event, phase_event
+from reference_trainer.trace.schema import (
+    DECODE,
+    ROLLOUT,
+    SEQUENCE,
+    forward_event,
+    phase_event,
+    sequence_event,
+)
 
 Row = dict[str, Any]
 
@@ -199,13 +206,16 @@ def to_trace(
                 b.get("prompt_hist"), None if b.get("restarted") else a.get("prompt_hist"), finished
             )
             for k in range(finished):
-                seq: Row = {"kind": SEQUENCE, "step": p.step, "id": f"s{s}-{b['t']:.3f}-{k}",
-                            "prompt_id": f"s{s}-{b['t']:.3f}-{k}", "sample": 0, "t_admit": None,
-                            "t_finish": b["t"], "status": "finished", "finish_reason": None, "worker": s,
-                            "length_source": "none"}  # fmt: skip
+                sid = f"s{s}-{b['t']:.3f}-{k}"
+                seq = sequence_event(
+                    sid, sid, 0, None, b["t"], "finished", step=p.step, worker=s, length_source="none"
+                )
                 if k < len(lengths):
-                    seq.update(response_tokens=int(lengths[k][0]), response_tokens_max=lengths[k][1],
-                               length_source="histogram")  # fmt: skip
+                    seq.update(
+                        response_tokens=int(lengths[k][0]),
+                        response_tokens_max=lengths[k][1],
+                        length_source="histogram",
+                    )
                 if k < len(prompts):
                     seq["prompt_tokens"] = int(prompts[k][0])
                 events.append(seq)

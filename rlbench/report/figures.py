@@ -6,6 +6,8 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from reference_trainer.trace.schema import HELDOUT, REWARD, ROLLOUT, SYNC, UPDATE
+
 PALETTE = [
     "#1f77b4",
     "#ff7f0e",
@@ -19,11 +21,11 @@ PALETTE = [
     "#17becf",
 ]
 PHASE_COLOURS = {
-    "rollout": "#4c78a8",
-    "reward": "#f58518",
-    "update": "#54a24b",
-    "sync": "#b279a2",
-    "heldout": "#9d755d",
+    ROLLOUT: "#4c78a8",
+    REWARD: "#f58518",
+    UPDATE: "#54a24b",
+    SYNC: "#b279a2",
+    HELDOUT: "#9d755d",
     "other": "#bab0ac",
 }
 Event = dict[str, Any]
@@ -72,7 +74,7 @@ def shade_phases(fig: Any, events: Sequence[Event], kinds: Sequence[str], label:
             if ev["kind"] not in seen:
                 seen.append(ev["kind"])
     for kind in sorted(seen, key=list(kinds).index):
-        name = "held-out evaluation" if kind == "heldout" else kind
+        name = "held-out evaluation" if kind == HELDOUT else kind
         fig.add_trace(
             go.Scatter(x=[None], y=[None], mode="markers", name=f"shaded: {name} {label}", showlegend=True,
                        marker={"symbol": "square", "size": 14, "color": PHASE_COLOURS[kind], "opacity": 0.35})
@@ -86,7 +88,7 @@ def shading_legend(events: Sequence[Event], kinds: Sequence[str], label: str = "
     seen = [k for k in kinds if any(ev.get("kind") == k for ev in events)]
     swatch = '<span style="display:inline-block;width:12px;height:12px;background:{};opacity:0.35"></span>'
     named = "".join(
-        f"{swatch.format(PHASE_COLOURS[k])} {html.escape('held-out evaluation' if k == 'heldout' else k)} "
+        f"{swatch.format(PHASE_COLOURS[k])} {html.escape('held-out evaluation' if k == HELDOUT else k)} "
         for k in seen
     )
     return f'<p class="sub">Shaded: {named}{html.escape(label)}s.</p>' if seen else ""

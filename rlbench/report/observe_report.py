@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.trace.records import read_jsonl
+from reference_trainer.trace.schema import ROLLOUT
 from rlbench.report.figures import PALETTE, _fig, note, num, pct
 from rlbench.report.page import table
 
@@ -47,12 +48,12 @@ def occupancy_figure(rows: list[dict[str, Any]], doc: dict[str, Any], events: li
         if str(s) in caps or s in caps:
             cap = caps.get(str(s), caps.get(s))
             fig.add_hline(y=cap, line_dash="dash", line_color=colour, opacity=0.6)
-    phases = [ev for ev in events if ev["kind"] == "rollout"]
+    phases = [ev for ev in events if ev["kind"] == ROLLOUT]
     # One layout update for every phase (add_vrect per phase is quadratic in plotly), after the capacity
     # lines add_hline made, which it keeps.
     rect = {"type": "rect", "xref": "x", "yref": "paper", "y0": 0, "y1": 1, "fillcolor": "#4c78a8",
             "opacity": 0.08, "line": {"width": 0}}  # fmt: skip
-    phases = [{**rect, "x0": ev["t_start"], "x1": ev["t_end"]} for ev in events if ev["kind"] == "rollout"]
+    phases = [{**rect, "x0": ev["t_start"], "x1": ev["t_end"]} for ev in events if ev["kind"] == ROLLOUT]
     fig.update_layout(shapes=[*fig.layout.shapes, *phases])
     return fig
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from reference_trainer.trace.schema import ROLLOUT, UPDATE
 from rlbench.report.compare_summary import compare_doc, runs_and_baseline
 from rlbench.report.ledger_legend import TRAINING_KEYS, flags
 
@@ -110,13 +111,13 @@ def _cause(phase: str, delta: float, base_step: float, base: dict[str, Any], min
 
 
 def _why(phase: str, delta: float, base: dict[str, Any], mine: dict[str, Any]) -> str | None:
-    if phase == "update":
+    if phase == UPDATE:
         a, b = mine.get("response_len_mean"), base.get("response_len_mean")
         if a and b and abs(a - b) >= 0.1 * b:
             return f"it trains on {'shorter' if a < b else 'longer'} responses, {a:.0f} vs {b:.0f} tokens"
         if mine.get("run_ahead") and delta > 0:
             return "its update runs beside the rollout, on fewer threads"
-    if phase == "rollout":
+    if phase == ROLLOUT:
         a, b = mine.get("bubble_ratio"), base.get("bubble_ratio")
         if delta < 0 and a is not None and b is not None and b - a >= 0.05:
             return f"its slots idle less, {100 * a:.0f}% vs {100 * b:.0f}%"
