@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 
 import torch
 
@@ -56,6 +56,25 @@ class Scheduled:
     def __post_init__(self) -> None:
         self.seqs = self.running + self.admitted
         self.admitted_tokens = sum(s.length - s.num_cached for s in self.admitted)
+
+
+@dataclass(frozen=True)
+class VerifyCounts:
+    """A verify forward's tokens, of one sequence or (summed) of the forward: its `verify` event's counts."""
+
+    emitted: int = 0
+    lookahead: int = 0  # emitted by lookahead requests
+    drafted: int = 0
+    accepted: int = 0  # drafted tokens accepted and emitted
+    draft_seqs: int = 0  # sequences with a draft
+    draft_emitted: int = 0  # emitted by sequences with a draft
+
+    def __add__(self, other: VerifyCounts) -> VerifyCounts:
+        return VerifyCounts(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def event_counts(self) -> dict[str, int]:
+        """The counts the `verify` event carries besides its tokens."""
+        return {k: v for k, v in asdict(self).items() if k not in ("emitted", "lookahead")}
 
 
 class Engine(RequestBook):
@@ -302,30 +321,50 @@ class Engine(RequestBook):
         a sequence with an empty draft does. Traced as a `verify` event; a verify width's first use under
         graphs is captured first, as its own `capture` event. Returns the sequences that finished."""
         admitted = admitted or []
-        static, width = self.runner.static, 1 + max(len(d) for d in drafts)
+        width = 1 + max(len(d) for d in drafts)
+        t_start = self._capture_verify(seqs, width, bool(admitted), t_start)
+        occupied = dict(self.scheduler.occupied)
+        t0 = time.perf_counter()
+        prefill_tokens = sum(s.length - s.num_cached for s in admitted)
+        fed = sum(len(d) + 1 for d in drafts) + prefill_tokens
+        drawn = self._draw_verify(seqs, drafts, admitted, accept_rule)
+        every, all_drafts = seqs + admitted, drafts + [[] for _ in admitted]
+        finished, accepted_each, counts = self._take_verified(every, all_drafts, *drawn)
+        if self.speculation is not None:  # a step with admissions is not the forward the cost table times
+            seconds = None if admitted else time.perf_counter() - t0
+            self.speculation.observe(DecodeReport(seqs, seconds, list(drafts), accepted_each[: len(seqs)]))
+        extra = {"prefill_rows": len(admitted), "prefill_tokens": prefill_tokens} if admitted else {}
+        fields = {"input_tokens": fed, "width": width - 1, **counts.event_counts(), **extra}
+        self._trace_forward(VERIFY, t_start, occupied, every, counts.emitted, counts.lookahead, **fields)
+        return finished
+
+    def _capture_verify(self, seqs: list[Sequence], width: int, admits: bool, t_start: float | None) -> float:
+        """The verify forward's start, after capturing its width's graphs on their first use (a `capture`
+        event of its own, outside the forward's time)."""
+        static = self.runner.static
         t_start = self.trace.now() if t_start is None else t_start
         capture_start = self.trace.now()
         if (
-            not admitted
+            not admits
             and static is not None
             and static.ensure_captured(len(seqs), width, max(s.num_cached for s in seqs) + width)
-        ):  # outside the verify forward's time
+        ):
             t_start = self.trace.now()
             self.trace.add_phase(CAPTURE, capture_start, t_start, graphs=1)
-        occupied = dict(self.scheduler.occupied)
-        t0 = time.perf_counter()
+        return t_start
+
+    def _draw_verify(
+        self, seqs: list[Sequence], drafts: list[list[int]], admitted: list[Sequence], accept_rule: AcceptRule
+    ) -> list[list[float]]:
+        """The forward over the drafts (and the admitted rows), each row's draw and whether its draft token
+        is accepted, read back in one transfer: per row, (accepted, emitted token, its log-prob)."""
         rows = [[s.last_token] + d for s, d in zip(seqs, drafts, strict=True)]
-        prefill_tokens = sum(s.length - s.num_cached for s in admitted)
-        fed = sum(len(d) + 1 for d in drafts) + prefill_tokens
-        if admitted:
-            scored = self.runner.mixed(seqs, admitted, rows)
-            running, seqs, drafts = seqs, seqs + admitted, drafts + [[] for _ in admitted]
-        else:
-            scored = self.runner.extend(seqs, rows)
-            running = seqs
-        counts = [len(d) + 1 for d in drafts]  # rows of each sequence: its draft positions + the bonus
-        params = [s.params for s, c in zip(seqs, counts, strict=True) for _ in range(c)]
+        scored = self.runner.mixed(seqs, admitted, rows) if admitted else self.runner.extend(seqs, rows)
+        all_drafts = drafts + [[] for _ in admitted]
         # Row j of a sequence scores the token at position length + j: the draw plain decoding makes there.
+        params = [
+            s.params for s, d in zip(seqs + admitted, all_drafts, strict=True) for _ in range(len(d) + 1)
+        ]
         draft_flat = scored.drafts
         assert draft_flat is not None and scored.logits is not None
         with self.host_clock.sampling:  # the sampling parameters, then the draws and read-back (forwards)
@@ -336,43 +375,43 @@ class Engine(RequestBook):
             accept = accept_rule(probs, plain, draft_flat) & (draft_flat >= 0)
             emit_flat = torch.where(accept, draft_flat, plain)
             logp_flat = token_logprobs(scaled, emit_flat)
-            accept_l, emit_l, logp_l = read_back(accept, emit_flat, logp_flat)  # the step's one read-back
+            return read_back(accept, emit_flat, logp_flat)  # the step's one read-back
 
+    def _take_verified(
+        self,
+        seqs: list[Sequence],
+        drafts: list[list[int]],
+        accept_l: list[float],
+        emit_l: list[float],
+        logp_l: list[float],
+    ) -> tuple[list[Sequence], list[int], VerifyCounts]:
+        """Each sequence's accepted draft and the draw after it appended (rejected positions rolled back by
+        not counting them as cached): the finished sequences, each one's accepted drafts, the counts."""
         finished: list[Sequence] = []
         accepted_each: list[int] = []
-        emitted = drafted = accepted = draft_seqs = draft_emitted = ahead = 0
+        counts = []
         start = 0
-        for seq, d, count in zip(seqs, drafts, counts, strict=True):
+        for seq, d in zip(seqs, drafts, strict=True):
             n_acc = 0
             while n_acc < len(d) and accept_l[start + n_acc]:
                 n_acc += 1
             before = len(seq.response_ids)
-            done = self._append(seq, [int(t) for t in emit_l[start : start + n_acc + 1]],
-                                logp_l[start : start + n_acc + 1])  # fmt: skip
-            n_out = len(seq.response_ids) - before
-            if done:
+            emitted = slice(start, start + n_acc + 1)
+            if self._append(seq, [int(t) for t in emit_l[emitted]], logp_l[emitted]):
                 finished.append(seq)
             else:
-                seq.num_cached = seq.length - 1  # rejected positions are rolled back by not counting them
+                seq.num_cached = seq.length - 1
+            n_out = len(seq.response_ids) - before
             seq.drafted += len(d)
             seq.accepted += min(n_acc, n_out)
             accepted_each.append(n_acc)
-            draft_seqs += bool(d)
-            draft_emitted += n_out if d else 0
-            emitted += n_out
-            ahead += n_out if seq.lookahead else 0
-            drafted += len(d)
-            accepted += min(n_acc, n_out)
-            start += count
-        if self.speculation is not None:  # a step with admissions is not the forward the cost table times
-            seconds = None if admitted else time.perf_counter() - t0
-            n = len(running)
-            self.speculation.observe(DecodeReport(running, seconds, drafts[:n], accepted_each[:n]))
-        extra = {"prefill_rows": len(admitted), "prefill_tokens": prefill_tokens} if admitted else {}
-        self._trace_forward(VERIFY, t_start, occupied, seqs, emitted, ahead, input_tokens=fed,
-                            drafted=drafted, accepted=accepted, draft_seqs=draft_seqs,
-                            draft_emitted=draft_emitted, width=width - 1, **extra)  # fmt: skip
-        return finished
+            counts.append(
+                VerifyCounts(
+                    n_out, n_out * seq.lookahead, len(d), min(n_acc, n_out), int(bool(d)), n_out * bool(d)
+                )
+            )
+            start += len(d) + 1
+        return finished, accepted_each, sum(counts, VerifyCounts())
 
     def _trace_forward(
         self,
