@@ -45,9 +45,14 @@ class Interrupted(UserError):
 # Where a missing module comes from: the extra that installs it, or (any other) rlbench's own requirements,
 # which a partial environment may lack (a bare GPU machine has no package index).
 EXTRA_OF_MODULE = {
-    "ray": "ray", "arctic_inference": "suffix", "vllm": "vllm", "trl": "trl", "gguf": "gguf",
-    "accelerate": "gguf", "transformers": "gguf",
-}  # fmt: skip
+    "ray": "ray",
+    "arctic_inference": "suffix",
+    "vllm": "vllm",
+    "trl": "trl",
+    "gguf": "gguf",
+    "accelerate": "gguf",
+    "transformers": "gguf",
+}
 
 
 # arctic-inference is a source package whose build needs nanobind and ninja installed first (pip builds every

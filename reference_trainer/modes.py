@@ -230,8 +230,10 @@ class ModeSpec:
             )
         if engine != "vllm" and (other := [k for k in out if not self._drafter_takes(k, drafter)]):
             owner = drafters_taking(other[0])[0]
-            raise UserError(f"mode {self.name!r}: option {', '.join(other)} needs spec.drafter={owner}; "
-                            f"the drafter is {drafter}")  # fmt: skip
+            raise UserError(
+                f"mode {self.name!r}: option {', '.join(other)} needs spec.drafter={owner}; "
+                f"the drafter is {drafter}"
+            )
         return out
 
     def accepted(

@@ -49,10 +49,12 @@ class EvalJob:
         if isinstance(record, Suite):
             return [(plan_eval(record, self.settings, self.data_dir, self.limit), out)]
         return [
-            (plan_eval(member, replace(self.settings, suite=str(member.path)), self.data_dir, self.limit),
-             inside(out, member.name, "suite name"))  # a plain name (suite_file.py): never outside OUT
+            (
+                plan_eval(member, replace(self.settings, suite=str(member.path)), self.data_dir, self.limit),
+                inside(out, member.name, "suite name"),
+            )  # a plain name (suite_file.py): never outside OUT
             for member in group_members(record, self.include)
-        ]  # fmt: skip
+        ]
 
 
 def evaluate(job: EvalJob, say: Callable[[str], None] = print) -> list[dict[str, Any]]:

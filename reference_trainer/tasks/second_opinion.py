@@ -90,7 +90,7 @@ def answer_type(gold: str, grader: str) -> str:
         ("equation", "=" in text or "<" in text or ">" in text or "\\le" in text or "\\ge" in text),
         ("text", re.fullmatch(r"(?:\\text\{[^{}]*\}|[A-Za-z ]{2,})", text)),
         ("radical or constant", _CONSTANT.fullmatch(text) and not re.search(r"(?<!\\)\b[a-df-z]\b", text)),
-    ]  # fmt: skip
+    ]
     return next((name for name, ok in checks if ok), "expression")
 
 

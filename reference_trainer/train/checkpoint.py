@@ -116,8 +116,13 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 REMEDY = "the run's checkpoint is damaged: start again with --overwrite, or restore the file"
 # trainer_state.json's fields and what each must be; a checkpoint from this code always passes.
-STATE_FIELDS: dict[str, type] = {"step": int, "policy_version": int, "stream": dict, "strategy": dict,
-                                 "torch_rng": list}  # fmt: skip
+STATE_FIELDS: dict[str, type] = {
+    "step": int,
+    "policy_version": int,
+    "stream": dict,
+    "strategy": dict,
+    "torch_rng": list,
+}
 
 
 @contextmanager
@@ -151,10 +156,13 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if bad := [k for k, v in tensors.items() if not v.is_floating_point() and k.split(".", 1)[-1] != "step"]:
         raise UserError(f"{tensors_file}: {bad[0]} is not a floating-point tensor")
     scalars = read_json(state_dir / "optimizer.json")
-    if not (isinstance(scalars, dict) and isinstance(scalars.get("param_groups"), list)
-            and all(isinstance(g, dict) for g in scalars["param_groups"])
-            and isinstance(scalars.get("state"), dict)
-            and all(isinstance(v, dict) for v in scalars["state"].values())):  # fmt: skip
+    if not (
+        isinstance(scalars, dict)
+        and isinstance(scalars.get("param_groups"), list)
+        and all(isinstance(g, dict) for g in scalars["param_groups"])
+        and isinstance(scalars.get("state"), dict)
+        and all(isinstance(v, dict) for v in scalars["state"].values())
+    ):
         raise UserError(f"{state_dir / 'optimizer.json'}: not an optimizer's state")
     state = read_json(state_dir / "trainer_state.json")
     where = state_dir / "trainer_state.json"

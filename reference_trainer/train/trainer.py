@@ -197,9 +197,13 @@ class Trainer:
             took = time.perf_counter() - start
         write_json(
             self.out_dir / "heldout.json",
-            {"task": self.config.task, "problems": len(self.heldout.problems), "curve": curve,
-             "final_eval_s": took},
-        )  # fmt: skip
+            {
+                "task": self.config.task,
+                "problems": len(self.heldout.problems),
+                "curve": curve,
+                "final_eval_s": took,
+            },
+        )
 
     def train_step(self) -> dict[str, Any]:
         trace, step = self.trace, self.step

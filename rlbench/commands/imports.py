@@ -65,8 +65,10 @@ def _say(doc: dict, out: Path) -> None:
         typer.echo(f"what-if: {line}")
     if whatif.get("available"):
         for r in whatif["results"]:
-            typer.echo(f"predicted W={r['workers']:>5} {r['mode']:<15} bubble {pct(r['bubble_ratio'])}  "
-                       f"speed-up {r['speedup']:.2f}x")  # fmt: skip
+            typer.echo(
+                f"predicted W={r['workers']:>5} {r['mode']:<15} bubble {pct(r['bubble_ratio'])}  "
+                f"speed-up {r['speedup']:.2f}x"
+            )
     typer.echo(f"report: {out / 'report.html'}")
 
 

@@ -63,8 +63,10 @@ def reproduce_command(
 
     chosen, left_out = runnable_here(specs, chosen, all_, device)
     for name in left_out:
-        typer.echo(f"{name}: a real model at full size, left out on the CPU "
-                   f"(run it with `rlbench reproduce {name} --device cuda`)")  # fmt: skip
+        typer.echo(
+            f"{name}: a real model at full size, left out on the CPU "
+            f"(run it with `rlbench reproduce {name} --device cuda`)"
+        )
     # One writer of the results root; a folder holding another command's run is refused.
     with claim(root, "reproduce", accepts=()):
         failed = []

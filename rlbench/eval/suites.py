@@ -337,8 +337,10 @@ def download(names: Sequence[str], to: Path, include: Sequence[Path] = ()) -> li
         # Two suites on one file: the second would overwrite the first, and both would be reported written.
         key = os.path.normpath(str(suite.data_file))
         if key in files:
-            raise UserError(f"suites {files[key]!r} and {suite.name!r} both write data.file "
-                            f"{suite.data_file}: download them into separate folders")  # fmt: skip
+            raise UserError(
+                f"suites {files[key]!r} and {suite.name!r} both write data.file "
+                f"{suite.data_file}: download them into separate folders"
+            )
         files[key] = suite.name
     written = []
     for suite in suites:
@@ -380,8 +382,9 @@ def suite_sizes(data_dir: Path | None, include: Sequence[Path] = ()) -> list[dic
             size, source = _count_rows(path), str(path)
         elif data_dir is not None:
             source = f"{record.hub_source} ({record.data_file} not in data dir)"
-        rows.append({"suite": name, "title": record.title, "size": size, "source": source,
-                     "grader": record.grader})  # fmt: skip
+        rows.append(
+            {"suite": name, "title": record.title, "size": size, "source": source, "grader": record.grader}
+        )
     return rows
 
 

@@ -128,9 +128,13 @@ def audit_verl(path: Path, slots: int | None, tolerance: float) -> dict[str, Any
             generated = float(data[verl.GENERATED])
     over = f"the trainer's timers ({work:.4g} s) exceed its steps ({step_s:.4g} s)"
     trainer_idle = _share(1.0 - work / step_s if step_s > 0 else None, "trainer idle", notes, over)
-    rollout_idle = _share(1.0 - sample_s / (slots * window_s) if slots and how and window_s > 0 else None,
-                          "rollout idle", notes, f"the samples' time ({sample_s:.4g} sample-s) exceeds "
-                          f"--slots {slots} x the window ({window_s:.4g} s)")  # fmt: skip
+    rollout_idle = _share(
+        1.0 - sample_s / (slots * window_s) if slots and how and window_s > 0 else None,
+        "rollout idle",
+        notes,
+        f"the samples' time ({sample_s:.4g} sample-s) exceeds "
+        f"--slots {slots} x the window ({window_s:.4g} s)",
+    )
     where = verl.key_generations(steps)
     figures = [
         _figure(

@@ -68,8 +68,10 @@ def to_groups(records: list[Record]) -> list[Group]:
     order: dict[tuple[int, str, Any], list[int]] = {}
     for r in records:
         order.setdefault((r["step"], r["group"], r.get("engine")), []).append(max(1, r["response_tokens"]))
-    return [Group(step, group, tuple(lengths), worker=engine if type(engine) is int else 0)
-            for (step, group, engine), lengths in order.items()]  # fmt: skip
+    return [
+        Group(step, group, tuple(lengths), worker=engine if type(engine) is int else 0)
+        for (step, group, engine), lengths in order.items()
+    ]
 
 
 def _slime(path: Path, trust_pickle: bool) -> list[Record]:

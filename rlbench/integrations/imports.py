@@ -75,9 +75,11 @@ def import_lengths(path: Path, cfg: ImportConfig) -> dict[str, Any]:
     steps = lengthlog.rebuild_steps(groups, slots)  # written step by step: never all events at once
     info = {
         "method": LENGTH_METHOD,
-        "limits": ["A length log has no clock: times are decode steps (one time unit each), so tokens/s and "
-                   "step times are per decode step, not per second."],
-    }  # fmt: skip
+        "limits": [
+            "A length log has no clock: times are decode steps (one time unit each), so tokens/s and "
+            "step times are per decode step, not per second."
+        ],
+    }
     meta = {
         "framework": "length log",
         "source": str(path),
@@ -114,10 +116,12 @@ def import_verl(
     steps, notes = verl.read_log(log)
     events, windows = verl.timeline(steps)
     groups: list[Group] = []
-    method = ["Steps laid end to end in verl's fit() order: rollout for timing_s/gen from each step's start, "
-              "the reward, the trainer's work (old_log_prob, ref, values, adv, update_critic, update_actor: "
-              "rlbench update phases), the weight sync (update_weights or param_sync); the step ends at "
-              "timing_s/step. Steps keep verl's numbers (global_steps, from 1)."]  # fmt: skip
+    method = [
+        "Steps laid end to end in verl's fit() order: rollout for timing_s/gen from each step's start, "
+        "the reward, the trainer's work (old_log_prob, ref, values, adv, update_critic, update_actor: "
+        "rlbench update phases), the weight sync (update_weights or param_sync); the step ends at "
+        "timing_s/step. Steps keep verl's numbers (global_steps, from 1)."
+    ]
     generations = verl.key_generations(steps)
     method += [f"{key}: read as written by {where}" for key, where in generations.items()]
     if rollout_dir is not None:
@@ -134,9 +138,14 @@ def import_verl(
     for row, computed in zip(rows, metrics.step_metrics(events), strict=True):
         row["rlbench bubble_ratio"] = computed["bubble_ratio"]  # null without per-sample lengths
     info = {"method": method + notes, "limits": verl.LIMITS, "per_step": rows, "key_generations": generations}
-    meta = {"framework": "verl", "source": str(log), "rollout_dir": str(rollout_dir) if rollout_dir else None,
-            "slots_per_worker": _slots(groups, cfg.slots) if groups else None, "time_unit": "s",
-            "checked_against": verl.CHECKED_AT}  # fmt: skip
+    meta = {
+        "framework": "verl",
+        "source": str(log),
+        "rollout_dir": str(rollout_dir) if rollout_dir else None,
+        "slots_per_worker": _slots(groups, cfg.slots) if groups else None,
+        "time_unit": "s",
+        "checked_against": verl.CHECKED_AT,
+    }
     whatif = _whatif(groups, meta["slots_per_worker"], cfg, events) if groups else None
     return run.write_run(cfg.out, [events], groups, meta, info, whatif)
 
@@ -154,15 +163,25 @@ def import_trl(output_dir: Path, tokenizer: Path | None, cfg: ImportConfig) -> d
     logged = trl_logs.read_state(state) if state else {}
     events += trl_logs.reward_phases(events, logged)
     ours = {s["step"]: s for s in metrics.step_metrics(events)}
-    rows = [{"step": step, **{f"TRL {k}": v for k, v in figures.items()},
-             "rlbench bubble_ratio": ours.get(step, {}).get("bubble_ratio")}
-            for step, figures in sorted(logged.items())]  # fmt: skip
+    rows = [
+        {
+            "step": step,
+            **{f"TRL {k}": v for k, v in figures.items()},
+            "rlbench bubble_ratio": ours.get(step, {}).get("bubble_ratio"),
+        }
+        for step, figures in sorted(logged.items())
+    ]
     method = LENGTH_METHOD + [
         f"TRL's per-step figures from {state}"
         if state
         else "no trainer_state.json: TRL's own figures not shown"
     ]
     info = {"method": method, "limits": trl_logs.LIMITS, "per_step": rows}
-    meta = {"framework": "TRL GRPOTrainer", "source": str(output_dir), "slots_per_worker": slots,
-            "time_unit": "decode step", "checked_against": trl_logs.CHECKED_AT}  # fmt: skip
+    meta = {
+        "framework": "TRL GRPOTrainer",
+        "source": str(output_dir),
+        "slots_per_worker": slots,
+        "time_unit": "decode step",
+        "checked_against": trl_logs.CHECKED_AT,
+    }
     return run.write_run(cfg.out, [events], groups, meta, info, _whatif(groups, slots, cfg, events))

@@ -53,8 +53,13 @@ class Group:
     worker: int = 0
 
     def row(self) -> dict[str, Any]:
-        return {"step": self.step, "group": self.group, "prompt_tokens": self.prompt_tokens,
-                "response_tokens": list(self.lengths), "worker": self.worker}  # fmt: skip
+        return {
+            "step": self.step,
+            "group": self.group,
+            "prompt_tokens": self.prompt_tokens,
+            "response_tokens": list(self.lengths),
+            "worker": self.worker,
+        }
 
 
 def _count(value: Any, low: int) -> bool:

@@ -86,22 +86,27 @@ def whatif(
                 break
             chosen += (count,)
         if not chosen:
-            reason = (f"one step of this log ({per_worker:,.0f} sequences on {slots:,} slots) is past the "
-                      f"what-if's budget of {REPLAY_BUDGET:,} work units (give --slots)")  # fmt: skip
+            reason = (
+                f"one step of this log ({per_worker:,.0f} sequences on {slots:,} slots) is past the "
+                f"what-if's budget of {REPLAY_BUDGET:,} work units (give --slots)"
+            )
             return {"available": False, "reason": reason, "sampling": [f"no prediction: {reason}"]}
     work = sum(step_work(w, per_worker, slots) for w in chosen)
     steps = min(len(by_step), int(REPLAY_BUDGET // work))
     used = min(len(groups), steps * max(chosen) * per_step)  # the replay cycles through the log's groups
     trace = lengthlog.to_length_trace(groups[:used], "length log")
-    doc = simulate_whatif(trace, slots, chosen, WHATIF_MODES, gpu, model_size, steps, per_step,
-                          update_s_per_token)  # fmt: skip
+    doc = simulate_whatif(
+        trace, slots, chosen, WHATIF_MODES, gpu, model_size, steps, per_step, update_s_per_token
+    )
     said = [f"worker counts {', '.join(map(str, chosen))}"
             + ("" if workers else f" (the default counts whose replayed step fits the budget of "
                f"{REPLAY_BUDGET:,} work units: {per_worker:,.0f} sequences per worker here; --workers for "
                "others)")]  # fmt: skip
     if steps < len(by_step):
-        said.append(f"the first {steps} of {len(by_step)} steps replayed (the replay's budget, "
-                    f"{REPLAY_BUDGET:,} work units, over all worker counts)")  # fmt: skip
+        said.append(
+            f"the first {steps} of {len(by_step)} steps replayed (the replay's budget, "
+            f"{REPLAY_BUDGET:,} work units, over all worker counts)"
+        )
     return {**doc, "slots_per_worker": slots, "groups_per_worker": per_step, "steps_replayed": steps,
             "sampling": said}  # fmt: skip
 
@@ -152,8 +157,10 @@ def write_run(
             row["bubble_ratio_gpu"] = gpu_bubble
         if sequences[0] > LEDGER_SEQUENCES:  # no ledger of a part of the run
             kept = [e for e in kept if e.get("kind") != SEQUENCE]
-            integration = {**integration, "ledger": f"not computed: {sequences[0]:,} sequences, over "
-                           f"{LEDGER_SEQUENCES:,}"}  # fmt: skip
+            integration = {
+                **integration,
+                "ledger": f"not computed: {sequences[0]:,} sequences, over {LEDGER_SEQUENCES:,}",
+            }
         summary = {**metrics.summary(kept, step_rows), "bubble_ratio_gpu": overall}
         if groups:
             integration = {**integration, "length_variance": lengthlog.variance_split(groups)}

@@ -150,8 +150,10 @@ class RLBenchRecorder(TrainerCallback):
                 )
             for name in recorded:
                 (self.out / name).unlink()
-            write_json(self.out / MARKER, {"kind": "import", "framework": "TRL GRPOTrainer",
-                                           "source": SOURCE, "recording": True})  # fmt: skip
+            write_json(
+                self.out / MARKER,
+                {"kind": "import", "framework": "TRL GRPOTrainer", "source": SOURCE, "recording": True},
+            )
             self._held = held.pop_all()
         self._recording.add(key)
 
@@ -196,9 +198,13 @@ class RLBenchRecorder(TrainerCallback):
             prompt = prompts[first] if first < len(prompts) else ""
             name = hashlib.sha1(repr(prompt).encode()).hexdigest()[:12]  # the same prompt keeps its name
             self._step_groups.append(
-                Group(self._step, name, tuple(max(1, n) for n in lengths[first : first + size]),
-                      counts[first] if counts else 0)
-            )  # fmt: skip
+                Group(
+                    self._step,
+                    name,
+                    tuple(max(1, n) for n in lengths[first : first + size]),
+                    counts[first] if counts else 0,
+                )
+            )
 
     # --- TrainerCallback ---------------------------------------------------------------------------------
 

@@ -156,8 +156,9 @@ def read_completions(directory: Path, tokenizer: Any = None) -> list[Group]:
             order.setdefault(key, []).append(_length(row, tokenizer, f"{path}: row {n}"))
             read += 1
         # named by a hash of the prompt, as the callback names them, so a prompt seen again keeps its name
-        groups += [Group(step, hashlib.sha1(k.encode()).hexdigest()[:12], tuple(v))
-                   for (step, k), v in order.items()]  # fmt: skip
+        groups += [
+            Group(step, hashlib.sha1(k.encode()).hexdigest()[:12], tuple(v)) for (step, k), v in order.items()
+        ]
     if not groups:
         raise UserError(f"{directory}: the completions files hold no rows")
     return groups

@@ -143,8 +143,10 @@ def read_log(path: Path) -> tuple[dict[int, dict[str, Any]], list[str]]:
     used = sum(1 for s in extra if s in trained)
     notes += [f"{merged} line(s) without {GEN} merged into the step they name"] if used else []
     if orphans := sorted(s for s in extra if s not in trained):  # said, never dropped without a word
-        notes.append(f"{len(orphans)} step(s) with lines but no training line ({GEN} and {STEP}) left out: "
-                     f"{', '.join(map(str, orphans[:5]))}{' ...' if len(orphans) > 5 else ''}")  # fmt: skip
+        notes.append(
+            f"{len(orphans)} step(s) with lines but no training line ({GEN} and {STEP}) left out: "
+            f"{', '.join(map(str, orphans[:5]))}{' ...' if len(orphans) > 5 else ''}"
+        )
     notes += [f"{empty} line(s) with an empty data object skipped"] if empty else []
     return steps, notes
 

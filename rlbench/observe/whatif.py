@@ -43,8 +43,11 @@ def predict(
     else:
         rows = length_rows(events)
         if not rows:
-            return {"available": False, "reason": "no request lengths: the server exposes no length "
-                    "histograms (SGLang) and no --request-log was given"}  # fmt: skip
+            return {
+                "available": False,
+                "reason": "no request lengths: the server exposes no length "
+                "histograms (SGLang) and no --request-log was given",
+            }
         trace, source = _from_rows(rows, "observed"), "vLLM length histograms (bucket middles)"
     doc = whatif(trace, capacity, [servers], MODES, gpu, model_size)
     return {**doc, "lengths": source, "servers": servers, "capacity_per_server": capacity}

@@ -114,7 +114,7 @@ def finish(
             "capacity": caps,
             "interval_s": opts.interval_s,
             "idle_gap_s": opts.idle_gap_s,
-        },  # fmt: skip
+        },
         "summary": {**base.get("summary", {}), **computed["summary"]},
         "steps": computed["steps"],
         "engine_metrics": {
@@ -127,16 +127,17 @@ def finish(
                 u
                 for i, u in enumerate(opts.urls)
                 if not any(r["server"] == i and "error" not in r for r in rows)
-            ],  # fmt: skip
-        },  # fmt: skip
+            ],
+        },
     }
     write_json(out / "metrics.json", doc)
     render_profile(out, doc, events)
     return doc
 
 
-def observe(opts: ObserveOptions, out: Path, duration_s: float, say: Callable[[str], None] = print,
-            nvml: Any = None) -> dict[str, Any]:  # fmt: skip
+def observe(
+    opts: ObserveOptions, out: Path, duration_s: float, say: Callable[[str], None] = print, nvml: Any = None
+) -> dict[str, Any]:
     """Sample the servers (and the GPUs) for `duration_s` seconds (Ctrl-C stops early) and write the run."""
     t0 = time.perf_counter()
 

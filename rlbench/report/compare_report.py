@@ -58,8 +58,10 @@ def render_compare(compare_dir: str | Path, doc: dict[str, Any] | None = None) -
         doc = check_compare_doc(read_json(compare_dir / "compare.json"), compare_dir / "compare.json")
     runs, baseline = runs_and_baseline(doc)
     derived = compare_doc(runs, baseline, doc.get("workload"))
-    rows = [{k: f"{v:.2f}x" if k in RATIO_COLUMNS and v is not None else v for k, v in r.items()}
-            for r in derived["ratios"]]  # fmt: skip
+    rows = [
+        {k: f"{v:.2f}x" if k in RATIO_COLUMNS and v is not None else v for k, v in r.items()}
+        for r in derived["ratios"]
+    ]
     for row in rows:
         if (s := derived["speedup_per_round"].get(row["mode"])) and s["min"] is not None:
             row["speed-up per round (min-max)"] = f"{s['min']:.2f}-{s['max']:.2f}x"
@@ -194,8 +196,10 @@ TABLE_FORMATS = {"bubble (%)": "{:.1f}", "vs baseline (pts)": "{:+.1f}", "GPU id
 
 def shown(rows: list[dict[str, Any]], formats: dict[str, str]) -> list[dict[str, Any]]:
     """The rows with their numbers at the precision the table reads them at (the JSON keeps every digit)."""
-    return [{k: formats[k].format(v) if k in formats and isinstance(v, (int, float)) else v
-             for k, v in r.items()} for r in rows]  # fmt: skip
+    return [
+        {k: formats[k].format(v) if k in formats and isinstance(v, (int, float)) else v for k, v in r.items()}
+        for r in rows
+    ]
 
 
 def _ledger_table(rows: list[dict[str, Any]]) -> str:

@@ -30,10 +30,12 @@ def check_compare_doc(doc: Any, source: Any) -> dict[str, Any]:
     UserError naming `source`."""
     runs = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(runs, list) or not all(
-        isinstance(r, dict) and isinstance(r.get("mode"), str) and isinstance(r.get("summary"), dict)
+        isinstance(r, dict)
+        and isinstance(r.get("mode"), str)
+        and isinstance(r.get("summary"), dict)
         and isinstance(r.get("steps", []), list)
         for r in runs
-    ):  # fmt: skip
+    ):
         raise UserError(f"{source}: not a comparison (a list of runs, each with a mode, a summary and steps)")
     if "gpu_replay" in doc and (why := replay_problem(doc["gpu_replay"])) is not None:
         raise UserError(f"{source}: {why}")
@@ -108,22 +110,24 @@ def ledger_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any
     for r in runs:
         s, mine = r["summary"], (r.get("ledger") or {}).get("trained_lengths_by_prompt")
         versus = same_prompts_ks(mine, base_lengths) if mine and base_lengths and r is not base else None
-        rows.append({
-            "mode": r["mode"],
-            "speed-up (step time)": _div(base_step, s.get("step_time_s")),
-            "length KS, trained vs generated": s.get("trained_vs_generated_ks"),
-            "length KS vs baseline, same prompts": versus,
-            "longest 10% trained (%)": percent(s.get("long_decile_trained_share")),
-            "oldest waiting prompt (versions)": s.get("oldest_waiting_age_max"),
-            "staleness mean": s.get("staleness_mean"),
-            "staleness max": s.get("staleness_max"),
-            "reward, completed": s.get("reward_completed"),
-            "reward, all": s.get("reward_all"),
-            "trainer waits (%)": percent(s.get("trainer_wait_share")),
-            "rollout waits (%)": percent(s.get("rollout_wait_share")),
-            "bound": s.get("bound"),
-            "worrying": "; ".join(flags(s, versus, TRAINING_KEYS)) or "nothing",
-        })  # fmt: skip
+        rows.append(
+            {
+                "mode": r["mode"],
+                "speed-up (step time)": _div(base_step, s.get("step_time_s")),
+                "length KS, trained vs generated": s.get("trained_vs_generated_ks"),
+                "length KS vs baseline, same prompts": versus,
+                "longest 10% trained (%)": percent(s.get("long_decile_trained_share")),
+                "oldest waiting prompt (versions)": s.get("oldest_waiting_age_max"),
+                "staleness mean": s.get("staleness_mean"),
+                "staleness max": s.get("staleness_max"),
+                "reward, completed": s.get("reward_completed"),
+                "reward, all": s.get("reward_all"),
+                "trainer waits (%)": percent(s.get("trainer_wait_share")),
+                "rollout waits (%)": percent(s.get("rollout_wait_share")),
+                "bound": s.get("bound"),
+                "worrying": "; ".join(flags(s, versus, TRAINING_KEYS)) or "nothing",
+            }
+        )
     return rows
 
 

@@ -127,14 +127,20 @@ def _problem_table(results: dict[str, Any], rows: list[dict[str, Any]]) -> list[
 def _second_grader(results: dict[str, Any]) -> list[Any]:
     """The score under each grader with its version, and the samples they grade differently by answer
     type, with examples (results.json's `graders` and `disagreements`)."""
-    graders = [{"grader": name, "version": g["version"], "accuracy (avg@k)": g["accuracy"]}
-               for name, g in results["graders"].items()]  # fmt: skip
+    graders = [
+        {"grader": name, "version": g["version"], "accuracy (avg@k)": g["accuracy"]}
+        for name, g in results["graders"].items()
+    ]
     d = results["disagreements"]
     types = [
-        {"answer type": kind, "samples": e["samples"], "right for rlbench only": e["rlbench_only"],
-         f"right for {d['second_grader']} only": e["second_only"]}
+        {
+            "answer type": kind,
+            "samples": e["samples"],
+            "right for rlbench only": e["rlbench_only"],
+            f"right for {d['second_grader']} only": e["second_only"],
+        }
         for kind, e in d["by_type"].items()
-    ]  # fmt: skip
+    ]
     second = d["second_grader"]
     mark = lambda ok: "✓" if ok else "✗"  # noqa: E731
     examples = [

@@ -176,7 +176,9 @@ def cost_html(summary: dict[str, Any]) -> str:
     if not rows:
         return '<p class="sub">No ledger in this run (it needs the trace\'s sequence events).</p>'
     if bound := summary.get("bound"):
-        rows.append(f"<tr><td>bound</td><td>{html.escape(bound)}</td><td colspan=2>"
-                    f"{html.escape(BOUNDS.get(bound, ''))}</td></tr>")  # fmt: skip
+        rows.append(
+            f"<tr><td>bound</td><td>{html.escape(bound)}</td><td colspan=2>"
+            f"{html.escape(BOUNDS.get(bound, ''))}</td></tr>"
+        )
     head = "<tr><th>number</th><th>this run</th><th>what it means</th><th>worrying when</th></tr>"
     return f'<table class="legend">{head}{"".join(rows)}</table>'

@@ -33,8 +33,12 @@ def occupancy_figure(rows: list[dict[str, Any]], doc: dict[str, Any], events: li
         sorted(per_server, key=lambda s: -sum(r.get("running") or 0 for r in per_server[s]))[:MAX_DRAWN]
     )
     some = f"; the {len(drawn)} busiest of {len(per_server)} servers" if len(drawn) < len(per_server) else ""
-    fig = _fig(f"Slot occupancy per server (running requests; dashed: capacity; dotted: waiting{some})",
-               "time (s)", "requests", height=360)  # fmt: skip
+    fig = _fig(
+        f"Slot occupancy per server (running requests; dashed: capacity; dotted: waiting{some})",
+        "time (s)",
+        "requests",
+        height=360,
+    )
     for s in drawn:
         mine = per_server[s]
         label = urls[s] if s < len(urls) else f"server {s}"
@@ -43,8 +47,11 @@ def occupancy_figure(rows: list[dict[str, Any]], doc: dict[str, Any], events: li
         fig.add_trace(go.Scatter(x=t, y=[r.get("running") for r in mine], name=f"{label} running",
                                  mode="lines", line={"color": colour, "shape": "hv"}))  # fmt: skip
         dotted = {"color": colour, "dash": "dot", "shape": "hv"}
-        fig.add_trace(go.Scatter(x=t, y=[r.get("waiting") for r in mine], name=f"{label} waiting",
-                                 mode="lines", line=dotted))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=t, y=[r.get("waiting") for r in mine], name=f"{label} waiting", mode="lines", line=dotted
+            )
+        )
         if str(s) in caps or s in caps:
             cap = caps.get(str(s), caps.get(s))
             fig.add_hline(y=cap, line_dash="dash", line_color=colour, opacity=0.6)
@@ -67,8 +74,11 @@ def kv_figure(rows: list[dict[str, Any]], urls: list[str]) -> Any | None:
     for s in sorted({int(r["server"]) for r in rows})[:MAX_DRAWN]:
         mine = [r for r in rows if int(r["server"]) == s and r.get("kv_usage") is not None]
         name = urls[s] if s < len(urls) else f"server {s}"
-        fig.add_trace(go.Scatter(x=[r["t"] for r in mine], y=[100 * r["kv_usage"] for r in mine],
-                                 mode="lines", name=name))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=[r["t"] for r in mine], y=[100 * r["kv_usage"] for r in mine], mode="lines", name=name
+            )
+        )
     return fig
 
 
@@ -114,8 +124,10 @@ def observed_sections(
     rows = read_jsonl(samples) if samples.is_file() else []
     urls = doc["run"].get("servers") or []
     source = ", ".join(html.escape(u) for u in urls)
-    head = [f'<p class="sub">Source: Prometheus metrics of {source}, {em["samples"]} scrapes '
-            f'({em["failed_scrapes"]} failed) every {doc["run"].get("interval_s")} s.</p>']  # fmt: skip
+    head = [
+        f'<p class="sub">Source: Prometheus metrics of {source}, {em["samples"]} scrapes '
+        f"({em['failed_scrapes']} failed) every {doc['run'].get('interval_s')} s.</p>"
+    ]
     head += [note(n) for n in em.get("notes") or []]
     parts: list[Any] = [*head, occupancy_figure(rows, doc, events)] if rows else head
     if rows and (kv := kv_figure(rows, urls)) is not None:

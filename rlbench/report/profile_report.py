@@ -126,8 +126,9 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
             go.Bar(x=x, y=[s.get(key) or 0.0 for s in steps], name=name, marker_color=PHASE_COLOURS[name])
         )
     # the rest of the step: gaps between phases, and work no phase covers (an imported run's checkpoints)
-    other = [max(0.0, (s.get("step_time_s") or 0.0) - sum(s.get(k) or 0.0 for k in PHASE_TIMES))
-             for s in steps]  # fmt: skip
+    other = [
+        max(0.0, (s.get("step_time_s") or 0.0) - sum(s.get(k) or 0.0 for k in PHASE_TIMES)) for s in steps
+    ]
     split.add_trace(go.Bar(x=x, y=other, name="other", marker_color=PHASE_COLOURS["other"]))
     split.update_layout(barmode="stack", legend_traceorder="normal")
     # The held-out evaluation runs before a step, outside it: shown apart so it does not dwarf the phases.
@@ -147,8 +148,11 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
     line(thr, "rollout_tokens_per_s", GENERATED_LABEL)
     trained = [trained_per_rollout_s(s) for s in steps]
     if any(t is not None for t in trained):  # dashed over the generated line (equal when all is trained)
-        thr.add_trace(go.Scatter(x=x, y=trained, name=TRAINED_LABEL, mode="lines+markers",
-                                 line={"dash": "dash", "width": 3}))  # fmt: skip
+        thr.add_trace(
+            go.Scatter(
+                x=x, y=trained, name=TRAINED_LABEL, mode="lines+markers", line={"dash": "dash", "width": 3}
+            )
+        )
         thr.update_layout(legend_traceorder="reversed")  # the trained one first
 
     for fig in (bubble, split, thr):

@@ -65,9 +65,13 @@ def _curves_figure(runs: list[dict[str, Any]], target: float) -> Any:
             name=f"{r['mode']} seed {r['seed']}", mode="lines+markers", line={"color": colours[r["mode"]]},
         ))  # fmt: skip
     fig.add_hline(y=target, line_dash="dot", annotation_text=f"target {target:.2f}")
-    fig.update_layout(title="Held-out greedy accuracy against samples consumed", height=420,
-                      xaxis_title="samples consumed", yaxis_title="held-out greedy accuracy",
-                      legend={"orientation": "h", "y": -0.2})  # fmt: skip
+    fig.update_layout(
+        title="Held-out greedy accuracy against samples consumed",
+        height=420,
+        xaxis_title="samples consumed",
+        yaxis_title="held-out greedy accuracy",
+        legend={"orientation": "h", "y": -0.2},
+    )
     return fig
 
 
@@ -93,8 +97,9 @@ def accuracy(ctx: Context) -> Outcome:
             continue
         ctx.progress(f"{task} {mode} seed {seed}: {w.steps} steps")
         options = {"task": task, "mode": mode, "seed": seed, "model": ctx.model, "device": ctx.device}
-        run = run_curve(ctx.work_dir / "runs" / f"{task}-{mode}-s{seed}", progress=ctx.progress, **options,
-                        **w.options())  # fmt: skip
+        run = run_curve(
+            ctx.work_dir / "runs" / f"{task}-{mode}-s{seed}", progress=ctx.progress, **options, **w.options()
+        )
         save_run(results, run, w.target)
     runs = [r for r in read_json(results)["runs"] if (r["task"], r["mode"], r["seed"]) in set(w.plan())]
     table_ = parity(runs, w.target)
@@ -148,5 +153,5 @@ def accuracy(ctx: Context) -> Outcome:
                 {k: r[k] for k in ("task", "mode", "seed", "steps", "samples", "wall_s", "curve")}
                 for r in runs
             ]
-        },  # fmt: skip
+        },
     )

@@ -155,8 +155,11 @@ def run_placements(
     torch.manual_seed(w.seed)
     configs = {p: train_config(w, p, model, device, backend) for p in w.placements}
     rows = run_modes(configs, {p: runs / p for p in w.placements}, w.epochs * w.steps_per_epoch, say=progress)
-    differ = [step for step, same in enumerate(zip(*rows.values(), strict=True))
-              if len({row["response_len_mean"] for row in same}) != 1]  # fmt: skip
+    differ = [
+        step
+        for step, same in enumerate(zip(*rows.values(), strict=True))
+        if len({row["response_len_mean"] for row in same}) != 1
+    ]
     if differ:
         progress(f"warning: the placements generated different samples at steps {differ}")
     return {p: per_epoch(runs / p, w.steps_per_epoch) for p in w.placements}, differ
@@ -233,8 +236,9 @@ def _figures(results: dict[str, list[dict[str, Any]]], w: Workload) -> list[Any]
     for p, epochs in results.items():
         y = [v for e in epochs for v in e["idle_share_per_step"]]
         per_step.add_trace(go.Scatter(x=list(range(1, len(y) + 1)), y=y, mode="lines+markers", name=p))
-        per_epoch_fig.add_trace(go.Bar(x=[e["epoch"] for e in epochs], y=[e["idle_share"] for e in epochs],
-                                       name=p))  # fmt: skip
+        per_epoch_fig.add_trace(
+            go.Bar(x=[e["epoch"] for e in epochs], y=[e["idle_share"] for e in epochs], name=p)
+        )
     for e in range(1, w.epochs):
         per_step.add_vline(x=e * w.steps_per_epoch + 0.5, line_dash="dot", line_color="#999")
     steps_axis(per_step, list(range(1, w.epochs * w.steps_per_epoch + 1)))
@@ -274,10 +278,13 @@ def balance(ctx: Context) -> Outcome:
         **measured,
     }
     rows = [
-        {"epoch": e + 1, **{f"{p} idle": results[p][e]["idle_share"] for p in results},
-         **{f"{p} rollout s": results[p][e]["rollout_s"] for p in results}}
+        {
+            "epoch": e + 1,
+            **{f"{p} idle": results[p][e]["idle_share"] for p in results},
+            **{f"{p} rollout s": results[p][e]["rollout_s"] for p in results},
+        }
         for e in range(w.epochs)
-    ]  # fmt: skip
+    ]
     return Outcome(
         measured=measured,
         config={"task": "arith", "model": ctx.model_label(), "backend": backend, **_key(w)},

@@ -74,8 +74,11 @@ def run_history(ctx: Context, w: Workload) -> Path:
     marker = {"workload": asdict(w), "model": model, "device": ctx.device, "commit": source_commit()}
     out, name_dir = ctx.work_dir / "run", ctx.work_dir.parent.parent  # runner: <out>/<name>/<dev>/work
     shared = ctx.work_dir.name == "work" and name_dir.name in SHARED_BY
-    others = [name_dir.parent / n / ctx.work_dir.parent.name / "work" / "run" for n in SHARED_BY
-              if shared and n != name_dir.name]  # fmt: skip
+    others = [
+        name_dir.parent / n / ctx.work_dir.parent.name / "work" / "run"
+        for n in SHARED_BY
+        if shared and n != name_dir.name
+    ]
     for folder in [out, *others]:
         done = folder / "done.json"
         if done.is_file() and read_json(done) == marker:
@@ -98,8 +101,10 @@ def run_history(ctx: Context, w: Workload) -> Path:
                 for g in recorder.last for k, s in enumerate(g.samples)
             ])  # fmt: skip
             if (step + 1) % w.steps_per_epoch == 0:
-                ctx.progress(f"epoch {(step + 1) // w.steps_per_epoch}/{w.epochs}: mean response "
-                             f"{row.get('response_len_mean') or 0:.1f} tokens")  # fmt: skip
+                ctx.progress(
+                    f"epoch {(step + 1) // w.steps_per_epoch}/{w.epochs}: mean response "
+                    f"{row.get('response_len_mean') or 0:.1f} tokens"
+                )
     finally:
         trainer.close()
     write_json(out / "done.json", marker)
@@ -140,8 +145,11 @@ def rank_stability(lengths: Sequence[Sequence[float]], move_share: float = MOVE_
         moved = int(sum(abs(a - b) > move_share * n for a, b in zip(ranks[e], ranks[e + 1], strict=True)))
         pairs.append({"epochs": f"{e + 1}→{e + 2}", "spearman": float(spearmanr(cols[e], cols[e + 1])[0]),
                       "moved": moved, "moved_share": moved / n})  # fmt: skip
-    return {"pairs": pairs, "ranks": [r.tolist() for r in ranks],
-            "moved_share": sum(p["moved"] for p in pairs) / (n * len(pairs))}  # fmt: skip
+    return {
+        "pairs": pairs,
+        "ranks": [r.tolist() for r in ranks],
+        "moved_share": sum(p["moved"] for p in pairs) / (n * len(pairs)),
+    }
 
 
 def draftable(history: Sequence[Tokens], responses: Sequence[Tokens], **options: Any) -> list[list[bool]]:

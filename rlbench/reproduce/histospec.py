@@ -105,10 +105,14 @@ def mode_configs(
 def epoch_row(trainers: dict[str, Any], epoch: int, steps: range) -> dict[str, Any]:
     """One epoch of two runs, plain first (keys: the trainers' names): their metrics, the pooled speed-up
     of the second over the first, its per-step range and the drift check."""
-    (plain_name, plain), (spec_name, spec) = ((n, epoch_metrics(t.trace.events, steps))
-                                              for n, t in trainers.items())  # fmt: skip
-    per_step = sorted(r / p for p, r in zip(plain["tokens_per_s_per_step"], spec["tokens_per_s_per_step"],
-                                            strict=True) if p and r)  # fmt: skip
+    (plain_name, plain), (spec_name, spec) = (
+        (n, epoch_metrics(t.trace.events, steps)) for n, t in trainers.items()
+    )
+    per_step = sorted(
+        r / p
+        for p, r in zip(plain["tokens_per_s_per_step"], spec["tokens_per_s_per_step"], strict=True)
+        if p and r
+    )
     return {
         "epoch": epoch + 1,
         plain_name: plain,
@@ -146,8 +150,12 @@ def _figure(epochs: list[dict[str, Any]]) -> Any:
     x = [e["epoch"] for e in epochs]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Bar(name="rollout speed-up (rhyme / baseline)", x=x, y=[e["speedup"] for e in epochs]))
-    fig.add_trace(go.Scatter(name="acceptance", x=x, y=[e["rhyme"]["acceptance_rate"] for e in epochs],
-                             mode="lines+markers"), secondary_y=True)  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            name="acceptance", x=x, y=[e["rhyme"]["acceptance_rate"] for e in epochs], mode="lines+markers"
+        ),
+        secondary_y=True,
+    )
     fig.add_hline(y=1.0, line_dash="dot")
     fig.update_layout(title="HistoSpec per epoch (epoch 1 has no history)", height=360, xaxis_title="epoch",
                       xaxis={"dtick": 1}, legend={"orientation": "h", "y": -0.25})  # fmt: skip
@@ -210,7 +218,7 @@ def speedup(ctx: Context, w: Workload | None = None, setting_note: str = CPU_NOT
         "rollout_speedup_last_epoch": statistics.fmean(e[-1]["speedup"] for e in per_seed.values()),
         "epochs_with_load_drift": sum(
             bool((e.get("drift") or {}).get("flagged")) for es in per_seed.values() for e in es
-        ),  # fmt: skip
+        ),
     }
     rows = [
         {"epoch": e["epoch"], "baseline tok/s": e["baseline"]["tokens_per_s"],

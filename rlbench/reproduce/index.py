@@ -66,8 +66,7 @@ def table(
         cpu_cell = _cell(cpu, f"{prefix}{name}/cpu/report.html")
         if cpu is None and spec.needs_gpu:
             cpu_cell = "GPU only"
-        cells = [claim, spec.paper_value, cpu_cell,
-                 _cell(gpu, f"{prefix}{name}/gpu/report.html"), verdict]  # fmt: skip
+        cells = [claim, spec.paper_value, cpu_cell, _cell(gpu, f"{prefix}{name}/gpu/report.html"), verdict]
         rows.append("| " + " | ".join(cells if brief else [*cells, f"`rlbench reproduce {name}`"]) + " |")
     return (BRIEF_HEAD if brief else TABLE_HEAD) + "\n".join(rows) + "\n"
 

@@ -31,8 +31,11 @@ from rlbench.training import build_configs, run_modes
 
 GATED, UNGATED = "lookahead", "lookahead-ungated"
 RUNS = ("baseline", GATED, UNGATED)  # run names: the folders under work/seed<S>/
-LABELS = {"baseline": "baseline", GATED: "lookahead (cost gate on, as shipped)",
-          UNGATED: "lookahead, gate removed (margin=100)"}  # fmt: skip
+LABELS = {
+    "baseline": "baseline",
+    GATED: "lookahead (cost gate on, as shipped)",
+    UNGATED: "lookahead, gate removed (margin=100)",
+}
 COLOURS = {"baseline": "#636efa", GATED: "#00cc96", UNGATED: "#ffa15a"}  # one per run, in both plots
 
 
@@ -62,8 +65,9 @@ def run_configs(w: Workload, model: str | None, device: str) -> dict[str, TrainC
         eval_every=0, checkpoint_every=10**9, model=model, device=device,
     )  # fmt: skip
     configs = build_configs(["baseline", GATED], **common)
-    configs[UNGATED] = build_configs([GATED], mode_option=[f"spec.margin={w.ungated_margin:g}"],
-                                     **common)[GATED]  # fmt: skip
+    configs[UNGATED] = build_configs([GATED], mode_option=[f"spec.margin={w.ungated_margin:g}"], **common)[
+        GATED
+    ]
     return configs
 
 
@@ -137,8 +141,9 @@ def seed_figures(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for span in ("all", "from_step2"):
             base, mine = out["baseline"][span], out[name][span]
             ok = base["rollout_s"] and mine["rollout_s"] and base["tokens"]
-            out[name][span]["speedup"] = (mine["tokens"] / mine["rollout_s"]) / (
-                base["tokens"] / base["rollout_s"]) if ok else None  # fmt: skip
+            out[name][span]["speedup"] = (
+                (mine["tokens"] / mine["rollout_s"]) / (base["tokens"] / base["rollout_s"]) if ok else None
+            )
     return out
 
 
@@ -249,15 +254,18 @@ def _run_rows(per_seed: dict[int, dict[str, dict[str, Any]]]) -> list[dict[str, 
 
 def _seed_rows(per_seed: dict[int, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     return [
-        {"seed": s, "bubble, baseline": _pct(f["baseline"]["all"]["bubble_ratio"]),
-         "gated: lookahead tokens": f[GATED]["all"]["lookahead_tokens"],
-         "gated: speed-up (steps 2+)": _x(f[GATED]["from_step2"]["speedup"]),
-         "gated: bubble": _pct(f[GATED]["all"]["bubble_ratio"]),
-         "ungated: speed-up (steps 2+)": _x(f[UNGATED]["from_step2"]["speedup"]),
-         "ungated: bubble": _pct(f[UNGATED]["all"]["bubble_ratio"]),
-         "ungated: acceptance": _pct(f[UNGATED]["from_step2"]["acceptance_rate"])}
+        {
+            "seed": s,
+            "bubble, baseline": _pct(f["baseline"]["all"]["bubble_ratio"]),
+            "gated: lookahead tokens": f[GATED]["all"]["lookahead_tokens"],
+            "gated: speed-up (steps 2+)": _x(f[GATED]["from_step2"]["speedup"]),
+            "gated: bubble": _pct(f[GATED]["all"]["bubble_ratio"]),
+            "ungated: speed-up (steps 2+)": _x(f[UNGATED]["from_step2"]["speedup"]),
+            "ungated: bubble": _pct(f[UNGATED]["all"]["bubble_ratio"]),
+            "ungated: acceptance": _pct(f[UNGATED]["from_step2"]["acceptance_rate"]),
+        }
         for s, f in per_seed.items()
-    ]  # fmt: skip
+    ]
 
 
 def _figure(runs: dict[str, dict[str, Any]], seed: int) -> Any:
@@ -271,8 +279,12 @@ def _figure(runs: dict[str, dict[str, Any]], seed: int) -> Any:
         style = {"name": LABELS[name], "legendgroup": name, "marker_color": COLOURS[name]}
         fig.add_trace(go.Bar(x=x, y=p["timing_s/gen"], **style), row=1, col=1)
         fig.add_trace(go.Bar(x=x, y=p["bubble_ratio"], showlegend=False, **style), row=1, col=2)
-    fig.update_layout(title=f"Per step (seed {seed}); step 1 has no drafts yet", barmode="group", height=380,
-                      legend={"orientation": "h", "y": -0.2})  # fmt: skip
+    fig.update_layout(
+        title=f"Per step (seed {seed}); step 1 has no drafts yet",
+        barmode="group",
+        height=380,
+        legend={"orientation": "h", "y": -0.2},
+    )
     fig.update_yaxes(title_text="s", row=1, col=1)
     fig.update_yaxes(tickformat=".0%", row=1, col=2)
     return fig

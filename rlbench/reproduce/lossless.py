@@ -223,8 +223,9 @@ def _frequency_figure(runs: dict[str, Samples], tokenizer: Any, top: int = 10) -
         got = Counter(runs[name].responses[0])
         n = len(runs[name].responses[0])
         y = [got[r] / n for r in shown] + [1 - sum(got[r] for r in shown) / n]
-        fig.add_bar(name=LABELS.get(name, "plain (no drafts)"), x=[*labels, "(all others)"], y=y,
-                    marker_color=colour)  # fmt: skip
+        fig.add_bar(
+            name=LABELS.get(name, "plain (no drafts)"), x=[*labels, "(all others)"], y=y, marker_color=colour
+        )
     fig.update_layout(barmode="group")
     fig.update_yaxes(tickformat=".0%")
     return fig
@@ -303,7 +304,7 @@ def lossless(ctx: Context) -> Outcome:
                 "Output distribution with and without drafts",
                 [note(intro), table(rows), _frequency_figure(runs, tokenizer), _p_value_figure(tests)],
             ),
-        ],  # fmt: skip
+        ],
         data={"tests": tests, "counts": {k: [v.drafted, v.accepted] for k, v in runs.items()}},
         notes=[
             "A p-value >= 0.01 means no difference was detected, not a proof of equality; at a fixed seed "

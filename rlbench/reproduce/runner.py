@@ -107,8 +107,7 @@ def reproduce(
     folder = out / name / device_folder(device)
     folder.mkdir(parents=True, exist_ok=True)
     say = lambda line: print(f"[{name}] {line}", flush=True)  # noqa: E731
-    ctx = Context(device=device, quick=quick, model=model, work_dir=folder / "work", seed=seed,
-                  progress=say)  # fmt: skip
+    ctx = Context(device=device, quick=quick, model=model, work_dir=folder / "work", seed=seed, progress=say)
     # the model's label, not only the commit: rebuilt embedded weights not yet committed are other weights
     clear_stale_work(folder / "work", {"commit": source_commit(), "device": device, "quick": quick,
                                        "model": ctx.model_label(), "seed": seed}, say)  # fmt: skip

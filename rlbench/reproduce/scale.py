@@ -169,8 +169,10 @@ def summarize(val: dict[int, dict[str, Any]], doc: dict[str, Any]) -> dict[str, 
         m[f"bubble_ratio.{mode}.w1"] = bubble[0][1]
         m[f"bubble_ratio.{mode}.max_w"] = bubble[-1][1]
         m[f"worker_idle_share.{mode}.max_w"] = idle[-1][1]
-    for name, points in (("bubble", curve(results, "baseline", "bubble_ratio")),
-                         ("idle", curve(results, "baseline", "worker_idle_share"))):  # fmt: skip
+    for name, points in (
+        ("bubble", curve(results, "baseline", "bubble_ratio")),
+        ("idle", curve(results, "baseline", "worker_idle_share")),
+    ):
         for k, v in trend(points).items():
             m[f"trend.{name}_{k}.baseline"] = v
     errors = " / ".join(f"{100 * m[f'validation.error.w{w}']:.1f}" for w in val)
@@ -265,8 +267,11 @@ def scale(ctx: Context) -> Outcome:
     ]  # fmt: skip
     real = {"task": "arith", "model": ctx.model_label(), "mode": "baseline", **asdict(r)}
     about = [{"field": k, "value": str(v)} for k, v in (doc["workload"] | doc["cost_model"]).items()]
-    pivots = [part for k in ("bubble_ratio", "worker_idle_share", "speedup")
-              for part in (f"<p><b>{k}</b></p>", table(pivot(doc["results"], k)))]  # fmt: skip
+    pivots = [
+        part
+        for k in ("bubble_ratio", "worker_idle_share", "speedup")
+        for part in (f"<p><b>{k}</b></p>", table(pivot(doc["results"], k)))
+    ]
     sections = [
         ("Bubble and worker idle share against the number of rollout workers", _scale_figures(doc, val)),
         (

@@ -129,10 +129,12 @@ def pooled(per_seed: dict[int, dict[str, dict[str, Any]]]) -> dict[str, dict[str
     """Per mode, the mean over seeds of every scalar figure (lists: the first seed's)."""
     first = next(iter(per_seed.values()))
     return {
-        m: {k: mean_sd([per_seed[s][m][k] for s in per_seed])[0] if isinstance(v, (int, float)) else v
-            for k, v in first[m].items()}
+        m: {
+            k: mean_sd([per_seed[s][m][k] for s in per_seed])[0] if isinstance(v, (int, float)) else v
+            for k, v in first[m].items()
+        }
         for m in MODES
-    }  # fmt: skip
+    }
 
 
 def _bubble_figure(runs: dict[str, dict[str, Any]]) -> Any:
@@ -201,7 +203,7 @@ def bubble(ctx: Context, w: Workload | None = None, setting_note: str = EMBEDDED
                     table(seed_rows),
                     _bubble_figure(per_seed[w.seed]),
                 ],
-            ),  # fmt: skip
+            ),
             ("Where the slots idle", _timelines(ctx, w.seed)),
         ],
         notes=[
@@ -238,11 +240,15 @@ def throughput(ctx: Context, w: Workload | None = None, setting_note: str | None
     per_seed = run_seeds(ctx, w)
     runs = pooled(per_seed)
     # gains are paired within a seed (same prompts, same moment of the machine), then averaged
-    gains = {s: {m: r[m]["rollout_tokens_per_s"] / r["baseline"]["rollout_tokens_per_s"] - 1 for m in MODES}
-             for s, r in per_seed.items()}  # fmt: skip
+    gains = {
+        s: {m: r[m]["rollout_tokens_per_s"] / r["baseline"]["rollout_tokens_per_s"] - 1 for m in MODES}
+        for s, r in per_seed.items()
+    }
     sims = {s: _simulated_ratios(ctx, replace(w, seed=s)) for s in per_seed}
-    sim = {label: {k: mean_sd([sims[s][label][k] for s in sims])[0] for k in ratios}
-           for label, ratios in sims[w.seed].items()}  # fmt: skip
+    sim = {
+        label: {k: mean_sd([sims[s][label][k] for s in sims])[0] for k in ratios}
+        for label, ratios in sims[w.seed].items()
+    }
     measured: dict[str, Any] = {}
     for mode, r in runs.items():
         measured[f"rollout_tokens_per_s.{mode}"] = r["rollout_tokens_per_s"]
@@ -261,14 +267,17 @@ def throughput(ctx: Context, w: Workload | None = None, setting_note: str | None
         f"{measured['simulated_gain.h100.sorted-partial']:+.1%}"
     )
     rows = [
-        {"mode": m, "measured": measured[f"throughput_gain.{m}"],
-         "simulated, CPU cost model": measured[f"simulated_gain.cpu.{m}"],
-         "simulated, H100 1.5B": measured[f"simulated_gain.h100.{m}"],
-         "measured bubble": runs[m]["bubble_ratio"],
-         "simulated bubble, CPU": measured[f"simulated_bubble.cpu.{m}"],
-         "simulated bubble, H100": measured[f"simulated_bubble.h100.{m}"]}
+        {
+            "mode": m,
+            "measured": measured[f"throughput_gain.{m}"],
+            "simulated, CPU cost model": measured[f"simulated_gain.cpu.{m}"],
+            "simulated, H100 1.5B": measured[f"simulated_gain.h100.{m}"],
+            "measured bubble": runs[m]["bubble_ratio"],
+            "simulated bubble, CPU": measured[f"simulated_bubble.cpu.{m}"],
+            "simulated bubble, H100": measured[f"simulated_bubble.h100.{m}"],
+        }
         for m in MODES
-    ]  # fmt: skip
+    ]
 
     seed_rows = [{"seed": s, **{f"gain, {m}": gains[s][m] for m in MODES[1:]}} for s in gains]
     return Outcome(
@@ -285,7 +294,7 @@ def throughput(ctx: Context, w: Workload | None = None, setting_note: str | None
                     table(rows),
                     table(seed_rows),
                 ],
-            ),  # fmt: skip
+            ),
             ("Where the slots idle", _timelines(ctx, w.seed)),
         ],
         notes=[

@@ -136,10 +136,13 @@ def pooled(per_seed: dict[int, dict[str, Any]], modes: tuple[str, ...] = MODES) 
             "seeds": len(per_seed),
             **{k: _mean([h[k] for h in hits]) for k in ("wall_s", "rollout_s", "update_s", "samples")},
             "rollout_tokens": _mean([h["rollout_tokens"] for h in hits]),
-            **{k: _mean([t[k] for t in seen if t.get(k) is not None])
-               for k in (*TRACED, "length_ks_vs_baseline") if k != "bound"},
+            **{
+                k: _mean([t[k] for t in seen if t.get(k) is not None])
+                for k in (*TRACED, "length_ks_vs_baseline")
+                if k != "bound"
+            },
             "bound": "/".join(sorted({str(t.get("bound")) for t in seen})) or None,
-        }  # fmt: skip
+        }
     return out
 
 

@@ -298,7 +298,7 @@ def from_json(doc: Any) -> Calibration:
     update = doc.get("update")
     if update is not None and not (
         isinstance(update, dict) and all(_non_negative(update.get(k)) for k in ("s_fixed", "s_per_token"))
-    ):  # fmt: skip
+    ):
         raise ValueError("update needs s_fixed and s_per_token, numbers >= 0")
     swept = doc.get("swept") or {}
     unmeasured = {term for term, value in (("prefill", prefill), ("update", update)) if value is None}

@@ -39,8 +39,9 @@ def whatif(
     if update_s_per_token is not None:
         cost = LoggedUpdate(cost, update_s_per_token)
         said += f"; the update at the log's {1000 * update_s_per_token:.3g} s per 1,000 trained tokens"
-    doc = simulate(trace, cost, list(workers), list(modes), slots, steps=steps,
-                   groups_per_worker=groups_per_worker)  # fmt: skip
+    doc = simulate(
+        trace, cost, list(workers), list(modes), slots, steps=steps, groups_per_worker=groups_per_worker
+    )
     results = [
         {"workers": r["workers"], "mode": r["policy"], "bubble_ratio": _clean(r["bubble_ratio"]),
          "worker_idle_share": _clean(r["worker_idle_share"]), "step_time_s": r["step_time_s"],

@@ -126,8 +126,12 @@ def load(path: str | Path) -> LengthTrace:
         missing = [k for k in REQUIRED if row.get(k) is None]
         if missing:
             raise UserError(f"{path}: line {n} lacks {', '.join(missing)} (see `rlbench simulate --help`)")
-        for key, high in (("step", MAX_COUNT), ("sample", MAX_COUNT), ("prompt_tokens", MAX_TOKENS),
-                          ("response_tokens", MAX_TOKENS)):  # fmt: skip
+        for key, high in (
+            ("step", MAX_COUNT),
+            ("sample", MAX_COUNT),
+            ("prompt_tokens", MAX_TOKENS),
+            ("response_tokens", MAX_TOKENS),
+        ):
             if type(row[key]) is not int or not 0 <= row[key] <= high:  # 2^63 overflowed the int64 arrays
                 raise UserError(
                     f"{path}: line {n}: {key} is {repr(row[key])[:40]}, not an integer in 0..{high:,}"
