@@ -43,42 +43,18 @@ def build_command(
 ) -> None:
     """Train the embedded model from scratch by its recipe (reference_trainer/train/recipe.py): about 45
     minutes on 2 CPU cores. Deterministic for a given torch build and thread count."""
-    import os
     import shutil
-    import time
-
-    from rich.progress import Progress
 
     from reference_trainer.errors import UserError, check_integer
     from reference_trainer.model import embedded
-    from reference_trainer.trace.records import replace_dir, temp_beside, write_json
+    from reference_trainer.trace.records import write_json
     from reference_trainer.train import recipe
 
     if steps is not None:
         check_integer("--steps", steps, low=1)
     if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / "config.json").is_file())):
         raise UserError(f"{out} exists and is not a model directory; refusing to replace it")
-    start = time.perf_counter()
-    with Progress(transient=True) as progress:
-        bar = progress.add_task("SFT", total=steps or recipe.RECIPE.sft.steps)
-
-        def on_step(step: int, total: int, loss: float) -> None:
-            progress.update(bar, completed=step + 1, description=f"SFT, loss {loss:.3f}")
-            # a redirected build (a log file, CI) gets no live bar: a line every 5% instead
-            if not progress.console.is_terminal and (step + 1) % max(1, total // 20) == 0:
-                elapsed = time.perf_counter() - start
-                typer.echo(f"SFT step {step + 1}/{total}, loss {loss:.3f}, {elapsed:.0f} s", err=True)
-
-        # built aside and renamed into place: a killed build leaves no half-written model at `out`
-        tmp = temp_beside(out, f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            recipe.build(tmp, steps=steps, on_step=on_step)
-            embedded.write_checksums(tmp)
-            replace_dir(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    typer.echo(f"wrote {out} in {time.perf_counter() - start:.0f} s")
+    build_with_progress(out, steps)
     if card:
         measured = measure_card(out)
         write_json(out / embedded.CARD, {"recipe_version": recipe.RECIPE_VERSION, "tasks": measured})
@@ -89,6 +65,41 @@ def build_command(
         for name in (*embedded.FILES, embedded.CHECKSUMS, *([embedded.CARD] if card else [])):
             shutil.copyfile(out / name, target / name)
         typer.echo(f"installed into {target}")
+
+
+def build_with_progress(out: Path, steps: int | None) -> None:
+    """Build the model into `out` by the recipe, its SFT steps on a progress bar (a line every 5% when the
+    output is no terminal): built aside and renamed into place, so a killed build leaves no half-written
+    model at `out`."""
+    import os
+    import shutil
+    import time
+
+    from rich.progress import Progress
+
+    from reference_trainer.model import embedded
+    from reference_trainer.trace.records import replace_dir, temp_beside
+    from reference_trainer.train import recipe
+
+    start = time.perf_counter()
+    with Progress(transient=True) as progress:
+        bar = progress.add_task("SFT", total=steps or recipe.RECIPE.sft.steps)
+
+        def on_step(step: int, total: int, loss: float) -> None:
+            progress.update(bar, completed=step + 1, description=f"SFT, loss {loss:.3f}")
+            if not progress.console.is_terminal and (step + 1) % max(1, total // 20) == 0:
+                elapsed = time.perf_counter() - start
+                typer.echo(f"SFT step {step + 1}/{total}, loss {loss:.3f}, {elapsed:.0f} s", err=True)
+
+        tmp = temp_beside(out, f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            recipe.build(tmp, steps=steps, on_step=on_step)
+            embedded.write_checksums(tmp)
+            replace_dir(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    typer.echo(f"wrote {out} in {time.perf_counter() - start:.0f} s")
 
 
 def targets_line(tasks: dict[str, dict[str, float]]) -> str:

@@ -22,6 +22,15 @@ from rlbench.options import (
     with_run_options,
 )
 
+EngineMetrics = Annotated[
+    str | None,
+    typer.Option(
+        "--engine-metrics",
+        help="With a command after --: its rollout servers' Prometheus endpoints (vLLM, SGLang), "
+        "comma-separated, sampled on the NVML clock for the bubble ratio and the rest.",
+    ),
+]
+
 
 @with_run_options
 def profile_command(
@@ -40,14 +49,7 @@ def profile_command(
         bool, typer.Option("--py-spy/--no-py-spy", help="Also record a py-spy profile.")
     ] = False,
     sample_hz: Annotated[float, typer.Option("--sample-hz", min=0.1, help="NVML samples per second.")] = 10.0,
-    engine_metrics: Annotated[
-        str | None,
-        typer.Option(
-            "--engine-metrics",
-            help="With a command after --: its rollout servers' Prometheus endpoints (vLLM, SGLang), "
-            "comma-separated, sampled on the NVML clock for the bubble ratio and the rest.",
-        ),
-    ] = None,
+    engine_metrics: EngineMetrics = None,
     capacity: ServerCapacity = None,
     idle_gap: IdleGap = None,
     request_log: RequestLog = None,
@@ -73,33 +75,48 @@ def profile_command(
     if idle_gap is not None:
         check_number("--idle-gap", idle_gap, low=0.0, high=1e6)
     if cmd:
-        from reference_trainer.errors import printable
-        from rlbench.profiling.wrap import WrapConfig, wrap_command
+        from rlbench.profiling.wrap import WrapConfig
 
         cfg = WrapConfig.from_cli(cmd, out, py_spy=py_spy, sample_hz=sample_hz, engine_metrics=engine_metrics,
                                   capacity=capacity, idle_gap=idle_gap, request_log=request_log, gpu=gpu,
                                   model_size=model_size, overwrite=overwrite)  # fmt: skip
-        code, doc = wrap_command(cfg, say=lambda line: typer.echo(printable(line), err=True))
-        for line in wrap_lines(doc):  # the servers' pages' text among them
-            typer.echo(printable(line))
-        typer.echo(f"report: {out / 'report.html'}")
-        if code != 0:
-            typer.echo(f"command exited with {code}", err=True)
-            # sys.exit, not typer.Exit: the app runs with standalone_mode=False, which returns Exit codes
-            sys.exit(code if 0 < code < 256 else 1)
+        _profile_wrapped(cfg)
         return
-    from reference_trainer.errors import Interrupted
-    from reference_trainer.trace.records import read_json
-    from rlbench.profiling.session import run_profile
-    from rlbench.report.ledger_legend import cost_lines
-    from rlbench.report.replay_summary import run_lines
     from rlbench.rundirs import check_new_run
     from rlbench.training import build_config
 
     config = build_config(**run.config_kwargs(mode=mode, steps=steps))
     check_new_run(out, "train", overwrite)  # before anything loads; run_profile checks again under the lock
+    _profile_trainer(config, out, py_spy, 1.0 / sample_hz, overwrite, calibration)
+
+
+def _profile_wrapped(cfg: Any) -> None:
+    """Run and profile the command after `--`; its exit code is the command's."""
+    from reference_trainer.errors import printable
+    from rlbench.profiling.wrap import wrap_command
+
+    code, doc = wrap_command(cfg, say=lambda line: typer.echo(printable(line), err=True))
+    for line in wrap_lines(doc):  # the servers' pages' text among them
+        typer.echo(printable(line))
+    typer.echo(f"report: {cfg.out / 'report.html'}")
+    if code != 0:
+        typer.echo(f"command exited with {code}", err=True)
+        # sys.exit, not typer.Exit: the app runs with standalone_mode=False, which returns Exit codes
+        sys.exit(code if 0 < code < 256 else 1)
+
+
+def _profile_trainer(
+    config: Any, out: Path, py_spy: bool, interval_s: float, overwrite: bool, calibration: Path | None
+) -> None:
+    """Profile the reference trainer's run of `config` and print its summary."""
+    from reference_trainer.errors import Interrupted
+    from reference_trainer.trace.records import read_json
+    from rlbench.profiling.session import run_profile
+    from rlbench.report.ledger_legend import cost_lines
+    from rlbench.report.replay_summary import run_lines
+
     try:
-        doc = run_profile(config, out, py_spy=py_spy, sample_interval_s=1.0 / sample_hz, overwrite=overwrite,
+        doc = run_profile(config, out, py_spy=py_spy, sample_interval_s=interval_s, overwrite=overwrite,
                           calibration=calibration)  # fmt: skip
     except KeyboardInterrupt:
         said = f"interrupted: {out / 'report.html'} profiles the finished steps; --overwrite starts again"

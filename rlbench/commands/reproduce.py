@@ -44,10 +44,8 @@ def reproduce_command(
 ) -> None:
     """Run reproductions: write <out>/<name>/<cpu|gpu>/result.json and report.html, and the index
     <out>/README.md."""
-    from rlbench.reproduce.index import write_index
     from rlbench.reproduce.runner import check_names, runnable_here
     from rlbench.reproduce.spec import load_specs
-    from rlbench.rundirs import claim
 
     if list_:
         for name, spec in load_specs().items():
@@ -59,21 +57,33 @@ def reproduce_command(
     chosen = list(specs) if all_ else list(names or [])
     device = _device(device)
     root = results_root(out, quick, update_reports)
-    from rlbench.reproduce.runner import reproduce as run_one
-
     chosen, left_out = runnable_here(specs, chosen, all_, device)
     for name in left_out:
         typer.echo(
             f"{name}: a real model at full size, left out on the CPU "
             f"(run it with `rlbench reproduce {name} --device cuda`)"
         )
-    # One writer of the results root; a folder holding another command's run is refused.
+    failed = run_reproductions(specs, chosen, root, device, quick, str(model) if model else None)
+    if failed:
+        raise UserError(f"{len(failed)} reproduction(s) failed: {', '.join(failed)}")
+
+
+def run_reproductions(
+    specs: dict[str, Spec], chosen: list[str], root: Path, device: str, quick: bool, model: str | None
+) -> list[str]:
+    """Run the `chosen` reproductions into `root` (one writer of it: a folder holding another command's
+    run is refused), each one's failure said and kept from losing the others' results, then write the
+    index. Returns the failed ones."""
+    from rlbench.reproduce.index import write_index
+    from rlbench.reproduce.runner import reproduce as run_one
+    from rlbench.rundirs import claim
+
+    failed = []
     with claim(root, "reproduce", accepts=()):
-        failed = []
         for name in chosen:
             typer.echo(f"== {name}")
             try:
-                result = run_one(name, specs[name], root, device, quick, str(model) if model else None)
+                result = run_one(name, specs[name], root, device, quick, model)
             except UserError:
                 raise
             except ModuleNotFoundError as err:  # e.g. Ray, which histopipe and scale run workers on
@@ -89,8 +99,7 @@ def reproduce_command(
                 f"{name}: {verdict}: {result['measured'].get('headline', '')}, {result['wall_s']:.0f} s"
             )
         typer.echo(f"index: {write_index(specs, root)}")
-    if failed:
-        raise UserError(f"{len(failed)} reproduction(s) failed: {', '.join(failed)}")
+    return failed
 
 
 def _device(device: str) -> str:

@@ -106,26 +106,9 @@ def _verl_rollout_evidence(data: dict[str, Any], generated_before: float) -> tup
 
 def audit_verl(path: Path, slots: int | None, tolerance: float) -> dict[str, Any]:
     steps, notes = verl.read_log(path)
-    work = step_s = sample_s = window_s = 0.0
-    declared: dict[str, list[float]] = {"trainer": [], "rollouter": []}
-    keys: dict[str, str] = {}
-    utilisation: list[float] = []
-    how, generated = None, 0.0
-    for data in steps.values():
-        step_s += float(data[verl.STEP])
-        work += sum(verl.timer(data, name) for name in ("reward", *verl.TRAINER_WORK))
-        for side in declared:
-            value, key = verl.declared(data, side)
-            if value is not None:
-                declared[side].append(value)
-                keys[side] = key  # type: ignore[assignment]
-        if is_number(data.get("dynamic_resource/rollout_resource_utilization")):
-            utilisation.append(float(data["dynamic_resource/rollout_resource_utilization"]))
-        evidence = _verl_rollout_evidence(data, generated)
-        if evidence is not None:
-            sample_s, window_s, how = sample_s + evidence[0], window_s + evidence[1], evidence[2]
-        if is_number(data.get(verl.GENERATED)):
-            generated = float(data[verl.GENERATED])
+    t = _verl_totals(steps)
+    work, step_s, sample_s, window_s, how = t["work"], t["step_s"], t["sample_s"], t["window_s"], t["how"]
+    declared, keys, utilisation = t["declared"], t["keys"], t["utilisation"]
     over = f"the trainer's timers ({work:.4g} s) exceed its steps ({step_s:.4g} s)"
     trainer_idle = _share(1.0 - work / step_s if step_s > 0 else None, "trainer idle", notes, over)
     rollout_idle = _share(
@@ -172,21 +155,55 @@ def audit_verl(path: Path, slots: int | None, tolerance: float) -> dict[str, Any
                 tolerance,
             )
         )
+    notes += _paused_notes(figures, rollout_idle)
+    return _doc(path, "verl log", len(steps), figures, trainer_idle, rollout_idle, notes, tolerance)
+
+
+def _verl_totals(steps: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    """A verl log's sums over its steps: the trainer's timed work and step time, the samples' time and
+    the window it falls in (and how it was read), each side's declared idle ratio (and its key), and the
+    rollout's declared utilisation."""
+    work = step_s = sample_s = window_s = 0.0
+    declared: dict[str, list[float]] = {"trainer": [], "rollouter": []}
+    keys: dict[str, str] = {}
+    utilisation: list[float] = []
+    how, generated = None, 0.0
+    for data in steps.values():
+        step_s += float(data[verl.STEP])
+        work += sum(verl.timer(data, name) for name in ("reward", *verl.TRAINER_WORK))
+        for side in declared:
+            value, key = verl.declared(data, side)
+            if value is not None:
+                declared[side].append(value)
+                keys[side] = key  # type: ignore[assignment]
+        if is_number(data.get("dynamic_resource/rollout_resource_utilization")):
+            utilisation.append(float(data["dynamic_resource/rollout_resource_utilization"]))
+        evidence = _verl_rollout_evidence(data, generated)
+        if evidence is not None:
+            sample_s, window_s, how = sample_s + evidence[0], window_s + evidence[1], evidence[2]
+        if is_number(data.get(verl.GENERATED)):
+            generated = float(data[verl.GENERATED])
+    return {"work": work, "step_s": step_s, "sample_s": sample_s, "window_s": window_s, "how": how,
+            "declared": declared, "keys": keys, "utilisation": utilisation}  # fmt: skip
+
+
+def _paused_notes(figures: list[dict[str, Any]], rollout_idle: float | None) -> list[str]:
+    """A note where verl declares both sides busy while the samples leave the rollout's slots idle."""
     quiet = [f["declared"] for f in figures[:2]]
-    if (
+    if not (
         all(d is not None and d < QUIET for d in quiet)
         and rollout_idle is not None
         and rollout_idle >= IDLE_HIGH
     ):
-        notes.append(
-            f"verl declares that neither side idles (trainer {quiet[0]:.1%}, rollouter {quiet[1]:.1%}), yet "
-            f"the rollout's samples fill only {1 - rollout_idle:.1%} of its slot-time: the idle ratio "
-            "misses time it spent paused or draining (verl#6693). With both sides busy an asynchronous run "
-            "would beat a synchronous one; this one is trainer-bound, so it cannot gain more than the "
-            "rollout's "
-            "share of a synchronous step."
-        )
-    return _doc(path, "verl log", len(steps), figures, trainer_idle, rollout_idle, notes, tolerance)
+        return []
+    return [
+        f"verl declares that neither side idles (trainer {quiet[0]:.1%}, rollouter {quiet[1]:.1%}), yet "
+        f"the rollout's samples fill only {1 - rollout_idle:.1%} of its slot-time: the idle ratio "
+        "misses time it spent paused or draining (verl#6693). With both sides busy an asynchronous run "
+        "would beat a synchronous one; this one is trainer-bound, so it cannot gain more than the "
+        "rollout's "
+        "share of a synchronous step."
+    ]
 
 
 def _named(key: str | None, where: dict[str, str]) -> str | None:
@@ -199,18 +216,8 @@ def audit_run(run_dir: Path, tolerance: float) -> dict[str, Any]:
     computed = metrics.compute(read_trace(run_dir / "trace.jsonl"), doc.get("gpu"))["summary"]
     rows = (doc.get("integration") or {}).get("per_step") or []
     notes: list[str] = []
-
-    def declared(side: str) -> tuple[float | None, str | None]:
-        values, key = [], None
-        for row in rows:
-            value, key_found = verl.declared({k.removeprefix("verl "): v for k, v in row.items()}, side)
-            if value is not None:
-                values.append(value)
-                key = key_found
-        return _mean(values), key
-
-    trainer_d, trainer_key = declared("trainer")
-    rollout_d, rollout_key = declared("rollouter")
+    trainer_d, trainer_key = _declared_in_rows(rows, "trainer")
+    rollout_d, rollout_key = _declared_in_rows(rows, "rollouter")
     where = {k: w for k, (_, w) in verl.IDLE_KEYS.items()}
     figures = [
         _figure(
@@ -238,21 +245,7 @@ def audit_run(run_dir: Path, tolerance: float) -> dict[str, Any]:
             tolerance,
         ),
     ]
-    trl_times = [r["TRL step_time"] for r in rows if is_number(r.get("TRL step_time"))]
-    if trl_times and (doc.get("run") or {}).get("time_unit") == "s":
-        ours = computed["step_time_s"]
-        theirs = _mean(trl_times)
-        figures.append(
-            {
-                "quantity": "step time (s)",
-                "rebuilt": ours,
-                "evidence": "phases (trace)",
-                "declared": theirs,
-                "declared_by": "TRL step_time",
-                "difference": ours - theirs if ours is not None else None,
-                "flagged": ours is not None and abs(ours - theirs) > tolerance * theirs,
-            }
-        )
+    figures += _trl_step_time(rows, doc, computed["step_time_s"], tolerance)
     kind = f"rlbench run ({(doc.get('run') or {}).get('framework') or 'native'})"
     return _doc(
         run_dir,
@@ -264,6 +257,38 @@ def audit_run(run_dir: Path, tolerance: float) -> dict[str, Any]:
         notes,
         tolerance,
     )
+
+
+def _declared_in_rows(rows: list[dict[str, Any]], side: str) -> tuple[float | None, str | None]:
+    """The mean idle ratio verl declared for `side` over an imported run's per-step rows, and its key."""
+    values, key = [], None
+    for row in rows:
+        value, key_found = verl.declared({k.removeprefix("verl "): v for k, v in row.items()}, side)
+        if value is not None:
+            values.append(value)
+            key = key_found
+    return _mean(values), key
+
+
+def _trl_step_time(
+    rows: list[dict[str, Any]], doc: dict[str, Any], ours: float | None, tolerance: float
+) -> list[dict[str, Any]]:
+    """The trace's step time beside TRL's own, where an imported TRL run logged it in seconds."""
+    trl_times = [r["TRL step_time"] for r in rows if is_number(r.get("TRL step_time"))]
+    if not trl_times or (doc.get("run") or {}).get("time_unit") != "s":
+        return []
+    theirs = _mean(trl_times)
+    return [
+        {
+            "quantity": "step time (s)",
+            "rebuilt": ours,
+            "evidence": "phases (trace)",
+            "declared": theirs,
+            "declared_by": "TRL step_time",
+            "difference": ours - theirs if ours is not None else None,
+            "flagged": ours is not None and abs(ours - theirs) > tolerance * theirs,
+        }
+    ]
 
 
 def audit_records(

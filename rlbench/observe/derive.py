@@ -137,53 +137,16 @@ def to_trace(
         events.append(phase_event(ROLLOUT, p.t_start, p.t_end, step=p.step, source="observed"))
         for s in per_server:
             events.append(forward_event(DECODE, p.t_start, p.t_start, 0, caps[s], 0, step=p.step, worker=s))
-
-    def phase_of(t: float) -> Phase | None:
-        return next((p for p in found if p.t_start <= t <= p.t_end), None)
-
+    notes += _balancer_notes(per_server)
     implausible: set[int] = set()
     recorded, capped = 0, False
     for s, srows in per_server.items():
-        restarts = sum(1 for r in srows[1:] if r.get("restarted"))
-        if restarts >= 3 and restarts * 4 >= len(srows):  # a real restart is rare; this is every few scrapes
-            notes.append(
-                f"server {s}: its counters went backwards in {restarts} of {len(srows)} scrapes, which is "
-                "not restarts but one URL in front of several servers (a load balancer): its tokens/s and "
-                "requests are not one server's; observe each server's own metrics URL"
-            )
-
-    for s, srows in per_server.items():
         for a, b in zip(srows, srows[1:], strict=False):
-            p = phase_of((a["t"] + b["t"]) / 2)
+            mid = (a["t"] + b["t"]) / 2
+            p = next((p for p in found if p.t_start <= mid <= p.t_end), None)
             if p is None:
                 continue
-            mid = (a["t"] + b["t"]) / 2
-            halves = [
-                (max(t0, p.t_start), min(t1, p.t_end), row)
-                for t0, t1, row in ((a["t"], mid, a), (mid, b["t"], b))
-                if row["running"] > 0 and min(t1, p.t_end) > max(t0, p.t_start)
-            ]
-            # the interval's tokens go to its busy halves by slot-time, so none is lost at a phase edge
-            tokens = int(_growth(b, a, "generation_tokens"))
-            weights = [row["running"] * (t1 - t0) for t0, t1, row in halves]
-            shares = [int(tokens * w / sum(weights)) for w in weights]
-            if shares:
-                shares[-1] = tokens - sum(shares[:-1])
-            for (t0, t1, row), n in zip(halves, shares, strict=True):
-                events.append(
-                    forward_event(
-                        DECODE,
-                        t0,
-                        t1,
-                        int(row["running"]),
-                        caps[s],
-                        n,
-                        step=p.step,
-                        worker=s,
-                        waiting=row.get("waiting"),
-                        kv_usage=row.get("kv_usage"),
-                    )
-                )
+            events += _interval_forwards(a, b, p, caps[s], s)
             finished = int(min(_growth(b, a, "finished"), MAX_FINISHED_PER_SCRAPE + 1))
             if finished > MAX_FINISHED_PER_SCRAPE:
                 if s not in implausible:
@@ -199,27 +162,76 @@ def to_trace(
                     notes.append(f"more than {MAX_SEQUENCES:,} finished requests: later ones not recorded")
                 continue
             recorded += finished
-            lengths = _bucket_values(
-                b.get("response_hist"), None if b.get("restarted") else a.get("response_hist"), finished
-            )
-            prompts = _bucket_values(
-                b.get("prompt_hist"), None if b.get("restarted") else a.get("prompt_hist"), finished
-            )
-            for k in range(finished):
-                sid = f"s{s}-{b['t']:.3f}-{k}"
-                seq = sequence_event(
-                    sid, sid, 0, None, b["t"], "finished", step=p.step, worker=s, length_source="none"
-                )
-                if k < len(lengths):
-                    seq.update(
-                        response_tokens=int(lengths[k][0]),
-                        response_tokens_max=lengths[k][1],
-                        length_source="histogram",
-                    )
-                if k < len(prompts):
-                    seq["prompt_tokens"] = int(prompts[k][0])
-                events.append(seq)
+            events += _finished_requests(a, b, p.step, s, finished)
     return events, notes
+
+
+def _balancer_notes(per_server: dict[int, list[Row]]) -> list[str]:
+    """A note per server whose counters went backwards every few scrapes: a load balancer, not restarts."""
+    notes = []
+    for s, srows in per_server.items():
+        restarts = sum(1 for r in srows[1:] if r.get("restarted"))
+        if restarts >= 3 and restarts * 4 >= len(srows):  # a real restart is rare; this is every few scrapes
+            notes.append(
+                f"server {s}: its counters went backwards in {restarts} of {len(srows)} scrapes, which is "
+                "not restarts but one URL in front of several servers (a load balancer): its tokens/s and "
+                "requests are not one server's; observe each server's own metrics URL"
+            )
+    return notes
+
+
+def _interval_forwards(a: Row, b: Row, p: Phase, capacity: int, s: int) -> list[Row]:
+    """The decode steps of server `s` between two scrapes inside phase `p`: a half interval per scrape
+    with requests running, the interval's tokens given to its busy halves by slot-time, so none is lost at
+    a phase edge."""
+    mid = (a["t"] + b["t"]) / 2
+    halves = [
+        (max(t0, p.t_start), min(t1, p.t_end), row)
+        for t0, t1, row in ((a["t"], mid, a), (mid, b["t"], b))
+        if row["running"] > 0 and min(t1, p.t_end) > max(t0, p.t_start)
+    ]
+    tokens = int(_growth(b, a, "generation_tokens"))
+    weights = [row["running"] * (t1 - t0) for t0, t1, row in halves]
+    shares = [int(tokens * w / sum(weights)) for w in weights]
+    if shares:
+        shares[-1] = tokens - sum(shares[:-1])
+    return [
+        forward_event(
+            DECODE,
+            t0,
+            t1,
+            int(row["running"]),
+            capacity,
+            n,
+            step=p.step,
+            worker=s,
+            waiting=row.get("waiting"),
+            kv_usage=row.get("kv_usage"),
+        )  # fmt: skip
+        for (t0, t1, row), n in zip(halves, shares, strict=True)
+    ]
+
+
+def _finished_requests(a: Row, b: Row, step: int, s: int, finished: int) -> list[Row]:
+    """The `finished` requests server `s` completed between two scrapes, their lengths (and prompts')
+    drawn from the histograms' growth where the server exports them."""
+    since = None if b.get("restarted") else a
+    lengths = _bucket_values(b.get("response_hist"), since and since.get("response_hist"), finished)
+    prompts = _bucket_values(b.get("prompt_hist"), since and since.get("prompt_hist"), finished)
+    events = []
+    for k in range(finished):
+        sid = f"s{s}-{b['t']:.3f}-{k}"
+        seq = sequence_event(sid, sid, 0, None, b["t"], "finished", step=step, worker=s, length_source="none")
+        if k < len(lengths):
+            seq.update(
+                response_tokens=int(lengths[k][0]),
+                response_tokens_max=lengths[k][1],
+                length_source="histogram",
+            )
+        if k < len(prompts):
+            seq["prompt_tokens"] = int(prompts[k][0])
+        events.append(seq)
+    return events
 
 
 def server_stats(events: list[Row], rows: list[Row]) -> dict[str, Any]:

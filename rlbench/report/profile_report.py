@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_trainer.trace.records import read_json
-from reference_trainer.trace.schema import FORWARD_KINDS, ROLLOUT, UPDATE
+from reference_trainer.trace.schema import FORWARD_KINDS, HELDOUT, REWARD, ROLLOUT, SYNC, UPDATE
 from rlbench.observe.nvml import no_gpu_note
 from rlbench.report.engines import engine_section, multi_engine
 from rlbench.report.figures import (
@@ -97,30 +97,58 @@ PHASE_TIMES = ("timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/s
 MAX_BOXES = 100  # steps whose response lengths are drawn as boxes
 
 
+def _line(fig: Any, steps: list[Event], key: str, name: str, scale: float = 1.0) -> None:
+    """A per-step line of `key` (scaled), where any step has it."""
+    import plotly.graph_objects as go
+
+    ys = [None if s.get(key) is None else scale * s[key] for s in steps]
+    if any(y is not None for y in ys):
+        fig.add_trace(go.Scatter(x=[s["step"] for s in steps], y=ys, name=name, mode="lines+markers"))
+
+
 def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> list[tuple[str, list[Any]]]:
+    """The profile page's per-step sections: bubbles, time, throughput, speculation, learning, responses."""
+    x = [s["step"] for s in steps]
+    bubble = _fig("Bubble ratio and tail-time share per step", "step", "%")
+    _line(bubble, steps, "bubble_ratio", "bubble ratio (slots)", 100)
+    _line(bubble, steps, "bubble_ratio_gpu", "bubble ratio (GPU, NVML)", 100)
+    _line(bubble, steps, "tail_time_share", "tail time share", 100)
+    bubble.update_yaxes(range=[0, 100])
+    where = _time_figures(steps)
+    thr = _throughput_figure(steps)
+    for fig in (bubble, where[0], thr):
+        steps_axis(fig, x)
+    sections: list[tuple[str, list[Any]]] = [
+        ("Bubbles", [bubble]),
+        ("Where the time goes", where),
+        ("Throughput", [thr]),
+    ]
+    if any(s.get("acceptance_rate") is not None for s in steps):
+        acc = _fig("Speculative decoding per step", "step", "%")
+        _line(acc, steps, "acceptance_rate", "acceptance rate", 100)
+        _line(acc, steps, "draft_coverage", "draft coverage", 100)
+        steps_axis(acc, x)
+        sections.append(("Speculative decoding", [acc]))
+    else:
+        sections.append(("Speculative decoding", [note("No draft tokens in this run: acceptance is n/a.")]))
+    sections += _learning_sections(steps, heldout)
+    sections.append(("Responses", _response_figures(steps)))
+    return sections
+
+
+def _time_figures(steps: list[Event]) -> list[Any]:
+    """Time per step by phase, and the held-out evaluations before the steps where there are any."""
     import plotly.graph_objects as go
 
     x = [s["step"] for s in steps]
-
-    def line(fig: Any, key: str, name: str, scale: float = 1.0) -> None:
-        ys = [None if s.get(key) is None else scale * s[key] for s in steps]
-        if any(y is not None for y in ys):
-            fig.add_trace(go.Scatter(x=x, y=ys, name=name, mode="lines+markers"))
-
-    bubble = _fig("Bubble ratio and tail-time share per step", "step", "%")
-    line(bubble, "bubble_ratio", "bubble ratio (slots)", 100)
-    line(bubble, "bubble_ratio_gpu", "bubble ratio (GPU, NVML)", 100)
-    line(bubble, "tail_time_share", "tail time share", 100)
-    bubble.update_yaxes(range=[0, 100])
-
     split = _fig("Time per step by phase", "step", "seconds")
     # the rollout's part: what the update waited for (all of it, unless the rollout ran ahead beside it)
     waited = "trainer_wait_s" if any(s.get("trainer_wait_s") is not None for s in steps) else "timing_s/gen"
     for key, name in (
-        (waited, "rollout"),
-        ("timing_s/reward", "reward"),
-        ("timing_s/update", "update"),
-        ("timing_s/sync", "sync"),
+        (waited, ROLLOUT),
+        ("timing_s/reward", REWARD),
+        ("timing_s/update", UPDATE),
+        ("timing_s/sync", SYNC),
     ):
         split.add_trace(
             go.Bar(x=x, y=[s.get(key) or 0.0 for s in steps], name=name, marker_color=PHASE_COLOURS[name])
@@ -133,53 +161,42 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
     split.update_layout(barmode="stack", legend_traceorder="normal")
     # The held-out evaluation runs before a step, outside it: shown apart so it does not dwarf the phases.
     heldout_s = [s.get("timing_s/heldout") or 0.0 for s in steps]
-    where = [split]
-    if any(heldout_s):
-        evaluation = _fig(
-            "Held-out evaluation time before each step (outside the step time)", "step", "seconds"
-        )
-        evaluation.add_trace(
-            go.Bar(x=x, y=heldout_s, name="held-out evaluation", marker_color=PHASE_COLOURS["heldout"])
-        )
-        steps_axis(evaluation, x)
-        where.append(evaluation)
+    if not any(heldout_s):
+        return [split]
+    evaluation = _fig("Held-out evaluation time before each step (outside the step time)", "step", "seconds")
+    evaluation.add_trace(
+        go.Bar(x=x, y=heldout_s, name="held-out evaluation", marker_color=PHASE_COLOURS[HELDOUT])
+    )
+    steps_axis(evaluation, x)
+    return [split, evaluation]
+
+
+def _throughput_figure(steps: list[Event]) -> Any:
+    import plotly.graph_objects as go
 
     thr = _fig("Rollout throughput per step: tokens per rollout-second", "step", "tokens/s")
-    line(thr, "rollout_tokens_per_s", GENERATED_LABEL)
+    _line(thr, steps, "rollout_tokens_per_s", GENERATED_LABEL)
     trained = [trained_per_rollout_s(s) for s in steps]
     if any(t is not None for t in trained):  # dashed over the generated line (equal when all is trained)
-        thr.add_trace(
-            go.Scatter(
-                x=x, y=trained, name=TRAINED_LABEL, mode="lines+markers", line={"dash": "dash", "width": 3}
-            )
-        )
+        dashed = {"dash": "dash", "width": 3}
+        x = [s["step"] for s in steps]
+        thr.add_trace(go.Scatter(x=x, y=trained, name=TRAINED_LABEL, mode="lines+markers", line=dashed))
         thr.update_layout(legend_traceorder="reversed")  # the trained one first
+    return thr
 
-    for fig in (bubble, split, thr):
-        steps_axis(fig, x)
-    sections: list[tuple[str, list[Any]]] = [
-        ("Bubbles", [bubble]),
-        ("Where the time goes", where),
-        ("Throughput", [thr]),
-    ]
-    if any(s.get("acceptance_rate") is not None for s in steps):
-        acc = _fig("Speculative decoding per step", "step", "%")
-        line(acc, "acceptance_rate", "acceptance rate", 100)
-        line(acc, "draft_coverage", "draft coverage", 100)
-        steps_axis(acc, x)
-        sections.append(("Speculative decoding", [acc]))
-    else:
-        sections.append(("Speculative decoding", [note("No draft tokens in this run: acceptance is n/a.")]))
 
+def _learning_sections(steps: list[Event], heldout: dict[str, Any] | None) -> list[tuple[str, list[Any]]]:
+    """Reward and accuracy per step (beside the held-out curve), and the held-out evaluations' table."""
+    sections: list[tuple[str, list[Any]]] = []
     if any(s.get("reward_mean") is not None or s.get("accuracy") is not None for s in steps):
         rew = _fig("Reward and accuracy per step", "step", "")
-        line(rew, "reward_mean", "reward mean")
-        line(rew, "accuracy", "accuracy")
+        _line(rew, steps, "reward_mean", "reward mean")
+        _line(rew, steps, "accuracy", "accuracy")
         # without a format reward the two are equal: draw accuracy dashed over reward so both stay visible
         rew.update_traces(
             selector={"name": "accuracy"}, line={"dash": "dash", "width": 3}, marker={"symbol": "x"}
         )
-        steps_axis(rew, x)
+        steps_axis(rew, [s["step"] for s in steps])
         learning = [rew, learning_figure(steps, heldout)] if heldout else [rew]
         sections.append(("Learning", learning))
     if rows := heldout_rows(steps, heldout):
@@ -188,21 +205,23 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
             "problems before the step it precedes (outside the step time), and last of the final policy.</p>"
         )
         sections.append(("Held-out evaluations", [table(rows), why]))
+    return sections
+
+
+def _response_figures(steps: list[Event]) -> list[Any]:
+    """Each update batch's response lengths, and the consumed tokens' staleness."""
+    import plotly.graph_objects as go
 
     boxed = [s for s in steps if s.get("update_batch_lengths")]
     every = max(1, math.ceil(len(boxed) / MAX_BOXES))  # a box per step: a long run's page stays small
     shown = "" if every == 1 else f" (one step in {every} of {len(boxed):,})"
     lens = _fig(f"Response lengths of each update batch{shown}", "step", "tokens")
     for s in boxed[::every]:
-        lens.add_trace(
-            go.Box(
-                y=s["update_batch_lengths"],
-                name=str(s["step"]),
-                showlegend=False,
-                boxpoints=False,
-                marker_color=PALETTE[0],
-            )
+        lengths = s["update_batch_lengths"]
+        box = go.Box(
+            y=lengths, name=str(s["step"]), showlegend=False, boxpoints=False, marker_color=PALETTE[0]
         )
+        lens.add_trace(box)
     lens.update_xaxes(type="category")
     parts: list[Any] = [lens] if lens.data else [note("No finished sequences in the trace.")]
     hist: dict[int, int] = {}
@@ -215,8 +234,7 @@ def step_figures(steps: list[Event], heldout: dict[str, Any] | None = None) -> l
         parts.append(st)
     elif hist:
         parts.append(note(f"All {sum(hist.values())} consumed tokens are on-policy (staleness 0)."))
-    sections.append(("Responses", parts))
-    return sections
+    return parts
 
 
 # NVML fields plotted, one figure each: (sample key, title, y-axis label, scale).
