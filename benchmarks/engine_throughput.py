@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import resolve_model
+from benchmarks.common import hf_generate, resolve_model
 from reference_trainer.engine.config import ATTENTION, EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.model.loader import load_model
@@ -82,26 +82,10 @@ def run_transformers(path: Path, prompts: list[list[int]], max_tokens: int, eos:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])  # left padding for batched generate
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     torch.manual_seed(0)
     start = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max_tokens,
-            min_new_tokens=0 if eos else max_tokens,
-            eos_token_id=CharTokenizer().eos_id,
-            pad_token_id=0,
-        )
+    generated = hf_generate(model, prompts, max_tokens, CharTokenizer().eos_id, eos)
     elapsed = time.perf_counter() - start
-    generated = out[:, width:]
     if not eos:
         assert generated.shape[1] == max_tokens
         return len(prompts) * max_tokens / elapsed

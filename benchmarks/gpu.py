@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import resolve_model
+from benchmarks.common import hf_generate, resolve_model
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.model.attention import IMPLEMENTATIONS, resolve_attention
@@ -106,23 +106,7 @@ def engine_run(engine: Engine, prompts: list[list[int]], max_tokens: int, eos: l
 
 
 def hf_run(model, prompts: list[list[int]], max_tokens: int, eos: list[int]) -> int:
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device="cuda")
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max_tokens,
-            min_new_tokens=0 if eos else max_tokens,
-            eos_token_id=eos[0] if eos else None,
-            pad_token_id=0,
-        )
-    generated = out[:, width:]
+    generated = hf_generate(model, prompts, max_tokens, eos[0] if eos else None, bool(eos))
     if not eos:
         return generated.numel()
     hit = generated == eos[0]

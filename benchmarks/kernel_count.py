@@ -241,14 +241,7 @@ def decode_step_counts(
 ) -> dict[str, Any]:
     """Kernels of one decode step at `batch` rows, each row 32 tokens into its sequence."""
     with counted_engine(batch, shape, device, layout) as (engine, counter):
-        static = StaticForward(
-            engine.model,
-            engine.slots,
-            engine.config.max_verify_tokens,
-            False,
-            attention,
-            sampling=engine.sampling,
-        )  # fmt: skip (as the runner builds it on CUDA)
+        static = StaticForward.eager(engine, attention)
         engine.runner.static = static
         forward = static._forward
 

@@ -17,7 +17,16 @@ from pathlib import Path
 
 import torch
 
-from faults.fault_inputs import TINY_RUN, Check, Outcome, cli, one_line, write_suite, write_tiny_model
+from faults.fault_inputs import (
+    TINY_RUN,
+    TINY_SIMULATION,
+    Check,
+    Outcome,
+    cli,
+    one_line,
+    write_suite,
+    write_tiny_model,
+)
 
 Setup = Callable[[Path], tuple[tuple[str, ...], str, list[Path]]]  # d -> (command, must say, protected)
 
@@ -67,18 +76,7 @@ def run_command(command: str, model: Path, data: Path, out: str) -> tuple[str, .
         ),  # fmt: skip
         "eval": eval_args(model, data, "--out", out),
         "observe": ("observe", "127.0.0.1:9", "--duration", "1", "--out", out),
-        "simulate": (
-            "simulate",
-            "--synthetic",
-            "--workers",
-            "1",
-            "--steps",
-            "1",
-            "--prompts",
-            "2",
-            "--out",
-            out,
-        ),
+        "simulate": ("simulate", *TINY_SIMULATION, "--out", out),
     }[command]
 
 
@@ -152,7 +150,8 @@ def _json_edit(path: Path, change: Callable[[dict], object]) -> None:
     path.write_text(json.dumps(doc))
 
 
-def _weights(path: Path, dtype: torch.dtype, poison: float | None = None) -> None:
+def recast(path: Path, dtype: torch.dtype, poison: float | None = None) -> None:
+    """Rewrite a checkpoint's MLP weight in `dtype`, its first entry `poison` when given."""
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(path))
@@ -189,10 +188,10 @@ CHECKPOINT_DAMAGE: list[tuple[str, Callable[[Path], object], str]] = [
      lambda c: (c / "trainer" / "optimizer.json").write_text('{"param_groups": 5}'), "optimizer.json"),
     ("optimizer.json a list", lambda c: (c / "trainer" / "optimizer.json").write_text("[]"),
      "optimizer.json"),
-    ("int8 weights", lambda c: _weights(c / "model.safetensors", torch.int8), "is I8, not floating point"),
-    ("bool weights", lambda c: _weights(c / "model.safetensors", torch.bool), "is BOOL"),
-    ("I32 weights", lambda c: _weights(c / "model.safetensors", torch.int32), "is I32"),
-    ("a NaN weight", lambda c: _weights(c / "model.safetensors", torch.float32, float("nan")), "NaN or inf"),
+    ("int8 weights", lambda c: recast(c / "model.safetensors", torch.int8), "is I8, not floating point"),
+    ("bool weights", lambda c: recast(c / "model.safetensors", torch.bool), "is BOOL"),
+    ("I32 weights", lambda c: recast(c / "model.safetensors", torch.int32), "is I32"),
+    ("a NaN weight", lambda c: recast(c / "model.safetensors", torch.float32, float("nan")), "NaN or inf"),
     ("latest not UTF-8", lambda c: (c.parent / "latest").write_bytes(b"\xff\xfe\n"), "latest"),
     ("latest a path out of the run", lambda c: (c.parent / "latest").write_text("../../../etc\n"), "latest"),
 ]  # fmt: skip
@@ -210,7 +209,7 @@ def damaged_checkpoint(finished_run: Path, damage: Callable[[Path], object], tex
 def bad_weights(dtype: torch.dtype, poison: float | None, command: str, text: str) -> Setup:
     def setup(d: Path) -> tuple[tuple[str, ...], str, list[Path]]:
         model, data = write_tiny_model(d / "model"), write_suite(d / "data")
-        _weights(model / "model.safetensors", dtype, poison)
+        recast(model / "model.safetensors", dtype, poison)
         if command == "generate":
             return ("generate", "--model", str(model), "--prompt", "x", "--max-tokens", "2"), text, []
         return eval_args(model, data, "--out", "ev"), text, []

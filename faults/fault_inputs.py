@@ -101,6 +101,17 @@ def write_tiny_model(path: Path, vocab: int | None = None) -> Path:
     return path
 
 
+def damage(path: Path, how: str) -> None:
+    """Remove the file at `path` ("deleted"), or put in its place a folder, a FIFO or a link to /dev/zero."""
+    path.unlink()
+    if how == "folder":
+        path.mkdir()
+    elif how == "fifo":
+        os.mkfifo(path)
+    elif how == "dev-zero":
+        path.symlink_to("/dev/zero")
+
+
 def write_suite(data: Path, rows: int = 3, name: str = "amc23.jsonl") -> Path:
     data.mkdir(parents=True, exist_ok=True)
     lines = [{"id": f"p{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(rows)]
@@ -109,6 +120,8 @@ def write_suite(data: Path, rows: int = 3, name: str = "amc23.jsonl") -> Path:
 
 
 TINY_RUN = ("--prompts-per-step", "1", "--group-size", "2", "--max-tokens", "4", "--eval-every", "0")
+# A simulation that takes a moment: one step of a small synthetic workload on one worker.
+TINY_SIMULATION = ("--synthetic", "--workers", "1", "--steps", "1", "--prompts", "2")
 
 # ---- option fuzz: shared with tests/test_option_fuzz.py -------------------------------------------------
 
@@ -139,17 +152,7 @@ def fuzz_base_args(model: str, data: Path) -> dict[str, tuple[str, ...]]:
         "profile": (*run, "--steps", "1"),
         "compare": (*run, "--steps", "1", "--modes", "baseline"),
         "observe": ("127.0.0.1:9", "--duration", "1"),
-        "simulate": (
-            "--synthetic",
-            "--workers",
-            "1",
-            "--steps",
-            "1",
-            "--prompts",
-            "2",
-            "--modes",
-            "baseline",
-        ),
+        "simulate": (*TINY_SIMULATION, "--modes", "baseline"),
         "eval": ("--suite", "amc23", "--data-dir", str(data), "--model", model, "--max-tokens", "2"),
         "generate": ("--model", model, "--prompt", "x", "--max-tokens", "2"),
         "embedded build": (),

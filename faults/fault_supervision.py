@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from faults.fault_inputs import Check, Outcome, write_tiny_model
+from faults.fault_inputs import damage as damage_file
 from faults.fault_runs import ROOT
 
 DEADLINE_S = 180.0
@@ -123,14 +124,7 @@ def resume_without_history(damage: str) -> Check:
         if _finish(proc)[0] != 0:
             return Outcome(False, "the first run failed", failure="wrong")
         latest = sorted((d / "run" / "checkpoints").glob("step-*"))[-1]
-        history = latest / "trainer" / "rollout_history.safetensors"
-        history.unlink()
-        if damage == "folder":
-            history.mkdir()
-        elif damage == "fifo":
-            os.mkfifo(history)
-        elif damage == "dev-zero":
-            history.symlink_to("/dev/zero")
+        damage_file(latest / "trainer" / "rollout_history.safetensors", damage)
         proc = _start(d, "train", "--resume", "run", "--steps", "4")
         code, err = _finish(proc)
         return _judge(

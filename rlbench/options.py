@@ -183,36 +183,47 @@ class RunOptions:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, **overrides}
 
 
-def with_run_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a Typer command whose signature has a `run: RunOptions` parameter: in the signature Typer
-    reads, that parameter becomes one option per RunOptions field (in its place, so --help keeps the order),
-    and the command is called with the collected values as one RunOptions."""
-    hints = get_type_hints(RunOptions, include_extras=True)  # the Annotated types, not bare str/int
-    shared = [
-        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name], default=f.default)
-        for f in fields(RunOptions)
-    ]
-    own = inspect.signature(func, eval_str=True).parameters
-    if "run" not in own:
-        raise TypeError(f"{func.__name__} has no `run: RunOptions` parameter")
-    params: list[inspect.Parameter] = []
-    # Typer calls commands with keyword arguments only, so every parameter can be keyword-only; that lets the
-    # shared ones sit anywhere without breaking the positional-before-keyword rule of a Signature.
-    for p in own.values():
-        if p.name == "run":
-            params.extend(shared)
-        else:
-            params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+def with_options(record: type, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a Typer command whose signature has a `NAME: RECORD` parameter (RECORD a dataclass of
+    Annotated options): in the signature Typer reads, that parameter becomes one option per field (in its
+    place, so --help keeps the order), and the command is called with the collected values as one record."""
 
-    @functools.wraps(func)
-    def command(**kwargs: Any) -> Any:
-        run = RunOptions(**{f.name: kwargs.pop(f.name) for f in fields(RunOptions)})
-        return func(run=run, **kwargs)
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        hints = get_type_hints(record, include_extras=True)  # the Annotated types, not bare str/int
+        shared = [
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name], default=f.default
+            )
+            for f in fields(record)
+        ]
+        own = inspect.signature(func, eval_str=True).parameters
+        if name not in own:
+            raise TypeError(f"{func.__name__} has no `{name}: {record.__name__}` parameter")
+        params: list[inspect.Parameter] = []
+        # Typer calls commands with keyword arguments only, so every parameter can be keyword-only; that lets
+        # the shared ones sit anywhere without breaking the positional-before-keyword rule of a Signature.
+        for p in own.values():
+            if p.name == name:
+                params.extend(shared)
+            else:
+                params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
 
-    # Typer reads __signature__ and resolves hints from __annotations__: both describe the expanded command.
-    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in params}
-    return command
+        @functools.wraps(func)
+        def command(**kwargs: Any) -> Any:
+            values = record(**{f.name: kwargs.pop(f.name) for f in fields(record)})
+            return func(**{name: values}, **kwargs)
+
+        # Typer reads __signature__ and resolves hints from __annotations__: both describe the expanded
+        # command.
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate
+
+
+# A command's `run: RunOptions`, expanded into the shared run options.
+with_run_options = with_options(RunOptions, "run")
 
 
 def numeric_options(app: typer.Typer) -> list[tuple[tuple[str, ...], str, type]]:

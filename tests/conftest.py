@@ -219,6 +219,27 @@ def grade_as_pool(response: str, gold: str, problem: str = ""):  # -> GradeResul
     return result
 
 
+HOLD = """
+import sys, time
+from reference_trainer.trace.locks import run_lock
+with run_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.fixture
+def held(tmp_path):
+    """A run directory another process holds (as a running train or eval would): (its path, the pid)."""
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"
+    yield run, holder.pid
+    holder.kill()
+    holder.wait()
+
+
 def peaked_model():  # type: ignore[no-untyped-def]
     """A tiny DecoderLM, peaked (low-entropy) like a trained one so drafts get accepted, with EOS as likely
     as a common token so lengths vary: the speculative and lookahead tests' model."""

@@ -99,14 +99,7 @@ def static_engine(model_dir: Path, mode: str, attention: str = "matmul") -> Trai
     parts = assemble(config)
     engine = parts.engine
     assert isinstance(engine, Engine)
-    engine.runner.static = StaticForward(
-        engine.model,
-        engine.slots,
-        engine.config.max_verify_tokens,
-        False,
-        attention,
-        sampling=engine.sampling,
-    )
+    engine.runner.static = StaticForward.eager(engine, attention)
     return Trainer(config, model_dir.parent / f"run-{mode}", parts=parts)
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 from test_trainer import tiny_config
 
+from faults.fault_inputs import damage as damage_file
 from reference_trainer.errors import UserError
 from reference_trainer.rollout import ring as ring_module
 from reference_trainer.rollout.ahead import check_history
@@ -157,14 +158,7 @@ def test_a_resume_with_a_damaged_history_is_one_line(tiny_model_dir, tmp_path, d
         trainer.run()
     finally:
         trainer.close()
-    history = latest_checkpoint(tmp_path / "checkpoints") / "trainer" / HISTORY
-    history.unlink()
-    if damage == "folder":
-        history.mkdir()
-    elif damage == "fifo":
-        os.mkfifo(history)
-    elif damage == "dev-zero":
-        history.symlink_to("/dev/zero")
+    damage_file(latest_checkpoint(tmp_path / "checkpoints") / "trainer" / HISTORY, damage)
     config.steps = 4
     with pytest.raises(UserError) as err:
         Trainer(config, tmp_path, resume=True).close()

@@ -10,7 +10,8 @@ import shutil
 import pytest
 import torch
 from conftest import assert_one_line_error, cli
-from safetensors.torch import load_file, save_file
+
+from faults.fault_hostile import recast as weights_as
 
 TINY = ("--prompts-per-step", "1", "--group-size", "2", "--max-tokens", "4", "--eval-every", "0")
 
@@ -33,15 +34,6 @@ def edit_json(path, change):
     doc = json.loads(path.read_text())
     change(doc)
     path.write_text(json.dumps(doc))
-
-
-def weights_as(path, dtype, poison=None):
-    tensors = load_file(str(path))
-    name = "model.layers.0.mlp.up_proj.weight"
-    tensors[name] = tensors[name].to(dtype)
-    if poison is not None:
-        tensors[name][0, 0] = poison
-    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 DAMAGE = {

@@ -30,27 +30,6 @@ def tiny_suite(data: Path) -> Path:
     return data
 
 
-HOLD = """
-import sys, time
-from reference_trainer.trace.locks import run_lock
-with run_lock(sys.argv[1]):
-    print("held", flush=True)
-    time.sleep(120)
-"""
-
-
-@pytest.fixture
-def held(tmp_path):
-    """A run directory another process holds (as a running train or eval would)."""
-    run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True,
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    assert holder.stdout.readline().strip() == "held"
-    yield run, holder.pid
-    holder.kill()
-    holder.wait()
-
-
 def test_a_second_writer_of_a_run_directory_is_refused(held, tiny_model_dir, tmp_path):
     run, pid = held
     data = tiny_suite(tmp_path / "data")

@@ -5,20 +5,9 @@ not replaced without --overwrite, and two simulations or reproductions never wri
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT, assert_one_line_error, cli
-
-HOLD = """
-import sys, time
-from reference_trainer.trace.locks import run_lock
-with run_lock(sys.argv[1]):
-    print("held", flush=True)
-    time.sleep(120)
-"""
+from conftest import assert_one_line_error, cli
 
 
 def tiny_run(model) -> tuple[str, ...]:
@@ -105,17 +94,6 @@ def test_compare_refuses_a_finished_comparison_before_any_mode_runs(tiny_model_d
     res = cli("compare", "--modes", "sorted", *tiny_run(tiny_model_dir), "--out", "cmp", tmp=tmp_path)
     assert_one_line_error(res, "cmp already holds a comparison: pass --overwrite")
     assert sorted(p.name for p in (tmp_path / "cmp").iterdir()) == [".rlbench.lock", "compare.json"]
-
-
-@pytest.fixture
-def held(tmp_path):
-    run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True,
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    assert holder.stdout.readline().strip() == "held"
-    yield run, holder.pid
-    holder.kill()
-    holder.wait()
 
 
 def test_observe_simulate_and_reproduce_are_refused_beside_a_running_writer(held, tmp_path):

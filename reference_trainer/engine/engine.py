@@ -103,14 +103,8 @@ class Engine(RequestBook):
         max_len = min(config.max_model_len, model.config.max_position_embeddings)
         self._init_book(config, max_len, eos_token_ids, tokenizer, trace)
         graphs = config.cuda_graphs and device.type == "cuda"  # the pool they are captured over stays put
-        self.slots = SlotManager(
-            model.config,
-            config.max_num_seqs,
-            max_len + config.max_verify_tokens,
-            device,
-            dtype,
-            preallocate=graphs,
-        )
+        rows = max_len + config.max_verify_tokens
+        self.slots = SlotManager(model.config, config.max_num_seqs, rows, device, dtype, preallocate=graphs)
         self.scheduler = Scheduler(self.slots, config.max_prefill_tokens)
         self.sampling = SlotParams(config.max_num_seqs, device)  # per slot, on the device
         self.host_clock = HostClock()  # the host's CPU seconds by part (hostclock.py); the rollout reads it

@@ -32,6 +32,8 @@ engine's own-shape forward, and on CUDA what graphs are compared with.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from reference_trainer.engine.kv_cache import SlotManager
@@ -90,6 +92,13 @@ class StaticForward:
         # run since: what tests/test_static_forward.py holds to "nothing is captured inside a timed step".
         self.prepared: set[Shape] = set()
         self.ran: set[Shape] = set()
+
+    @classmethod
+    def eager(cls, engine: Any, attention: str) -> StaticForward:
+        """An engine's static-shape forward as the runner builds it on CUDA, run eagerly (no capture): the
+        shapes a GPU replays, on any device."""
+        width = engine.config.max_verify_tokens
+        return cls(engine.model, engine.slots, width, False, attention, sampling=engine.sampling)
 
     @property
     def limit(self) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
-from reference_trainer.engine.sequence import Request, Sequence
+from reference_trainer.engine.sequence import OnFinish, Params, Request, Sequence
 from reference_trainer.trace.writer import Trace
 
 
@@ -71,10 +71,7 @@ class RequestEngine(RolloutEngine, Protocol):
         ...
 
     def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams | list[SamplingParams] | None = None,
-        on_finish: Callable[[int, Sequence], None] | None = None,
+        self, prompts: list[list[int]], params: Params = None, on_finish: OnFinish = None
     ) -> list[Sequence]:
         """Run prompts to completion; their sequences in input order. `on_finish(i, seq)` as each one
         finishes (i: its index in `prompts`)."""

@@ -8,11 +8,11 @@ KV slot and its key and tells its speculation hook; the vLLM engine aborts the r
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
-from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus
+from reference_trainer.engine.sequence import OnFinish, Params, Request, Sequence, SequenceStatus
 from reference_trainer.trace.writer import Trace
 
 STOP_TAIL_TOKENS = 64  # stop strings are searched in the decoded text of this many last response tokens
@@ -151,10 +151,7 @@ class RequestBook:
         self._release(seq)
 
     def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams | list[SamplingParams] | None = None,
-        on_finish: Callable[[int, Sequence], None] | None = None,
+        self, prompts: list[list[int]], params: Params = None, on_finish: OnFinish = None
     ) -> list[Sequence]:
         """Run prompts to completion; returns their sequences in input order. `on_finish(i, seq)` is called
         as each one finishes (i: its index in `prompts`), so a caller can save work as it completes."""

@@ -4,6 +4,7 @@ engine)."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,3 +156,9 @@ class Sequence:
             drafted=self.drafted,
             accepted=self.accepted,
         )
+
+
+# `generate`'s arguments (engine/protocol.py): one sampling for every prompt, or one each (None: the default);
+# and the callback told of each sequence as it finishes, with its prompt's index.
+Params = SamplingParams | list[SamplingParams] | None
+OnFinish = Callable[[int, Sequence], None] | None

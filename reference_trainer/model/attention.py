@@ -255,18 +255,7 @@ def write_and_attend(
         keys, values = (c.view(kv_heads, -1, dim)[None].to(q.dtype) for c in (k_cache, v_cache))
         out = flex.attend(_fold(q, kv_heads), keys, values, batch.flex_mask(heads // kv_heads))
         return _unfold(out, num_q)
-    if batch.paged:
-        keys, values = (batch.gather(pool, i).to(q.dtype) for i, pool in enumerate((k_cache, v_cache)))
-        batch_first = False
-    elif batch.slot_range is not None:
-        lo, hi = batch.slot_range
-        keys, values = k_cache[lo:hi, :, : batch.key_len], v_cache[lo:hi, :, : batch.key_len]
-        batch_first = True
-    else:  # slice before gathering: copy only the positions attended to, not whole slots
-        keys = k_cache[:, :, : batch.key_len].index_select(0, batch.slots)
-        values = v_cache[:, :, : batch.key_len].index_select(0, batch.slots)
-        batch_first = True
-    keys, values = keys.to(q.dtype), values.to(q.dtype)  # [B, Hkv, K, D] (slots) or [Hkv, B, K, D] (paged)
+    keys, values, batch_first = _read_cache(k_cache, v_cache, batch, q.dtype)
     if num_q > SMALL_Q:  # prefill: SDPA's fused kernel wins
         keys, values = (keys, values) if batch_first else (keys.transpose(0, 1), values.transpose(0, 1))
         out = F.scaled_dot_product_attention(
@@ -293,6 +282,23 @@ def write_and_attend(
     scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * dim**-0.5 + bias
     out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)  # [.., .., g*Q, D]
     return _unfold(out if batch_first else out.transpose(0, 1), num_q)
+
+
+def _read_cache(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, batch: CachedBatch, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The rows' cached keys and values in `dtype`, and whether they are batch first: [B, Hkv, K, D]
+    (slots) or [Hkv, B, K, D] (paged)."""
+    if batch.paged:
+        keys, values = (batch.gather(pool, i) for i, pool in enumerate((k_cache, v_cache)))
+        return keys.to(dtype), values.to(dtype), False
+    if batch.slot_range is not None:
+        lo, hi = batch.slot_range
+        keys, values = k_cache[lo:hi, :, : batch.key_len], v_cache[lo:hi, :, : batch.key_len]
+    else:  # slice before gathering: copy only the positions attended to, not whole slots
+        keys = k_cache[:, :, : batch.key_len].index_select(0, batch.slots)
+        values = v_cache[:, :, : batch.key_len].index_select(0, batch.slots)
+    return keys.to(dtype), values.to(dtype), True
 
 
 def _write(

@@ -141,16 +141,7 @@ def policy_loss(
         kl_ref = k3_kl(logprobs, ref_logprobs)
         per_token = per_token + kl_coef * kl_ref
 
-    per_token = per_token * mask_f
-    if aggregation == "token-mean":
-        denom = num_tokens if num_tokens is not None else mask_f.sum().clamp(min=1.0)
-        loss = per_token.sum() / denom
-    elif aggregation == "seq-mean":
-        seq_means = per_token.sum(1) / mask_f.sum(1).clamp(min=1.0)
-        loss = seq_means.sum() / (num_seqs if num_seqs is not None else max(mask.shape[0], 1))
-    else:
-        raise ValueError(f"aggregation must be 'token-mean' or 'seq-mean', got {aggregation!r}")
-
+    loss = _aggregate(per_token * mask_f, mask_f, aggregation, num_tokens, num_seqs)
     with torch.no_grad():
         n = mask_f.sum().clamp(min=1.0)
         stats = {
@@ -161,6 +152,23 @@ def policy_loss(
         if kl_ref is not None:
             stats["kl_ref"] = (kl_ref * mask_f).sum() / n
     return loss, stats
+
+
+def _aggregate(
+    per_token: Tensor,
+    mask_f: Tensor,
+    aggregation: Aggregation,
+    num_tokens: float | None,
+    num_seqs: float | None,
+) -> Tensor:
+    """The masked per-token losses as one loss, by `aggregation` (policy_loss says how)."""
+    if aggregation == "token-mean":
+        denom = num_tokens if num_tokens is not None else mask_f.sum().clamp(min=1.0)
+        return per_token.sum() / denom
+    if aggregation == "seq-mean":
+        seq_means = per_token.sum(1) / mask_f.sum(1).clamp(min=1.0)
+        return seq_means.sum() / (num_seqs if num_seqs is not None else max(mask_f.shape[0], 1))
+    raise ValueError(f"aggregation must be 'token-mean' or 'seq-mean', got {aggregation!r}")
 
 
 def tis_weights(old_logprobs: Tensor, sampling_logprobs: Tensor, cap: float, mask: Tensor) -> Tensor:

@@ -3,12 +3,13 @@ run folder (trace.jsonl, metrics.json, report.html) with what each mode would bu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from rlbench.options import OutDir, SimGpu, SimModelSize
+from rlbench.options import OutDir, SimGpu, SimModelSize, with_options
 
 Slots = Annotated[
     int | None,
@@ -31,16 +32,27 @@ Workers = Annotated[
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an imported run already in --out.")]
 
 
-def _config(out: Path, slots: int | None, workers: str | None, gpu: str, model_size: str,
-            overwrite: bool, inputs: tuple[Path | None, ...]):  # fmt: skip
+@dataclass(frozen=True)
+class ImportOptions:
+    """The options every `rlbench import` command takes."""
+
+    slots: Slots = None
+    workers: Workers = None
+    gpu: SimGpu = "h100"
+    model_size: SimModelSize = "7b"
+    overwrite: Overwrite = False
+
+
+def _config(out: Path, o: ImportOptions, inputs: tuple[Path | None, ...]):
     """The checked ImportConfig (-> ImportConfig), after the new-run rule for --out (rlbench/rundirs.py)."""
     from rlbench.integrations.imports import ImportConfig
     from rlbench.rundirs import check_run_dir
     from rlbench.simulate.config import parse_worker_counts
 
-    counts = parse_worker_counts(workers) if workers is not None else None  # the simulator's --workers rule
-    cfg = ImportConfig(out=out, slots=slots, workers=counts, gpu=gpu, model_size=model_size).check()
-    check_run_dir(out, "import", overwrite, tuple(p for p in inputs if p is not None))
+    # the simulator's --workers rule
+    counts = parse_worker_counts(o.workers) if o.workers is not None else None
+    cfg = ImportConfig(out=out, slots=o.slots, workers=counts, gpu=o.gpu, model_size=o.model_size).check()
+    check_run_dir(out, "import", o.overwrite, tuple(p for p in inputs if p is not None))
     return cfg
 
 
@@ -72,25 +84,24 @@ def _say(doc: dict, out: Path) -> None:
     typer.echo(f"report: {out / 'report.html'}")
 
 
+@with_options(ImportOptions, "opts")
 def lengths_command(
     file: Annotated[
         Path, typer.Argument(help="Length log JSONL: step, group, response_tokens [, prompt_tokens, worker].")
     ],
     out: OutDir = Path("runs/import-lengths"),
-    slots: Slots = None,
-    workers: Workers = None,
-    gpu: SimGpu = "h100",
-    model_size: SimModelSize = "7b",
-    overwrite: Overwrite = False,
+    *,
+    opts: ImportOptions,
 ) -> None:
     """A per-step, per-group length log (from any framework) as an rlbench run: the synchronous baseline's
     bubble at --slots per worker, the within/between-group length variance, and what sorted,
     sorted-partial and histopipe would buy (a replay through the simulator, not a measurement)."""
     from rlbench.integrations.imports import import_lengths
 
-    _say(import_lengths(file, _config(out, slots, workers, gpu, model_size, overwrite, (file,))), out)
+    _say(import_lengths(file, _config(out, opts, (file,))), out)
 
 
+@with_options(ImportOptions, "opts")
 def verl_command(
     file: Annotated[Path, typer.Argument(help="verl's file-logger JSONL ({project}/{experiment}.jsonl).")],
     out: OutDir = Path("runs/import-verl"),
@@ -100,20 +111,18 @@ def verl_command(
     tokenizer: Annotated[
         Path | None, typer.Option("--tokenizer", help="The run's tokenizer directory (with --rollout-dir).")
     ] = None,
-    slots: Slots = None,
-    workers: Workers = None,
-    gpu: SimGpu = "h100",
-    model_size: SimModelSize = "7b",
-    overwrite: Overwrite = False,
+    *,
+    opts: ImportOptions,
 ) -> None:
     """A verl run's file log as an rlbench run: per-step phases and rollout share, the bubble (rebuilt from
     per-sample lengths with --rollout-dir, else a stated estimate), verl's own utilisation figures beside."""
     from rlbench.integrations.imports import import_verl
 
-    cfg = _config(out, slots, workers, gpu, model_size, overwrite, (file, rollout_dir, tokenizer))
+    cfg = _config(out, opts, (file, rollout_dir, tokenizer))
     _say(import_verl(file, rollout_dir, tokenizer, cfg), out)
 
 
+@with_options(ImportOptions, "opts")
 def trl_command(
     output_dir: Annotated[Path, typer.Argument(help="TRL's output_dir (run with log_completions=True).")],
     out: OutDir = Path("runs/import-trl"),
@@ -123,15 +132,12 @@ def trl_command(
             "--tokenizer", help="The run's tokenizer directory, where the length probe was not used."
         ),
     ] = None,
-    slots: Slots = None,
-    workers: Workers = None,
-    gpu: SimGpu = "h100",
-    model_size: SimModelSize = "7b",
-    overwrite: Overwrite = False,
+    *,
+    opts: ImportOptions,
 ) -> None:
     """A finished TRL GRPOTrainer run as an rlbench run, from its completions parquet files (lengths per
     sample) and trainer_state.json (TRL's step times): the bubble in decode steps, the what-if."""
     from rlbench.integrations.imports import import_trl
 
-    cfg = _config(out, slots, workers, gpu, model_size, overwrite, (output_dir, tokenizer))
+    cfg = _config(out, opts, (output_dir, tokenizer))
     _say(import_trl(output_dir, tokenizer, cfg), out)

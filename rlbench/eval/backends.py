@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from reference_trainer.engine.config import SamplingParams
 
 
+OnText = Callable[[int, str], None] | None  # told each response's text as it finishes: (its index, text)
+
+
 class GenerationBackend(Protocol):
     """Text in, text out. `tokenizer` (may be None) gives the chat template and token counts. A backend
     may also set `last_truncated`: per prompt of the last `generate`, whether it was cut to fit."""
@@ -24,19 +27,14 @@ class GenerationBackend(Protocol):
     model: str
     tokenizer: Any
 
-    def generate(
-        self,
-        prompts: list[str],
-        params: list[SamplingParams],
-        on_text: Callable[[int, str], None] | None = None,
-    ) -> list[str]:
+    def generate(self, prompts: list[str], params: list[SamplingParams], on_text: OnText = None) -> list[str]:
         """The responses in prompt order; `on_text(i, text)` as each one finishes, where the backend can."""
         ...
 
     def close(self) -> None: ...
 
 
-def _decoded(tokenizer: Any, on_text: Callable[[int, str], None] | None) -> Callable[[int, Any], None] | None:
+def _decoded(tokenizer: Any, on_text: OnText) -> Callable[[int, Any], None] | None:
     """The engine's per-sequence callback, handing the decoded response to `on_text`."""
     if on_text is None:
         return None
@@ -59,7 +57,42 @@ def check_model_dir(model_dir: Path) -> Path:
     return model_dir
 
 
-class ReferenceBackend:
+class _EngineBackend:
+    """A backend over one of reference_trainer's rollout engines (its `_engine`): prompts cut to fit, the
+    engine closed with the backend."""
+
+    tokenizer: Any
+    _engine: Any
+    truncated_prompts: int
+    last_truncated: list[bool]
+
+    def generate(self, prompts: list[str], params: list[SamplingParams], on_text: OnText = None) -> list[str]:
+        """The engine's responses, each prompt cut to the room the context leaves it (`_fit`): to its last
+        tokens, which hold the question and the answer cue; the cuts are counted."""
+        if not prompts:
+            return []
+        ids = [self.tokenizer.encode(p, add_bos=not self.tokenizer.has_chat_template) for p in prompts]
+        engine, room = self._fit(ids, max(p.max_tokens for p in params))
+        self.last_truncated = [len(seq) > room for seq in ids]
+        for i, seq in enumerate(ids):
+            if len(seq) > room:
+                ids[i] = seq[-room:]
+                self.truncated_prompts += 1
+        seqs = engine.generate(ids, list(params), on_finish=_decoded(self.tokenizer, on_text))
+        return [self.tokenizer.decode(s.response_ids) for s in seqs]
+
+    def _fit(self, ids: list[list[int]], max_tokens: int) -> tuple[Any, int]:
+        """The engine to run the prompts `ids` with responses up to `max_tokens`, and the prompt tokens it
+        has room for."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+        self._engine = None
+
+
+class ReferenceBackend(_EngineBackend):
     """reference_trainer's engine. The engine is sized lazily to the longest prompt seen plus max_tokens
     (capped by the model's context), so a small model does not preallocate a huge KV cache."""
 
@@ -84,35 +117,14 @@ class ReferenceBackend:
             self._engine_len = needed
         return self._engine
 
-    def generate(
-        self,
-        prompts: list[str],
-        params: list[SamplingParams],
-        on_text: Callable[[int, str], None] | None = None,
-    ) -> list[str]:
-        if not prompts:
-            return []
-        max_tokens = max(p.max_tokens for p in params)
-        ids = [self.tokenizer.encode(p, add_bos=not self.tokenizer.has_chat_template) for p in prompts]
+    def _fit(self, ids: list[list[int]], max_tokens: int) -> tuple[Any, int]:
         engine = self._engine_for(max(len(i) for i in ids) + max_tokens)
         # A response budget the context cannot hold is capped, as vLLM caps max_tokens: prompts keep at most
         # half the context and responses stop at the context's end (finish reason "length").
-        room = self._engine_len - min(max_tokens, self._engine_len // 2)
-        self.last_truncated = [len(seq) > room for seq in ids]
-        for i, seq in enumerate(ids):
-            if len(seq) > room:  # keep the end: it holds the question and the answer cue
-                ids[i] = seq[-room:]
-                self.truncated_prompts += 1
-        seqs = engine.generate(ids, list(params), on_finish=_decoded(self.tokenizer, on_text))
-        return [self.tokenizer.decode(s.response_ids) for s in seqs]
-
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-        self._engine = None
+        return engine, self._engine_len - min(max_tokens, self._engine_len // 2)
 
 
-class VLLMBackend:
+class VLLMBackend(_EngineBackend):
     """reference_trainer's VLLMEngine over the same model directory (needs vLLM). Prompts are tokenized with
     the model directory's own tokenizer (char-level or HF) and fed to vLLM as token ids, so every model the
     reference backend evaluates runs here too."""
@@ -138,32 +150,13 @@ class VLLMBackend:
         self.truncated_prompts = 0
         self.last_truncated: list[bool] = []
 
-    def generate(
-        self,
-        prompts: list[str],
-        params: list[SamplingParams],
-        on_text: Callable[[int, str], None] | None = None,
-    ) -> list[str]:
-        if not prompts:
-            return []
-        room = self._max_len - max(p.max_tokens for p in params) - 1
+    def _fit(self, ids: list[list[int]], max_tokens: int) -> tuple[Any, int]:
+        room = self._max_len - max_tokens - 1
         if room <= 0:
             raise UserError(
                 f"--max-tokens leaves no room for a prompt in the model's {self._max_len}-token context"
             )
-        ids = [self.tokenizer.encode(p, add_bos=not self.tokenizer.has_chat_template) for p in prompts]
-        self.last_truncated = [len(seq) > room for seq in ids]
-        for i, seq in enumerate(ids):
-            if len(seq) > room:  # keep the end: it holds the question and the answer cue
-                ids[i] = seq[-room:]
-                self.truncated_prompts += 1
-        seqs = self._engine.generate(ids, list(params), on_finish=_decoded(self.tokenizer, on_text))
-        return [self.tokenizer.decode(s.response_ids) for s in seqs]
-
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-        self._engine = None
+        return self._engine, room
 
 
 def make_backend(engine: str, model_dir: Path, device: str, seed: int) -> GenerationBackend:

@@ -111,6 +111,36 @@ def whatif(
             "sampling": said}  # fmt: skip
 
 
+class _Reading:
+    """What an import keeps of the events while they stream to trace.jsonl: each step's metrics, the first
+    steps' events (the page's slot picture), and what the run's summary reads (the ledger's sequences, up
+    to LEDGER_SEQUENCES, and the waits)."""
+
+    def __init__(self, capacities: dict[int, int] | None) -> None:
+        self.capacities = capacities
+        self.step_rows: list[Event] = []
+        self.drawn: list[Event] = []
+        self.room = DRAWN_EVENTS
+        self.kept: list[Event] = []
+        self.sequences = 0
+
+    def checked(self, steps: Iterable[list[Event]]) -> Iterator[Event]:
+        for n, part in enumerate(steps):
+            check_events(part, "the rebuilt trace")  # a bug here is ours: refused before it is written
+            self.step_rows.extend(metrics.step_metrics(part, self.capacities))
+            for e in part:
+                if e.get("kind") == TRAINER_WAIT:
+                    self.kept.append(e)
+                elif e.get("kind") == SEQUENCE:
+                    self.sequences += 1
+                    if self.sequences <= LEDGER_SEQUENCES:
+                        self.kept.append({k: e[k] for k in ledger.LEDGER_FIELDS if k in e})
+            if n == 0 or (len(part) <= self.room and any(e.get("slots") for e in part)):
+                self.drawn.extend(part)
+                self.room -= len(part)
+            yield from part
+
+
 def write_run(
     out: Path,
     steps: Iterable[list[Event]],
@@ -125,41 +155,22 @@ def write_run(
     it comes, so a long run is never held as events. `capacities` (each worker's slots over the run) is
     needed when there is more than one part. `run` names the source (framework, files, slots);
     `integration` holds what the framework logged and what its logs cannot tell."""
-    step_rows: list[Event] = []
-    drawn: list[Event] = []  # the first steps' events, for the page's slot picture
-    room = [DRAWN_EVENTS]
-    kept: list[Event] = []  # what the run's summary reads of the events: the ledger's sequences, the waits
-    sequences = [0]
-
-    def checked() -> Iterator[Event]:
-        for n, part in enumerate(steps):
-            check_events(part, "the rebuilt trace")  # a bug here is ours: refused before it is written
-            step_rows.extend(metrics.step_metrics(part, capacities))
-            for e in part:
-                if e.get("kind") == TRAINER_WAIT:
-                    kept.append(e)
-                elif e.get("kind") == SEQUENCE:
-                    sequences[0] += 1
-                    if sequences[0] <= LEDGER_SEQUENCES:
-                        kept.append({k: e[k] for k in ledger.LEDGER_FIELDS if k in e})
-            if n == 0 or (len(part) <= room[0] and any(e.get("slots") for e in part)):
-                drawn.extend(part)
-                room[0] -= len(part)
-            yield from part
+    read = _Reading(capacities)
 
     with claim(out, "import", accepts=("import",)):  # one writer; never over another command's run
         now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         doc_run = {"kind": "import", "imported_at": now, **run}
         write_json(out / "imported.json", doc_run)  # first: what the folder holds (rlbench/rundirs.py)
-        write_jsonl(out / "trace.jsonl", checked())
+        write_jsonl(out / "trace.jsonl", read.checked(steps))
+        step_rows, kept, sequences = read.step_rows, read.kept, read.sequences
         per_step, overall = metrics.gpu_bubble(step_rows, None)
         for row, gpu_bubble in zip(step_rows, per_step, strict=True):
             row["bubble_ratio_gpu"] = gpu_bubble
-        if sequences[0] > LEDGER_SEQUENCES:  # no ledger of a part of the run
+        if sequences > LEDGER_SEQUENCES:  # no ledger of a part of the run
             kept = [e for e in kept if e.get("kind") != SEQUENCE]
             integration = {
                 **integration,
-                "ledger": f"not computed: {sequences[0]:,} sequences, over {LEDGER_SEQUENCES:,}",
+                "ledger": f"not computed: {sequences:,} sequences, over {LEDGER_SEQUENCES:,}",
             }
         summary = {**metrics.summary(kept, step_rows), "bubble_ratio_gpu": overall}
         if groups:
@@ -178,5 +189,5 @@ def write_run(
         if groups:
             lengthlog.write(out / "lengths.jsonl", groups)
         write_json(out / "metrics.json", doc)
-        render_import(out, doc, drawn)
+        render_import(out, doc, read.drawn)
         return doc

@@ -43,13 +43,7 @@ def run_compare(
     first = next(iter(configs.values()))
     replay = GpuReplay.for_model(first.model or default_model_dir(), calibration)
     with ExitStack() as stack:
-        # One writer, and never over another command's run or, without --overwrite, a finished comparison:
-        # all refused before any mode runs.
-        stack.enter_context(claim(out, "compare", accepts=("compare",)))
-        check_new_comparison(out, list(configs), overwrite)
-        for mode in configs:
-            stack.enter_context(claim(out / mode, "compare", accepts=("train", "profile")))
-            check_new_run(out / mode, "train", overwrite)
+        _claim(stack, out, list(configs), overwrite)
         sessions = {
             m: stack.enter_context(
                 ProfileSession(
@@ -73,19 +67,12 @@ def run_compare(
             interrupted = False
         except KeyboardInterrupt:  # Ctrl-C: the sessions keep what finished, and the report shows it
             rows, interrupted = {m: [] for m in configs}, True
-    runs = [
-        {"mode": m, "summary": s.doc["summary"], "steps": s.doc["steps"], "ledger": s.doc.get("ledger")}
-        for m, s in sessions.items()
-    ]
-    baseline = "baseline" if "baseline" in configs else next(iter(configs))
-    doc = compare_doc(runs, baseline, workload(first))
-    traces = {m: read_trace(s.trace_path) if s.trace_path.exists() else [] for m, s in sessions.items()}
-    doc["gpu_replay"] = replay.comparison(traces, baseline)
+    doc = _compare_doc(sessions, replay, configs)
     if interrupted:
         doc["interrupted"] = True
         write_json(out / "compare.json", doc)
         render_compare(out, doc)
-        done = ", ".join(f"{r['mode']} {len(r['steps'])}" for r in runs)
+        done = ", ".join(f"{m} {len(s.doc['steps'])}" for m, s in sessions.items())
         raise Interrupted(
             f"interrupted: {out / 'report.html'} shows the steps that finished ({done}); "
             "pass --overwrite to run the comparison again"
@@ -95,6 +82,32 @@ def run_compare(
         doc["time_to_accuracy"] = {"target": target_accuracy, "budget_steps": first.steps, "modes": spent}
     write_json(out / "compare.json", doc)
     render_compare(out, doc)
+    return doc
+
+
+def _claim(stack: ExitStack, out: Path, modes: list[str], overwrite: bool) -> None:
+    """One writer, and never over another command's run or, without --overwrite, a finished comparison:
+    all refused before any mode runs."""
+    stack.enter_context(claim(out, "compare", accepts=("compare",)))
+    check_new_comparison(out, modes, overwrite)
+    for mode in modes:
+        stack.enter_context(claim(out / mode, "compare", accepts=("train", "profile")))
+        check_new_run(out / mode, "train", overwrite)
+
+
+def _compare_doc(
+    sessions: dict[str, Any], replay: GpuReplay, configs: dict[str, TrainConfig]
+) -> dict[str, Any]:
+    """The comparison of the modes' profiled runs, against baseline (else the first mode), with their
+    schedules replayed through the GPU calibration."""
+    runs = [
+        {"mode": m, "summary": s.doc["summary"], "steps": s.doc["steps"], "ledger": s.doc.get("ledger")}
+        for m, s in sessions.items()
+    ]
+    baseline = "baseline" if "baseline" in configs else next(iter(configs))
+    doc = compare_doc(runs, baseline, workload(next(iter(configs.values()))))
+    traces = {m: read_trace(s.trace_path) if s.trace_path.exists() else [] for m, s in sessions.items()}
+    doc["gpu_replay"] = replay.comparison(traces, baseline)
     return doc
 
 

@@ -79,6 +79,20 @@ def wrap_command(cfg: WrapConfig, say: Any = print, nvml: Any = None) -> tuple[i
         return _wrap(cfg.cmd, cfg.out, cfg.py_spy, cfg.sample_interval_s, nvml, cfg.observe, say)
 
 
+def _wait(child: subprocess.Popen[bytes]) -> tuple[int, bool]:
+    """The command's exit code, and whether Ctrl-C stopped it: forwarded to the command, whose report is
+    still written for what ran."""
+    try:
+        return child.wait(), False
+    except KeyboardInterrupt:
+        child.send_signal(signal.SIGINT)
+        try:
+            return child.wait(timeout=30), True
+        except subprocess.TimeoutExpired:
+            child.kill()
+            return child.wait(), True
+
+
 def _wrap(
     cmd: Sequence[str], out: Path, py_spy: bool, sample_interval_s: float, nvml: Any, observe: Any, say: Any
 ) -> tuple[int, dict[str, Any]]:
@@ -102,18 +116,7 @@ def _wrap(
     rec = PySpyRecorder(out, pid=child.pid, subprocesses=True) if py_spy else None
     if rec is not None:
         rec.start()
-    interrupted = False
-    try:
-        code = child.wait()
-    except KeyboardInterrupt:
-        # forward Ctrl-C and still write the report for what ran
-        interrupted = True
-        child.send_signal(signal.SIGINT)
-        try:
-            code = child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            code = child.wait()
+    code, interrupted = _wait(child)
     t_end = now()
     server_rows = servers.stop() if servers is not None else None
     pyspy = rec.stop() if rec is not None else None

@@ -59,6 +59,27 @@ def slot_bars(events: Sequence[Event], max_bars: int = MAX_BARS) -> tuple[list[d
     return bars, msg
 
 
+def _mark_phases(fig: Any, phases: list[Event]) -> None:
+    """Shade the non-rollout phases, so the gaps between rollouts read as what they are (named above the
+    figure: its legend sits below its end), and label each rollout with its step (up to 20: more labels
+    than that would overlap)."""
+    shade_phases(fig, phases, (REWARD, UPDATE, SYNC, HELDOUT))
+    fig.update_layout(showlegend=False)
+    rollouts = [ev for ev in phases if ev.get("kind") == ROLLOUT]
+    if len(rollouts) > 20:
+        return
+    for ev in rollouts:
+        fig.add_vline(
+            x=ev["t_start"],
+            line_dash="dot",
+            line_color="#555",
+            line_width=1,
+            annotation_text=f"step {ev['step']}",
+            annotation_position="top right",
+            annotation_yanchor="bottom",
+        )
+
+
 def slot_timeline(events: Sequence[Event]) -> list[Any]:
     import plotly.graph_objects as go
 
@@ -97,22 +118,8 @@ def slot_timeline(events: Sequence[Event]) -> list[Any]:
         )
     )
     shown = {b["step"] for b in bars}
-    rollouts = [ev for ev in events if ev.get("kind") == ROLLOUT and int(ev.get("step", 0)) in shown]
-    # shade the non-rollout phases so the gaps between rollouts read as what they are (named in the legend)
     phases = [ev for ev in events if int(ev.get("step", 0)) in shown]
-    shade_phases(fig, phases, (REWARD, UPDATE, SYNC, HELDOUT))
-    fig.update_layout(showlegend=False)  # named above the figure instead: its legend sits below its end
-    if len(rollouts) <= 20:  # label each rollout with its step; more labels than that would overlap
-        for ev in rollouts:
-            fig.add_vline(
-                x=ev["t_start"],
-                line_dash="dot",
-                line_color="#555",
-                line_width=1,
-                annotation_text=f"step {ev['step']}",
-                annotation_position="top right",
-                annotation_yanchor="bottom",
-            )
+    _mark_phases(fig, phases)
     fig.update_layout(
         height=min(1400, 140 + 14 * len(labels)),
         bargap=0.15,

@@ -88,21 +88,9 @@ def gap_standard_error(modes: dict[str, dict[str, Any]]) -> float | None:
     return max(pooled * math.sqrt(1 / len(m["seeds"]) + 1 / n_base) for m in others) if others else None
 
 
-def accuracy(ctx: Context) -> Outcome:
-    w = Workload.for_context(ctx)
-    results = ctx.work_dir / f"parity_{w.task}.json"
-    for task, mode, seed in w.plan():
-        done = read_json(results)["runs"] if results.is_file() else []
-        if any((r["task"], r["mode"], r["seed"]) == (task, mode, seed) for r in done):
-            continue
-        ctx.progress(f"{task} {mode} seed {seed}: {w.steps} steps")
-        options = {"task": task, "mode": mode, "seed": seed, "model": ctx.model, "device": ctx.device}
-        run = run_curve(
-            ctx.work_dir / "runs" / f"{task}-{mode}-s{seed}", progress=ctx.progress, **options, **w.options()
-        )
-        save_run(results, run, w.target)
-    runs = [r for r in read_json(results)["runs"] if (r["task"], r["mode"], r["seed"]) in set(w.plan())]
-    table_ = parity(runs, w.target)
+def _parity_measured(table_: dict[str, Any]) -> dict[str, Any]:
+    """Each mode's accuracy, samples to target and rollout tokens, the largest gap to baseline, and the
+    headline."""
     modes = table_["modes"]
     gaps = [abs(m["accuracy_vs_baseline"]) for m in modes.values()]
     measured: dict[str, Any] = {
@@ -122,6 +110,26 @@ def accuracy(ctx: Context) -> Outcome:
         + ("n/a" if fewer is None else f"{fewer:.1%} fewer" if fewer >= 0 else f"{-fewer:.1%} more")
         + " samples to the target"
     )
+    return measured
+
+
+def accuracy(ctx: Context) -> Outcome:
+    w = Workload.for_context(ctx)
+    results = ctx.work_dir / f"parity_{w.task}.json"
+    for task, mode, seed in w.plan():
+        done = read_json(results)["runs"] if results.is_file() else []
+        if any((r["task"], r["mode"], r["seed"]) == (task, mode, seed) for r in done):
+            continue
+        ctx.progress(f"{task} {mode} seed {seed}: {w.steps} steps")
+        options = {"task": task, "mode": mode, "seed": seed, "model": ctx.model, "device": ctx.device}
+        run = run_curve(
+            ctx.work_dir / "runs" / f"{task}-{mode}-s{seed}", progress=ctx.progress, **options, **w.options()
+        )
+        save_run(results, run, w.target)
+    runs = [r for r in read_json(results)["runs"] if (r["task"], r["mode"], r["seed"]) in set(w.plan())]
+    table_ = parity(runs, w.target)
+    modes = table_["modes"]
+    measured = _parity_measured(table_)
     rows = [
         {"mode": m, "seeds": len(r["seeds"]), "accuracy (mean)": r["accuracy"], "sd": r["accuracy_sd"],
          "vs baseline": r["accuracy_vs_baseline"], f"samples to {w.target:.2f}": r["samples_to_target"],

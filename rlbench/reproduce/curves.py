@@ -57,20 +57,14 @@ def run_curve(
     trainer = Trainer(config, out, resume=resume)
     start = time.perf_counter()
     label = f"{config.task} {config.mode} s{config.seed}"
-    metrics = out / "metrics.jsonl"
-    before = read_jsonl(metrics)[: trainer.step] if resume and metrics.is_file() else []
-    spent = math.fsum(r["step_time_s"] for r in before)  # the steps the checkpoint holds
+    spent = _spent(out / "metrics.jsonl", trainer.step)  # 0 unless resumed
     if trainer.step:
         progress(f"{label}: resuming at step {trainer.step} ({spent / 60:.1f} min of training done)")
 
     def on_step(row: dict[str, Any]) -> None:
         nonlocal spent
         spent += row["step_time_s"]
-        val = f" held-out {row['val/heldout_greedy_acc']:.3f}" if "val/heldout_greedy_acc" in row else ""
-        progress(
-            f"{label} step {row['step']:3d} reward {row['reward_mean']:.3f} "
-            f"len {row['response_len_mean']:.0f} {row['step_time_s']:.1f}s{val}"
-        )
+        progress(_step_line(label, row))
         if spent > minutes * 60:
             raise _Budget
 
@@ -81,12 +75,8 @@ def run_curve(
     except _Budget:  # the budget ends the run; finished steps are kept, and the final policy is evaluated
         if not (out / "heldout.json").is_file():
             trainer.write_heldout_summary()
-    curve = read_json(out / "heldout.json")["curve"]
-    rows = read_jsonl(metrics)
-    for point in curve:  # training reward and response length over the steps since the previous point
-        window = [r for r in rows if r["step"] < point["step"]][-config.eval_every :]
-        point["train_reward"] = statistics.fmean(r["reward_mean"] for r in window) if window else None
-        point["response_len"] = statistics.fmean(r["response_len_mean"] for r in window) if window else None
+    rows = read_jsonl(out / "metrics.jsonl")
+    curve = _curve(read_json(out / "heldout.json")["curve"], rows, config.eval_every)
     trainer.close()
     return {
         "task": config.task,
@@ -102,6 +92,30 @@ def run_curve(
         "rollout_tokens": sum(r["rollout_tokens"] for r in rows),
         "curve": curve,
     }
+
+
+def _step_line(label: str, row: dict[str, Any]) -> str:
+    val = f" held-out {row['val/heldout_greedy_acc']:.3f}" if "val/heldout_greedy_acc" in row else ""
+    return (
+        f"{label} step {row['step']:3d} reward {row['reward_mean']:.3f} "
+        f"len {row['response_len_mean']:.0f} {row['step_time_s']:.1f}s{val}"
+    )
+
+
+def _spent(metrics: Path, steps: int) -> float:
+    """The training time of the first `steps` logged steps: what a resumed run's checkpoint holds."""
+    before = read_jsonl(metrics)[:steps] if metrics.is_file() else []
+    return math.fsum(r["step_time_s"] for r in before)
+
+
+def _curve(curve: list[dict[str, Any]], rows: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:
+    """The held-out curve, each point with the training reward and response length over the (up to
+    `every`) steps since the previous point."""
+    for point in curve:
+        window = [r for r in rows if r["step"] < point["step"]][-every:]
+        point["train_reward"] = statistics.fmean(r["reward_mean"] for r in window) if window else None
+        point["response_len"] = statistics.fmean(r["response_len_mean"] for r in window) if window else None
+    return curve
 
 
 def save_run(results: Path, run: dict[str, Any], target: float) -> list[dict[str, Any]]:

@@ -242,19 +242,10 @@ def _p_value_figure(tests: dict[str, dict[str, Any]]) -> Any:
     return fig
 
 
-def lossless(ctx: Context) -> Outcome:
-    torch.manual_seed(ctx.seed)
-    w = Workload.for_context(ctx)
-    runs, same_seeds, _, tokenizer = run_rules(ctx, w)
-    plain = runs["plain"].responses
-    tests = {name: homogeneity_test(plain, runs[name].responses) for name in LABELS if name in runs}
+def _measured(w: Workload, runs: dict[str, Any], tests: dict[str, Any], identical: float) -> dict[str, Any]:
+    """The result's figures: each rule's p-value, the exact rule's drafted and accepted tokens (and
+    SuffixDecoding's where it ran), and the share of responses the same seeds make identical."""
     exact = runs["exact"]
-    pairs = [
-        (x, y)
-        for xs, ys in zip(plain, same_seeds.responses, strict=True)
-        for x, y in zip(xs, ys, strict=True)
-    ]
-    identical = sum(x == y for x, y in pairs) / len(pairs)
     measured: dict[str, Any] = {
         "headline": f"p = {tests['exact']['p_value']:.3g} with drafts (exact rule); "
         f"p = {tests['generous']['p_value']:.2g} for the min(1, 2p) rule",
@@ -280,6 +271,22 @@ def lossless(ctx: Context) -> Outcome:
             "rejected_tokens_suffix": suffix.drafted - suffix.accepted,
             "acceptance_rate_suffix": suffix.accepted / suffix.drafted if suffix.drafted else None,
         }
+    return measured
+
+
+def lossless(ctx: Context) -> Outcome:
+    torch.manual_seed(ctx.seed)
+    w = Workload.for_context(ctx)
+    runs, same_seeds, _, tokenizer = run_rules(ctx, w)
+    plain = runs["plain"].responses
+    tests = {name: homogeneity_test(plain, runs[name].responses) for name in LABELS if name in runs}
+    pairs = [
+        (x, y)
+        for xs, ys in zip(plain, same_seeds.responses, strict=True)
+        for x, y in zip(xs, ys, strict=True)
+    ]
+    identical = sum(x == y for x, y in pairs) / len(pairs)
+    measured = _measured(w, runs, tests, identical)
     rows = [
         {"sampling": LABELS.get(name, "plain (no drafts)"), "samples": w.prompts * w.samples,
          "drafted": runs[name].drafted, "accepted": runs[name].accepted,

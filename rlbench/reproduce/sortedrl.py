@@ -235,6 +235,30 @@ def _simulated_ratios(ctx: Context, w: Workload) -> dict[str, dict[str, float]]:
     return out
 
 
+def _throughput_measured(
+    runs: dict[str, Any], gains: dict[int, dict[str, float]], sim: dict[str, dict[str, float]], n: int
+) -> dict[str, Any]:
+    """Each mode's measured throughput and its gain over baseline (mean and sd over `n` seeds), beside the
+    simulated gains and bubbles, and the headline."""
+    measured: dict[str, Any] = {}
+    for mode, r in runs.items():
+        measured[f"rollout_tokens_per_s.{mode}"] = r["rollout_tokens_per_s"]
+        measured[f"throughput_gain.{mode}"], measured[f"throughput_gain_sd.{mode}"] = mean_sd(
+            [gains[s][mode] for s in gains]
+        )
+        for label, ratios in sim.items():
+            measured[f"simulated_gain.{label.split()[0]}.{mode}"] = ratios[mode] - 1
+            measured[f"simulated_bubble.{label.split()[0]}.{mode}"] = ratios[f"bubble.{mode}"]
+    sd = (measured["throughput_gain_sd.sorted"], measured["throughput_gain_sd.sorted-partial"])
+    measured["headline"] = (
+        f"{measured['throughput_gain.sorted']:+.1%} / {measured['throughput_gain.sorted-partial']:+.1%}"
+        + (f" (sd {sd[0]:.1%} / {sd[1]:.1%} over {n} seeds)" if n > 1 else "")
+        + f"; H100 simulated: {measured['simulated_gain.h100.sorted']:+.1%} / "
+        f"{measured['simulated_gain.h100.sorted-partial']:+.1%}"
+    )
+    return measured
+
+
 def throughput(ctx: Context, w: Workload | None = None, setting_note: str | None = None) -> Outcome:
     w = w or Workload.for_context(ctx)
     per_seed = run_seeds(ctx, w)
@@ -249,23 +273,8 @@ def throughput(ctx: Context, w: Workload | None = None, setting_note: str | None
         label: {k: mean_sd([sims[s][label][k] for s in sims])[0] for k in ratios}
         for label, ratios in sims[w.seed].items()
     }
-    measured: dict[str, Any] = {}
-    for mode, r in runs.items():
-        measured[f"rollout_tokens_per_s.{mode}"] = r["rollout_tokens_per_s"]
-        measured[f"throughput_gain.{mode}"], measured[f"throughput_gain_sd.{mode}"] = mean_sd(
-            [gains[s][mode] for s in gains]
-        )
-        for label, ratios in sim.items():
-            measured[f"simulated_gain.{label.split()[0]}.{mode}"] = ratios[mode] - 1
-            measured[f"simulated_bubble.{label.split()[0]}.{mode}"] = ratios[f"bubble.{mode}"]
     n = len(per_seed)
-    sd = (measured["throughput_gain_sd.sorted"], measured["throughput_gain_sd.sorted-partial"])
-    measured["headline"] = (
-        f"{measured['throughput_gain.sorted']:+.1%} / {measured['throughput_gain.sorted-partial']:+.1%}"
-        + (f" (sd {sd[0]:.1%} / {sd[1]:.1%} over {n} seeds)" if n > 1 else "")
-        + f"; H100 simulated: {measured['simulated_gain.h100.sorted']:+.1%} / "
-        f"{measured['simulated_gain.h100.sorted-partial']:+.1%}"
-    )
+    measured = _throughput_measured(runs, gains, sim, n)
     rows = [
         {
             "mode": m,
@@ -278,7 +287,6 @@ def throughput(ctx: Context, w: Workload | None = None, setting_note: str | None
         }
         for m in MODES
     ]
-
     seed_rows = [{"seed": s, **{f"gain, {m}": gains[s][m] for m in MODES[1:]}} for s in gains]
     return Outcome(
         measured=measured,

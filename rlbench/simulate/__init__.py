@@ -37,6 +37,20 @@ def _schedule(p: SimMode) -> SimMode:
     return replace(p, name="", mode="", options=(), max_staleness=p.max_staleness if p.partial else 0)
 
 
+def _workload(
+    trace: LengthTrace, steps: int, groups_per_worker: int | None, rank_corr: float, acc: np.ndarray
+) -> dict[str, Any]:
+    """The sweep's workload: the trace's, the steps replayed, the scaling, where predictions came from."""
+    return {
+        **trace.summary(),
+        "steps_simulated": steps,
+        "scaling": "weak" if groups_per_worker else "strong",
+        "groups_per_worker": groups_per_worker,
+        "predicted_lengths": "trace" if not np.isnan(trace.predicted).all() else f"rank_corr={rank_corr}",
+        "acceptance_mean": float(acc.mean()),
+    }
+
+
 def simulate(
     trace: LengthTrace,
     cost: CostModel,
@@ -85,14 +99,7 @@ def simulate(
             if progress is not None:
                 progress(r, len(results) + len(not_modelled), len(workers) * len(sim_modes))
     return {
-        "workload": {
-            **trace.summary(),
-            "steps_simulated": steps,
-            "scaling": "weak" if groups_per_worker else "strong",
-            "groups_per_worker": groups_per_worker,
-            "predicted_lengths": "trace" if not np.isnan(trace.predicted).all() else f"rank_corr={rank_corr}",
-            "acceptance_mean": float(acc.mean()),
-        },
+        "workload": _workload(trace, steps, groups_per_worker, rank_corr, acc),
         "cluster": {
             "workers": workers,
             "capacity_per_worker": capacity,

@@ -208,6 +208,9 @@ def _norm_cdf(z: np.ndarray) -> np.ndarray:
     return np.vectorize(NormalDist().cdf)(z)
 
 
+ACCEPTANCE_CONCENTRATION = 20.0  # a + b of a synthetic sequence's Beta acceptance: its spread about the mean
+
+
 def synthetic(
     steps: int = 10,
     prompts: int = 64,
@@ -251,8 +254,7 @@ def synthetic(
         cols["rt"].append(cur.ravel())
         cols["pred"].append(np.repeat(prev.mean(axis=1), group_size))
         prev = cur
-    n = steps * prompts * group_size
-    conc = 20.0
+    n, conc = steps * prompts * group_size, ACCEPTANCE_CONCENTRATION
     acc = rng.beta(overlap * conc, (1.0 - overlap) * conc, n) if 0.0 < overlap < 1.0 else np.full(n, overlap)
     pt = np.repeat(
         np.maximum(1, rng.normal(prompt_tokens, prompt_tokens * 0.25, steps * prompts)), group_size
