@@ -401,12 +401,12 @@ class Engine(RequestBook):
                 seq.num_cached = seq.length - 1
             n_out = len(seq.response_ids) - before
             seq.drafted += len(d)
-            seq.accepted += min(n_acc, n_out)
             accepted_each.append(n_acc)
+            drafting = bool(d)
+            kept = min(n_acc, n_out)
+            seq.accepted += kept
             counts.append(
-                VerifyCounts(
-                    n_out, n_out * seq.lookahead, len(d), min(n_acc, n_out), int(bool(d)), n_out * bool(d)
-                )
+                VerifyCounts(n_out, n_out * seq.lookahead, len(d), kept, drafting, n_out * drafting)
             )
             start += len(d) + 1
         return finished, accepted_each, sum(counts, VerifyCounts())
