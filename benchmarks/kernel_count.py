@@ -236,6 +236,21 @@ def counted_engine(
 PARAMS = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=64, ignore_eos=True, seed=0)
 
 
+def _count_admitting_step(engine: Any, counter: Any, running: int, rows: int, tokens: int) -> None:
+    """Count the kernels of the step that admits `rows` requests of `tokens` tokens into `running` decoding
+    rows (their prefill first, not counted)."""
+    for i in range(running):
+        engine.add_request(Request([1, *range(3, 34)], PARAMS, seq_id=f"r{i}"))
+    if running:
+        engine.step()  # their prefill, not counted
+    for i in range(rows):
+        engine.add_request(Request([1, *range(3, 2 + tokens)], PARAMS, seq_id=f"a{i}"))
+    counter.counting = True
+    with counter:
+        engine.step()
+    counter.counting = False
+
+
 def decode_step_counts(
     batch: int, shape: ModelConfig, device: str, attention: str, layout: str
 ) -> dict[str, Any]:
@@ -299,16 +314,7 @@ def admission_counts(
                 engine.step()  # a plain eager decode step of the running rows
             plain = sum(sum(c.values()) for c in counter.ops.values())
     with counted_engine(running + rows, shape, device, layout) as (engine, counter):
-        for i in range(running):
-            engine.add_request(Request([1, *range(3, 34)], PARAMS, seq_id=f"r{i}"))
-        if running:
-            engine.step()  # their prefill, not counted
-        for i in range(rows):
-            engine.add_request(Request([1, *range(3, 2 + tokens)], PARAMS, seq_id=f"a{i}"))
-        counter.counting = True
-        with counter:
-            engine.step()
-        counter.counting = False
+        _count_admitting_step(engine, counter, running, rows, tokens)
     ops: Counter[str] = Counter()
     for section in counter.ops.values():
         ops.update(section)
@@ -335,14 +341,7 @@ def admitting_graph_counts(
     `MixedForward._forward` runs) and outside it (the upload, the admitted slots' sampling parameters, the
     read-back). `outside` is what launches one by one: ADMITTING_OUTSIDE_BUDGET."""
     with counted_engine(running + rows, shape, device, layout) as (engine, counter):
-        engine.runner.static = StaticForward(
-            engine.model,
-            engine.slots,
-            engine.config.max_verify_tokens,
-            False,
-            attention,
-            sampling=engine.sampling,
-        )  # as the runner builds it on CUDA, run eagerly (capture=False): no graph to launch without a GPU
+        engine.runner.static = StaticForward.eager(engine, attention)  # no graph to launch without a GPU
         admitting = engine.runner.admitting
         assert admitting is not None
         forward = admitting._forward
@@ -355,15 +354,7 @@ def admitting_graph_counts(
                 counter.inside = False
 
         admitting._forward = captured  # type: ignore[method-assign]
-        for i in range(running):
-            engine.add_request(Request([1, *range(3, 34)], PARAMS, seq_id=f"r{i}"))
-        engine.step()  # their prefill, not counted
-        for i in range(rows):
-            engine.add_request(Request([1, *range(3, 2 + tokens)], PARAMS, seq_id=f"a{i}"))
-        counter.counting = True
-        with counter:
-            engine.step()
-        counter.counting = False
+        _count_admitting_step(engine, counter, running, rows, tokens)
     assert admitting.ran, "the step did not take the static admitting path"
     inside = sum(sum(counter.ops[k].values()) for k in ("layers", "shared", "head"))
     outside = sum(counter.ops["outside"].values())

@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
-from dataclasses import asdict, astuple, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,7 +15,7 @@ from reference_trainer.engine import timing
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.hostclock import FORWARDS, HostClock
 from reference_trainer.engine.kv_cache import SlotManager
-from reference_trainer.engine.protocol import DecodeReport, Speculation
+from reference_trainer.engine.protocol import DecodeReport, Speculation, VerifyCounts
 from reference_trainer.engine.requests import RequestBook
 from reference_trainer.engine.runner import ModelRunner
 from reference_trainer.engine.sampler import (
@@ -56,25 +56,6 @@ class Scheduled:
     def __post_init__(self) -> None:
         self.seqs = self.running + self.admitted
         self.admitted_tokens = sum(s.length - s.num_cached for s in self.admitted)
-
-
-@dataclass(frozen=True)
-class VerifyCounts:
-    """A verify forward's tokens, of one sequence or (summed) of the forward: its `verify` event's counts."""
-
-    emitted: int = 0
-    lookahead: int = 0  # emitted by lookahead requests
-    drafted: int = 0
-    accepted: int = 0  # drafted tokens accepted and emitted
-    draft_seqs: int = 0  # sequences with a draft
-    draft_emitted: int = 0  # emitted by sequences with a draft
-
-    def __add__(self, other: VerifyCounts) -> VerifyCounts:
-        return VerifyCounts(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
-
-    def event_counts(self) -> dict[str, int]:
-        """The counts the `verify` event carries besides its tokens."""
-        return {k: v for k, v in asdict(self).items() if k not in ("emitted", "lookahead")}
 
 
 class Engine(RequestBook):

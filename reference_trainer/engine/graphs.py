@@ -331,15 +331,21 @@ class StaticForward:
         graph.replay()
 
     def _capture(self, args: tuple) -> torch.cuda.CUDAGraph:
-        # Warm up on a side stream (lazy initialisations must not happen inside a capture), as PyTorch's
-        # CUDA graph notes prescribe; the warm-up does the step's real work.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._forward(*args)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):  # one memory pool shared by every shape
-            self._forward(*args)
+        graph = capture(self._forward, args, self._pool)  # one memory pool shared by every shape
         self._pool = graph.pool()
         return graph
+
+
+def capture(forward: Any, args: tuple, pool: object) -> torch.cuda.CUDAGraph:
+    """`forward(*args)` as a CUDA graph captured in memory pool `pool` (None: a new one). Warmed up first on a
+    side stream (lazy initialisations must not happen inside a capture), as PyTorch's CUDA graph notes
+    prescribe; the warm-up does the step's real work."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        forward(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        forward(*args)
+    return graph

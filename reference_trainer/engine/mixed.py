@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from reference_trainer.engine.graphs import StaticForward, batch_buckets
+from reference_trainer.engine.graphs import StaticForward, batch_buckets, capture
 from reference_trainer.engine.sampler import SamplerOps, sample
 from reference_trainer.engine.transfers import PAD_ID, upload
 from reference_trainer.model.attention import CachedBatch, MixedBatch, PackedBatch
@@ -235,15 +235,6 @@ class MixedForward:
             self._captured_over = cache_ptr
 
     def _capture(self, args: tuple) -> torch.cuda.CUDAGraph:
-        # As graphs.py: a warm-up on a side stream, then the capture, in the decode graphs' memory pool.
-        static = self.static
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._forward(*args)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=static._pool):
-            self._forward(*args)
-        static._pool = graph.pool()
+        graph = capture(self._forward, args, self.static._pool)  # in the decode graphs' memory pool
+        self.static._pool = graph.pool()
         return graph

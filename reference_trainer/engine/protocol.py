@@ -16,7 +16,7 @@ isinstance does not.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, astuple, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
@@ -76,6 +76,25 @@ class RequestEngine(RolloutEngine, Protocol):
         """Run prompts to completion; their sequences in input order. `on_finish(i, seq)` as each one
         finishes (i: its index in `prompts`)."""
         ...
+
+
+@dataclass(frozen=True)
+class VerifyCounts:
+    """A verify forward's tokens, of one sequence or (summed) of the forward: its `verify` event's counts."""
+
+    emitted: int = 0
+    lookahead: int = 0  # emitted by lookahead requests
+    drafted: int = 0
+    accepted: int = 0  # drafted tokens accepted and emitted
+    draft_seqs: int = 0  # sequences with a draft
+    draft_emitted: int = 0  # emitted by sequences with a draft
+
+    def __add__(self, other: VerifyCounts) -> VerifyCounts:
+        return VerifyCounts(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def event_counts(self) -> dict[str, int]:
+        """The counts the `verify` event carries besides its tokens."""
+        return {k: v for k, v in asdict(self).items() if k not in ("emitted", "lookahead")}
 
 
 @dataclass

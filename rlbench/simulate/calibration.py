@@ -255,6 +255,23 @@ def _two_way(raw: Any, what: str) -> dict[int, dict[int, float]]:
     return {k: _costs(raw[str(k)], f"{what}[{k}]") for k in outer}
 
 
+def _swept(swept: Any, prefill: Any, update: Any) -> dict[str, Any]:
+    """A calibration's `swept`, checked: exactly the terms it did not measure, each with its values, the
+    simulator's value and a unit."""
+    unmeasured = {term for term, value in (("prefill", prefill), ("update", update)) if value is None}
+    if not isinstance(swept, dict) or set(swept) != unmeasured:
+        raise ValueError(
+            f"swept must name exactly the unmeasured terms ({', '.join(sorted(unmeasured)) or 'none'})"
+        )
+    for term, sweep in swept.items():
+        values = sweep.get("values") if isinstance(sweep, dict) else None
+        if not isinstance(values, list) or not values or not all(_non_negative(v) for v in values):
+            raise ValueError(f"swept {term} needs values, numbers >= 0")
+        if not _non_negative(sweep.get("simulator")) or not isinstance(sweep.get("unit"), str):
+            raise ValueError(f"swept {term} needs the simulator's value and a unit")
+    return swept
+
+
 def from_json(doc: Any) -> Calibration:
     """A calibration from its JSON, checked: a ValueError naming the first field that is wrong."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -300,18 +317,7 @@ def from_json(doc: Any) -> Calibration:
         isinstance(update, dict) and all(_non_negative(update.get(k)) for k in ("s_fixed", "s_per_token"))
     ):
         raise ValueError("update needs s_fixed and s_per_token, numbers >= 0")
-    swept = doc.get("swept") or {}
-    unmeasured = {term for term, value in (("prefill", prefill), ("update", update)) if value is None}
-    if not isinstance(swept, dict) or set(swept) != unmeasured:
-        raise ValueError(
-            f"swept must name exactly the unmeasured terms ({', '.join(sorted(unmeasured)) or 'none'})"
-        )
-    for term, sweep in swept.items():
-        values = sweep.get("values") if isinstance(sweep, dict) else None
-        if not isinstance(values, list) or not values or not all(_non_negative(v) for v in values):
-            raise ValueError(f"swept {term} needs values, numbers >= 0")
-        if not _non_negative(sweep.get("simulator")) or not isinstance(sweep.get("unit"), str):
-            raise ValueError(f"swept {term} needs the simulator's value and a unit")
+    swept = _swept(doc.get("swept") or {}, prefill, update)
     return Calibration(
         gpu=doc["gpu"], model=doc["model"], model_label=doc["model_label"],
         shape={k: shape[k] for k in SHAPE_KEYS}, provenance=dict(provenance), context=doc["context"],
