@@ -152,6 +152,18 @@ RequestLog = Annotated[
 
 
 @dataclass(frozen=True)
+class ServerOptions:
+    """How observed rollout servers are read and their requests replayed: `rlbench observe` and
+    `rlbench profile --engine-metrics` (with_options expands it into these flags)."""
+
+    capacity: ServerCapacity = None
+    idle_gap: IdleGap = None
+    request_log: RequestLog = None
+    gpu: SimGpu = "h100"
+    model_size: SimModelSize = "7b"
+
+
+@dataclass(frozen=True)
 class RunOptions:
     """The options of a reference-trainer run that `train`, `profile` and `compare` all take.
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from rlbench.options import IdleGap, OutDir, RequestLog, ServerCapacity, SimGpu, SimModelSize
+from rlbench.options import OutDir, ServerOptions, with_options
 
 
 def summary_lines(doc: dict) -> list[str]:
@@ -27,6 +27,7 @@ def summary_lines(doc: dict) -> list[str]:
     return lines
 
 
+@with_options(ServerOptions, "servers")
 def observe_command(
     urls: Annotated[
         list[str] | None,
@@ -36,11 +37,8 @@ def observe_command(
     ] = None,
     duration: Annotated[float, typer.Option("--duration", min=0.1, help="Seconds to observe.")] = 60.0,
     interval: Annotated[float, typer.Option("--interval", min=0.01, help="Seconds between scrapes.")] = 0.1,
-    capacity: ServerCapacity = None,
-    idle_gap: IdleGap = None,
-    request_log: RequestLog = None,
-    gpu: SimGpu = "h100",
-    model_size: SimModelSize = "7b",
+    *,
+    servers: ServerOptions,
     from_samples: Annotated[
         Path | None,
         typer.Option("--from-samples", help="Rebuild a run directory from its samples.jsonl instead."),
@@ -64,9 +62,10 @@ def observe_command(
     if from_samples is None and not urls:
         raise UserError("give the servers' metrics URLs (e.g. 127.0.0.1:8000), or --from-samples DIR")
     check_number("--duration", duration, low=0.1, high=1e7)  # 1e7 s: four months
-    opts = ObserveOptions.from_cli(None if from_samples is not None else ",".join(urls or []), capacity,
-                                   request_log, interval_s=interval, idle_gap_s=idle_gap, gpu=gpu,
-                                   model_size=model_size)  # fmt: skip
+    opts = ObserveOptions.from_cli(None if from_samples is not None else ",".join(urls or []),
+                                   servers.capacity, servers.request_log, interval_s=interval,
+                                   idle_gap_s=servers.idle_gap, gpu=servers.gpu,
+                                   model_size=servers.model_size)  # fmt: skip
     if from_samples is not None:
         out = samples_to_rebuild(from_samples).parent
     # One writer, into an observation (or a profile that observed its servers) or a new folder.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,15 +11,12 @@ import typer
 
 from rlbench.options import (
     GpuCalibration,
-    IdleGap,
     Mode,
     OutDir,
-    RequestLog,
     RunOptions,
-    ServerCapacity,
-    SimGpu,
-    SimModelSize,
+    ServerOptions,
     Steps,
+    with_options,
     with_run_options,
 )
 
@@ -33,6 +31,7 @@ EngineMetrics = Annotated[
 
 
 @with_run_options
+@with_options(ServerOptions, "servers")
 def profile_command(
     cmd: Annotated[
         list[str] | None,
@@ -50,11 +49,7 @@ def profile_command(
     ] = False,
     sample_hz: Annotated[float, typer.Option("--sample-hz", min=0.1, help="NVML samples per second.")] = 10.0,
     engine_metrics: EngineMetrics = None,
-    capacity: ServerCapacity = None,
-    idle_gap: IdleGap = None,
-    request_log: RequestLog = None,
-    gpu: SimGpu = "h100",
-    model_size: SimModelSize = "7b",
+    servers: ServerOptions,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace a run already in --out (its checkpoints too).")
     ] = False,
@@ -72,14 +67,13 @@ def profile_command(
     if engine_metrics and not cmd:
         raise UserError("--engine-metrics observes the servers of a command given after --")
     check_number("--sample-hz", sample_hz, low=0.1, high=100.0)  # every 10 s .. every 10 ms
-    if idle_gap is not None:
-        check_number("--idle-gap", idle_gap, low=0.0, high=1e6)
+    if servers.idle_gap is not None:
+        check_number("--idle-gap", servers.idle_gap, low=0.0, high=1e6)
     if cmd:
         from rlbench.profiling.wrap import WrapConfig
 
         cfg = WrapConfig.from_cli(cmd, out, py_spy=py_spy, sample_hz=sample_hz, engine_metrics=engine_metrics,
-                                  capacity=capacity, idle_gap=idle_gap, request_log=request_log, gpu=gpu,
-                                  model_size=model_size, overwrite=overwrite)  # fmt: skip
+                                  overwrite=overwrite, **asdict(servers))  # fmt: skip
         _profile_wrapped(cfg)
         return
     from rlbench.rundirs import check_new_run
