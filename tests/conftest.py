@@ -240,6 +240,22 @@ def held(tmp_path):
     holder.wait()
 
 
+def tiny_config(vocab_size: int, max_positions: int = 128, **extra):  # type: ignore[no-untyped-def]
+    """The engine and update tests' two-layer model shape (4 query heads over 2 KV heads, width 32)."""
+    from reference_trainer.model.config import ModelConfig
+
+    return ModelConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        **extra,
+    )
+
+
 def peaked_model():  # type: ignore[no-untyped-def]
     """A tiny DecoderLM, peaked (low-entropy) like a trained one so drafts get accepted, with EOS as likely
     as a common token so lengths vary: the speculative and lookahead tests' model."""

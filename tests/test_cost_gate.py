@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_config
 
 from benchmarks.gpu import SMOLLM2_SHAPE
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.graphs import StaticForward
-from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.speculation.cost import ForwardCosts, expected_tokens, measure_cost_model, verify_width
 
@@ -61,15 +61,7 @@ def test_corrections_from_observed_steps_move_the_gate() -> None:
 @pytest.fixture(scope="module")
 def model() -> DecoderLM:
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=32,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
+    cfg = tiny_config(32)
     return DecoderLM(cfg).eval()
 
 

@@ -13,11 +13,11 @@ import random
 
 import pytest
 import torch
+from conftest import tiny_config
 from test_sync_free import counting
 
 from benchmarks.gpu_checks import syncs_during
 from reference_trainer.errors import UserError
-from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.train.config import GRPOConfig
 from reference_trainer.train.grpo import GRPOUpdater, NonFiniteUpdate, RolloutBatch
@@ -138,15 +138,7 @@ EXPECTED: dict[str, tuple[dict[str, float], list[float]]] = {
 
 def make_model(seed: int = 0) -> DecoderLM:
     torch.manual_seed(seed)
-    config = ModelConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    config = tiny_config(VOCAB, 64)
     return DecoderLM(config)
 
 

@@ -5,24 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_config
 
 from reference_trainer.engine import kv_cache
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.kv_cache import SlotManager
-from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 
-CONFIG = ModelConfig(
-    vocab_size=99,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=4096,
-    eos_token_id=2,
-)
+CONFIG = tiny_config(99, 4096, eos_token_id=2)
 CPU = torch.device("cpu")
 
 

@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_config
 from scipy import stats
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
@@ -24,7 +25,6 @@ from reference_trainer.engine.sampler import (
     uniforms,
 )
 from reference_trainer.engine.sequence import Request
-from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 
 EOS = 2
@@ -121,15 +121,7 @@ def test_mixed_batch_rows_keep_their_own_rules():
 @pytest.fixture(scope="module")
 def model() -> DecoderLM:
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=40,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
+    cfg = tiny_config(40)
     return DecoderLM(cfg).eval()
 
 

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from conftest import tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.gpu_checks import syncs_during
@@ -23,7 +24,6 @@ from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.graphs import StaticForward
 from reference_trainer.engine.sequence import Request
-from reference_trainer.model.config import ModelConfig
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.speculation.cost import ForwardCosts
 from reference_trainer.speculation.drafters import attach
@@ -106,15 +106,7 @@ def counting():
 @pytest.fixture(scope="module")
 def model() -> DecoderLM:
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=48,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
+    cfg = tiny_config(48, 256)
     m = DecoderLM(cfg)
     with torch.no_grad():
         m.lm_head.weight.mul_(4.0)  # peaked: drafts from earlier samples get accepted
