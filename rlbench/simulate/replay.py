@@ -74,6 +74,14 @@ def _idle_of_sums(busy_sums: Sequence[float], busy_maxes: Sequence[float], engin
     return 1.0 - sum(busy_sums) / (engines * top) if top > 0 else 0.0
 
 
+def run_cross_engine_idle(steps: Sequence[Mapping[str, Any]]) -> float:
+    """A run's cross-engine idle over its steps (metrics' step rows, each engine's busy time), a ratio of
+    sums: 1 - the engines' busy time / (W x the busiest engine's, summed over the steps)."""
+    busy = [[float(b) for b in s["worker_busy_s"].values()] for s in steps]
+    engines = max((len(b) for b in busy), default=1)
+    return _idle_of_sums([sum(b) for b in busy], [max(b, default=0.0) for b in busy], engines)
+
+
 def policy_of(mode: SimMode) -> str:
     """The dispatch the replay used: the mode's dispatch policy (its placement where it has none)."""
     return str(getattr(mode, "dispatch", None) or mode.placement)
@@ -112,8 +120,6 @@ def _step_row(
         "simulated_forwards": s["forwards"],
         "measured_slot_steps": slot_steps[m["step"]],
         "simulated_slot_steps": s["slot_steps"],
-        "measured_busy_sum_s": sum(busy),
-        "measured_busy_max_s": max(busy, default=0.0),
     }
 
 
@@ -150,9 +156,7 @@ def replay_run(run: str | Path) -> dict[str, Any]:
         "simulated_steps": len(sim["steps"]),
         "measured_bubble": measured["summary"]["bubble_ratio"],
         "simulated_bubble": sim["bubble_ratio"],
-        "measured_cross_engine_idle": _idle_of_sums(
-            [r["measured_busy_sum_s"] for r in rows], [r["measured_busy_max_s"] for r in rows], len(engines)
-        ),
+        "measured_cross_engine_idle": run_cross_engine_idle(measured["steps"]),
         "simulated_cross_engine_idle": sim["worker_idle_share"],
         "measured_rollout_s": measured["summary"]["timing_s/gen"],
         "simulated_rollout_s": sim["rollout_s"],
