@@ -16,9 +16,10 @@ Two halves, one answer:
 
 from __future__ import annotations
 
+import shutil
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from reference_trainer.modes import get_mode
 from reference_trainer.trace import metrics
 from reference_trainer.trace.schema import read_trace
 from reference_trainer.train.config import TrainConfig
+from rlbench.reproduce.base import Context, Outcome
 from rlbench.simulate import simulate, workload
 from rlbench.simulate.cost import preset
 from rlbench.simulate.modes import dispatch_entries, dispatch_option
@@ -216,3 +218,101 @@ def cpu_table(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             "cross_engine_idle": statistics.fmean(r["cross_engine_idle"] for r in seeds.values()),
         })  # fmt: skip
     return rows
+
+
+# --- the reproduction: rlbench reproduce sortedrl-multi-engine ---------------------------------------------
+
+
+def _simulated(ctx: Context) -> dict[str, Any]:
+    """The sweep on the committed length log (or the finished sweep.json of the same sweep)."""
+    s = Sweep(workers=ctx.pick(Sweep.workers, (8, 512)), steps=ctx.pick(Sweep.steps, 2))
+    key = {**asdict(s), "log": LENGTH_LOG.name}
+    if (saved := ctx.finished("sweep.json", key, "simulation")) is not None:
+        return saved
+    rows = sweep(read_lengths(LENGTH_LOG), s, ctx.progress)
+    return ctx.finish("sweep.json", key, {"sweep": key, "rows": rows, "answer": answer(rows)})
+
+
+def _measured(ctx: Context) -> dict[str, Any]:
+    """Baseline and sorted at W = 2 under round-robin dispatch, one seed (or the finished cpu.json): Ray
+    engines, or in-process ones under --quick and where Ray is not installed; neither where sorted runs on
+    one engine only."""
+    from rlbench.models import resolve_model
+    from rlbench.reproduce.histopipe import worker_backend
+
+    c = CpuRuns(seeds=(ctx.seed,), steps=ctx.pick(4, 1), prompts_per_step=ctx.pick(8, 2),
+                max_tokens=ctx.pick(192, 64), policies=("round-robin",))  # fmt: skip
+    backend = "local" if ctx.quick else worker_backend()
+    key = {**asdict(c), "backend": backend}
+    if skipped := [m for m in c.modes if not runs_on(m, c.workers)]:  # the ordering needs both: none run
+        return {"workload": key, "runs": {}, "skipped_modes": skipped}
+    if (saved := ctx.finished("cpu.json", key, "W = 2 runs")) is not None:
+        return saved
+    runs = ctx.work_dir / "runs"
+    shutil.rmtree(runs, ignore_errors=True)  # a killed set starts over together
+    model = str(resolve_model(ctx.model))
+    result = {"workload": key, **measure_cpu(c, model, runs, backend, ctx.progress)}
+    return ctx.finish("cpu.json", key, result)
+
+
+def summarize(sim: dict[str, Any], cpu: dict[str, Any]) -> dict[str, Any]:
+    """The flat numbers the verdict reads: sorted's simulated gain at the smallest and largest W and its
+    growth, each mode's best policy there; the measured W = 2 bubbles and their gap, where sorted ran."""
+    ans, ws = sim["answer"], sorted({r["workers"] for r in sim["rows"]})
+    m: dict[str, Any] = {"sim.min_workers": ws[0], "sim.max_workers": ws[-1]}
+    for w in (ws[0], ws[-1]):
+        m[f"sim.sorted_gain.w{w}"] = ans["sorted_gain"][w]
+        for mode in ans["best_policy"]:
+            m[f"sim.best_policy.{mode}.w{w}"] = ans["best_policy"][mode][w]
+    m["sim.sorted_gain_growth"] = ans["sorted_gain_growth"]
+    first = [r for r in sim["rows"] if r["mode"] == "baseline" and r["workers"] == ws[0]]
+    m["sim.baseline_bubble.min_w"] = min(first, key=lambda r: r["step_time_s"])["bubble_ratio"]
+    bubbles = {label.split(":")[0]: r["bubble_ratio"] for label, r in cpu["runs"].items()}
+    for mode, bubble in bubbles.items():
+        m[f"measured.bubble.{mode}.w2"] = bubble
+    if {"baseline", "sorted"} <= bubbles.keys():
+        m["measured.bubble_gap.w2"] = bubbles["baseline"] - bubbles["sorted"]
+    gains = f"{ans['sorted_gain'][ws[0]]:.3f}x → {ans['sorted_gain'][ws[-1]]:.3f}x"
+    measured = (f"measured W = 2 bubble {bubbles['baseline']:.0%} baseline, {bubbles['sorted']:.0%} sorted"
+                if "measured.bubble_gap.w2" in m else "sorted not run on W = 2 engines")  # fmt: skip
+    return {
+        "headline": f"sorted's simulated step-time gain {gains} (W = {ws[0]} → {ws[-1]}); {measured}",
+        **m,
+    }
+
+
+NOTES = [
+    "The simulated half replays a real length log (every finished sequence of a 4-step W = 2 baseline run of "
+    "the embedded model on arith: median 24 tokens, a tail to the 256-token cap) on the H200 calibration of "
+    "that model: a small model whose rollout is a small share of the step, so gains in step time are small "
+    "even where the bubble falls a lot.",
+    "Weak scaling: every engine gets 4 groups of 8 per step, cycled from the log's 64 groups; beyond W = 64 "
+    "the step waits for the log's longest groups whatever W, so the curves flatten.",
+    "Each mode's best policy is the one with the least simulated step time among those it takes "
+    "(`rlbench modes`); sorted's gain compares the two modes each under its best policy.",
+]
+
+
+def multi_engine(ctx: Context) -> Outcome:
+    from rlbench.report.page import table
+
+    sim, cpu = _simulated(ctx), _measured(ctx)
+    measured = summarize(sim, cpu)
+    notes = list(NOTES)
+    for mode in cpu["skipped_modes"]:
+        notes.append(f"{mode} runs on one engine at this commit: no W = 2 run of either mode was made (the "
+                     "ordering needs both; the verdict is inconclusive without it)")  # fmt: skip
+    sim_rows = [{k: r[k] for k in ("workers", "mode", "policy", "step_time_s", "rollout_s", "bubble_ratio",
+                                   "cross_engine_idle")} for r in sim["rows"]]  # fmt: skip
+    cpu_rows = [{"run": label, **r} for label, r in cpu["runs"].items()]
+    return Outcome(
+        measured=measured,
+        config={"simulation": sim["sweep"], "cpu": cpu["workload"], "model": ctx.model_label()},
+        seeds=[ctx.seed],
+        sections=[
+            ("Simulated: step time by mode, dispatch policy and W (H200)", [table(sim_rows)]),
+            ("Measured at W = 2 (CPU)", [table(cpu_rows)] if cpu_rows else []),
+        ],  # fmt: skip
+        notes=notes,
+        data={"simulation": sim, "cpu": cpu},
+    )
