@@ -55,6 +55,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--prompts-per-step", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--policies", default=None,
+                   help="CPU dispatch policies, comma-separated, or 'all' (default: round-robin and the "
+                   "count-based least-loaded one the mode takes)")  # fmt: skip
     p.add_argument("--sim-workers", type=ints, default=(8, 64, 512, 4096))
     p.add_argument("--log", type=Path, action="append", help="length log(s) (default: both committed ones)")
     p.add_argument("--model", help="model dir or name (default: the embedded model)")
@@ -68,8 +71,9 @@ def cpu_runs(args: argparse.Namespace, workers: int) -> CpuRuns:
     c = CpuRuns(workers=workers)
     if args.quick:
         c = replace(c, steps=3, prompts_per_step=4, max_tokens=128)
+    policies = None if args.policies is None else tuple(args.policies.split(","))
     given = {"seeds": args.seeds, "steps": args.steps, "prompts_per_step": args.prompts_per_step,
-             "max_tokens": args.max_tokens}  # fmt: skip
+             "max_tokens": args.max_tokens, "policies": policies}  # fmt: skip
     return replace(c, **{k: v for k, v in given.items() if v is not None})
 
 

@@ -16,9 +16,12 @@ from conftest import write_tiny_char_model
 
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.trainer import Trainer
+from rlbench.simulate.modes import dispatch_option
 from rlbench.simulate.replay import validate
 
 pytestmark = pytest.mark.e2e  # a whole training run, then the replay
+# The baseline's dispatch option and two of its policies: round-robin and a count-based least-loaded one.
+KEY, POLICIES = dispatch_option("baseline")  # type: ignore[misc]
 
 
 def baseline_run(
@@ -31,7 +34,7 @@ def baseline_run(
     train = TrainConfig(task="arith", steps=2, model=str(model), prompts_per_step=prompts, group_size=4,
                         eval_every=0, max_tokens=64, max_num_seqs=slots, max_model_len=256,
                         checkpoint_every=100, workers=workers, worker_backend="local",
-                        mode_options={"placement": placement} if placement else {})  # fmt: skip
+                        mode_options={KEY: placement} if placement else {})  # fmt: skip
     train.grpo.micro_batch_size = 8
     trainer = Trainer(train, out)
     try:
@@ -62,7 +65,7 @@ def test_replay_reproduces_the_measured_work(tmp_path_factory):
     assert_same_work(doc)
 
 
-@pytest.mark.parametrize("placement", ["round-robin", "least-outstanding"])
+@pytest.mark.parametrize("placement", POLICIES[:2])
 def test_replay_reproduces_the_measured_work_on_two_workers(tmp_path_factory, placement):
     """Two workers of 4 slots (in-process: the work does not depend on where they run;
     tests/test_multiworker.py runs real Ray actors and checks they give the in-process pool's samples), each

@@ -70,7 +70,7 @@ def entries(mode: str, policies: Sequence[str] | None = None) -> list[tuple[str,
     if found is None:
         return [(mode, "default", mode)]
     out = [(mode, entry.split("=", 1)[1], entry) for entry in dispatch_entries(mode)]
-    return [e for e in out if policies is None or e[1] in policies]
+    return [e for e in out if policies is None or "all" in policies or e[1] in policies]
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def run_cross_engine_idle(steps: Sequence[Mapping[str, Any]]) -> float:
 
 def policy_of(mode: SimMode) -> str:
     """The dispatch the replay used: the mode's dispatch policy (its placement where it has none)."""
-    return str(getattr(mode, "dispatch", None) or mode.placement)
+    return str(getattr(mode, "dispatch", None) or getattr(mode, "placement", None) or "default")
 
 
 def _measured_work(events: list[dict[str, Any]]) -> tuple[Counter[tuple[int, int]], Counter[int]]:
