@@ -12,7 +12,8 @@ and each mode's ratio to the baseline under round-robin in the same seed.
 (b) Simulator: each length log replayed at W = 8 ... 4,096 on the H200 calibration (weak scaling), baseline
 and sorted under every policy: the best policy per (mode, W) and sorted's gain over the baseline.
 
-`--quick`: W = 2, 3 seeds of 3 steps of 4 prompts x 8 (max 128 tokens); the simulator on 2 steps.
+Each engine has 32 slots (8 prompts x 8 per step fill them at W = 2). `--quick`: W = 2, 3 seeds of 3 steps
+of 4 prompts x 8 (max 128 tokens, 16 slots); the simulator on 2 steps.
 Prints the tables and writes benchmarks/results/multi_engine.json (`--out`).
 """
 
@@ -70,7 +71,7 @@ def parse() -> argparse.Namespace:
 def cpu_runs(args: argparse.Namespace, workers: int) -> CpuRuns:
     c = CpuRuns(workers=workers)
     if args.quick:
-        c = replace(c, steps=3, prompts_per_step=4, max_tokens=128)
+        c = replace(c, steps=3, prompts_per_step=4, max_tokens=128, slots=16)
     policies = None if args.policies is None else tuple(args.policies.split(","))
     given = {"seeds": args.seeds, "steps": args.steps, "prompts_per_step": args.prompts_per_step,
              "max_tokens": args.max_tokens, "policies": policies}  # fmt: skip

@@ -134,6 +134,7 @@ class CpuRuns:
     prompts_per_step: int = 8
     group_size: int = 8
     max_tokens: int = 192
+    slots: int = 32  # per engine: a step's 64 sequences fill both engines' slots at W = 2
     modes: tuple[str, ...] = MODES
     policies: tuple[str, ...] = CPU_POLICIES
 
@@ -160,8 +161,8 @@ def train_config(c: CpuRuns, mode: str, options: dict[str, Any], seed: int, mode
                  backend: str) -> TrainConfig:  # fmt: skip
     cfg = TrainConfig(task="arith", mode=mode, mode_options=options, steps=c.steps, seed=seed, model=model,
                       prompts_per_step=c.prompts_per_step, group_size=c.group_size, max_tokens=c.max_tokens,
-                      eval_every=0, checkpoint_every=10**9, workers=c.workers,
-                      worker_backend=backend)  # fmt: skip
+                      eval_every=0, checkpoint_every=10**9, workers=c.workers, max_num_seqs=c.slots,
+                      max_model_len=c.max_tokens + 256, worker_backend=backend)  # fmt: skip
     cfg.grpo.micro_batch_size = 32
     return cfg
 
