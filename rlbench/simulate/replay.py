@@ -37,6 +37,7 @@ from rlbench.simulate.modes import SimMode, sim_mode
 from rlbench.simulate.scheduler import simulate_mode
 
 WORK = ("measured_forwards", "simulated_forwards", "measured_slot_steps", "simulated_slot_steps")
+PREFILL_TOKENS = 8192  # the engine's default (engine/config.py), for a trace without its run's config
 TOLERANCE = 0.03  # the verdict's bound on the bubble's and the cross-engine idle's error (3 points)
 
 
@@ -48,16 +49,22 @@ def read_events(run: str | Path) -> list[dict[str, Any]]:
     return workload.read_rows(path)
 
 
-def run_mode(run: str | Path) -> tuple[str, dict[str, Any]]:
-    """The mode and mode options the run was trained with (its train_config.json beside the trace); a trace
-    without one (a length log's, an imported run's) is replayed as the baseline."""
+def run_config(run: str | Path) -> dict[str, Any]:
+    """The train_config.json beside the run's trace, or {} for a trace without one (a length log's, an
+    imported run's: replayed as the baseline)."""
     path = Path(run)
     config = (path if path.is_dir() else path.parent) / "train_config.json"
     if not config.is_file():
-        return "baseline", {}
+        return {}
     raw = read_json(config)
     if not isinstance(raw, dict) or not isinstance(raw.get("mode_options", {}), dict):
         raise UserError(f"{config}: not a training run's config (a JSON object with mode_options)")
+    return raw
+
+
+def run_mode(run: str | Path) -> tuple[str, dict[str, Any]]:
+    """The mode and mode options the run was trained with (the baseline for a trace without a config)."""
+    raw = run_config(run)
     return str(raw.get("mode", "baseline")), dict(raw.get("mode_options") or {})
 
 
@@ -131,6 +138,8 @@ def replay_run(run: str | Path) -> dict[str, Any]:
         raise UserError(f"{run}: the trace has no engine steps to replay")
     name, options = run_mode(run)
     mode = sim_mode(name, options)
+    # the engine's admission rule: longest prompt x sequences per batched prefill, at most this many tokens
+    prefill = float(run_config(run).get("max_prefill_tokens") or PREFILL_TOKENS)
     caps = worker_capacities(events)  # per worker
     engines, capacity = sorted(caps), max(caps.values())
     measured = metrics.compute(events)
@@ -138,7 +147,7 @@ def replay_run(run: str | Path) -> dict[str, Any]:
     trace = workload.from_run_trace(events, str(run))
     pred = np.where(np.isnan(trace.predicted), float(trace.response_tokens.mean()), trace.predicted)
     sim = simulate_mode(mode, trace, pred, np.zeros(len(trace)), cost, len(engines), capacity,
-                        len(trace.steps), per_worker=True)  # fmt: skip
+                        len(trace.steps), max_prefill_tokens=prefill, per_worker=True)  # fmt: skip
     work = _measured_work(events)
     rows = [_step_row(m, s, engines, work) for m, s in zip(measured["steps"], sim["steps"], strict=False)]
     total = lambda key: sum(r[key] for r in rows)  # noqa: E731
@@ -150,6 +159,7 @@ def replay_run(run: str | Path) -> dict[str, Any]:
         "dispatch": policy_of(mode),
         "workers": len(engines),
         "capacity": capacity,
+        "max_prefill_tokens": prefill,
         "cost_model": cost.describe(),
         "steps": rows,
         "measured_steps": len(measured["steps"]),
