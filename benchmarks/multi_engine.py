@@ -60,6 +60,7 @@ def parse() -> argparse.Namespace:
                    help="CPU dispatch policies, comma-separated, or 'all' (default: round-robin and the "
                    "count-based least-loaded one the mode takes)")  # fmt: skip
     p.add_argument("--sim-workers", type=ints, default=(8, 64, 512, 4096))
+    p.add_argument("--model-size", default="embedded", help="the H200 calibration's model (simulate presets)")
     p.add_argument("--log", type=Path, action="append", help="length log(s) (default: both committed ones)")
     p.add_argument("--model", help="model dir or name (default: the embedded model)")
     p.add_argument("--no-cpu", action="store_true")
@@ -100,8 +101,8 @@ def print_cpu(workers: int, rows: list[dict], skipped: list[str]) -> None:
         )
 
 
-def print_sim(log: str, rows: list[dict], ans: dict) -> None:
-    print(f"\nSimulator, {log} (H200 calibration; step time ms per (mode, policy), * = the W's best)")
+def print_sim(log: str, model: str, rows: list[dict], ans: dict) -> None:
+    print(f"\nSimulator, {log} (H200 {model} calibration; step time ms per (mode, policy), * = the W's best)")
     ws = sorted({r["workers"] for r in rows})
     print("| mode | dispatch | " + " | ".join(f"W={w}" for w in ws) + " |")
     print("|---|---|" + "---:|" * len(ws))
@@ -114,9 +115,10 @@ def print_sim(log: str, rows: list[dict], ans: dict) -> None:
         print(f"| {mode} | {policy} | " + " | ".join(cells) + " |")
     if "sorted_gain" in ans:
         gains = ", ".join(f"W={w} {g:.3f}x" for w, g in ans["sorted_gain"].items())
-        grows = "yes" if ans["sorted_gain_grows"] else "no"
+        roll = ", ".join(f"W={w} {g:.3f}x" for w, g in ans["sorted_rollout_gain"].items())
+        grows = f"{'yes' if ans['sorted_gain_grows'] else 'no'} ({ans['sorted_gain_growth']:+.3f})"
         print(f"sorted's step-time gain over the baseline (each under its best policy): {gains}; "
-              f"grows from W={ws[0]} to W={ws[-1]}: {grows}")  # fmt: skip
+              f"grows from W={ws[0]} to W={ws[-1]}: {grows}; rollout-time gain: {roll}")  # fmt: skip
 
 
 def main() -> None:
@@ -137,12 +139,17 @@ def main() -> None:
             doc["cpu"][str(w)] = {"workload": asdict(c), "rows": rows, **measured, "traces": str(runs)}
             print_cpu(w, rows, measured["skipped_modes"])
     if not args.no_sim:
-        s = replace(Sweep(), workers=args.sim_workers, steps=2 if args.quick else Sweep.steps)
+        s = replace(
+            Sweep(),
+            workers=args.sim_workers,
+            steps=2 if args.quick else Sweep.steps,
+            model_size=args.model_size,
+        )
         for log in args.log or [p for p in (LENGTH_LOG, TRL_LOG) if p.is_file()]:
             rows = sweep(read_lengths(log), s)
             ans = answer(rows)
             doc["simulator"][str(log)] = {"sweep": asdict(s), "rows": rows, "answer": ans}
-            print_sim(str(log), rows, ans)
+            print_sim(str(log), s.model_size, rows, ans)
     doc.update(elapsed_s=time.time() - started, load_at_end=os.getloadavg())
     write_json(args.out, doc)
     print(f"\n{doc['elapsed_s']:.0f} s, load {load[0]:.1f} -> {os.getloadavg()[0]:.1f}; results: {args.out}")
