@@ -105,3 +105,29 @@ def test_bad_input_is_one_line(tmp_path):
         "no such run folder or trace file" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     )
     assert not (tmp_path / "o").exists()
+
+
+def test_an_engine_that_prefills_while_another_decodes_counts_its_own_forwards():
+    """The vectorised engine steps all workers together: a worker whose queue refills an empty batch (a
+    prefill of its own) while another decodes takes one forward, as it does alone (a real W = 2 run's queues,
+    whose replay counted one forward too many on engine 0 before)."""
+    import numpy as np
+
+    from rlbench.simulate import engine
+    from rlbench.simulate.cost import preset
+
+    queues = [
+        [37] * 6 + [11, 37, 26, 24, 24, 24, 24, 11, 24, 24],
+        [35, 35, 10, 35, 10, 35, 37, 35, 96, 95, 11, 10, 11, 10, 96, 10],
+    ]
+    prompts = [[49.0] * 8 + [46.0] * 8, [50.0] * 8 + [64.0] * 8]
+    cost = preset("h200", "embedded")
+
+    def forwards(rows: list[int]) -> list[float]:
+        tokens, ctx = np.array([queues[r] for r in rows]), np.array([prompts[r] for r in rows])
+        q = engine.Queues(tokens, ctx, np.ones_like(ctx), np.full(len(rows), 16))
+        return engine.run(q, 8, cost, 1.0, 32768).rounds.work(np.inf)[0].tolist()
+
+    alone = forwards([0]) + forwards([1])
+    assert alone == [61.0, 131.0]  # engine 0: 37 forwards, a prefill of 7, 23 decodes; as the trace counted
+    assert forwards([0, 1]) == alone
