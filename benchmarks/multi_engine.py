@@ -94,7 +94,10 @@ def print_cpu(workers: int, rows: list[dict], skipped: list[str]) -> None:
         time_cell = f"{r['step_time_s']:.2f} ({r['step_time_sd']:.2f}) [{lo:.2f}, {hi:.2f}]"
         shares = f"{r['bubble_ratio']:.1%} | {r['cross_engine_idle']:.1%}"
         print(f"| {r['mode']} | {r['policy']} | {r['seeds']} | {time_cell} | {ratio} | {shares} |")
-    print("(idle: cross-engine idle, 1 - engines' busy time / (W x the busiest engine's))")
+    print(
+        "(idle: cross-engine idle, engine-seconds with no forward while another engine runs one, over W x"
+        " the step's engine span: docs/metrics.md)"
+    )
     for mode in skipped:
         print(
             f"{mode}: runs on one engine at this commit (the trainer refuses --workers {workers}); left out"

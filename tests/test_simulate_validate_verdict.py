@@ -10,7 +10,7 @@ import pytest
 from conftest import cli
 
 from reference_trainer.errors import UserError
-from rlbench.simulate.replay import ValidateConfig, cross_engine_idle, run_mode, table, verdict
+from rlbench.simulate.replay import ValidateConfig, run_mode, table, verdict
 
 
 def doc(bubble=(0.60, 0.61), idle=(0.10, 0.11), forwards=((10, 7), (10, 7)), steps=(1, 1)) -> dict:
@@ -38,10 +38,29 @@ def doc(bubble=(0.60, 0.61), idle=(0.10, 0.11), forwards=((10, 7), (10, 7)), ste
     }
 
 
-def test_cross_engine_idle_is_the_idle_share_against_the_busiest_engine():
-    assert cross_engine_idle([2.0, 1.0]) == pytest.approx(0.25)  # engine 1 idles half of engine 0's time
-    assert cross_engine_idle([3.0, 3.0, 3.0]) == 0.0
-    assert cross_engine_idle([4.0]) == 0.0 and cross_engine_idle([0.0, 0.0]) == 0.0
+def test_the_replays_forwards_are_read_by_the_traces_own_cross_engine_idle():
+    """A replay's rounds as forward events: engine 0 runs 2 forwards of 1 s (each followed by 0.5 s of host
+    gap) from t = 0, engine 1 one forward of 1 s from t = 0: engine 1 idles while engine 0 runs its second
+    forward (1 s of the 2.5 s span: the gap between forwards is no engine's forward)."""
+    import numpy as np
+
+    from rlbench.simulate.engine import Rounds
+    from rlbench.simulate.replay import simulated_idle
+    from rlbench.simulate.scheduler import forward_events
+
+    one = lambda a, b: np.array([[a, b]])  # noqa: E731
+    rounds = Rounds(t0=one(0.0, 0.0), busy=one(2.0, 1.0), gap=one(1.0, 0.5), occupied=one(4, 4),
+                    it0=one(0, 0), k=one(2, 1), prefill=one(0, 0))  # fmt: skip
+    events = forward_events(rounds, horizon=10.0)
+    assert [(e["worker"], e["t_start"], e["t_end"]) for e in events] == [
+        (0, 0.0, 1.0),
+        (0, 1.5, 2.5),
+        (1, 0.0, 1.0),
+    ]
+    idle, span = simulated_idle({"forward_events": events}, [0, 1])
+    assert idle == pytest.approx(1.0) and span == pytest.approx(2 * 2.5)
+    cut = forward_events(rounds, horizon=2.0)  # an early-terminated step: forwards end at the horizon
+    assert [(e["worker"], e["t_end"]) for e in cut] == [(0, 1.0), (0, 2.0), (1, 1.0)]
 
 
 def test_within_three_points_and_equal_forwards_holds():
@@ -86,6 +105,12 @@ def test_the_runs_mode_comes_from_its_config(tmp_path):
     assert run_mode(tmp_path) == ("baseline", {})  # no config: a length log's trace, the baseline
     (tmp_path / "train_config.json").write_text(json.dumps({"mode": "sorted", "mode_options": {"x": 1}}))
     assert run_mode(tmp_path / "trace.jsonl") == ("sorted", {"x": 1})
+    former = {
+        "mode": "baseline",
+        "mode_options": {"placement": "least-outstanding"},
+    }  # a run of an older rlbench
+    (tmp_path / "train_config.json").write_text(json.dumps(former))
+    assert run_mode(tmp_path) == ("baseline", {"dispatch": "least-in-flight"})
     (tmp_path / "train_config.json").write_text(json.dumps({"mode": "sorted", "mode_options": [1]}))
     with pytest.raises(UserError, match="not a training run's config"):
         run_mode(tmp_path)

@@ -85,7 +85,8 @@ class Sweep:
 
 
 def sweep(trace: LengthTrace, s: Sweep, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Every (W, mode, policy) of `s` replayed on `trace`: step time, bubble and cross-engine idle."""
+    """Every (W, mode, policy) of `s` replayed on `trace`: step time, rollout time, bubble and the worker idle
+    share (1 - busy / the busiest worker's, the simulator's at any W)."""
     cost = preset(s.gpu, s.model_size)
     todo = [e for mode in s.modes for e in entries(mode)]
     rows = []
@@ -97,7 +98,7 @@ def sweep(trace: LengthTrace, s: Sweep, progress: Callable[[str], None] = print)
             r = by_label[label]
             rows.append({"workers": w, "mode": mode, "policy": policy, "step_time_s": r["step_time_s"],
                          "rollout_s": r["rollout_s"],
-                         "bubble_ratio": r["bubble_ratio"], "cross_engine_idle": r["worker_idle_share"],
+                         "bubble_ratio": r["bubble_ratio"], "worker_idle_share": r["worker_idle_share"],
                          "trained_tokens_per_s": r["trained_tokens_per_s"]})  # fmt: skip
         progress(f"simulated W = {w}: {len(todo)} (mode, policy) pairs in {doc['elapsed_s']:.1f} s")
     return rows
@@ -304,7 +305,7 @@ def multi_engine(ctx: Context) -> Outcome:
         notes.append(f"{mode} runs on one engine at this commit: no W = 2 run of either mode was made (the "
                      "ordering needs both; the verdict is inconclusive without it)")  # fmt: skip
     sim_rows = [{k: r[k] for k in ("workers", "mode", "policy", "step_time_s", "rollout_s", "bubble_ratio",
-                                   "cross_engine_idle")} for r in sim["rows"]]  # fmt: skip
+                                   "worker_idle_share")} for r in sim["rows"]]  # fmt: skip
     cpu_rows = [{"run": label, **r} for label, r in cpu["runs"].items()]
     return Outcome(
         measured=measured,

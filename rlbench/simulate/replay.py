@@ -6,8 +6,9 @@ finished lengths (the trace's sequence events) and a cost model fitted to its ow
 simulator must reproduce, step by step and overall:
 
 - the bubble ratio (reference_trainer.trace.metrics);
-- the cross-engine idle: the engine time left idle while another engine still runs, 1 - sum of the engines'
-  busy time / (W x the busiest engine's), a ratio of sums over the steps (0 on one engine);
+- the cross-engine idle (reference_trainer/trace/engines.py, the trace's own definition): the engine-seconds
+  in which an engine runs no forward while another runs one, over W x the step's engine span, a ratio of
+  sums over the steps; the replay's forwards are read by the same function as the run's;
 - the work, with no clock in it: engine forwards per engine and slot-steps (occupied slots summed over the
   forwards). The scheduler mirrors the engine's, so on the run's own lengths and dispatch the counts are
   equal whatever the machine's load did to the timings.
@@ -27,7 +28,9 @@ from typing import Any
 import numpy as np
 
 from reference_trainer.errors import UserError, check_number
+from reference_trainer.rollout.dispatch import RENAMED, RENAMED_OPTIONS
 from reference_trainer.trace import metrics
+from reference_trainer.trace.engines import cross_engine_idle
 from reference_trainer.trace.records import read_json
 from reference_trainer.trace.schema import FORWARD_KINDS
 from reference_trainer.trace.steps import worker_capacities
@@ -63,30 +66,31 @@ def run_config(run: str | Path) -> dict[str, Any]:
 
 
 def run_mode(run: str | Path) -> tuple[str, dict[str, Any]]:
-    """The mode and mode options the run was trained with (the baseline for a trace without a config)."""
+    """The mode and mode options the run was trained with (the baseline for a trace without a config), a
+    former option's name as it is now (a run recorded with placement=least-outstanding dispatched as
+    dispatch=least-in-flight does)."""
     raw = run_config(run)
-    return str(raw.get("mode", "baseline")), dict(raw.get("mode_options") or {})
+    options = {}
+    for key, value in dict(raw.get("mode_options") or {}).items():
+        key = RENAMED_OPTIONS.get(key, key)
+        options[key] = RENAMED.get(value, value) if key == "dispatch" and isinstance(value, str) else value
+    return str(raw.get("mode", "baseline")), options
 
 
-def cross_engine_idle(busy: Sequence[float]) -> float:
-    """The engine time left idle while another engine still runs: 1 - sum(busy) / (W x max(busy));
-    0 on one engine or with nothing run."""
-    top = max(busy, default=0.0)
-    return 1.0 - sum(busy) / (len(busy) * top) if top > 0 else 0.0
+def _idle_share(idle_s: float, span_s: float) -> float:
+    return idle_s / span_s if span_s > 0 else 0.0
 
 
-def _idle_of_sums(busy_sums: Sequence[float], busy_maxes: Sequence[float], engines: int) -> float:
-    """A run's cross-engine idle as a ratio of sums over its steps."""
-    top = sum(busy_maxes)
-    return 1.0 - sum(busy_sums) / (engines * top) if top > 0 else 0.0
+def simulated_idle(row: Mapping[str, Any], engines: Sequence[int]) -> tuple[float, float]:
+    """A simulated step's (cross-engine idle engine-seconds, engine-seconds of its span), by the trace's
+    own definition (trace/engines.py) over the replay's forwards."""
+    idle, span, _ = cross_engine_idle(row["forward_events"], engines)
+    return idle, span
 
 
 def run_cross_engine_idle(steps: Sequence[Mapping[str, Any]]) -> float:
-    """A run's cross-engine idle over its steps (metrics' step rows, each engine's busy time), a ratio of
-    sums: 1 - the engines' busy time / (W x the busiest engine's, summed over the steps)."""
-    busy = [[float(b) for b in s["worker_busy_s"].values()] for s in steps]
-    engines = max((len(b) for b in busy), default=1)
-    return _idle_of_sums([sum(b) for b in busy], [max(b, default=0.0) for b in busy], engines)
+    """A run's cross-engine idle over `steps` (metrics' step rows), a ratio of sums (engines.py's)."""
+    return _idle_share(sum(s["cross_engine_idle_s"] for s in steps), sum(s["engine_span_s"] for s in steps))
 
 
 def policy_of(mode: SimMode) -> str:
@@ -111,14 +115,16 @@ def _step_row(
 ) -> dict:
     """One step measured (metrics' step row, the trace's work) beside the same step simulated."""
     forwards, slot_steps = work
-    busy = [float(m["worker_busy_s"].get(str(w), 0.0)) for w in engines]
     per_engine = [forwards[m["step"], w] for w in engines]
+    idle, span = simulated_idle(s, engines)
     return {
         "step": m["step"],
         "measured_bubble": m["bubble_ratio"],
         "simulated_bubble": s["bubble_ratio"],
-        "measured_cross_engine_idle": cross_engine_idle(busy),
-        "simulated_cross_engine_idle": _idle_of_sums([s["busy_sum"]], [s["busy_max"]], len(engines)),
+        "measured_cross_engine_idle": _idle_share(m["cross_engine_idle_s"], m["engine_span_s"]),
+        "simulated_cross_engine_idle": _idle_share(idle, span),
+        "simulated_cross_engine_idle_s": idle,
+        "simulated_engine_span_s": span,
         "measured_rollout_s": m["timing_s/gen"],
         "simulated_rollout_s": s["rollout_s"],
         "measured_engine_forwards": per_engine,
@@ -167,7 +173,9 @@ def replay_run(run: str | Path) -> dict[str, Any]:
         "measured_bubble": measured["summary"]["bubble_ratio"],
         "simulated_bubble": sim["bubble_ratio"],
         "measured_cross_engine_idle": run_cross_engine_idle(measured["steps"]),
-        "simulated_cross_engine_idle": sim["worker_idle_share"],
+        "simulated_cross_engine_idle": _idle_share(
+            total("simulated_cross_engine_idle_s"), total("simulated_engine_span_s")
+        ),
         "measured_rollout_s": measured["summary"]["timing_s/gen"],
         "simulated_rollout_s": sim["rollout_s"],
         "measured_engine_forwards": per_engine("measured_engine_forwards"),
