@@ -30,9 +30,11 @@ def whatif(
     steps: int | None = None,
     groups_per_worker: int | None = None,
     update_s_per_token: float | None = None,
+    dispatch_workers: int | None = None,
 ) -> dict[str, Any]:
     """Every mode of `modes` at every worker count of `workers` (`slots` per worker): its predicted bubble,
-    worker idle share, step time and speed-ups over the baseline, with the workload replayed.
+    worker idle share, step time and speed-ups over the baseline, with the workload replayed; and the
+    baseline's best dispatch policy at `dispatch_workers` (default: the largest of `workers`).
     `update_s_per_token`: the trainer's measured seconds per trained token for the logged batch on one
     worker (`logged_update_cost`), in place of the preset's update; an async mode's trainer pool runs it."""
     cost: CostModel = preset(gpu, model_size)
@@ -56,7 +58,9 @@ def whatif(
         "workload": doc["workload"],
         "results": results,
         "not_modelled": doc["not_modelled"],
-        "best_dispatch": best_dispatch(trace, cost, slots, max(workers), steps, groups_per_worker),
+        "best_dispatch": best_dispatch(
+            trace, cost, slots, dispatch_workers or max(workers), steps, groups_per_worker
+        ),  # fmt: skip
     }
 
 
