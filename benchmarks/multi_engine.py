@@ -56,6 +56,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--prompts-per-step", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--modes", default=None, help="CPU modes, comma-separated (default: baseline,sorted)")
     p.add_argument("--policies", default=None,
                    help="CPU dispatch policies, comma-separated, or 'all' (default: round-robin and the "
                    "count-based least-loaded one the mode takes)")  # fmt: skip
@@ -75,7 +76,8 @@ def cpu_runs(args: argparse.Namespace, workers: int) -> CpuRuns:
         c = replace(c, steps=3, prompts_per_step=4, max_tokens=128, slots=16)
     policies = None if args.policies is None else tuple(args.policies.split(","))
     given = {"seeds": args.seeds, "steps": args.steps, "prompts_per_step": args.prompts_per_step,
-             "max_tokens": args.max_tokens, "policies": policies}  # fmt: skip
+             "max_tokens": args.max_tokens, "policies": policies,
+             "modes": None if args.modes is None else tuple(args.modes.split(","))}  # fmt: skip
     return replace(c, **{k: v for k, v in given.items() if v is not None})
 
 
