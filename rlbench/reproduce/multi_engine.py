@@ -19,6 +19,7 @@ from __future__ import annotations
 import shutil
 import statistics
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ from reference_trainer.modes import get_mode
 from reference_trainer.trace import metrics
 from reference_trainer.trace.schema import read_trace
 from reference_trainer.train.config import TrainConfig
+from rlbench.integrations import lengthlog
+from rlbench.models import resolve_model
+from rlbench.report.page import table
 from rlbench.reproduce.base import Context, Outcome
 from rlbench.simulate import simulate, workload
 from rlbench.simulate.cost import preset
@@ -47,8 +51,6 @@ CPU_POLICIES = ("round-robin", "least-in-flight", "least-outstanding")
 def read_lengths(path: str | Path) -> LengthTrace:
     """A length trace (one sequence a line), a length log (one group a line: `rlbench import lengths`'s
     format) or a run's trace."""
-    from rlbench.integrations import lengthlog
-
     rows = workload.read_rows(Path(path))
     if rows and "group" in rows[0] and "prompt_id" not in rows[0]:
         return lengthlog.to_length_trace(lengthlog.read(path), str(path))
@@ -183,8 +185,6 @@ def run_summary(out: Path) -> dict[str, Any]:
 def measure_cpu(c: CpuRuns, model: str | None, runs: Path, backend: str = "ray",
                 progress: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
     """Train every config of `cpu_configs`, interleaved, in `runs/<label>`; each run's summary."""
-    from contextlib import nullcontext
-
     from rlbench.reproduce.histopipe import ray_session
     from rlbench.training import run_modes
 
@@ -240,7 +240,6 @@ def _measured(ctx: Context) -> dict[str, Any]:
     """Baseline and sorted at W = 2 under round-robin dispatch, one seed (or the finished cpu.json): Ray
     engines, or in-process ones under --quick and where Ray is not installed; neither where sorted runs on
     one engine only."""
-    from rlbench.models import resolve_model
     from rlbench.reproduce.histopipe import worker_backend
 
     c = CpuRuns(seeds=(ctx.seed,), steps=ctx.pick(4, 1), prompts_per_step=ctx.pick(8, 2),
@@ -297,8 +296,6 @@ NOTES = [
 
 
 def multi_engine(ctx: Context) -> Outcome:
-    from rlbench.report.page import table
-
     sim, cpu = _simulated(ctx), _measured(ctx)
     measured = summarize(sim, cpu)
     notes = list(NOTES)
