@@ -262,14 +262,15 @@ def test_validate_is_a_command_of_its_own(tmp_path):
                "--out", str(run)).returncode == 0  # fmt: skip
     res = simulate_cli("validate", str(run), "--out", str(tmp_path / "v"))
     assert res.returncode == 0, res.stderr
-    doc = json.loads((tmp_path / "v" / "validation.json").read_text())
+    [doc] = json.loads((tmp_path / "v" / "validation.json").read_text())["runs"]
     assert len(doc["steps"]) == 2 and doc["capacity"] == 4 and 0 < doc["measured_bubble"] < 1
     assert doc["simulated_bubble"] is not None
     res = simulate_cli("--out", str(tmp_path / "w"), "validate", str(run))
     assert res.returncode == 2 and "--out: give `simulate validate`'s options after its name" in res.stderr
     assert not (tmp_path / "w").exists()
     res = simulate_cli("validate", str(tmp_path / "nope"), "--out", str(tmp_path / "x"))
-    assert res.returncode == 2 and "no such trace file" in res.stderr and not (tmp_path / "x").exists()
+    assert res.returncode == 2 and "no such run folder or trace file" in res.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_cli_writes_json_and_report(tmp_path):

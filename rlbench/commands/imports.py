@@ -81,6 +81,8 @@ def _say(doc: dict, out: Path) -> None:
                 f"predicted W={r['workers']:>5} {r['mode']:<15} bubble {pct(r['bubble_ratio'])}  "
                 f"speed-up {r['speedup']:.2f}x"
             )
+        if (best := whatif.get("best_dispatch") or {}).get("available"):
+            typer.echo(f"predicted best dispatch: {best['line']}")
     typer.echo(f"report: {out / 'report.html'}")
 
 

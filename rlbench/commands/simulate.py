@@ -162,21 +162,35 @@ def _simulate(cfg: SimConfig, out: Path) -> None:
 
 
 def validate_command(
-    run: Annotated[Path, typer.Argument(help="A measured baseline run: its directory or its trace.jsonl.")],
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Measured runs (W = 1 or W engines): their folders or trace.jsonl files."),
+    ],
     out: OutDir = Path("runs/simulate-validate"),
+    tolerance: Annotated[
+        float, typer.Option(help="The verdict's bound on the bubble's and cross-engine idle's error.")
+    ] = 0.03,
+    check: Annotated[
+        bool, typer.Option("--check", help="Exit 1 when the simulator does not hold for every run.")
+    ] = False,
     overwrite: Overwrite = False,
 ) -> None:
-    """Replay a measured baseline run on a cost model fitted to it, and compare its bubble with the
-    measured one, step by step: validation.json."""
-    import json
-
+    """Replay each measured run (its mode, dispatch, engines, steps and lengths) on a cost model fitted to
+    it; compare the bubble, the cross-engine idle and each engine's forwards, step by step and overall, and
+    say per run whether the simulator holds (within --tolerance, equal forwards): validation.json."""
     from reference_trainer.trace.records import write_json
     from rlbench.rundirs import check_run_dir, claim
-    from rlbench.simulate.replay import validate
+    from rlbench.simulate.replay import ValidateConfig, table, validate_runs
 
-    check_run_dir(out, "simulate", overwrite, (run,), marker="validation.json")
-    doc = validate(run)  # reads the run only: a bad one is one line before --out is touched
+    cfg = ValidateConfig(tuple(runs), tolerance).check()
+    check_run_dir(out, "simulate", overwrite, tuple(runs), marker="validation.json")
+    doc = validate_runs(cfg)  # reads the runs only: a bad one is one line before --out is touched
     with claim(out, "simulate", accepts=("simulate",)):
         write_json(out / "validation.json", doc)
-    typer.echo(json.dumps({k: doc[k] for k in ("measured_bubble", "simulated_bubble")}))
+    for line in table(doc):
+        typer.echo(line)
+    for run in doc["runs"]:
+        typer.echo(f"{run['run']}: {run['verdict']['text']}")
     typer.echo(f"validation: {out / 'validation.json'}")
+    if check and not doc["holds"]:
+        raise typer.Exit(1)

@@ -21,6 +21,7 @@ from rlbench.integrations import lengthlog
 from rlbench.integrations.lengthlog import Group
 from rlbench.report.import_report import render_import
 from rlbench.rundirs import claim
+from rlbench.simulate.modes import dispatch_entries
 from rlbench.simulate.whatif import whatif as simulate_whatif
 
 WHATIF_MODES = ("baseline", "sorted", "sorted-partial", "histopipe", "async")  # async: max_staleness 1
@@ -44,6 +45,12 @@ LEDGER_SEQUENCES = 250_000
 NO_GPU = (
     "an imported run has no GPU timeline: rlbench profile --engine-metrics samples NVML around a live run"
 )
+
+
+# The best dispatch's replays (the baseline once per policy, each request dispatched in Python): a fifth of
+# the modes' budget. On a length log of 16 sequences per worker and step, 6 policies x 8 steps took 2.1 s of
+# CPU at 512 workers (540,000 units) and 22 s at 4,096 (2.7 million; 2026-11-29).
+DISPATCH_BUDGET = REPLAY_BUDGET // 5
 
 
 def step_work(workers: int, per_worker: float, slots: int) -> float:
@@ -95,8 +102,21 @@ def whatif(
     steps = min(len(by_step), int(REPLAY_BUDGET // work))
     used = min(len(groups), steps * max(chosen) * per_step)  # the replay cycles through the log's groups
     trace = lengthlog.to_length_trace(groups[:used], "length log")
+    # the best dispatch replays the baseline once per policy: at the largest count whose replays fit
+    # DISPATCH_BUDGET (the smallest count where none does)
+    policies = len(dispatch_entries("baseline"))
+    fits = [w for w in chosen if policies * steps * step_work(w, per_worker, slots) <= DISPATCH_BUDGET]
     doc = simulate_whatif(
-        trace, slots, chosen, WHATIF_MODES, gpu, model_size, steps, per_step, update_s_per_token
+        trace,
+        slots,
+        chosen,
+        WHATIF_MODES,
+        gpu,
+        model_size,
+        steps,
+        per_step,
+        update_s_per_token,
+        max(fits, default=min(chosen)),
     )
     said = [f"worker counts {', '.join(map(str, chosen))}"
             + ("" if workers else f" (the default counts whose replayed step fits the budget of "

@@ -11,6 +11,7 @@ from typing import Any
 from reference_trainer.trace.records import read_json
 from reference_trainer.trace.schema import read_trace
 from rlbench.report.figures import Event, _fig, note, num, pct, steps_axis
+from rlbench.report.observe_report import dispatch_parts
 from rlbench.report.page import table, write_page
 from rlbench.report.profile_report import kpis, step_figures, summary_rows
 from rlbench.report.run_doc import check_profile_doc
@@ -102,7 +103,7 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
             f"{whatif.get('steps_replayed', 'all')} step(s) replayed. "
             + "; ".join(html.escape(line) for line in whatif.get("sampling") or [])
         )
-        body = [f'<p class="sub">{text}</p>', table(whatif_rows(whatif))]
+        body = [f'<p class="sub">{text}</p>', table(whatif_rows(whatif)), *dispatch_parts(whatif)]
         sections.append(("What each mode would buy here (predicted)", body))
     else:
         sections.append(("What each mode would buy here", [note(f"No prediction: {whatif.get('reason')}")]))

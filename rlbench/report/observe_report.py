@@ -97,6 +97,18 @@ def server_table(doc: dict[str, Any]) -> str:
     return table(rows)
 
 
+def dispatch_parts(whatif: dict[str, Any]) -> list[Any]:
+    """The what-if's best dispatch policy for this log: one line and the policies' table; a note where there
+    is nothing to choose (one engine)."""
+    best = whatif.get("best_dispatch") or {}
+    if not best.get("available"):
+        return [note(f"Dispatch: {best.get('reason', 'not replayed')}")] if best else []
+    rows = [{"dispatch": r["policy"], "predicted step time (s)": num(r["step_time_s"]),
+             "predicted bubble": pct(r["bubble_ratio"]), "engine idle": pct(r["worker_idle_share"])}
+            for r in best["policies"]]  # fmt: skip
+    return [f'<p class="sub">Best dispatch (predicted): {html.escape(best["line"])}.</p>', table(rows)]
+
+
 def whatif_section(whatif: dict[str, Any], observed: float | None) -> list[Any]:
     if not whatif.get("available"):
         return [note(f"No prediction: {whatif.get('reason')}")]
@@ -113,7 +125,7 @@ def whatif_section(whatif: dict[str, Any], observed: float | None) -> list[Any]:
         "A server does not know an RL step's prompt groups: each request is its own prompt unless a request "
         "log says otherwise, so HistoSpec acceptance and HistoPipe predictions are the simulator's defaults."
     )
-    return [f'<p class="sub">{text}</p>', table(rows)]
+    return [f'<p class="sub">{text}</p>', table(rows), *dispatch_parts(whatif)]
 
 
 def observed_sections(

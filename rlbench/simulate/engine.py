@@ -123,7 +123,9 @@ def run(
         if decode.any():
             active = s_idx >= 0
             k = np.where(decode, np.min(s_target, axis=1) - it, 0)
-            k = np.where(admit, 1, np.maximum(k, 0))
+            # admissions riding a decode make it one forward long; a worker whose admissions are a prefill
+            # of their own (nothing running) decodes nothing in this round, whatever the others do
+            k = np.where(admit & decode, 1, np.maximum(k, 0))
             ctx_now = np.where(active, s_ctx + s_rate * (it[:, None] - s_admit), 0.0).sum(axis=1)
             grow = np.where(active, s_rate, 0.0).sum(axis=1)
             mid = ctx_now + grow * np.maximum(k - 1, 0) / 2.0

@@ -14,7 +14,7 @@ from typing import Any
 
 from reference_trainer.errors import UserError
 from reference_trainer.modes import MODES, ModeSpec, flatten_options, get_mode, parse_option_pairs
-from reference_trainer.rollout.dispatch import DispatchOptions
+from reference_trainer.rollout.dispatch import DISPATCH, DispatchOptions
 from reference_trainer.rollout.sorted import SortedOptions
 from reference_trainer.speculation.lookahead import LookaheadOptions
 
@@ -117,3 +117,26 @@ def parse_sim_modes(entries: list[str], options: dict[str, Any] | None = None) -
 
 # Every mode with its defaults, by name.
 SIM_MODES: dict[str, SimMode] = {name: sim_mode(name) for name in MODES}
+
+
+def dispatch_option(mode: str) -> tuple[str, tuple[str, ...]] | None:
+    """The option by which `mode` picks which engine runs which request over W engines (`dispatch`, or
+    `placement` where the mode has no `dispatch`) and its policies; None for a mode that takes neither (it
+    dispatches as the simulator's default does)."""
+    takes = _lookup(mode).options()
+    for key in ("dispatch", "placement"):
+        if key in takes:  # a registry open to dotted paths lists no choices: its named policies, then
+            return key, tuple(takes[key].choices or DISPATCH)
+    return None
+
+
+def dispatch_entries(mode: str) -> list[str]:
+    """`--modes` entries of `mode` under every dispatch policy it takes (`mode:dispatch=P`), its default
+    policy first; just the mode where it takes none."""
+    found = dispatch_option(mode)
+    if found is None:
+        return [mode]
+    key, policies = found
+    default = _lookup(mode).options()[key].default
+    first = [p for p in policies if p == default] + [p for p in policies if p != default]
+    return [f"{mode}:{key}={p}" for p in first]

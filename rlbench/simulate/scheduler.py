@@ -125,8 +125,12 @@ def simulate_mode(
     steps: int,
     groups_per_step: int | None = None,
     max_prefill_tokens: float = 8192,
+    per_worker: bool = False,
 ) -> dict:
-    """Run `steps` RL steps of `policy` on `workers`; per-step dicts and run totals (ratios of sums)."""
+    """Run `steps` RL steps of `policy` on `workers`; per-step dicts and run totals (ratios of sums).
+    `per_worker`: each step's row also lists every worker's forward count and the forwards themselves as
+    trace-like events (a validation compares them per engine; a sweep at thousands of workers leaves them
+    out)."""
     stream = Stream.of(trace)
     n_w = workers
     if n_w == 1:  # as in the trainer, where one worker runs the mode's one-engine strategy: nothing to place
@@ -139,7 +143,7 @@ def simulate_mode(
             cost, float(np.nanmean(acceptance)), capacity, capacity * ctx, sim_mode.max_draft
         )
     rate_of = spec_rate(acceptance, k) if k else np.ones(len(trace))
-    box = Box(n_w, capacity, cost, k, max_prefill_tokens)
+    box = Box(n_w, capacity, cost, k, max_prefill_tokens, per_worker)
     pos, front, carried = 0, np.zeros(0, dtype=np.int64), Jobs.empty()  # front: groups to redo first
     per_step = []
     for s in range(steps):
@@ -184,6 +188,7 @@ class Box:
     cost: CostModel
     k: int
     max_prefill_tokens: float
+    per_worker: bool = False
 
     def run(self, jobs: Jobs, keys: np.ndarray, rate: np.ndarray) -> tuple[engine.Result, np.ndarray]:
         queues, qpos = _queues(jobs, keys, rate, self.n_w)
@@ -308,7 +313,27 @@ def _account(
         "trained_tokens": train_tokens,
         "trained_groups": int(trained.size),
     }
+    if box.per_worker:
+        row["worker_forwards"] = [int(f) for f in forwards]
+        row["forward_events"] = forward_events(res.rounds, horizon)
     return row, trained, horizon
+
+
+def forward_events(rounds: engine.Rounds, horizon: float) -> list[dict]:
+    """The simulated forwards up to `horizon` as the trace's forward events (worker, t_start, t_end), so a
+    metric of the trace's (trace/engines.py) reads a replay as it reads a run: a round of n forwards is n
+    equal forwards, each followed by its share of the host gap."""
+    n = rounds.prefill + rounds.k
+    r, w = np.nonzero(n > 0)
+    count = n[r, w]
+    i = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    r, w, count = np.repeat(r, count), np.repeat(w, count), np.repeat(count, count)
+    each = (rounds.busy[r, w] + rounds.gap[r, w]) / count
+    start = rounds.t0[r, w] + i * each
+    end = np.minimum(start + rounds.busy[r, w] / count, horizon)
+    keep = start < horizon
+    return [{"worker": int(a), "t_start": float(b), "t_end": float(c)}
+            for a, b, c in zip(w[keep], start[keep], end[keep], strict=True)]  # fmt: skip
 
 
 def _carry(

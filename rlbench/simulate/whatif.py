@@ -14,6 +14,7 @@ import numpy as np
 from reference_trainer.trace.schema import SEQUENCE, UPDATE
 from rlbench.simulate import simulate
 from rlbench.simulate.cost import CostModel, preset
+from rlbench.simulate.modes import dispatch_entries
 from rlbench.simulate.workload import LengthTrace
 
 LABEL = "a replay through rlbench simulate's engine and cost model, not a measurement"
@@ -29,9 +30,11 @@ def whatif(
     steps: int | None = None,
     groups_per_worker: int | None = None,
     update_s_per_token: float | None = None,
+    dispatch_workers: int | None = None,
 ) -> dict[str, Any]:
     """Every mode of `modes` at every worker count of `workers` (`slots` per worker): its predicted bubble,
-    worker idle share, step time and speed-ups over the baseline, with the workload replayed.
+    worker idle share, step time and speed-ups over the baseline, with the workload replayed; and the
+    baseline's best dispatch policy at `dispatch_workers` (default: the largest of `workers`).
     `update_s_per_token`: the trainer's measured seconds per trained token for the logged batch on one
     worker (`logged_update_cost`), in place of the preset's update; an async mode's trainer pool runs it."""
     cost: CostModel = preset(gpu, model_size)
@@ -56,6 +59,47 @@ def whatif(
         "workload": doc["workload"],
         "results": results,
         "not_modelled": doc["not_modelled"],
+        "best_dispatch": best_dispatch(
+            trace, cost, slots, dispatch_workers or max(workers), steps, groups_per_worker
+        ),  # fmt: skip
+    }
+
+
+def best_dispatch(
+    trace: LengthTrace,
+    cost: CostModel,
+    slots: int,
+    workers: int,
+    steps: int | None = None,
+    groups_per_worker: int | None = None,
+    mode: str = "baseline",
+) -> dict[str, Any]:
+    """`mode` replayed at `workers` engines under every dispatch policy it takes: the policy with the least
+    simulated step time, and its speed-up over round-robin (the mode's default where it has none)."""
+    entries = dispatch_entries(mode)
+    if workers < 2 or len(entries) < 2:
+        why = "one engine: nothing to dispatch" if workers < 2 else f"mode {mode} takes no dispatch policy"
+        return {"available": False, "reason": why, "workers": workers}
+    labels = [mode, *entries[1:]]  # the default policy as the plain mode: the simulator's reference
+    doc = simulate(trace, cost, [workers], labels, slots, steps=steps, groups_per_worker=groups_per_worker)
+    policy = {label: entry.split("=", 1)[1] for label, entry in zip(labels, entries, strict=True)}
+    rows = [{"policy": policy[r["policy"]], "step_time_s": r["step_time_s"],
+             "bubble_ratio": _clean(r["bubble_ratio"]), "worker_idle_share": _clean(r["worker_idle_share"])}
+            for r in doc["results"]]  # fmt: skip
+    best = min(rows, key=lambda r: r["step_time_s"])
+    reference = next((r for r in rows if r["policy"] == "round-robin"), rows[0])
+    speedup = reference["step_time_s"] / best["step_time_s"] if best["step_time_s"] else None
+    return {
+        "available": True,
+        "mode": mode,
+        "workers": workers,
+        "policies": rows,
+        "best": best["policy"],
+        "reference": reference["policy"],
+        "best_speedup": speedup,
+        "line": f"{mode} at W={workers}: least step time under dispatch {best['policy']} "
+        f"({best['step_time_s']:.3g} s, {speedup:.2f}x over {reference['policy']}'s "
+        f"{reference['step_time_s']:.3g} s)",
     }
 
 
