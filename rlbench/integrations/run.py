@@ -61,6 +61,31 @@ def step_work(workers: int, per_worker: float, slots: int) -> float:
     return STEP_UNITS + per_worker * (EVENT_UNITS + workers * min(slots, per_worker) / SLOTS_PER_UNIT)
 
 
+def _worker_counts(workers: Sequence[int] | None, per_worker: float, slots: int) -> tuple[int, ...] | str:
+    """The what-if's worker counts: those given (a one-line error past the budget), or those of
+    WHATIF_WORKERS whose one step fits the replay budget together; a reason where none does."""
+    if workers:
+        chosen = tuple(workers)
+        if sum(step_work(w, per_worker, slots) for w in chosen) > REPLAY_BUDGET:
+            raise UserError(
+                f"the what-if at {max(chosen)} workers would replay {max(chosen) * per_worker:,.0f} "
+                f"sequences on {slots:,} slots each in one step: past its budget ({REPLAY_BUDGET:,} work "
+                f"units, at most {MAX_REPLAYED:,} sequences a step): give smaller --workers or --slots"
+            )
+        return chosen
+    chosen: tuple[int, ...] = ()
+    for count in WHATIF_WORKERS:  # in increasing order, while one step of each fits together
+        if sum(step_work(w, per_worker, slots) for w in (*chosen, count)) > REPLAY_BUDGET:
+            break
+        chosen += (count,)
+    if not chosen:
+        return (
+            f"one step of this log ({per_worker:,.0f} sequences on {slots:,} slots) is past the "
+            f"what-if's budget of {REPLAY_BUDGET:,} work units (give --slots)"
+        )
+    return chosen
+
+
 def whatif(
     groups: list[Group],
     slots: int,
@@ -78,26 +103,9 @@ def whatif(
     by_step = lengthlog.by_step(groups)
     per_step = max(1, round(len(groups) / len(by_step)))  # groups per worker and step
     per_worker = sum(len(g.lengths) for g in groups) / len(by_step)  # sequences per worker and step
-    if workers:
-        chosen = tuple(workers)
-        if sum(step_work(w, per_worker, slots) for w in chosen) > REPLAY_BUDGET:
-            raise UserError(
-                f"the what-if at {max(chosen)} workers would replay {max(chosen) * per_worker:,.0f} "
-                f"sequences on {slots:,} slots each in one step: past its budget ({REPLAY_BUDGET:,} work "
-                f"units, at most {MAX_REPLAYED:,} sequences a step): give smaller --workers or --slots"
-            )
-    else:
-        chosen = ()
-        for count in WHATIF_WORKERS:  # in increasing order, while one step of each fits together
-            if sum(step_work(w, per_worker, slots) for w in (*chosen, count)) > REPLAY_BUDGET:
-                break
-            chosen += (count,)
-        if not chosen:
-            reason = (
-                f"one step of this log ({per_worker:,.0f} sequences on {slots:,} slots) is past the "
-                f"what-if's budget of {REPLAY_BUDGET:,} work units (give --slots)"
-            )
-            return {"available": False, "reason": reason, "sampling": [f"no prediction: {reason}"]}
+    chosen = _worker_counts(workers, per_worker, slots)
+    if isinstance(chosen, str):
+        return {"available": False, "reason": chosen, "sampling": [f"no prediction: {chosen}"]}
     work = sum(step_work(w, per_worker, slots) for w in chosen)
     steps = min(len(by_step), int(REPLAY_BUDGET // work))
     used = min(len(groups), steps * max(chosen) * per_step)  # the replay cycles through the log's groups

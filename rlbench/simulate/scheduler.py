@@ -136,12 +136,7 @@ def simulate_mode(
     if n_w == 1:  # as in the trainer, where one worker runs the mode's one-engine strategy: nothing to place
         sim_mode = replace(sim_mode, dispatch="round-robin", order="fifo", migrate=False)
     policy = make_policy(sim_mode.dispatch)
-    k = 0
-    if sim_mode.spec:
-        ctx = float(trace.prompt_tokens.mean() + trace.response_tokens.mean() / 2.0)
-        k = choose_draft_len(
-            cost, float(np.nanmean(acceptance)), capacity, capacity * ctx, sim_mode.max_draft
-        )
+    k = _draft_len(sim_mode, trace, acceptance, cost, capacity)
     rate_of = spec_rate(acceptance, k) if k else np.ones(len(trace))
     box = Box(n_w, capacity, cost, k, max_prefill_tokens, per_worker)
     pos, front, carried = 0, np.zeros(0, dtype=np.int64), Jobs.empty()  # front: groups to redo first
@@ -155,10 +150,7 @@ def simulate_mode(
         new_uids = np.concatenate([front[:want], np.arange(pos, pos + fresh)])
         front, pos = front[want:], pos + fresh
         jobs = Jobs.cat(carried, _admit(policy, s, carried, new_uids, stream, trace, predicted, n_w))
-        keys = np.arange(len(jobs), dtype=float)
-        if sim_mode.order != "fifo":  # carried work first, then new work by predicted length
-            sign = -1.0 if sim_mode.order == "long-first" or s % 2 == 0 else 1.0
-            keys = np.where(keys < len(carried), -1e18 + keys, sign * predicted[jobs.row])
+        keys = _queue_keys(sim_mode, jobs, len(carried), predicted, s)
         rate = rate_of[jobs.row]
         res, qpos = box.run(jobs, keys, rate)
         if sim_mode.migrate and n_w > 1:
@@ -177,6 +169,26 @@ def simulate_mode(
         **totals(per_step, n_w),
         "steps": per_step,
     }
+
+
+def _draft_len(
+    sim_mode: SimMode, trace: LengthTrace, acceptance: np.ndarray, cost: CostModel, capacity: int
+) -> int:
+    """The run's one cost-aware draft length (0: no speculation)."""
+    if not sim_mode.spec:
+        return 0
+    ctx = float(trace.prompt_tokens.mean() + trace.response_tokens.mean() / 2.0)
+    return choose_draft_len(cost, float(np.nanmean(acceptance)), capacity, capacity * ctx, sim_mode.max_draft)
+
+
+def _queue_keys(sim_mode: SimMode, jobs: Jobs, carried: int, predicted: np.ndarray, step: int) -> np.ndarray:
+    """Each job's place in its worker's queue: fifo, or carried work first, then new work by predicted
+    length (long-first, or alternating by step)."""
+    keys = np.arange(len(jobs), dtype=float)
+    if sim_mode.order == "fifo":
+        return keys
+    sign = -1.0 if sim_mode.order == "long-first" or step % 2 == 0 else 1.0
+    return np.where(keys < carried, -1e18 + keys, sign * predicted[jobs.row])
 
 
 @dataclass(frozen=True)
