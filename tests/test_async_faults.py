@@ -16,15 +16,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_one_line_error, cli
 from test_trainer import tiny_config
 
 from faults.fault_inputs import damage as damage_file
 from reference_trainer.errors import UserError
+from reference_trainer.model.embedded import default_model_dir
 from reference_trainer.rollout import ring as ring_module
 from reference_trainer.rollout.ahead import check_history
 from reference_trainer.rollout.gate import Signal, death_line
-from reference_trainer.rollout.ring import WeightRing, remove_orphans
+from reference_trainer.rollout.ring import WeightRing, model_copy_bytes, remove_orphans
 from reference_trainer.train.checkpoint import HISTORY, latest_checkpoint
+from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.trainer import Trainer
 
 DEADLINE_S = 300  # a hang, not a slow machine: these runs take seconds
@@ -126,6 +129,21 @@ def test_a_ring_that_cannot_fit_is_refused_before_anything_is_written(tmp_path, 
     with pytest.raises(UserError, match=r"max_staleness \+ 1 = 2147483648 copies"):
         WeightRing({"a": torch.zeros(1024)}, 2**31, threading.Condition())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_staleness_the_machine_cannot_hold_is_refused_with_the_settings(tmp_path, monkeypatch):
+    # before any folder is made: the corrected command then finds no run claimed in --out
+    res = cli("train", "--mode", "async", "--mode-option", "max_staleness=2147483647", "--out", "run",
+              tmp=tmp_path)  # fmt: skip
+    assert_one_line_error(res, "max_staleness + 1 = 2147483648 copies of the weights")
+    assert not (tmp_path / "run").exists()
+    # the room is what the machine has, not a fixed cap: 4 copies of the shipped model where 3 fit
+    copy = model_copy_bytes(default_model_dir(), "cpu")
+    monkeypatch.setattr(ring_module, "_free", lambda folder: 3 * copy + 1)
+    TrainConfig(mode="async", mode_options={"max_staleness": 2}).check()
+    with pytest.raises(UserError, match=r"max_staleness \+ 1 = 4 copies"):
+        TrainConfig(mode="async", mode_options={"max_staleness": 3}).check()
+    TrainConfig(mode="baseline").check()  # a synchronous mode keeps no ring
 
 
 def _layout() -> list:

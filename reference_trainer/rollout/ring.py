@@ -11,22 +11,26 @@ back.
 The slots are files under /dev/shm (a temporary folder where /dev/shm lacks the room), so a process started
 with `spawn` maps the same memory by name, at any model size, without torch's shared-memory handles. Their
 room is reserved when they are made (a full /dev/shm is one line then, not a SIGBUS at the first write),
-after checking that the k + 1 copies fit at all. The folder is named by the trainer's pid: the trainer removes
-it on every exit it sees, and a ring whose trainer was killed outright is removed when the next one starts.
+after checking that the k + 1 copies fit at all (checked first with the run's settings, from the model's
+file headers, before the run's folder is made: `TrainConfig.check`). The folder is named by the trainer's
+pid: the trainer removes it on every exit it sees, and a ring whose trainer was killed outright is removed
+when the next one starts.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from reference_trainer.errors import UserError
+from reference_trainer.model.loader import resolve_device, resolve_dtype, tensor_shapes
 
 EMPTY, WRITING = -1, -2  # stamps of a slot that holds no version yet, and of one being written
 ALIGN = 64  # each tensor starts at a multiple of this many bytes of its slot
@@ -51,21 +55,57 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB"
 
 
-def _folder(nbytes: int, slots: int) -> str:
-    """A new folder for `nbytes` of slots: /dev/shm with room to spare, else the temporary folder; one line
-    when neither has the room (checked before anything is written)."""
-    remove_orphans()
-    prefix = f"{PREFIX}{os.getpid()}-"
+def _room(nbytes: int) -> str | None:
+    """Where `nbytes` of slots fit: /dev/shm with room to spare, else the temporary folder; None when
+    neither has the room."""
     if _free(SHM) > 2 * nbytes:
-        return tempfile.mkdtemp(prefix=prefix, dir=SHM)
-    tmp = tempfile.gettempdir()
-    if _free(tmp) > nbytes:
-        return tempfile.mkdtemp(prefix=prefix)
-    raise UserError(
-        f"a rollout run ahead keeps max_staleness + 1 = {slots} copies of the weights ({_gib(nbytes)}), "
-        f"more than {SHM} ({_gib(_free(SHM))} free) or {tmp} ({_gib(_free(tmp))} free) holds: "
-        "lower max_staleness, or free some room"
-    )
+        return SHM
+    return tempfile.gettempdir() if _free(tempfile.gettempdir()) > nbytes else None
+
+
+def check_room(copy_bytes: int, slots: int) -> None:
+    """One line when `slots` copies of `copy_bytes` each fit neither /dev/shm nor the temporary folder.
+    Called with a run's settings (`TrainConfig.check`), before its folder is made, and again when the
+    ring is made (the room may have gone meanwhile)."""
+    if _room(copy_bytes * slots) is None:
+        tmp = tempfile.gettempdir()
+        raise UserError(
+            f"a rollout run ahead keeps max_staleness + 1 = {slots} copies of the weights "
+            f"({_gib(copy_bytes * slots)}), more than {SHM} ({_gib(_free(SHM))} free) or {tmp} "
+            f"({_gib(_free(tmp))} free) holds: lower max_staleness, or free some room"
+        )
+
+
+def _folder(nbytes: int, slots: int) -> str:
+    """A new folder for `slots` slots of `nbytes` each, where they fit (checked before anything is
+    written)."""
+    remove_orphans()
+    check_room(nbytes, slots)
+    prefix = f"{PREFIX}{os.getpid()}-"
+    return tempfile.mkdtemp(prefix=prefix, dir=_room(nbytes * slots))
+
+
+Layout = list[tuple[str, tuple[int, ...], torch.dtype, int, int]]  # name, shape, dtype, at, n
+
+
+def layout_of(tensors: Iterable[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple[Layout, int]:
+    """Where each tensor (name, shape, dtype) lies in a slot, and the slot's bytes: each tensor starts at
+    a multiple of ALIGN."""
+    layout: Layout = []
+    at = 0
+    for name, shape, dtype in tensors:
+        size = math.prod(shape) * dtype.itemsize
+        layout.append((name, tuple(shape), dtype, at, size))
+        at += -(-size // ALIGN) * ALIGN
+    return layout, max(at, ALIGN)
+
+
+def model_copy_bytes(model_dir: str | Path, device: str) -> int:
+    """The bytes of one slot for the model in `model_dir` on `device`, from its files' headers (no weights
+    read): what `max_staleness` is checked against before a run starts."""
+    dtype = resolve_dtype("auto", resolve_device(device))
+    shapes = tensor_shapes(model_dir)
+    return layout_of((name, shape, dtype) for name, (shape, _) in shapes.items())[1]
 
 
 def _alive(pid: int) -> bool:
@@ -105,17 +145,9 @@ class WeightRing:
     `lock` (a multiprocessing or threading Condition) guards the stamps and is notified on every publish."""
 
     def __init__(self, template: Mapping[str, torch.Tensor], slots: int, lock: Any) -> None:
-        self.layout: list[
-            tuple[str, tuple[int, ...], torch.dtype, int, int]
-        ] = []  # name, shape, dtype, at, n
-        at = 0
-        for name, t in template.items():
-            size = t.numel() * t.element_size()
-            self.layout.append((name, tuple(t.shape), t.dtype, at, size))
-            at += -(-size // ALIGN) * ALIGN
-        self.nbytes = max(at, ALIGN)
+        self.layout, self.nbytes = layout_of((name, tuple(t.shape), t.dtype) for name, t in template.items())
         self.n, self.lock = max(1, slots), lock
-        self.folder = _folder(self.n * self.nbytes, self.n)
+        self.folder = _folder(self.nbytes, self.n)
         try:
             _reserve(os.path.join(self.folder, "stamps"), self.n * 8)
             for i in range(self.n):
