@@ -238,6 +238,17 @@ def with_options(record: type, name: str) -> Callable[[Callable[..., Any]], Call
 with_run_options = with_options(RunOptions, "run")
 
 
+def given_flags(ctx: typer.Context, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The flags the running command was given (on its command line or in the environment), not left at
+    their defaults, but the parameters named in `exclude`: what a command that would ignore them names."""
+    params = {p.name: p for p in ctx.command.params}
+    return [
+        params[name].opts[0] if name in params and params[name].opts else "--" + name.replace("_", "-")
+        for name in ctx.params
+        if name not in exclude and ctx.get_parameter_source(name).name != "DEFAULT"
+    ]
+
+
 def numeric_options(app: typer.Typer) -> list[tuple[tuple[str, ...], str, type]]:
     """(command path, flag, int or float) of every numeric option of every command of `app`: what the
     option fuzzing (tests/test_option_fuzz.py, faults/fault_fuzz.py) feeds bad numbers to."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlbench.options import ModeOption, OutDir, Seed, SimGpu, SimModelSize
+from rlbench.options import ModeOption, OutDir, Seed, SimGpu, SimModelSize, given_flags
 
 if TYPE_CHECKING:
     from rlbench.simulate.config import SimConfig
@@ -95,9 +95,8 @@ def simulate_command(
     from rlbench.simulate.config import SimConfig
 
     if ctx.invoked_subcommand is not None:
-        given = [name for name in ctx.params if ctx.get_parameter_source(name).name != "DEFAULT"]
-        if given:  # they would be ignored: the subcommand has options of its own
-            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        if given := given_flags(ctx):  # they would be ignored: the subcommand has options of its own
+            flags = ", ".join(given)
             raise UserError(f"{flags}: give `simulate {ctx.invoked_subcommand}`'s options after its name")
         return
     cfg = SimConfig.from_cli(workers, modes, mode_option, dispatch, trace=trace, synthetic=synthetic, gpu=gpu,

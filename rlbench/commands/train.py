@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from rlbench.options import Mode, RunOptions, with_run_options
+from rlbench.options import Mode, RunOptions, given_flags, with_run_options
 
 
 @with_run_options
@@ -31,13 +31,20 @@ def train_command(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing run in --out.")] = False,
 ) -> None:
     """Train with GRPO; writes metrics.jsonl, trace.jsonl and checkpoints/ to the run directory."""
-    from reference_trainer.errors import Interrupted
+    from reference_trainer.errors import Interrupted, UserError
     from reference_trainer.rollout.gate import RolloutDied
     from rlbench.rundirs import check_new_run, claim
     from rlbench.training import build_config, run_training
 
     if resume is not None:
         from reference_trainer.train.config import load_run_config
+
+        if ignored := given_flags(ctx, exclude=("resume", "steps")):  # a resume runs as the run was started
+            raise UserError(
+                f"{', '.join(ignored)} with --resume: a resume runs with the settings in "
+                f"{resume / 'train_config.json'} (only --steps may extend it); leave "
+                f"{'it' if len(ignored) == 1 else 'them'} out, or start a new run with --out"
+            )
 
         config = load_run_config(resume)
         config.steps = steps or config.steps  # resuming may extend the run
