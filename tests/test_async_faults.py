@@ -1,7 +1,8 @@
 """A rollout run ahead is supervised: its rollout process killed by any signal ends the run with one line
 and the weight ring removed; a resume that cannot give the rollout side its weights is one line; a ring
-left by a trainer killed outright is removed by the next; a ring that cannot fit is refused before it is
-written. Every case runs under a generous deadline, so a hang fails instead of stalling the suite."""
+left by a trainer killed outright is removed by the next; a ring file cut mid-run is one line, not a
+SIGBUS; a ring that cannot fit is refused with the settings, before anything is written. Every case runs
+under a generous deadline, so a hang fails instead of stalling the suite."""
 
 from __future__ import annotations
 
@@ -87,6 +88,57 @@ def test_a_killed_rollout_process_ends_the_run_with_one_line(tiny_model_dir, tmp
     assert len(lines) == 1 and f"killed by {sig.name}" in lines[0] and resume in lines[0], err
     assert _rings(proc.pid) == []
     assert (tmp_path / "run" / "metrics.jsonl").read_text().strip()  # the finished steps are kept
+
+
+CUT_STAMPS = """
+import os, threading, torch
+from reference_trainer.rollout.ring import RingCut, WeightRing
+ring = WeightRing({"w": torch.zeros(4, 4)}, 2, threading.Condition())
+ring.publish({"w": torch.ones(4, 4)}, 0)
+os.truncate(os.path.join(ring.folder, "stamps"), 0)
+for touch in (lambda: ring.publish({"w": torch.ones(4, 4)}, 1), ring.versions, lambda: ring.read(0)):
+    try:
+        touch()
+    except RingCut as err:
+        print(err)
+ring.close()
+"""
+
+
+def test_a_cut_stamps_file_is_one_line_not_a_sigbus():
+    # in a process of its own: touching the cut mapping is a SIGBUS, which would end pytest itself
+    ran = subprocess.run(
+        [sys.executable, "-c", CUT_STAMPS], capture_output=True, text=True, timeout=DEADLINE_S
+    )
+    assert ran.returncode == 0, (ran.returncode, ran.stderr)
+    lines = ran.stdout.splitlines()
+    assert len(lines) == 3 and all(
+        "stamps was cut to 0 bytes (of 16) while the run used it" in x for x in lines
+    )
+
+
+@pytest.mark.e2e
+def test_a_stamps_file_cut_mid_run_ends_it_in_one_line_and_it_resumes(tiny_model_dir, tmp_path):
+    proc = _train(tiny_model_dir, tmp_path / "run", "--checkpoint-every", "1")
+    try:
+        _wait_for_a_step(proc, tmp_path / "run")
+        (ring,) = _rings(proc.pid)
+        os.truncate(ring / "stamps", 0)
+        _, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "was cut to 0 bytes" in lines[0], err
+    assert f"--resume {tmp_path / 'run'}`" in lines[0] and _rings(proc.pid) == []
+    done = len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+    code = "from rlbench.cli import app; app()"
+    args = ["train", "--resume", str(tmp_path / "run"), "--steps", str(done + 1)]
+    resumed = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=DEADLINE_S
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == done + 1
 
 
 @pytest.mark.e2e

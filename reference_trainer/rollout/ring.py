@@ -31,6 +31,7 @@ import torch
 
 from reference_trainer.errors import UserError
 from reference_trainer.model.loader import resolve_device, resolve_dtype, tensor_shapes
+from reference_trainer.rollout.gate import RolloutDied
 
 EMPTY, WRITING = -1, -2  # stamps of a slot that holds no version yet, and of one being written
 ALIGN = 64  # each tensor starts at a multiple of this many bytes of its slot
@@ -38,6 +39,11 @@ ALIGN = 64  # each tensor starts at a multiple of this many bytes of its slot
 
 class TornRead(RuntimeError):
     """A slot was rewritten while the rollout side copied it."""
+
+
+class RingCut(RolloutDied):
+    """A ring file was truncated while the run used it (by something outside rlbench): the run stops as
+    when its rollout process dies, resumable from its last checkpoint."""
 
 
 SHM = "/dev/shm"
@@ -179,37 +185,62 @@ class WeightRing:
         self.__dict__.update(state)
         self._map()
 
+    def _intact(self, name: str) -> None:
+        """Raise RingCut when ring file `name` is shorter than its mapping: touching the mapping past the
+        file's end would be a SIGBUS, which ends a process without a word. Checked before each touch (the
+        stamps' under their lock); a cut landing between the check and the touch is still a SIGBUS, which
+        the trainer names when it is the rollout process's."""
+        path = os.path.join(self.folder, name)
+        want = self.n * 8 if name == "stamps" else self.nbytes
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            return  # unlinked: the mapping keeps its pages
+        if size < want:
+            raise RingCut(
+                f"the weight ring's {path} was cut to {size} bytes (of {want}) while the run used it, by "
+                "something outside rlbench; the run keeps every finished step: `rlbench train --resume "
+                "RUN_DIR` continues from its last checkpoint"
+            )
+
+    def _stamps(self) -> torch.Tensor:
+        """The stamps, checked intact (call with the lock held)."""
+        self._intact("stamps")
+        return self.stamps
+
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy `state_dict` (cast to the ring's dtypes) into version's slot and stamp it."""
         i = version % self.n
         with self.lock:
-            self.stamps[i] = WRITING
+            self._stamps()[i] = WRITING
+        self._intact(f"slot{i}")
         for name, tensor in self.slots[i].items():
             tensor.copy_(state_dict[name].detach())
         with self.lock:
-            self.stamps[i] = version
+            self._stamps()[i] = version
             self.lock.notify_all()
 
     def holds(self, version: int) -> bool:
         """Whether `version` is published (call with the lock held)."""
-        return int(self.stamps[version % self.n]) == version
+        return int(self._stamps()[version % self.n]) == version
 
     def versions(self) -> list[int]:
         with self.lock:
-            return sorted(int(v) for v in self.stamps.tolist() if v >= 0)
+            return sorted(int(v) for v in self._stamps().tolist() if v >= 0)
 
     def read_into(self, version: int, apply: Callable[[dict[str, torch.Tensor]], Any]) -> Any:
         """`apply(slot)`: the slot holding `version` (its tensors, to copy from, not to keep); a TornRead if
         the slot was rewritten meanwhile, a RuntimeError if it does not hold `version`."""
         i = version % self.n
         with self.lock:
-            if int(self.stamps[i]) != version:
+            if int(self._stamps()[i]) != version:
                 raise RuntimeError(
                     f"weights of version {version} are not published (slot holds {self.stamps[i]})"
                 )
+        self._intact(f"slot{i}")
         out = apply(self.slots[i])
         with self.lock:
-            if int(self.stamps[i]) != version:
+            if int(self._stamps()[i]) != version:
                 raise TornRead(f"the slot of version {version} was rewritten while it was read")
         return out
 
