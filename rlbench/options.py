@@ -14,6 +14,7 @@ from typing import Annotated, Any, get_type_hints
 import typer
 import typer.main
 
+from reference_trainer.errors import printable
 from reference_trainer.modes import MODES  # the registry alone: no torch
 
 ModelDir = Annotated[
@@ -236,6 +237,13 @@ def with_options(record: type, name: str) -> Callable[[Callable[..., Any]], Call
 
 # A command's `run: RunOptions`, expanded into the shared run options.
 with_run_options = with_options(RunOptions, "run")
+
+
+def echo(message: object, err: bool = False) -> None:
+    """A command's line of output, with every control byte escaped (`printable`): the lines name files,
+    runs, suites, servers and keys that come from outside, whose escape sequences a terminal would act on
+    (colours and progress bars are rich's, which writes them itself)."""
+    typer.echo(printable(str(message)), err=err)
 
 
 def given_flags(ctx: typer.Context, exclude: tuple[str, ...] = ()) -> list[str]:

@@ -34,7 +34,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from reference_trainer.errors import UserError
+from reference_trainer.errors import UserError, printable
 from reference_trainer.inputs import MAX_INPUT_BYTES, BoundedReader, open_input, read_input
 
 _BLOCK = 1 << 16
@@ -364,7 +364,7 @@ def _note(path: Path, message: str, size: int) -> None:
     key = (str(path.resolve()), message, size)
     if key not in _noted:
         _noted.add(key)
-        print(f"note: {path}: {message}", file=sys.stderr, flush=True)
+        print(printable(f"note: {path}: {message}"), file=sys.stderr, flush=True)
 
 
 def _check_target(path: Path) -> os.stat_result | None:

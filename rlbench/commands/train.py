@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from rlbench.options import Mode, RunOptions, given_flags, with_run_options
+from rlbench.options import Mode, RunOptions, echo, given_flags, with_run_options
 
 
 @with_run_options
@@ -72,8 +72,8 @@ def train_command(
             raise RolloutDied(str(err).replace("RUN_DIR", str(out_dir))) from None
     if rows:
         first, last = rows[0], rows[-1]
-        typer.echo(
+        echo(
             f"steps {first['step']}..{last['step']}: reward {first['reward_mean']:.3f} -> "
             f"{last['reward_mean']:.3f}, accuracy {first['accuracy']:.3f} -> {last['accuracy']:.3f}"
         )
-    typer.echo(f"run: {out_dir} (metrics.jsonl, trace.jsonl, checkpoints/)")
+    echo(f"run: {out_dir} (metrics.jsonl, trace.jsonl, checkpoints/)")
