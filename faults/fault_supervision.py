@@ -54,11 +54,15 @@ def _finish(proc: subprocess.Popen, deadline: float = DEADLINE_S) -> tuple[int |
         return None, err
 
 
-def _rings(pid: int, d: Path) -> list[Path]:
-    return [p for base in ("/dev/shm", str(d / "tmp")) for p in Path(base).glob(f"rlbench-ring-{pid}-*")]
+def rings(pid: int, tmp: str | Path) -> list[Path]:
+    """The weight rings of trainer `pid`, in /dev/shm and in the temporary folder `tmp` (shared with
+    tests/test_async_faults.py)."""
+    return [p for base in ("/dev/shm", str(tmp)) for p in Path(base).glob(f"rlbench-ring-{pid}-*")]
 
 
-def _rollout_child(pid: int) -> int | None:
+def rollout_children(pid: int) -> list[int]:
+    """The child processes of trainer `pid` but multiprocessing's resource tracker: its rollout process."""
+    kids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
@@ -66,8 +70,8 @@ def _rollout_child(pid: int) -> int | None:
         except (OSError, IndexError, ValueError):
             continue
         if ppid == pid and b"resource_tracker" not in cmdline:
-            return int(stat.parent.name)
-    return None
+            kids.append(int(stat.parent.name))
+    return kids
 
 
 def _judge(code: int | None, err: str, rings: list[Path], said: str, want: int = 2) -> Outcome:
@@ -97,12 +101,12 @@ def rollout_killed(sig: signal.Signals) -> Check:
         proc = _start(d, "train", "--model", str(model), *ASYNC_RUN, "--steps", "60", "--out", "run")
         if not _wait_for_a_step(proc, d / "run"):
             return Outcome(False, f"no step finished: {_finish(proc, 5)[1][-200:]}", failure="wrong")
-        child = _rollout_child(proc.pid)
-        if child is None:
+        children = rollout_children(proc.pid)
+        if not children:
             return Outcome(False, "no rollout process found", failure="wrong")
-        os.kill(child, sig)
+        os.kill(children[0], sig)
         code, err = _finish(proc)
-        return _judge(code, err, _rings(proc.pid, d), f"killed by {sig.name}")
+        return _judge(code, err, rings(proc.pid, d / "tmp"), f"killed by {sig.name}")
 
     return check
 
@@ -114,7 +118,7 @@ def trainer_terminated(d: Path) -> Outcome:
         return Outcome(False, "no step finished", failure="wrong")
     proc.send_signal(signal.SIGTERM)
     code, err = _finish(proc)
-    return _judge(code, err, _rings(proc.pid, d), "interrupted", want=130)
+    return _judge(code, err, rings(proc.pid, d / "tmp"), "interrupted", want=130)
 
 
 def resume_without_history(damage: str) -> Check:
@@ -128,7 +132,7 @@ def resume_without_history(damage: str) -> Check:
         proc = _start(d, "train", "--resume", "run", "--steps", "4")
         code, err = _finish(proc)
         return _judge(
-            code, err, _rings(proc.pid, d), "rollout_history" if damage != "deleted" else "keeps none"
+            code, err, rings(proc.pid, d / "tmp"), "rollout_history" if damage != "deleted" else "keeps none"
         )
 
     return check
@@ -139,7 +143,7 @@ def staleness_past_memory(d: Path) -> Outcome:
     proc = _start(d, "train", "--model", str(model), *ASYNC_RUN, "--mode-option", "max_staleness=2147483647",
                   "--steps", "2", "--out", "run")  # fmt: skip
     code, err = _finish(proc)
-    out = _judge(code, err, _rings(proc.pid, d), "copies of the weights")
+    out = _judge(code, err, rings(proc.pid, d / "tmp"), "copies of the weights")
     left = sum(1 for _ in (d / "tmp").rglob("*"))
     return (
         out

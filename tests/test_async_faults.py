@@ -21,6 +21,7 @@ from conftest import assert_one_line_error, cli
 from test_trainer import tiny_config
 
 from faults.fault_inputs import damage as damage_file
+from faults.fault_supervision import rings, rollout_children
 from reference_trainer.errors import UserError
 from reference_trainer.model.embedded import default_model_dir
 from reference_trainer.rollout import ring as ring_module
@@ -35,22 +36,7 @@ DEADLINE_S = 300  # a hang, not a slow machine: these runs take seconds
 
 
 def _rings(pid: int) -> list[Path]:
-    return [
-        p for base in ("/dev/shm", tempfile.gettempdir()) for p in Path(base).glob(f"rlbench-ring-{pid}-*")
-    ]
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        cmdline = (stat.parent / "cmdline").read_bytes() if stat.parent.exists() else b""
-        if int(fields[1]) == pid and b"resource_tracker" not in cmdline:  # multiprocessing's helper
-            kids.append(int(stat.parent.name))
-    return kids
+    return rings(pid, tempfile.gettempdir())
 
 
 def _train(model_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
@@ -77,7 +63,7 @@ def test_a_killed_rollout_process_ends_the_run_with_one_line(tiny_model_dir, tmp
     try:
         _wait_for_a_step(proc, tmp_path / "run")
         assert _rings(proc.pid)  # the ring is there while the run is
-        (child,) = _children(proc.pid)  # the rollout process
+        (child,) = rollout_children(proc.pid)  # the rollout process
         os.kill(child, sig)
         _, err = proc.communicate(timeout=DEADLINE_S)
     finally:
