@@ -477,7 +477,8 @@ def imports(work: Path) -> Iterator[tuple[str, Check]]:
         log = length_log(
             d / "log\x1b[2J\x1b]0;pwned\x07.jsonl", [{"step": 0, "group": "a", "response_tokens": [3]}]
         )
-        return Case(["trace", "convert", str(log), "--out", "t\x1b[31m.jsonl"], "wrote", refuse=False)
+        # an OSC title, not a colour: click strips CSI sequences itself when the output is not a terminal
+        return Case(["trace", "convert", str(log), "--out", "t\x1b]0;pwned\x07.jsonl"], "wrote", refuse=False)
 
     yield "trace convert of a file named with escape bytes", judged(hostile_name)
 
