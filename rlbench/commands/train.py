@@ -39,10 +39,11 @@ def train_command(
     if resume is not None:
         from reference_trainer.train.config import load_run_config
 
-        if ignored := given_flags(ctx, exclude=("resume", "steps")):  # a resume runs as the run was started
+        # A resume runs as the run was started: an option it would drop is refused, not ignored.
+        if ignored := given_flags(ctx, exclude=("resume", "steps", "workers")):
             raise UserError(
                 f"{', '.join(ignored)} with --resume: a resume runs with the settings in "
-                f"{resume / 'train_config.json'} (only --steps may extend it); leave "
+                f"{resume / 'train_config.json'} (only --steps and --workers may change); leave "
                 f"{'it' if len(ignored) == 1 else 'them'} out, or start a new run with --out"
             )
 
