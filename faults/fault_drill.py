@@ -64,6 +64,7 @@ from faults.fault_inputs import Check, Outcome, corrupt_inputs
 from faults.fault_runs import ROOT, concurrency, disks, kill_resume, signals
 from faults.fault_supervision import async_supervision, output_cases
 from faults.fault_surfaces import surfaces
+from reference_trainer.errors import printable
 from reference_trainer.trace.records import write_json
 
 RESULT = ROOT / "faults" / "results" / "fault_drill.json"
@@ -104,7 +105,8 @@ def drill(only: list[str] | None) -> list[dict[str, Any]]:
                 seconds = time.perf_counter() - t0
                 results.append({"group": group, "case": name, **vars(outcome), "seconds": round(seconds, 2)})
                 mark = "ok " if outcome.ok and not outcome.traceback and not outcome.lost else "BAD"
-                print(f"{mark} {group:12} {name[:70]:70} {seconds:5.1f}s  {outcome.detail[:90]}", flush=True)
+                line = f"{mark} {group:12} {name[:70]:70} {seconds:5.1f}s  {outcome.detail[:90]}"
+                print(printable(line), flush=True)  # a case's detail quotes what a command printed
     return results
 
 

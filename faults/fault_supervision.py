@@ -1,8 +1,10 @@
 """The fault drill's supervision and output-path groups.
 
 - async: a rollout run ahead whose rollout process is killed (SIGKILL, SIGTERM), whose trainer is terminated,
-  whose resume lacks its run-ahead weights, and whose max_staleness cannot fit: each must end within its
-  deadline with one line, and no weight ring may be left in /dev/shm or the temporary folder.
+  whose resume lacks its run-ahead weights, whose max_staleness cannot fit (refused before its run folder,
+  the corrected command then runs), whose ring's stamps file is cut mid-run (then resumed), and a resume
+  given --mode-option: each must end within its deadline with one line, and no weight ring may be left in
+  /dev/shm or the temporary folder.
 - outputs: `--out` over the command's own input, inside another run, over a file already there; two suites
   writing one data file; the TRL callback's `overwrite` given as a string.
 
@@ -54,11 +56,15 @@ def _finish(proc: subprocess.Popen, deadline: float = DEADLINE_S) -> tuple[int |
         return None, err
 
 
-def _rings(pid: int, d: Path) -> list[Path]:
-    return [p for base in ("/dev/shm", str(d / "tmp")) for p in Path(base).glob(f"rlbench-ring-{pid}-*")]
+def rings(pid: int, tmp: str | Path) -> list[Path]:
+    """The weight rings of trainer `pid`, in /dev/shm and in the temporary folder `tmp` (shared with
+    tests/test_async_faults.py)."""
+    return [p for base in ("/dev/shm", str(tmp)) for p in Path(base).glob(f"rlbench-ring-{pid}-*")]
 
 
-def _rollout_child(pid: int) -> int | None:
+def rollout_children(pid: int) -> list[int]:
+    """The child processes of trainer `pid` but multiprocessing's resource tracker: its rollout process."""
+    kids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
@@ -66,8 +72,8 @@ def _rollout_child(pid: int) -> int | None:
         except (OSError, IndexError, ValueError):
             continue
         if ppid == pid and b"resource_tracker" not in cmdline:
-            return int(stat.parent.name)
-    return None
+            kids.append(int(stat.parent.name))
+    return kids
 
 
 def _judge(code: int | None, err: str, rings: list[Path], said: str, want: int = 2) -> Outcome:
@@ -97,12 +103,12 @@ def rollout_killed(sig: signal.Signals) -> Check:
         proc = _start(d, "train", "--model", str(model), *ASYNC_RUN, "--steps", "60", "--out", "run")
         if not _wait_for_a_step(proc, d / "run"):
             return Outcome(False, f"no step finished: {_finish(proc, 5)[1][-200:]}", failure="wrong")
-        child = _rollout_child(proc.pid)
-        if child is None:
+        children = rollout_children(proc.pid)
+        if not children:
             return Outcome(False, "no rollout process found", failure="wrong")
-        os.kill(child, sig)
+        os.kill(children[0], sig)
         code, err = _finish(proc)
-        return _judge(code, err, _rings(proc.pid, d), f"killed by {sig.name}")
+        return _judge(code, err, rings(proc.pid, d / "tmp"), f"killed by {sig.name}")
 
     return check
 
@@ -114,7 +120,7 @@ def trainer_terminated(d: Path) -> Outcome:
         return Outcome(False, "no step finished", failure="wrong")
     proc.send_signal(signal.SIGTERM)
     code, err = _finish(proc)
-    return _judge(code, err, _rings(proc.pid, d), "interrupted", want=130)
+    return _judge(code, err, rings(proc.pid, d / "tmp"), "interrupted", want=130)
 
 
 def resume_without_history(damage: str) -> Check:
@@ -128,24 +134,59 @@ def resume_without_history(damage: str) -> Check:
         proc = _start(d, "train", "--resume", "run", "--steps", "4")
         code, err = _finish(proc)
         return _judge(
-            code, err, _rings(proc.pid, d), "rollout_history" if damage != "deleted" else "keeps none"
+            code, err, rings(proc.pid, d / "tmp"), "rollout_history" if damage != "deleted" else "keeps none"
         )
 
     return check
 
 
 def staleness_past_memory(d: Path) -> Outcome:
+    """Refused with the settings: no ring, no file in the temporary folder, no run folder claimed, so the
+    corrected command then runs."""
     model = write_tiny_model(d / "model")
     proc = _start(d, "train", "--model", str(model), *ASYNC_RUN, "--mode-option", "max_staleness=2147483647",
                   "--steps", "2", "--out", "run")  # fmt: skip
     code, err = _finish(proc)
-    out = _judge(code, err, _rings(proc.pid, d), "copies of the weights")
+    out = _judge(code, err, rings(proc.pid, d / "tmp"), "copies of the weights")
     left = sum(1 for _ in (d / "tmp").rglob("*"))
+    if left:
+        return Outcome(False, f"{left} file(s) left in the temporary folder", failure="outside")
+    if not out.ok or (d / "run").exists():
+        return out if not out.ok else Outcome(False, "the refused run left its folder", failure="outside")
+    code, err = _finish(_start(d, "train", "--model", str(model), *ASYNC_RUN, "--steps", "1", "--out", "run"))
     return (
-        out
-        if left == 0
-        else Outcome(False, f"{left} file(s) left in the temporary folder", failure="outside")
+        out if code == 0 else Outcome(False, f"the corrected command: {err.strip()[-200:]}", failure="wrong")
     )
+
+
+def stamps_cut(d: Path) -> Outcome:
+    """The ring's stamps file truncated mid-run: one line (not a SIGBUS), the ring removed, and the run
+    resumes."""
+    model = write_tiny_model(d / "model")
+    proc = _start(d, "train", "--model", str(model), *ASYNC_RUN, "--steps", "60", "--checkpoint-every", "1",
+                  "--out", "run")  # fmt: skip
+    if not _wait_for_a_step(proc, d / "run") or not (found := rings(proc.pid, d / "tmp")):
+        return Outcome(False, f"no step or no ring: {_finish(proc, 5)[1][-200:]}", failure="wrong")
+    os.truncate(found[0] / "stamps", 0)
+    code, err = _finish(proc)
+    out = _judge(code, err, rings(proc.pid, d / "tmp"), "was cut to 0 bytes")
+    if not out.ok:
+        return out
+    done = len((d / "run" / "metrics.jsonl").read_text().splitlines())
+    code, err = _finish(_start(d, "train", "--resume", "run", "--steps", str(done + 1)))
+    resumed = len((d / "run" / "metrics.jsonl").read_text().splitlines())
+    if code != 0 or resumed != done + 1:
+        return Outcome(
+            False, f"the resume: exit {code}, {resumed} rows: {err.strip()[-200:]}", failure="lost"
+        )
+    return out
+
+
+def resume_with_options(d: Path) -> Outcome:
+    """A resume runs with the run's own settings: --mode-option given with it is refused, not dropped."""
+    proc = _start(d, "train", "--resume", "run", "--mode-option", "max_staleness=3")
+    code, err = _finish(proc)
+    return _judge(code, err, [], "--mode-option with --resume")
 
 
 def async_supervision(work: Path) -> Iterator[tuple[str, Check]]:
@@ -154,7 +195,12 @@ def async_supervision(work: Path) -> Iterator[tuple[str, Check]]:
     yield "trainer terminated (SIGTERM): ring removed", trainer_terminated
     for damage in ("deleted", "folder", "fifo", "dev-zero"):
         yield f"resume with rollout_history {damage}", resume_without_history(damage)
-    yield "max_staleness=2147483647: refused before the ring is written", staleness_past_memory
+    yield (
+        "max_staleness=2147483647: refused before the run folder; the corrected command runs",
+        staleness_past_memory,
+    )
+    yield "the ring's stamps file cut mid-run: one line, resumable", stamps_cut
+    yield "train --resume with --mode-option: refused, not dropped", resume_with_options
 
 
 # ---- outputs ------------------------------------------------------------------------------------------

@@ -466,6 +466,22 @@ def imports(work: Path) -> Iterator[tuple[str, Check]]:
 
     yield "a 1,000,000-line length log within 1 GB", judged(million_lines)
 
+    def wide_line(d: Path) -> Case:  # one line parsed whole: 1.0 GB for 20,000,000 samples
+        log = length_log(d / "log.jsonl", [], raw='{"step": 0, "group": "a", "response_tokens": [' +
+                         ",".join(["1000"] * 20_000_000) + "]}\n")  # fmt: skip
+        return Case(["import", "lengths", str(log), "--out", "o"], "a line longer than", rss=256 << 20)
+
+    yield "a length log line of 20,000,000 samples", judged(wide_line)
+
+    def hostile_name(d: Path) -> Case:  # a file name that would clear the screen and set the window title
+        log = length_log(
+            d / "log\x1b[2J\x1b]0;pwned\x07.jsonl", [{"step": 0, "group": "a", "response_tokens": [3]}]
+        )
+        # an OSC title, not a colour: click strips CSI sequences itself when the output is not a terminal
+        return Case(["trace", "convert", str(log), "--out", "t\x1b]0;pwned\x07.jsonl"], "wrote", refuse=False)
+
+    yield "trace convert of a file named with escape bytes", judged(hostile_name)
+
     def parquet_rows(d: Path) -> Case:  # a 233 kB parquet of 20M rows: 4.9 GB
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -515,6 +531,12 @@ def modes_and_samples(work: Path) -> Iterator[tuple[str, Check]]:
         return Case(args, "MISSING", outside=(d,))
 
     yield "simulate --calibrate MISSING", judged(calibrate_missing)
+
+    def oversubscribed(d: Path) -> Case:  # 5.7 GB, then a MemoryError
+        args = ["simulate", "--modes", "sorted+async:oversubscription=1000000", "--out", "o"]
+        return Case(args, "GiB to replay; this machine has", rss=256 << 20, outside=(d,))
+
+    yield "simulate --modes sorted+async:oversubscription=1000000", judged(oversubscribed)
 
 
 def surfaces(work: Path) -> Iterator[tuple[str, Check]]:

@@ -85,16 +85,26 @@ def read_input(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
 
 class BoundedReader:
     """The lines of an opened input, refusing the file once more than `limit` bytes were read (it grew
-    past its checked size); `read` counts the bytes so far."""
+    past its checked size); `read` counts the bytes so far. With `line_limit`, a longer line is refused
+    once that many bytes of it are read, before it is parsed: a format whose line is one small record
+    then holds at most that much of one line in memory, not a whole file's worth."""
 
-    def __init__(self, fh: BinaryIO, path: str | Path, limit: int = MAX_INPUT_BYTES) -> None:
+    def __init__(
+        self, fh: BinaryIO, path: str | Path, limit: int = MAX_INPUT_BYTES, line_limit: int | None = None
+    ) -> None:
         check_size(path, os.fstat(fh.fileno()).st_size, limit)
         self.fh, self.path, self.limit, self.read = fh, path, limit, 0
+        self.line_limit = line_limit
 
     def __iter__(self) -> Iterator[bytes]:
-        for line in self.fh:
+        most = -1 if self.line_limit is None else self.line_limit + 1
+        number = 0
+        while line := self.fh.readline(most):
+            number += 1
             self.read += len(line)
             check_size(self.path, self.read, self.limit)
+            if self.line_limit is not None and len(line) > self.line_limit:
+                raise UserError(f"{self.path}:{number}: a line longer than {self.line_limit:,} bytes")
             yield line
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.errors import UserError
+from reference_trainer.errors import UserError, printable
 from reference_trainer.model.embedded import default_model_dir, shipped_dir
 from reference_trainer.model.embedded import label as embedded_label
 from reference_trainer.model.tokenizer import load_tokenizer
@@ -183,7 +183,7 @@ def _is_name(text: str) -> bool:
 
 
 def _stderr_phase(message: str) -> None:
-    print(f"importing: {message}", file=sys.stderr, flush=True)
+    print(printable(f"importing: {message}"), file=sys.stderr, flush=True)
 
 
 def model_names() -> list[str]:

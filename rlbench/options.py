@@ -14,6 +14,7 @@ from typing import Annotated, Any, get_type_hints
 import typer
 import typer.main
 
+from reference_trainer.errors import printable
 from reference_trainer.modes import MODES  # the registry alone: no torch
 
 ModelDir = Annotated[
@@ -236,6 +237,24 @@ def with_options(record: type, name: str) -> Callable[[Callable[..., Any]], Call
 
 # A command's `run: RunOptions`, expanded into the shared run options.
 with_run_options = with_options(RunOptions, "run")
+
+
+def echo(message: object, err: bool = False) -> None:
+    """A command's line of output, with every control byte escaped (`printable`): the lines name files,
+    runs, suites, servers and keys that come from outside, whose escape sequences a terminal would act on
+    (colours and progress bars are rich's, which writes them itself)."""
+    typer.echo(printable(str(message)), err=err)
+
+
+def given_flags(ctx: typer.Context, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The flags the running command was given (on its command line or in the environment), not left at
+    their defaults, but the parameters named in `exclude`: what a command that would ignore them names."""
+    params = {p.name: p for p in ctx.command.params}
+    return [
+        params[name].opts[0] if name in params and params[name].opts else "--" + name.replace("_", "-")
+        for name in ctx.params
+        if name not in exclude and ctx.get_parameter_source(name).name != "DEFAULT"
+    ]
 
 
 def numeric_options(app: typer.Typer) -> list[tuple[tuple[str, ...], str, type]]:

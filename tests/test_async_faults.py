@@ -1,7 +1,8 @@
 """A rollout run ahead is supervised: its rollout process killed by any signal ends the run with one line
 and the weight ring removed; a resume that cannot give the rollout side its weights is one line; a ring
-left by a trainer killed outright is removed by the next; a ring that cannot fit is refused before it is
-written. Every case runs under a generous deadline, so a hang fails instead of stalling the suite."""
+left by a trainer killed outright is removed by the next; a ring file cut mid-run is one line, not a
+SIGBUS; a ring that cannot fit is refused with the settings, before anything is written. Every case runs
+under a generous deadline, so a hang fails instead of stalling the suite."""
 
 from __future__ import annotations
 
@@ -16,37 +17,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_one_line_error, cli
 from test_trainer import tiny_config
 
 from faults.fault_inputs import damage as damage_file
+from faults.fault_supervision import rings, rollout_children
 from reference_trainer.errors import UserError
+from reference_trainer.model.embedded import default_model_dir
 from reference_trainer.rollout import ring as ring_module
 from reference_trainer.rollout.ahead import check_history
 from reference_trainer.rollout.gate import Signal, death_line
-from reference_trainer.rollout.ring import WeightRing, remove_orphans
+from reference_trainer.rollout.ring import WeightRing, model_copy_bytes, remove_orphans
 from reference_trainer.train.checkpoint import HISTORY, latest_checkpoint
+from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.trainer import Trainer
 
 DEADLINE_S = 300  # a hang, not a slow machine: these runs take seconds
 
 
 def _rings(pid: int) -> list[Path]:
-    return [
-        p for base in ("/dev/shm", tempfile.gettempdir()) for p in Path(base).glob(f"rlbench-ring-{pid}-*")
-    ]
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        cmdline = (stat.parent / "cmdline").read_bytes() if stat.parent.exists() else b""
-        if int(fields[1]) == pid and b"resource_tracker" not in cmdline:  # multiprocessing's helper
-            kids.append(int(stat.parent.name))
-    return kids
+    return rings(pid, tempfile.gettempdir())
 
 
 def _train(model_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
@@ -73,7 +63,7 @@ def test_a_killed_rollout_process_ends_the_run_with_one_line(tiny_model_dir, tmp
     try:
         _wait_for_a_step(proc, tmp_path / "run")
         assert _rings(proc.pid)  # the ring is there while the run is
-        (child,) = _children(proc.pid)  # the rollout process
+        (child,) = rollout_children(proc.pid)  # the rollout process
         os.kill(child, sig)
         _, err = proc.communicate(timeout=DEADLINE_S)
     finally:
@@ -84,6 +74,57 @@ def test_a_killed_rollout_process_ends_the_run_with_one_line(tiny_model_dir, tmp
     assert len(lines) == 1 and f"killed by {sig.name}" in lines[0] and resume in lines[0], err
     assert _rings(proc.pid) == []
     assert (tmp_path / "run" / "metrics.jsonl").read_text().strip()  # the finished steps are kept
+
+
+CUT_STAMPS = """
+import os, threading, torch
+from reference_trainer.rollout.ring import RingCut, WeightRing
+ring = WeightRing({"w": torch.zeros(4, 4)}, 2, threading.Condition())
+ring.publish({"w": torch.ones(4, 4)}, 0)
+os.truncate(os.path.join(ring.folder, "stamps"), 0)
+for touch in (lambda: ring.publish({"w": torch.ones(4, 4)}, 1), ring.versions, lambda: ring.read(0)):
+    try:
+        touch()
+    except RingCut as err:
+        print(err)
+ring.close()
+"""
+
+
+def test_a_cut_stamps_file_is_one_line_not_a_sigbus():
+    # in a process of its own: touching the cut mapping is a SIGBUS, which would end pytest itself
+    ran = subprocess.run(
+        [sys.executable, "-c", CUT_STAMPS], capture_output=True, text=True, timeout=DEADLINE_S
+    )
+    assert ran.returncode == 0, (ran.returncode, ran.stderr)
+    lines = ran.stdout.splitlines()
+    assert len(lines) == 3 and all(
+        "stamps was cut to 0 bytes (of 16) while the run used it" in x for x in lines
+    )
+
+
+@pytest.mark.e2e
+def test_a_stamps_file_cut_mid_run_ends_it_in_one_line_and_it_resumes(tiny_model_dir, tmp_path):
+    proc = _train(tiny_model_dir, tmp_path / "run", "--checkpoint-every", "1")
+    try:
+        _wait_for_a_step(proc, tmp_path / "run")
+        (ring,) = _rings(proc.pid)
+        os.truncate(ring / "stamps", 0)
+        _, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "was cut to 0 bytes" in lines[0], err
+    assert f"--resume {tmp_path / 'run'}`" in lines[0] and _rings(proc.pid) == []
+    done = len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+    code = "from rlbench.cli import app; app()"
+    args = ["train", "--resume", str(tmp_path / "run"), "--steps", str(done + 1)]
+    resumed = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=DEADLINE_S
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == done + 1
 
 
 @pytest.mark.e2e
@@ -126,6 +167,21 @@ def test_a_ring_that_cannot_fit_is_refused_before_anything_is_written(tmp_path, 
     with pytest.raises(UserError, match=r"max_staleness \+ 1 = 2147483648 copies"):
         WeightRing({"a": torch.zeros(1024)}, 2**31, threading.Condition())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_staleness_the_machine_cannot_hold_is_refused_with_the_settings(tmp_path, monkeypatch):
+    # before any folder is made: the corrected command then finds no run claimed in --out
+    res = cli("train", "--mode", "async", "--mode-option", "max_staleness=2147483647", "--out", "run",
+              tmp=tmp_path)  # fmt: skip
+    assert_one_line_error(res, "max_staleness + 1 = 2147483648 copies of the weights")
+    assert not (tmp_path / "run").exists()
+    # the room is what the machine has, not a fixed cap: 4 copies of the shipped model where 3 fit
+    copy = model_copy_bytes(default_model_dir(), "cpu")
+    monkeypatch.setattr(ring_module, "_free", lambda folder: 3 * copy + 1)
+    TrainConfig(mode="async", mode_options={"max_staleness": 2}).check()
+    with pytest.raises(UserError, match=r"max_staleness \+ 1 = 4 copies"):
+        TrainConfig(mode="async", mode_options={"max_staleness": 3}).check()
+    TrainConfig(mode="baseline").check()  # a synchronous mode keeps no ring
 
 
 def _layout() -> list:

@@ -106,6 +106,12 @@ def test_train_then_resume_through_the_cli(tiny_model_dir, tmp_path):
     res = cli("train", "--resume", "run", "--steps", "2", tmp=tmp_path)
     assert res.returncode == 0, res.stderr
     assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [0, 1]
+    # a resume runs with the run's saved settings: another setting given with it is refused, not dropped
+    res = cli("train", "--resume", "run", "--steps", "3", "--mode-option", "max_staleness=3", tmp=tmp_path)
+    assert_one_line_error(res, "--mode-option with --resume: a resume runs with the settings in")
+    res = cli("train", "--resume", "run", "--lr", "0.5", "--task", "kk", tmp=tmp_path)
+    assert_one_line_error(res, "--lr, --task with --resume")
+    assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [0, 1]
 
 
 def test_train_without_a_terminal_says_each_step_and_each_evaluation(tiny_model_dir, tmp_path):

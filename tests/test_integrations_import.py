@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import re
+import tracemalloc
 from pathlib import Path
 
 import pytest
 from conftest import assert_one_line_error, cli
 
+from reference_trainer.errors import UserError
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import read_json, read_jsonl
 from reference_trainer.trace.schema import read_trace
+from rlbench.integrations import lengthlog
 from rlbench.integrations.lengthlog import Group, rebuild, variance_split
 
 UPSTREAM = Path(__file__).parent / "fixtures" / "upstream"
@@ -349,3 +352,18 @@ def test_one_line_cannot_size_the_import_past_its_bound(tmp_path):
     log = _jsonl(tmp_path / "big.jsonl", [{"step": 0, "group": "a", "response_tokens": [1] * 70_000}])
     res = cli("import", "lengths", str(log), "--out", str(tmp_path / "o"))
     assert_one_line_error(res, "big.jsonl:1: response_tokens holds 70,000 samples: one group holds at most")
+
+
+def test_a_line_past_the_length_logs_bound_is_refused_before_it_is_parsed(tmp_path):
+    """One line of 1,000,000 samples (2 MB) is refused at 1 MiB read: parsed, it was a list of 8 MB (a 1 GiB
+    line of them, 4 GB), before its sample count was checked."""
+    log = tmp_path / "wide.jsonl"
+    log.write_text('{"step": 0, "group": "a", "response_tokens": [' + ",".join(["1"] * 1_000_000) + "]}\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(UserError, match=r"wide.jsonl:1: a line longer than 1,048,576 bytes"):
+            lengthlog.read(log)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * lengthlog.MAX_LINE_BYTES, peak

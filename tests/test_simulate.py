@@ -283,3 +283,29 @@ def test_cli_writes_json_and_report(tmp_path):
     assert page.count("<script type='text/javascript'>/**") == 1 and "histopipe" in page
     if CHROMIUM:
         assert check_all_figures_drew(tmp_path / "report.html", tmp_path) == 4
+
+
+def test_an_oversubscription_past_the_machines_memory_is_one_line(tmp_path, monkeypatch):
+    """What SortedRL's pool would hold is checked against the machine before any replay: the synthetic
+    workload's with the settings, a trace's once it is read; the bound is the work asked for, not a cap."""
+    from rlbench.simulate import config
+
+    big = parse_sim_modes(["sorted+async:oversubscription=1000000"])
+    with pytest.raises(UserError, match=r"1,024,000,000 samples\) outstanding per step, about 381.5 GiB"):
+        config.check_outstanding(big, 128, 8)
+    config.check_outstanding(parse_sim_modes(["sorted"]), 128, 8)  # the default's 2,048 samples fit
+    monkeypatch.setattr(config, "machine_memory", lambda: 1 << 19)  # a 512 KiB machine: 1,310 samples
+    res = simulate_cli("--synthetic", "--modes", "sorted", "--prompts", "128", "--out", str(tmp_path / "o"))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "mode sorted: oversubscription 2 keeps 256 groups (2,048 samples)" in res.stderr
+    assert "this machine has 0.5 MiB of memory" in res.stderr and not (tmp_path / "o").exists()
+    trace = tmp_path / "t.jsonl"
+    rows = [{"step": 0, "prompt_id": p, "sample": i, "prompt_tokens": 4, "response_tokens": 5}
+            for p in range(300) for i in range(4)]  # fmt: skip
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    res = simulate_cli("--trace", str(trace), "--modes", "sorted", "--out", str(tmp_path / "o"))
+    assert res.returncode == 2 and "keeps 600 groups (2,400 samples)" in res.stderr, res.stderr
+    res = simulate_cli(
+        "--trace", str(trace), "--modes", "baseline", "--workers", "1", "--out", str(tmp_path / "o")
+    )
+    assert res.returncode == 0, res.stderr

@@ -135,6 +135,10 @@ def serve(spec: AheadSpec, ring: WeightRing, gate: Gate, out: Any) -> None:
         _serve(spec, ring, gate, out)
     except Stopped:
         pass
+    except UserError as err:  # one line on the trainer's side too (a cut ring): raised there as it is
+        out.put(("refused", err))
+        if isinstance(out, Outbox):
+            out.flush()
     except BaseException:  # noqa: BLE001 - everything, to the trainer, which raises it
         out.put(("error", traceback.format_exc()))
         if isinstance(out, Outbox):
@@ -356,6 +360,8 @@ class AheadRollout:
     # ---- the channel -------------------------------------------------------------------------------------
     def _receive(self) -> tuple[str, Any]:
         kind, payload = self._out.get()
+        if kind == "refused":
+            raise payload
         if kind == "error":
             raise RuntimeError(f"the rollout side failed:\n{payload}")
         return kind, payload

@@ -11,22 +11,27 @@ back.
 The slots are files under /dev/shm (a temporary folder where /dev/shm lacks the room), so a process started
 with `spawn` maps the same memory by name, at any model size, without torch's shared-memory handles. Their
 room is reserved when they are made (a full /dev/shm is one line then, not a SIGBUS at the first write),
-after checking that the k + 1 copies fit at all. The folder is named by the trainer's pid: the trainer removes
-it on every exit it sees, and a ring whose trainer was killed outright is removed when the next one starts.
+after checking that the k + 1 copies fit at all (checked first with the run's settings, from the model's
+file headers, before the run's folder is made: `TrainConfig.check`). The folder is named by the trainer's
+pid: the trainer removes it on every exit it sees, and a ring whose trainer was killed outright is removed
+when the next one starts.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from reference_trainer.errors import UserError
+from reference_trainer.model.loader import resolve_device, resolve_dtype, tensor_shapes
+from reference_trainer.rollout.gate import RolloutDied
 
 EMPTY, WRITING = -1, -2  # stamps of a slot that holds no version yet, and of one being written
 ALIGN = 64  # each tensor starts at a multiple of this many bytes of its slot
@@ -34,6 +39,11 @@ ALIGN = 64  # each tensor starts at a multiple of this many bytes of its slot
 
 class TornRead(RuntimeError):
     """A slot was rewritten while the rollout side copied it."""
+
+
+class RingCut(RolloutDied):
+    """A ring file was truncated while the run used it (by something outside rlbench): the run stops as
+    when its rollout process dies, resumable from its last checkpoint."""
 
 
 SHM = "/dev/shm"
@@ -51,21 +61,57 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB"
 
 
-def _folder(nbytes: int, slots: int) -> str:
-    """A new folder for `nbytes` of slots: /dev/shm with room to spare, else the temporary folder; one line
-    when neither has the room (checked before anything is written)."""
-    remove_orphans()
-    prefix = f"{PREFIX}{os.getpid()}-"
+def _room(nbytes: int) -> str | None:
+    """Where `nbytes` of slots fit: /dev/shm with room to spare, else the temporary folder; None when
+    neither has the room."""
     if _free(SHM) > 2 * nbytes:
-        return tempfile.mkdtemp(prefix=prefix, dir=SHM)
-    tmp = tempfile.gettempdir()
-    if _free(tmp) > nbytes:
-        return tempfile.mkdtemp(prefix=prefix)
-    raise UserError(
-        f"a rollout run ahead keeps max_staleness + 1 = {slots} copies of the weights ({_gib(nbytes)}), "
-        f"more than {SHM} ({_gib(_free(SHM))} free) or {tmp} ({_gib(_free(tmp))} free) holds: "
-        "lower max_staleness, or free some room"
-    )
+        return SHM
+    return tempfile.gettempdir() if _free(tempfile.gettempdir()) > nbytes else None
+
+
+def check_room(copy_bytes: int, slots: int) -> None:
+    """One line when `slots` copies of `copy_bytes` each fit neither /dev/shm nor the temporary folder.
+    Called with a run's settings (`TrainConfig.check`), before its folder is made, and again when the
+    ring is made (the room may have gone meanwhile)."""
+    if _room(copy_bytes * slots) is None:
+        tmp = tempfile.gettempdir()
+        raise UserError(
+            f"a rollout run ahead keeps max_staleness + 1 = {slots} copies of the weights "
+            f"({_gib(copy_bytes * slots)}), more than {SHM} ({_gib(_free(SHM))} free) or {tmp} "
+            f"({_gib(_free(tmp))} free) holds: lower max_staleness, or free some room"
+        )
+
+
+def _folder(nbytes: int, slots: int) -> str:
+    """A new folder for `slots` slots of `nbytes` each, where they fit (checked before anything is
+    written)."""
+    remove_orphans()
+    check_room(nbytes, slots)
+    prefix = f"{PREFIX}{os.getpid()}-"
+    return tempfile.mkdtemp(prefix=prefix, dir=_room(nbytes * slots))
+
+
+Layout = list[tuple[str, tuple[int, ...], torch.dtype, int, int]]  # name, shape, dtype, at, n
+
+
+def layout_of(tensors: Iterable[tuple[str, tuple[int, ...], torch.dtype]]) -> tuple[Layout, int]:
+    """Where each tensor (name, shape, dtype) lies in a slot, and the slot's bytes: each tensor starts at
+    a multiple of ALIGN."""
+    layout: Layout = []
+    at = 0
+    for name, shape, dtype in tensors:
+        size = math.prod(shape) * dtype.itemsize
+        layout.append((name, tuple(shape), dtype, at, size))
+        at += -(-size // ALIGN) * ALIGN
+    return layout, max(at, ALIGN)
+
+
+def model_copy_bytes(model_dir: str | Path, device: str) -> int:
+    """The bytes of one slot for the model in `model_dir` on `device`, from its files' headers (no weights
+    read): what `max_staleness` is checked against before a run starts."""
+    dtype = resolve_dtype("auto", resolve_device(device))
+    shapes = tensor_shapes(model_dir)
+    return layout_of((name, shape, dtype) for name, (shape, _) in shapes.items())[1]
 
 
 def _alive(pid: int) -> bool:
@@ -105,17 +151,9 @@ class WeightRing:
     `lock` (a multiprocessing or threading Condition) guards the stamps and is notified on every publish."""
 
     def __init__(self, template: Mapping[str, torch.Tensor], slots: int, lock: Any) -> None:
-        self.layout: list[
-            tuple[str, tuple[int, ...], torch.dtype, int, int]
-        ] = []  # name, shape, dtype, at, n
-        at = 0
-        for name, t in template.items():
-            size = t.numel() * t.element_size()
-            self.layout.append((name, tuple(t.shape), t.dtype, at, size))
-            at += -(-size // ALIGN) * ALIGN
-        self.nbytes = max(at, ALIGN)
+        self.layout, self.nbytes = layout_of((name, tuple(t.shape), t.dtype) for name, t in template.items())
         self.n, self.lock = max(1, slots), lock
-        self.folder = _folder(self.n * self.nbytes, self.n)
+        self.folder = _folder(self.nbytes, self.n)
         try:
             _reserve(os.path.join(self.folder, "stamps"), self.n * 8)
             for i in range(self.n):
@@ -147,37 +185,62 @@ class WeightRing:
         self.__dict__.update(state)
         self._map()
 
+    def _intact(self, name: str) -> None:
+        """Raise RingCut when ring file `name` is shorter than its mapping: touching the mapping past the
+        file's end would be a SIGBUS, which ends a process without a word. Checked before each touch (the
+        stamps' under their lock); a cut landing between the check and the touch is still a SIGBUS, which
+        the trainer names when it is the rollout process's."""
+        path = os.path.join(self.folder, name)
+        want = self.n * 8 if name == "stamps" else self.nbytes
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            return  # unlinked: the mapping keeps its pages
+        if size < want:
+            raise RingCut(
+                f"the weight ring's {path} was cut to {size} bytes (of {want}) while the run used it, by "
+                "something outside rlbench; the run keeps every finished step: `rlbench train --resume "
+                "RUN_DIR` continues from its last checkpoint"
+            )
+
+    def _stamps(self) -> torch.Tensor:
+        """The stamps, checked intact (call with the lock held)."""
+        self._intact("stamps")
+        return self.stamps
+
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy `state_dict` (cast to the ring's dtypes) into version's slot and stamp it."""
         i = version % self.n
         with self.lock:
-            self.stamps[i] = WRITING
+            self._stamps()[i] = WRITING
+        self._intact(f"slot{i}")
         for name, tensor in self.slots[i].items():
             tensor.copy_(state_dict[name].detach())
         with self.lock:
-            self.stamps[i] = version
+            self._stamps()[i] = version
             self.lock.notify_all()
 
     def holds(self, version: int) -> bool:
         """Whether `version` is published (call with the lock held)."""
-        return int(self.stamps[version % self.n]) == version
+        return int(self._stamps()[version % self.n]) == version
 
     def versions(self) -> list[int]:
         with self.lock:
-            return sorted(int(v) for v in self.stamps.tolist() if v >= 0)
+            return sorted(int(v) for v in self._stamps().tolist() if v >= 0)
 
     def read_into(self, version: int, apply: Callable[[dict[str, torch.Tensor]], Any]) -> Any:
         """`apply(slot)`: the slot holding `version` (its tensors, to copy from, not to keep); a TornRead if
         the slot was rewritten meanwhile, a RuntimeError if it does not hold `version`."""
         i = version % self.n
         with self.lock:
-            if int(self.stamps[i]) != version:
+            if int(self._stamps()[i]) != version:
                 raise RuntimeError(
                     f"weights of version {version} are not published (slot holds {self.stamps[i]})"
                 )
+        self._intact(f"slot{i}")
         out = apply(self.slots[i])
         with self.lock:
-            if int(self.stamps[i]) != version:
+            if int(self._stamps()[i]) != version:
                 raise TornRead(f"the slot of version {version} was rewritten while it was read")
         return out
 

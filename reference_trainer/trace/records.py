@@ -34,7 +34,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from reference_trainer.errors import UserError
+from reference_trainer.errors import UserError, printable
 from reference_trainer.inputs import MAX_INPUT_BYTES, BoundedReader, open_input, read_input
 
 _BLOCK = 1 << 16
@@ -270,6 +270,7 @@ def iter_jsonl(
     torn_tail: bool = True,
     check: Callable[[dict[str, Any]], str | None] | None = None,
     limit: int = MAX_INPUT_BYTES,
+    line_limit: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The JSON object on every non-blank line of `path`, one at a time, each holding the `required` fields
     (and passing `check`, which returns what is wrong with a row, or None).
@@ -277,11 +278,12 @@ def iter_jsonl(
     The file must be a regular file of at most `limit` bytes (inputs.open_input: no FIFO, device or
     directory). An unterminated last line that does not parse is what a kill mid-append leaves: with
     `torn_tail` it is dropped and one note names the file on stderr; without (user-supplied data) it is an
-    error. Any other bad line raises UserError("FILE:LINE: why"), one line for the CLI.
+    error. Any other bad line raises UserError("FILE:LINE: why"), one line for the CLI; so does a line
+    longer than `line_limit` bytes, before it is parsed.
     """
     path = Path(path)
     with open_input(path) as fh:
-        for lineno, raw in enumerate(BoundedReader(fh, path, limit), 1):
+        for lineno, raw in enumerate(BoundedReader(fh, path, limit, line_limit), 1):
             if not raw.strip():
                 continue
             row, why = _parse(raw)
@@ -362,7 +364,7 @@ def _note(path: Path, message: str, size: int) -> None:
     key = (str(path.resolve()), message, size)
     if key not in _noted:
         _noted.add(key)
-        print(f"note: {path}: {message}", file=sys.stderr, flush=True)
+        print(printable(f"note: {path}: {message}"), file=sys.stderr, flush=True)
 
 
 def _check_target(path: Path) -> os.stat_result | None:

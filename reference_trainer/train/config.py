@@ -23,6 +23,7 @@ from reference_trainer.errors import (
     check_temperature,
     check_top_p,
 )
+from reference_trainer.model.embedded import default_model_dir
 from reference_trainer.modes import get_mode
 from reference_trainer.rollout.engines import check_engine_kind, check_worker_backend
 from reference_trainer.tasks import response_budget, task_options
@@ -189,6 +190,22 @@ class TrainConfig:
                 raise UserError(f"--workers > 1 needs --engine reference (got --engine {self.engine})")
             check_worker_backend(self.worker_backend, self.workers)
         mode.check_options(self.mode_options, self.workers, self.engine)
+        if mode.ahead:
+            self._check_ring(mode.resolve(self.mode_options, self.workers, self.engine).ahead)
+
+    def _check_ring(self, ahead: Any) -> None:
+        """A rollout run ahead keeps max_staleness + 1 copies of the weights (rollout/ring.py): a value the
+        machine cannot hold is refused here, with the settings, so the refused run makes no folder and the
+        corrected command finds none claimed. Reads the model's headers only (and imports torch, which any
+        such run needs next); a model that cannot be read is left for its loading to name."""
+        from reference_trainer.rollout.ring import check_room, model_copy_bytes
+
+        try:
+            model_dir = Path(self.model) if self.model else default_model_dir()
+            copy = model_copy_bytes(model_dir, ahead.rollout_device or self.device)
+        except (ValueError, OSError, UserError):
+            return
+        check_room(copy, ahead.max_staleness + 1)
 
     def update_config(self, tis_cap: float | None) -> GRPOConfig:
         """The updater's config: the rollout temperature (one source of truth) and the mode's TIS cap when

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from rlbench.options import echo
+
 
 def audit_command(
     source: Annotated[
@@ -63,7 +65,7 @@ def _say(doc: dict) -> None:
     from reference_trainer.errors import printable
     from rlbench.report.figures import pct
 
-    typer.echo(f"{doc['source']} ({doc['kind']}, {doc['steps']} step(s)); tolerance {doc['tolerance']:g}")
+    echo(f"{doc['source']} ({doc['kind']}, {doc['steps']} step(s)); tolerance {doc['tolerance']:g}")
     for f in doc["figures"]:
         declared = (
             f"{pct(f['declared'])} declared by {f['declared_by']}" if f["declared_by"] else "none declared"
@@ -72,12 +74,12 @@ def _say(doc: dict) -> None:
         rebuilt = pct(f["rebuilt"]) if "time" not in f["quantity"] else f"{f['rebuilt']:.3g}"
         if "time" in f["quantity"] and f["declared"] is not None:
             declared = f"{f['declared']:.3g} declared by {f['declared_by']}"
-        typer.echo(f"{f['quantity']}: {rebuilt} rebuilt ({f['evidence']}); {declared}{flag}")
+        echo(f"{f['quantity']}: {rebuilt} rebuilt ({f['evidence']}); {declared}{flag}")
     label = doc["label"] or "unknown (needs both idle shares)"
     basis = (
         f" (from the {doc['label_from']} shares; idle high at {doc['idle_high']:.0%})" if doc["label"] else ""
     )
     check = f"; {doc['label_check']}" if doc["label_check"] else ""
-    typer.echo(f"label: {label}{basis}{check}")
+    echo(f"label: {label}{basis}{check}")
     for note in doc["notes"]:
-        typer.echo(printable(f"note: {note}"))
+        echo(printable(f"note: {note}"))

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from reference_trainer.errors import UserError, check_number
-from rlbench.options import GpuCalibration, OutDir, RunOptions, Steps, with_run_options
+from rlbench.options import GpuCalibration, OutDir, RunOptions, Steps, echo, with_run_options
 
 
 @with_run_options
@@ -51,10 +51,10 @@ def compare_command(
             raise UserError("--target-accuracy needs held-out evaluations: leave --eval-every out or >= 1")
         eval_every = eval_every or 1
     configs = build_configs(names, **run.config_kwargs(steps=steps, eval_every=eval_every))  # all checked
-    doc = run_compare(configs, out, overwrite=overwrite, say=typer.echo, target_accuracy=target_accuracy,
+    doc = run_compare(configs, out, overwrite=overwrite, say=echo, target_accuracy=target_accuracy,
                       calibration=calibration)  # fmt: skip
     if message := drift_note(doc["drift"]):  # before the speed-ups it invalidates
-        typer.echo(f"warning: {message}", err=True)
+        echo(f"warning: {message}", err=True)
     for line in [*summary_lines(doc), *verdict_block(doc)]:  # the verdict last: read where the output ends
-        typer.echo(line)
-    typer.echo(f"report: {out / 'report.html'}")
+        echo(line)
+    echo(f"report: {out / 'report.html'}")

@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
+from rlbench.options import echo
+
 
 def _probe() -> dict[str, Any]:
     import importlib.metadata as md
@@ -111,17 +113,20 @@ def doctor_command(as_json: Annotated[bool, typer.Option("--json", help="Print J
     if as_json:
         import json
 
-        typer.echo(json.dumps(report, indent=2))
+        echo(json.dumps(report, indent=2))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+
+    from reference_trainer.errors import printable
 
     table = Table(title="rlbench doctor", show_header=False)
     for key, value in report.items():
-        shown = "[red]not installed[/red]" if value is None else str(value)
+        shown = "[red]not installed[/red]" if value is None else escape(printable(str(value)))  # paths
         table.add_row(key, shown)
     Console().print(table)
-    typer.echo(verdict(report))
+    echo(verdict(report))
 
 
 # What each optional piece adds, for the verdict's list of what is missing.

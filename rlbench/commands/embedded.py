@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from rlbench.options import echo
+
 
 def measure_card(model_dir: Path, problems: int = 128) -> dict[str, Any]:
     """The recipe's targets, measured on held-out problems of each task (train/heldout.py policy_card)."""
@@ -58,13 +60,13 @@ def build_command(
     if card:
         measured = measure_card(out)
         write_json(out / embedded.CARD, {"recipe_version": recipe.RECIPE_VERSION, "tasks": measured})
-        typer.echo(json.dumps(measured, indent=1))
-        typer.echo(targets_line(measured))
+        echo(json.dumps(measured, indent=1))
+        echo(targets_line(measured))
     if install:
         target = embedded.shipped_dir()
         for name in (*embedded.FILES, embedded.CHECKSUMS, *([embedded.CARD] if card else [])):
             shutil.copyfile(out / name, target / name)
-        typer.echo(f"installed into {target}")
+        echo(f"installed into {target}")
 
 
 def build_with_progress(out: Path, steps: int | None) -> None:
@@ -89,7 +91,7 @@ def build_with_progress(out: Path, steps: int | None) -> None:
             progress.update(bar, completed=step + 1, description=f"SFT, loss {loss:.3f}")
             if not progress.console.is_terminal and (step + 1) % max(1, total // 20) == 0:
                 elapsed = time.perf_counter() - start
-                typer.echo(f"SFT step {step + 1}/{total}, loss {loss:.3f}, {elapsed:.0f} s", err=True)
+                echo(f"SFT step {step + 1}/{total}, loss {loss:.3f}, {elapsed:.0f} s", err=True)
 
         tmp = temp_beside(out, f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -99,7 +101,7 @@ def build_with_progress(out: Path, steps: int | None) -> None:
             replace_dir(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    typer.echo(f"wrote {out} in {time.perf_counter() - start:.0f} s")
+    echo(f"wrote {out} in {time.perf_counter() - start:.0f} s")
 
 
 def targets_line(tasks: dict[str, dict[str, float]]) -> str:
@@ -120,9 +122,9 @@ def show_command() -> None:
         embedded.verify(directory)
     except ModelLoadError as err:
         raise UserError(str(err)) from None
-    typer.echo(f"{directory}: SHA-256 verified")
+    echo(f"{directory}: SHA-256 verified")
     card = directory / embedded.CARD
     if card.is_file():
         measured = read_json(card)
-        typer.echo(card.read_text())
-        typer.echo(f"recipe version {measured['recipe_version']}: {targets_line(measured['tasks'])}")
+        echo(card.read_text())
+        echo(f"recipe version {measured['recipe_version']}: {targets_line(measured['tasks'])}")

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from reference_trainer.errors import UserError, printable
-from rlbench.options import DataDir, Device, Engine, ModelDir, Seed, Threads
+from rlbench.options import DataDir, Device, Engine, ModelDir, Seed, Threads, echo
 
 SuiteSpec = Annotated[
     str,
@@ -70,7 +70,7 @@ def eval_command(
                           temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)  # fmt: skip
     job = EvalJob(settings, model=model, out=out, data_dir=data_dir, include=include_path or [], limit=limit,
                   device=device, threads=threads, overwrite=overwrite)  # fmt: skip
-    for results in evaluate(job, say=lambda line: typer.echo(printable(line), err=True)):
+    for results in evaluate(job, say=lambda line: echo(printable(line), err=True)):
         k, run = results["samples"], Path(results["out"])
         figures = {
             "avg@k": f"avg@{k} {results['accuracy']:.4f}",
@@ -78,12 +78,12 @@ def eval_command(
             "maj@k": f"maj@{k} {results['maj_at_k'][str(k)]:.4f}",
         }
         failures = results["grading_failures"]
-        typer.echo(
+        echo(
             f"{results['suite']}: {results['problems_evaluated']} problems, "
             + ", ".join(figures[m] for m in results["metrics"])
             + (f", {failures} grading failures" if failures else "")
         )
-        typer.echo(f"wrote {run / RESULTS_FILE} and {run / REPORT_FILE}")
+        echo(f"wrote {run / RESULTS_FILE} and {run / REPORT_FILE}")
 
 
 def suites_command(ctx: typer.Context, data_dir: DataDir = None, include_path: IncludePath = None) -> None:
@@ -117,9 +117,9 @@ def validate_command(
     for file in files:
         problems = validate(file, data_dir, include_path or [])
         for problem in problems:
-            typer.echo(printable(f"{file}: {problem}", newlines=False), err=True)
+            echo(printable(f"{file}: {problem}", newlines=False), err=True)
         if not problems:
-            typer.echo(printable(f"{file}: ok", newlines=False))
+            echo(printable(f"{file}: ok", newlines=False))
         bad += bool(problems)
     if bad:
         raise UserError(f"{bad} of {len(files)} suite file(s) have problems")
@@ -135,4 +135,4 @@ def download_command(
     from rlbench.eval.suites import download
 
     for suite, path, rows in download(names, to, include_path or []):
-        typer.echo(f"{suite.name}: {rows} problems -> {path}")
+        echo(f"{suite.name}: {rows} problems -> {path}")

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from rlbench.options import Device, ModelDir, Seed, Threads
+from rlbench.options import Device, ModelDir, Seed, Threads, echo
 
 MAX_SAMPLES = 4096  # generate prints every sample; larger batches are what `rlbench eval` is for
 
@@ -62,5 +62,5 @@ def generate_command(
     engine = build_rollout_engine(RolloutEngineSpec(config=config), tokenizer, model=lm)
     for i, seq in enumerate(engine.generate(ids, params)):
         header = f"--- prompt {i // samples}" + (f", sample {i % samples}" if samples > 1 else "")
-        typer.echo(f"{header} ({len(seq.response_ids)} tokens, {seq.finish_reason})")
-        typer.echo(tokenizer.decode(seq.response_ids))
+        echo(f"{header} ({len(seq.response_ids)} tokens, {seq.finish_reason})")
+        echo(tokenizer.decode(seq.response_ids))

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from rlbench.options import OutDir, SimGpu, SimModelSize, with_options
+from rlbench.options import OutDir, SimGpu, SimModelSize, echo, with_options
 
 Slots = Annotated[
     int | None,
@@ -62,28 +62,28 @@ def _say(doc: dict, out: Path) -> None:
     s, info = doc["summary"], doc["integration"]
     bubble = info.get("bubble_decode_steps", s["bubble_ratio"])
     over = " (over decode steps, rebuilt from the lengths)" if "bubble_decode_steps" in info else ""
-    typer.echo(f"{s['steps']} step(s): bubble {pct(bubble)}{over}, tail share {pct(s['tail_time_share'])}")
+    echo(f"{s['steps']} step(s): bubble {pct(bubble)}{over}, tail share {pct(s['tail_time_share'])}")
     rows = doc["integration"].get("per_step") or []
     for key in ("rollout share", "bubble_if_concurrent (lengths)", "bubble_if_concurrent (sample times)"):
         values = [r[key] for r in rows if r.get(key) is not None]
         if values:
-            typer.echo(f"{key}: {pct(sum(values) / len(values))} (mean over steps, from the framework's log)")
+            echo(f"{key}: {pct(sum(values) / len(values))} (mean over steps, from the framework's log)")
     split = doc["integration"].get("length_variance") or {}
     if split.get("within_share") is not None:
         within, between = pct(split["within_share"]), pct(split["between_share"])
-        typer.echo(f"length variance: {within} within prompt groups, {between} between them")
+        echo(f"length variance: {within} within prompt groups, {between} between them")
     whatif = doc["whatif"]
     for line in whatif.get("sampling") or []:
-        typer.echo(f"what-if: {line}")
+        echo(f"what-if: {line}")
     if whatif.get("available"):
         for r in whatif["results"]:
-            typer.echo(
+            echo(
                 f"predicted W={r['workers']:>5} {r['mode']:<15} bubble {pct(r['bubble_ratio'])}  "
                 f"speed-up {r['speedup']:.2f}x"
             )
         if (best := whatif.get("best_dispatch") or {}).get("available"):
-            typer.echo(f"predicted best dispatch: {best['line']}")
-    typer.echo(f"report: {out / 'report.html'}")
+            echo(f"predicted best dispatch: {best['line']}")
+    echo(f"report: {out / 'report.html'}")
 
 
 @with_options(ImportOptions, "opts")

@@ -7,9 +7,11 @@ from typing import Annotated
 
 import typer
 
+from rlbench.options import echo
+
 
 def _phase(message: str) -> None:
-    typer.echo(f"  {message}", err=True)
+    echo(f"  {message}", err=True)
 
 
 def import_command(
@@ -23,10 +25,10 @@ def import_command(
     if name not in PACKAGED:
         raise UserError(f"unknown packaged model {name!r}; packaged models: {', '.join(PACKAGED)}")
     if is_model_dir(imports_root() / name) and not force:
-        typer.echo(f"{name} is already imported at {imports_root() / name} (--force converts it again)")
+        echo(f"{name} is already imported at {imports_root() / name} (--force converts it again)")
         return
     path = import_packaged(name, force=force, on_phase=_phase)  # checks everything before saying a word
-    typer.echo(f"{name} imported at {path}; use it as --model {name}")
+    echo(f"{name} imported at {path}; use it as --model {name}")
 
 
 def import_gguf_command(
@@ -52,7 +54,7 @@ def import_gguf_command(
     except GGUFImportError as err:
         raise UserError(str(err)) from None
     hint = f" (--model {path.name})" if out is None else ""
-    typer.echo(f"wrote {path}{hint}")
+    echo(f"wrote {path}{hint}")
 
 
 def list_command(
@@ -63,10 +65,11 @@ def list_command(
     from rich.markup import escape
     from rich.table import Table
 
+    from reference_trainer.errors import printable
     from rlbench.models import list_models
 
     table = Table("name", "kind", "status", "about")
     for row in list_models(paths or []):
-        # escaped: an install hint's [gguf] is text, not rich markup
-        table.add_row(*(escape(str(row[key])) for key in ("name", "kind", "status", "about")))
+        # escaped: an install hint's [gguf] is text, not rich markup; a folder's name may hold control bytes
+        table.add_row(*(escape(printable(str(row[key]))) for key in ("name", "kind", "status", "about")))
     Console(width=200).print(table)

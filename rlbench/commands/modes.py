@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from rlbench.options import echo
+
 WIDTH = 110
 
 
@@ -176,10 +178,10 @@ def modes_command(
     if json_out:
         import json
 
-        typer.echo(json.dumps(registry_doc(), indent=2))
+        echo(json.dumps(registry_doc(), indent=2))
         return
-    typer.echo(render_table())
-    typer.echo("")
-    typer.echo(render_options())
-    typer.echo("")
-    typer.echo(render_dispatch())
+    echo(render_table())
+    echo("")
+    echo(render_options())
+    echo("")
+    echo(render_dispatch())

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from rlbench.options import OutDir, ServerOptions, with_options
+from rlbench.options import OutDir, ServerOptions, echo, with_options
 
 
 def summary_lines(doc: dict) -> list[str]:
@@ -71,13 +71,13 @@ def observe_command(
     # One writer, into an observation (or a profile that observed its servers) or a new folder.
     with claim(out, "observe", accepts=("observe",)):
         if from_samples is not None:
-            doc = rebuild(opts, out, say=lambda line: typer.echo(printable(line), err=True))
+            doc = rebuild(opts, out, say=lambda line: echo(printable(line), err=True))
         else:
             check_new_observation(out, overwrite)
-            typer.echo(f"observing {len(opts.urls)} server(s) for {duration:g} s, every {interval:g} s")
-            doc = run(opts, out, duration, say=lambda line: typer.echo(printable(line), err=True))
+            echo(f"observing {len(opts.urls)} server(s) for {duration:g} s, every {interval:g} s")
+            doc = run(opts, out, duration, say=lambda line: echo(printable(line), err=True))
     for line in summary_lines(doc):
-        typer.echo(printable(line))
-    typer.echo(f"report: {out / 'report.html'}")
+        echo(printable(line))
+    echo(f"report: {out / 'report.html'}")
     if doc["engine_metrics"]["unreadable"] == opts.urls:  # nothing observed: said once per server already
         sys.exit(2)

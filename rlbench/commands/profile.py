@@ -16,6 +16,7 @@ from rlbench.options import (
     RunOptions,
     ServerOptions,
     Steps,
+    echo,
     with_options,
     with_run_options,
 )
@@ -89,12 +90,12 @@ def _profile_wrapped(cfg: Any) -> None:
     from reference_trainer.errors import printable
     from rlbench.profiling.wrap import wrap_command
 
-    code, doc = wrap_command(cfg, say=lambda line: typer.echo(printable(line), err=True))
+    code, doc = wrap_command(cfg, say=lambda line: echo(printable(line), err=True))
     for line in wrap_lines(doc):  # the servers' pages' text among them
-        typer.echo(printable(line))
-    typer.echo(f"report: {cfg.out / 'report.html'}")
+        echo(printable(line))
+    echo(f"report: {cfg.out / 'report.html'}")
     if code != 0:
-        typer.echo(f"command exited with {code}", err=True)
+        echo(f"command exited with {code}", err=True)
         # sys.exit, not typer.Exit: the app runs with standalone_mode=False, which returns Exit codes
         sys.exit(code if 0 < code < 256 else 1)
 
@@ -116,10 +117,10 @@ def _profile_trainer(
         said = f"interrupted: {out / 'report.html'} profiles the finished steps; --overwrite starts again"
         raise Interrupted(said) from None
     for line in [*bubble_lines(doc["summary"]), *cost_lines(doc["summary"]), *run_lines(doc["gpu_replay"])]:
-        typer.echo(line)
+        echo(line)
     heldout = out / "heldout.json"
-    typer.echo(heldout_line(read_json(heldout) if heldout.is_file() else None))
-    typer.echo(f"report: {out / 'report.html'}")
+    echo(heldout_line(read_json(heldout) if heldout.is_file() else None))
+    echo(f"report: {out / 'report.html'}")
 
 
 def wrap_lines(doc: dict[str, Any]) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from reference_trainer.errors import UserError
+from rlbench.options import echo
 
 # What a run directory holds: `profile` writes metrics.json; a `train` run only the JSONL logs.
 RUN_FILES = ("metrics.json", "trace.jsonl", "metrics.jsonl")
@@ -36,7 +37,7 @@ def report_command(
             # foreign): one line naming the directory, never a traceback from deep inside a chart.
             why = f"{type(err).__name__}: {err}"
             raise UserError(f"{d}: its saved results are not as rlbench writes them ({why})") from None
-        typer.echo(f"report: {path}")
+        echo(f"report: {path}")
 
 
 def _render(d: Path) -> Path:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from reference_trainer.errors import UserError, missing_module
-from rlbench.options import ModelDir
+from rlbench.options import ModelDir, echo
 
 if TYPE_CHECKING:
     from rlbench.reproduce.spec import Spec
@@ -49,7 +49,7 @@ def reproduce_command(
 
     if list_:
         for name, spec in load_specs().items():
-            typer.echo(list_entry(name, spec))
+            echo(list_entry(name, spec))
         return
     if all_ == bool(names):
         raise UserError("name reproductions or give --all (not both); --list shows them")
@@ -59,7 +59,7 @@ def reproduce_command(
     root = results_root(out, quick, update_reports)
     chosen, left_out = runnable_here(specs, chosen, all_, device)
     for name in left_out:
-        typer.echo(
+        echo(
             f"{name}: a real model at full size, left out on the CPU "
             f"(run it with `rlbench reproduce {name} --device cuda`)"
         )
@@ -81,24 +81,22 @@ def run_reproductions(
     failed = []
     with claim(root, "reproduce", accepts=()):
         for name in chosen:
-            typer.echo(f"== {name}")
+            echo(f"== {name}")
             try:
                 result = run_one(name, specs[name], root, device, quick, model)
             except UserError:
                 raise
             except ModuleNotFoundError as err:  # e.g. Ray, which histopipe and scale run workers on
                 failed.append(name)
-                typer.echo(f"{name}: {missing_module(err.name)}", err=True)
+                echo(f"{name}: {missing_module(err.name)}", err=True)
                 continue
             except Exception as err:  # one reproduction failing must not lose the others' results
                 failed.append(name)
-                typer.echo(f"{name}: failed: {type(err).__name__}: {err}", err=True)
+                echo(f"{name}: failed: {type(err).__name__}: {err}", err=True)
                 continue
             verdict = f"{result['verdict']} (quick)" if quick else result["verdict"]
-            typer.echo(
-                f"{name}: {verdict}: {result['measured'].get('headline', '')}, {result['wall_s']:.0f} s"
-            )
-        typer.echo(f"index: {write_index(specs, root)}")
+            echo(f"{name}: {verdict}: {result['measured'].get('headline', '')}, {result['wall_s']:.0f} s")
+        echo(f"index: {write_index(specs, root)}")
     return failed
 
 

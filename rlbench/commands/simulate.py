@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlbench.options import ModeOption, OutDir, Seed, SimGpu, SimModelSize
+from rlbench.options import ModeOption, OutDir, Seed, SimGpu, SimModelSize, echo, given_flags
 
 if TYPE_CHECKING:
     from rlbench.simulate.config import SimConfig
@@ -95,9 +95,8 @@ def simulate_command(
     from rlbench.simulate.config import SimConfig
 
     if ctx.invoked_subcommand is not None:
-        given = [name for name in ctx.params if ctx.get_parameter_source(name).name != "DEFAULT"]
-        if given:  # they would be ignored: the subcommand has options of its own
-            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        if given := given_flags(ctx):  # they would be ignored: the subcommand has options of its own
+            flags = ", ".join(given)
             raise UserError(f"{flags}: give `simulate {ctx.invoked_subcommand}`'s options after its name")
         return
     cfg = SimConfig.from_cli(workers, modes, mode_option, dispatch, trace=trace, synthetic=synthetic, gpu=gpu,
@@ -107,7 +106,7 @@ def simulate_command(
                              sigma=sigma, max_tokens=max_tokens, max_prefill_tokens=max_prefill_tokens,
                              seed=seed)  # fmt: skip
     if trace is None and not synthetic:
-        typer.echo(f"no --trace: {workload_line(cfg)}", err=True)
+        echo(f"no --trace: {workload_line(cfg)}", err=True)
     with claim(out, "simulate", accepts=("simulate",)):  # one writer, into a simulation or a new folder
         check_run_dir(out, "simulate", overwrite, tuple(p for p in (trace, fit) if p is not None))
         _simulate(cfg, out)
@@ -151,14 +150,14 @@ def _simulate(cfg: SimConfig, out: Path) -> None:
     from rlbench.simulate.config import run
 
     def progress(r: dict, done: int, total: int) -> None:
-        typer.echo(f"[{done}/{total}] {result_line(r)}", err=True)
+        echo(f"[{done}/{total}] {result_line(r)}", err=True)
 
     doc = run(cfg, progress)
     write_json(out / "simulate.json", doc)
     page = render(doc, out)
     for r in asked_first(doc["results"], cfg.modes):
-        typer.echo(result_line(r))
-    typer.echo(f"simulated in {doc['elapsed_s']:.1f} s: {out / 'simulate.json'}, {page}")
+        echo(result_line(r))
+    echo(f"simulated in {doc['elapsed_s']:.1f} s: {out / 'simulate.json'}, {page}")
 
 
 def validate_command(
@@ -188,9 +187,9 @@ def validate_command(
     with claim(out, "simulate", accepts=("simulate",)):
         write_json(out / "validation.json", doc)
     for line in table(doc):
-        typer.echo(line)
+        echo(line)
     for run in doc["runs"]:
-        typer.echo(f"{run['run']}: {run['verdict']['text']}")
-    typer.echo(f"validation: {out / 'validation.json'}")
+        echo(f"{run['run']}: {run['verdict']['text']}")
+    echo(f"validation: {out / 'validation.json'}")
     if check and not doc["holds"]:
         raise typer.Exit(1)

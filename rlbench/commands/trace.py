@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from rlbench.options import echo
+
 FORMATS = ("perfetto",)
 
 
@@ -39,8 +41,8 @@ def export_command(
     by_ph = dict(sorted(Counter(e["ph"] for e in trace["traceEvents"]).items()))
     names = {"X": "spans", "C": "counter samples", "i": "instants", "M": "metadata"}
     summary = ", ".join(f"{n} {names.get(ph, ph)}" for ph, n in by_ph.items())
-    typer.echo(f"wrote {path}: {sum(by_ph.values())} events ({summary})")
-    typer.echo("open it at https://ui.perfetto.dev (Open trace file) or in chrome://tracing")
+    echo(f"wrote {path}: {sum(by_ph.values())} events ({summary})")
+    echo("open it at https://ui.perfetto.dev (Open trace file) or in chrome://tracing")
 
 
 def validate_command(
@@ -52,7 +54,7 @@ def validate_command(
 
     records = rollout_trace.read(file)
     steps = len(rollout_trace.records_by_step(records))
-    typer.echo(f"{file}: {len(records)} request(s) in {steps} step(s) match {rollout_trace.SCHEMA_ID}")
+    echo(f"{file}: {len(records)} request(s) in {steps} step(s) match {rollout_trace.SCHEMA_ID}")
 
 
 def convert_command(
@@ -93,4 +95,4 @@ def convert_command(
     records = rollout_trace.check(to_records(source, loader, trust_pickle), source)  # our bug: refused here
     write_jsonl(out, records)
     timed = sum(r["time_source"] != "none" for r in records)
-    typer.echo(f"wrote {out}: {len(records)} request(s), {timed} with times")
+    echo(f"wrote {out}: {len(records)} request(s), {timed} with times")

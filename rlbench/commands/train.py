@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlbench.options import Mode, RunOptions, with_run_options
+if TYPE_CHECKING:  # the command imports it when it runs: --help stays light
+    from reference_trainer.train.config import TrainConfig
+
+from rlbench.options import Mode, RunOptions, echo, given_flags, with_run_options
 
 
 @with_run_options
@@ -37,14 +40,7 @@ def train_command(
     from rlbench.training import build_config, run_training
 
     if resume is not None:
-        from reference_trainer.train.config import load_run_config
-
-        config = load_run_config(resume)
-        config.steps = steps or config.steps  # resuming may extend the run
-        source = ctx.get_parameter_source("workers")
-        if source is not None and source.name == "COMMANDLINE":  # W engines resume on W' (no engine state)
-            config.workers = run.workers
-        out_dir = resume
+        config, out_dir = resumed_config(ctx, run, resume, steps), resume
     else:
         config = build_config(
             **run.config_kwargs(
@@ -65,8 +61,28 @@ def train_command(
             raise RolloutDied(str(err).replace("RUN_DIR", str(out_dir))) from None
     if rows:
         first, last = rows[0], rows[-1]
-        typer.echo(
+        echo(
             f"steps {first['step']}..{last['step']}: reward {first['reward_mean']:.3f} -> "
             f"{last['reward_mean']:.3f}, accuracy {first['accuracy']:.3f} -> {last['accuracy']:.3f}"
         )
-    typer.echo(f"run: {out_dir} (metrics.jsonl, trace.jsonl, checkpoints/)")
+    echo(f"run: {out_dir} (metrics.jsonl, trace.jsonl, checkpoints/)")
+
+
+def resumed_config(ctx: typer.Context, run: RunOptions, resume: Path, steps: int | None) -> TrainConfig:
+    """The config `resume` was started with, `steps` extending it and `--workers` moving it onto W' engines
+    (no engine state is kept); any other option given is refused, as a resume would drop it."""
+    from reference_trainer.errors import UserError
+    from reference_trainer.train.config import load_run_config
+
+    if ignored := given_flags(ctx, exclude=("resume", "steps", "workers")):
+        raise UserError(
+            f"{', '.join(ignored)} with --resume: a resume runs with the settings in "
+            f"{resume / 'train_config.json'} (only --steps and --workers may change); leave "
+            f"{'it' if len(ignored) == 1 else 'them'} out, or start a new run with --out"
+        )
+    config = load_run_config(resume)
+    config.steps = steps or config.steps  # resuming may extend the run
+    source = ctx.get_parameter_source("workers")
+    if source is not None and source.name == "COMMANDLINE":
+        config.workers = run.workers
+    return config

@@ -9,8 +9,9 @@ Format (JSONL, one prompt group of one RL step per line):
 - `prompt_tokens` (int >= 0, default 0) and `worker` (int >= 0: the rollout engine that ran the group,
   default 0) are optional. Lines of one step are in submission order. Anything else is ignored.
 - Bounds, each refused at the line that passes it: a step number below 2^31, at most 2^24 tokens in a
-  prompt or response, at most MAX_GROUP samples in a group (one line), MAX_WORKERS workers and MAX_STEPS
-  steps, and workers x steps at most MAX_WORKER_STEPS (each step's metrics keep every worker's busy time).
+  prompt or response, at most MAX_GROUP samples in a group (one line, of at most MAX_LINE_BYTES, refused
+  before it is parsed), MAX_WORKERS workers and MAX_STEPS steps, and workers x steps at most
+  MAX_WORKER_STEPS (each step's metrics keep every worker's busy time).
 
 Rebuilding a step (`rebuild`): every worker runs its samples in log order under continuous batching with
 `slots` slots, one token per running sample per decode step (a synchronous rollout: the step waits for its
@@ -42,6 +43,9 @@ MAX_WORKERS = 4096  # rollout engines in one log (the what-if's largest count)
 MAX_STEPS = 100_000  # RL steps in one log: each becomes a row of metrics.json
 MAX_GROUP = 1 << 16  # samples of one prompt group (one line): GRPO groups are 2-64; the rebuild holds each
 MAX_WORKER_STEPS = 1 << 20  # workers x steps: every step's metrics hold each worker's busy time
+# One line's bytes, refused before it is parsed (a 1 GiB line of "1," would parse into a list of 4 GB):
+# MAX_GROUP samples of 2^24 tokens are 9 bytes each, with a group name of 1,024 characters.
+MAX_LINE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +125,8 @@ def read(path: str | Path) -> list[Group]:
     groups = [
         Group(r["step"], str(r["group"]), tuple(r["response_tokens"]), r.get("prompt_tokens") or 0,
               r.get("worker") or 0)
-        for r in iter_jsonl(path, ("step", "group", "response_tokens"), torn_tail=False, check=_Counted())
+        for r in iter_jsonl(path, ("step", "group", "response_tokens"), torn_tail=False,
+                            check=_Counted(), line_limit=MAX_LINE_BYTES)
     ]  # fmt: skip
     if not groups:
         raise UserError(f"{path}: no groups in the length log")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.errors import UserError
+from reference_trainer.errors import UserError, printable
 from reference_trainer.trace.records import read_json, write_json
 from rlbench.reproduce.base import Context, Outcome
 from rlbench.reproduce.page import write_report
@@ -106,7 +106,7 @@ def reproduce(
 
     folder = out / name / device_folder(device)
     folder.mkdir(parents=True, exist_ok=True)
-    say = lambda line: print(f"[{name}] {line}", flush=True)  # noqa: E731
+    say = lambda line: print(printable(f"[{name}] {line}"), flush=True)  # noqa: E731
     ctx = Context(device=device, quick=quick, model=model, work_dir=folder / "work", seed=seed, progress=say)
     # the model's label, not only the commit: rebuilt embedded weights not yet committed are other weights
     clear_stale_work(folder / "work", {"commit": source_commit(), "device": device, "quick": quick,

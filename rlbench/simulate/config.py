@@ -4,10 +4,14 @@ model (a preset, or fitted to a measured run), the workload (a length trace, or 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from reference_trainer.errors import MAX_SEED, UserError, check_integer, check_number
 from reference_trainer.modes import MODES, parse_option_pairs
@@ -15,7 +19,7 @@ from reference_trainer.rollout.dispatch import make_policy
 from reference_trainer.trace.steps import worker_capacities
 from rlbench.simulate import simulate, workload
 from rlbench.simulate.cost import fit_run, preset
-from rlbench.simulate.modes import parse_sim_modes
+from rlbench.simulate.modes import SimMode, parse_sim_modes
 from rlbench.simulate.replay import read_events
 
 MAX_SIM_STEPS = 10_000
@@ -23,6 +27,10 @@ MAX_SIM_TOKENS = 1 << 24
 MAX_SIM_WORKERS = 1 << 20
 MAX_SIM_SAMPLES = 1 << 26  # a synthetic workload's samples over all steps: a few arrays of this size
 DEFAULT_CAPACITY = 256
+# The replay's peak memory per sample outstanding in a step (its job columns, sort keys and engine state):
+# about 400 bytes, measured as peak RSS of `simulate --modes sorted:oversubscription=4 --workers 64 --steps 1`
+# at --prompts 2048 and 16384 (65,536 and 524,288 samples outstanding: 103 and 278 MB), 2026-11-29.
+BYTES_PER_SAMPLE = 400
 
 
 DEFAULT_WORKERS = (1, 8, 64, 512, 4096)
@@ -134,7 +142,10 @@ class SimConfig:
                 raise UserError(f"--dispatch: {err}") from None
         if self.dispatch and (own := [m for m in self.modes if "dispatch=" in m]):
             raise UserError(f"--dispatch and a --modes entry's own dispatch ({own[0]}): give one of them")
-        parse_sim_modes(self.entries, self.mode_options)  # a bad name or option fails before the workload
+        modes = parse_sim_modes(self.entries, self.mode_options)  # a bad name or option: before the workload
+        if self.synthetic:
+            groups = self.groups_per_worker * max(self.workers) if self.groups_per_worker else self.prompts
+            check_outstanding(modes, groups, self.group_size)
         if (self.trace is None) == (not self.synthetic):
             raise UserError("give exactly one of --trace FILE or --synthetic")
         for flag, path in (("--trace", self.trace), ("--fit/--calibrate", self.fit)):
@@ -179,6 +190,7 @@ def run(cfg: SimConfig, progress: Callable[[dict[str, Any], int, int], None] | N
     else:
         assert cfg.trace is not None  # check() said so
         lengths = workload.load(cfg.trace)
+        check_trace_outstanding(cfg, lengths)
     return simulate(
         lengths,
         cost,
@@ -194,3 +206,42 @@ def run(cfg: SimConfig, progress: Callable[[dict[str, Any], int, int], None] | N
         seed=cfg.seed,
         progress=progress,
     )
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def check_outstanding(modes: Sequence[SimMode], groups: int, group_size: float) -> None:
+    """SortedRL keeps ceil(oversubscription x B) groups outstanding in a step (B: `groups` a step trains
+    on): one line, before any replay, for a mode whose outstanding samples would not fit this machine's
+    memory. The bound is the work the option asks for, not a cap on its value."""
+    memory = machine_memory()
+    for mode in modes:
+        outstanding = math.ceil(max(mode.oversub, 1.0) * groups)
+        samples = math.ceil(outstanding * group_size)
+        need = samples * BYTES_PER_SAMPLE
+        if need > memory:
+            most = memory / (BYTES_PER_SAMPLE * group_size * groups)
+            raise UserError(
+                f"mode {mode.name}: oversubscription {mode.oversub:,.10g} keeps {outstanding:,} groups "
+                f"({samples:,} samples) outstanding per step, about {_size(need)} to replay; this machine "
+                f"has {_size(memory)} of memory (room for oversubscription {most:,.0f} at most, with "
+                f"{groups:,} groups a step)"
+            )
+
+
+def check_trace_outstanding(cfg: SimConfig, lengths: workload.LengthTrace) -> None:
+    """`check_outstanding` for a length trace, once it is read (its groups a step are known only then)."""
+    width = int(lengths.prompt.max(initial=0)) + 1
+    groups = np.unique(lengths.step.astype(np.int64) * width + lengths.prompt)  # (step, prompt) pairs
+    if groups.size == 0:
+        return
+    per_step = int(np.unique(groups // width, return_counts=True)[1].max())
+    b = cfg.groups_per_worker * max(cfg.workers) if cfg.groups_per_worker else per_step
+    check_outstanding(parse_sim_modes(cfg.entries, cfg.mode_options), b, len(lengths) / groups.size)
