@@ -50,7 +50,8 @@ def timing_free(events: list[dict]) -> list[dict]:
     """The trace's deterministic content, every event in order: a forward's kind, step and counts (not its
     slot map, to keep the file small), every other event's fields less its times (t_*, *_s) and loss."""
     return [
-        [e[k] for k in FORWARD] if e["kind"] in ("prefill", "decode")
+        [e[k] for k in FORWARD]
+        if e["kind"] in ("prefill", "decode")
         else {k: v for k, v in e.items() if not k.startswith("t_") and k not in TIMED}
         for e in events
     ]
