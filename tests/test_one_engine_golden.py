@@ -40,7 +40,7 @@ def _config(mode: str, workers: int | None):
     kw = {} if workers is None else {"workers": workers}
     options = {} if mode == "baseline" else dict(SORTED_OPTIONS)
     config = TrainConfig(eval_every=0, steps=2, task="arith", mode=mode, prompts_per_step=2, group_size=2,
-                         max_tokens=8, max_num_seqs=3, max_model_len=256, checkpoint_every=1,
+                         max_tokens=8, temperature=2.0, max_num_seqs=3, max_model_len=256, checkpoint_every=1,
                          mode_options=options, **kw)  # fmt: skip
     config.grpo.micro_batch_size = 4
     return config
@@ -57,16 +57,27 @@ def timing_free(events: list[dict]) -> list[dict]:
     ]
 
 
-def run_mode(mode: str, workers: int | None) -> list[dict]:
+def run_mode(mode: str, workers: int | None) -> dict[str, list]:
+    """The run's timing-free trace and, per step, each trained group's prompt position and the token ids of
+    its samples (the trace holds only their counts)."""
     from reference_trainer.train.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(_config(mode, workers), Path(tmp) / "run")
+        groups: list[list] = []
+        collect = trainer.rollout.collect
+
+        def recorded():
+            got = collect()
+            groups.append([[g.index, [list(s.response_ids) for s in g.samples]] for g in got])
+            return got
+
+        trainer.rollout.collect = recorded
         trainer.run()
-        return timing_free(trainer.trace.events)
+        return {"trace": timing_free(trainer.trace.events), "groups": groups}
 
 
-def run_modes() -> dict[str, list[dict]]:
+def run_modes() -> dict[str, dict[str, list]]:
     return {mode: run_mode(mode, None) for mode in MODES}
 
 
@@ -83,9 +94,10 @@ def one_thread():
 @pytest.mark.parametrize("workers", [1, None], ids=["workers-1", "no-flag"])
 @pytest.mark.parametrize("mode", MODES)
 def test_one_worker_gives_the_trace_of_before_multiple_engines(mode, workers, one_thread):
-    golden = json.loads(GOLDEN.read_text())["traces"][mode]
-    assert any(e[0] == "decode" for e in golden if isinstance(e, list))
-    assert any(e["kind"] == "sequence" for e in golden if isinstance(e, dict))
+    golden = json.loads(GOLDEN.read_text())["runs"][mode]
+    assert any(e[0] == "decode" for e in golden["trace"] if isinstance(e, list))
+    assert any(e["kind"] == "sequence" for e in golden["trace"] if isinstance(e, dict))
+    assert len(golden["groups"]) == 2 and all(s for step in golden["groups"] for _, g in step for s in g)
     assert run_mode(mode, workers) == golden
 
 
@@ -94,5 +106,5 @@ if __name__ == "__main__":
 
     torch.set_num_threads(1)  # as the test runs: the float sums, hence the sampled tokens, stay the same
     made = "python tests/test_one_engine_golden.py, PYTHONPATH = a tree of commit 6e89c49"
-    body = {"made_by": made, "traces": run_modes()}
+    body = {"made_by": made, "runs": run_modes()}
     Path(sys.argv[1]).write_text(json.dumps(body, separators=(",", ":")) + "\n")
