@@ -2,12 +2,12 @@
 
 tests/data/one_engine_golden.json was written by commit 6e89c49 (the code before rollout/multi.py and
 rollout/dispatch.py existed) running `run_modes()` below: for each mode, a 2-step CPU run of the embedded
-model, its trace stripped of every time. The test runs today's code with the same configs at `workers=1`
-and with no worker count given, and compares exactly. To rewrite the file (only from a commit whose W = 1
-behaviour is the reference; a difference from today's code is a behaviour change to explain, not to
-regenerate away):
+model on one thread: its trace stripped of every time, and each trained sample's token ids. The test runs
+today's code with the same configs at `workers=1` and with no worker count given, and compares exactly.
+To rewrite the file (only from a commit whose W = 1 behaviour is the reference; a difference from today's
+code is a behaviour change to explain, not to regenerate away):
 
-    git archive 6e89c49 | tar -x -C /tmp/old
+    mkdir /tmp/old && git archive 6e89c49 | tar -x -C /tmp/old
     PYTHONPATH=/tmp/old python tests/test_one_engine_golden.py tests/data/one_engine_golden.json
 
 This module imports only what 6e89c49 already had, so the same function writes the file and checks it.
@@ -25,7 +25,7 @@ import pytest
 GOLDEN = Path(__file__).parent / "data" / "one_engine_golden.json"
 # sorted+rhyme is left out: its verify width is chosen from a cost table corrected online by the measured
 # step times (speculation/speculator.py), so its forwards, hence where the quota cuts, vary run to run on
-# any commit (6e89c49's own code gave 46, then 52 events for the config below).
+# any commit (6e89c49's own code, run twice on one config, gave 46 events, then 52).
 MODES = ("baseline", "sorted", "sorted-partial")
 SORTED_OPTIONS = {"oversubscription": 2.0, "max_staleness": 2}
 # Floats that come from the clock or the CPU's speed; the update's loss is left out too, as a float sum
