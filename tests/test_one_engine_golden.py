@@ -3,9 +3,9 @@
 tests/data/one_engine_golden.json was written by commit 6e89c49 (the code before rollout/multi.py and
 rollout/dispatch.py existed) running `run_modes()` below: for each mode, a 2-step CPU run of the embedded
 model on one thread: its trace stripped of every time, and each trained sample's token ids. The test runs
-today's code with the same configs at `workers=1` and with no worker count given, and compares exactly.
-To rewrite the file (only from a commit whose W = 1 behaviour is the reference; a difference from today's
-code is a behaviour change to explain, not to regenerate away):
+today's code with the same configs at `workers=1` (and sorted-partial with no worker count given) and
+compares exactly. To rewrite the file (only from a commit whose W = 1 behaviour is the reference; a
+difference from today's code is a behaviour change to explain, not to regenerate away):
 
     mkdir /tmp/old && git archive 6e89c49 | tar -x -C /tmp/old
     PYTHONPATH=/tmp/old python tests/test_one_engine_golden.py tests/data/one_engine_golden.json
@@ -91,8 +91,11 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("workers", [1, None], ids=["workers-1", "no-flag"])
-@pytest.mark.parametrize("mode", MODES)
+# Every mode at workers=1; one with no worker count (the default), each run ~1 s on a loaded 2-core machine.
+RUNS = [(mode, 1) for mode in MODES] + [("sorted-partial", None)]
+
+
+@pytest.mark.parametrize(("mode", "workers"), RUNS, ids=[f"{m}-{w or 'no-flag'}" for m, w in RUNS])
 def test_one_worker_gives_the_trace_of_before_multiple_engines(mode, workers, one_thread):
     golden = json.loads(GOLDEN.read_text())["runs"][mode]
     assert any(e[0] == "decode" for e in golden["trace"] if isinstance(e, list))
