@@ -60,10 +60,15 @@ def _curves_figure(runs: list[dict[str, Any]], target: float) -> Any:
     fig = go.Figure()
     colours = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(dict.fromkeys(r["mode"] for r in runs))}
     for r in runs:
-        fig.add_trace(go.Scatter(
-            x=[p["samples"] for p in r["curve"]], y=[p["greedy_acc"] for p in r["curve"]],
-            name=f"{r['mode']} seed {r['seed']}", mode="lines+markers", line={"color": colours[r["mode"]]},
-        ))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=[p["samples"] for p in r["curve"]],
+                y=[p["greedy_acc"] for p in r["curve"]],
+                name=f"{r['mode']} seed {r['seed']}",
+                mode="lines+markers",
+                line={"color": colours[r["mode"]]},
+            )
+        )
     fig.add_hline(y=target, line_dash="dot", annotation_text=f"target {target:.2f}")
     fig.update_layout(
         title="Held-out greedy accuracy against samples consumed",
@@ -131,13 +136,20 @@ def accuracy(ctx: Context) -> Outcome:
     modes = table_["modes"]
     measured = _parity_measured(table_)
     rows = [
-        {"mode": m, "seeds": len(r["seeds"]), "accuracy (mean)": r["accuracy"], "sd": r["accuracy_sd"],
-         "vs baseline": r["accuracy_vs_baseline"], f"samples to {w.target:.2f}": r["samples_to_target"],
-         "reached": f"{r['reached']}/{len(r['seeds'])}",
-         "fewer samples than baseline": r["fewer_samples_share"],
-         "rollout tokens (mean)": r["rollout_tokens"], "tokens ÷ baseline": r["rollout_tokens_vs_baseline"]}
+        {
+            "mode": m,
+            "seeds": len(r["seeds"]),
+            "accuracy (mean)": r["accuracy"],
+            "sd": r["accuracy_sd"],
+            "vs baseline": r["accuracy_vs_baseline"],
+            f"samples to {w.target:.2f}": r["samples_to_target"],
+            "reached": f"{r['reached']}/{len(r['seeds'])}",
+            "fewer samples than baseline": r["fewer_samples_share"],
+            "rollout tokens (mean)": r["rollout_tokens"],
+            "tokens ÷ baseline": r["rollout_tokens_vs_baseline"],
+        }
         for m, r in modes.items()
-    ]  # fmt: skip
+    ]
     return Outcome(
         measured=measured,
         config={"model": ctx.model_label(), **asdict(w), **w.options()},

@@ -71,8 +71,13 @@ class Workload:
     @classmethod
     def for_context(cls, ctx: Context) -> Workload:
         # the benchmark's step shape; more epochs than its 4, for more steps with history to average over
-        return cls(epochs=ctx.pick(6, 2), pool=ctx.pick(32, 16), max_tokens=ctx.pick(400, 200), seed=ctx.seed,
-                   placements=("round-robin", "least-in-flight", "histopipe"))  # fmt: skip
+        return cls(
+            epochs=ctx.pick(6, 2),
+            pool=ctx.pick(32, 16),
+            max_tokens=ctx.pick(400, 200),
+            seed=ctx.seed,
+            placements=("round-robin", "least-in-flight", "histopipe"),
+        )
 
 
 def train_config(w: Workload, placement: str, model: str, device: str = "cpu", backend: str = "ray") -> Any:
@@ -111,9 +116,15 @@ def epoch_idle(steps: list[dict[str, Any]], steps_per_epoch: int) -> list[dict[s
         chunk = steps[e : e + steps_per_epoch]
         shares = [s["worker_idle_share"] for s in chunk]
         idle = [sum(v or 0.0 for v in d.values()) / len(d) for d in shares]
-        epochs.append({"epoch": e // steps_per_epoch + 1, "idle_share": sum(idle) / len(idle),
-                       "idle_share_per_step": idle, "worker_idle_share_per_step": shares,
-                       **{k: sum(s[m] for s in chunk) / len(chunk) for k, m in means}})  # fmt: skip
+        epochs.append(
+            {
+                "epoch": e // steps_per_epoch + 1,
+                "idle_share": sum(idle) / len(idle),
+                "idle_share_per_step": idle,
+                "worker_idle_share_per_step": shares,
+                **{k: sum(s[m] for s in chunk) / len(chunk) for k, m in means},
+            }
+        )
     return epochs
 
 

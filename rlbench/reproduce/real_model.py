@@ -119,10 +119,22 @@ def _curve_figure(curve: list[dict[str, Any]]) -> Any:
     fig = go.Figure()
     lines = (("greedy_acc", "greedy", PALETTE[0]), ("pass1", f"pass@1, T = {TEMPERATURE}", PALETTE[1]))
     for key, name, colour in lines:
-        fig.add_trace(go.Scatter(x=[p["samples"] for p in curve], y=[p[key] for p in curve], name=name,
-                                 mode="lines+markers", line={"color": colour}))  # fmt: skip
-    fig.update_layout(title="Held-out accuracy against samples consumed", height=380, yaxis_tickformat=".0%",
-                      xaxis_title="samples consumed", yaxis_title="held-out accuracy")  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=[p["samples"] for p in curve],
+                y=[p[key] for p in curve],
+                name=name,
+                mode="lines+markers",
+                line={"color": colour},
+            )
+        )
+    fig.update_layout(
+        title="Held-out accuracy against samples consumed",
+        height=380,
+        yaxis_tickformat=".0%",
+        xaxis_title="samples consumed",
+        yaxis_title="held-out accuracy",
+    )
     return fig
 
 
@@ -131,12 +143,26 @@ def learning(ctx: Context) -> Outcome:
     key = {**options, "minutes": ctx.pick(MINUTES, None)}
     if (run := ctx.finished("learning.json", key, "learning run")) is None:
         ctx.progress(f"training under a {ctx.pick(MINUTES, 'no')}-minute budget")
-        run = run_curve(ctx.work_dir / "run", minutes=ctx.pick(MINUTES, float("inf")), progress=ctx.progress,
-                        model=ctx.model, device=ctx.device, **options)  # fmt: skip
+        run = run_curve(
+            ctx.work_dir / "run",
+            minutes=ctx.pick(MINUTES, float("inf")),
+            progress=ctx.progress,
+            model=ctx.model,
+            device=ctx.device,
+            **options,
+        )
         run = ctx.finish("learning.json", key, run)
-    rows = [{"step": p["step"], "samples": p["samples"], "held-out greedy": p["greedy_acc"],
-             "held-out pass@1": p["pass1"], "training reward": p["train_reward"],
-             "response length": p["response_len"]} for p in run["curve"]]  # fmt: skip
+    rows = [
+        {
+            "step": p["step"],
+            "samples": p["samples"],
+            "held-out greedy": p["greedy_acc"],
+            "held-out pass@1": p["pass1"],
+            "training reward": p["train_reward"],
+            "response length": p["response_len"],
+        }
+        for p in run["curve"]
+    ]
     return Outcome(
         measured=lift(run),
         config={"model": ctx.model_label(), "device": ctx.device, "minutes": key["minutes"], **options},

@@ -56,8 +56,13 @@ def source_commit() -> str | None:
         # only what produces results counts: the reproductions' own outputs (reports/, the README's index)
         # must not mark the next reproduction of the same run "+dirty"
         source = [":(top)rlbench", ":(top)reference_trainer", ":(top)suites", ":(top)pyproject.toml"]
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *source],
-                               cwd=here, capture_output=True, text=True, timeout=10)  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *source],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -109,8 +114,17 @@ def reproduce(
     say = lambda line: print(printable(f"[{name}] {line}"), flush=True)  # noqa: E731
     ctx = Context(device=device, quick=quick, model=model, work_dir=folder / "work", seed=seed, progress=say)
     # the model's label, not only the commit: rebuilt embedded weights not yet committed are other weights
-    clear_stale_work(folder / "work", {"commit": source_commit(), "device": device, "quick": quick,
-                                       "model": ctx.model_label(), "seed": seed}, say)  # fmt: skip
+    clear_stale_work(
+        folder / "work",
+        {
+            "commit": source_commit(),
+            "device": device,
+            "quick": quick,
+            "model": ctx.model_label(),
+            "seed": seed,
+        },
+        say,
+    )
     start = time.perf_counter()
     outcome: Outcome = spec.run_function()(ctx)
     wall = time.perf_counter() - start

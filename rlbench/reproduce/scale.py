@@ -129,12 +129,28 @@ def run_sweep(ctx: Context, s: Sweep) -> dict[str, Any]:
     key = {**asdict(s), "workers": list(s.workers), "modes": list(s.modes)}
     if (saved := ctx.finished("sweep.json", key, "simulation")) is not None:
         return saved
-    trace = workload.synthetic(steps=s.steps, prompts=s.groups_per_worker * max(s.workers),
-                               group_size=s.group_size, mean_tokens=s.mean_tokens, sigma=s.sigma,
-                               max_tokens=s.max_tokens, rank_corr=s.rank_corr, seed=s.seed)  # fmt: skip
+    trace = workload.synthetic(
+        steps=s.steps,
+        prompts=s.groups_per_worker * max(s.workers),
+        group_size=s.group_size,
+        mean_tokens=s.mean_tokens,
+        sigma=s.sigma,
+        max_tokens=s.max_tokens,
+        rank_corr=s.rank_corr,
+        seed=s.seed,
+    )
     ctx.progress(f"simulating {len(s.modes)} modes at W = {', '.join(map(str, s.workers))}")
-    doc = simulate(trace, preset(s.gpu, s.model_size), list(s.workers), list(s.modes), s.slots, steps=s.steps,
-                   groups_per_worker=s.groups_per_worker, rank_corr=s.rank_corr, seed=s.seed)  # fmt: skip
+    doc = simulate(
+        trace,
+        preset(s.gpu, s.model_size),
+        list(s.workers),
+        list(s.modes),
+        s.slots,
+        steps=s.steps,
+        groups_per_worker=s.groups_per_worker,
+        rank_corr=s.rank_corr,
+        seed=s.seed,
+    )
     for r in doc["results"]:
         r.pop("steps", None)  # per-step rows: not needed for the curves, and large at 8 W x 5 modes
     ctx.progress(f"simulated in {doc['elapsed_s']:.0f} s")
@@ -258,13 +274,19 @@ def scale(ctx: Context) -> Outcome:
     val = {w: validate_run(ctx, r, w, backend) for w in (1, 2)}
     doc = run_sweep(ctx, s)
     val_rows = [
-        {"W": w, "steps": len(v["steps"]), "slots per worker": v["capacity"],
-         "measured bubble": v["measured_bubble"], "predicted bubble": v["simulated_bubble"],
-         "error (points)": 100 * abs(v["simulated_bubble"] - v["measured_bubble"]),
-         "measured rollout s": v["measured_rollout_s"], "predicted rollout s": v["simulated_rollout_s"],
-         "measured worker idle": v["measured_worker_idle_share"]}
+        {
+            "W": w,
+            "steps": len(v["steps"]),
+            "slots per worker": v["capacity"],
+            "measured bubble": v["measured_bubble"],
+            "predicted bubble": v["simulated_bubble"],
+            "error (points)": 100 * abs(v["simulated_bubble"] - v["measured_bubble"]),
+            "measured rollout s": v["measured_rollout_s"],
+            "predicted rollout s": v["simulated_rollout_s"],
+            "measured worker idle": v["measured_worker_idle_share"],
+        }
         for w, v in val.items()
-    ]  # fmt: skip
+    ]
     real = {"task": "arith", "model": ctx.model_label(), "mode": "baseline", **asdict(r)}
     about = [{"field": k, "value": str(v)} for k, v in (doc["workload"] | doc["cost_model"]).items()]
     pivots = [
