@@ -73,10 +73,37 @@ def test_factory_errors(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ValueError, match="pass model"):
         build_rollout_engine(RolloutEngineSpec(), tok, model_dir=tiny_model_dir)
     monkeypatch.setattr(engines, "vllm_available", lambda: True)  # the checks before vLLM would start
-    with pytest.raises(UserError, match="--workers needs --engine reference"):
-        build_rollout_engine(RolloutEngineSpec("vllm", workers=2), tok, model_dir=tiny_model_dir)
+    with pytest.raises(UserError, match="unknown worker backend 'mpi'"):
+        build_rollout_engine(RolloutEngineSpec("vllm", workers=2, worker_backend="mpi"), tok)
     with pytest.raises(ValueError, match="pass model_dir"):
         build_rollout_engine(RolloutEngineSpec("vllm"), tok)
+    with pytest.raises(ValueError, match="pass model_dir"):
+        build_rollout_engine(RolloutEngineSpec("vllm", workers=2, worker_backend="local"), tok)
+
+
+def test_vllm_workers_get_a_pool_of_vllm_replicas(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--engine vllm --workers 2: the pool is asked for vLLM replicas over the model directory (no weights
+    shipped, no Speculator: vLLM drafts inside its engine). vLLM itself runs in tests/vllm_backend."""
+    from reference_trainer.rollout import workers
+
+    asked = {}
+
+    def pool(spec, weights, size, trace, backend, address, slots):
+        asked.update(spec=spec, weights=weights, size=size, backend=backend)
+        return "pool"
+
+    monkeypatch.setattr(engines, "vllm_available", lambda: True)
+    monkeypatch.setattr(workers, "make_worker_pool", pool)
+    spec = RolloutEngineSpec("vllm", workers=2, worker_backend="local", seed=5)
+    model = load_model(tiny_model_dir)
+    tok = load_tokenizer(tiny_model_dir)
+    assert build_rollout_engine(spec, tok, model=model, model_dir=tiny_model_dir) == "pool"
+    worker = asked["spec"]
+    assert (worker.engine, worker.model_dir, worker.seed) == ("vllm", str(tiny_model_dir), 5)
+    assert asked["weights"] == {} and (asked["size"], asked["backend"]) == (2, "local")
+    assert not worker.drafts
 
 
 @pytest.mark.skipif(not NO_VLLM, reason="vLLM is installed here")

@@ -1,6 +1,6 @@
 """The one place that decides which rollout engine runs: the reference engine (optionally with a Speculator
 attached: HistoSpec, SuffixDecoding or lookahead drafts), vLLM's (engine/vllm_engine.py, optionally with its
-n-gram/suffix drafting), or a pool of reference engine replicas on Ray or in-process (workers.py). A run
+n-gram/suffix drafting), or a pool of replicas of either on Ray or in-process (workers.py). A run
 names its engine with one record, `RolloutEngineSpec`.
 
 The trainer, eval's backends and `rlbench generate` all build their engine here. Checking a spec imports
@@ -59,7 +59,7 @@ class RolloutEngineSpec:
     # The mode's speculation (ModeSpec.speculation_options: a SpeculationOptions on the reference engine, a
     # VLLMSpecOptions on vLLM); None: no drafts.
     speculation: SpeculationOptions | VLLMSpecOptions | None = None
-    workers: int = 1  # > 1: a pool of reference engines (workers.py)
+    workers: int = 1  # > 1: a pool of engines of this kind (workers.py)
     worker_backend: str = "ray"  # ray | local
     ray_address: str | None = None
     seed: int = 0  # vLLM's engine seed
@@ -68,10 +68,8 @@ class RolloutEngineSpec:
     rollout_copy: bool = False
 
     def check(self) -> RolloutEngineSpec:
-        """Self, or a one-line UserError: an unknown kind, a missing vLLM, --workers with vllm."""
+        """Self, or a one-line UserError: an unknown kind, a missing vLLM or Ray."""
         check_engine_kind(self.kind)
-        if self.kind == "vllm" and self.workers > 1:
-            raise UserError(f"--workers needs --engine reference (got --engine {self.kind})")
         if self.workers > 1:
             check_worker_backend(self.worker_backend, self.workers)
         return self
@@ -88,11 +86,12 @@ def build_rollout_engine(
 ) -> RolloutEngine:
     """The rollout engine `spec` names, recording into `trace` (a new one when None):
 
+    - workers > 1: a worker pool (backend "ray", or "local" in-process) of engines of the spec's kind:
+      reference engines over `model`'s architecture and weights, each with the speculation options'
+      Speculator attached, or vLLM engines over `model_dir`. On Ray its actors run in `slots`
+      (workers.WorkerSlots: places other runs' pools may share), their own when None.
     - vllm: a `VLLMEngine` over `model_dir`; the speculation options map onto vLLM's own speculative
-      decoding (speculative_config). One engine only: vLLM batches on its own.
-    - reference, workers > 1: a worker pool (backend "ray", or "local" in-process) of engines over `model`'s
-      architecture and weights, each with the speculation options' Speculator attached. On Ray its actors
-      run in `slots` (workers.WorkerSlots: places other runs' pools may share), their own when None.
+      decoding (speculative_config).
     - reference: an `Engine` over `model`, with a Speculator attached (speculation/drafters.py `attach`)
       when the spec has speculation options.
 
@@ -100,28 +99,16 @@ def build_rollout_engine(
     """
     spec.check()
     eos = tokenizer.eos_token_ids
-    if spec.kind == "vllm":
-        if model_dir is None:
-            raise ValueError("the vllm engine loads a model directory: pass model_dir")
-        return VLLMEngine(model_dir, spec.config, eos, tokenizer=tokenizer, trace=trace, seed=spec.seed,
-                          speculative=asdict(spec.speculation) if spec.speculation else None)  # fmt: skip
-    if model is None:
+    if spec.kind == "vllm" and model_dir is None:
+        raise ValueError("the vllm engine loads a model directory: pass model_dir")
+    if spec.kind == "reference" and model is None:
         raise ValueError("the reference engine runs a loaded model: pass model")
     trace = trace if trace is not None else Trace()
     if spec.workers > 1:
-        from reference_trainer.rollout.workers import WorkerSpec, make_worker_pool
-
-        worker = WorkerSpec(
-            model.config,
-            spec.config,
-            sorted(eos),
-            tokenizer,
-            spec.speculation,
-            threads=max(1, (os.cpu_count() or 1) // spec.workers),  # the cores split between replicas
-        )
-        return make_worker_pool(
-            worker, model.state_dict(), spec.workers, trace, spec.worker_backend, spec.ray_address, slots
-        )
+        return _worker_pool(spec, tokenizer, model, model_dir, trace, slots)
+    if spec.kind == "vllm":
+        return VLLMEngine(model_dir, spec.config, eos, tokenizer=tokenizer, trace=trace, seed=spec.seed,
+                          speculative=asdict(spec.speculation) if spec.speculation else None)  # fmt: skip
     from reference_trainer.engine.engine import Engine
     from reference_trainer.model.loader import resolve_dtype
 
@@ -132,6 +119,35 @@ def build_rollout_engine(
     if spec.speculation is not None:
         attach(engine, spec.speculation)
     return engine
+
+
+def _worker_pool(
+    spec: RolloutEngineSpec,
+    tokenizer: Any,
+    model: Any,
+    model_dir: str | Path | None,
+    trace: Trace,
+    slots: WorkerSlots | None,
+) -> RolloutEngine:
+    """`spec.workers` replicas of the spec's engine kind (workers.py), the cores split between them. vLLM
+    replicas load `model_dir` themselves: no weights are shipped to them."""
+    from reference_trainer.rollout.workers import WorkerSpec, make_worker_pool
+
+    worker = WorkerSpec(
+        model.config if model is not None else None,
+        spec.config,
+        sorted(tokenizer.eos_token_ids),
+        tokenizer,
+        spec.speculation,
+        threads=max(1, (os.cpu_count() or 1) // spec.workers),
+        engine=spec.kind,
+        model_dir=str(model_dir) if model_dir is not None else None,
+        seed=spec.seed,
+    )
+    weights = model.state_dict() if spec.kind == "reference" else {}
+    return make_worker_pool(
+        worker, weights, spec.workers, trace, spec.worker_backend, spec.ray_address, slots
+    )
 
 
 def speculator_of(engine: RolloutEngine) -> Speculator | None:

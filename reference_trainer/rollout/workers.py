@@ -1,6 +1,8 @@
 """Rollout workers: engine replicas that a driver feeds requests and steps in short time slices.
 
-A `RolloutWorker` wraps one `Engine` and knows nothing of RL. A pool runs W of them: `RayWorkerPool` as Ray
+A `RolloutWorker` wraps one engine and knows nothing of RL: the reference `Engine` over the trainer's
+weights, or a `VLLMEngine` over the model directory (`WorkerSpec.engine`); both offer the same request
+surface, so the worker loop is one. A pool runs W of them: `RayWorkerPool` as Ray
 actors in the places of a `WorkerSlots` (slots.py: a local Ray or an existing cluster; places other runs'
 pools may share), `LocalWorkerPool` in-process one after another (for tests and debugging; its timings are
 not parallel). The driver (placed.py) places requests, advances every worker a slice at a time, gathers
@@ -12,18 +14,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import torch
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
-from reference_trainer.engine.protocol import RolloutEngine
+from reference_trainer.engine.protocol import RequestEngine, RolloutEngine
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.rollout.slots import WorkerPoolError, WorkerSlots
-from reference_trainer.speculation.drafters import SpeculationOptions, attach
+from reference_trainer.speculation.drafters import SpeculationOptions, VLLMSpecOptions, attach
 from reference_trainer.trace.writer import Trace
 
 
@@ -51,33 +53,60 @@ class WorkerLost(WorkerPoolError):
 @dataclass
 class WorkerSpec:
     """How to build each worker's engine: the model's architecture and weights, engine settings, and the
-    mode's speculation options when it drafts (None otherwise)."""
+    mode's speculation options when it drafts (None otherwise). `engine` "vllm": each worker runs vLLM over
+    `model_dir` (with vLLM's own drafting for a VLLMSpecOptions), as the one-engine vLLM run does."""
 
-    model_config: ModelConfig
+    model_config: ModelConfig | None  # None: vLLM reads it from model_dir
     engine_config: EngineConfig
     eos_token_ids: list[int]
     tokenizer: Any = None
-    speculation: SpeculationOptions | None = None  # the record attach takes
+    speculation: SpeculationOptions | VLLMSpecOptions | None = None  # attach's record, or vLLM's
     threads: int = 1
+    engine: str = "reference"  # or "vllm" (rollout/engines.py ROLLOUT_ENGINES)
+    model_dir: str | None = None  # what vLLM loads
+    seed: int = 0  # vLLM's engine seed
+
+    @property
+    def drafts(self) -> bool:
+        """Whether each worker has a Speculator that takes other workers' responses as history (vLLM's
+        drafting reads only its own requests)."""
+        return self.speculation is not None and self.engine == "reference"
+
+
+def _build_engine(spec: WorkerSpec, state_dict: Mapping[str, torch.Tensor], trace: Trace) -> RequestEngine:
+    """A worker's engine. vLLM starts from the model directory's weights, as the one-engine vLLM run does
+    (the trainer's weights reach it through update_weights); the reference engine from `state_dict`."""
+    if spec.engine == "vllm":
+        from reference_trainer.engine.vllm_engine import VLLMEngine
+
+        if spec.model_dir is None:
+            raise ValueError("a vLLM rollout worker loads a model directory: set WorkerSpec.model_dir")
+        speculative = asdict(spec.speculation) if spec.speculation is not None else None
+        return VLLMEngine(spec.model_dir, spec.engine_config, spec.eos_token_ids, spec.tokenizer, trace,
+                          seed=spec.seed, speculative=speculative)  # fmt: skip
+    from reference_trainer.model.decoder import DecoderLM
+    from reference_trainer.model.loader import resolve_device, resolve_dtype
+
+    device = resolve_device(spec.engine_config.device)
+    if spec.model_config is None:
+        raise ValueError("a reference rollout worker builds its model: set WorkerSpec.model_config")
+    model = DecoderLM(spec.model_config)
+    model.load_state_dict(dict(state_dict), strict=False)
+    model = model.to(device=device, dtype=resolve_dtype("auto", device))
+    return Engine(model, spec.engine_config, spec.eos_token_ids, spec.tokenizer, trace)
 
 
 class RolloutWorker:
     def __init__(
         self, spec: WorkerSpec, state_dict: Mapping[str, torch.Tensor], worker: int, t0: float, version: int
     ) -> None:
-        from reference_trainer.model.decoder import DecoderLM
-        from reference_trainer.model.loader import resolve_device, resolve_dtype
-
         torch.set_num_threads(spec.threads)
-        device = resolve_device(spec.engine_config.device)
-        model = DecoderLM(spec.model_config)
-        model.load_state_dict(dict(state_dict), strict=False)
-        model = model.to(device=device, dtype=resolve_dtype("auto", device))
         self.worker = worker
         self.trace = Trace(worker=worker, t0=t0)
-        self.engine = Engine(model, spec.engine_config, spec.eos_token_ids, spec.tokenizer, self.trace)
+        self.engine = _build_engine(spec, state_dict, self.trace)
         self.engine.policy_version = version
-        self.speculator = attach(self.engine, spec.speculation) if spec.speculation is not None else None
+        # spec.drafts: a reference Engine and a SpeculationOptions (vLLM drafts inside its own engine)
+        self.speculator = attach(self.engine, spec.speculation) if spec.drafts else None  # type: ignore[arg-type]
         self._queued: dict[str, Sequence] = {}
 
     def submit(self, requests: list[Request]) -> None:
@@ -141,6 +170,9 @@ class RolloutWorker:
     def ready(self) -> int:
         return self.worker
 
+    def close(self) -> None:
+        self.engine.close()
+
 
 class WorkerPool(RolloutEngine, Protocol):
     """W engine replicas behind the `RolloutEngine` the trainer sees (trace, policy_version,
@@ -186,7 +218,7 @@ class LocalWorkerPool:
         slice_steps: int = 4,
     ) -> None:
         self.size, self.capacity, self.trace = workers, spec.engine_config.max_num_seqs, trace
-        self.drafts = spec.speculation is not None
+        self.drafts = spec.drafts
         self.slice_steps = slice_steps
         self.policy_version = 0
         self.workers = [RolloutWorker(spec, state_dict, w, trace.t0, 0) for w in range(workers)]
@@ -233,6 +265,8 @@ class LocalWorkerPool:
         return [w for i, w in enumerate(self.workers) if i not in self.retired]
 
     def close(self) -> None:
+        for w in self.workers:
+            w.close()  # a vLLM engine frees its KV cache and engine core
         self.workers = []
 
 
@@ -269,7 +303,7 @@ class RayWorkerPool:
             budget_s,
         )
         self.policy_version = 0
-        self.drafts = spec.speculation is not None
+        self.drafts = spec.drafts
         actor = ray.remote(RolloutWorker)
         weights = ray.put(_inference_state(state_dict, spec.engine_config.device))
         # Actors are on the same clock as the driver (perf_counter is system-wide on Linux): traces align.

@@ -117,7 +117,7 @@ class TrainConfig:
     eval_problems: int = 128  # the held-out set's size
     eval_samples: int = 4  # draws per held-out problem for val/heldout_pass1
     heldout_seed: int = HELD_OUT_SEED  # the held-out set's problem seed; never the training seed
-    workers: int = 1  # rollout engine replicas; > 1 runs them as Ray actors (rollout/workers.py)
+    workers: int = 1  # rollout engine replicas of `engine`; > 1 runs them as Ray actors (rollout/workers.py)
     worker_backend: str = "ray"  # "ray", or "local": in-process, one after another (tests, debugging)
     ray_address: str | None = None  # an existing Ray cluster; None = start a local one
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(lr=1e-4, micro_batch_size=32))
@@ -186,8 +186,6 @@ class TrainConfig:
         check_engine_kind(self.engine)
         if self.workers > 1:
             mode.strategy_for(self.workers)
-            if self.engine != "reference":
-                raise UserError(f"--workers > 1 needs --engine reference (got --engine {self.engine})")
             check_worker_backend(self.worker_backend, self.workers)
         mode.check_options(self.mode_options, self.workers, self.engine)
         if mode.ahead:
