@@ -263,10 +263,9 @@ def test_engine_satisfies_the_protocols(engine: VLLMEngine, model_dir: Path) -> 
     assert isinstance(engine, RequestEngine) and isinstance(engine, RolloutEngine)
     with pytest.raises(UserError, match="unknown engine"):
         build_rollout_engine(RolloutEngineSpec("tgi", CFG), load_tokenizer(model_dir), model_dir=model_dir)
-    with pytest.raises(UserError, match="--workers needs --engine reference"):
-        build_rollout_engine(
-            RolloutEngineSpec("vllm", CFG, workers=2), load_tokenizer(model_dir), model_dir=model_dir
-        )
+    with pytest.raises(UserError, match="unknown worker backend 'mpi'"):
+        spec = RolloutEngineSpec("vllm", CFG, workers=2, worker_backend="mpi")
+        build_rollout_engine(spec, load_tokenizer(model_dir), model_dir=model_dir)
 
 
 def test_training_steps_on_vllm(tmp_path: Path, toy_task: str) -> None:
