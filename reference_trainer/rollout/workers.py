@@ -2,12 +2,12 @@
 
 A `RolloutWorker` wraps one engine and knows nothing of RL: the reference `Engine` over the trainer's
 weights, or a `VLLMEngine` over the model directory (`WorkerSpec.engine`); both offer the same request
-surface, so the worker loop is one. A pool runs W of them: `RayWorkerPool` as Ray
-actors in the places of a `WorkerSlots` (slots.py: a local Ray or an existing cluster; places other runs'
-pools may share), `LocalWorkerPool` in-process one after another (for tests and debugging; its timings are
-not parallel). The driver (placed.py) places requests, advances every worker a slice at a time, gathers
-finished sequences and trace events (each tagged with its worker id), and may move not-yet-started requests
-from a busy worker to an idle one.
+surface, so one worker loop serves both. A pool runs W of them: `RayWorkerPool` as Ray actors in the places
+of a `WorkerSlots` (slots.py: a local Ray or an existing cluster; places other runs' pools may share),
+`LocalWorkerPool` in-process one after another (for tests and debugging; its timings are not parallel).
+The driver (placed.py) places requests, advances every worker a slice at a time, gathers finished sequences
+and trace events (each tagged with its worker id), and may move not-yet-started requests from a busy worker
+to an idle one.
 """
 
 from __future__ import annotations
