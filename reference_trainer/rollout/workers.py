@@ -23,6 +23,7 @@ from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.engine import Engine
 from reference_trainer.engine.protocol import RequestEngine, RolloutEngine
 from reference_trainer.engine.sequence import Request, Sequence
+from reference_trainer.engine.vllm_engine import VLLMEngine  # imports vLLM only when one is built
 from reference_trainer.model.config import ModelConfig
 from reference_trainer.rollout.slots import WorkerPoolError, WorkerSlots
 from reference_trainer.speculation.drafters import SpeculationOptions, VLLMSpecOptions, attach
@@ -77,8 +78,6 @@ def _build_engine(spec: WorkerSpec, state_dict: Mapping[str, torch.Tensor], trac
     """A worker's engine. vLLM starts from the model directory's weights, as the one-engine vLLM run does
     (the trainer's weights reach it through update_weights); the reference engine from `state_dict`."""
     if spec.engine == "vllm":
-        from reference_trainer.engine.vllm_engine import VLLMEngine
-
         if spec.model_dir is None:
             raise ValueError("a vLLM rollout worker loads a model directory: set WorkerSpec.model_dir")
         speculative = asdict(spec.speculation) if spec.speculation is not None else None
