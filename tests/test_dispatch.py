@@ -154,6 +154,8 @@ def test_bad_policy_names_are_one_line():
         ("no.such.module:X", "dispatch 'no.such.module:X' cannot be loaded"),
         (f"{__name__}:Missing", "cannot be loaded"),
         (f"{__name__}:NotAPolicy", "is not a policy: it needs name, begin_step and assign"),
+        ("datetime:date", "dispatch 'datetime:date' cannot be constructed with no arguments"),
+        ("json:loads", "dispatch 'json:loads' cannot be constructed with no arguments"),
     ):
         with pytest.raises(ValueError, match=message):
             make_policy(name)

@@ -289,7 +289,10 @@ def make_policy(name: str) -> DispatchPolicy:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"dispatch {name!r} cannot be loaded: {err}") from None
-    policy = cls()
+    try:
+        policy = cls()
+    except Exception as err:  # any user class, any failure: the caller shows one line, not a traceback
+        raise ValueError(f"dispatch {name!r} cannot be constructed with no arguments: {err}") from None
     if not isinstance(policy, DispatchPolicy):
         raise ValueError(f"dispatch {name!r} is not a policy: it needs name, begin_step and assign")
     return policy
