@@ -270,6 +270,27 @@ def test_an_engine_found_dead_at_a_weight_update_is_lost_between_steps():
     assert later and all(set(e["engines"]) == {0} for e in later)
 
 
+def test_a_report_from_an_engine_already_lost_is_dropped():
+    """A slice in flight on an engine that is then lost (a submit to it failed) may still report: what it
+    finished is not trained (its requests were dispatched again to the others) and its events are not kept."""
+    pool = FakePool(2, 2, [4], random.Random(0))
+    engine = MultiEngine(pool, EngineConfig(max_num_seqs=2), "round-robin")  # type: ignore[arg-type]
+    engine.policy = Fixed(1)
+    seq = engine.add_request(Request([1, 2], SamplingParams(seed=5, max_tokens=100), seq_id="p/0"))
+    engine._dispatch()
+    report = pool.workers[1].advance(10)  # its slice ran the request to the end, then the actor died
+    report.events.append({"kind": "decode", "t_start": 0.0, "t_end": 0.0, "worker": 1})
+    assert [s.seq_id for s in report.finished] == ["p/0"]
+    engine._lose(1, halting=False)  # as a submit to it that raised WorkerLost does
+    engine._dispatch()  # its request goes to engine 0
+    assert engine._absorb(report) == []
+    assert seq.meta["worker"] == 0 and seq.status == SequenceStatus.WAITING and not seq.response_ids
+    assert not [e for e in pool.trace.events if e["kind"] == "decode"]
+    while engine.has_unfinished():  # engine 0 runs it: it finishes once, there
+        engine.step()
+    assert seq.status == SequenceStatus.FINISHED and seq.response_ids == [token(5, i) for i in range(4)]
+
+
 # ---- the tiny real model ----------------------------------------------------------------------------------
 @pytest.fixture
 def one_thread():

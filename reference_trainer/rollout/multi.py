@@ -214,6 +214,8 @@ class MultiEngine:
         if report.lost:
             self._lose(report.worker, halting)
             return []
+        if report.worker in self.lost:  # a slice it had in flight: its requests already went elsewhere
+            return []
         for event in report.events:
             self.trace.add(event)
         waiting, finished = set(report.waiting), []
