@@ -30,6 +30,7 @@ from pathlib import Path
 
 from faults.fault_inputs import Check, Outcome, write_tiny_model
 from faults.fault_supervision import _env, _finish, _start
+from reference_trainer.trace.schema import ENGINE_LOST
 
 DEADLINE_S = 300.0
 PROMPTS, GROUP = 2, 3
@@ -134,7 +135,7 @@ def _actor_killed(d: Path, mode: str) -> Outcome:
         return Outcome(False, "the run ended before an actor was seen in a slice", failure="wrong")
     events = _events(d / "run" / "trace.jsonl")
     rows = _events(d / "run" / "metrics.jsonl")
-    lost = [e for e in events if e["kind"] == "engine_lost"]
+    lost = [e for e in events if e["kind"] == ENGINE_LOST]
     if len(lost) != 1 or lost[0]["requests"] < 1:
         return Outcome(False, f"engine_lost events: {lost}", failure="wrong")
     w, t = lost[0]["worker"], lost[0]["t_start"]

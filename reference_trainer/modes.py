@@ -21,7 +21,12 @@ from typing import Any
 from reference_trainer.errors import UserError
 from reference_trainer.option import Option, Options, options_of
 from reference_trainer.rollout.base import AheadOptions
-from reference_trainer.rollout.dispatch import CONTROLLER_TAKES, DispatchOptions, renamed_option
+from reference_trainer.rollout.dispatch import (
+    CONTROLLER_TAKES,
+    DEFAULT_DISPATCH,
+    DispatchOptions,
+    renamed_option,
+)
 from reference_trainer.rollout.sorted import SortedOptions
 from reference_trainer.speculation.drafters import (
     SPEC,
@@ -85,7 +90,7 @@ class ModeSpec:
     # With --workers > 1: the default dispatch policy (rollout/dispatch.py) of the "placed" strategy or of the
     # controller (SortedRL, async: rollout/multi.py); None = the trainer runs the mode on one engine (the
     # simulator dispatches its W > 1 extrapolation round-robin, or as its options say).
-    dispatch: str | None = "round-robin"
+    dispatch: str | None = DEFAULT_DISPATCH
     # Truncated-importance-sampling cap for modes that train on tokens of older policies (GRPOConfig.tis_cap
     # takes it when the run's config leaves that None); None = no off-policy correction.
     tis_cap: float | None = None
@@ -292,7 +297,7 @@ def _on_sorted(name: str, what: str, note: str, **kw: Any) -> ModeSpec:
         name,
         f"SortedRL's on-policy strategy (as sorted) {what}",
         "sorted",
-        dispatch=None if kw.get("lookahead") else "round-robin",
+        dispatch=None if kw.get("lookahead") else DEFAULT_DISPATCH,
         simulator_note=sim,
         **kw,
     )

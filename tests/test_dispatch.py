@@ -292,3 +292,29 @@ def test_rlbench_modes_lists_the_policies_from_the_registry(tmp_path):
     assert all(d["description"] for d in doc.values())
     assert [n for n, d in doc.items() if d["auto_migrate"]] == ["histopipe"]
     assert doc["histopipe"]["auto_order"] == "alternate" and doc["round-robin"]["options"] == {}
+
+
+def test_every_multi_engine_path_has_one_default_policy():
+    """The placed baseline, the controller, a run ahead, the simulator and the mode table default alike."""
+    import inspect
+
+    from reference_trainer.modes import get_mode
+    from reference_trainer.rollout.dispatch import DEFAULT_DISPATCH
+    from reference_trainer.rollout.multi import Engines, MultiEngine
+    from rlbench.simulate.modes import SimMode
+
+    controller = inspect.signature(MultiEngine).parameters["dispatch"].default
+    defaults = {controller, Engines().dispatch, DispatchOptions().dispatch, SimMode("x").dispatch}
+    defaults |= {get_mode(m).dispatch for m in ("baseline", "sorted", "sorted-partial", "async")}
+    assert defaults == {DEFAULT_DISPATCH}
+
+
+def test_an_engine_lost_event_is_checked_like_every_other_kind():
+    from reference_trainer.trace.schema import ENGINE_LOST, engine_lost_event, migrate_event, problem
+
+    event = engine_lost_event(1.5, 2, 1, 3)
+    assert event["kind"] == ENGINE_LOST and problem(event) is None
+    assert problem(migrate_event(1.0, 0, 1, 2)) is None
+    assert problem({k: v for k, v in event.items() if k != "worker"}) == "worker is None, not a number"
+    assert problem({**event, "requests": "3"}) == "requests is '3', not a number"
+    assert problem({**event, "worker": -1}) == "worker is -1, not a worker index"

@@ -20,11 +20,12 @@ from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus
 from reference_trainer.model.tokenizer import CharTokenizer
 from reference_trainer.rollout.base import PromptStream, RolloutContext
 from reference_trainer.rollout.dispatch import DISPATCH
-from reference_trainer.rollout.multi import ENGINE_LOST, MultiEngine
+from reference_trainer.rollout.multi import MultiEngine
 from reference_trainer.rollout.sorted import SortedOptions, SortedPartialRollout, SortedRollout
 from reference_trainer.rollout.workers import LocalWorkerPool, WorkerLost, WorkerReport, WorkerSpec
 from reference_trainer.tasks.arith import ArithTask
 from reference_trainer.trace.records import read_jsonl
+from reference_trainer.trace.schema import ENGINE_LOST
 from reference_trainer.trace.writer import Trace
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.trainer import Trainer

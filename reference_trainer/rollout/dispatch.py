@@ -68,11 +68,6 @@ class EngineLoad:
         self.in_flight[engine] -= 1
         self.tokens[engine] = max(0.0, self.tokens[engine] - work)
 
-    def imbalance(self) -> float:
-        """Max over mean predicted tokens outstanding (1.0 = even; 0 engines loaded counts as even)."""
-        mean = sum(self.tokens) / len(self.tokens)
-        return max(self.tokens) / mean if mean > 0 else 1.0
-
 
 @runtime_checkable
 class DispatchPolicy(Protocol):
@@ -241,6 +236,9 @@ DISPATCH: dict[str, type] = {
 }
 
 
+# The policy of every rollout over W > 1 engines that names none: the trainer's placed baseline and its
+# controller, a rollout run ahead, the simulator and `rlbench modes`.
+DEFAULT_DISPATCH = "round-robin"
 # Former names of policies and of the option, and what they are now (a one-line error names the new ones).
 RENAMED = {"least-outstanding": "least-in-flight"}
 RENAMED_OPTIONS = {"placement": "dispatch"}
@@ -322,7 +320,7 @@ class DispatchOptions(Options):
     left to auto follow the policy (`migrates`, `queue_order`: the trainer's and the simulator's one rule)."""
 
     dispatch: str = option(
-        "round-robin",
+        DEFAULT_DISPATCH,
         "which engine runs which request (rollout/dispatch.py; rlbench modes lists the policies)",
         choices=tuple(DISPATCH),
         dotted_path=True,

@@ -34,9 +34,9 @@ from typing import Any
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus
-from reference_trainer.rollout.dispatch import EngineLoad, Unit, make_policy
+from reference_trainer.rollout.dispatch import DEFAULT_DISPATCH, EngineLoad, Unit, make_policy
 from reference_trainer.rollout.placement import LengthHistory
-from reference_trainer.rollout.rebalance import ENGINE_LOST, migrate_event, retire_engine, steal_plan
+from reference_trainer.rollout.rebalance import retire_engine, steal_plan
 from reference_trainer.rollout.workers import (
     RolloutWorker,
     WorkerLost,
@@ -45,10 +45,10 @@ from reference_trainer.rollout.workers import (
     WorkerSpec,
     make_worker_pool,
 )
-from reference_trainer.trace.schema import dispatch_event
+from reference_trainer.trace.schema import dispatch_event, migrate_event
 from reference_trainer.trace.writer import Trace
 
-__all__ = ["ENGINE_LOST", "Engines", "MultiEngine", "build_side"]
+__all__ = ["Engines", "MultiEngine", "build_side"]
 
 
 def _follow(proxy: Sequence, remote: Sequence) -> None:
@@ -63,7 +63,7 @@ class MultiEngine:
     """W engines behind one request engine, driven by one controller (the strategy)."""
 
     def __init__(
-        self, pool: WorkerPool, config: EngineConfig, dispatch: str = "least-in-flight", migrate: bool = False
+        self, pool: WorkerPool, config: EngineConfig, dispatch: str = DEFAULT_DISPATCH, migrate: bool = False
     ) -> None:
         self.pool, self.trace, self.dispatch, self.migrate = pool, pool.trace, dispatch, migrate
         self.config = replace(config, max_num_seqs=config.max_num_seqs * pool.size)
@@ -323,7 +323,7 @@ class Engines:
     workers: int = 1
     backend: str = "ray"  # ray | local (workers.make_worker_pool)
     address: str | None = None
-    dispatch: str = "round-robin"
+    dispatch: str = DEFAULT_DISPATCH
     migrate: bool = False  # straggler migration across the engines (rebalance.py)
 
 

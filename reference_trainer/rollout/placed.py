@@ -20,9 +20,9 @@ from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.rollout.base import Group, RolloutContext
 from reference_trainer.rollout.dispatch import DispatchOptions, EngineLoad, Unit, engine_queues
 from reference_trainer.rollout.placement import LengthHistory, reorder
-from reference_trainer.rollout.rebalance import migrate_event, retire_engine, steal_plan
+from reference_trainer.rollout.rebalance import retire_engine, steal_plan
 from reference_trainer.rollout.workers import WorkerLost, WorkerPool, WorkerReport
-from reference_trainer.trace.schema import dispatch_event
+from reference_trainer.trace.schema import dispatch_event, migrate_event
 
 
 class PlacedRollout:

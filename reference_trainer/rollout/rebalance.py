@@ -14,9 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from reference_trainer.rollout.slots import WorkerPoolError
 from reference_trainer.rollout.workers import WorkerPool
-from reference_trainer.trace.schema import MIGRATE
-
-ENGINE_LOST = "engine_lost"  # an engine lost mid-run: the trace's mark of where its work went elsewhere
+from reference_trainer.trace.schema import engine_lost_event
 
 
 def steal_plan(
@@ -43,10 +41,6 @@ def steal_plan(
     return (donor, chosen) if chosen else None
 
 
-def migrate_event(t: float, donor: int, thief: int, requests: int) -> dict:
-    return {"kind": MIGRATE, "t_start": t, "t_end": t, "from": donor, "to": thief, "requests": requests}
-
-
 def retire_engine(pool: WorkerPool, lost: set[int], worker: int, requests: int) -> bool:
     """Mark `worker` lost (retired from `pool`, an `engine_lost` event in its trace); False if it already was
     (a slice it had in flight reports the death again). No engine left is one line."""
@@ -54,9 +48,7 @@ def retire_engine(pool: WorkerPool, lost: set[int], worker: int, requests: int) 
         return False
     lost.add(worker)
     pool.retire(worker)
-    t = pool.trace.now()
-    pool.trace.add({"kind": ENGINE_LOST, "t_start": t, "t_end": t, "worker": worker,
-                    "requests": requests, "step": pool.trace.step})  # fmt: skip
+    pool.trace.add(engine_lost_event(pool.trace.now(), pool.trace.step, worker, requests))
     if len(lost) == pool.size:
         raise WorkerPoolError(f"every one of the {pool.size} rollout engines was lost")
     return True

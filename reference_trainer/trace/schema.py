@@ -39,6 +39,9 @@ ENGINE_KINDS = (*FORWARD_KINDS, CAPTURE)  # written by one engine: each names it
 # A dispatch policy's decision over a batch of requests (rollout/dispatch.py): the engine of each request,
 # and every engine's predicted tokens outstanding once the batch is assigned.
 DISPATCH = "dispatch"
+# An engine lost mid-run (a dead Ray actor: rollout/rebalance.py): which one, at which step, and how many of
+# its requests went to the others. Engine metrics leave it out from this event on (trace/engines.py).
+ENGINE_LOST = "engine_lost"
 
 # The numeric fields each kind must carry (a sequence's times may be null: never admitted, never finished).
 NUMBERS: dict[str, tuple[str, ...]] = {
@@ -47,6 +50,7 @@ NUMBERS: dict[str, tuple[str, ...]] = {
     SEQUENCE: ("t_admit", "t_finish"),
     MIGRATE: ("t_start",),
     DISPATCH: ("t_start",),
+    ENGINE_LOST: ("t_start", "worker", "requests"),
     CAPTURE: ("t_start", "t_end"),
 }
 NULLABLE = {SEQUENCE}
@@ -92,6 +96,23 @@ def dispatch_event(
         "policy": policy,
         "engines": [int(w) for w in engines],
         "tokens_outstanding": [float(x) for x in tokens_outstanding],
+    }
+
+
+def migrate_event(t: float, donor: int, thief: int, requests: int) -> Event:
+    """`requests` not-yet-started requests moved at time `t` from engine `donor` to engine `thief`."""
+    return {"kind": MIGRATE, "t_start": t, "t_end": t, "from": donor, "to": thief, "requests": requests}
+
+
+def engine_lost_event(t: float, step: int, worker: int, requests: int) -> Event:
+    """Engine `worker` lost at time `t` of step `step`, `requests` of its requests dispatched again."""
+    return {
+        "kind": ENGINE_LOST,
+        "t_start": t,
+        "t_end": t,
+        "worker": worker,
+        "requests": requests,
+        "step": step,
     }
 
 
