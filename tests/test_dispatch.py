@@ -210,6 +210,31 @@ def test_multi_engine_metrics_from_a_hand_built_trace():
     assert summary["engine_bubble"]["1"] == pytest.approx(0.75) and summary["dispatch_imbalance"] == 1.25
 
 
+def test_an_engine_lost_leaves_the_metrics_from_its_loss_on():
+    """Engine 1 is lost at t = 1 of step 0: a dispatch after that reads only engine 0's tokens, and from
+    step 1 its slots are no idle slots (engine 0 full is no bubble); in step 0 it held its slots."""
+    from reference_trainer.trace.schema import engine_lost_event
+
+    events = [
+        phase_event("rollout", 0.0, 2.0, step=0),
+        _decode(0, 0.0, 2.0, 2), _decode(1, 0.0, 1.0, 2),
+        dispatch_event(0.0, 0, "least-tokens", [0, 1], [10.0, 10.0]),
+        engine_lost_event(1.0, 0, 1, 1),
+        dispatch_event(1.0, 0, "least-tokens", [0], [20.0, 0.0]),
+        phase_event("rollout", 2.0, 4.0, step=1),
+        _decode(0, 2.0, 4.0, 2, step=1),
+        dispatch_event(2.0, 1, "least-tokens", [0, 0], [20.0, 0.0]),
+    ]  # fmt: skip
+    first, second = step_metrics(check_events(events, "test"))
+    assert first["dispatch_imbalance"] == 1.0 and first["bubble_ratio"] == pytest.approx(0.25)
+    assert second["dispatch_imbalance"] == 1.0 and second["bubble_ratio"] == 0.0
+    assert second["engine_bubble"] == {"0": 0.0} and second["cross_engine_idle_share"] == 0.0
+    # the trainer's row of step 1: the run's capacities, the earlier loss and the step's events
+    (row,) = step_metrics([events[4], *events[6:]], {0: 2, 1: 2})
+    assert row["bubble_ratio"] == 0.0 and row["engine_bubble"] == {"0": 0.0}
+    assert row["dispatch_imbalance"] == 1.0
+
+
 def test_a_malformed_dispatch_event_is_one_line():
     good = dispatch_event(0.0, 0, "round-robin", [0, 1], [1.0, 1.0])
     for bad, message in (

@@ -7,7 +7,7 @@ The global bubble is steps.py's `bubble_ratio` (every engine's slots together); 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 Event = dict[str, Any]
@@ -66,12 +66,25 @@ def imbalance(tokens: Sequence[float]) -> float:
     return max(tokens) / mean if mean > 0 else 1.0
 
 
+def live_tokens(dispatch: Event, lost: Mapping[int, float]) -> list[float]:
+    """A dispatch's tokens outstanding of the engines not lost by then (`lost`: engine -> time of its loss):
+    a lost engine's zero is no engine left idle."""
+    t = float(dispatch["t_start"])
+    tokens = dispatch["tokens_outstanding"]
+    return [x for w, x in enumerate(tokens) if w not in lost or t < lost[w]]
+
+
 def engine_step(
-    engine: Sequence[Event], dispatches: Sequence[Event], caps: dict[int, int], wall: float
+    engine: Sequence[Event],
+    dispatches: Sequence[Event],
+    caps: dict[int, int],
+    wall: float,
+    lost: Mapping[int, float] | None = None,
 ) -> Event:
-    """One step's multi-engine metrics (docs/metrics.md)."""
+    """One step's multi-engine metrics (docs/metrics.md); `caps` holds the engines that count in the step,
+    `lost` when each engine lost in the run was lost (its share of a later dispatch is left out)."""
     idle, span, straggler = cross_engine_idle(engine, caps)
-    values = [imbalance(d["tokens_outstanding"]) for d in dispatches]
+    values = [imbalance(live_tokens(d, lost or {})) for d in dispatches]
     return {
         "engine_bubble": engine_bubbles(engine, caps, wall),
         "cross_engine_idle_s": idle,

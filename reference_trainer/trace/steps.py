@@ -13,6 +13,7 @@ from reference_trainer.trace.engines import engine_step
 from reference_trainer.trace.schema import (
     DECODE_KINDS,
     DISPATCH,
+    ENGINE_LOST,
     FORWARD_KINDS,
     HELDOUT,
     PHASE_KINDS,
@@ -108,6 +109,21 @@ def worker_capacities(events: Iterable[Event]) -> dict[int, int]:
             w = int(ev.get("worker", 0))
             caps[w] = max(caps.get(w, 0), int(ev.get("capacity", 0)))
     return caps
+
+
+def lost_engines(events: Iterable[Event]) -> dict[int, Event]:
+    """Each engine lost in the run (an ENGINE_LOST event): its first such event."""
+    lost: dict[int, Event] = {}
+    for ev in events:
+        if ev.get("kind") == ENGINE_LOST:
+            lost.setdefault(int(ev["worker"]), ev)
+    return lost
+
+
+def live_capacities(caps: dict[int, int], lost: dict[int, Event], step: int) -> dict[int, int]:
+    """`caps` without the engines lost in a step before `step`: from the step after its loss an engine has
+    no slots to leave idle (in the step it is lost it counts, as it held its slots until then)."""
+    return {w: c for w, c in caps.items() if w not in lost or int(lost[w].get("step", 0)) >= step}
 
 
 def rollout_window(phases: Sequence[Event], engine: Sequence[Event]) -> tuple[float, float, float] | None:
@@ -313,6 +329,7 @@ def _step(
     seqs: list[Event],
     dispatches: list[Event],
     caps: dict[int, int],
+    lost: dict[int, Event],
 ) -> Event:
     window = rollout_window(phases, engine)
     wall = window[2] if window else 0.0
@@ -324,7 +341,7 @@ def _step(
         "tail_time_share": _tail_share(seqs, window),
         **_drafts(engine, seqs),
         **_workers(engine, caps),
-        **engine_step(engine, dispatches, caps, wall),
+        **engine_step(engine, dispatches, caps, wall, {w: float(e["t_start"]) for w, e in lost.items()}),
         **_trained(phases, seqs),
         "rollout_start": window[0] if window else None,
         "rollout_end": window[1] if window else None,
@@ -334,12 +351,19 @@ def _step(
 def step_metrics(events: Sequence[Event], capacities: dict[int, int] | None = None) -> list[Event]:
     """One dict per RL step (sorted by step) with every per-step metric of the contract. `capacities`
     (per-worker slot capacity) defaults to what the events show; a caller that sees only part of a run
-    (the trainer, one step at a time) passes the run's so every worker counts in every step."""
+    (the trainer, one step at a time) passes the run's so every worker counts in every step, and the
+    run's ENGINE_LOST events so far with the step's, so an engine lost earlier counts in none."""
     engine, phases, seqs, dispatches = _split(events)
     caps = worker_capacities(events) if capacities is None else capacities
+    lost = lost_engines(events)
     steps = sorted(set(engine) | set(phases) | set(seqs))
     return [
-        _step(s, engine.get(s, []), phases.get(s, []), seqs.get(s, []), dispatches.get(s, []), caps)
+        _step(
+            s,
+            *(part.get(s, []) for part in (engine, phases, seqs, dispatches)),
+            live_capacities(caps, lost, s),
+            lost,
+        )
         for s in steps
     ]
 

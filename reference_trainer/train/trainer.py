@@ -31,7 +31,7 @@ from reference_trainer.model.loader import load_model
 from reference_trainer.rollout.base import Group
 from reference_trainer.rollout.slots import WorkerSlots
 from reference_trainer.trace.records import append_jsonl, make_dir, read_jsonl, write_json, write_text
-from reference_trainer.trace.schema import HELDOUT, REWARD, SYNC, UPDATE
+from reference_trainer.trace.schema import ENGINE_LOST, HELDOUT, REWARD, SYNC, UPDATE
 from reference_trainer.trace.steps import worker_capacities
 from reference_trainer.trace.writer import Trace
 from reference_trainer.train.assemble import RunParts, assemble
@@ -238,7 +238,10 @@ class Trainer:
         if replayed is not None:  # a step finished before a resume: run again for its state, logged once
             trace.drop_since(first_event)
             return replayed
-        row = step_row(trace.events[first_event:], worker_capacities(trace.events), len(batch), stats)
+        losses = [e for e in trace.events[:first_event] if e["kind"] == ENGINE_LOST]  # engines gone before it
+        row = step_row(
+            losses + trace.events[first_event:], worker_capacities(trace.events), len(batch), stats
+        )
         row.update(val)
         trace.flush_to(self.out_dir / "trace.jsonl")  # the events first: a metrics row marks a finished step
         append_jsonl(self.out_dir / "metrics.jsonl", row)
