@@ -283,6 +283,30 @@ def test_sorted_regenerates_with_a_new_attempt():
     assert aborted and all(e["step"] in (0, 1) for e in aborted)
 
 
+def test_a_prompt_pool_smaller_than_the_prompts_held_is_one_line():
+    """A pool cycled while its prompt is still active would give two live requests one id (a silent mix-up
+    of their tokens on W engines, a KeyError on one): the config refuses the pool before anything loads,
+    and a strategy that meets it anyway says so in one line."""
+    from reference_trainer.errors import UserError
+    from reference_trainer.rollout.sorted import prompts_held
+
+    assert prompts_held(2.0, 2, 2) == 4 and prompts_held(1.5, 3, 4) == 4 and prompts_held(1.0, 3, 3) == 3
+    small = {"prompts_per_step": 2, "group_size": 2, "mode_options": {"oversubscription": 2.0}}
+    for mode in ("sorted", "sorted-partial", "sorted+lookahead"):
+        with pytest.raises(UserError, match="--prompt-pool 3 is smaller than the 4 prompts SortedRL") as err:
+            TrainConfig(mode=mode, prompt_pool=3, eval_every=0, **small).check()
+        assert "\n" not in str(err.value) and "use --prompt-pool >= 4" in str(err.value)
+        TrainConfig(mode=mode, prompt_pool=4, eval_every=0, **small).check()
+    TrainConfig(mode="baseline", prompt_pool=2, eval_every=0, prompts_per_step=2).check()  # one step's only
+    engine = FakeEngine(capacity=8, lengths=[5, 9])
+    ctx = make_ctx(engine, group_size=2, update_batch=2)
+    ctx.stream = PromptStream(ArithTask(), 0, pool=2)
+    with pytest.raises(
+        UserError, match=r"came round again while SortedRL still holds it \(2 prompts active\)"
+    ):
+        drive(SortedPartialRollout, {"oversubscription": 2.0}, ctx, 1)
+
+
 def test_registries_and_options():
     assert {"sorted", "sorted-partial"} <= set(MODES) and MODES["sorted-partial"].tis_cap == 2.0
     assert STRATEGY_TABLE["sorted"].load() is SortedRollout

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from reference_trainer.engine.sequence import Sequence, SequenceStatus
+from reference_trainer.errors import UserError
 from reference_trainer.option import Options, option
 from reference_trainer.rollout.base import BubbleFill, Group, RolloutContext, max_staleness
 
@@ -91,6 +92,13 @@ class PromptState:
 
     def tokens(self) -> int:
         return sum(len(s.response_ids) for s in self.samples)
+
+
+def prompts_held(oversubscription: float, update_batch: int, group_size: int) -> int:
+    """The prompts SortedRL admits with unfinished samples at once, at most: the oversubscription bound on
+    unfinished samples in whole groups (a prompt pool smaller than this brings a prompt back while its
+    earlier draw still runs, and the two would share request ids)."""
+    return math.ceil(oversubscription * update_batch * group_size) // group_size
 
 
 @dataclass(frozen=True)
@@ -216,13 +224,22 @@ class SortedRollout:
             unfinished += ctx.group_size
             waiting += ctx.group_size
             self._open += ctx.group_size
-            index, _ = ctx.stream.take()
+            index, problem = ctx.stream.take()
+            self._check_not_active(ctx, problem.prompt_id)
             samples = [Sample(k) for k in range(ctx.group_size)]
             prompt = PromptState(index, samples, admitted=ctx.engine.policy_version)
             self.active.append(prompt)
             self.stats["admitted"] += 1
             for s in prompt.samples:
                 self._submit(ctx, prompt, s, NEW)
+
+    def _check_not_active(self, ctx: RolloutContext, prompt_id: str) -> None:
+        """A prompt pool cycled while a prompt is still held would give two live requests one id: one line."""
+        if any(ctx.stream.problem(p.index).prompt_id == prompt_id for p in self.active):
+            raise UserError(
+                f"prompt {prompt_id} came round again while SortedRL still holds it ({len(self.active)} "
+                f"prompts active): use a larger --prompt-pool (now {ctx.stream.pool})"
+            )
 
     def _waiting_counts(self) -> tuple[int, int]:
         """The samples queued in the engine without a slot yet: all of them, and the re-queued ones."""

@@ -26,6 +26,7 @@ from reference_trainer.errors import (
 from reference_trainer.model.embedded import default_model_dir
 from reference_trainer.modes import get_mode
 from reference_trainer.rollout.engines import check_engine_kind, check_worker_backend
+from reference_trainer.rollout.sorted import SortedOptions, prompts_held
 from reference_trainer.tasks import response_budget, task_options
 from reference_trainer.trace.records import read_json
 
@@ -187,7 +188,9 @@ class TrainConfig:
         if self.workers > 1:
             mode.strategy_for(self.workers)
             check_worker_backend(self.worker_backend, self.workers)
-        mode.check_options(self.mode_options, self.workers, self.engine)
+        options = mode.check_options(self.mode_options, self.workers, self.engine)
+        if mode.strategy in ("sorted", "sorted-partial") and self.prompt_pool is not None:
+            self._check_pool(options.get("oversubscription", SortedOptions().oversubscription))
         if mode.ahead:
             self._check_ring(mode.resolve(self.mode_options, self.workers, self.engine).ahead)
 
@@ -204,6 +207,17 @@ class TrainConfig:
         except (ValueError, OSError, UserError):
             return
         check_room(copy, ahead.max_staleness + 1)
+
+    def _check_pool(self, oversubscription: float) -> None:
+        """SortedRL keeps its admitted prompts active until trained: the pool must outnumber them."""
+        held = prompts_held(oversubscription, self.prompts_per_step, self.group_size)
+        if self.prompt_pool is not None and self.prompt_pool < held:
+            raise UserError(
+                f"--prompt-pool {self.prompt_pool} is smaller than the {held} prompts SortedRL may keep "
+                f"unfinished at once (oversubscription {oversubscription:g} x --prompts-per-step "
+                f"{self.prompts_per_step}, in whole groups): a prompt could come back while it still runs "
+                f"and two requests share one id; use --prompt-pool >= {held}"
+            )
 
     def update_config(self, tis_cap: float | None) -> GRPOConfig:
         """The updater's config: the rollout temperature (one source of truth) and the mode's TIS cap when
