@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import random
 import tempfile
 
@@ -292,6 +293,37 @@ def test_a_report_from_an_engine_already_lost_is_dropped():
     assert seq.status == SequenceStatus.FINISHED and seq.response_ids == [token(5, i) for i in range(4)]
 
 
+def test_the_controller_learns_lengths_per_group_and_keeps_them_across_a_resume():
+    """One history record per prompt per step (its samples' mean, as placed.py records a group), checkpointed
+    with the strategy's state so a resumed controller predicts as the uninterrupted one; group-sticky's memory
+    forgets the groups a step no longer holds."""
+    pool = FakePool(2, 2, [3, 6, 9, 4], random.Random(5))
+    engine = MultiEngine(pool, EngineConfig(max_num_seqs=2), "group-sticky")  # type: ignore[arg-type]
+    ctx = RolloutContext(engine, CharTokenizer(), PromptStream(ArithTask(), 0), 3, 2,  # type: ignore[arg-type]
+                         SamplingParams(max_tokens=100), seed=0)  # fmt: skip
+    strategy = SortedRollout(SortedOptions(oversubscription=1.0))  # every admitted group is trained
+    for step in range(3):
+        pool.trace.step = step
+        groups = strategy.collect(ctx)
+        for g in groups:
+            prompt_id = g.samples[0].meta["prompt_id"]
+            assert engine.history.last[prompt_id] == sum(len(s.response_ids) for s in g.samples) / 3
+        engine.update_weights({})
+    ran = {
+        (e["step"], e["prompt_id"])
+        for e in pool.trace.events
+        if e["kind"] == "sequence" and e["finish_reason"] == "eos"
+    }
+    eos = [e for e in pool.trace.events if e["kind"] == "sequence" and e["finish_reason"] == "eos"]
+    assert engine.history._fit[0] == len(ran) < len(eos)  # one record per prompt per step, not per sample
+    pool.trace.step = 3
+    engine._dispatch()  # the next step's start: none of the trained groups is held any more
+    assert engine.policy.engine_of == {}
+    fresh = MultiEngine(FakePool(3, 2, [1], random.Random(0)), EngineConfig(max_num_seqs=2))  # type: ignore[arg-type]
+    fresh.load_dispatch_state(json.loads(json.dumps(engine.dispatch_state())))  # as a checkpoint holds it
+    assert fresh.history.state_dict() == engine.history.state_dict()
+
+
 # ---- the tiny real model ----------------------------------------------------------------------------------
 @pytest.fixture
 def one_thread():
@@ -400,6 +432,7 @@ def test_a_run_on_two_engines_resumes_on_three(tiny_model_dir, toy_task, tmp_pat
     assert workers == {0, 1}
     resumed = Trainer(_config(tiny_model_dir, toy_task, mode, 4, workers=3), tmp_path / "run", resume=True)
     assert resumed.step == 2 and resumed.engine.pool.size == 3
+    assert resumed.engine.history.state_dict() == first.engine.history.state_dict()  # what it dispatches by
     resumed.run()
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert resumed.step == 4 and [r["step"] for r in rows] == [0, 1, 2, 3]

@@ -20,9 +20,15 @@ W engines and stays the one SortedRL there is.
   requests are dispatched again to the others from what the controller holds: the request as submitted
   (with a kept partial's earlier tokens), so only the tokens that engine generated this step are lost, and
   the same seeds redraw them. Nothing is trained twice: a request is finished once, by one engine.
+- the predicted lengths the dispatch works from (`placement.LengthHistory`) are recorded per group, as
+  placed.py does: once per prompt per step, the mean of its samples that finished in the step (a group cut
+  short by early termination records the samples it finished). They are the controller's one state that
+  outlives a step: the trainer checkpoints them beside the strategy's state (`dispatch_state`), so a resumed
+  run dispatches as the uninterrupted one. A policy's memory of groups (group-sticky) forgets a group at the
+  first dispatch of a step that no longer holds it (trained or dropped).
 
-Nothing here is per-engine state that outlives a step (the engines are empty between steps, and the strategy's
-checkpoint holds none), so a run made with W engines resumes with any W'.
+Nothing here is per-engine state that outlives a step (the engines are empty between steps, and the lengths
+are per prompt), so a run made with W engines resumes with any W'.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ class MultiEngine:
         self._waiting: list[list[str]] = [[] for _ in range(pool.size)]  # not started, as last reported
         self._busy: set[int] = set()  # engines with a slice in flight
         self._finished: list[tuple[int, Sequence]] = []  # this step's, by engine: history for the drafters
+        self._lengths: dict[str, tuple[int, list[int]]] = {}  # this step's, by prompt: the history's records
         self._step: int | None = None
         self._names = itertools.count()  # ids for requests that come without one
 
@@ -182,6 +189,7 @@ class MultiEngine:
         if self.trace.step != self._step:
             self._step = self.trace.step
             self.policy.begin_step(self.trace.step)
+            self._forget_groups()
         if not self._buffer:
             return
         live = [w for w in range(self.pool.size) if w not in self.lost]
@@ -230,8 +238,8 @@ class MultiEngine:
                 del self._seqs[seq.seq_id], self._requests[seq.seq_id]
                 finished.append(seq)
                 self._finished.append((report.worker, seq))
-                self.history.record(str(seq.meta.get("prompt_id", seq.seq_id)), len(seq.prompt_ids),
-                                    [len(seq.response_ids)])  # fmt: skip
+                key = str(seq.meta.get("prompt_id", seq.seq_id))
+                self._lengths.setdefault(key, (len(seq.prompt_ids), []))[1].append(len(seq.response_ids))
             else:  # aborted by a halt: as the strategy judges it before its own abort
                 seq.status = SequenceStatus.WAITING if seq.seq_id in waiting else SequenceStatus.RUNNING
         for seq_id in self._on[report.worker]:
@@ -305,8 +313,29 @@ class MultiEngine:
         except WorkerLost as err:
             self._lose(err.worker, halting=False)
 
+    def _forget_groups(self) -> None:
+        """At a step's start: groups no longer held (trained, dropped) leave the policy's memory."""
+        forget = getattr(self.policy, "forget", None)
+        if forget is None:
+            return
+        held = {int(r.meta.get("index", 0)) for r, _ in self._buffer}
+        held |= {int(s.meta.get("index", 0)) for s in self._seqs.values()}
+        for group in set(getattr(self.policy, "engine_of", {})) - held:
+            forget(group)
+
+    def dispatch_state(self) -> dict[str, Any]:
+        """What the dispatch learnt (the predicted lengths): checkpointed with the strategy's state."""
+        return {"history": self.history.state_dict()}
+
+    def load_dispatch_state(self, state: Mapping[str, Any]) -> None:
+        self.history.load_state_dict(dict(state["history"]))
+
     def _share_history(self) -> None:
-        """Drafting engines see every other engine's finished responses of the step (as placed.py does)."""
+        """The step's end: each prompt's lengths of the step become one record of the history (per group, as
+        placed.py records), and drafting engines see every other engine's finished responses of the step."""
+        lengths, self._lengths = self._lengths, {}
+        for key, (prompt_tokens, done) in lengths.items():
+            self.history.record(key, prompt_tokens, done)
         finished, self._finished = self._finished, []
         if not self.pool.drafts or not finished:
             return

@@ -126,6 +126,8 @@ class Trainer:
                 self.rollout.restore(load_rollout_history(ckpt), state["step"], str(ckpt))
                 self.stream.load_state_dict(state["stream"])
                 self.strategy.load_state_dict(state["strategy"])
+                if "dispatch" in state and hasattr(self.engine, "load_dispatch_state"):
+                    self.engine.load_dispatch_state(state["dispatch"])
                 torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
                 self.step = state["step"]
         metrics = self.out_dir / "metrics.jsonl"
@@ -161,6 +163,12 @@ class Trainer:
                 "policy_version": self.engine.policy_version,
                 "stream": self.stream.state_dict(),
                 "strategy": self.strategy.state_dict(),
+                # W > 1 under the controller (rollout/multi.py): the predicted lengths it dispatches by
+                **(
+                    {"dispatch": self.engine.dispatch_state()}
+                    if hasattr(self.engine, "dispatch_state")
+                    else {}
+                ),
                 "torch_rng": torch.get_rng_state().tolist(),
             },
             self.rollout.history(),
