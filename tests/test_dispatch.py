@@ -343,3 +343,18 @@ def test_an_engine_lost_event_is_checked_like_every_other_kind():
     assert problem({k: v for k, v in event.items() if k != "worker"}) == "worker is None, not a number"
     assert problem({**event, "requests": "3"}) == "requests is '3', not a number"
     assert problem({**event, "worker": -1}) == "worker is -1, not a worker index"
+
+
+def test_the_timing_fields_are_the_ones_docs_metrics_names():
+    """The dispatch fields follow the order engines report in (their speed): timing fields, named so."""
+    import re
+    from pathlib import Path
+
+    from reference_trainer.train.rows import ROW_FIELDS, TIMING_FIELDS
+
+    text = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    listed = re.search(r"Timing fields \((.*?)\) depend on the wall clock", text, re.S)
+    assert listed is not None
+    named = set(re.findall(r"`([^`]+)`", listed.group(1)))
+    timing = {f for f in TIMING_FIELDS if not f.startswith("timing_s/")} | {"timing_s/*"}
+    assert named == timing and {"dispatches", "dispatch_imbalance"} <= TIMING_FIELDS & set(ROW_FIELDS)

@@ -46,7 +46,9 @@ TRACE_FIELDS: tuple[str, ...] = tuple(
 VAL_FIELDS: tuple[str, ...] = ("val/heldout_greedy_acc", "val/heldout_pass1")  # train/heldout.py
 ROW_FIELDS: tuple[str, ...] = (*TRACE_FIELDS, "samples", *UPDATER_FIELDS.values(), *VAL_FIELDS)
 
-# Fields that depend on the wall clock: two runs with the same seed agree on every other field.
+# Fields that depend on the wall clock: two runs with the same seed agree on every other field, except on
+# W > 1 Ray engines, where the order of the engines' reports (their speed) steers the controller's dispatch
+# and which groups complete first (docs/metrics.md).
 TIMING_FIELDS = frozenset(
     {
         "bubble_ratio",
@@ -76,6 +78,8 @@ TIMING_FIELDS = frozenset(
         "engine_span_s",
         "cross_engine_idle_share",
         "straggler_engine",
+        "dispatches",
+        "dispatch_imbalance",
     }
 )
 
