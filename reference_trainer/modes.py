@@ -89,7 +89,8 @@ class ModeSpec:
     speculation: str | None = None
     # With --workers > 1: the default dispatch policy (rollout/dispatch.py) of the "placed" strategy or of the
     # controller (SortedRL, async: rollout/multi.py); None = the trainer runs the mode on one engine (the
-    # simulator dispatches its W > 1 extrapolation round-robin, or as its options say).
+    # simulator dispatches its W > 1 extrapolation by the default policy, and the mode takes no dispatch
+    # option).
     dispatch: str | None = DEFAULT_DISPATCH
     # Truncated-importance-sampling cap for modes that train on tokens of older policies (GRPOConfig.tis_cap
     # takes it when the run's config leaves that None); None = no off-policy correction.
@@ -123,13 +124,13 @@ class ModeSpec:
         """The options this mode takes on `workers` workers (None: on any worker count, as the table and
         the simulator's sweep over worker counts see them), keyed by name, with this mode's defaults."""
         names = [self.strategy] if workers is None or workers <= 1 else [self.strategy_for(workers)]
-        if workers is None:  # on any count: the simulator dispatches every mode's W > 1
+        if workers is None and self.dispatch is not None and not self.controlled:  # placed on W > 1
             names.append("placed")
         records = [r for n in dict.fromkeys(names) if (r := STRATEGY_TABLE[n].options) is not None]
         if self.ahead:  # max_staleness (shared with SortedRL's) bounds a trained token's age either way
             records.append(AheadOptions)
         out = {o.name: o for r in records for o in options_of(r)}
-        if self.controlled and workers is not None and workers > 1:  # the controller's policy and migration
+        if self.controlled and (workers is None or workers > 1):  # the controller's policy and migration
             out.update({o.name: o for o in options_of(DispatchOptions) if o.name in CONTROLLER_TAKES})
         if "dispatch" in out and self.dispatch is not None:
             out["dispatch"] = replace(out["dispatch"], default=self.dispatch)

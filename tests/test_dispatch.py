@@ -6,6 +6,7 @@ policy."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -358,3 +359,23 @@ def test_the_timing_fields_are_the_ones_docs_metrics_names():
     named = set(re.findall(r"`([^`]+)`", listed.group(1)))
     timing = {f for f in TIMING_FIELDS if not f.startswith("timing_s/")} | {"timing_s/*"}
     assert named == timing and {"dispatches", "dispatch_imbalance"} <= TIMING_FIELDS & set(ROW_FIELDS)
+
+
+def test_each_mode_lists_and_the_simulator_takes_only_the_dispatch_options_its_w_gt_1_run_takes():
+    from reference_trainer.modes import MODES
+    from rlbench.simulate.modes import sim_mode
+
+    family = {"dispatch", "migrate", "order"}
+    for name, mode in MODES.items():
+        listed = family & set(mode.options())
+        if mode.dispatch is None:  # one engine only: no dispatch of its own anywhere
+            assert not listed, name
+        else:  # what `rlbench modes` and the simulator list is what a W = 2 run takes
+            assert listed == family & set(mode.options(2)), name
+            assert listed == ({"dispatch", "migrate"} if mode.controlled else family), name
+    for name, key, value in (
+        ("sorted", "order", "long-first"),
+        ("sorted+lookahead", "dispatch", "round-robin"),
+    ):
+        with pytest.raises(UserError, match=re.escape(f"mode {name!r} takes no option {key}")):
+            sim_mode(name, {key: value})
