@@ -76,6 +76,14 @@ def test_group_spread_puts_a_groups_samples_on_distinct_engines(engines, size, b
         assert len(set(chunk)) == len(chunk)
 
 
+def test_group_spread_deals_least_in_flight_first_counting_requests_not_tokens():
+    load = EngineLoad([3, 0, 1, 5], [0.0, 1000.0, 0.0, 0.0])  # engine 1: idle by count, loaded by tokens
+    assert run("group-spread", [Unit(0, 1.0)] * 4, load) == [1, 2, 0, 3]
+    assert load.in_flight == [4, 1, 2, 6]
+    # the next group starts again from the least in flight; a group's samples past W wrap the same way
+    assert run("group-spread", [Unit(1, 1.0)] * 2 + [Unit(2, 1.0)] * 5, load) == [1, 2, 1, 2, 0, 3, 1]
+
+
 def test_histopipe_puts_the_longest_first_on_the_least_loaded_engine():
     load = EngineLoad([0, 0], [50.0, 0.0])
     units = [Unit(0, 10.0), Unit(1, 100.0), Unit(2, 40.0), Unit(3, 30.0)]
