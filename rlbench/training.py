@@ -195,7 +195,9 @@ def shared_slots(configs: Iterable[TrainConfig]) -> WorkerSlots | None:
     on the same hardware. None when fewer than two runs have a Ray pool, or they disagree on the device or
     the cluster (each pool then places its own)."""
     pooled = [c for c in configs if c.workers > 1 and c.worker_backend == "ray" and c.engine == "reference"]
-    pooled = [c for c in pooled if not get_mode(c.mode).ahead]  # a rollout run ahead has no pool
+    # A rollout run ahead builds its pool (and, without an address, its own local Ray) in its own process:
+    # no shared places for it (docs/modes.md).
+    pooled = [c for c in pooled if not get_mode(c.mode).ahead]
     if len(pooled) < 2:
         return None
     from reference_trainer.model.loader import resolve_device

@@ -145,8 +145,8 @@ class CpuRuns:
 def cpu_configs(
     c: CpuRuns, model: str | None, backend: str = "ray"
 ) -> tuple[dict[str, TrainConfig], list[str]]:
-    """One config per (mode, policy, seed), labelled `mode:policy:sSEED`; and the modes left out (they run
-    on one engine at this commit)."""
+    """One config per (mode, policy, seed), labelled `mode:policy:sSEED`; and the modes left out (a mode the
+    trainer runs on one engine only: none of `MODES`, all of which take --workers)."""
     configs, skipped = {}, []
     for mode in c.modes:
         if not runs_on(mode, c.workers):
@@ -238,8 +238,8 @@ def _simulated(ctx: Context) -> dict[str, Any]:
 
 def _measured(ctx: Context) -> dict[str, Any]:
     """Baseline and sorted at W = 2 under round-robin dispatch, one seed (or the finished cpu.json): Ray
-    engines, or in-process ones under --quick and where Ray is not installed; neither where sorted runs on
-    one engine only."""
+    engines, or in-process ones under --quick and where Ray is not installed; neither if a mode among them
+    ran on one engine only (a guard: both take --workers)."""
     from rlbench.reproduce.histopipe import worker_backend
 
     c = CpuRuns(seeds=(ctx.seed,), steps=ctx.pick(4, 1), prompts_per_step=ctx.pick(8, 2),
@@ -300,7 +300,7 @@ def multi_engine(ctx: Context) -> Outcome:
     measured = summarize(sim, cpu)
     notes = list(NOTES)
     for mode in cpu["skipped_modes"]:
-        notes.append(f"{mode} runs on one engine at this commit: no W = 2 run of either mode was made (the "
+        notes.append(f"{mode} runs on one engine only: no W = 2 run of either mode was made (the "
                      "ordering needs both; the verdict is inconclusive without it)")  # fmt: skip
     sim_rows = [{k: r[k] for k in ("workers", "mode", "policy", "step_time_s", "rollout_s", "bubble_ratio",
                                    "worker_idle_share")} for r in sim["rows"]]  # fmt: skip
