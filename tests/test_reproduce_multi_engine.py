@@ -44,7 +44,7 @@ def cpu(bubbles: dict[str, float]) -> dict:
         ((1.1, 1.5), {"baseline": 0.6, "sorted": 0.1}, "reproduced"),
         ((1.5, 1.1), {"baseline": 0.6, "sorted": 0.1}, "not reproduced"),
         ((1.1, 1.5), {"baseline": 0.1, "sorted": 0.6}, "not reproduced"),
-        ((1.1, 1.5), {}, "inconclusive"),  # sorted runs on one engine: nothing measured at W = 2
+        ((1.1, 1.5), {}, "inconclusive"),  # no W = 2 run measured (a mode on one engine only)
     ],
 )
 def test_the_verdict_reads_the_simulated_growth_and_the_measured_ordering(gains, bubbles, verdict):
