@@ -21,12 +21,7 @@ from typing import Any
 from reference_trainer.errors import UserError
 from reference_trainer.option import Option, Options, options_of
 from reference_trainer.rollout.base import AheadOptions
-from reference_trainer.rollout.dispatch import (
-    CONTROLLER_TAKES,
-    DEFAULT_DISPATCH,
-    DispatchOptions,
-    renamed_option,
-)
+from reference_trainer.rollout.dispatch import CONTROLLER_TAKES, DispatchOptions, renamed_option
 from reference_trainer.rollout.sorted import SortedOptions
 from reference_trainer.speculation.drafters import (
     SPEC,
@@ -89,9 +84,8 @@ class ModeSpec:
     speculation: str | None = None
     # With --workers > 1: the default dispatch policy (rollout/dispatch.py) of the "placed" strategy or of the
     # controller (SortedRL, async: rollout/multi.py); None = the trainer runs the mode on one engine (the
-    # simulator dispatches its W > 1 extrapolation by the default policy, and the mode takes no dispatch
-    # option).
-    dispatch: str | None = DEFAULT_DISPATCH
+    # simulator spreads it by the default policy; the mode takes no dispatch option).
+    dispatch: str | None = DispatchOptions.dispatch  # dispatch.DEFAULT_DISPATCH
     # Truncated-importance-sampling cap for modes that train on tokens of older policies (GRPOConfig.tis_cap
     # takes it when the run's config leaves that None); None = no off-policy correction.
     tis_cap: float | None = None
@@ -298,7 +292,7 @@ def _on_sorted(name: str, what: str, note: str, **kw: Any) -> ModeSpec:
         name,
         f"SortedRL's on-policy strategy (as sorted) {what}",
         "sorted",
-        dispatch=None if kw.get("lookahead") else DEFAULT_DISPATCH,
+        dispatch=None if kw.get("lookahead") else DispatchOptions.dispatch,
         simulator_note=sim,
         **kw,
     )
