@@ -22,6 +22,7 @@ from reference_trainer.errors import UserError
 from reference_trainer.trace.records import read_json, write_text
 from reference_trainer.trace.schema import (
     DISPATCH,
+    ENGINE_LOST,
     FORWARD_KINDS,
     MIGRATE,
     PHASE_KINDS,
@@ -184,6 +185,18 @@ def _request_tracks(reqs: list[Event], lane: Callable[[Event], int]) -> list[Eve
     return out
 
 
+def _loss_marks(losses: list[Event]) -> list[Event]:
+    """Each engine lost as an instant on its own engine thread: where its track stops."""
+    out: list[Event] = []
+    for m in losses:
+        pid, args = _pid(_worker(m)), {k: m.get(k) for k in ("step", "requests")}
+        out.append(
+            {"ph": "i", "s": "p", "name": "engine lost", "cat": "engine", "pid": pid, "tid": pid * LANES}
+        )
+        out[-1] |= {"ts": _us(m["t_start"]), "args": _clean(args)}
+    return out
+
+
 def _migration_marks(migrations: list[Event]) -> list[Event]:
     """Each straggler migration as an instant on the engine thread of the worker the requests left."""
     out: list[Event] = []
@@ -241,9 +254,10 @@ def perfetto_trace(run_dir: Path) -> dict[str, Any]:
     engine = sorted((e for e in events if e.get("kind") in FORWARD_KINDS), key=lambda e: e["t_start"])
     phases = [e for e in events if e.get("kind") in PHASE_KINDS]
     migrations = [e for e in events if e.get("kind") == MIGRATE]
+    losses = [e for e in events if e.get("kind") == ENGINE_LOST]
     reqs = _requests(events, engine, phases)
     workers = {_worker(e) for e in engine} | {r["worker"] for r in reqs}
-    workers |= {_worker(m, k) for m in migrations for k in ("from", "to")}
+    workers |= {_worker(m, k) for m in migrations for k in ("from", "to")} | {_worker(m) for m in losses}
     n_slots: dict[int, int] = defaultdict(int)  # per worker: lanes 1..n are its slots, extra lanes follow
     for e in engine:
         n_slots[_worker(e)] = max([n_slots[_worker(e)], *(int(k) + 1 for k in e.get("slots") or {})])
@@ -269,7 +283,7 @@ def perfetto_trace(run_dir: Path) -> dict[str, Any]:
         timed.append(_span(p["kind"], "phase", RUN_PID, row, p["t_start"], p["t_end"], args))
     for row in range(1, len(busy)):
         out += _names(RUN_PID, row, f"RL phases {row}", row)
-    timed += _migration_marks(migrations) + _dispatch_marks(events)
+    timed += _migration_marks(migrations) + _loss_marks(losses) + _dispatch_marks(events)
     gpu = doc["gpu"] if isinstance(doc.get("gpu"), dict) else {}
     for sample in (x for x in gpu.get("samples") or [] if isinstance(x, dict) and is_number(x.get("t"))):
         for k, name in NVML_COUNTERS:

@@ -17,7 +17,7 @@ from test_report import synthetic_trace
 from test_trainer import tiny_config
 
 from reference_trainer.trace.records import read_jsonl
-from reference_trainer.trace.schema import dispatch_event
+from reference_trainer.trace.schema import dispatch_event, engine_lost_event
 from reference_trainer.train.trainer import Trainer
 from rlbench.observe.derive import to_trace
 from rlbench.perfetto import perfetto_trace
@@ -145,6 +145,7 @@ def runs(tiny_model_dir, tmp_path_factory) -> dict:
     events += [
         {"kind": "migrate", "step": 1, "t_start": 0.05, "t_end": 0.05, "from": 1, "to": 0, "requests": 2},
         dispatch_event(0.01, 1, "least-tokens", [0, 1, 1], [4.0, 8.5]),
+        engine_lost_event(0.07, 1, 1, 2),
         {"kind": "rollout", "step": 0, "t_start": 0.0, "t_end": 0.3},  # a second worker's rollout overlaps
         {"kind": "update", "step": 1, "t_start": 9.0, "t_end": 9.5, "loss": math.nan},
     ]
@@ -283,6 +284,9 @@ def test_migrations_unfinished_requests_and_overlapping_phases(runs):
     (mig,) = [e for e in trace["traceEvents"] if e["ph"] == "i" and e["name"] == "migrate"]
     assert (mig["name"], mig["pid"], mig["ts"], mig["args"]["to"]) == ("migrate", pid_of(1), 5e4, 0)
     assert _lanes(trace)[(mig["pid"], mig["tid"])] == "engine steps"  # the worker the requests left
+    (lost,) = [e for e in trace["traceEvents"] if e["ph"] == "i" and e["name"] == "engine lost"]
+    assert (lost["pid"], lost["ts"], lost["args"]) == (pid_of(1), 7e4, {"step": 1, "requests": 2})
+    assert _lanes(trace)[(lost["pid"], lost["tid"])] == "engine steps"  # on the lost engine's own track
     (sent,) = [e for e in trace["traceEvents"] if e["ph"] == "i" and e["name"] == "dispatch"]
     assert _lanes(trace)[(sent["pid"], sent["tid"])] == "RL phases" and sent["ts"] == 1e4  # the run's track
     assert sent["args"] == {
