@@ -133,6 +133,7 @@ FUZZ_STUBS = {
     "compare": "rlbench.profiling.compare.ProfileSession",  # after every check, before anything runs
     "observe": "rlbench.profiling.observe.observe",
     "simulate": "rlbench.simulate.workload.synthetic",
+    "simulate validate": "rlbench.simulate.replay.validate_runs",  # runs found, none read
     "eval": "rlbench.evaluate.run_eval",
     "generate": "reference_trainer.rollout.engines.build_rollout_engine",
     "embedded build": "reference_trainer.train.recipe.build",
@@ -153,6 +154,7 @@ def fuzz_base_args(model: str, data: Path) -> dict[str, tuple[str, ...]]:
         "compare": (*run, "--steps", "1", "--modes", "baseline"),
         "observe": ("127.0.0.1:9", "--duration", "1"),
         "simulate": (*TINY_SIMULATION, "--modes", "baseline"),
+        "simulate validate": (str(data / "amc23.jsonl"),),  # found, not read
         "eval": ("--suite", "amc23", "--data-dir", str(data), "--model", model, "--max-tokens", "2"),
         "generate": ("--model", model, "--prompt", "x", "--max-tokens", "2"),
         "embedded build": (),
