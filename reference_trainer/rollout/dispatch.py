@@ -32,7 +32,7 @@ import heapq
 import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from reference_trainer.option import Options, option
 
@@ -138,43 +138,45 @@ class RoundRobin:
         return out
 
 
+class _NoSteps:
+    """A policy that keeps nothing per step."""
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+
+class _LeastLoaded(_NoSteps):
+    """Each request to the least-loaded engine, by requests in flight or by predicted tokens."""
+
+    by_tokens: ClassVar[bool]
+
+    def assign(self, units: Sequence[Unit], load: EngineLoad) -> list[int]:
+        least = _Least(load, by_tokens=self.by_tokens)
+        return [least.take(u.work) for u in units]
+
+
 @dataclass
-class LeastInFlight:
+class LeastInFlight(_LeastLoaded):
     """Each request to the engine with the fewest requests in flight (verl's global load balancer)."""
 
     name: str = "least-in-flight"
-
-    def begin_step(self, step: int) -> None:
-        pass
-
-    def assign(self, units: Sequence[Unit], load: EngineLoad) -> list[int]:
-        least = _Least(load, by_tokens=False)
-        return [least.take(u.work) for u in units]
+    by_tokens: ClassVar[bool] = False
 
 
 @dataclass
-class LeastTokens:
+class LeastTokens(_LeastLoaded):
     """Each request to the engine with the fewest predicted tokens outstanding."""
 
     name: str = "least-tokens"
-
-    def begin_step(self, step: int) -> None:
-        pass
-
-    def assign(self, units: Sequence[Unit], load: EngineLoad) -> list[int]:
-        least = _Least(load, by_tokens=True)
-        return [least.take(u.work) for u in units]
+    by_tokens: ClassVar[bool] = True
 
 
 @dataclass
-class GroupSticky:
+class GroupSticky(_NoSteps):
     """A group's samples on one engine, the least in flight at its first sample, and its later ones."""
 
     name: str = "group-sticky"
     engine_of: dict[int, int] = field(default_factory=dict, init=False)
-
-    def begin_step(self, step: int) -> None:
-        pass
 
     def assign(self, units: Sequence[Unit], load: EngineLoad) -> list[int]:
         least, out = _Least(load, by_tokens=False), []
@@ -193,13 +195,10 @@ class GroupSticky:
 
 
 @dataclass
-class GroupSpread:
+class GroupSpread(_NoSteps):
     """A group's samples dealt over distinct engines, least in flight first (ROLL Flash's replication)."""
 
     name: str = "group-spread"
-
-    def begin_step(self, step: int) -> None:
-        pass
 
     def assign(self, units: Sequence[Unit], load: EngineLoad) -> list[int]:
         # A group's samples go to distinct engines while there are engines it has not used, least in flight
@@ -216,13 +215,10 @@ class GroupSpread:
 
 
 @dataclass
-class HistoPipe:
+class HistoPipe(_NoSteps):
     """Longest predicted first onto the engine with the fewest predicted tokens outstanding (RhymeRL, LPT)."""
 
     name: str = "histopipe"
-
-    def begin_step(self, step: int) -> None:
-        pass
 
     def assign(self, units: Sequence[Unit], load: EngineLoad) -> list[int]:
         least, out = _Least(load, by_tokens=True), [0] * len(units)
