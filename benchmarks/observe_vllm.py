@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -124,17 +125,26 @@ def run(model: Path | None, out: Path, requests: int, waves: int, slots: int, pa
     port = free_port()
     server = start_server(model, port, slots, out / "server.log")
     try:
-        duration = waves * (pause_s + 4.0) + 4.0
+        # The observation ends when the load has: a fixed duration cuts off the last wave on a loaded
+        # machine. `observe` stops at Ctrl-C and writes what it saw, so it is stopped by SIGINT once the
+        # last reply is in and two idle scrapes later; the duration is only a backstop.
         observer = subprocess.Popen(
-            [sys.executable, "-m", "rlbench.cli", "observe", f"127.0.0.1:{port}", "--duration", str(duration),
+            [sys.executable, "-m", "rlbench.cli", "observe", f"127.0.0.1:{port}", "--duration", "3600",
              "--interval", str(interval_s), "--capacity", str(slots), "--idle-gap", "1.0",
              "--out", str(out / "run")],
             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True,
         )  # fmt: skip
         time.sleep(1.5)
-        log = drive(port, str(model), requests, waves, pause_s)
-        stdout, stderr = observer.communicate(timeout=duration + 120)
+        try:
+            log = drive(port, str(model), requests, waves, pause_s)
+            time.sleep(max(1.5, 2 * interval_s))
+            observer.send_signal(signal.SIGINT)
+            stdout, stderr = observer.communicate(timeout=120)
+        finally:
+            if observer.poll() is None:
+                observer.kill()
+                observer.wait(timeout=30)
         if observer.returncode != 0:
             raise RuntimeError(f"rlbench observe failed ({observer.returncode}): {stderr.strip()}")
     finally:
