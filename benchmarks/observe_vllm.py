@@ -95,6 +95,18 @@ def drive(
     return log
 
 
+def await_first_scrape(samples: Path, observer: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Wait for the observation's first scrape: requests finished before it are in no counter's growth, so
+    a load sent while `observe` is still starting (a loaded machine takes seconds) would go uncounted."""
+    deadline = time.monotonic() + timeout_s
+    while not (samples.is_file() and samples.stat().st_size > 0):
+        if observer.poll() is not None:
+            raise RuntimeError(f"rlbench observe exited ({observer.returncode}) before its first scrape")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rlbench observe took no scrape in {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
 def client_bubble(log: list[dict[str, Any]], slots: int) -> tuple[float, list[float]]:
     """Overall and per-wave bubble from the client's timings: min(slots, in flight) busy slots."""
     busy_total = capacity_total = 0.0
@@ -135,8 +147,8 @@ def run(model: Path | None, out: Path, requests: int, waves: int, slots: int, pa
             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True,
         )  # fmt: skip
-        time.sleep(1.5)
         try:
+            await_first_scrape(out / "run" / "samples.jsonl", observer)
             log = drive(port, str(model), requests, waves, pause_s)
             time.sleep(max(1.5, 2 * interval_s))
             observer.send_signal(signal.SIGINT)
