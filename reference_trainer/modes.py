@@ -91,7 +91,7 @@ class ModeSpec:
     tis_cap: float | None = None
     simulator_note: str = ""  # how `rlbench simulate` models the mode, where it only approximates it
     # The strategy runs the next step's requests in the bubble (rollout/base.py BubbleFill) and the drafter
-    # puts their tokens first (speculation/lookahead.py); on the reference engine, one engine only.
+    # puts their tokens first (speculation/lookahead.py); on the reference engine.
     lookahead: bool = False
     # The strategy runs up to max_staleness steps ahead of the update, beside it (rollout/ahead.py).
     ahead: bool = False
@@ -110,9 +110,9 @@ class ModeSpec:
 
     @property
     def controlled(self) -> bool:
-        """On W > 1 engines, the strategy runs unchanged over rollout/multi.py's controller (SortedRL, and
-        any rollout run ahead: its rollout process drives the engines)."""
-        return self.dispatch is not None and (self.strategy != "baseline" or self.ahead)
+        """On W > 1 engines, the strategy runs unchanged over rollout/multi.py's controller (SortedRL, any
+        rollout run ahead: its process drives the engines, and lookahead: each engine fills its own)."""
+        return self.dispatch is not None and (self.strategy != "baseline" or self.ahead or self.lookahead)
 
     def options(self, workers: int | None = None, engine: str = "reference") -> dict[str, Option]:
         """The options this mode takes on `workers` workers (None: on any worker count, as the table and
@@ -285,14 +285,13 @@ _PLACE_SIM = (
 
 
 def _on_sorted(name: str, what: str, note: str, **kw: Any) -> ModeSpec:
-    """A mode on SortedRL's on-policy strategy, with `what` added; on W engines unless it runs lookahead
-    (its bubble fill reads one engine's queue between engine steps)."""
+    """A mode on SortedRL's on-policy strategy, with `what` added; on W engines under one controller."""
     sim = f"{_ONE_ENGINE_SIM} {note}"
     return ModeSpec(
         name,
         f"SortedRL's on-policy strategy (as sorted) {what}",
         "sorted",
-        dispatch=None if kw.get("lookahead") else DispatchOptions.dispatch,
+        dispatch=DispatchOptions.dispatch,
         simulator_note=sim,
         **kw,
     )
@@ -363,7 +362,6 @@ MODES: dict[str, ModeSpec] = {
             "their tokens are those requests' drafts after the update (BubbleSpec/SRT), verified exactly.",
             strategy="baseline",
             speculation="lookahead",
-            dispatch=None,
             lookahead=True,
             simulator_note=_LOOKAHEAD_SIM,
         ),
@@ -377,11 +375,11 @@ MODES: dict[str, ModeSpec] = {
         ),
         ModeSpec(
             "rhyme+lookahead",
-            "rhyme on one engine with lookahead: a request drafts from its lookahead run first, then from "
-            "HistoSpec's history of its prompt.",
+            "rhyme with lookahead: a request drafts from its lookahead run first, then from HistoSpec's "
+            "history of its prompt.",
             strategy="baseline",
             speculation="histospec",
-            dispatch=None,
+            dispatch="histopipe",
             lookahead=True,
             simulator_note=_SPEC_SIM + " " + _LOOKAHEAD_SIM,
         ),

@@ -19,6 +19,7 @@ from reference_trainer.engine.sampler import coupled_accept
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.modes import MODES, get_mode
+from reference_trainer.rollout.multi import MultiEngine
 from reference_trainer.speculation.cost import ForwardCosts
 from reference_trainer.speculation.drafters import DRAFTERS, attach
 from reference_trainer.speculation.lookahead import LookaheadDrafter, LookaheadOptions
@@ -152,9 +153,19 @@ def test_a_draft_ends_at_its_first_mismatch_and_goes_with_its_request():
 AHEAD = "lookahead:"  # a lookahead run's id in the trace: this and the id of the request it runs ahead of
 
 
-def train(tmp: Path, model_dir: Path, mode: str, steps: int = 2, cost: list | None = None, **options):
+def train(
+    tmp: Path,
+    model_dir: Path,
+    mode: str,
+    steps: int = 2,
+    cost: list | None = None,
+    workers: int = 1,
+    **options,
+):
     spec = get_mode(mode).speculative
     config = TrainConfig(
+        workers=workers,
+        worker_backend="local",
         eval_every=0,
         mode=mode,
         model=str(model_dir),
@@ -175,7 +186,7 @@ def train(tmp: Path, model_dir: Path, mode: str, steps: int = 2, cost: list | No
             ),
         },
     )
-    trainer = Trainer(config, tmp / mode)
+    trainer = Trainer(config, tmp / f"{mode}-w{workers}")
     return trainer
 
 
@@ -298,7 +309,8 @@ def test_every_drafter_goes_through_the_cost_gate(model, old, drafter):
 def test_the_modes_are_registered_listed_and_simulated(tmp_path):
     for name in LOOKAHEAD_MODES:
         mode = MODES[name]
-        assert mode.lookahead and mode.dispatch is None and mode.speculation_options({}).lookahead
+        # on W engines under the controller: each engine fills its own bubble (multi.py, base.EngineFill)
+        assert mode.lookahead and mode.controlled and mode.speculation_options({}).lookahead
         sim = SIM_MODES[name]
         assert sim.spec and sim.mode == name
         tr = workload.synthetic(steps=2, prompts=8, group_size=4, mean_tokens=400, max_tokens=2000, seed=1)
@@ -316,3 +328,61 @@ def test_the_modes_are_registered_listed_and_simulated(tmp_path):
         get_mode("rhyme").check_options({"spec": {"drafter": "lookahead"}})
     with pytest.raises(Exception, match="use --engine reference"):
         get_mode("lookahead").check_options({}, engine="vllm")
+
+
+# ---- W engines: each engine fills its own idle slots (rollout/multi.py, rollout/base.py EngineFill) -------
+
+
+def trained_samples(trainer: Trainer, steps: int = 2) -> tuple[list[dict], list[list[tuple[str, tuple]]]]:
+    """`steps` steps' rows, and each step's trained samples as (request id, response token ids)."""
+    collect, out = trainer.strategy.collect, []
+
+    def spy(ctx):
+        groups = collect(ctx)
+        out.append([(s.seq_id, tuple(s.response_ids)) for g in groups for s in g.samples])
+        return groups
+
+    trainer.strategy.collect = spy  # type: ignore[method-assign]
+    return [trainer.train_step() for _ in range(steps)], out
+
+
+@pytest.mark.multi_engine
+@pytest.mark.parametrize(
+    ("mode", "plain", "options"),
+    [
+        ("lookahead", "baseline", {"dispatch": "group-spread"}),  # a group over both engines
+        ("sorted+lookahead", "sorted", {"oversubscription": 1.0}),
+        ("rhyme+lookahead", "rhyme", {}),
+    ],
+)
+def test_on_two_engines_lookahead_fills_each_engine_and_trains_the_samples_of_the_mode_without_it(
+    tmp_path, tiny_model_dir, mode, plain, options
+):
+    trainer = train(tmp_path, tiny_model_dir, mode, workers=2, **options)
+    assert isinstance(trainer.engine, MultiEngine)
+    rows, samples = trained_samples(trainer)
+    base = train(tmp_path, tiny_model_dir, plain, workers=2, **options)
+    _, base_samples = trained_samples(base)
+    # Lossless: exactly the samples, token for token, of the mode without lookahead on two engines.
+    assert samples == base_samples and all(len(step) == 6 for step in samples)
+    assert not any(sid.startswith(AHEAD) for step in samples for sid, _ in step)
+    assert not any(sid.startswith(AHEAD) for (_, sid), _ in finished(trainer))
+    # It happened, on both engines, and the next step verified and accepted drafts from it.
+    events = trainer.trace.events
+    runs = [e for e in events if e["kind"] == "sequence" and e["status"] == "lookahead"]
+    assert {e["worker"] for e in runs} == {0, 1} and rows[0]["sequences"]["lookahead"] == sum(
+        e["step"] == 0 for e in runs
+    )
+    assert rows[0]["lookahead_tokens"] > 0 and rows[1]["accepted_tokens"] > 0
+    assert {e["worker"] for e in events if e["kind"] == "decode" and e.get("lookahead_slots")} == {0, 1}
+    if mode == "lookahead":  # a group spread over both engines: some drafts went to the other engine
+        ran_on = {e["id"]: e["worker"] for e in runs if e["step"] == 0}
+        done = [e for e in events if e["kind"] == "sequence" and e["step"] == 1 and e["status"] == "finished"]
+        assert any(e["accepted"] and ran_on.get(AHEAD + e["id"], e["worker"]) != e["worker"] for e in done)
+
+
+@pytest.mark.multi_engine
+def test_on_two_engines_each_engine_s_cost_gate_holds_its_lookahead_back(tmp_path, tiny_model_dir):
+    cpu = [[b, q, t] for (b, q), t in CPU.table.items()]
+    row = train(tmp_path, tiny_model_dir, "lookahead", cost=cpu, workers=2).train_step()
+    assert row["lookahead_tokens"] == 0 and "lookahead" not in row["sequences"]

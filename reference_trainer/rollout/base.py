@@ -7,6 +7,7 @@ The trainer loop calls `strategy.collect(ctx)` once per step and trains on the g
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -285,8 +286,27 @@ class BubbleFill:
         are its drafts now) and the latest ones until `waiting` real requests find free slots; then, when
         nothing waits, start the next prompts' samples in idle slots, within the cost gate. Called before
         every engine step, so the common case (no slot free, or the gate closed) returns before any request
-        is built."""
-        engine, first = ctx.engine, ctx.stream.next_index
+        is built. On W engines (multi.py `look_ahead`) each engine fills its own slots (`EngineFill`)."""
+        first = ctx.stream.next_index
+        look_ahead = getattr(ctx.engine, "look_ahead", None)
+        if look_ahead is not None:
+            look_ahead(first, ctx.group_size, self._next(ctx, first))
+            return
+        self.fill_engine(
+            ctx.engine, ctx.speculator, first, ctx.group_size, waiting, lambda: self._next(ctx, first)
+        )
+
+    def fill_engine(
+        self,
+        engine: Any,
+        gate: Speculator | None,
+        first: int,
+        group_size: int,
+        waiting: int,
+        upcoming: Callable[[], list[tuple[int, Request]]],
+    ) -> None:
+        """`fill` on one engine: `first` is the stream's next position, `upcoming` the requests of the next
+        prompts as (position, request), built only when a group's worth of rows is free."""
         capacity = int(engine.config.max_num_seqs)
         if self.seqs:
             for index, seq in list(self.seqs.values()):
@@ -305,28 +325,90 @@ class BubbleFill:
             return
         ahead = sum(s.lookahead for s in running)
         real = len(running) - ahead
-        gate = ctx.speculator
         n = free if gate is None else min(free, gate.free_rows(real, ahead + free) - ahead)
-        if n < ctx.group_size:  # at most one prefill per group: a prefill is a forward the samples wait for
+        if n < group_size:  # at most one prefill per group: a prefill is a forward the samples wait for
             return
-        if self._upcoming[0] != first:  # the next prompts' requests, built once per position of the stream
+        todo = [(i, r) for i, r in upcoming() if r.seq_id not in self.seqs]
+        for index, r in todo[:n]:
+            self.seqs[str(r.seq_id)] = (index, engine.add_request(ahead_of(r)))
+
+    def _next(self, ctx: RolloutContext, first: int) -> list[tuple[int, Request]]:
+        """The next prompts' requests, built once per position of the stream."""
+        if self._upcoming[0] != first:
             upcoming = []
             for index in range(first, first + ctx.update_batch):
                 problem = ctx.stream.problem(index)
                 upcoming += [(index, ctx.request(index, problem, k)) for k in range(ctx.group_size)]
             self._upcoming = (first, upcoming)
-        todo = [(i, r) for i, r in self._upcoming[1] if r.seq_id not in self.seqs]
-        for index, r in todo[:n]:
-            self.seqs[str(r.seq_id)] = (index, engine.add_request(ahead_of(r)))
+        return self._upcoming[1]
 
     def stop(self, ctx: RolloutContext) -> None:
         """The step is over: stop every lookahead run (its tokens become its request's draft) and record
-        them as lookahead work, never as samples."""
-        for _, seq in self.seqs.values():
-            ctx.engine.abort(seq)
+        them as lookahead work, never as samples (on W engines the controller stops every engine's)."""
+        stop_lookahead = getattr(ctx.engine, "stop_lookahead", None)
+        for seq in stop_lookahead() if stop_lookahead is not None else self.stop_engine(ctx.engine):
             if seq.response_ids:  # one that never got a slot did no work
                 ctx.record(seq, LOOKAHEAD)
+
+    def stop_engine(self, engine: Any) -> list[Sequence]:
+        """Stop every lookahead run on `engine` (finished ones stay as they are); returns them all."""
+        runs = [seq for _, seq in self.seqs.values()]
+        for seq in runs:
+            engine.abort(seq)
         self.seqs.clear()
+        return runs
+
+
+@dataclass
+class Lookahead:
+    """What the controller (rollout/multi.py) hands one of W engines with a slice: the next prompts'
+    requests that engine may run ahead, as (stream position, request), from stream position `first`, and
+    `drafts`: lookahead runs another engine made for requests now on this one."""
+
+    first: int
+    group_size: int
+    requests: list[tuple[int, Request]]
+    drafts: list[Sequence] = field(default_factory=list)
+
+
+class EngineFill:
+    """The bubble fill of one of W engines, run by its worker (workers.py) between its own engine steps:
+    `BubbleFill.fill_engine` over the requests the controller handed it, with its own Speculator's cost gate
+    and its own queue. Its runs that ended (finished, or stopped for a real request) go back to the
+    controller with the worker's next report: their tokens are drafts wherever their requests run."""
+
+    def __init__(self) -> None:
+        self.bubble = BubbleFill()
+        self.plan: Lookahead | None = None
+        self._sent: set[str] = set()  # ended runs already reported
+
+    def take(self, plan: Lookahead, speculator: Speculator | None) -> None:
+        """A slice's plan; its drafts go into this engine's drafter now, before any of its steps."""
+        for seq in plan.drafts:
+            if speculator is not None:
+                speculator.released(seq)  # a lookahead run's tokens: its request's draft (on_done)
+        self.plan = plan
+
+    def fill(self, engine: Any, speculator: Speculator | None) -> None:
+        plan = self.plan
+        if plan is not None and plan.requests:
+            waiting = sum(not s.lookahead for s in engine.waiting)  # real requests without a slot
+            requests = plan.requests
+            self.bubble.fill_engine(
+                engine, speculator, plan.first, plan.group_size, waiting, lambda: requests
+            )
+
+    def ended(self) -> list[Sequence]:
+        """The runs that ended since the last call."""
+        out = [s for _, s in self.bubble.seqs.values() if s.is_finished and s.seq_id not in self._sent]
+        self._sent.update(s.seq_id for s in out)
+        return out
+
+    def stop(self, engine: Any) -> list[Sequence]:
+        """The step's end: every run stopped; those not reported yet."""
+        runs = [s for s in self.bubble.stop_engine(engine) if s.seq_id not in self._sent]
+        self._sent, self.plan = set(), None
+        return runs
 
 
 class SynchronousRollout:

@@ -34,12 +34,14 @@ are per prompt), so a run made with W engines resumes with any W'.
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from reference_trainer.engine.config import EngineConfig, SamplingParams
 from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus
+from reference_trainer.rollout.base import Lookahead
 from reference_trainer.rollout.dispatch import DEFAULT_DISPATCH, EngineLoad, Unit, make_policy
 from reference_trainer.rollout.placement import LengthHistory
 from reference_trainer.rollout.rebalance import retire_engine, steal_plan
@@ -51,10 +53,13 @@ from reference_trainer.rollout.workers import (
     WorkerSpec,
     make_worker_pool,
 )
+from reference_trainer.speculation.lookahead import DraftKey, draft_key
 from reference_trainer.trace.schema import dispatch_event, migrate_event
 from reference_trainer.trace.writer import Trace
 
 __all__ = ["Engines", "MultiEngine", "build_side"]
+
+KEPT_DRAFTS = 4096  # lookahead drafts not yet handed to their request's engine, as a LookaheadDrafter keeps
 
 
 def _follow(proxy: Sequence, remote: Sequence) -> None:
@@ -89,6 +94,14 @@ class MultiEngine:
         self._lengths: dict[str, tuple[int, list[int]]] = {}  # this step's, by prompt: the history's records
         self._step: int | None = None
         self._names = itertools.count()  # ids for requests that come without one
+        # Lookahead (base.BubbleFill on W engines, base.EngineFill in each): (first position, group size, the
+        # next prompts' requests), the engines out of work for them, the engines that may hold runs, every
+        # run's tokens by its request (a draft for the engine it is dispatched to), the step's runs.
+        self._plan: tuple[int, int, list[tuple[int, Request]]] | None = None
+        self._dry: set[int] = set()
+        self._ahead_on: set[int] = set()
+        self._drafts: OrderedDict[DraftKey, tuple[int, Sequence]] = OrderedDict()
+        self._ahead_runs: list[Sequence] = []
 
     # ---- what the trainer sees (RolloutEngine) ------------------------------------------------------------
     @property
@@ -140,8 +153,9 @@ class MultiEngine:
                 if not self._on[w] and w not in self._busy:
                     self._steal_for(w)
         for w in range(self.pool.size):
-            if self._on[w] and w not in self._busy:
-                self.pool.advance(w, self.trace.step)
+            ahead = self._plan is not None and w not in self._dry and w not in self.lost
+            if (self._on[w] or ahead) and w not in self._busy:
+                self.pool.advance(w, self.trace.step, *self._plan_for(w))
                 self._busy.add(w)
         if not self._busy:
             return []
@@ -168,13 +182,61 @@ class MultiEngine:
         """The step's end: every slice in flight gathered and every engine's requests aborted, in one round
         trip. An aborted proxy keeps its tokens and reads RUNNING (or WAITING, if it never had a slot), as
         the strategy judges it before its own `abort`; one that finished in the gather reads FINISHED."""
-        busy = sorted(w for w in range(self.pool.size) if self._on[w] and w not in self.lost)
+        held = [w for w in range(self.pool.size) if self._on[w] or w in self._ahead_on]
+        busy = sorted(w for w in held if w not in self.lost)
         reports = self.pool.halt(busy) if busy or self._busy else []
-        self._busy = set()
+        self._busy, self._ahead_on = set(), set()
         for report in reports:
             self._absorb(report, halting=True)
         self._buffer = []
         self._share_history()
+
+    # ---- lookahead: each engine fills its own idle slots (base.EngineFill) --------------------------------
+    def look_ahead(self, first: int, group_size: int, requests: list[tuple[int, Request]]) -> None:
+        """The next prompts' requests (from stream position `first`) for the engines' bubble fill: each
+        engine's share goes with its next slice."""
+        if self._plan is None or self._plan[0] != first:
+            self._dry = set()  # other requests: an engine out of work may find some again
+        self._plan = (first, group_size, requests)
+
+    def stop_lookahead(self) -> list[Sequence]:
+        """The step's end: every engine's lookahead runs stopped (by the step's halt, or one now); the
+        step's runs, each once."""
+        if self._ahead_on or self._busy:
+            self.halt()
+        self._plan = None
+        runs, self._ahead_runs = self._ahead_runs, []
+        return runs
+
+    def _plan_for(self, w: int) -> tuple[Lookahead, ...]:
+        """What engine w's next slice takes: its share of the plan (the prompts at positions equal to its
+        place among the live engines, modulo their count: a share that stays as the stream moves, so no run
+        is made twice) and the drafts other engines made for requests now on it; () for neither."""
+        drafts = []
+        for seq_id in self._on[w]:
+            request = self._requests[seq_id]
+            made = self._drafts.pop(draft_key(request.prompt_ids, request.params.seed), None)
+            if made is not None and made[0] != w:  # its own runs' drafts are in its drafter already
+                drafts.append(made[1])
+        if self._plan is None:
+            return (Lookahead(0, 1, [], drafts),) if drafts else ()
+        first, group_size, requests = self._plan
+        live = [v for v in range(self.pool.size) if v not in self.lost]
+        share = [(i, r) for i, r in requests if live[i % len(live)] == w]
+        self._ahead_on.add(w)
+        return (Lookahead(first, group_size, share, drafts),)
+
+    def _keep_runs(self, report: WorkerReport) -> None:
+        """A report's ended lookahead runs: the step's, to record, and drafts for their requests."""
+        if report.dry:
+            self._dry.add(report.worker)
+        for seq in report.ahead:
+            seq.meta = {**seq.meta, "worker": report.worker}
+            self._ahead_runs.append(seq)
+            if seq.response_ids:
+                self._drafts[draft_key(seq.prompt_ids, seq.params.seed)] = (report.worker, seq)
+        while len(self._drafts) > KEPT_DRAFTS:
+            self._drafts.popitem(last=False)
 
     # ---- the controller's bookkeeping ---------------------------------------------------------------------
     def _on_engines(self) -> bool:
@@ -226,6 +288,7 @@ class MultiEngine:
             return []
         for event in report.events:
             self.trace.add(event)
+        self._keep_runs(report)
         waiting, finished = set(report.waiting), []
         self._waiting[report.worker] = list(report.waiting)
         for remote in report.finished:

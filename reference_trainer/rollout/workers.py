@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -25,6 +25,7 @@ from reference_trainer.engine.protocol import RequestEngine, RolloutEngine
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.engine.vllm_engine import VLLMEngine  # imports vLLM only when one is built
 from reference_trainer.model.config import ModelConfig
+from reference_trainer.rollout.base import EngineFill, Lookahead
 from reference_trainer.rollout.slots import WorkerPoolError, WorkerSlots
 from reference_trainer.speculation.drafters import SpeculationOptions, VLLMSpecOptions, attach
 from reference_trainer.trace.writer import Trace
@@ -40,6 +41,9 @@ class WorkerReport:
     waiting: list[str]  # ids of requests not yet admitted, in admission order
     running: int
     lost: bool = False  # the worker died (its actor is gone): nothing it held comes back
+    # Lookahead on W engines (base.EngineFill): runs ended since the last report; dry: it ran out of all work.
+    ahead: list[Sequence] = field(default_factory=list)
+    dry: bool = False
 
 
 class WorkerLost(WorkerPoolError):
@@ -69,9 +73,13 @@ class WorkerSpec:
 
     @property
     def drafts(self) -> bool:
-        """Whether each worker has a Speculator that takes other workers' responses as history (vLLM's
-        drafting reads only its own requests)."""
+        """Whether each worker has a Speculator (vLLM's drafting reads only its own requests)."""
         return self.speculation is not None and self.engine == "reference"
+
+    @property
+    def keeps_history(self) -> bool:
+        """Whether workers share responses as history: not for the lookahead drafter alone (as on one)."""
+        return self.drafts and getattr(self.speculation, "drafter", None) != "lookahead"
 
 
 def _build_engine(spec: WorkerSpec, state_dict: Mapping[str, torch.Tensor], trace: Trace) -> RequestEngine:
@@ -107,39 +115,49 @@ class RolloutWorker:
         # spec.drafts: a reference Engine and a SpeculationOptions (vLLM drafts inside its own engine)
         self.speculator = attach(self.engine, spec.speculation) if spec.drafts else None  # type: ignore[arg-type]
         self._queued: dict[str, Sequence] = {}
+        self.ahead = EngineFill()  # lookahead on W engines, when the controller hands it a plan
 
     def submit(self, requests: list[Request]) -> None:
         for r in requests:
             seq = self.engine.add_request(r)
             self._queued[seq.seq_id] = seq
 
-    def advance(self, step: int, budget_s: float, max_steps: int | None = None) -> WorkerReport:
-        """Engine steps until `budget_s` has passed, `max_steps` were taken, or nothing is left."""
+    def advance(
+        self, step: int, budget_s: float, max_steps: int | None = None, plan: Lookahead | None = None
+    ) -> WorkerReport:
+        """Engine steps (each after a lookahead `plan`'s fill) until `budget_s`, `max_steps` or no work."""
         self.trace.step = step
+        if plan is not None:
+            self.ahead.take(plan, self.speculator)
         deadline = time.perf_counter() + budget_s
         finished: list[Sequence] = []
-        taken = 0
-        while self.engine.has_unfinished() and time.perf_counter() < deadline:
-            if max_steps is not None and taken >= max_steps:
+        taken, dry = 0, False
+        while time.perf_counter() < deadline and (max_steps is None or taken < max_steps):
+            self.ahead.fill(self.engine, self.speculator)
+            if dry := not self.engine.has_unfinished():
                 break
-            finished.extend(self.engine.step())
+            finished.extend(s for s in self.engine.step() if not s.lookahead)  # runs ahead: `ended`
             taken += 1
         for seq in finished:
             self._queued.pop(seq.seq_id, None)
         events, self.trace.events = self.trace.events, []
-        waiting = [s.seq_id for s in self.engine.waiting]
-        return WorkerReport(self.worker, finished, events, waiting, len(self.engine.running))
+        # Real requests only: a lookahead run gives its slot up to any of them.
+        waiting = [s.seq_id for s in self.engine.waiting if not s.lookahead]
+        running = sum(not s.lookahead for s in self.engine.running)
+        ahead = self.ahead.ended()
+        return WorkerReport(self.worker, finished, events, waiting, running, ahead=ahead, dry=dry)
 
     def abort_all(self) -> WorkerReport:
         """Stop every request this worker holds: a report whose `finished` lists them aborted, with their
-        tokens, log-probs and policy versions so far, and whose `waiting` names those that had no slot."""
-        waiting = [s.seq_id for s in self.engine.waiting]
-        held = list(self._queued.values())
+        tokens, log-probs and policy versions so far, and whose `waiting` names those that had no slot;
+        its lookahead runs are stopped too (`ahead`)."""
+        waiting = [s.seq_id for s in self.engine.waiting if not s.lookahead]
+        held, self._queued = list(self._queued.values()), {}
         for seq in held:
             self.engine.abort(seq)
-        self._queued = {}
+        ahead = self.ahead.ended() + self.ahead.stop(self.engine)
         events, self.trace.events = self.trace.events, []
-        return WorkerReport(self.worker, held, events, waiting, 0)
+        return WorkerReport(self.worker, held, events, waiting, 0, ahead=ahead)
 
     def take_unstarted(self, seq_ids: list[str]) -> list[Request]:
         """Withdraw requests that have not been admitted yet (the rest are left alone)."""
@@ -184,7 +202,8 @@ class WorkerPool(RolloutEngine, Protocol):
 
     def submit(self, worker: int, requests: list[Request]) -> None: ...
 
-    def advance(self, worker: int, step: int) -> None: ...  # start a slice; its report comes from next_report
+    # Start a slice (with a lookahead plan: base.EngineFill); its report comes from next_report.
+    def advance(self, worker: int, step: int, plan: Lookahead | None = None) -> None: ...
 
     def next_report(self) -> WorkerReport: ...
 
@@ -217,24 +236,23 @@ class LocalWorkerPool:
         slice_steps: int = 4,
     ) -> None:
         self.size, self.capacity, self.trace = workers, spec.engine_config.max_num_seqs, trace
-        self.drafts = spec.drafts
-        self.slice_steps = slice_steps
+        self.drafts, self.slice_steps = spec.keeps_history, slice_steps
         self.policy_version = 0
         self.workers = [RolloutWorker(spec, state_dict, w, trace.t0, 0) for w in range(workers)]
         self.retired: set[int] = set()
         self.dead: list[int] = []  # (Ray's: workers found dead outside a slice; in-process ones never are)
-        self._pending: list[tuple[int, int]] = []
+        self._pending: list[tuple[int, int, Lookahead | None]] = []
 
     def submit(self, worker: int, requests: list[Request]) -> None:
         self.workers[worker].submit(requests)
 
-    def advance(self, worker: int, step: int) -> None:
-        self._pending.append((worker, step))
+    def advance(self, worker: int, step: int, plan: Lookahead | None = None) -> None:
+        self._pending.append((worker, step, plan))
 
     def next_report(self) -> WorkerReport:
-        worker, step = self._pending.pop(0)
+        worker, step, plan = self._pending.pop(0)
         try:
-            return self.workers[worker].advance(step, float("inf"), self.slice_steps)
+            return self.workers[worker].advance(step, float("inf"), self.slice_steps, plan)
         except WorkerLost:  # a test's injected failure: what a dead Ray actor reports
             return WorkerReport(worker, [], [], [], 0, lost=True)
 
@@ -295,14 +313,10 @@ class RayWorkerPool:
             raise ValueError(f"{workers} {'GPU' if gpu else 'CPU'} workers do not fit slots of "
                              f"{self.slots.workers} {self.slots.unit}s")  # fmt: skip
         self._ray, self.deadlines = ray, self.slots.deadlines
-        self.size, self.capacity, self.trace, self.budget_s = (
-            workers,
-            spec.engine_config.max_num_seqs,
-            trace,
-            budget_s,
-        )
+        self.size, self.trace, self.budget_s = workers, trace, budget_s
+        self.capacity = spec.engine_config.max_num_seqs
         self.policy_version = 0
-        self.drafts = spec.drafts
+        self.drafts = spec.keeps_history
         actor = ray.remote(RolloutWorker)
         weights = ray.put(_inference_state(state_dict, spec.engine_config.device))
         # Actors are on the same clock as the driver (perf_counter is system-wide on Linux): traces align.
@@ -367,8 +381,8 @@ class RayWorkerPool:
     def submit(self, worker: int, requests: list[Request]) -> None:
         self._one(worker, self.actors[worker].submit.remote(requests), "take requests")
 
-    def advance(self, worker: int, step: int) -> None:
-        self._inflight[self.actors[worker].advance.remote(step, self.budget_s)] = worker
+    def advance(self, worker: int, step: int, plan: Lookahead | None = None) -> None:
+        self._inflight[self.actors[worker].advance.remote(step, self.budget_s, None, plan)] = worker
 
     def next_report(self) -> WorkerReport:
         timeout = self.deadlines.call_s
