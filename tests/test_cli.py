@@ -155,10 +155,6 @@ def test_train_without_a_terminal_says_each_step_and_each_evaluation(tiny_model_
         ),
         (("train", "--task-option", "max_ops"), "--task-option needs KEY=VALUE"),
         (("train", "--resume", "nowhere"), "holds no training run"),
-        (
-            ("train", "--mode", "sorted+lookahead", "--workers", "2"),
-            "mode 'sorted+lookahead' runs on one engine; --workers > 1",
-        ),
         (("train", "--workers", "0"), "Invalid value for '--workers': Input should be greater than or equal"),
         (
             ("profile", "--mode", "histopipe", "--workers", "2", "--mode-option", "dispatch=fifo"),

@@ -120,11 +120,17 @@ def test_resume_with_workers_matches_an_uninterrupted_run(tiny_model_dir, toy_ta
     assert last["response_len_mean"] == rows[-1]["response_len_mean"]
 
 
-def test_one_engine_modes_refuse_several_workers(tiny_model_dir, toy_task, tmp_path):
-    with pytest.raises(
-        UserError, match="mode 'sorted[+]lookahead' runs on one engine; --workers > 1 supports"
-    ):
-        Trainer(config(tiny_model_dir, toy_task, "sorted+lookahead"), tmp_path / "run")
+def test_lookahead_modes_take_several_workers_under_the_controller(tiny_model_dir, toy_task, tmp_path):
+    """Each engine fills its own bubble (rollout/base.py EngineFill): each worker has its own lookahead
+    drafter and cost gate (tests/test_lookahead.py runs them)."""
+    from reference_trainer.rollout.multi import MultiEngine
+    from reference_trainer.speculation.lookahead import LookaheadDrafter
+
+    options = {"spec": {"cost_model": [[1, 1, 1.0], [64, 16, 1.0]]}}
+    trainer = Trainer(config(tiny_model_dir, toy_task, "lookahead", mode_options=options), tmp_path / "run")
+    assert isinstance(trainer.engine, MultiEngine) and len(trainer.engine.pool.workers) == 2
+    assert trainer.engine.dispatch == "round-robin"  # the controller's default policy, as the baseline's
+    assert all(isinstance(w.speculator.drafter, LookaheadDrafter) for w in trainer.engine.pool.workers)
 
 
 def test_missing_ray_is_a_clear_error(tiny_model_dir, toy_task, tmp_path, monkeypatch):
