@@ -26,9 +26,13 @@ W engines and stays the one SortedRL there is.
   outlives a step: the trainer checkpoints them beside the strategy's state (`dispatch_state`), so a resumed
   run dispatches as the uninterrupted one. A policy's memory of groups (group-sticky) forgets a group at the
   first dispatch of a step that no longer holds it (trained or dropped).
+- lookahead (the strategy's base.BubbleFill): each engine fills its own idle slots between its own steps
+  (base.EngineFill, in its worker) from its share of the next prompts' requests (`look_ahead`); the runs'
+  tokens come back with the reports and go, as drafts, to the engine each request is dispatched to.
 
 Nothing here is per-engine state that outlives a step (the engines are empty between steps, and the lengths
-are per prompt), so a run made with W engines resumes with any W'.
+are per prompt), so a run made with W engines resumes with any W'. The lookahead drafts held between steps
+are not checkpointed: a resumed run loses one step's drafts, never a sample, as on one engine.
 """
 
 from __future__ import annotations
