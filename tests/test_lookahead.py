@@ -375,6 +375,9 @@ def test_on_two_engines_lookahead_fills_each_engine_and_trains_the_samples_of_th
     )
     assert rows[0]["lookahead_tokens"] > 0 and rows[1]["accepted_tokens"] > 0
     assert {e["worker"] for e in events if e["kind"] == "decode" and e.get("lookahead_slots")} == {0, 1}
+    if plain != "sorted":  # every real token is trained: none of a run's (one may end in any forward) counts
+        forwards = [e for e in events if e["kind"] in ("prefill", "decode", "verify")]
+        assert sum(e["tokens"] for e in forwards) == sum(len(r) for step in samples for _, r in step)
     if mode == "lookahead":  # a group spread over both engines: some drafts went to the other engine
         ran_on = {e["id"]: e["worker"] for e in runs if e["step"] == 0}
         done = [e for e in events if e["kind"] == "sequence" and e["step"] == 1 and e["status"] == "finished"]

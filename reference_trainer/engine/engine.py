@@ -407,8 +407,10 @@ class Engine(RequestBook):
         `tokens`, so the step's samples' throughput is not inflated by tokens no update trains on.
         `lookahead_tokens` None: one per lookahead request in `seqs` (a prefill or decode step emits one
         token per sequence)."""
+        # Counted over `seqs`, not only while `slots` (after this forward's releases) holds any: a run that
+        # ended in this forward is no slot now, and its last token is lookahead work all the same.
         slots = self.scheduler.lookahead_running
-        if slots and lookahead_tokens is None:
+        if lookahead_tokens is None:
             lookahead_tokens = sum(s.lookahead for s in seqs)
         lookahead_tokens = lookahead_tokens or 0
         if slots or lookahead_tokens:
