@@ -1,0 +1,319 @@
+"""A SortedRL run on W engines replayed under the trainer's own controller: the mode's strategy
+(rollout/sorted.py) drives `MultiEngine` (rollout/multi.py), which dispatches each admission through the
+run's dispatch policy object with the load outstanding at that moment, over simulated engines.
+
+Nothing of the strategy, the controller or the engine's scheduler is copied: the engines here are the
+reference engine's `Scheduler` (admission order, priorities, the prefill limit) over plain slots, with a
+forward's time from the run's fitted cost model and each request's length from the run's trace (its
+sequence events: a finished request's length; one cut at the quota, whose length nobody saw, runs to
+max_tokens, which it never reaches if the replay cuts it where the run did). The pool mirrors the run's:
+`ray` engines run concurrently, a slice being forwards until 0.05 s of simulated time has passed (the Ray
+pool's budget) and reports reaching the controller in the order the slices end; `local` engines run
+4-forward slices one after another, as LocalWorkerPool does.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from reference_trainer.engine.config import EngineConfig, SamplingParams
+from reference_trainer.engine.scheduler import Scheduler
+from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus
+from reference_trainer.modes import get_mode, make_mode_strategy
+from reference_trainer.rollout.base import PromptStream, RolloutContext
+from reference_trainer.rollout.multi import MultiEngine
+from reference_trainer.rollout.workers import WorkerReport
+from reference_trainer.tasks.base import Problem
+from reference_trainer.trace.schema import DECODE, DISPATCH, FORWARD_KINDS, PREFILL, forward_event
+from reference_trainer.trace.writer import Trace
+from rlbench.simulate.cost import CostModel
+
+RAY_BUDGET_S = 0.05  # RayWorkerPool's slice budget
+LOCAL_SLICE = 4  # LocalWorkerPool's slice: engine steps
+
+
+def drives(mode: str, options: Mapping[str, Any], workers: int) -> bool:
+    """Whether the trainer runs `mode` on `workers` engines under the controller (a SortedRL mode inline,
+    with no speculation or lookahead, whose strategy this replay can drive)."""
+    spec = get_mode(mode)
+    resolved = spec.resolve(options, workers)
+    plain = not (spec.speculative or spec.lookahead) and resolved.ahead is None
+    return workers > 1 and resolved.dispatch is not None and plain
+
+
+class _Slots:
+    """The scheduler's view of an engine's slots (no KV cache behind them)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.free = list(range(capacity - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def allocate(self) -> int:
+        return self.free.pop()
+
+    def release(self, slot: int) -> None:
+        self.free.append(slot)
+
+
+@dataclass
+class _Run:
+    """What every simulated engine shares: the cost model, the lengths, the limits, the clock."""
+
+    cost: CostModel
+    lengths: dict[tuple[int, str], int]  # (prompt index, request id) -> its response length
+    capacity: int
+    max_prefill_tokens: int
+    max_model_len: int
+    now: float = 0.0
+    version: int = 0
+
+    def target(self, seq: Sequence) -> int:
+        cut = min(seq.params.max_tokens, self.max_model_len - len(seq.prompt_ids))
+        return min(self.lengths.get((int(seq.meta.get("index", -1)), seq.seq_id), cut), cut)
+
+
+class SimEngine:
+    """One engine: the reference scheduler's admissions, one token per running sequence per forward."""
+
+    def __init__(self, worker: int, run: _Run) -> None:
+        self.worker, self.run, self.t = worker, run, 0.0
+        self.scheduler = Scheduler(_Slots(run.capacity), run.max_prefill_tokens)  # type: ignore[arg-type]
+        self.queued: dict[str, Sequence] = {}
+        self.events: list[dict[str, Any]] = []
+
+    def submit(self, requests: list[Request]) -> None:
+        for r in requests:
+            seq = Sequence.for_request(r, str(r.seq_id), max_model_len=self.run.max_model_len,
+                                       policy_version=self.run.version)  # fmt: skip
+            self.scheduler.add(seq)
+            self.queued[seq.seq_id] = seq
+
+    def forward(self, step: int) -> list[Sequence]:
+        kind, running, admitted = self.scheduler.schedule()
+        if not running and not admitted:
+            return []
+        cost, one = self.run.cost, np.ones(1)
+        tok = np.array([float(s.length) for s in admitted])
+        n, sq = one * len(admitted), one * float((tok * tok).sum())
+        if kind == PREFILL:
+            busy = cost.prefill(n, one * tok.sum(), sq)[0]
+        else:
+            ctx = one * float(sum(s.length for s in running))
+            busy = cost.decode(one * (len(running) + len(admitted)), ctx)[0]
+            busy += cost.riding(n, one * tok.sum(), sq)[0] if admitted else 0.0
+        t0, seqs = self.t, [*running, *admitted]
+        for s in admitted:
+            s.t_admit = t0
+        self.t = t0 + float(busy) + cost.gap
+        self.events.append(forward_event(kind, t0, t0 + float(busy), len(seqs), self.run.capacity,
+                                         len(seqs), worker=self.worker, step=step))  # fmt: skip
+        finished = []
+        for s in seqs:
+            s.response_ids.append(0)
+            s.logprobs.append(0.0)
+            s.policy_versions.append(self.run.version)
+            if len(s.response_ids) >= self.run.target(s):
+                self._end(s, SequenceStatus.FINISHED, "eos", t0 + float(busy))
+                finished.append(s)
+        return finished
+
+    def _end(self, seq: Sequence, status: SequenceStatus, reason: str, t: float) -> None:
+        seq.status, seq.finish_reason, seq.t_finish = status, reason, t
+        self.scheduler.release(seq)
+        self.queued.pop(seq.seq_id, None)
+
+    def slice(self, step: int, budget_s: float, max_steps: int | None) -> WorkerReport:
+        """Forwards until `budget_s` of its time has passed, `max_steps` were taken, or nothing is left
+        (RolloutWorker.advance)."""
+        self.t = max(self.t, self.run.now)
+        start, finished, taken = self.t, [], 0
+        while self.scheduler.has_work() and self.t - start < budget_s:
+            if max_steps is not None and taken >= max_steps:
+                break
+            finished.extend(self.forward(step))
+            taken += 1
+        return self._report(finished, len(self.scheduler.running))
+
+    def abort_all(self) -> WorkerReport:
+        waiting = [s.seq_id for s in self.scheduler.waiting]
+        held = list(self.queued.values())
+        for seq in held:
+            if not seq.is_finished:
+                self._end(seq, SequenceStatus.ABORTED, "abort", self.run.now)
+        self.queued = {}
+        return WorkerReport(self.worker, held, self._take_events(), waiting, 0)
+
+    def _report(self, finished: list[Sequence], running: int) -> WorkerReport:
+        waiting = [s.seq_id for s in self.scheduler.waiting]
+        return WorkerReport(self.worker, finished, self._take_events(), waiting, running)
+
+    def _take_events(self) -> list[dict[str, Any]]:
+        events, self.events = self.events, []
+        return events
+
+    def take_unstarted(self, seq_ids: list[str]) -> list[Request]:
+        waiting = {s.seq_id for s in self.scheduler.waiting}
+        taken = []
+        for seq_id in seq_ids:
+            seq = self.queued.get(seq_id)
+            if seq is not None and seq_id in waiting:
+                self._end(seq, SequenceStatus.ABORTED, "abort", self.run.now)
+                taken.append(seq.request())
+        return taken
+
+
+class SimClock(Trace):
+    """The controller's trace, on the simulated clock."""
+
+    def __init__(self, run: _Run) -> None:
+        super().__init__(t0=0.0)
+        self.run = run
+
+    def now(self) -> float:
+        return self.run.now
+
+
+@dataclass
+class SimPool:
+    """The WorkerPool surface the controller drives (workers.py), over simulated engines."""
+
+    run: _Run
+    size: int
+    backend: str
+    trace: SimClock = field(init=False)
+    drafts: bool = False
+    dead: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.trace, self.capacity = SimClock(self.run), self.run.capacity
+        self.engines = [SimEngine(w, self.run) for w in range(self.size)]
+        self._flight: list[tuple[float, int, int, WorkerReport | int]] = []  # (end, order, worker, report)
+        self._order = 0
+
+    @property
+    def policy_version(self) -> int:
+        return self.run.version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        self.run.version = version
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
+        self.run.version = self.run.version + 1 if version is None else version
+
+    def submit(self, worker: int, requests: list[Request]) -> None:
+        self.engines[worker].submit(requests)
+
+    def advance(self, worker: int, step: int) -> None:
+        """A Ray slice runs now, concurrently with the others (what is submitted to it later waits for
+        its end); a local one runs when the controller asks for its report, seeing what came before."""
+        self._order += 1
+        if self.backend == "local":
+            self._flight.append((float(self._order), self._order, worker, step))
+            return
+        report = self.engines[worker].slice(step, RAY_BUDGET_S, None)
+        heapq.heappush(self._flight, (self.engines[worker].t, self._order, worker, report))
+
+    def next_report(self) -> WorkerReport:
+        _, _, worker, report = heapq.heappop(self._flight)
+        if isinstance(report, int):  # a local slice: run it now
+            report = self.engines[worker].slice(report, float("inf"), LOCAL_SLICE)
+        self.run.now = max(self.run.now, self.engines[worker].t)
+        return report
+
+    def halt(self, workers: list[int]) -> list[WorkerReport]:
+        reports = [self.next_report() for _ in range(len(self._flight))]
+        return reports + [self.engines[w].abort_all() for w in workers]
+
+    def take_unstarted(self, worker: int, seq_ids: list[str]) -> list[Request]:
+        return self.engines[worker].take_unstarted(seq_ids)
+
+    def prepare(self, params: SamplingParams) -> None:
+        pass
+
+    def add_history(self, worker: int, responses: list[tuple[list[int], list[int]]]) -> None:
+        pass
+
+    def retire(self, worker: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class _Prompts:
+    """The run's prompts as a task: each recorded prompt index's id (the rest are named by their index;
+    a prompt the run never recorded never ran, if the replay holds)."""
+
+    ids: dict[int, str]
+    name: str = "recorded"
+    max_response_tokens: int = 0
+
+    def problems(self, n: int, seed: int, start: int = 0) -> list[Problem]:
+        return [Problem(self.ids.get(i, f"unrecorded-{i}"), "", "") for i in range(start, start + n)]
+
+
+def recorded(events: list[dict[str, Any]]) -> tuple[dict[tuple[int, str], int], dict[int, tuple[str, int]]]:
+    """From the run's sequence events: each request's response length, by (prompt index, request id),
+    where the run saw it end (finished, or finished and then dropped with its group); and each prompt
+    index's id and prompt tokens."""
+    lengths, prompts = {}, {}
+    for e in events:
+        if e.get("kind") != "sequence" or "prompt_index" not in e:
+            continue
+        index = int(e["prompt_index"])
+        prompts[index] = (str(e["prompt_id"]), int(e["prompt_tokens"]))
+        if e.get("finish_reason") not in (None, "abort"):
+            lengths[index, str(e["id"])] = int(e["response_tokens"])
+    return lengths, prompts
+
+
+def simulate_controller(events: list[dict[str, Any]], config: Mapping[str, Any], options: Mapping[str, Any],
+                        workers: int, capacity: int, cost: CostModel, steps: int) -> list[dict[str, Any]]:  # fmt: skip
+    """Each step of the run replayed under the controller: its forwards (trace events) and dispatch events,
+    and its rollout window on the simulated clock."""
+    lengths, prompts = recorded(events)
+    mode = get_mode(str(config.get("mode", "baseline")))
+    resolved = mode.resolve(dict(options), workers)
+    run = _Run(cost, lengths, capacity, int(config.get("max_prefill_tokens") or 8192),
+               int(config.get("max_model_len") or 1024))  # fmt: skip
+    pool = SimPool(run, workers, str(config.get("worker_backend", "ray")))
+    d = resolved.dispatch
+    assert d is not None  # drives() said so
+    engine_config = EngineConfig(max_num_seqs=capacity, max_model_len=run.max_model_len,
+                                 max_prefill_tokens=run.max_prefill_tokens)  # fmt: skip
+    multi = MultiEngine(pool, engine_config, d.dispatch, d.migrates)  # type: ignore[arg-type]
+    task = _Prompts({i: p for i, (p, _) in prompts.items()})
+    mean_prompt = round(float(np.mean([n for _, n in prompts.values()]))) if prompts else 1
+    params = SamplingParams(temperature=float(config.get("temperature", 1.0)),
+                            max_tokens=int(config.get("max_tokens") or 256))  # fmt: skip
+    ctx = RolloutContext(engine=multi, tokenizer=None, stream=PromptStream(task, 0, config.get("prompt_pool")),  # type: ignore[arg-type]
+                         group_size=int(config["group_size"]), update_batch=int(config["prompts_per_step"]),
+                         params=params, seed=int(config.get("seed", 0)))  # fmt: skip
+    # the prompts' tokens, by index (the stream's pool cycles them): the ones the replay may admit
+    pool_size = config.get("prompt_pool")
+    for i in range(max(prompts, default=0) + 1 + 4 * ctx.update_batch * (steps + 1)):
+        known = prompts.get(i % pool_size if pool_size else i) or prompts.get(i)
+        ctx._prompt_ids[i] = [1] * (known[1] if known else mean_prompt)
+    strategy = make_mode_strategy(mode, workers, resolved)
+    out = []
+    for step in range(steps):
+        pool.trace.step = step
+        if step:
+            multi.update_weights({}, step)
+        start = run.now
+        strategy.collect(ctx)
+        taken, pool.trace.events = pool.trace.events, []
+        out.append({"step": step, "t_start": start, "t_end": run.now,
+                    "forwards": [e for e in taken if e.get("kind") in FORWARD_KINDS],
+                    "dispatch": [e["engines"] for e in taken if e.get("kind") == DISPATCH]})  # fmt: skip
+    return out
