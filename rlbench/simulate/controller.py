@@ -15,6 +15,7 @@ pool's budget) and reports reaching the controller in the order the slices end; 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from reference_trainer.rollout.base import PromptStream, RolloutContext
 from reference_trainer.rollout.multi import MultiEngine
 from reference_trainer.rollout.workers import WorkerReport
 from reference_trainer.tasks.base import Problem
-from reference_trainer.trace.schema import DECODE, DISPATCH, FORWARD_KINDS, PREFILL, forward_event
+from reference_trainer.trace.schema import DISPATCH, FORWARD_KINDS, PREFILL, SEQUENCE, forward_event
 from reference_trainer.trace.writer import Trace
 from rlbench.simulate.cost import CostModel
 
@@ -91,8 +92,9 @@ class SimEngine:
 
     def submit(self, requests: list[Request]) -> None:
         for r in requests:
-            seq = Sequence.for_request(r, str(r.seq_id), max_model_len=self.run.max_model_len,
-                                       policy_version=self.run.version)  # fmt: skip
+            seq = Sequence.for_request(
+                r, str(r.seq_id), max_model_len=self.run.max_model_len, policy_version=self.run.version
+            )
             self.scheduler.add(seq)
             self.queued[seq.seq_id] = seq
 
@@ -113,8 +115,9 @@ class SimEngine:
         for s in admitted:
             s.t_admit = t0
         self.t = t0 + float(busy) + cost.gap
-        self.events.append(forward_event(kind, t0, t0 + float(busy), len(seqs), self.run.capacity,
-                                         len(seqs), worker=self.worker, step=step))  # fmt: skip
+        n_seqs = len(seqs)
+        event = forward_event(kind, t0, t0 + float(busy), n_seqs, self.run.capacity, n_seqs, step=step)
+        self.events.append({**event, "worker": self.worker})
         finished = []
         for s in seqs:
             s.response_ids.append(0)
@@ -263,57 +266,137 @@ class _Prompts:
 
 
 def recorded(events: list[dict[str, Any]]) -> tuple[dict[tuple[int, str], int], dict[int, tuple[str, int]]]:
-    """From the run's sequence events: each request's response length, by (prompt index, request id),
-    where the run saw it end (finished, or finished and then dropped with its group); and each prompt
-    index's id and prompt tokens."""
-    lengths, prompts = {}, {}
-    for e in events:
-        if e.get("kind") != "sequence" or "prompt_index" not in e:
+    """From the run's trace: each request's response length, by (prompt index, request id), where the run
+    saw it end; and each prompt index's id and prompt tokens. A sequence event gives the length of a request
+    that finished (or finished and was then dropped with its group). A kept partial that finished in the
+    run's last step waits for its group with no event of its own: its forwards (each names the requests in
+    its slots, and gives each one token) that come after its last event count its length."""
+    lengths, prompts, last = {}, {}, {}
+    tokens: Counter[str] = Counter()
+    for i, e in enumerate(events):
+        if e.get("kind") in FORWARD_KINDS:
+            for seq_id in (e.get("slots") or {}).values():
+                tokens[seq_id] += 1
+                last.setdefault(seq_id, [None, None])[1] = i
+        if e.get("kind") != SEQUENCE or "prompt_index" not in e:
             continue
         index = int(e["prompt_index"])
         prompts[index] = (str(e["prompt_id"]), int(e["prompt_tokens"]))
+        last.setdefault(str(e["id"]), [None, None])[0] = i
         if e.get("finish_reason") not in (None, "abort"):
             lengths[index, str(e["id"])] = int(e["response_tokens"])
+    index_of = {prompt_id: i for i, (prompt_id, _) in prompts.items()}
+    for seq_id, (event, forward) in last.items():
+        index = index_of.get(seq_id.rsplit("/", 1)[0])
+        if index is not None and forward is not None and (event is None or forward > event):
+            lengths.setdefault((index, seq_id), tokens[seq_id])
     return lengths, prompts
 
 
-def simulate_controller(events: list[dict[str, Any]], config: Mapping[str, Any], options: Mapping[str, Any],
-                        workers: int, capacity: int, cost: CostModel, steps: int) -> list[dict[str, Any]]:  # fmt: skip
-    """Each step of the run replayed under the controller: its forwards (trace events) and dispatch events,
-    and its rollout window on the simulated clock."""
-    lengths, prompts = recorded(events)
-    mode = get_mode(str(config.get("mode", "baseline")))
-    resolved = mode.resolve(dict(options), workers)
-    run = _Run(cost, lengths, capacity, int(config.get("max_prefill_tokens") or 8192),
-               int(config.get("max_model_len") or 1024))  # fmt: skip
-    pool = SimPool(run, workers, str(config.get("worker_backend", "ray")))
-    d = resolved.dispatch
-    assert d is not None  # drives() said so
-    engine_config = EngineConfig(max_num_seqs=capacity, max_model_len=run.max_model_len,
-                                 max_prefill_tokens=run.max_prefill_tokens)  # fmt: skip
-    multi = MultiEngine(pool, engine_config, d.dispatch, d.migrates)  # type: ignore[arg-type]
-    task = _Prompts({i: p for i, (p, _) in prompts.items()})
-    mean_prompt = round(float(np.mean([n for _, n in prompts.values()]))) if prompts else 1
-    params = SamplingParams(temperature=float(config.get("temperature", 1.0)),
-                            max_tokens=int(config.get("max_tokens") or 256))  # fmt: skip
-    ctx = RolloutContext(engine=multi, tokenizer=None, stream=PromptStream(task, 0, config.get("prompt_pool")),  # type: ignore[arg-type]
-                         group_size=int(config["group_size"]), update_batch=int(config["prompts_per_step"]),
-                         params=params, seed=int(config.get("seed", 0)))  # fmt: skip
-    # the prompts' tokens, by index (the stream's pool cycles them): the ones the replay may admit
-    pool_size = config.get("prompt_pool")
-    for i in range(max(prompts, default=0) + 1 + 4 * ctx.update_batch * (steps + 1)):
-        known = prompts.get(i % pool_size if pool_size else i) or prompts.get(i)
-        ctx._prompt_ids[i] = [1] * (known[1] if known else mean_prompt)
-    strategy = make_mode_strategy(mode, workers, resolved)
-    out = []
-    for step in range(steps):
-        pool.trace.step = step
+@dataclass(frozen=True)
+class Shape:
+    """What the validation read of the run: its mode options, engines, slots per engine, fitted cost model
+    and step count."""
+
+    options: Mapping[str, Any]
+    workers: int
+    capacity: int
+    cost: CostModel
+    steps: int
+
+
+@dataclass
+class _Replay:
+    """A run's controller over simulated engines: the strategy, the controller, the context it runs in."""
+
+    run: _Run
+    pool: SimPool
+    multi: MultiEngine
+    ctx: RolloutContext
+    strategy: Any
+
+    @classmethod
+    def build(cls, events: list[dict[str, Any]], config: Mapping[str, Any], shape: Shape) -> _Replay:
+        lengths, prompts = recorded(events)
+        mode = get_mode(str(config.get("mode", "baseline")))
+        workers, capacity = shape.workers, shape.capacity
+        resolved = mode.resolve(dict(shape.options), workers)
+        prefill, model_len = (
+            int(config.get("max_prefill_tokens") or 8192),
+            int(config.get("max_model_len") or 1024),
+        )
+        run = _Run(shape.cost, lengths, capacity, prefill, model_len)
+        pool = SimPool(run, workers, str(config.get("worker_backend", "ray")))
+        d = resolved.dispatch
+        assert d is not None  # drives() said so
+        engine_config = EngineConfig(
+            max_num_seqs=capacity, max_model_len=model_len, max_prefill_tokens=prefill
+        )
+        multi = MultiEngine(pool, engine_config, d.dispatch, d.migrates)  # type: ignore[arg-type]
+        pool_size = config.get("prompt_pool")
+        stream = PromptStream(_Prompts({i: p for i, (p, _) in prompts.items()}), 0, pool_size)
+        params = SamplingParams(
+            temperature=float(config.get("temperature", 1.0)), max_tokens=int(config.get("max_tokens") or 256)
+        )
+        ctx = RolloutContext(
+            engine=multi,  # type: ignore[arg-type]
+            tokenizer=None,
+            stream=stream,
+            group_size=int(config["group_size"]),
+            update_batch=int(config["prompts_per_step"]),
+            params=params,
+            seed=int(config.get("seed", 0)),
+        )
+        # the prompts' tokens by index (the stream's pool cycles them), for every index the replay may admit
+        mean = round(float(np.mean([n for _, n in prompts.values()]))) if prompts else 1
+        for i in range(max(prompts, default=0) + 1 + 4 * ctx.update_batch * (shape.steps + 1)):
+            known = prompts.get(i % pool_size if pool_size else i) or prompts.get(i)
+            ctx._prompt_ids[i] = [1] * (known[1] if known else mean)
+        return cls(run, pool, multi, ctx, make_mode_strategy(mode, workers, resolved))
+
+    def step(self, step: int) -> dict[str, Any]:
+        """One RL step: the update's weights (version `step`), then the strategy's collect."""
+        self.pool.trace.step = step
         if step:
-            multi.update_weights({}, step)
-        start = run.now
-        strategy.collect(ctx)
-        taken, pool.trace.events = pool.trace.events, []
-        out.append({"step": step, "t_start": start, "t_end": run.now,
-                    "forwards": [e for e in taken if e.get("kind") in FORWARD_KINDS],
-                    "dispatch": [e["engines"] for e in taken if e.get("kind") == DISPATCH]})  # fmt: skip
-    return out
+            self.multi.update_weights({}, step)
+        start = self.run.now
+        self.strategy.collect(self.ctx)
+        taken, self.pool.trace.events = self.pool.trace.events, []
+        return {
+            "step": step,
+            "t_start": start,
+            "t_end": self.run.now,
+            "forwards": [e for e in taken if e.get("kind") in FORWARD_KINDS],
+            "dispatch": [e["engines"] for e in taken if e.get("kind") == DISPATCH],
+        }
+
+
+def replay(events: list[dict[str, Any]], config: Mapping[str, Any], shape: Shape) -> dict[str, Any]:
+    """Each step of the run replayed under the controller, as the rows and totals the validation reads of
+    `simulate_mode`'s (the bubble as scheduler._account defines it), with each step's dispatch decisions."""
+    rows, sim = [], _Replay.build(events, config, shape)
+    cost, workers, capacity = shape.cost, shape.workers, shape.capacity
+    for s in (sim.step(step) for step in range(shape.steps)):
+        fw = s["forwards"]
+        wall = s["t_end"] - s["t_start"] + cost.rollout_fixed
+        slot_time = sum((e["t_end"] - e["t_start"]) * e["active_slots"] for e in fw)
+        cap = float(capacity * workers * wall)
+        rows.append(
+            {
+                "rollout_s": wall,
+                "slot_time": slot_time,
+                "slot_capacity": cap,
+                "bubble_ratio": 1.0 - slot_time / cap if cap > 0 else None,
+                "forwards": len(fw),
+                "worker_forwards": [sum(e["worker"] == w for e in fw) for w in range(workers)],
+                "slot_steps": sum(e["active_slots"] for e in fw),
+                "forward_events": [{k: e[k] for k in ("worker", "t_start", "t_end")} for e in fw],
+                "dispatch": s["dispatch"],
+            }
+        )
+    capacity_sum = sum(r["slot_capacity"] for r in rows)
+    return {
+        "steps": rows,
+        "bubble_ratio": 1.0 - sum(r["slot_time"] for r in rows) / capacity_sum if capacity_sum else None,
+        "rollout_s": sum(r["rollout_s"] for r in rows) / len(rows) if rows else 0.0,
+    }
