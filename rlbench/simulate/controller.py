@@ -34,6 +34,9 @@ from reference_trainer.trace.schema import DISPATCH, FORWARD_KINDS, PREFILL, SEQ
 from reference_trainer.trace.writer import Trace
 from rlbench.simulate.cost import CostModel
 
+# keys of `recorded`'s lengths: (index, id + CUT) what the run saw of a request it cut, (-1 - step, MEAN) the
+# step's mean finished length
+CUT, MEAN = "#cut", "#mean"
 RAY_BUDGET_S = 0.05  # RayWorkerPool's slice budget
 LOCAL_SLICE = 4  # LocalWorkerPool's slice: engine steps
 
@@ -69,16 +72,27 @@ class _Run:
     """What every simulated engine shares: the cost model, the lengths, the limits, the clock."""
 
     cost: CostModel
-    lengths: dict[tuple[int, str], int]  # (prompt index, request id) -> its response length
+    lengths: dict[tuple[int, str], int]  # (prompt index, request id) -> its response length (`recorded`)
     capacity: int
     max_prefill_tokens: int
     max_model_len: int
     now: float = 0.0
     version: int = 0
+    step: int = 0
 
     def target(self, seq: Sequence) -> int:
+        """Its length where the run saw it end; else (cut at the quota, or never run) the mean length of the
+        step's finished requests (the policy's lengths move from step to step), or the step before's, and
+        more than the run saw of it: if the replay keeps to the run's
+        schedule it is cut where the run cut it, and only a replay that left it does this length matter."""
         cut = min(seq.params.max_tokens, self.max_model_len - len(seq.prompt_ids))
-        return min(self.lengths.get((int(seq.meta.get("index", -1)), seq.seq_id), cut), cut)
+        index = int(seq.meta.get("index", -1))
+        known = self.lengths.get((index, seq.seq_id))
+        if known is None:
+            seen = self.lengths.get((index, seq.seq_id + CUT), -1) + 1
+            mean = self.lengths.get((-1 - self.step, MEAN), self.lengths.get((-self.step, MEAN), 1))
+            known = max(seen, seq.resumed_tokens + 1, mean)
+        return min(known, cut)
 
 
 class SimEngine:
@@ -271,7 +285,7 @@ def recorded(events: list[dict[str, Any]]) -> tuple[dict[tuple[int, str], int], 
     that finished (or finished and was then dropped with its group). A kept partial that finished in the
     run's last step waits for its group with no event of its own: its forwards (each names the requests in
     its slots, and gives each one token) that come after its last event count its length."""
-    lengths, prompts, last = {}, {}, {}
+    lengths, prompts, last, by_step = {}, {}, {}, {}
     tokens: Counter[str] = Counter()
     for i, e in enumerate(events):
         if e.get("kind") in FORWARD_KINDS:
@@ -283,13 +297,17 @@ def recorded(events: list[dict[str, Any]]) -> tuple[dict[tuple[int, str], int], 
         index = int(e["prompt_index"])
         prompts[index] = (str(e["prompt_id"]), int(e["prompt_tokens"]))
         last.setdefault(str(e["id"]), [None, None])[0] = i
-        if e.get("finish_reason") not in (None, "abort"):
-            lengths[index, str(e["id"])] = int(e["response_tokens"])
+        done = e.get("finish_reason") not in (None, "abort")
+        lengths[index, str(e["id"]) + ("" if done else CUT)] = int(e["response_tokens"])
+        if done:
+            by_step.setdefault(int(e.get("step", 0)), []).append(int(e["response_tokens"]))
     index_of = {prompt_id: i for i, (prompt_id, _) in prompts.items()}
     for seq_id, (event, forward) in last.items():
         index = index_of.get(seq_id.rsplit("/", 1)[0])
         if index is not None and forward is not None and (event is None or forward > event):
             lengths.setdefault((index, seq_id), tokens[seq_id])
+    for step, ns in by_step.items():
+        lengths[-1 - step, MEAN] = round(sum(ns) / len(ns))
     return lengths, prompts
 
 
@@ -356,7 +374,7 @@ class _Replay:
 
     def step(self, step: int) -> dict[str, Any]:
         """One RL step: the update's weights (version `step`), then the strategy's collect."""
-        self.pool.trace.step = step
+        self.pool.trace.step = self.run.step = step
         if step:
             self.multi.update_weights({}, step)
         start = self.run.now
