@@ -4,17 +4,18 @@ run's dispatch policy object with the load outstanding at that moment, over simu
 
 Nothing of the strategy, the controller or the engine's scheduler is copied: the engines here are the
 reference engine's `Scheduler` (admission order, priorities, the prefill limit) over plain slots, with a
-forward's time from the run's fitted cost model and each request's length from the run's trace (its
-sequence events: a finished request's length; one cut at the quota, whose length nobody saw, runs to
-max_tokens, which it never reaches if the replay cuts it where the run did). The pool mirrors the run's:
-`ray` engines run concurrently, a slice being forwards until 0.05 s of simulated time has passed (the Ray
-pool's budget) and reports reaching the controller in the order the slices end; `local` engines run
-4-forward slices one after another, as LocalWorkerPool does.
+forward's time from the run's fitted cost model and each request's length from the run's trace (`recorded`,
+`_Run.target`). The pool mirrors the run's: `ray` engines run concurrently, a slice being forwards until
+0.05 s of simulated time has passed (the Ray pool's budget) and reports reaching the controller in the order
+the slices end; `local` engines run 4-forward slices one after another, as LocalWorkerPool does. Where the
+run's schedule has no clock in it (the in-process pool) the replay is exact; on Ray its clock is the cost
+model's, not the run's (docs/simulate.md says what that leaves).
 """
 
 from __future__ import annotations
 
 import heapq
+import inspect
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from reference_trainer.engine.sequence import Request, Sequence, SequenceStatus
 from reference_trainer.modes import get_mode, make_mode_strategy
 from reference_trainer.rollout.base import PromptStream, RolloutContext
 from reference_trainer.rollout.multi import MultiEngine
-from reference_trainer.rollout.workers import WorkerReport
+from reference_trainer.rollout.workers import LocalWorkerPool, RayWorkerPool, WorkerReport
 from reference_trainer.tasks.base import Problem
 from reference_trainer.trace.schema import DISPATCH, FORWARD_KINDS, PREFILL, SEQUENCE, forward_event
 from reference_trainer.trace.writer import Trace
@@ -37,8 +38,9 @@ from rlbench.simulate.cost import CostModel
 # keys of `recorded`'s lengths: (index, id + CUT) what the run saw of a request it cut, (-1 - step, MEAN) the
 # step's mean finished length
 CUT, MEAN = "#cut", "#mean"
-RAY_BUDGET_S = 0.05  # RayWorkerPool's slice budget
-LOCAL_SLICE = 4  # LocalWorkerPool's slice: engine steps
+# The pools' slices, as they define them: Ray's a wall-clock budget, the in-process pool's a step count.
+RAY_BUDGET_S = inspect.signature(RayWorkerPool).parameters["budget_s"].default
+LOCAL_SLICE = inspect.signature(LocalWorkerPool).parameters["slice_steps"].default
 
 
 def drives(mode: str, options: Mapping[str, Any], workers: int) -> bool:
@@ -83,8 +85,8 @@ class _Run:
     def target(self, seq: Sequence) -> int:
         """Its length where the run saw it end; else (cut at the quota, or never run) the mean length of the
         step's finished requests (the policy's lengths move from step to step), or the step before's, and
-        more than the run saw of it: if the replay keeps to the run's
-        schedule it is cut where the run cut it, and only a replay that left it does this length matter."""
+        more than the run saw of it: a replay that keeps to the run's schedule cuts it where the run did, so
+        only one that has left it reaches this length."""
         cut = min(seq.params.max_tokens, self.max_model_len - len(seq.prompt_ids))
         index = int(seq.meta.get("index", -1))
         known = self.lengths.get((index, seq.seq_id))
@@ -339,10 +341,9 @@ class _Replay:
         mode = get_mode(str(config.get("mode", "baseline")))
         workers, capacity = shape.workers, shape.capacity
         resolved = mode.resolve(dict(shape.options), workers)
-        prefill, model_len = (
-            int(config.get("max_prefill_tokens") or 8192),
-            int(config.get("max_model_len") or 1024),
-        )
+        default = EngineConfig()  # a run's config names both; the engine's defaults otherwise
+        prefill = int(config.get("max_prefill_tokens") or default.max_prefill_tokens)
+        model_len = int(config.get("max_model_len") or default.max_model_len)
         run = _Run(shape.cost, lengths, capacity, prefill, model_len)
         pool = SimPool(run, workers, str(config.get("worker_backend", "ray")))
         d = resolved.dispatch
