@@ -47,9 +47,10 @@ def drives(mode: str, options: Mapping[str, Any], workers: int) -> bool:
     """Whether the trainer runs `mode` on `workers` engines under the controller (a SortedRL mode inline,
     with no speculation or lookahead, whose strategy this replay can drive)."""
     spec = get_mode(mode)
+    if workers <= 1 or spec.speculative or spec.lookahead:  # drafting engines are not simulated here
+        return False
     resolved = spec.resolve(options, workers)
-    plain = not (spec.speculative or spec.lookahead) and resolved.ahead is None
-    return workers > 1 and resolved.dispatch is not None and plain
+    return resolved.dispatch is not None and resolved.ahead is None
 
 
 class _Slots:
