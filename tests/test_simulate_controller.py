@@ -15,10 +15,8 @@ from conftest import write_tiny_char_model
 
 from reference_trainer.train.config import TrainConfig
 from reference_trainer.train.trainer import Trainer
-from rlbench.simulate.controller import drives
+from rlbench.simulate.controller import CUT, drives, recorded
 from rlbench.simulate.replay import validate
-
-pytestmark = pytest.mark.e2e  # a whole training run, then the replay
 
 
 def sorted_run(tmp_path_factory, mode: str, policy: str) -> Path:
@@ -39,6 +37,7 @@ def sorted_run(tmp_path_factory, mode: str, policy: str) -> Path:
     return out
 
 
+@pytest.mark.e2e  # a whole training run, then the replay
 @pytest.mark.parametrize(("mode", "policy"), [("sorted", "round-robin"), ("sorted-partial", "least-tokens")])
 def test_controller_replay_gives_the_runs_dispatch_and_forwards(tmp_path_factory, mode, policy):
     run = sorted_run(tmp_path_factory, mode, policy)
@@ -64,3 +63,26 @@ def test_controller_replay_gives_the_runs_dispatch_and_forwards(tmp_path_factory
     altered = validate(other)
     assert altered["verdict"]["dispatch_equal"] is False and not altered["verdict"]["holds"]
     assert "dispatch decisions differ" in altered["verdict"]["text"]
+
+
+def test_recorded_lengths_come_from_sequence_events_or_the_forwards_slots():
+    """A finished request's length is its event's; a request cut at the quota is kept apart (what the run
+    saw of it); a kept partial that finished with no event after its cut is counted from the forwards that
+    name it in their slots (all of them, the earlier steps' included)."""
+
+    def seq(step: int, sample: int, status: str, reason: str, tokens: int) -> dict:
+        fields = {"prompt_index": 7, "prompt_id": "p7", "id": f"p7/{sample}", "prompt_tokens": 5}
+        ends = {"status": status, "finish_reason": reason, "response_tokens": tokens}
+        return {"kind": "sequence", "step": step, **fields, **ends}
+
+    def fwd(step: int, *samples: int) -> dict:
+        slots = {str(i): f"p7/{s}" for i, s in enumerate(samples)}
+        return {"kind": "decode", "step": step, "worker": 0, "slots": slots}
+
+    events = [fwd(0, 0, 1), fwd(0, 0, 1), seq(0, 0, "finished", "eos", 2), seq(0, 1, "cached", "abort", 2)]
+    events += [fwd(1, 1), fwd(1, 1), fwd(1, 1)]
+    lengths, prompts = recorded(events)
+    assert prompts == {7: ("p7", 5)}
+    assert lengths[7, "p7/0"] == 2  # its event
+    assert lengths[7, "p7/1" + CUT] == 2  # cut in step 0 at 2 tokens
+    assert lengths[7, "p7/1"] == 5  # then 3 more forwards in step 1, and no event: finished at 5
