@@ -32,9 +32,9 @@ from reference_trainer.rollout.dispatch import RENAMED, RENAMED_OPTIONS
 from reference_trainer.trace import metrics
 from reference_trainer.trace.engines import cross_engine_idle
 from reference_trainer.trace.records import read_json
-from reference_trainer.trace.schema import FORWARD_KINDS
+from reference_trainer.trace.schema import DISPATCH, FORWARD_KINDS
 from reference_trainer.trace.steps import worker_capacities
-from rlbench.simulate import workload
+from rlbench.simulate import controller, workload
 from rlbench.simulate.cost import fit_run
 from rlbench.simulate.modes import SimMode, sim_mode
 from rlbench.simulate.scheduler import simulate_mode
@@ -152,10 +152,21 @@ def replay_run(run: str | Path) -> dict[str, Any]:
     cost = fit_run(events, source=str(run))
     trace = workload.from_run_trace(events, str(run))
     pred = np.where(np.isnan(trace.predicted), float(trace.response_tokens.mean()), trace.predicted)
-    sim = simulate_mode(mode, trace, pred, np.zeros(len(trace)), cost, len(engines), capacity,
-                        len(trace.steps), max_prefill_tokens=prefill, per_worker=True)  # fmt: skip
+    if controller.drives(name, options, len(engines)):  # SortedRL on W engines: the run's own controller
+        shape = controller.Shape(options, len(engines), capacity, cost, len(measured["steps"]))
+        sim = controller.replay(events, run_config(run), shape)
+    else:
+        sim = simulate_mode(mode, trace, pred, np.zeros(len(trace)), cost, len(engines), capacity,
+                            len(trace.steps), max_prefill_tokens=prefill, per_worker=True)  # fmt: skip
     work = _measured_work(events)
     rows = [_step_row(m, s, engines, work) for m, s in zip(measured["steps"], sim["steps"], strict=False)]
+    for row, s in zip(rows, sim["steps"], strict=False):  # the controller's decisions, where it replayed
+        if "dispatch" in s:
+            step = row["step"]
+            row["measured_dispatch"] = [
+                e["engines"] for e in events if e.get("kind") == DISPATCH and e["step"] == step
+            ]
+            row["simulated_dispatch"] = s["dispatch"]
     total = lambda key: sum(r[key] for r in rows)  # noqa: E731
     per_engine = lambda key: [sum(r[key][i] for r in rows) for i in range(len(engines))]  # noqa: E731
     return {
@@ -196,7 +207,10 @@ def verdict(doc: Mapping[str, Any], tolerance: float = TOLERANCE) -> dict[str, A
     ]  # fmt: skip
     same_steps = doc["measured_steps"] == doc["simulated_steps"]
     forwards_equal = not differ and same_steps
-    holds = bubble <= tolerance and idle <= tolerance and forwards_equal
+    # where the controller was replayed (SortedRL on W engines), its dispatch decisions are compared too
+    decided = [r for r in doc["steps"] if "simulated_dispatch" in r]
+    dispatch_differ = [r["step"] for r in decided if r["measured_dispatch"] != r["simulated_dispatch"]]
+    holds = bubble <= tolerance and idle <= tolerance and forwards_equal and not dispatch_differ
     pts = 100 * tolerance
     parts = [
         f"bubble {doc['measured_bubble']:.1%} measured, {doc['simulated_bubble']:.1%} simulated "
@@ -215,8 +229,15 @@ def verdict(doc: Mapping[str, Any], tolerance: float = TOLERANCE) -> dict[str, A
             f"forwards per engine differ in {len(differ)} of {len(doc['steps'])} steps "
             f"(step {first['step']}: measured {first['measured']}, simulated {first['simulated']})"
         )
+    if decided:
+        parts.append(
+            f"dispatch decisions differ in {len(dispatch_differ)} of {len(decided)} steps"
+            if dispatch_differ
+            else "dispatch decisions equal"
+        )
     return {
         "holds": holds,
+        "dispatch_equal": None if not decided else not dispatch_differ,
         "tolerance_points": pts,
         "bubble_error_points": 100 * bubble,
         "cross_engine_idle_error_points": 100 * idle,
