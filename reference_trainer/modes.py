@@ -203,25 +203,18 @@ class ModeSpec:
         if unknown:
             raise UserError(f"mode {self.name!r} takes no option {', '.join(unknown)}")
         out = {}
-        for key, value in flat.items():
-            try:
+        try:
+            for key, value in flat.items():
                 if key not in takes:
                     raise ValueError(f"unknown option {key}")
                 out[key] = takes[key].check(value)
-            except ValueError as err:
-                raise UserError(f"mode {self.name!r}: {err}") from None
-        try:  # a dotted-path policy is loaded here, so one that does not is this line
+            # a dotted-path policy is loaded here, so one that does not load is this line
             DispatchOptions.take(out)
         except ValueError as err:
             raise UserError(f"mode {self.name!r}: {err}") from None
-        if self.lookahead and engine == "vllm":
-            raise UserError(
-                f"mode {self.name!r} runs lookahead on the reference engine: use --engine reference"
-            )
-        if self.ahead and engine == "vllm":
-            raise UserError(
-                f"mode {self.name!r} runs its rollout side on the reference engine: use --engine reference"
-            )
+        if engine == "vllm" and (self.lookahead or self.ahead):
+            side = "lookahead" if self.lookahead else "its rollout side"
+            raise UserError(f"mode {self.name!r} runs {side} on the reference engine: use --engine reference")
         drafter = out.get("spec.drafter", self.speculation)
         if drafter == "lookahead" and not self.lookahead:
             lookahead = ", ".join(m.name for m in MODES.values() if m.lookahead)
@@ -256,15 +249,12 @@ _ONE_ENGINE_SIM = (
     "dispatches as it admits; the simulator dispatches the step's new requests with option dispatch "
     "(round-robin by default) onto engines still holding the carried work."
 )
-_SPEC_SIM = (
-    "HistoSpec is modelled as i.i.d. per-token acceptance (the trace's, else --acceptance) with one "
-    "cost-aware draft length per run (1..spec.max_draft), not per-sequence adaptive drafts from "
-    "a history."
+_IID_SIM = (
+    "is modelled as i.i.d. per-token acceptance (the trace's, else --acceptance) with one cost-aware draft "
+    "length per run (1..spec.max_draft), not per-sequence"
 )
-_SUFFIX_SIM = (
-    "SuffixDecoding is modelled as i.i.d. per-token acceptance (the trace's, else --acceptance) with one "
-    "cost-aware draft length per run (1..spec.max_draft), not per-sequence drafts from suffix trees."
-)
+_SPEC_SIM = f"HistoSpec {_IID_SIM} adaptive drafts from a history."
+_SUFFIX_SIM = f"SuffixDecoding {_IID_SIM} drafts from suffix trees."
 _LOOKAHEAD_SIM = (
     "Lookahead is modelled as speculation with the trace's acceptance (else --acceptance); the bubble slots "
     "its runs fill are counted idle, and their cost and the drafts' coverage are not modelled."
@@ -286,13 +276,12 @@ _PLACE_SIM = (
 
 def _on_sorted(name: str, what: str, note: str, **kw: Any) -> ModeSpec:
     """A mode on SortedRL's on-policy strategy, with `what` added; on W engines under one controller."""
-    sim = f"{_ONE_ENGINE_SIM} {note}"
     return ModeSpec(
         name,
         f"SortedRL's on-policy strategy (as sorted) {what}",
         "sorted",
         dispatch=DispatchOptions.dispatch,
-        simulator_note=sim,
+        simulator_note=f"{_ONE_ENGINE_SIM} {note}",
         **kw,
     )
 
@@ -416,9 +405,8 @@ def make_mode_strategy(mode: ModeSpec, workers: int, options: ModeOptions) -> An
     cls = STRATEGY_TABLE[name].load()
     if name == "placed":
         return cls(options.strategy)
-    if options.strategy is None:
-        return cls(lookahead=mode.lookahead)
-    return cls(options.strategy, lookahead=mode.lookahead)
+    args = () if options.strategy is None else (options.strategy,)
+    return cls(*args, lookahead=mode.lookahead)
 
 
 def parse_option_pairs(pairs: Sequence[str], flag: str = "--mode-option") -> dict[str, Any]:
@@ -430,13 +418,8 @@ def parse_option_pairs(pairs: Sequence[str], flag: str = "--mode-option") -> dic
         if not sep or not key:
             raise UserError(f"{flag} needs KEY=VALUE, got {pair!r}")
         value, why, _ = decode_json(raw)  # depth and 4,300-digit integers too: a string, never a traceback
-        if why:
-            value = raw
         head, _, sub = key.partition(".")
-        if sub:
-            parsed.setdefault(head, {})[sub] = value
-        else:
-            parsed[key] = value
+        (parsed.setdefault(head, {}) if sub else parsed)[sub or key] = raw if why else value
     return parsed
 
 
