@@ -50,29 +50,25 @@ class HostClock:
         self.engine, self.controller = _Part(self, "engine"), _Part(self, "controller")
         self.sampling, self.forwards = _Part(self, "sampling"), _Part(self, FORWARDS)
 
-    def enter(self, part: str) -> None:
+    def _read(self) -> float:
+        """Now, with the seconds since the last read credited to the part running (the read counts in it)."""
         now = time.thread_time()
         self.reads += 1
         if self._part is not None:
             self.seconds[self._part] += now - self._since
+        return now
+
+    def enter(self, part: str) -> None:
         self._stack.append(self._part)
-        self._part, self._since = part, now
+        self._part, self._since = part, self._read()
 
     def leave(self) -> None:
-        now = time.thread_time()
-        self.reads += 1
-        if self._part is not None:
-            self.seconds[self._part] += now - self._since
-        self._part, self._since = self._stack.pop(), now
+        self._part, self._since = self._stack.pop(), self._read()
 
     def switch(self, part: str) -> None:
         """Leave the innermost part for `part` at the same level: one clock read instead of two (a read of
         the thread's CPU clock is a system call, a few microseconds, and it counts in the part it ends)."""
-        now = time.thread_time()
-        self.reads += 1
-        if self._part is not None:
-            self.seconds[self._part] += now - self._since
-        self._part, self._since = part, now
+        self._part, self._since = part, self._read()
 
     def snapshot(self) -> dict[str, float]:
         return dict(self.seconds)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -63,22 +63,15 @@ class ModelConfig:
         if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type", "default")) == "default":
             rope_scaling = None
         bias = raw.get("attention_bias", arch == "Qwen2ForCausalLM")
+        # Fields read as they are, at the dataclass's default when absent (check_hf_dict required the sizes).
+        as_is = {*SIZES, "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps"}
+        as_is |= {"bos_token_id", "eos_token_id"}
         return cls(
-            vocab_size=raw["vocab_size"],
-            hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
-            num_hidden_layers=raw["num_hidden_layers"],
-            num_attention_heads=raw["num_attention_heads"],
-            num_key_value_heads=raw.get("num_key_value_heads"),
-            head_dim=raw.get("head_dim"),
-            max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            **{f.name: raw.get(f.name, f.default) for f in fields(cls) if f.name in as_is},
             rope_theta=float(rope_theta),
             rope_scaling=rope_scaling,
             attention_bias=bool(bias),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            bos_token_id=raw.get("bos_token_id"),
-            eos_token_id=raw.get("eos_token_id"),
             architecture=arch,
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
         )

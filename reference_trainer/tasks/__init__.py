@@ -5,9 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reference_trainer.tasks.arith import ArithOptions, ArithTask
-from reference_trainer.tasks.base import Problem, Task, TaskOptions, final_answer_section
-from reference_trainer.tasks.kk import KKOptions, KKTask, parse_compact_assignment
+# The `X as X` imports are this package's re-exports (tests and commands import them from here).
+from reference_trainer.tasks.arith import ArithOptions as ArithOptions
+from reference_trainer.tasks.arith import ArithTask
+from reference_trainer.tasks.base import Problem as Problem
+from reference_trainer.tasks.base import Task, TaskOptions
+from reference_trainer.tasks.kk import KKOptions as KKOptions
+from reference_trainer.tasks.kk import KKTask
+from reference_trainer.tasks.kk import parse_compact_assignment as parse_compact_assignment
 
 TASKS: dict[str, type] = {ArithTask.name: ArithTask, KKTask.name: KKTask}
 
@@ -38,22 +43,3 @@ def get_task(name: str, **values: Any) -> Task:
 def response_budget(name: str) -> int:
     """The task's default response length in tokens (what --max-tokens falls back to)."""
     return task_class(name).max_response_tokens
-
-
-__all__ = [
-    "RUN_TASK_OPTIONS",
-    "TASKS",
-    "ArithOptions",
-    "ArithTask",
-    "KKOptions",
-    "KKTask",
-    "Problem",
-    "Task",
-    "TaskOptions",
-    "final_answer_section",
-    "get_task",
-    "parse_compact_assignment",
-    "response_budget",
-    "task_class",
-    "task_options",
-]

@@ -40,9 +40,8 @@ class RunParts:
     updater: GRPOUpdater
     mode: ModeSpec
     trace: Trace
-    engine: (
-        RolloutEngine  # an engine, a pool of engine replicas, or the trainer's side of a rollout run ahead
-    )
+    # an engine, a pool of engine replicas, or the trainer's side of a rollout run ahead
+    engine: RolloutEngine
     stream: PromptStream
     strategy: RolloutStrategy
     ctx: RolloutContext
@@ -133,17 +132,7 @@ def assemble(config: TrainConfig, trace: Trace | None = None, slots: WorkerSlots
         ctx.speculator = speculator_of(engine)
         rollout = InlineRollout(strategy, ctx)
     ctx.engine = engine  # type: ignore[assignment]
+    updater = GRPOUpdater(policy, grpo, ref_model)
     return RunParts(
-        model_dir=model_dir,
-        task=task,
-        tokenizer=tokenizer,
-        policy=policy,
-        updater=GRPOUpdater(policy, grpo, ref_model),
-        mode=mode,
-        trace=trace,
-        engine=engine,
-        stream=stream,
-        strategy=strategy,
-        ctx=ctx,
-        rollout=rollout,
+        model_dir, task, tokenizer, policy, updater, mode, trace, engine, stream, strategy, ctx, rollout
     )

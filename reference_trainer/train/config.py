@@ -107,9 +107,8 @@ class TrainConfig:
     top_p: float = 1.0
     max_num_seqs: int = 128  # engine slot capacity
     max_model_len: int = 2048  # capped by the model's context
-    max_prefill_tokens: int = (
-        32768  # engine tokens per batched prefill forward (padded): a step's admissions in one go
-    )
+    # engine tokens per batched prefill forward (padded): a step's admissions in one go
+    max_prefill_tokens: int = 32768
     checkpoint_every: int = 5
     # A fixed pool of this many prompts cycled per epoch (None = endless): large enough not to be memorised,
     # small enough that every prompt comes back over a run, as RhymeRL's history needs.
