@@ -149,9 +149,8 @@ class MixedForward:
 
     def _args(self, inputs: dict[str, torch.Tensor], key: Key) -> tuple:
         bucket, _, packed, span, ops = key
-        where = inputs["rows"]
-        if not self.slots.contiguous:
-            where = where.view(bucket, self.static._blocks(span))
+        rows = inputs["rows"]
+        where = rows if self.slots.contiguous else rows.view(bucket, self.static._blocks(span))
         write = inputs["write"]
         place = (write[:packed], write[packed:]) if self.slots.contiguous else write
         sampled = (inputs["select"], inputs["slots"], inputs["draws"], ops)

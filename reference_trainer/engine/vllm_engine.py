@@ -148,9 +148,7 @@ class VLLMEngine(RequestBook):
         stop_ids = list(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids += sorted(self.eos_token_ids)
-        seed = None
-        if params.seed is not None:
-            seed = resume_seed(params.seed, len(seq.response_ids)) % (2**63)
+        seed = None if params.seed is None else resume_seed(params.seed, len(seq.response_ids)) % (2**63)
         return VParams(
             temperature=max(params.temperature, 0.0),
             top_p=params.top_p,

@@ -55,17 +55,13 @@ class CharTokenizer:
         return [self.bos_id, *ids] if add_bos else ids
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
-        out = []
-        for i in ids:
-            i = int(i)
-            if i < 0 or i >= len(self.vocab):
-                out.append(_REPLACEMENT)  # ids past the vocab can come from a model with a padded embedding
-            elif i < len(_SPECIALS):
-                if not skip_special:
-                    out.append(self.vocab[i])
-            else:
-                out.append(self.vocab[i])
-        return "".join(out)
+        size, specials = len(self.vocab), len(_SPECIALS)
+        return "".join(
+            # ids past the vocab can come from a model with a padded embedding
+            self.vocab[i] if 0 <= i < size else _REPLACEMENT
+            for i in map(int, ids)
+            if not (skip_special and 0 <= i < specials)
+        )
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         raise ValueError("the char tokenizer has no chat template")
@@ -206,16 +202,13 @@ class HFTokenizer:
         raise_exception included) is refused in one line naming the model directory."""
         if self.chat_template is None:
             raise ValueError("this tokenizer has no chat template")
-        specials = {
-            k: _token_content(self._config.get(k))
-            for k in ("bos_token", "eos_token", "pad_token", "unk_token")
-            if _token_content(self._config.get(k)) is not None
-        }
+        names = ("bos_token", "eos_token", "pad_token", "unk_token")
+        specials = {k: v for k in names if (v := _token_content(self._config.get(k))) is not None}
         plain = json.loads(json.dumps(messages))  # only plain JSON data reaches the template
         try:
             if self._compiled is None:
                 self._compiled = _compile_chat_template(self.chat_template)
-            rendered = self._compiled.render(
+            return self._compiled.render(
                 messages=plain, add_generation_prompt=add_generation_prompt, **specials
             )
         except Exception as err:  # the template is untrusted code: whatever it does wrong, it is refused
@@ -223,7 +216,6 @@ class HFTokenizer:
                 f": {line[:200]}" for line in str(err).strip().splitlines()[:1]
             )
             raise ModelLoadError(f"{self.directory}: the chat template was refused ({why})") from None
-        return rendered
 
     def save(self, directory: str | Path) -> Path:
         directory = make_dir(directory)

@@ -241,10 +241,7 @@ class HistoryDrafter:
         st = self._seqs.get(seq)
         if st is None or drafted == 0:
             return
-        if accepted >= drafted:
-            st.k = min(self.max_draft, st.k * 2)
-        else:
-            st.k = max(self.min_draft, st.k // 2)
+        st.k = min(self.max_draft, st.k * 2) if accepted >= drafted else max(self.min_draft, st.k // 2)
 
     def draft_len(self, seq: Sequence) -> int:
         return self._state(seq).k

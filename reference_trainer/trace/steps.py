@@ -80,25 +80,17 @@ def bound_label(
     return TRAINER_BOUND if rollout_waits else BALANCED
 
 
-def _split(
-    events: Iterable[Event],
-) -> tuple[dict[int, list[Event]], ...]:
-    engine: dict[int, list[Event]] = defaultdict(list)
-    phases: dict[int, list[Event]] = defaultdict(list)
-    seqs: dict[int, list[Event]] = defaultdict(list)
-    dispatches: dict[int, list[Event]] = defaultdict(list)
+def _split(events: Iterable[Event]) -> tuple[dict[int, list[Event]], ...]:
+    """Each step's engine forwards, phases, sequences and dispatches (the first group a kind is in)."""
+    groups = (FORWARD_KINDS, PHASE_KINDS, (SEQUENCE,), (DISPATCH,))
+    parts: tuple[dict[int, list[Event]], ...] = tuple(defaultdict(list) for _ in groups)
     for ev in events:
-        kind = ev.get("kind")
-        step = int(ev.get("step", 0))
-        if kind in FORWARD_KINDS:
-            engine[step].append(ev)
-        elif kind in PHASE_KINDS:
-            phases[step].append(ev)
-        elif kind == SEQUENCE:
-            seqs[step].append(ev)
-        elif kind == DISPATCH:
-            dispatches[step].append(ev)
-    return engine, phases, seqs, dispatches
+        kind, step = ev.get("kind"), int(ev.get("step", 0))
+        for part, kinds in zip(parts, groups, strict=True):
+            if kind in kinds:
+                part[step].append(ev)
+                break
+    return parts
 
 
 def worker_capacities(events: Iterable[Event]) -> dict[int, int]:

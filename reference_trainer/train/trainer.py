@@ -84,19 +84,13 @@ class Trainer:
         self.engine.close()
 
     def _heldout(self) -> HeldOut:
-        pool = self.config.prompt_pool
-        training = [self.stream.problem(i).prompt for i in range(pool)] if pool else []
-        problems = held_out_problems(self.task, self.config.eval_problems, training, self.config.heldout_seed)
+        cfg = self.config
+        training = [self.stream.problem(i).prompt for i in range(cfg.prompt_pool)] if cfg.prompt_pool else []
+        problems = held_out_problems(self.task, cfg.eval_problems, training, cfg.heldout_seed)
         check_disjoint(problems, training)
-        return HeldOut(
-            self.policy,
-            self.tokenizer,
-            self.task,
-            problems,
-            self.config.response_tokens,
-            self.config.max_model_len,
-            self.config.max_num_seqs,  # the rollout engine's sizes: its compiled shapes serve both
-        )
+        # the rollout engine's sizes: its compiled shapes serve both
+        sizes = (cfg.response_tokens, cfg.max_model_len, cfg.max_num_seqs)
+        return HeldOut(self.policy, self.tokenizer, self.task, problems, *sizes)
 
     def evaluate(self) -> dict[str, float]:
         """Held-out greedy accuracy and pass@1 at the rollout temperature of the current policy."""
@@ -203,15 +197,8 @@ class Trainer:
             start = time.perf_counter()
             curve.append({"step": self.step, "samples": samples, **_val(self.evaluate())})
             took = time.perf_counter() - start
-        write_json(
-            self.out_dir / "heldout.json",
-            {
-                "task": self.config.task,
-                "problems": len(self.heldout.problems),
-                "curve": curve,
-                "final_eval_s": took,
-            },
-        )
+        summary = {"task": self.config.task, "problems": len(self.heldout.problems), "curve": curve}
+        write_json(self.out_dir / "heldout.json", {**summary, "final_eval_s": took})
 
     def train_step(self) -> dict[str, Any]:
         trace, step = self.trace, self.step
