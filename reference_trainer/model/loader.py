@@ -44,14 +44,8 @@ def resolve_threads(threads: int | None) -> int:
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
+    table = {name: getattr(torch, name) for name in ("float32", "bfloat16", "float16")}
+    table |= {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if dtype not in table:
         raise ModelLoadError(f"unknown dtype {dtype!r}; valid: auto, {', '.join(sorted(table))}")
     return table[dtype]

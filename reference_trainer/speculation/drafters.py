@@ -102,10 +102,8 @@ class SpeculationOptions:
         """The records from a config's "spec" values (keys without the prefix; "drafter" names the drafter,
         "lookahead" true puts lookahead drafts in front of it). Each record takes its own fields."""
         values = dict(values)
-        name, lookahead = (
-            str(values.pop("drafter", DRAFTER_OPTION.default)),
-            bool(values.pop("lookahead", False)),
-        )
+        name = str(values.pop("drafter", DRAFTER_OPTION.default))
+        lookahead = bool(values.pop("lookahead", False))
         if name not in DRAFTERS:
             raise ValueError(f"unknown drafter {name!r}; valid: {', '.join(DRAFTERS)}")
         spec = DRAFTERS[name]

@@ -88,15 +88,9 @@ def dispatch_event(
     """A dispatch decision at time `t` of step `step`: `engines`, one per request of the batch in the order
     the policy was given them; `tokens_outstanding`, one per engine, the predicted tokens each holds once the
     batch is assigned (what dispatch imbalance is read from). The one shape of every writer of dispatches."""
-    return {
-        "kind": DISPATCH,
-        "t_start": t,
-        "t_end": t,
-        "step": step,
-        "policy": policy,
-        "engines": [int(w) for w in engines],
-        "tokens_outstanding": [float(x) for x in tokens_outstanding],
-    }
+    outstanding = [float(x) for x in tokens_outstanding]
+    head = {"kind": DISPATCH, "t_start": t, "t_end": t, "step": step, "policy": policy}
+    return {**head, "engines": [int(w) for w in engines], "tokens_outstanding": outstanding}
 
 
 def migrate_event(t: float, donor: int, thief: int, requests: int) -> Event:
@@ -106,14 +100,8 @@ def migrate_event(t: float, donor: int, thief: int, requests: int) -> Event:
 
 def engine_lost_event(t: float, step: int, worker: int, requests: int) -> Event:
     """Engine `worker` lost at time `t` of step `step`, `requests` of its requests dispatched again."""
-    return {
-        "kind": ENGINE_LOST,
-        "t_start": t,
-        "t_end": t,
-        "worker": worker,
-        "requests": requests,
-        "step": step,
-    }
+    lost = {"worker": worker, "requests": requests, "step": step}
+    return {"kind": ENGINE_LOST, "t_start": t, "t_end": t, **lost}
 
 
 def _dispatch_problem(event: Event) -> str | None:
