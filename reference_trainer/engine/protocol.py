@@ -31,16 +31,13 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         """New weights in place; in-flight work continues under them. version None: the next one."""
-        ...
 
     def prepare(self, params: SamplingParams) -> None:
         """Before a run's first timed step: whatever its steps would otherwise pay for inside the clock
         (graph captures, compiles, cost measurements) for requests sampled with `params`."""
-        ...
 
     def close(self) -> None:
         """Stop in-flight work and free workers; the engine is not used afterwards."""
-        ...
 
 
 @runtime_checkable
@@ -50,15 +47,12 @@ class RequestEngine(RolloutEngine, Protocol):
 
     def add_request(self, request: Request) -> Sequence:
         """Queue a request; its `response_ids` (with log-probs and versions) resume a partial rollout."""
-        ...
 
     def step(self) -> list[Sequence]:
         """One engine step; returns the sequences that finished in it."""
-        ...
 
     def abort(self, seq: Sequence) -> Sequence:
         """Stop `seq` now; its tokens so far stay on it."""
-        ...
 
     def has_unfinished(self) -> bool: ...
 
@@ -68,14 +62,12 @@ class RequestEngine(RolloutEngine, Protocol):
     @property
     def waiting(self) -> list[Sequence]:
         """Not yet admitted, in admission order."""
-        ...
 
     def generate(
         self, prompts: list[list[int]], params: Params = None, on_finish: OnFinish = None
     ) -> list[Sequence]:
         """Run prompts to completion; their sequences in input order. `on_finish(i, seq)` as each one
         finishes (i: its index in `prompts`)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -124,12 +116,9 @@ class Speculation(Protocol):
     def propose(self, seqs: list[Sequence], rooms: list[int]) -> list[list[int]] | None:
         """Drafts for this decode step, one list per sequence and at most `rooms[i]` tokens each (the room
         left by its max_tokens, the cache and the verify width); None: a plain decode step."""
-        ...
 
     def observe(self, report: DecodeReport) -> None:
         """What the decode step did (its time, and per sequence what was accepted)."""
-        ...
 
     def released(self, seq: Sequence) -> None:
         """`seq` left the engine, finished or aborted (a finished response is history for its siblings)."""
-        ...

@@ -139,9 +139,7 @@ class Sequence:
 
     def trace_record(self) -> dict[str, Any]:
         """The trace contract's `sequence` event for this sequence."""
-        status = {SequenceStatus.FINISHED: "finished", SequenceStatus.ABORTED: "aborted"}.get(
-            self.status, "cached"
-        )
+        status = self.status.value if self.is_finished else "cached"  # finished, aborted, or cached
         return sequence_event(
             self.seq_id,
             str(self.meta.get("prompt_id", self.seq_id)),

@@ -117,9 +117,7 @@ def interpolate(table: dict[int, float], x: float) -> float:
     """A value of `table` (batch -> value) at `x`: linear between its batches, flat beyond them."""
     keys = sorted(table)
     i = bisect.bisect_left(keys, x)
-    if i == 0:
-        return table[keys[0]]
-    if i == len(keys):
-        return table[keys[-1]]
+    if i in (0, len(keys)):  # flat beyond the batches
+        return table[keys[0 if i == 0 else -1]]
     lo, hi = keys[i - 1], keys[i]
     return table[lo] + (table[hi] - table[lo]) * (x - lo) / (hi - lo)

@@ -11,6 +11,7 @@ step.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
@@ -71,9 +72,7 @@ def measure_cost_model(
 
 def expected_tokens(draft_lens: Seq[int], q: int, alpha: float) -> float:
     """Tokens emitted by one verify of width q: per sequence 1 + alpha + ... + alpha^min(q, len)."""
-    geo = [0.0]
-    for i in range(1, q + 1):
-        geo.append(geo[-1] + alpha**i)
+    geo = [0.0, *itertools.accumulate(alpha**i for i in range(1, q + 1))]
     return sum(1.0 + geo[min(q, n)] for n in draft_lens)
 
 

@@ -89,14 +89,8 @@ class Speculator:
         corrected by the observed step times (verify takes decode's correction until it has been seen)."""
         assert self.cost_model is not None
         decode_corr = self.correction["decode"] or 1.0
-        return verify_width(
-            self.cost_model,
-            draft_lens,
-            self.alpha,
-            self.margin,
-            decode_corr,
-            self.correction["verify"] or decode_corr,
-        )
+        corrections = (decode_corr, self.correction["verify"] or decode_corr)
+        return verify_width(self.cost_model, draft_lens, self.alpha, self.margin, *corrections)
 
     def free_rows(self, batch: int, want: int) -> int:
         """The cost gate of lookahead (rollout/base.py BubbleFill): how many of `want` more rows may join

@@ -15,6 +15,7 @@ the exact running value stays in [0, 99].
 
 from __future__ import annotations
 
+import operator
 import random
 from dataclasses import dataclass
 
@@ -35,14 +36,13 @@ from reference_trainer.tasks.grading import grade_math
 MAX_VALUE = 19  # the running value stays in [0, 19]: an arithmetic table a tiny model learns in minutes
 
 
+_APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
 def apply_op(value: int, op: str, k: int) -> int:
-    if op == "+":
-        return value + k
-    if op == "-":
-        return value - k
-    if op == "*":
-        return value * k
-    raise ValueError(f"unknown op {op!r}")
+    if op not in _APPLY:
+        raise ValueError(f"unknown op {op!r}")
+    return _APPLY[op](value, k)
 
 
 @dataclass(frozen=True)
@@ -126,12 +126,8 @@ class ArithTask(BaseTask):
     def parse(self, problem: Problem, response: str) -> int | None:
         """The integer in the final answer section; None if missing or if anything else is there."""
         section = final_answer_section(response)
-        if section is None:
-            return None
-        body = section[1:] if section.startswith("-") else section
-        if not body.isdigit() or not body.isascii():
-            return None
-        return int(section)
+        body = section[1:] if section and section.startswith("-") else section
+        return int(section) if body and body.isdigit() and body.isascii() else None
 
     def grade(self, problem: Problem, response: str) -> tuple[bool, bool]:
         if self.style == "compact":

@@ -136,10 +136,8 @@ def _atom(rng: random.Random, person: int) -> Statement:
 
 def random_statement(rng: random.Random, n: int) -> Statement:
     form = rng.choices(_FORMS, weights=_FORM_WEIGHTS)[0]
-    if form == "truth":
-        return ("telling-truth", rng.randrange(n))
-    if form == "lie":
-        return ("lying", rng.randrange(n))
+    if form in ("truth", "lie"):
+        return ("telling-truth" if form == "truth" else "lying", rng.randrange(n))
     if form == "not":
         return ("not", _atom(rng, rng.randrange(n)))
     x, y = rng.sample(range(n), 2)
@@ -288,9 +286,7 @@ class KKTask(BaseTask):
         if self.style == "chat":  # free-form answers, read as `rlbench eval` reads them
             return parse_free_form_assignment(response, problem.meta["names"])
         section = final_answer_section(response)
-        if section is None:
-            return None
-        return parse_compact_assignment(section, list(problem.meta["names"]))
+        return None if section is None else parse_compact_assignment(section, list(problem.meta["names"]))
 
     def sft_response(self, problem: Problem, rng: random.Random) -> str:
         """Up to SEARCH_MAX_PEOPLE people, a search: each line tries one assignment (knights first, in
