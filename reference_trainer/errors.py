@@ -44,15 +44,8 @@ class Interrupted(UserError):
 
 # Where a missing module comes from: the extra that installs it, or (any other) rlbench's own requirements,
 # which a partial environment may lack (a bare GPU machine has no package index).
-EXTRA_OF_MODULE = {
-    "ray": "ray",
-    "arctic_inference": "suffix",
-    "vllm": "vllm",
-    "trl": "trl",
-    "gguf": "gguf",
-    "accelerate": "gguf",
-    "transformers": "gguf",
-}
+EXTRA_OF_MODULE = {"ray": "ray", "arctic_inference": "suffix", "vllm": "vllm", "trl": "trl"}
+EXTRA_OF_MODULE |= dict.fromkeys(("gguf", "accelerate", "transformers"), "gguf")  # the GGUF import's three
 
 
 # arctic-inference is a source package whose build needs nanobind and ninja installed first (pip builds every

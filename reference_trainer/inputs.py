@@ -98,9 +98,7 @@ class BoundedReader:
 
     def __iter__(self) -> Iterator[bytes]:
         most = -1 if self.line_limit is None else self.line_limit + 1
-        number = 0
-        while line := self.fh.readline(most):
-            number += 1
+        for number, line in enumerate(iter(lambda: self.fh.readline(most), b""), 1):
             self.read += len(line)
             check_size(self.path, self.read, self.limit)
             if self.line_limit is not None and len(line) > self.line_limit:

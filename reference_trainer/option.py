@@ -17,11 +17,7 @@ from reference_trainer.errors import MAX_COEFFICIENT, MAX_COUNT
 
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 # A field's annotation (a string: the modules use `from __future__ import annotations`) -> its JSON type.
-_KINDS = {
-    "int": "int",
-    "float": "float",
-    "bool": "bool",
-    "str": "str",
+_KINDS = {kind: kind for kind in _TYPE_WORDS} | {
     "tuple[int, ...]": "list[int]",
     "list[list[float]]": "list",
     "int | tuple[int, int]": "int | [lo,hi]",  # a task's range of sizes (tasks/kk.py)
