@@ -235,9 +235,7 @@ def second_forms(parsed: Sequence[Any]) -> list[Any]:
     from sympy import I, Tuple
 
     extra = [Tuple(*x) for x in parsed if _is_matrix(x) and 1 in getattr(x, "shape", ()) and len(x) > 1]
-    for x in parsed:
-        if (named := _any_argument(x)) is not None:
-            extra.append(named)
+    extra += [named for x in parsed if (named := _any_argument(x)) is not None]
     for x in [*parsed, *extra]:
         # (latex2sympy's symbols may carry assumptions: the symbol is found by its name)
         found = [v for v in getattr(x, "free_symbols", ()) if getattr(v, "name", None) == "i"]

@@ -66,9 +66,8 @@ def statement_answers(text: str) -> list[LocatedAnswer]:
     for m in _PHRASE.finditer(masked):
         value = _statement_value(text, masked, m.end(), loose=m.lastgroup == "is")
         at = LEAD.match(text, m.end()).end()  # type: ignore[union-attr]
-        if ALTERNATIVES.match(masked, at):
-            answers.append(LocatedAnswer(m.start(), hedged=True))  # "either 6 or 12, depending on ..."
-        elif value is not None and _HEDGED_VALUE.match(masked, at):
+        # "either 6 or 12, depending on ...", or a value under a condition then another
+        if ALTERNATIVES.match(masked, at) or (value is not None and _HEDGED_VALUE.match(masked, at)):
             answers.append(LocatedAnswer(m.start(), hedged=True))
         elif value is not None:
             answers.append(LocatedAnswer(m.start(), value))
