@@ -65,11 +65,9 @@ class SuffixDrafter:
             raise UserError(INSTALL_HINT) from None  # one line, not an ImportError's traceback
         self.options = o = options or SuffixOptions()
         self.max_draft, self.max_depth = o.max_draft, o.suffix_max_depth
-        self.spec_factor, self.spec_offset, self.min_prob = (
-            o.suffix_spec_factor,
-            o.suffix_spec_offset,
-            o.suffix_min_prob,
-        )
+        self.spec_factor = o.suffix_spec_factor
+        self.spec_offset = o.suffix_spec_offset
+        self.min_prob = o.suffix_min_prob
         self.cache = SuffixDecodingCache(
             max_tree_depth=o.suffix_max_depth, max_cached_requests=o.suffix_max_cached
         )

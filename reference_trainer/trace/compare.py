@@ -22,12 +22,15 @@ def step_speedups(steps_by_run: dict[str, list[Event]], baseline: str) -> dict[s
     out: dict[str, dict[str, float | None]] = {}
     for name, steps in steps_by_run.items():
         ratios = sorted(r for s in steps if (r := _quotient(base.get(s["step"]), s.get("step_time_s"))))
-        out[name] = {
-            "median": statistics.median(ratios) if ratios else None,
-            "min": ratios[0] if ratios else None,
-            "max": ratios[-1] if ratios else None,
-        }
+        out[name] = _spread(ratios)
     return out
+
+
+def _spread(values: list[float]) -> dict[str, float | None]:
+    """The median, min and max of sorted `values` (each None when there are none)."""
+    if not values:
+        return dict.fromkeys(("median", "min", "max"))
+    return {"median": statistics.median(values), "min": values[0], "max": values[-1]}
 
 
 def drift_check(summaries: dict[str, Event], tolerance: float = DRIFT_TOLERANCE) -> dict[str, Any]:
@@ -92,12 +95,7 @@ def per_step_range(steps_by_run: dict[str, list[Event]], key: str) -> dict[str, 
     """Per run, the median, min and max of a per-step metric (e.g. bubble_ratio) over its steps."""
     out: dict[str, dict[str, float | None]] = {}
     for name, steps in steps_by_run.items():
-        values = sorted(float(s[key]) for s in steps if s.get(key) is not None)
-        out[name] = {
-            "median": statistics.median(values) if values else None,
-            "min": values[0] if values else None,
-            "max": values[-1] if values else None,
-        }
+        out[name] = _spread(sorted(float(s[key]) for s in steps if s.get(key) is not None))
     return out
 
 
@@ -114,15 +112,10 @@ def time_to_target(rows: list[Event], target: float) -> dict[str, Any]:
     evaluation that reached it (their wall time, held-out evaluations excluded; the rollout and update
     time inside it; trained samples; rollout tokens generated). `reached` False: not within these rows,
     and the totals are what the whole budget spent."""
-    spent: list[Event] = []
-    hit = False
-    for row in rows:
-        if reached(row, target):
-            hit = True
-            break
-        spent.append(row)
+    hit = next((i for i, row in enumerate(rows) if reached(row, target)), None)
+    spent = rows if hit is None else rows[:hit]
     return {
-        "reached": hit,
+        "reached": hit is not None,
         "steps": len(spent),
         "wall_s": sum(float(r.get("step_time_s") or 0.0) for r in spent),
         "rollout_s": sum(float(r.get("timing_s/gen") or 0.0) for r in spent),

@@ -13,7 +13,8 @@ from typing import Any
 Event = dict[str, Any]
 
 
-def _dur(ev: Event) -> float:
+def duration(ev: Event) -> float:
+    """An event's seconds (0 for one whose end precedes its start)."""
     return max(0.0, float(ev["t_end"]) - float(ev["t_start"]))
 
 
@@ -23,7 +24,7 @@ def engine_bubbles(engine: Sequence[Event], caps: dict[int, int], wall: float) -
     slot_time: dict[int, float] = {w: 0.0 for w in caps}
     for e in engine:
         w = int(e.get("worker", 0))
-        slot_time[w] = slot_time.get(w, 0.0) + int(e.get("active_slots", 0)) * _dur(e)
+        slot_time[w] = slot_time.get(w, 0.0) + int(e.get("active_slots", 0)) * duration(e)
     return {
         str(w): (1.0 - t / (caps[w] * wall)) if caps.get(w) and wall > 0 else None
         for w, t in sorted(slot_time.items())

@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from reference_trainer.trace.engines import engine_step
+from reference_trainer.trace.engines import duration, engine_step
 from reference_trainer.trace.schema import (
     DECODE_KINDS,
     DISPATCH,
@@ -30,10 +30,6 @@ from reference_trainer.trace.schema import (
 )
 
 Event = dict[str, Any]
-
-
-def _dur(ev: Event) -> float:
-    return max(0.0, float(ev["t_end"]) - float(ev["t_start"]))
 
 
 def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
@@ -179,8 +175,8 @@ def _waits(phases: Sequence[Event], wall: float, step_time: float | None) -> tup
     rollout began, as traced. Synchronous: the update waits out the whole rollout, and the engine waits out
     the rest of the step (reward, update, sync, the gaps)."""
     if any(p["kind"] == TRAINER_WAIT for p in phases):
-        waited = sum(_dur(p) for p in phases if p["kind"] == ROLLOUT_WAIT)
-        return sum(_dur(p) for p in phases if p["kind"] == TRAINER_WAIT), waited
+        waited = sum(duration(p) for p in phases if p["kind"] == ROLLOUT_WAIT)
+        return sum(duration(p) for p in phases if p["kind"] == TRAINER_WAIT), waited
     return wall, None if step_time is None else max(0.0, step_time - wall)
 
 
@@ -201,9 +197,9 @@ def _verify_den(ev: Event) -> int:
 
 def _slots(engine: list[Event], capacity: int, wall: float, step_time: float | None) -> Event:
     """The slot-time figures: the bubble, the tokens, lookahead's share, the rollout's idle share."""
-    slot_time = sum(int(e.get("active_slots", 0)) * _dur(e) for e in engine)
+    slot_time = sum(int(e.get("active_slots", 0)) * duration(e) for e in engine)
     tokens = sum(int(e.get("tokens", 0)) for e in engine) if engine else None  # no engine: unknown, not 0
-    lookahead_slot_time = sum(int(e.get("lookahead_slots", 0)) * _dur(e) for e in engine)
+    lookahead_slot_time = sum(int(e.get("lookahead_slots", 0)) * duration(e) for e in engine)
     return {
         "bubble_ratio": (1.0 - slot_time / (capacity * wall)) if capacity and wall > 0 else None,
         "rollout_tokens": tokens,
@@ -235,7 +231,7 @@ def _step_time(phases: list[Event], window: tuple[float, float, float] | None) -
 def _times(phases: list[Event], wall: float, step_time: float | None, timed: bool) -> Event:
     """The phases' times, the trainer's busy and idle share, the two sides' waits."""
     trainer = [p for p in phases if p.get("side") != ROLLOUT_SIDE]
-    timing = {k: sum(_dur(p) for p in trainer if p["kind"] == k) for k in PHASE_KINDS}
+    timing = {k: sum(duration(p) for p in trainer if p["kind"] == k) for k in PHASE_KINDS}
     trainer_busy = _union_length(
         (float(p["t_start"]), float(p["t_end"])) for p in phases if p["kind"] in (REWARD, UPDATE)
     )
@@ -282,7 +278,7 @@ def _workers(engine: list[Event], caps: dict[int, int]) -> Event:
     """Each worker's busy time and idle share (against the slowest)."""
     busy: dict[int, float] = {w: 0.0 for w in caps}
     for e in engine:
-        busy[int(e.get("worker", 0))] = busy.get(int(e.get("worker", 0)), 0.0) + _dur(e)
+        busy[int(e.get("worker", 0))] = busy.get(int(e.get("worker", 0)), 0.0) + duration(e)
     slowest = max(busy.values(), default=0.0)
     return {
         "worker_busy_s": {str(w): b for w, b in sorted(busy.items())},
