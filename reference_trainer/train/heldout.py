@@ -81,11 +81,8 @@ class HeldOut:
         # engine takes is one the rollout engine compiled, and on CUDA compiled flex reuses those compiles
         # instead of adding one per batch bucket (an fp32 copy added 8 to the compare's 8).
         model = copy.deepcopy(policy).requires_grad_(False).to(resolve_dtype("auto", device))
-        self.engine = Engine(
-            model,
-            heldout_engine_config(max_num_seqs, max_model_len, str(device)),
-            eos_token_ids=tokenizer.eos_token_ids,
-        )
+        config = heldout_engine_config(max_num_seqs, max_model_len, str(device))
+        self.engine = Engine(model, config, eos_token_ids=tokenizer.eos_token_ids)
 
     def decode(self, temperature: float, samples: int = 1, seed: int = 0) -> Decoded:
         self.engine.update_weights(self.policy.state_dict())
@@ -94,13 +91,8 @@ class HeldOut:
             for j in range(samples):
                 prompts.append(prompt)
                 problems.append(problem)
-                params.append(
-                    SamplingParams(
-                        temperature=temperature,
-                        max_tokens=self.max_tokens,
-                        seed=seed * 1_000_003 + i * 97 + j,
-                    )
-                )
+                draw = seed * 1_000_003 + i * 97 + j
+                params.append(SamplingParams(temperature=temperature, max_tokens=self.max_tokens, seed=draw))
         seqs = self.engine.generate(prompts, params)
         texts = [self.tokenizer.decode(s.response_ids) for s in seqs]
         correct = [self.task.is_correct(p, t) for p, t in zip(problems, texts, strict=True)]

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 from reference_trainer.model.decoder import DecoderLM
 
+Row = tuple[list[int], list[int]]  # an example: (prompt ids, response ids incl. EOS)
+
 
 @dataclass
 class SFTConfig:
@@ -25,9 +27,7 @@ class SFTConfig:
     seed: int = 0
 
 
-def sft_loss(
-    model: DecoderLM, rows: list[tuple[list[int], list[int]]], pad_id: int = 0, reduction: str = "mean"
-) -> torch.Tensor:
+def sft_loss(model: DecoderLM, rows: list[Row], pad_id: int = 0, reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy over response tokens (mean, or sum with reduction="sum");
     rows are (prompt ids, response ids incl. EOS)."""
     device = next(model.parameters()).device
@@ -45,12 +45,10 @@ def sft_loss(
     )
 
 
-def micro_batches(
-    rows: list[tuple[list[int], list[int]]], max_tokens: int
-) -> list[list[tuple[list[int], list[int]]]]:
+def micro_batches(rows: list[Row], max_tokens: int) -> list[list[Row]]:
     """Length-sorted chunks whose padded size stays within max_tokens (at least one row each)."""
     rows = sorted(rows, key=lambda r: len(r[0]) + len(r[1]))
-    chunks: list[list[tuple[list[int], list[int]]]] = [[]]
+    chunks: list[list[Row]] = [[]]
     for row in rows:
         width = len(row[0]) + len(row[1])  # the longest so far, since rows are sorted
         if chunks[-1] and width * (len(chunks[-1]) + 1) > max_tokens:
@@ -61,7 +59,7 @@ def micro_batches(
 
 def train_sft(
     model: DecoderLM,
-    sample_batch: Callable[[random.Random, int], list[tuple[list[int], list[int]]]],
+    sample_batch: Callable[[random.Random, int], list[Row]],
     config: SFTConfig,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
