@@ -83,9 +83,7 @@ class SlotManager:
             ) + 1
             self.cache = PagedKVCache(config, initial, block_size, device, dtype)
             self.scratch = 0  # block 0
-        self.device = device
-        self._free = list(range(capacity))
-        heapq.heapify(self._free)
+        self._free = list(range(capacity))  # sorted, so already a heap
         self._free_blocks = list(range(initial - 1, 0, -1))  # popped from the end: low blocks first
         self.tables: dict[int, list[int]] = {}
 
@@ -159,13 +157,6 @@ class SlotManager:
         if isinstance(self.cache, SlotKVCache):
             return self.cache.read(layer, slot, num_tokens)
         return self.cache.read(layer, self.tables[slot], num_tokens)
-
-    def rows(self, slots: list[int]) -> torch.Tensor:
-        """Where these slots' K/V live, as forward_cached takes it (see `where`), on the device."""
-        where = self.where(slots)
-        if self.contiguous:
-            return torch.tensor(where, dtype=torch.long, device=self.device)
-        return torch.tensor(where, dtype=torch.long, device=self.device).view(len(slots), -1)
 
     def where(self, slots: list[int], width: int | None = None) -> list[int]:
         """Where these slots' K/V live, flat, on the host: the slots themselves in the contiguous layout;

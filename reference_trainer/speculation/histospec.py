@@ -81,9 +81,7 @@ class SuffixAutomaton:
         while state > 0 and token not in nxt[state]:
             state = link[state]
             length = self.length[state]
-        if token in nxt[state]:
-            return nxt[state][token], length + 1
-        return 0, 0
+        return (nxt[state][token], length + 1) if token in nxt[state] else (0, 0)
 
     def best_next(self, state: int) -> tuple[int | None, float]:
         """The most frequent real (non-separator) continuation of a state's strings and its share of all
