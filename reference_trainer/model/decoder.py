@@ -110,13 +110,8 @@ class Attention(nn.Module):
             qk = rotate(qkv[:, :, : heads + kv_heads], cos, sin)
             q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :]
         if cache is None or batch is None:
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                k.transpose(1, 2),
-                v.transpose(1, 2),
-                is_causal=True,
-                enable_gqa=kv_heads != heads,
-            )
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=kv_heads != heads)
             out = out.transpose(1, 2).reshape(bsz, seq, heads * dim)
         else:
             out = write_and_attend(q, k, v, cache.k[self.layer_idx], cache.v[self.layer_idx], batch)
@@ -140,11 +135,8 @@ class MLP(nn.Module):
             out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
             return out if residual is None else residual + out
         gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return (
-            self.down(F.silu(gate) * up)
-            if residual is None
-            else self.down.add_to(residual, F.silu(gate) * up)
-        )
+        hidden = F.silu(gate) * up
+        return self.down(hidden) if residual is None else self.down.add_to(residual, hidden)
 
 
 class DecoderLayer(nn.Module):
@@ -210,9 +202,7 @@ class DecoderLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head over final-norm hidden states."""
-        if self.head is None or torch.is_grad_enabled():
-            return self.lm_head(hidden)
-        return self.head(hidden)
+        return self.lm_head(hidden) if self.head is None or torch.is_grad_enabled() else self.head(hidden)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Causal forward over right-padded rows: [B, T] token ids -> [B, T, V] logits."""

@@ -55,6 +55,9 @@ def check(records: Sequence[Any], source: Any) -> list[Record]:
 
 TIMES = ("t_admit", "t_first_token", "t_finish", "t_abort")
 COUNTS = ("step", "sample", "prompt_tokens", "response_tokens")
+# A record's optional fields, in the order a record lists them.
+DRAFTS = ("drafted", "accepted")  # a request's speculation counts
+OPTIONAL = ("sample", "engine", "prompt_tokens", *TIMES, "finish_reason", "policy_versions", *DRAFTS)
 
 
 def _bounds(record: Record) -> str | None:
@@ -94,21 +97,7 @@ def read(path: str | Path) -> list[Record]:
 
 def record(**fields: Any) -> Record:
     """One record with every optional field present (null where the source says nothing)."""
-    base: Record = {
-        "schema": SCHEMA_ID,
-        "sample": None,
-        "engine": None,
-        "prompt_tokens": None,
-        "t_admit": None,
-        "t_first_token": None,
-        "t_finish": None,
-        "t_abort": None,
-        "finish_reason": None,
-        "policy_versions": None,
-        "drafted": None,
-        "accepted": None,
-    }
-    return {**base, **fields}
+    return {"schema": SCHEMA_ID, **dict.fromkeys(OPTIONAL), **fields}
 
 
 def spans(versions: Iterable[Any] | None) -> list[dict[str, Any]] | None:
