@@ -118,13 +118,8 @@ class SlotParams:
         ints = [slots, [p.top_k for p in params], [int(p.greedy) for p in params], list(keys)]
         divisor, top_p = to_device(torch.tensor(floats, dtype=torch.float32), self.device)
         index, top_k, greedy, key = to_device(torch.tensor(ints, dtype=torch.long), self.device)
-        for table, values in (
-            (self.divisor, divisor),
-            (self.top_p, top_p),
-            (self.top_k, top_k),
-            (self.greedy, greedy.bool()),
-            (self.key, key),
-        ):
+        tables = (self.divisor, self.top_p, self.top_k, self.greedy, self.key)
+        for table, values in zip(tables, (divisor, top_p, top_k, greedy.bool(), key), strict=True):
             table.index_copy_(0, index, values)
 
     def batch(
