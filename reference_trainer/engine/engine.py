@@ -78,9 +78,8 @@ class Engine(RequestBook):
         config = (config or EngineConfig()).check()
         self.model = model.eval().fuse_projections()
         device = next(model.parameters()).device
-        dtype = (
-            next(model.parameters()).dtype if config.dtype == "auto" else resolve_dtype(config.dtype, device)
-        )
+        weights = next(model.parameters()).dtype
+        dtype = weights if config.dtype == "auto" else resolve_dtype(config.dtype, device)
         max_len = min(config.max_model_len, model.config.max_position_embeddings)
         self._init_book(config, max_len, eos_token_ids, tokenizer, trace)
         graphs = config.cuda_graphs and device.type == "cuda"  # the pool they are captured over stays put
@@ -200,11 +199,8 @@ class Engine(RequestBook):
         running, admitted, seqs = planned.running, planned.admitted, planned.seqs
         finished = self._append_one_each(seqs, tokens, logprobs)
         fed = len(running) + planned.admitted_tokens
-        extra = (
-            {"prefill_rows": len(admitted), "prefill_tokens": fed - len(running)}
-            if running and admitted
-            else {}
-        )
+        both = running and admitted
+        extra = {"prefill_rows": len(admitted), "prefill_tokens": fed - len(running)} if both else {}
         self._trace_forward(
             planned.kind, planned.t_start, planned.occupied, seqs, len(seqs), input_tokens=fed, **extra
         )
@@ -323,11 +319,8 @@ class Engine(RequestBook):
         static = self.runner.static
         t_start = self.trace.now() if t_start is None else t_start
         capture_start = self.trace.now()
-        if (
-            not admits
-            and static is not None
-            and static.ensure_captured(len(seqs), width, max(s.num_cached for s in seqs) + width)
-        ):
+        longest = max(s.num_cached for s in seqs) + width
+        if not admits and static is not None and static.ensure_captured(len(seqs), width, longest):
             t_start = self.trace.now()
             self.trace.add_phase(CAPTURE, capture_start, t_start, graphs=1)
         return t_start

@@ -229,12 +229,9 @@ class VLLMEngine(RequestBook):
             self._spec_totals = totals
             if delta.get("drafts", 0) > 0:
                 kind = VERIFY
-                extra = {
-                    "drafted": delta["drafted"],
-                    "accepted": delta["accepted"],
-                    "draft_seqs": delta["drafts"],
-                    "draft_emitted": delta["accepted"] + delta["drafts"],
-                }
+                drafts = delta["drafts"]
+                extra = {"drafted": delta["drafted"], "accepted": delta["accepted"], "draft_seqs": drafts}
+                extra["draft_emitted"] = delta["accepted"] + drafts
         self.trace.engine_step(kind, t_start, t_end, occupied, self.config.max_num_seqs, tokens, **extra)
         return finished
 
