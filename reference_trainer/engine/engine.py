@@ -376,12 +376,9 @@ class Engine(RequestBook):
             n_out = len(seq.response_ids) - before
             seq.drafted += len(d)
             accepted_each.append(n_acc)
-            drafting = bool(d)
             kept = min(n_acc, n_out)
             seq.accepted += kept
-            counts.append(
-                VerifyCounts(n_out, n_out * seq.lookahead, len(d), kept, drafting, n_out * drafting)
-            )
+            counts.append(VerifyCounts(n_out, n_out * seq.lookahead, len(d), kept, bool(d), n_out * bool(d)))
             start += len(d) + 1
         return finished, accepted_each, sum(counts, VerifyCounts())
 

@@ -247,9 +247,8 @@ def write_and_attend(
     if batch.fresh:  # each row over its own new tokens, causally: no cache read, no mask
         if kv_heads != heads:  # every query head's K/V: SDPA's fused kernels take no GQA (enable_gqa: math)
             k, v = (t.repeat_interleave(heads // kv_heads, dim=2) for t in (k, v))
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
         return out.transpose(1, 2).reshape(bsz, num_q, heads * dim)
     if batch.flex and batch.paged:  # the pool itself, no gather (a cast only if the cache's dtype differs)
         keys, values = (c.view(kv_heads, -1, dim)[None].to(q.dtype) for c in (k_cache, v_cache))
@@ -312,10 +311,8 @@ def _write(
             if batch.real is None:
                 index, values = batch.write_index.view(bsz, num_q), heads_first
             else:
-                index, values = (
-                    batch.write_index,
-                    heads_first.reshape(kv_heads, bsz * num_q, dim)[:, batch.real],
-                )
+                flat = heads_first.reshape(kv_heads, bsz * num_q, dim)
+                index, values = batch.write_index, flat[:, batch.real]
             pool.view(kv_heads, -1, dim)[:, index] = values.to(pool.dtype)
     else:
         slot_of, pos = batch.write_at

@@ -251,20 +251,16 @@ class Trainer:
     def _score(self, groups: list[Group]) -> tuple[RolloutBatch, list[bool], list[bool], dict[int, float]]:
         """The update batch with its rewards; whether each sample is correct and answered in format; the
         rewards by sequence (id())."""
-        prompts, responses, rewards, logprobs, correct, formatted = [], [], [], [], [], []
-        by_seq: dict[int, float] = {}
-        for group in groups:
-            for seq in group.samples:
-                prompts.append(seq.prompt_ids)
-                responses.append(seq.response_ids)
-                logprobs.append(seq.logprobs)
-                answered, is_correct = self.task.grade(group.problem, self.tokenizer.decode(seq.response_ids))
-                rewards.append(self.task.reward_of(answered, is_correct))
-                by_seq[id(seq)] = rewards[-1]
-                correct.append(is_correct)
-                formatted.append(answered)
+        pairs = [(group.problem, seq) for group in groups for seq in group.samples]
+        seqs = [seq for _, seq in pairs]
+        grades = [self.task.grade(p, self.tokenizer.decode(s.response_ids)) for p, s in pairs]
+        rewards = [self.task.reward_of(answered, correct) for answered, correct in grades]
+        prompts = [s.prompt_ids for s in seqs]
+        responses = [s.response_ids for s in seqs]
+        logprobs = [s.logprobs for s in seqs]
         batch = RolloutBatch(prompts, responses, rewards, self.config.group_size, old_logprobs=logprobs)
-        return batch, correct, formatted, by_seq
+        by_seq = {id(s): r for s, r in zip(seqs, rewards, strict=True)}
+        return batch, [c for _, c in grades], [a for a, _ in grades], by_seq
 
     def _grade_recorded(self, rewards: dict[int, float]) -> None:
         """Every sequence event the step recorded gets the reward of its response as it stands (a trained
