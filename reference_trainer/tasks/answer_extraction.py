@@ -5,28 +5,11 @@ expression) and reads the whole text at once, so a box wins over a later correct
 add 24 more: the answer is 228."), the boxes of a response are joined into one answer when anything with a
 comma separates them ("So \\boxed{3}. Wait, recheck: \\boxed{5}" gives 3,5), and its last-number fallback
 fires on a negated or cut-off sentence ("The answer is not 204; it is 210." gives 204). It has no option for
-any of these, so the answer is located here and only the answer's own text is handed to math-verify to parse:
+any of these, so the answer is located here and only the answer's own text is handed to math-verify to parse.
 
-An answer statement is a box (`\\boxed{}`/`\\fbox{}`) or an answer phrase ("final answer: X", "the final
-answer is X", "answer: X", "the answer is X", "Answer $X$"). The rules, numbered as in docs/eval.md:
-
-1. The last statement in the response is its answer: a later statement corrects an earlier one. Boxes of
-   one sentence joined by separators or labels ("\\boxed{1} papers and \\boxed{2} bins") are one answer,
-   a list.
-2. Different answers under conditions ("\\boxed{3} if unordered, and \\boxed{6} if ordered"), or a stated
-   answer doubted in favour of another, are a hedge: no answer.
-3. A phrase states the maths or the few words after it; followed by "not" it states nothing.
-4. A response that is only an answer ("-5", "7,425,000", "$\\frac{10}{9}$", "28 %") is that answer.
-5. Otherwise the last clause that holds maths is read (math-verify's rightmost expression, or the
-   formulas it ends on), but not when the response stops mid-sentence (cut off at its token limit), when
-   a negation bears on that clause's last maths ("would not be 204"; "is not 10 which is 1,000.99"
-   answers 1,000.99), when it is a question or names a function of its number ("the inverse tangent of
-   90"), or when a later sentence says there is no solution. With the problem statement: a clause whose
-   numbers only repeat the problem gives way to an earlier clause with a number of its own ("So the total
-   is 76. This is the sum of the proper divisors of 284." answers 76), and a clause that only copies a
-   formula of the problem is no answer.
-
-Text after a chat template's turn marker ("<|im_start|>") is another turn, not the response.
+An answer statement is a box or an answer phrase; the rules that pick the answer, numbered 1 to 5 (the
+numbers the comments here cite), are docs/eval.md's "Which answer counts". Text after a chat template's
+turn marker ("<|im_start|>") is another turn, not the response.
 """
 
 from __future__ import annotations

@@ -1,31 +1,6 @@
-"""Reading a Knights-and-Knaves answer written in free form: who the response says is a knight.
-
-The stated answer is the last `<answer>` block, else what follows the last CONCLUSION marker opening a line,
-else the whole response. Statements are read in these phrasings (a knight is also a truth-teller, truthful,
-honest, one who tells the truth; a knave a liar, lying, one who lies):
-
-    Zoey is a knight / Zoey must be a knave / Zoey is not a knave (a knight) / Zoey is a liar / Zoey lies
-    Penelope and David are knaves / Both Zoey and Oliver are knights
-    Zoey: knave / Zoey - knave / | Zoey | Knight | (a table row) / Zoey = knight / Zoey (knave)
-    {"Zoey": "knave", "Oliver": "knight"} (a JSON object)
-    Zoey is truthful (a knight)
-    Knights: Zoey, Oliver / The knaves are Penelope and David
-    Riley is the only knight / The only knave is Riley / Only Riley is a knight (the others: the other role)
-    All three are knights / Everyone is a knave / Both are knights / None of them is a knight / There are
-    no knaves (everyone: that role, or the other)
-
-Names are matched whole; with their capital, or written in lower case unless the name is also an English
-word ("will", "grace": `ENGLISH_NAMES`).
-
-A statement that leaves a role open ("Zoey is a knight or a knave", "Luna could be either a knight or a
-knave", "... cannot be determined") is a hedge: the person has no role from it. Any other statement in a
-sentence that supposes, reports or doubts ("If Zoey is a knight", "one might think Penelope is a knave",
-"Zoey says Oliver is a knave") is skipped. The answer is the roles as finally stated: each person's last
-statement counts, a final hedge included; statements joined by "or" are a hedge too ("Jacob is a knight, or
-Zoey is not a knave"). In a stated answer (block or CONCLUSION) a person given both roles makes the answer
-unreadable (it contradicts itself). A response without a stated answer that stops mid-sentence (cut at its
-token limit) is read only in its answer sentences ("So the answer is that ...", "In conclusion, ..."): the
-rest is reasoning that never concluded. Every person must get a role.
+"""Reading a Knights-and-Knaves answer written in free form: who the response says is a knight, by the roles
+it finally states. Every rule (where the stated answer is, the phrasings read, hedges, reported speech,
+references, a response cut off mid-sentence) is docs/eval.md's "Grading a Knights-and-Knaves answer".
 """
 
 from __future__ import annotations
@@ -322,7 +297,7 @@ _QUOTED_SENTENCE = re.compile(r'"(?=[^"\n]*\s\S+\s)[^"\n]{1,300}"|“[^”\n]{1,
 
 
 def parse_free_form_assignment(text: str, names: Sequence[str]) -> dict[str, bool] | None:
-    """{name: is_knight} as the response finally states it (policy above); None unless every name gets a
+    """{name: is_knight} as the response finally states it (docs/eval.md); None unless every name gets a
     role."""
     if not names:
         return None
