@@ -1,24 +1,10 @@
 """When two parsed answers are equal: math-verify's `verify`, exact where both sides are exact.
 
-math-verify compares two values that are not plain numbers by `(a - b).evalf(chop=True, n=15) == 0`, an
-absolute tolerance under which 1/2006! equals 1/2004! and 1/2^98 equals 1/2^99; and it rounds a decimal and
-the value it is compared with to 6 places, so 0.0000001 equals 1/2^99. No option of `verify` changes either
-(`numeric_precision` only moves the threshold), so rlbench replaces the one function that does both,
-`math_verify.grader.sympy_numeric_eq`, which math-verify calls for every pair it compares, inside tuples,
-sets, intervals, matrices and relations too:
-
-* both sides exact (no decimal in either): equal only if sympy evaluates their difference to exactly 0, or
-  math-verify's next step, `simplify(a - b)`, proves it 0; a difference sympy can tell from 0 at any
-  precision (1/2006! - 1/2004! is about 1.9e-5749) is a difference;
-* a decimal on either side (a genuine approximation): math-verify's 6-place rounding, and also agreement
-  within 1e-4 of the larger magnitude, so that a tiny value is not rounded to the same 0.
-
-Forms math-verify parses but does not compare are given a second form: a row or column vector also as a
-tuple (`(1, 2, 3)` vs a `pmatrix`), relations (chains too) joined by "or"/"and" in one variable as the set
-they describe (`x < 2 \\text{ or } x > 3` vs `(-\\infty, 2) \\cup (3, \\infty)`), and a value holding the
-symbol i also with i the imaginary unit (`1+2i` = `i(2-i)`; both sides get that form, so i as a variable
-still compares as a variable). A relation against a set
-(`m \\geq \\sqrt2` vs `[\\sqrt2, \\infty)`) is math-verify's own `allow_set_relation_comp`.
+math-verify compares values that are not plain numbers with an absolute tolerance (1/2006! equalled 1/2004!)
+and rounds a decimal to 6 places, and no option of `verify` changes either, so rlbench replaces the one
+function that does both, `math_verify.grader.sympy_numeric_eq`, which math-verify calls for every pair it
+compares (inside tuples, sets, intervals, matrices and relations too), and gives a second form to what it
+parses but does not compare. The rules are docs/eval.md's "When two answers are equal".
 """
 
 from __future__ import annotations

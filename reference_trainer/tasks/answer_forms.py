@@ -1,26 +1,7 @@
-"""An answer's own text made ready for math-verify's parser, the same for golds and responses.
-
-math-verify normalises LaTeX (units it knows, `\\text{...}` after a number, `\\dfrac`, `\\left`) and parses it
-with latex2sympy. What is written here is what it reads wrongly, each a rewrite of the answer text before
-parsing (no option of math-verify covers these):
-
-* `4\\sqrt(2)`: its malformed-operator fix turns it into `4\\\\sqrt{2}`, a LaTeX line break, and the
-  parse stops at 4. The parenthesised root is rewritten as `\\sqrt{2}` first.
-* an AMC choice with its value, `\\textbf{(E)}\\ 27`, parses as the product e*27: the label is dropped.
-* units it does not know (`10 weeks`, `10 cm^2`, `\\text{204 minutes}`) parse as products of letters: a
-  trailing unit (a word of 3+ letters, or a short unit from the list below) after a number is dropped, but
-  not a word that changes the value ("10 hundred", "2 pi").
-* `0.\\overline{3}` does not parse; a repeating decimal becomes its fraction.
-* `2 1/2` parses as 3/2; a mixed number written with a slash becomes one fraction (`2\\frac{1}{2}` is
-  read as 5/2 by latex2sympy already).
-* `\\lor`/`\\vee` do not parse; they become "or" (see `answer_equality.or_union`); `\\varnothing` and
-  `\\{\\}` become `\\emptyset`, the empty set's one spelling math-verify parses.
-* number words ("two hundred four") become digits.
-* a number grouped in thousands by spaces (`1 000`, `1\\,000`) parses as the product 1*0: the separators go.
-* a percentage in words or spaced (`28 percent`, `28 pct`, `28 %`) is `28\\%`, as math-verify writes it.
-
-Text that no rewrite makes a single value is parsed as text only (`text_only`): an ellipsis (`1, 2,
-\\ldots, n` parses as 2) and a line break `\\\\` outside a matrix (`x = 5 \\\\ y = 3` parses as 3).
+"""An answer's own text made ready for math-verify's parser, the same for golds and responses: each rewrite
+here is of a form math-verify (its LaTeX normalisation, then latex2sympy) reads wrongly and that no option
+of math-verify covers. The rewrites, each with what math-verify made of the form, are docs/eval.md's
+"Answer forms"; text that no rewrite makes a single value is compared as text only (`text_only`).
 """
 
 from __future__ import annotations

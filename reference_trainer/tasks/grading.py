@@ -4,15 +4,10 @@ stated assignment (`kk_answers`); and the equivalence classes of a problem's ans
 `GRADERS` is the one table of the names a suite (or a task's chat prompt) uses: each name's grading, its
 answer classes and its prompt's instruction; a suite's own `python:module:function` is looked up there too.
 
-The answer's own text (a box's content, a statement's maths or words, `answer_forms.clean_value`) is parsed
-as if boxed, with math-verify's box pattern only: a value that does not parse stays text, rather than
-taking a number from inside it. A response that states no answer is read by math-verify whole within its
-last clause (`ExprExtractionConfig` too: plain "1,250"). The gold is parsed the same way, plus what the
-suites' gold format needs: a single-letter "N=" prefix is dropped (math-verify folds case, so "N=n" would
-parse as Eq(n, n)), and kept too where the letter is not on the right ("y=-2x+1" is also a line); a
-percentage also matches its bare number (62.5% = 62.5, as the Qwen harness grades);
-a gold with prose after its formula ("f(x)=ax+b, where b is ...") is graded by that formula, or by the whole
-text verbatim; a gold with a label ("S_{MBCN}:S=7:32") also matches its value; "1,22" is also 1.22.
+The answer's own text is parsed as if boxed, with math-verify's box pattern only: a value that does not
+parse stays text, rather than taking a number from inside it. A response that states no answer is read by
+math-verify within its last clause; the gold the same way, plus what the suites' gold format needs
+(docs/eval.md, "The gold format").
 
 Model output is untrusted text: nothing here evaluates it (no eval/exec/sympify). math-verify parses LaTeX
 with its own grammar and plain expressions only of digits and operators. Every call runs in a forked worker
