@@ -1,4 +1,4 @@
-"""Boxes (rule 1 of answer_extraction.py): every box, and the runs of boxes that separators, labels or
+"""Boxes (rule 1 of docs/eval.md): every box, and the runs of boxes that separators, labels or
 successive parts join into one answer, a list; boxes joined under a condition are a hedge."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Without any answer statement: the last clause that holds maths (rule 5 of answer_extraction.py), with its
+"""Without any answer statement: the last clause that holds maths (rule 5 of docs/eval.md), with its
 problem-aware part and a last sentence that states its number in words."""
 
 from __future__ import annotations

@@ -117,8 +117,8 @@ def own_turn(response: str) -> str:
 
 
 def locate_answer(response: str, problem: str = "") -> LocatedAnswer | None:
-    """The response's answer under the policy above; None when it gives none. `problem` is the problem
-    statement, where known (rule 5)."""
+    """The response's answer under the policy (docs/eval.md); None when it gives none. `problem` is the
+    problem statement, where known (rule 5)."""
     text = PHRASE_IN_MATHS.sub(r"\2: \1 ", own_turn(response[-MAX_RESPONSE_CHARS:]))
     stated = sorted(box_answers(text) + statement_answers(text), key=lambda a: a.start)
     masked = mask_math(text) if stated else ""

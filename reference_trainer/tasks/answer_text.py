@@ -1,5 +1,5 @@
 """What every answer reader shares: the located answer, math environments masked out of the words, sentence
-ends, and the words that correct, condition, negate or judge (answer_extraction.py states the policy)."""
+ends, and the words that correct, condition, negate or judge (docs/eval.md states the policy)."""
 
 from __future__ import annotations
 

@@ -281,7 +281,7 @@ def _in_answer_sentence(region: str, at: int) -> bool:
 
 def _cut_off(text: str, names: Sequence[str]) -> bool:
     """Does a response without a stated answer stop mid-sentence (cut at its token limit)? Its last
-    statements are then reasoning that never concluded, as for a math response (answer_extraction, rule 5),
+    statements are then reasoning that never concluded, as for a math response (docs/eval.md, rule 5),
     unless its last line is itself a whole statement (`Zoey: knave`, a table row `| Zoey | Knight |`)."""
     unquoted = re.sub(r"[\"'”’)\]}]+$", "", text.rstrip())  # a sentence may close inside quotes or brackets
     if ends_complete(unquoted):
