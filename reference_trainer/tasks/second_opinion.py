@@ -1,14 +1,7 @@
-"""A second grader beside rlbench's own, so that every eval states how much its score owes to the grader.
-
-For maths it is plain math-verify as released: `parse` of the whole response with math-verify's default
-extraction (a box first, then "final answer", then the last expression), `parse` of the gold written in
-`$...$`, and `verify` with math-verify's own comparison (none of rlbench's answer policy, rewrites or exact
-comparison). For Knights-and-Knaves it is the strict reader the training reward uses
-(`kk.parse_compact_assignment`: "Name is a knight|knave" for every person, nothing else) on the stated
-answer (the last `<answer>` block, else what follows the last "CONCLUSION", else the whole response).
-Both graders' versions are recorded with every score (`GRADER_VERSIONS`).
-
-`answer_type` names the kind of a gold, so that the two graders' disagreements can be counted by kind.
+"""A second grader beside rlbench's own, so that every eval states how much its score owes to the grader:
+plain math-verify as released for maths, the training reward's strict reader for Knights-and-Knaves (what
+each reads: docs/eval.md, "A second grader on every eval"). Both graders' versions are recorded with every
+score (`grader_versions`); `answer_type` names the kind of a gold, so that disagreements count by kind.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The embedded model's recipe: architecture, SFT data and schedule. `rlbench embedded build` runs it.
 
-The SFT data mixes two demonstrators, so that RL has something to find:
-- a careful one writes the work (arith: one line per operation; kk: every claim checked under the roles)
-  and then the answer; its traces slip now and then (tasks/*.py `sft_response`), so per-step errors are
-  in the policy's distribution too;
-- a lazy one answers at once with a guess (a random number; random roles).
-
-How often the lazy one speaks grows with the problem's size (arith: operations; kk: people), as a model
-that gives up on long problems. The SFT model therefore works greedily on small problems and guesses on
-large ones, while sampling at T = 1 still works often enough on large ones to be right: correct answers
-are in the distribution, and a correctness reward teaches the policy to work. Held-out accuracy rises, and
-responses grow longer under RL, as they do for reasoning models. Apart from the decision to work or guess,
-the work is near-deterministic text, so most tokens have a top probability near 1.
+The SFT data mixes a careful demonstrator (the work, then the answer; its traces slip now and then) and a
+lazy one (a guess at once) whose share grows with the problem's size, so that correct answers are in the
+sampling distribution while greedy decoding guesses on large problems: something for RL to find. Why, and
+what it measures: docs/embedded-model.md, "Why the SFT data mixes two demonstrators".
 """
 
 from __future__ import annotations
