@@ -53,12 +53,6 @@ class Decoded:
     response_ids: list[list[int]]
 
 
-def heldout_engine_config(max_num_seqs: int, max_model_len: int, device: str) -> EngineConfig:
-    """The held-out engine's configuration: the rollout engine's sizes (train/assemble.py), so that it
-    shares the rollout engine's static shapes and compiled flex shapes."""
-    return EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device)
-
-
 class HeldOut:
     """A fixed held-out set decoded by a private engine whose weights follow the policy on each call."""
 
@@ -81,7 +75,7 @@ class HeldOut:
         # engine takes is one the rollout engine compiled, and on CUDA compiled flex reuses those compiles
         # instead of adding one per batch bucket (an fp32 copy added 8 to the compare's 8).
         model = copy.deepcopy(policy).requires_grad_(False).to(resolve_dtype("auto", device))
-        config = heldout_engine_config(max_num_seqs, max_model_len, str(device))
+        config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=str(device))
         self.engine = Engine(model, config, eos_token_ids=tokenizer.eos_token_ids)
 
     def decode(self, temperature: float, samples: int = 1, seed: int = 0) -> Decoded:

@@ -89,13 +89,10 @@ def card_misses(tasks: dict[str, dict[str, float]]) -> list[str]:
     return misses
 
 
-def problem_size(task_name: str, problem: Problem) -> int:
-    return int(problem.meta["num_ops"] if task_name == "arith" else problem.meta["num_people"])
-
-
 def lazy_share(recipe: Recipe, task_name: str, problem: Problem) -> float:
     start, growth, cap = recipe.lazy[task_name]
-    return min(cap, 0.1 + growth * (problem_size(task_name, problem) - start))
+    size = int(problem.meta["num_ops"] if task_name == "arith" else problem.meta["num_people"])
+    return min(cap, 0.1 + growth * (size - start))
 
 
 def guess_response(task_name: str, problem: Problem, rng: random.Random) -> str:
