@@ -1,16 +1,11 @@
 """The rollout's host work counted as itself: CPU seconds of the rollout's thread (`time.thread_time`), split
-by where they go, so the figure does not move with the machine's load the way wall time does.
+by where they go (`engine`, `controller`, `sampling`, `forwards`: what each holds is docs/metrics.md's, the
+rollout phase's `host_cpu_s`), so the figure does not move with the machine's load the way wall time does.
 
-Parts (exclusive: a part nested inside another is not counted in the outer one):
-- `engine`: the engine's bookkeeping in a step (scheduling, planning the forward's inputs, appending tokens,
-  stop rules, the trace event);
-- `controller`: the mode's own work between engine steps (which prompts to admit, when to stop, what to keep);
-- `sampling`: the per-slot sampling parameters and the step's input upload (host-to-device copies);
-- `forwards`: the forwards themselves, the sampler's arithmetic and the read-back. On a CPU this is the
-  model's compute; on a GPU its launches and its wait for the device. The GPU replay puts a calibration's
-  measured forward in its place, so it is kept apart and never counted as host work.
-
-Thread CPU time counts the rollout thread only: a forward's intra-op worker threads are the forward's.
+Parts are exclusive: a part nested inside another is not counted in the outer one. `forwards` (on a CPU the
+model's compute, on a GPU its launches and its wait for the device) is kept apart and never counted as host
+work: the GPU replay puts a calibration's measured forward in its place. Thread CPU time counts the rollout
+thread only: a forward's intra-op worker threads are the forward's.
 """
 
 from __future__ import annotations
