@@ -77,9 +77,7 @@ def _draft_sums(steps: list[Event]) -> Event:
     verify_seqs = sum(s["verify_seqs"] for s in steps)
     return {
         "acceptance_rate": ratio(sum(s["accepted_tokens"] for s in steps), drafted),
-        "mean_accepted_len": ratio(sum(s["verify_tokens"] for s in steps), verify_seqs)
-        if verify_seqs
-        else None,
+        "mean_accepted_len": ratio(sum(s["verify_tokens"] for s in steps), verify_seqs),
         "draft_coverage": ratio(
             sum(s["drafted_seqs"] for s in steps), sum(s["decode_seq_steps"] for s in steps)
         ),
@@ -115,15 +113,15 @@ def _sides(events: Sequence[Event], steps: list[Event]) -> Event:
     rollout_idle = 1.0 - sum(s["slot_time"] for s in slotted) / slot_step if slot_step else None
     waits = _wait_shares(steps)
     run_ahead = any(e.get("kind") == TRAINER_WAIT for e in events)  # the rollout ran beside the updates
+    # One label by one rule: a run ahead (modes async, sorted+async) is labelled by its wait shares, whose
+    # phases overlap; every other run by its idle shares, as rlbench audit labels any run.
+    waited = (waits["trainer_wait_share"], waits["rollout_wait_share"])
+    shares = waited if run_ahead else (trainer_idle, rollout_idle)
     return {
         "trainer_idle_share": trainer_idle,
         "rollout_idle_share": rollout_idle,
         **waits,
-        # One label by one rule: a run ahead (modes async, sorted+async) is labelled by its wait shares,
-        # whose phases overlap; every other run by its idle shares, as rlbench audit labels any run.
-        "bound": bound_label(waits["trainer_wait_share"], waits["rollout_wait_share"])
-        if run_ahead
-        else bound_label(trainer_idle, rollout_idle),
+        "bound": bound_label(*shares),
         "run_ahead": run_ahead,
     }
 
