@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlbench.options import ModeOption, OutDir, Seed, SimGpu, SimModelSize, echo, given_flags
+from rlbench.options import ModeOption, OutDir, Seed, SimGpu, SimModelSize, echo, given_flags, with_options
 
 if TYPE_CHECKING:
     from rlbench.simulate.config import SimConfig
@@ -16,33 +17,35 @@ if TYPE_CHECKING:
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a simulation already in --out.")]
 
 
-def simulate_command(
-    ctx: typer.Context,
-    out: OutDir = Path("runs/simulate"),
+@dataclass(frozen=True)
+class SimOptions:
+    """`rlbench simulate`'s workload, cost model and schedule options, as given (with_options expands it
+    into these flags); `SimConfig.from_cli` parses and checks them."""
+
     trace: Annotated[
         Path | None,
         typer.Option(
             help="Length trace JSONL (see rlbench.simulate.workload), a run's trace.jsonl or run dir."
         ),
-    ] = None,
+    ] = None
     synthetic: Annotated[
         bool, typer.Option(help="Use the synthetic heavy-tailed workload (the default without --trace).")
-    ] = False,
+    ] = False
     workers: Annotated[
         str | None,
         typer.Option(
             help="Worker counts, comma-separated. Default: 1,8,64,512,4096 for a trace; 1,8,64 for the "
             "synthetic workload (a quick default; add 512,4096 for the full sweep)."
         ),
-    ] = None,
-    gpu: SimGpu = "h100",
-    model_size: SimModelSize = "7b",
+    ] = None
+    gpu: SimGpu = "h100"
+    model_size: SimModelSize = "7b"
     fit: Annotated[
         Path | None,
         typer.Option(
             "--fit", "--calibrate", help="Fit the cost model to this run (dir or trace.jsonl) instead."
         ),
-    ] = None,
+    ] = None
     modes: Annotated[
         str | None,
         typer.Option(
@@ -51,7 +54,7 @@ def simulate_command(
             "default: all). An entry may carry its own options: NAME:KEY=VALUE[:KEY=VALUE], e.g. "
             "baseline:dispatch=least-in-flight.",
         ),
-    ] = None,
+    ] = None
     dispatch: Annotated[
         str | None,
         typer.Option(
@@ -59,39 +62,48 @@ def simulate_command(
             help="Comma-separated dispatch policies (rlbench modes lists them; or package.module:Class): "
             "each mode runs under each, labelled MODE:dispatch=POLICY.",
         ),
-    ] = None,
-    mode_option: ModeOption = None,
+    ] = None
+    mode_option: ModeOption = None
     capacity: Annotated[
         int | None, typer.Option(min=1, help="Slots per worker (default 256; a calibration run's own).")
-    ] = None,
+    ] = None
     steps: Annotated[
         int | None, typer.Option(min=1, help="RL steps (default: the trace's; 4 of the synthetic workload).")
-    ] = None,
+    ] = None
     groups_per_worker: Annotated[
         int | None, typer.Option(min=1, help="Weak scaling: B = this x workers groups per step.")
-    ] = None,
+    ] = None
     acceptance: Annotated[
         float,
         typer.Option(min=0.0, max=1.0, help="HistoSpec per-token acceptance where the trace has none."),
-    ] = 0.7,
+    ] = 0.7
     rank_corr: Annotated[
         float, typer.Option(min=-1.0, max=1.0, help="Epoch-to-epoch length rank correlation.")
-    ] = 0.8,
-    overlap: Annotated[float, typer.Option(min=0.0, max=1.0, help="Synthetic: reusable token share.")] = 0.8,
-    prompts: Annotated[int, typer.Option(min=1, help="Synthetic: prompts per step.")] = 128,
-    group_size: Annotated[int, typer.Option(min=1, help="Synthetic: samples per prompt.")] = 8,
-    mean_tokens: Annotated[float, typer.Option(min=1.0, help="Synthetic: mean response tokens.")] = 2000.0,
-    sigma: Annotated[float, typer.Option(min=0.0, help="Synthetic: log-normal sigma (tail weight).")] = 1.0,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Synthetic: response length cap.")] = 16384,
-    max_prefill_tokens: Annotated[int, typer.Option(min=1, help="Tokens per batched prefill.")] = 8192,
-    seed: Seed = 0,
+    ] = 0.8
+    overlap: Annotated[float, typer.Option(min=0.0, max=1.0, help="Synthetic: reusable token share.")] = 0.8
+    prompts: Annotated[int, typer.Option(min=1, help="Synthetic: prompts per step.")] = 128
+    group_size: Annotated[int, typer.Option(min=1, help="Synthetic: samples per prompt.")] = 8
+    mean_tokens: Annotated[float, typer.Option(min=1.0, help="Synthetic: mean response tokens.")] = 2000.0
+    sigma: Annotated[float, typer.Option(min=0.0, help="Synthetic: log-normal sigma (tail weight).")] = 1.0
+    max_tokens: Annotated[int, typer.Option(min=1, help="Synthetic: response length cap.")] = 16384
+    max_prefill_tokens: Annotated[int, typer.Option(min=1, help="Tokens per batched prefill.")] = 8192
+    seed: Seed = 0
+
+
+@with_options(SimOptions, "sim")
+def simulate_command(
+    ctx: typer.Context,
+    out: OutDir = Path("runs/simulate"),
+    *,
+    sim: SimOptions,
     overwrite: Overwrite = False,
 ) -> None:
     """Replay a length trace (default: the synthetic workload) through the schedulers at 1..N workers:
     simulate.json + report.html. `rlbench simulate validate RUN` checks the simulator against a measured
     run."""
+    from dataclasses import asdict
+
     from reference_trainer.errors import UserError
-    from rlbench.rundirs import check_run_dir, claim
     from rlbench.simulate.config import SimConfig
 
     if ctx.invoked_subcommand is not None:
@@ -99,17 +111,9 @@ def simulate_command(
             flags = ", ".join(given)
             raise UserError(f"{flags}: give `simulate {ctx.invoked_subcommand}`'s options after its name")
         return
-    cfg = SimConfig.from_cli(workers, modes, mode_option, dispatch, trace=trace, synthetic=synthetic, gpu=gpu,
-                             model_size=model_size, fit=fit, capacity=capacity, steps=steps,
-                             groups_per_worker=groups_per_worker, acceptance=acceptance, rank_corr=rank_corr,
-                             overlap=overlap, prompts=prompts, group_size=group_size, mean_tokens=mean_tokens,
-                             sigma=sigma, max_tokens=max_tokens, max_prefill_tokens=max_prefill_tokens,
-                             seed=seed)  # fmt: skip
-    if trace is None and not synthetic:
-        echo(f"no --trace: {workload_line(cfg)}", err=True)
-    with claim(out, "simulate", accepts=("simulate",)):  # one writer, into a simulation or a new folder
-        check_run_dir(out, "simulate", overwrite, tuple(p for p in (trace, fit) if p is not None))
-        _simulate(cfg, out)
+    simulate_into(
+        SimConfig.from_cli(**asdict(sim)), out, overwrite, named=sim.trace is not None or sim.synthetic
+    )
 
 
 def workload_line(cfg: SimConfig) -> str:
@@ -142,22 +146,28 @@ def asked_first(results: list[dict], asked: tuple[str, ...]) -> list[dict]:
     return sorted(results, key=lambda r: (rank(r), r["workers"]))
 
 
-def _simulate(cfg: SimConfig, out: Path) -> None:
-    """The checked run, inside the command's claim of `out`: each result on stderr as it comes (a long
-    sweep shows its way), then the table by mode on stdout."""
+def simulate_into(cfg: SimConfig, out: Path, overwrite: bool, named: bool = True) -> None:
+    """The checked run: `out` claimed and checked (a simulation or a new folder), each result on stderr as
+    it comes (a long sweep shows its way), then the table by mode on stdout. Not `named`: the command was
+    given no workload, and says which one it replays."""
     from reference_trainer.trace.records import write_json
     from rlbench.report.simulate_report import render
+    from rlbench.rundirs import check_run_dir, claim
     from rlbench.simulate.config import run
 
     def progress(r: dict, done: int, total: int) -> None:
         echo(f"[{done}/{total}] {result_line(r)}", err=True)
 
-    doc = run(cfg, progress)
-    write_json(out / "simulate.json", doc)
-    page = render(doc, out)
-    for r in asked_first(doc["results"], cfg.modes):
-        echo(result_line(r))
-    echo(f"simulated in {doc['elapsed_s']:.1f} s: {out / 'simulate.json'}, {page}")
+    if not named:
+        echo(f"no --trace: {workload_line(cfg)}", err=True)
+    with claim(out, "simulate", accepts=("simulate",)):  # one writer, into a simulation or a new folder
+        check_run_dir(out, "simulate", overwrite, tuple(p for p in (cfg.trace, cfg.fit) if p is not None))
+        doc = run(cfg, progress)
+        write_json(out / "simulate.json", doc)
+        page = render(doc, out)
+        for r in asked_first(doc["results"], cfg.modes):
+            echo(result_line(r))
+        echo(f"simulated in {doc['elapsed_s']:.1f} s: {out / 'simulate.json'}, {page}")
 
 
 def validate_command(
