@@ -76,31 +76,21 @@ def _is_verl_log(path: Path) -> bool:
 
 def _verl_rollout_evidence(data: dict[str, Any], generated_before: float) -> tuple[float, float, str] | None:
     """(sample-seconds, window seconds, how) of one verl step, from per-sample times."""
-    generated = data.get(verl.GENERATED)
-    mean = data.get(verl.PROCESSING_MEAN)
+    generated, mean = data.get(verl.GENERATED), data.get(verl.PROCESSING_MEAN)
     if is_number(generated) and is_number(mean):
         window = verl.first_number(data, verl.VERSION_TIME) or float(data[verl.STEP])
-        n = float(generated) - generated_before
-        return (
-            n * float(mean),
-            window,
-            "generated samples x fully_async/processing_time/avg over version_time",
-        )
+        how = "generated samples x fully_async/processing_time/avg over version_time"
+        return (float(generated) - generated_before) * float(mean), window, how
     mean = data.get(verl.SAMPLE_TIME.format("mean"))
-    length = (verl.first_number(data, ("prompt_length/mean",)) or 0) + (
-        verl.first_number(data, (verl.LENGTH.format("mean"),)) or 0
+    length = sum(
+        verl.first_number(data, (k,)) or 0 for k in ("prompt_length/mean", verl.LENGTH.format("mean"))
     )
     if is_number(mean) and is_number(data.get(verl.TOKENS)) and length > 0:
-        n = float(data[verl.TOKENS]) / length
-        return (
-            n * float(mean),
-            float(data[verl.STEP]),
-            (
-                "samples (perf/total_num_tokens / mean sample length) x "
-                "timing_s/agent_loop/generate_sequences/mean "
-                "over timing_s/step"
-            ),
+        how = (
+            "samples (perf/total_num_tokens / mean sample length) x "
+            "timing_s/agent_loop/generate_sequences/mean over timing_s/step"
         )
+        return float(data[verl.TOKENS]) / length * float(mean), float(data[verl.STEP]), how
     return None
 
 
@@ -200,8 +190,7 @@ def _paused_notes(figures: list[dict[str, Any]], rollout_idle: float | None) -> 
         f"verl declares that neither side idles (trainer {quiet[0]:.1%}, rollouter {quiet[1]:.1%}), yet "
         f"the rollout's samples fill only {1 - rollout_idle:.1%} of its slot-time: the idle ratio "
         "misses time it spent paused or draining (verl#6693). With both sides busy an asynchronous run "
-        "would beat a synchronous one; this one is trainer-bound, so it cannot gain more than the "
-        "rollout's "
+        "would beat a synchronous one; this one is trainer-bound, so it cannot gain more than the rollout's "
         "share of a synchronous step."
     ]
 
@@ -261,34 +250,21 @@ def audit_run(run_dir: Path, tolerance: float) -> dict[str, Any]:
 
 def _declared_in_rows(rows: list[dict[str, Any]], side: str) -> tuple[float | None, str | None]:
     """The mean idle ratio verl declared for `side` over an imported run's per-step rows, and its key."""
-    values, key = [], None
-    for row in rows:
-        value, key_found = verl.declared({k.removeprefix("verl "): v for k, v in row.items()}, side)
-        if value is not None:
-            values.append(value)
-            key = key_found
-    return _mean(values), key
+    each = [verl.declared({k.removeprefix("verl "): v for k, v in row.items()}, side) for row in rows]
+    found = [(value, key) for value, key in each if value is not None]
+    return _mean([value for value, _ in found]), found[-1][1] if found else None
 
 
 def _trl_step_time(
     rows: list[dict[str, Any]], doc: dict[str, Any], ours: float | None, tolerance: float
 ) -> list[dict[str, Any]]:
-    """The trace's step time beside TRL's own, where an imported TRL run logged it in seconds."""
+    """The trace's step time beside TRL's own, where an imported TRL run logged it in seconds (the
+    tolerance relative to TRL's)."""
     trl_times = [r["TRL step_time"] for r in rows if is_number(r.get("TRL step_time"))]
     if not trl_times or (doc.get("run") or {}).get("time_unit") != "s":
         return []
     theirs = _mean(trl_times)
-    return [
-        {
-            "quantity": "step time (s)",
-            "rebuilt": ours,
-            "evidence": "phases (trace)",
-            "declared": theirs,
-            "declared_by": "TRL step_time",
-            "difference": ours - theirs if ours is not None else None,
-            "flagged": ours is not None and abs(ours - theirs) > tolerance * theirs,
-        }
-    ]
+    return [_figure("step time (s)", ours, "phases (trace)", theirs, "TRL step_time", tolerance * theirs)]
 
 
 def audit_records(
