@@ -185,35 +185,23 @@ def _request_tracks(reqs: list[Event], lane: Callable[[Event], int]) -> list[Eve
     return out
 
 
-def _loss_marks(losses: list[Event]) -> list[Event]:
-    """Each engine lost as an instant on its own engine thread: where its track stops."""
-    out: list[Event] = []
-    for m in losses:
-        pid, args = _pid(_worker(m)), {k: m.get(k) for k in ("step", "requests")}
-        out.append(
-            {"ph": "i", "s": "p", "name": "engine lost", "cat": "engine", "pid": pid, "tid": pid * LANES}
-        )
-        out[-1] |= {"ts": _us(m["t_start"]), "args": _clean(args)}
-    return out
+def _instant(name: str, cat: str, pid: int, t: float, args: Event) -> Event:
+    """An instant mark on a process's first thread (a worker's engine steps, the run's RL phases)."""
+    mark = {"ph": "i", "s": "p", "name": name, "cat": cat, "pid": pid, "tid": pid * LANES}
+    return mark | {"ts": _us(t), "args": _clean(args)}
 
 
-def _migration_marks(migrations: list[Event]) -> list[Event]:
-    """Each straggler migration as an instant on the engine thread of the worker the requests left."""
+def _marks(migrations: list[Event], losses: list[Event], events: list[Event]) -> list[Event]:
+    """Each straggler migration on the engine thread of the worker the requests left; each engine lost on its
+    own engine thread (where its track stops); each dispatch decision on the run's phase track: the policy,
+    the requests it sent to each engine and the engines' predicted tokens outstanding after it."""
     out: list[Event] = []
-    for m in migrations:  # on the engine thread of the worker the requests left
+    for m in migrations:
         args = {k: m.get(k) for k in ("from", "to", "requests")}
-        pid = _pid(_worker(m, "from"))
-        out.append(
-            {"ph": "i", "s": "p", "name": "migrate", "cat": "migration", "pid": pid, "tid": pid * LANES}
-        )
-        out[-1] |= {"ts": _us(m["t_start"]), "args": _clean(args)}
-    return out
-
-
-def _dispatch_marks(events: list[Event]) -> list[Event]:
-    """Each dispatch decision as an instant on the run's phase track: the policy, the requests it sent to
-    each engine and the engines' predicted tokens outstanding after it."""
-    out = []
+        out.append(_instant("migrate", "migration", _pid(_worker(m, "from")), m["t_start"], args))
+    for m in losses:
+        args = {k: m.get(k) for k in ("step", "requests")}
+        out.append(_instant("engine lost", "engine", _pid(_worker(m)), m["t_start"], args))
     for d in (e for e in events if e.get("kind") == DISPATCH):
         tokens, sent = d["tokens_outstanding"], Counter(d["engines"])
         args = {
@@ -221,15 +209,7 @@ def _dispatch_marks(events: list[Event]) -> list[Event]:
             "requests per engine": ", ".join(str(sent[w]) for w in range(len(tokens))),
             "tokens outstanding": ", ".join(f"{x:g}" for x in tokens),
         }
-        mark = {
-            "ph": "i",
-            "s": "p",
-            "name": "dispatch",
-            "cat": "dispatch",
-            "pid": RUN_PID,
-            "tid": RUN_PID * LANES,
-        }
-        out.append(mark | {"ts": _us(d["t_start"]), "args": _clean(args)})
+        out.append(_instant("dispatch", "dispatch", RUN_PID, d["t_start"], args))
     return out
 
 
@@ -283,7 +263,7 @@ def perfetto_trace(run_dir: Path) -> dict[str, Any]:
         timed.append(_span(p["kind"], "phase", RUN_PID, row, p["t_start"], p["t_end"], args))
     for row in range(1, len(busy)):
         out += _names(RUN_PID, row, f"RL phases {row}", row)
-    timed += _migration_marks(migrations) + _loss_marks(losses) + _dispatch_marks(events)
+    timed += _marks(migrations, losses, events)
     gpu = doc["gpu"] if isinstance(doc.get("gpu"), dict) else {}
     for sample in (x for x in gpu.get("samples") or [] if isinstance(x, dict) and is_number(x.get("t"))):
         for k, name in NVML_COUNTERS:
