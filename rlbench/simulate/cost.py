@@ -120,23 +120,21 @@ class Roofline(CostModel):
         flops = (2.0 * m.params * batch * q + attn) / (self.gpu.flops * self.flop_eff)
         return np.where(batch > 0, self.overhead + np.maximum(mem, flops), 0.0)
 
-    def prefill(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
+    def _prompts(self, tokens: np.ndarray, tokens_sq: np.ndarray, weights: float) -> np.ndarray:
+        """Prompt tokens' forward: their KV writes (and `weights` bytes read) against their FLOPs."""
         m = self.model
-        mem = (m.weight_bytes + m.kv_bytes_per_token * tokens) / (self.gpu.mem_bw * self.bw_eff)
-        flops = (2.0 * m.params * tokens + 2.0 * m.layers * m.heads * m.head_dim * tokens_sq) / (
-            self.gpu.flops * self.flop_eff
-        )
-        return np.where(n_seqs > 0, self.overhead + np.maximum(mem, flops), 0.0)
+        mem = (weights + m.kv_bytes_per_token * tokens) / (self.gpu.mem_bw * self.bw_eff)
+        flops = 2.0 * m.params * tokens + 2.0 * m.layers * m.heads * m.head_dim * tokens_sq
+        return np.maximum(mem, flops / (self.gpu.flops * self.flop_eff))
+
+    def prefill(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
+        prompts = self._prompts(tokens, tokens_sq, self.model.weight_bytes)
+        return np.where(n_seqs > 0, self.overhead + prompts, 0.0)
 
     def riding(self, n_seqs: np.ndarray, tokens: np.ndarray, tokens_sq: np.ndarray) -> np.ndarray:
         # the decode forward already reads the weights and pays the overhead: the prompts add their FLOPs
         # and their KV writes
-        m = self.model
-        mem = m.kv_bytes_per_token * tokens / (self.gpu.mem_bw * self.bw_eff)
-        flops = (2.0 * m.params * tokens + 2.0 * m.layers * m.heads * m.head_dim * tokens_sq) / (
-            self.gpu.flops * self.flop_eff
-        )
-        return np.where(n_seqs > 0, np.maximum(mem, flops), 0.0)
+        return np.where(n_seqs > 0, self._prompts(tokens, tokens_sq, 0.0), 0.0)
 
     def update(self, tokens: float, workers: int) -> float:
         flops = self.update_flops_per_token * self.model.params * tokens
@@ -343,8 +341,7 @@ def _rollout_fixed(events: list[dict[str, Any]], engine: list[dict[str, Any]], g
     worker_time: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for e in engine:
         worker_time[int(e["step"])][int(e.get("worker", 0))] += float(e["t_end"]) - float(e["t_start"]) + gap
-    fixed = [max(0.0, r - max(worker_time[s].values(), default=0.0)) for s, r in rollout.items() if r > 0]
-    return fixed
+    return [max(0.0, r - max(worker_time[s].values(), default=0.0)) for s, r in rollout.items() if r > 0]
 
 
 def fit_run(events: list[dict[str, Any]], source: str = "") -> FittedRun:
@@ -362,10 +359,7 @@ def fit_run(events: list[dict[str, Any]], source: str = "") -> FittedRun:
         x = x[:, :3]
     coef, r2 = _lstsq(x, np.asarray(dec_y))
     dcoef = coef[:3]
-    if pre_x:
-        pcoef, _ = _lstsq(np.asarray(pre_x), np.asarray(pre_y))
-    else:
-        pcoef = dcoef.copy()
+    pcoef = _lstsq(np.asarray(pre_x), np.asarray(pre_y))[0] if pre_x else dcoef.copy()
     rcoef = coef[3:] if coef.size > 3 else pcoef[1:]  # riding unseen: as a prefill's per-row and token cost
 
     gap = float(np.mean(gaps)) if gaps else 0.0
