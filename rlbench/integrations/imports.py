@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,9 +55,9 @@ class ImportConfig:
 def _slots(groups: list[Group], given: int | None) -> int:
     if given is not None:
         return given
-    per_engine: dict[tuple[int, int], int] = {}
+    per_engine: Counter[tuple[int, int]] = Counter()
     for g in groups:
-        per_engine[(g.step, g.worker)] = per_engine.get((g.step, g.worker), 0) + len(g.lengths)
+        per_engine[g.step, g.worker] += len(g.lengths)
     return max(per_engine.values())
 
 

@@ -114,17 +114,9 @@ def whatif(
     # DISPATCH_BUDGET (the smallest count where none does)
     policies = len(dispatch_entries("baseline"))
     fits = [w for w in chosen if policies * steps * step_work(w, per_worker, slots) <= DISPATCH_BUDGET]
+    best_at = max(fits, default=min(chosen))
     doc = simulate_whatif(
-        trace,
-        slots,
-        chosen,
-        WHATIF_MODES,
-        gpu,
-        model_size,
-        steps,
-        per_step,
-        update_s_per_token,
-        max(fits, default=min(chosen)),
+        trace, slots, chosen, WHATIF_MODES, gpu, model_size, steps, per_step, update_s_per_token, best_at
     )
     said = [f"worker counts {', '.join(map(str, chosen))}"
             + ("" if workers else f" (the default counts whose replayed step fits the budget of "

@@ -114,8 +114,7 @@ class RLBenchRecorder(TrainerCallback):
             raise UserError(f"RLBenchRecorder: overwrite must be True or False, got {overwrite!r}")
         workers = tuple(whatif_workers) if isinstance(whatif_workers, (list, tuple)) else whatif_workers
         self.config = ImportConfig(Path(out), slots, workers, gpu, model_size).check()
-        self.out = self.config.out
-        self.slots, self.whatif_workers, self.gpu, self.model_size = slots, workers, gpu, model_size
+        self.out, self.slots = self.config.out, slots
         self._held = ExitStack()
         self._claim(overwrite)
         self.probe = LengthProbe(self)
@@ -197,14 +196,8 @@ class RLBenchRecorder(TrainerCallback):
         for first in range(0, len(lengths), size):
             prompt = prompts[first] if first < len(prompts) else ""
             name = hashlib.sha1(repr(prompt).encode()).hexdigest()[:12]  # the same prompt keeps its name
-            self._step_groups.append(
-                Group(
-                    self._step,
-                    name,
-                    tuple(max(1, n) for n in lengths[first : first + size]),
-                    counts[first] if counts else 0,
-                )
-            )
+            group = tuple(max(1, n) for n in lengths[first : first + size])
+            self._step_groups.append(Group(self._step, name, group, counts[first] if counts else 0))
 
     # --- TrainerCallback ---------------------------------------------------------------------------------
 
@@ -279,6 +272,7 @@ class RLBenchRecorder(TrainerCallback):
                 "rollout_timed_by": "GRPOTrainer._generate" if self._wrapped else "length probe"}  # fmt: skip
         whatif = None
         if self.groups and slots:
-            whatif = run.whatif(self.groups, slots, self.whatif_workers, self.gpu, self.model_size,
+            cfg = self.config
+            whatif = run.whatif(self.groups, slots, cfg.workers, cfg.gpu, cfg.model_size,
                                 logged_update_cost(self.events))  # fmt: skip
         return run.write_run(self.out, [self.events], self.groups, meta, info, whatif)
