@@ -1,21 +1,10 @@
-"""`rlbench audit`: a run's idle figures rebuilt from its per-sample evidence, beside the framework's own.
+"""`rlbench audit`: a run's idle figures rebuilt from its per-sample evidence, beside the framework's own;
+docs/integrations.md ("rlbench audit") says what each is rebuilt from and declared by.
 
-For each quantity (trainer idle, rollout idle, the slot bubble) the audit rebuilds a value from what the
-run recorded per sample or per phase and sets it beside the figure the framework declared (verl's
-`*/idle_ratio` and rollout utilisation, TRL's `step_time`, NVML's GPU bubble for rlbench's own runs); a
-difference beyond the tolerance is flagged. The run is labelled by metrics.bound_label, the rule of
+A difference beyond the tolerance is flagged. The run is labelled by metrics.bound_label, the rule of
 docs/metrics.md, from the rebuilt shares: the evidence wins over the log, and the label says so where they
 disagree. A side with nothing to rebuild it from falls back to its declared share, and the label then says
 that it could not be checked.
-
-What is rebuilt from what (docs/integrations.md, "rlbench audit"):
-- an rlbench run folder (native or imported): trainer idle and rollout idle from its trace (metrics.py);
-- a verl file log: trainer idle = 1 - the trainer's timed work (reward, old_log_prob, ref, values, adv,
-  update_critic, update_actor) / timing_s/step; rollout idle = 1 - sample-seconds / (slots x window), the
-  sample-seconds being samples x mean per-sample time (fully async: the generated samples and
-  fully_async/processing_time/avg over the rollouter's version_time; synchronous: perf/total_num_tokens /
-  mean sample length samples x timing_s/agent_loop/generate_sequences/mean over timing_s/step); needs --slots;
-- any file `rlbench trace convert` reads: the slot bubble of each step's requests over their window.
 """
 
 from __future__ import annotations

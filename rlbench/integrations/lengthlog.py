@@ -1,17 +1,8 @@
 """The length log: the smallest thing any RL framework can dump, and the synchronous batch rebuilt from it.
 
-Format (JSONL, one prompt group of one RL step per line):
-
-    {"step": 3, "group": "q17", "prompt_tokens": 212, "response_tokens": [1874, 402, 977, 3310], "worker": 0}
-
-- `step` (int >= 0), `group` (str or int: the prompt, stable across steps if the same prompt comes back) and
-  `response_tokens` (a non-empty list of ints >= 1: every sample of the group) are required.
-- `prompt_tokens` (int >= 0, default 0) and `worker` (int >= 0: the rollout engine that ran the group,
-  default 0) are optional. Lines of one step are in submission order. Anything else is ignored.
-- Bounds, each refused at the line that passes it: a step number below 2^31, at most 2^24 tokens in a
-  prompt or response, at most MAX_GROUP samples in a group (one line, of at most MAX_LINE_BYTES, refused
-  before it is parsed), MAX_WORKERS workers and MAX_STEPS steps, and workers x steps at most
-  MAX_WORKER_STEPS (each step's metrics keep every worker's busy time).
+Its format and bounds: docs/integrations.md, "The length log" (the bounds are the constants below, each
+refused at the line that passes it; workers x steps is bounded because each step's metrics keep every
+worker's busy time).
 
 Rebuilding a step (`rebuild`): every worker runs its samples in log order under continuous batching with
 `slots` slots, one token per running sample per decode step (a synchronous rollout: the step waits for its

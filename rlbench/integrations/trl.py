@@ -1,28 +1,13 @@
-"""rlbench's trace and metrics from a TRL GRPOTrainer run, written while it trains.
+"""rlbench's trace and metrics from a TRL GRPOTrainer run, written while it trains (usage, what is read and
+what it cannot know: docs/integrations.md, "TRL").
 
-    recorder = RLBenchRecorder("runs/trl")
-    trainer = GRPOTrainer(..., reward_funcs=[my_reward, recorder.probe],
-                          args=GRPOConfig(..., reward_weights=[1.0, 0.0], logging_steps=1),
-                          callbacks=[recorder])
-    recorder.wrap_generation(trainer)  # optional: exact generation times (wraps a private TRL method)
-    trainer.train()                    # runs/trl/{trace.jsonl, lengths.jsonl, metrics.json, report.html}
-
-What TRL offers and what is read (TRL 1.16): transformers' TrainerCallback has no event at generation
-start or end, nor per sample. So:
-
-- `probe` is a reward function (weight 0; put it last). TRL calls it once per generation batch with every
-  completion's token ids: each sample's length, and its group (the sampler repeats each prompt
-  `num_generations` times in a row). The call's time closes the rollout: it comes after generation and
-  TRL's log-prob forwards, so without the wrapper the rollout phase includes those forwards.
-- `wrap_generation` times `GRPOTrainer._generate` itself (generation and decoding only) and reads the
-  prompts' token counts from it. It wraps a private method: TRL may rename it; then it says so and the
-  probe's times are used.
-- The update phase runs from the probe's call to the step's end (the other rewards after the probe, the
-  loss, backward and optimizer step). TRL's own `step_time` and `completions/*` from `on_log` go beside.
-
-With transformers' generate (use_vllm=False) a generation batch decodes all its samples together until the
-longest ends, so each sample holds one slot of a batch as large as the generation batch: the default
-`slots`. With vLLM, give its max_num_seqs. One process only: under several ranks each sees its own share.
+transformers' TrainerCallback has no event at generation start or end, nor per sample, so `probe` is a
+reward function (weight 0; put it last) that TRL calls once per generation batch with every completion's
+token ids: each sample's length, and its group (the sampler repeats each prompt `num_generations` times in
+a row). Its call closes the rollout, after TRL's log-prob forwards; `wrap_generation` times
+`GRPOTrainer._generate` itself, a private method a TRL release may rename (it then says so and the probe's
+times are used). With transformers' generate a generation batch decodes together until its longest sample
+ends: the default `slots`. One process only: under several ranks each sees its own share.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """verl's logs as an rlbench run: the file logger's JSONL and, optionally, the rollout_data_dir dumps.
 
-Checked against verl's source at 1dda039b (verl-project/verl, 0.10.0.dev, 2026-08-22) and, for the older
-key names, b178a3cd (volcengine/verl, 0.8.0.dev, 2026-01-29); docs/integrations.md says what is read from
-each key.
-
-- `trainer.logger=[console,file]` writes `$VERL_FILE_LOGGER_ROOT/{project}/{experiment}.jsonl`
-  (verl/utils/tracking.py `FileLogger`), one line per `logger.log` call: `{"step": N, "data": {...}}`.
-  The synchronous trainer logs one line per step (global_steps from 1; the validation before training is
-  step 0). Every timer of `timing_raw` is written as `timing_s/{name}` (metric_utils.compute_timing_metrics),
-  the agent loop's per-sample times included: `timing_s/agent_loop/generate_sequences/{min,mean,max}`.
-  The fully-async trainer logs several lines per parameter version (the rollouter's idle figures, the
-  aggregated step): lines of one step are merged, a later training line replacing an earlier one (a
-  resumed run). Validation lines (`val-*` keys only) are skipped.
-- `trainer.rollout_data_dir=DIR` writes `DIR/{step}.jsonl` (`_dump_generations`), one line per sample with
-  the decoded `input` and `output`, `gts`, `score`, `step` (and `request_id` in newer versions). Samples
-  with the same `input` in a step are one prompt group; their lengths are the texts re-tokenised.
+Checked against verl's source at CHECKED_AT; docs/integrations.md ("verl") says what is read from each key.
+The fully-async trainer logs several lines per step: they are merged, a later training line replacing an
+earlier one (a resumed run); validation lines (`val-*` keys only) are skipped. Samples with the same `input`
+in a step of the dumps are one prompt group; their lengths are the texts re-tokenised.
 """
 
 from __future__ import annotations
