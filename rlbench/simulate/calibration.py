@@ -1,26 +1,14 @@
 """GPU calibrations: what a forward and an update cost on one GPU for one model shape, as measured there, one
-committed file each (`calibrations/<gpu>-<model>.json`, package data) with its provenance (device, driver,
-torch, commit, date, command). The replay of a run's own schedule (gpu_replay.py) and the simulator's
-measured presets (cost.py `preset`) read costs only through `Calibration`: one GPU cost model.
+committed file each (`calibrations/<gpu>-<model>.json`, package data) with its provenance. The replay of a
+run's own schedule (gpu_replay.py) and the simulator's measured presets (cost.py `preset`) read costs only
+through `Calibration`: one GPU cost model. Its terms (decode, verify, prefill, update, the optional host
+seconds and `decode_scope`): docs/metrics.md, "The GPU replay".
 
-Terms:
-- decode: seconds of one decode forward, by rows (sequences in it);
-- verify: a forward of `width` tokens per row (1 + drafts), as a multiple of a decode forward over as many
-  rows (measured together, at one context, so the two agree);
-- prefill: seconds of an admission forward, by rows x uncached tokens per row;
-- update: seconds of the GRPO update, fixed + per token it processes;
-- host (optional): the engine's host CPU seconds per engine step (bookkeeping, sampling parameters, uploads),
-  measured on the GPU machine, where decode was timed as the forward alone (`decode_scope` "forward");
-  with `decode_scope` "engine_step" decode was timed as whole engine steps, so the engine's host work is in
-  it already; `controller_s_per_step` (optional): each mode's controller CPU seconds per engine step on the
-  GPU machine's CPU (benchmarks/grpo_table.py). The replay (gpu_replay.py) charges a run's engine steps
-  these; where `host` was never measured it sweeps a host cost per engine step instead.
 A term never measured has no value here: it is swept over the values in `swept`, and every figure computed
-with it says which value it assumed. An admission then costs a decode forward over its rows plus the assumed
-seconds (`admission_s`): at least the work of one token per row, the rest unknown.
-
-Between measured points a cost is interpolated linearly; beyond the largest it follows the last segment,
-below the smallest it is held there (`beyond` says where a figure left the measured range).
+with it says which value it assumed (an admission then costs a decode forward over its rows plus the assumed
+seconds: at least the work of one token per row, the rest unknown). Between measured points a cost is
+interpolated linearly; beyond the largest it follows the last segment, below the smallest it is held there
+(`beyond` says where a figure left the measured range).
 """
 
 from __future__ import annotations

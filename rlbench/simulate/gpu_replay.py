@@ -1,22 +1,11 @@
 """A run's own engine schedule replayed through a GPU calibration (calibration.py): a model, not a
-measurement.
+measurement. docs/metrics.md ("The GPU replay") says what each forward costs, the shape fallbacks for traces
+without `rows`/`input_tokens` (older runs, the vLLM engine's events), and the document it writes.
 
-Every forward of the run's trace keeps its kind and shape (rows, tokens, drafts, the admissions riding in it)
-and costs what the calibration measured on its GPU for that shape. The rollout's host work outside the
-forwards (the engine's bookkeeping, the mode's controller, sampling parameters and uploads) comes from one
-stated source (`HOST_SOURCES`): the engine's part from the calibration's measured host seconds per engine step
-where it has them, else, as every part without one, the CPU seconds the run's rollout thread spent on it
-(the rollout phase's `host_cpu_s`: they do not move with this machine's load the way wall time does); a trace
-without them (an older run, another engine) falls back on its rollout's wall time outside its forwards. The
-reward, the weight sync and the gaps between phases stay as measured; the update costs the calibration's
-update for the tokens it processed. A term the calibration never measured is swept: every figure is given at
-each of its values (`Calibration.sweep`).
-
-Forward shapes come from the trace contract (docs/metrics.md, "Engine steps"): `rows` and `input_tokens`, and
-`prefill_rows` / `prefill_tokens` for the admissions that rode in a decode or verify forward. Traces without
-them (older runs, the vLLM engine's events) fall back on: decode and verify rows = `active_slots`, a verify's
-tokens per row = its `width` (drafts) + 1, prefill rows = `tokens` (one per admitted sequence) and a
-prefill's tokens = the prompts of the sequences it newly put in slots.
+The rollout's host work outside the forwards comes from one stated source (`HOST_SOURCES`), counted in
+engine steps, never timed here: this machine's CPU seconds move with its load, so they are shown beside the
+figure, not in it. The reward, the weight sync and the gaps between phases stay as measured. A term the
+calibration never measured is swept: every figure is given at each of its values (`Calibration.sweep`).
 """
 
 from __future__ import annotations
