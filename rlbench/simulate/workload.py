@@ -77,31 +77,28 @@ class LengthTrace:
         }
 
 
+# LengthTrace's array columns and their dtypes.
+COLUMNS = {k: np.int64 for k in ("step", "prompt", "sample", "prompt_tokens", "response_tokens")}
+COLUMNS |= {"acceptance": np.float64, "predicted": np.float64}
+
+
 def _from_rows(rows: list[dict], source: str) -> LengthTrace:
     names: dict[str, int] = {}
-    cols: dict[str, list] = {k: [] for k in ("step", "prompt", "sample", "pt", "rt", "acc", "pred")}
+    cols: dict[str, list] = {k: [] for k in COLUMNS}
     for row in rows:
         cols["step"].append(int(row["step"]))
         cols["prompt"].append(names.setdefault(str(row["prompt_id"]), len(names)))
         cols["sample"].append(int(row["sample"]))
-        cols["pt"].append(max(0, int(row["prompt_tokens"])))
-        cols["rt"].append(max(1, int(row["response_tokens"])))
+        cols["prompt_tokens"].append(max(0, int(row["prompt_tokens"])))
+        cols["response_tokens"].append(max(1, int(row["response_tokens"])))
         drafted = int(row.get("drafted") or 0)
-        cols["acc"].append(min(1.0, int(row.get("accepted") or 0) / drafted) if drafted > 0 else math.nan)
+        acceptance = min(1.0, int(row.get("accepted") or 0) / drafted) if drafted > 0 else math.nan
+        cols["acceptance"].append(acceptance)
         pred = row.get("predicted_tokens")
-        cols["pred"].append(float(pred) if pred is not None else math.nan)
+        cols["predicted"].append(float(pred) if pred is not None else math.nan)
     order = np.argsort(np.asarray(cols["step"], dtype=np.int64), kind="stable")  # keep submission order
-    trace = LengthTrace(
-        step=np.asarray(cols["step"], dtype=np.int64)[order],
-        prompt=np.asarray(cols["prompt"], dtype=np.int64)[order],
-        sample=np.asarray(cols["sample"], dtype=np.int64)[order],
-        prompt_tokens=np.asarray(cols["pt"], dtype=np.int64)[order],
-        response_tokens=np.asarray(cols["rt"], dtype=np.int64)[order],
-        acceptance=np.asarray(cols["acc"], dtype=np.float64)[order],
-        predicted=np.asarray(cols["pred"], dtype=np.float64)[order],
-        prompt_names=list(names),
-        source=source,
-    )
+    arrays = {k: np.asarray(v, dtype=COLUMNS[k])[order] for k, v in cols.items()}
+    trace = LengthTrace(**arrays, prompt_names=list(names), source=source)
     if len(trace) == 0:
         raise UserError(f"{source}: no sequences in the trace")
     return trace
