@@ -39,6 +39,9 @@ Threads = Annotated[
     ),
 ]
 OutDir = Annotated[Path, typer.Option("--out", help="Output directory.")]
+OverwriteFile = Annotated[  # commands writing one --out file (audit, trace convert)
+    bool, typer.Option("--overwrite", help="Replace an existing --out file, or write one inside a run.")
+]
 GpuCalibration = Annotated[
     Path | None,
     typer.Option(

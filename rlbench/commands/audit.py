@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from rlbench.options import echo
+from rlbench.options import OverwriteFile, echo
 
 
 def audit_command(
@@ -34,9 +34,7 @@ def audit_command(
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write the audit as JSON to this file.")
     ] = None,
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace an existing --out file, or write one inside a run.")
-    ] = False,
+    overwrite: OverwriteFile = False,
 ) -> None:
     """Rebuild trainer idle, rollout idle and the slot bubble from the run's own evidence, set them beside
     the framework's figures, flag disagreements, and label the run (rollout-bound, trainer-bound, balanced,

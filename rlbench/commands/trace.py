@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from rlbench.options import echo
+from rlbench.options import OverwriteFile, echo
 
 FORMATS = ("perfetto",)
 
@@ -78,9 +78,7 @@ def convert_command(
         bool,
         typer.Option("--trust-pickle", help="Load a .pt that needs a full unpickle (it can run code in it)."),
     ] = False,
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace an existing --out file, or write one inside a run.")
-    ] = False,
+    overwrite: OverwriteFile = False,
 ) -> None:
     """Write another framework's per-sample file as an open rollout trace (docs/integrations.md). verl's
     rollout dumps hold texts, not token counts: they need the run's tokenizer folder, --tokenizer DIR."""
