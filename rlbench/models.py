@@ -220,6 +220,9 @@ def _has_chat_template(path: Path) -> bool:
     return isinstance(raw, dict) and bool(raw.get("chat_template"))
 
 
+MODEL_COLUMNS = ("name", "kind", "status", "about")  # a `rlbench models list` row
+
+
 def list_models(paths: Sequence[Path] = ()) -> list[dict[str, str]]:
     """One row per model `--model` can name: the embedded model, the packaged ones, the imported ones, and
     the directories in `paths`."""
@@ -227,14 +230,8 @@ def list_models(paths: Sequence[Path] = ()) -> list[dict[str, str]]:
 
     embedded = shipped_dir()
     shape = f"{RECIPE.model.num_hidden_layers} layers x {RECIPE.model.hidden_size} wide"
-    rows = [
-        {
-            "name": EMBEDDED,
-            "kind": "embedded",
-            "status": f"shipped at {embedded}",
-            "about": f"char-level decoder, {shape}, SFT on the embedded tasks (train/recipe.py)",
-        }
-    ]
+    about = f"char-level decoder, {shape}, SFT on the embedded tasks (train/recipe.py)"
+    rows = [(EMBEDDED, "embedded", f"shipped at {embedded}", about)]
     for model in PACKAGED.values():
         target = imports_root() / model.name
         if is_model_dir(target):
@@ -243,19 +240,14 @@ def list_models(paths: Sequence[Path] = ()) -> list[dict[str, str]]:
             status = f"installed ({model.distribution}), imported on first use"
         else:
             status = f"not installed: {model.install_hint}"
-        rows.append(
-            {"name": model.name, "kind": "packaged GGUF", "status": status, "about": model.description}
-        )
-    for path in _imported_dirs():
-        if path.name not in PACKAGED:
-            rows.append(
-                {"name": path.name, "kind": "imported", "status": str(path), "about": describe_dir(path)}
-            )
+        rows.append((model.name, "packaged GGUF", status, model.description))
+    rows += [
+        (p.name, "imported", str(p), describe_dir(p)) for p in _imported_dirs() if p.name not in PACKAGED
+    ]
     for path in paths:
         status = str(path) if is_model_dir(path) else "not a model directory (no config.json + *.safetensors)"
-        about = describe_dir(path) if is_model_dir(path) else ""
-        rows.append({"name": str(path), "kind": "directory", "status": status, "about": about})
-    return rows
+        rows.append((str(path), "directory", status, describe_dir(path) if is_model_dir(path) else ""))
+    return [dict(zip(MODEL_COLUMNS, row, strict=True)) for row in rows]
 
 
 def load_model_and_tokenizer(

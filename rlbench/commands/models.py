@@ -66,10 +66,10 @@ def list_command(
     from rich.table import Table
 
     from reference_trainer.errors import printable
-    from rlbench.models import list_models
+    from rlbench.models import MODEL_COLUMNS, list_models
 
-    table = Table("name", "kind", "status", "about")
+    table = Table(*MODEL_COLUMNS)
     for row in list_models(paths or []):
         # escaped: an install hint's [gguf] is text, not rich markup; a folder's name may hold control bytes
-        table.add_row(*(escape(printable(str(row[key]))) for key in ("name", "kind", "status", "about")))
+        table.add_row(*(escape(printable(str(row[key]))) for key in MODEL_COLUMNS))
     Console(width=200).print(table)

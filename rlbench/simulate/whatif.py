@@ -52,6 +52,7 @@ def whatif(
          **{k: r[k] for k in ("trainer_workers",) if k in r}}
         for r in doc["results"]
     ]  # fmt: skip
+    best = best_dispatch(trace, cost, slots, dispatch_workers or max(workers), steps, groups_per_worker)
     return {
         "available": True,
         "label": LABEL,
@@ -59,9 +60,7 @@ def whatif(
         "workload": doc["workload"],
         "results": results,
         "not_modelled": doc["not_modelled"],
-        "best_dispatch": best_dispatch(
-            trace, cost, slots, dispatch_workers or max(workers), steps, groups_per_worker
-        ),  # fmt: skip
+        "best_dispatch": best,
     }
 
 
