@@ -111,11 +111,6 @@ class Calibration:
     admission_overhead_by_tokens: dict[int, dict[int, float]] | None = None
 
     @property
-    def engine_host_measured(self) -> bool:
-        """Whether the engine's host work per step comes from the GPU machine (in decode, or as `host`)."""
-        return self.decode_scope == "engine_step" or self.host is not None
-
-    @property
     def name(self) -> str:
         return f"{self.gpu}-{self.model}"
 
@@ -199,12 +194,8 @@ class Calibration:
         doc = asdict(self)
         doc["decode"] = {str(k): v for k, v in self.decode.items()}
         for key in ("verify", "prefill"):
-            table = getattr(self, key)
-            doc[key] = (
-                None
-                if table is None
-                else {str(k): {str(w): v for w, v in r.items()} for k, r in table.items()}
-            )
+            if (table := getattr(self, key)) is not None:
+                doc[key] = {str(k): {str(w): v for w, v in r.items()} for k, r in table.items()}
         return {"format": FORMAT, **doc}
 
 
@@ -243,10 +234,15 @@ def _two_way(raw: Any, what: str) -> dict[int, dict[int, float]]:
     return {k: _costs(raw[str(k)], f"{what}[{k}]") for k in outer}
 
 
+def _unmeasured(prefill: Any, update: Any) -> list[str]:
+    """The swept terms a calibration did not measure."""
+    return [term for term, value in (("prefill", prefill), ("update", update)) if value is None]
+
+
 def _swept(swept: Any, prefill: Any, update: Any) -> dict[str, Any]:
     """A calibration's `swept`, checked: exactly the terms it did not measure, each with its values, the
     simulator's value and a unit."""
-    unmeasured = {term for term, value in (("prefill", prefill), ("update", update)) if value is None}
+    unmeasured = set(_unmeasured(prefill, update))
     if not isinstance(swept, dict) or set(swept) != unmeasured:
         raise ValueError(
             f"swept must name exactly the unmeasured terms ({', '.join(sorted(unmeasured)) or 'none'})"
@@ -340,9 +336,7 @@ def fit_update(points: Iterable[tuple[float, float]]) -> dict[str, Any]:
 
 def with_sweeps(calibration: Calibration) -> Calibration:
     """The calibration with a sweep (DEFAULT_SWEEPS) for each term it did not measure, and none other."""
-    unmeasured = [
-        t for t, v in (("prefill", calibration.prefill), ("update", calibration.update)) if v is None
-    ]
+    unmeasured = _unmeasured(calibration.prefill, calibration.update)
     return replace(calibration, swept={t: DEFAULT_SWEEPS[t] for t in unmeasured})
 
 

@@ -129,11 +129,6 @@ def host_cpu(events: Sequence[Event]) -> dict[int, dict[str, float]]:
     return {step: parts for step, parts in out.items() if step not in lacking}
 
 
-def host_source(cal: Calibration) -> str:
-    """Where a replay's host time comes from (`HOST_SOURCES`)."""
-    return "calibration" if cal.host is not None else "swept"
-
-
 def host_per_step(cal: Calibration, mode: str | None) -> float | None:
     """The calibration's host seconds per engine step for `mode` (its engine's, plus its controller's where
     the calibration measured the mode's: `host["controller_s_per_step"]`); None where it never measured host
@@ -181,7 +176,8 @@ class RunReplay:
 
     @property
     def source(self) -> str:
-        return host_source(self.cal)
+        """Where the replay's host time comes from (`HOST_SOURCES`)."""
+        return "calibration" if self.cal.host is not None else "swept"
 
     def sweep(self) -> list[dict[str, float]]:
         """The calibration's swept assumptions, each at every swept host value where it never measured
