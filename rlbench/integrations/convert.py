@@ -1,16 +1,9 @@
 """Other frameworks' per-sample files as open rollout traces (reference_trainer/trace/rollout_trace.py).
 
-`to_records(path)` recognises what `path` is and converts it:
-
-- an rlbench run folder (trace.jsonl): every sequence event, times measured (or rebuilt, for an import);
-- an open rollout trace (.jsonl whose lines carry `"schema": "rlbench-rollout-trace/1"`): read and checked;
-- a length log (.jsonl of `step`, `group`, `response_tokens`): one record per sample, no times;
-- TRL's output_dir (completions/completions_*.parquet): one record per sample, no times;
-- verl's trainer.rollout_data_dir (`{step}.jsonl` dumps; needs the run's tokenizer): likewise;
-- slime's `--save-debug-rollout-data` file (a torch pickle, `.pt`): one record per `Sample`, times from its
-  `sglang_generate` span where slime traced it. Loaded with `weights_only=True`; a file that needs more
-  (numpy arrays, custom classes) is refused unless `trust_pickle` says its source is trusted, because
-  unpickling it can run any code the file holds.
+`to_records(path)` recognises what `path` is (`kind`) and converts it; docs/integrations.md ("The open
+rollout trace", "slime") says what is read from each. slime's `.pt` is loaded with `weights_only=True`; a
+file that needs more is refused unless `trust_pickle` says its source is trusted, because unpickling it can
+run any code the file holds.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""A finished TRL GRPOTrainer run, from what it leaves in its output_dir (no callback needed).
-
-- `log_completions=True` writes `output_dir/completions/completions_{step:05d}.parquet` at each logging step:
-  the last generation batch, one row per sample (`step`, `prompt`, `completion`, each reward, `advantage`, and
-  the columns reward functions add through `log_extra`). rlbench's length probe adds `completion_tokens`,
-  the exact token count; without it the `completion` texts are re-tokenised with the run's tokenizer.
-- `trainer_state.json` (in output_dir after `trainer.save_state()`, or in each `checkpoint-N/`) keeps TRL's
-  per-step logs (`log_history`): `step_time`, `completions/{mean,max}_length`, `completions/clipped_ratio`.
-
-No file holds when generation ran, so the run's time unit is the decode step, as for a length log. Steps
-keep TRL's numbers (global_step after the step, from 1), as the callback's do. Checked against trl 1.16.0
-(GRPOTrainer.log writes the parquet and the averaged `_metrics`, trainer.py's log_history holds them).
+"""A finished TRL GRPOTrainer run, from what it leaves in its output_dir (no callback needed): the
+completions parquet files (`log_completions=True`) and trainer_state.json; docs/integrations.md ("A finished
+TRL run") says what each holds. No file holds when generation ran, so the run's time unit is the decode step,
+as for a length log. Steps keep TRL's numbers (global_step after the step, from 1), as the callback's do.
 """
 
 from __future__ import annotations
