@@ -1,12 +1,7 @@
 """A rollout run ahead of the update (modes async, sorted+async) as the simulator runs it: rollout and trainer
-as two pools of the same W devices, the steps pipelined under the staleness bound k.
-
-The trainer pool takes W_t of the W devices, the rollout pool the rest: the mode's strategy is replayed on
-the rollout pool (the same groups per step), the update runs data parallel on the trainer pool (the cost
-model's, or the log's or run's seconds per token: `cost.update`). W_t is the best of three splits: the one
-that balances the synchronous schedule's update against its rollout on all W (W_t = W x update / (rollout +
-update)), a quarter and a half of W (a rollout bound by its longest samples barely slows on fewer devices,
-so the update can take more of them). Then, per step t, with R and U the rollout and update times:
+as two pools of the same W devices, the steps pipelined under the staleness bound k; docs/simulate.md ("A
+rollout run ahead") says how the pools are split and why. Per step t, with R and U the rollout and update
+times:
 
     rollout t starts at max(end of rollout t-1, end of update t-k-1)   (the weights of step t - k are out)
     update t starts at max(end of rollout t, end of update t-1)
