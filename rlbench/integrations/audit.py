@@ -43,6 +43,22 @@ def _figure(
     }
 
 
+def _idle_figures(
+    shares: tuple[float | None, float | None],
+    evidence: tuple[str, str],
+    declared: dict[str, tuple[float | None, str | None]],
+    where: dict[str, str],
+    tolerance: float,
+) -> list[dict[str, Any]]:
+    """The trainer's and the rollout's idle share, rebuilt, beside what verl declared for each side (its
+    mean over the steps, and the key it came from)."""
+    sides = (("trainer idle", "trainer"), ("rollout idle", "rollouter"))
+    return [
+        _figure(quantity, share, how, declared[side][0], _named(declared[side][1], where), tolerance)
+        for (quantity, side), share, how in zip(sides, shares, evidence, strict=True)
+    ]
+
+
 def _share(value: float | None, what: str, notes: list[str], why: str) -> float | None:
     """A rebuilt share, or None with a note when the evidence puts it outside [0, 1]: such a share is
     never printed (nor labels the run), the note says which figures disagree."""
@@ -98,30 +114,19 @@ def audit_verl(path: Path, slots: int | None, tolerance: float) -> dict[str, Any
         f"--slots {slots} x the window ({window_s:.4g} s)",
     )
     where = verl.key_generations(steps)
-    figures = [
-        _figure(
-            "trainer idle",
-            trainer_idle,
-            "1 - verl's timed trainer work / timing_s/step",
-            _mean(declared["trainer"]),
-            _named(keys.get("trainer"), where),
-            tolerance,
-        ),
-        _figure(
-            "rollout idle",
-            rollout_idle,
-            f"1 - {how} / ({slots} slots)"
-            if rollout_idle is not None
-            else (
-                "needs --slots (the rollout's concurrent samples)"
-                if how
-                else "no per-sample times in the log"
-            ),
-            _mean(declared["rollouter"]),
-            _named(keys.get("rollouter"), where),
-            tolerance,
-        ),
-    ]
+    if rollout_idle is not None:
+        rollout_how = f"1 - {how} / ({slots} slots)"
+    else:
+        rollout_how = (
+            "needs --slots (the rollout's concurrent samples)" if how else "no per-sample times in the log"
+        )
+    figures = _idle_figures(
+        (trainer_idle, rollout_idle),
+        ("1 - verl's timed trainer work / timing_s/step", rollout_how),
+        {side: (_mean(declared[side]), keys.get(side)) for side in declared},
+        where,
+        tolerance,
+    )
     if utilisation:
         figures.append(
             _figure(
@@ -194,47 +199,21 @@ def audit_run(run_dir: Path, tolerance: float) -> dict[str, Any]:
     computed = metrics.compute(read_trace(run_dir / "trace.jsonl"), doc.get("gpu"))["summary"]
     rows = (doc.get("integration") or {}).get("per_step") or []
     notes: list[str] = []
-    trainer_d, trainer_key = _declared_in_rows(rows, "trainer")
-    rollout_d, rollout_key = _declared_in_rows(rows, "rollouter")
     where = {k: w for k, (_, w) in verl.IDLE_KEYS.items()}
-    figures = [
-        _figure(
-            "trainer idle",
-            computed["trainer_idle_share"],
-            "1 - reward and update phases / step time (trace)",
-            trainer_d,
-            _named(trainer_key, where),
-            tolerance,
-        ),
-        _figure(
-            "rollout idle",
-            computed["rollout_idle_share"],
-            "1 - slot-time / (capacity x step time) (trace)",
-            rollout_d,
-            _named(rollout_key, where),
-            tolerance,
-        ),
-        _figure(
-            "slot bubble",
-            computed["bubble_ratio"],
-            "engine events' slots over the rollout windows (trace)",
-            computed.get("bubble_ratio_gpu"),
-            "NVML GPU bubble" if computed.get("bubble_ratio_gpu") is not None else None,
-            tolerance,
-        ),
-    ]
+    shares = computed["trainer_idle_share"], computed["rollout_idle_share"]
+    evidence = (
+        "1 - reward and update phases / step time (trace)",
+        "1 - slot-time / (capacity x step time) (trace)",
+    )
+    declared = {side: _declared_in_rows(rows, side) for side in ("trainer", "rollouter")}
+    figures = _idle_figures(shares, evidence, declared, where, tolerance)
+    gpu = computed.get("bubble_ratio_gpu")
+    nvml = "NVML GPU bubble" if gpu is not None else None
+    trace_bubble = "engine events' slots over the rollout windows (trace)"
+    figures.append(_figure("slot bubble", computed["bubble_ratio"], trace_bubble, gpu, nvml, tolerance))
     figures += _trl_step_time(rows, doc, computed["step_time_s"], tolerance)
     kind = f"rlbench run ({(doc.get('run') or {}).get('framework') or 'native'})"
-    return _doc(
-        run_dir,
-        kind,
-        computed["steps"],
-        figures,
-        computed["trainer_idle_share"],
-        computed["rollout_idle_share"],
-        notes,
-        tolerance,
-    )
+    return _doc(run_dir, kind, computed["steps"], figures, *shares, notes, tolerance)
 
 
 def _declared_in_rows(rows: list[dict[str, Any]], side: str) -> tuple[float | None, str | None]:
