@@ -308,18 +308,16 @@ def _forward_rows(
         prev[w] = e
         dur = float(e["t_end"]) - float(e["t_start"])
         live = set(slots.values())
-        for sid in list(ctx):
-            if sid not in live:
-                del ctx[sid]
+        for sid in ctx.keys() - live:
+            del ctx[sid]
+        new = [s for s in live if s not in ctx]
         if e["kind"] == PREFILL:
-            new = [s for s in live if s not in ctx]
             toks = sum(prompt_len.get(s, 0) for s in new)
             pre_x.append((1.0, float(len(new)), float(toks)))
             pre_y.append(dur)
             for s in new:
                 ctx[s] = prompt_len.get(s, 0) + 1
         else:  # a decode step, with the admissions that rode in it (the new sequences) as extra columns
-            new = [s for s in live if s not in ctx]
             toks = e.get("prefill_tokens", sum(prompt_len.get(s, 0) for s in new)) if new else 0
             ctx_old = float(sum(ctx[s] for s in live if s in ctx))
             dec_x.append((1.0, float(len(live)), ctx_old, float(len(new)), float(toks)))
