@@ -1,11 +1,6 @@
-"""A run as Chrome trace-event JSON, the format ui.perfetto.dev and chrome://tracing open.
-
-Reads only the run directory's `trace.jsonl` (docs/metrics.md) and, when present, `metrics.json` (NVML
-samples, the run's description, observed servers' URLs). One process per rollout worker (or observed
-server) holds an `engine steps` thread, one thread per KV slot with the requests that held it, and counters
-(active slots, queued requests; waiting requests and KV use for observed servers); a `run` process holds
-the RL phases and the NVML counters. Times are microseconds from the trace's start. Contract:
-docs/perfetto.md.
+"""A run as Chrome trace-event JSON, the format ui.perfetto.dev and chrome://tracing open: the processes,
+threads and counters of docs/perfetto.md (its contract), from the run directory's `trace.jsonl` and, when
+present, `metrics.json`. Times are microseconds from the trace's start.
 """
 
 from __future__ import annotations
