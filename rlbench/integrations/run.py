@@ -94,12 +94,9 @@ def whatif(
     model_size: str = "7b",
     update_s_per_token: float | None = None,
 ) -> dict[str, Any]:
-    """What each mode would buy on these lengths at each worker count: weak scaling, every worker given as
-    many groups per step as the log's steps had (so W = 1 is the logged batch on one engine). `workers`
-    None: those of WHATIF_WORKERS whose one step fits the replay budget. The first steps that fit
-    REPLAY_BUDGET are replayed, from a length trace of only the groups they use: time and memory bounded
-    whatever the log's size. `update_s_per_token`: the log's own update cost
-    (simulate.whatif.logged_update_cost), where it has one."""
+    """What each mode would buy on these lengths at each worker count (docs/integrations.md says how the
+    counts, the steps replayed and the scaling are chosen): time and memory bounded whatever the log's size.
+    `update_s_per_token`: the log's own update cost (simulate.whatif.logged_update_cost), where it has one."""
     by_step = lengthlog.by_step(groups)
     per_step = max(1, round(len(groups) / len(by_step)))  # groups per worker and step
     per_worker = sum(len(g.lengths) for g in groups) / len(by_step)  # sequences per worker and step

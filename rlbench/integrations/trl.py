@@ -74,13 +74,9 @@ class LengthProbe:
 
 
 class RLBenchRecorder(TrainerCallback):
-    """The TrainerCallback that writes the run folder; `probe` is its length-probe reward.
-
-    Every argument is checked here, before training starts, and the folder is claimed here too
-    (rlbench/rundirs.py: one writer, never over another command's run) and held until the run ends: a
-    folder holding a training run, an evaluation or any other command's run is refused; so is one that
-    already holds a recorded or imported run (its trace would be appended to) unless `overwrite`, which
-    removes that run's files now; a second recorder on the same folder is refused at once."""
+    """The TrainerCallback that writes the run folder; `probe` is its length-probe reward. Every argument is
+    checked and the folder claimed here, before training starts, and held until the run ends (the rules:
+    docs/integrations.md, "TRL"; rlbench/rundirs.py)."""
 
     _recording: ClassVar[set[Path]] = set()  # folders a recorder of this process holds
 
