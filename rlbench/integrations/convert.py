@@ -175,11 +175,8 @@ def to_records(
     if found == "rlbench":
         return rollout_trace.from_events(read_trace(path / "trace.jsonl"))
     if found == "trl":
-        return from_groups(
-            trl_logs.read_completions(path / "completions", tokenizer() if tokenizer else None),
-            "TRL",
-            hashed=True,
-        )
+        groups = trl_logs.read_completions(path / "completions", tokenizer() if tokenizer else None)
+        return from_groups(groups, "TRL", hashed=True)
     if found == "verl-dumps":
         if tokenizer is None:
             raise UserError(

@@ -155,9 +155,8 @@ def import_trl(output_dir: Path, tokenizer: Path | None, cfg: ImportConfig) -> d
     """A finished TRL GRPOTrainer run (completions parquet, trainer_state.json) -> a run folder."""
     if not output_dir.is_dir():
         raise UserError(f"{output_dir}: not a directory (TRL's output_dir)")
-    groups = trl_logs.read_completions(
-        output_dir / "completions", load_tokenizer(tokenizer) if tokenizer else None
-    )
+    loaded = load_tokenizer(tokenizer) if tokenizer else None
+    groups = trl_logs.read_completions(output_dir / "completions", loaded)
     slots = _slots(groups, cfg.slots)
     events = lengthlog.rebuild(groups, slots)
     state = trl_logs.find_state(output_dir)
