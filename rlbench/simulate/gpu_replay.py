@@ -257,13 +257,11 @@ def describe(cal: Calibration) -> dict[str, Any]:
     if cal.host is None:
         doc["swept"] = {**doc["swept"], "host": HOST_SWEEP}
     if (residual := cal.update_residual_s()) is not None:
-        doc["swept"] = {
-            **doc["swept"],
-            "update_residual": {
-                "values": [-residual, 0.0, residual],
-                "unit": "s of the update fit's residual (RMS over its points)",
-            },
+        fit = {
+            "values": [-residual, 0.0, residual],
+            "unit": "s of the update fit's residual (RMS over its points)",
         }
+        doc["swept"] = {**doc["swept"], "update_residual": fit}
     return doc
 
 
