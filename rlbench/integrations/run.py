@@ -185,16 +185,13 @@ def write_run(
             row["bubble_ratio_gpu"] = gpu_bubble
         if sequences > LEDGER_SEQUENCES:  # no ledger of a part of the run
             kept = [e for e in kept if e.get("kind") != SEQUENCE]
-            integration = {
-                **integration,
-                "ledger": f"not computed: {sequences:,} sequences, over {LEDGER_SEQUENCES:,}",
-            }
+            why = f"not computed: {sequences:,} sequences, over {LEDGER_SEQUENCES:,}"
+            integration = {**integration, "ledger": why}
         summary = {**metrics.summary(kept, step_rows), "bubble_ratio_gpu": overall}
         if groups:
             integration = {**integration, "length_variance": lengthlog.variance_split(groups)}
-            if run.get("slots_per_worker"):
-                bubble = lengthlog.decode_step_bubble(groups, run["slots_per_worker"])
-                integration["bubble_decode_steps"] = bubble
+            if slots := run.get("slots_per_worker"):
+                integration["bubble_decode_steps"] = lengthlog.decode_step_bubble(groups, slots)
         doc = {
             "run": doc_run,
             "summary": summary,
