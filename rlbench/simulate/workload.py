@@ -241,15 +241,15 @@ def synthetic(
         return np.clip(np.exp(mu + sigma * (a * zp[:, None] + b * eps)), 1, max_tokens).astype(np.int64)
 
     prev = epoch(z)
-    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("step", "prompt", "sample", "rt", "pred")}
+    cols: dict[str, list] = {k: [] for k in ("step", "prompt", "sample", "response_tokens", "predicted")}
     for s in range(steps):
         z = r * z + math.sqrt(1.0 - r * r) * rng.standard_normal(prompts)  # AR(1): stationary N(0, 1)
         cur = epoch(z)
         cols["step"].append(np.full(prompts * group_size, s))
         cols["prompt"].append(np.repeat(np.arange(prompts), group_size))
         cols["sample"].append(np.tile(np.arange(group_size), prompts))
-        cols["rt"].append(cur.ravel())
-        cols["pred"].append(np.repeat(prev.mean(axis=1), group_size))
+        cols["response_tokens"].append(cur.ravel())
+        cols["predicted"].append(np.repeat(prev.mean(axis=1), group_size).astype(np.float64))
         prev = cur
     n, conc = steps * prompts * group_size, ACCEPTANCE_CONCENTRATION
     acc = rng.beta(overlap * conc, (1.0 - overlap) * conc, n) if 0.0 < overlap < 1.0 else np.full(n, overlap)
@@ -257,13 +257,9 @@ def synthetic(
         np.maximum(1, rng.normal(prompt_tokens, prompt_tokens * 0.25, steps * prompts)), group_size
     )
     return LengthTrace(
-        step=np.concatenate(cols["step"]),
-        prompt=np.concatenate(cols["prompt"]),
-        sample=np.concatenate(cols["sample"]),
+        **{k: np.concatenate(v) for k, v in cols.items()},
         prompt_tokens=pt.astype(np.int64),
-        response_tokens=np.concatenate(cols["rt"]),
         acceptance=acc,
-        predicted=np.concatenate(cols["pred"]).astype(np.float64),
         prompt_names=[f"p{i}" for i in range(prompts)],
         source=f"synthetic(steps={steps}, prompts={prompts}, group={group_size}, mean={mean_tokens:g}, "
         f"sigma={sigma:g}, rank_corr={rank_corr:g}, overlap={overlap:g}, seed={seed})",
