@@ -101,9 +101,7 @@ def _verl_rollout_evidence(data: dict[str, Any], generated_before: float) -> tup
 
 def audit_verl(path: Path, slots: int | None, tolerance: float) -> dict[str, Any]:
     steps, notes = verl.read_log(path)
-    t = _verl_totals(steps)
-    work, step_s, sample_s, window_s, how = t["work"], t["step_s"], t["sample_s"], t["window_s"], t["how"]
-    declared, keys, utilisation = t["declared"], t["keys"], t["utilisation"]
+    work, step_s, sample_s, window_s, how, declared, keys, utilisation = _verl_totals(steps)
     over = f"the trainer's timers ({work:.4g} s) exceed its steps ({step_s:.4g} s)"
     trainer_idle = _share(1.0 - work / step_s if step_s > 0 else None, "trainer idle", notes, over)
     rollout_idle = _share(
@@ -143,7 +141,7 @@ def audit_verl(path: Path, slots: int | None, tolerance: float) -> dict[str, Any
     return _doc(path, "verl log", len(steps), figures, trainer_idle, rollout_idle, notes, tolerance)
 
 
-def _verl_totals(steps: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+def _verl_totals(steps: dict[Any, dict[str, Any]]) -> tuple[Any, ...]:
     """A verl log's sums over its steps: the trainer's timed work and step time, the samples' time and
     the window it falls in (and how it was read), each side's declared idle ratio (and its key), and the
     rollout's declared utilisation."""
@@ -167,8 +165,7 @@ def _verl_totals(steps: dict[Any, dict[str, Any]]) -> dict[str, Any]:
             sample_s, window_s, how = sample_s + evidence[0], window_s + evidence[1], evidence[2]
         if is_number(data.get(verl.GENERATED)):
             generated = float(data[verl.GENERATED])
-    return {"work": work, "step_s": step_s, "sample_s": sample_s, "window_s": window_s, "how": how,
-            "declared": declared, "keys": keys, "utilisation": utilisation}  # fmt: skip
+    return work, step_s, sample_s, window_s, how, declared, keys, utilisation
 
 
 def _paused_notes(figures: list[dict[str, Any]], rollout_idle: float | None) -> list[str]:
