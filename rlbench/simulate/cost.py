@@ -1,17 +1,13 @@
-"""GPU cost model of one rollout worker: prefill, decode step, k-draft verify and update times.
+"""GPU cost model of one rollout worker: prefill, decode step, k-draft verify and update times; which preset
+is which model: docs/simulate.md.
 
-`Measured`: a GPU calibration (calibration.py: costs measured on that GPU for that model shape, the same file
-a run's replay reads), for the presets that have one (`preset("h200", "smollm2-135m")`); its unmeasured terms
-take the value the file names for the simulator, and `describe` says which.
-
-`Roofline`, a model for the presets no GPU run measured (the 1.5B/7B/32B shapes): a forward's time is the
+`Measured`: a GPU calibration (calibration.py), its unmeasured terms at the value the file names for the
+simulator (`describe` says which). `Roofline`, for the shapes no GPU run measured: a forward's time is the
 larger of (bytes moved / memory bandwidth) and (FLOPs / peak), each at an achievable fraction of the
-datasheet, plus a fixed per-forward overhead (launch/scheduling). Decoding reads every weight once per
-forward and the KV cache of every live token, so at RL batch sizes it is memory-bound and its time grows
-with the batch's total context, not with the batch size. Verifying k drafted tokens per sequence is one
-forward over (k+1) tokens per sequence: the same bytes, (k+1)x FLOPs.
-
-`FittedRun` replaces the roofline by a least-squares fit of a `profile`/`train` run's own engine events
+datasheet, plus a fixed per-forward overhead. Decoding reads every weight once per forward and the KV cache
+of every live token, so at RL batch sizes it is memory-bound and its time grows with the batch's total
+context, not with the batch size. Verifying k drafted tokens per sequence is one forward over (k+1) tokens
+per sequence: the same bytes, (k+1)x FLOPs. `FittedRun`: a least-squares fit of a run's own engine events
 (time vs live slots and context), which is how a replay is checked against a measured run.
 """
 
