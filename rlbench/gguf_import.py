@@ -1,12 +1,10 @@
-"""A GGUF file (llama.cpp's format) in, a normal Hugging Face model directory out.
+"""A GGUF file (llama.cpp's format) in, a normal Hugging Face model directory out (its files:
+docs/smollm2.md).
 
 transformers' GGUF loader does the conversion: `gguf` dequantizes, transformers reverses llama.cpp's Q/K
 row permutation and rebuilds the `tokenizers` tokenizer from the GGUF metadata. This module checks the
 file first (magic, truncation, architecture, quant types), so a bad file fails in one line before the slow
 part, and it publishes the directory atomically: a failure (disk full, no permission) leaves nothing behind.
-
-The result holds config.json, model.safetensors (float32, the dequantized weights), generation_config.json,
-tokenizer.json, and tokenizer_config.json with the chat template, special tokens and EOS inside.
 """
 
 from __future__ import annotations

