@@ -63,8 +63,8 @@ class _EngineBackend:
 
     tokenizer: Any
     _engine: Any
-    truncated_prompts: int
-    last_truncated: list[bool]
+    truncated_prompts: int = 0
+    last_truncated: list[bool] = []  # reassigned by each generate, never changed in place
 
     def generate(self, prompts: list[str], params: list[SamplingParams], on_text: OnText = None) -> list[str]:
         """The engine's responses, each prompt cut to the room the context leaves it (`_fit`): to its last
@@ -105,8 +105,6 @@ class ReferenceBackend(_EngineBackend):
         self._max_num_seqs = max_num_seqs
         self._engine: Any = None
         self._engine_len = 0
-        self.truncated_prompts = 0
-        self.last_truncated: list[bool] = []
 
     def _engine_for(self, needed: int) -> Any:
         limit = int(self._lm.config.max_position_embeddings)
@@ -132,7 +130,6 @@ class VLLMBackend(_EngineBackend):
     name = "vllm"
 
     def __init__(self, model_dir: Path, device: str = "auto", seed: int = 0, max_num_seqs: int = 64) -> None:
-
         check_engine_kind("vllm")  # the install line before the model directory is read
         self.model = str(check_model_dir(Path(model_dir)))
         try:
@@ -147,8 +144,6 @@ class VLLMBackend(_EngineBackend):
         )
         spec = RolloutEngineSpec("vllm", cfg, seed=seed)
         self._engine: Any = build_rollout_engine(spec, self.tokenizer, model_dir=model_dir)
-        self.truncated_prompts = 0
-        self.last_truncated: list[bool] = []
 
     def _fit(self, ids: list[list[int]], max_tokens: int) -> tuple[Any, int]:
         room = self._max_len - max_tokens - 1

@@ -152,12 +152,7 @@ def _problem_row(
     }
 
 
-def summarize(
-    suite: Suite,
-    cfg: EvalConfig,
-    template: str,
-    rows: list[dict[str, Any]],
-) -> dict[str, Any]:
+def summarize(suite: Suite, cfg: EvalConfig, template: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """results.json: headline estimators, per-group accuracy, per-problem rows (without the responses).
 
     Every field comes from the settings and the rows alone, so a resumed run (whose rows were written by
@@ -185,12 +180,7 @@ def summarize(
         "samples": k,
         "template": template,
         "template_requested": cfg.template,
-        "sampling": {
-            "temperature": cfg.temperature,
-            "top_p": cfg.top_p,
-            "max_tokens": cfg.max_tokens,
-            "seed": cfg.seed,
-        },
+        "sampling": {k: getattr(cfg, k) for k in ("temperature", "top_p", "max_tokens", "seed")},
         "problems_evaluated": n,
         "accuracy": mean([r["avg"] for r in rows]),
         "pass_at_k": {str(kk): mean([pass_at_k(k, r["n_correct"], kk) for r in rows]) for kk in pass_ks(k)},
@@ -310,16 +300,9 @@ def _generate_chunk(
     prompts, params = [], []
     for p in chunk:
         prompt = build_prompt(p.problem, run.template, run.plan.suite.template, backend.tokenizer)
-        for j in range(k):
-            prompts.append(prompt)
-            params.append(
-                SamplingParams(
-                    temperature=cfg.temperature,
-                    top_p=cfg.top_p,
-                    max_tokens=cfg.max_tokens,
-                    seed=sample_seed(cfg.seed, p.id, j),
-                )
-            )
+        prompts += [prompt] * k
+        sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens}
+        params += [SamplingParams(**sampling, seed=sample_seed(cfg.seed, p.id, j)) for j in range(k)]
     texts: list[str] = [""] * len(prompts)
     waiting = [k] * len(chunk)  # samples of each problem still generating
 

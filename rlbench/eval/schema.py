@@ -38,10 +38,6 @@ def _scalar(value: Any) -> bool:
     return is_text(value) or is_number(value)
 
 
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
 # field -> (what it must be, the test); a row may hold more fields, which readers ignore
 ROW_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "id": ("text", is_text),

@@ -26,16 +26,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from reference_trainer.errors import (
-    UserError,
-    check_integer,
-    check_sequences,
-    check_temperature,
-    check_top_p,
-)
+from reference_trainer.errors import UserError, check_integer, check_sequences, check_temperature, check_top_p
 from reference_trainer.inputs import MAX_YAML_BYTES, inside, load_yaml, plain_name, read_input
 from reference_trainer.tasks.grading import PROMPTS, get_grader
 from reference_trainer.trace.records import decode_json
@@ -217,10 +212,6 @@ def _parse_data(doc: Any, folder: Path, problems: _Problems) -> tuple[str | None
     return file, {**{k: hub.get(k) for k in HUB_KEYS}, "fields": fields}
 
 
-def _positive_count(name: str, value: Any) -> int:
-    return check_integer(name, value, low=1)
-
-
 def _samples(name: str, value: Any) -> int:
     where = f"{name} (-k)" if name == "--samples" else name  # the flag has a short form
     return check_sequences(where, check_integer(name, value, low=1))
@@ -231,7 +222,7 @@ def _samples(name: str, value: Any) -> int:
 SAMPLING_CHECKS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "temperature": ("--temperature", check_temperature),
     "top_p": ("--top-p", check_top_p),
-    "max_tokens": ("--max-tokens", _positive_count),
+    "max_tokens": ("--max-tokens", partial(check_integer, low=1)),
     "samples": ("--samples", _samples),
 }
 

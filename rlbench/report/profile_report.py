@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import math
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -353,24 +353,27 @@ def headline(doc: dict[str, Any]) -> str:
     )
 
 
+def _words(parts: Iterable[str]) -> str:
+    return ", ".join(parts) or "—"
+
+
 def summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The summary as a table; its maps read as words (staleness: tokens per lag; idle share per worker)."""
     rows = []
     for k, v in summary.items():
         if k == "staleness" and isinstance(v, dict):
-            v = (
-                ", ".join(f"{n:,} tokens {lag} version{'s' * (lag != '1')} old" for lag, n in v.items())
-                or "—"
-            )
+            v = _words(f"{n:,} tokens {lag} version{'s' * (lag != '1')} old" for lag, n in v.items())
         elif k == "worker_idle_share" and isinstance(v, dict):
-            v = ", ".join(f"worker {w}: {pct(share)}" for w, share in v.items()) or "—"
+            v = _words(f"worker {w}: {pct(share)}" for w, share in v.items())
         elif isinstance(v, dict):
-            v = (
-                ", ".join(f"{a}: {b:.3g}" if isinstance(b, float) else f"{a}: {b}" for a, b in v.items())
-                or "—"
-            )
+            v = _words(f"{a}: {b:.3g}" if isinstance(b, float) else f"{a}: {b}" for a, b in v.items())
         rows.append({"metric": k, "value": "n/a" if v is None else v})
     return rows
+
+
+NO_TRACE_NOTE = (
+    "No rlbench trace for this run: per-step rollout metrics (bubble ratio, throughput, acceptance) need one."
+)
 
 
 def render_profile(
@@ -404,17 +407,7 @@ def render_profile(
         heldout = read_json(heldout_path) if heldout_path.is_file() else None
         sections.extend(step_figures(steps, heldout))
     else:
-        sections.append(
-            (
-                "Per-step metrics",
-                [
-                    note(
-                        "No rlbench trace for this run: per-step rollout metrics "
-                        "(bubble ratio, throughput, acceptance) need one."
-                    )
-                ],
-            )
-        )
+        sections.append(("Per-step metrics", [note(NO_TRACE_NOTE)]))
     sections.append(("GPU", gpu_section(doc.get("gpu"), events)))
     if doc.get("gpu_replay"):
         sections.append(("GPU replay (a model)", replay_section(doc["gpu_replay"])))

@@ -23,10 +23,7 @@ class Context:
 
     def model_label(self) -> str:
         """The model as results record it: the name or directory given, else the embedded weights' label."""
-        if self.model:
-            return self.model
-
-        return label()
+        return self.model or label()
 
     def pick(self, full: Any, quick: Any) -> Any:
         """The full-size setting, or the quick one under --quick."""
@@ -63,6 +60,5 @@ class Outcome:
     # HTML sections: (heading, parts), a part being an HTML string or a plotly figure
     sections: list[tuple[str, list[Any]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what a reader must know to interpret the numbers
-    data: dict[str, Any] = field(
-        default_factory=dict
-    )  # the raw numbers behind the plots (small), kept in result.json
+    # the raw numbers behind the plots (small), kept in result.json
+    data: dict[str, Any] = field(default_factory=dict)

@@ -149,7 +149,8 @@ def _bubble_figure(runs: dict[str, dict[str, Any]]) -> Any:
     return fig
 
 
-def _timelines(ctx: Context, seed: int) -> list[Any]:
+def _idle_section(ctx: Context, seed: int) -> tuple[str, list[Any]]:
+    """Every mode's slot occupancy in the first seed: where the slots idle."""
     parts: list[Any] = []
     for mode in MODES:
         trace = ctx.work_dir / f"seed{seed}" / mode / "trace.jsonl"
@@ -159,7 +160,7 @@ def _timelines(ctx: Context, seed: int) -> list[Any]:
                 if hasattr(fig, "update_layout"):
                     fig.update_layout(title=f"{mode}: slot occupancy (seed {seed})")
             parts.extend(figs)
-    return parts
+    return "Where the slots idle", parts
 
 
 def _table(runs: dict[str, dict[str, Any]], keys: list[str]) -> str:
@@ -184,28 +185,18 @@ def bubble(ctx: Context, w: Workload | None = None, setting_note: str = EMBEDDED
     }
     for mode, r in runs.items():
         measured[f"bubble_ratio.{mode}"] = r["bubble_ratio"]
-        measured[f"bubble_ratio_sd.{mode}"] = mean_sd([per_seed[s][mode]["bubble_ratio"] for s in per_seed])[
-            1
-        ]
+        _, measured[f"bubble_ratio_sd.{mode}"] = mean_sd(
+            [per_seed[s][mode]["bubble_ratio"] for s in per_seed]
+        )
         measured[f"bubble_ratio_vs_baseline.{mode}"] = r["bubble_ratio"] / base if base else None
         measured[f"tail_time_share.{mode}"] = r["tail_time_share"]
     seed_rows = [{"seed": s, **{m: per_seed[s][m]["bubble_ratio"] for m in MODES}} for s in per_seed]
-
+    parts = [_table(runs, ["bubble_ratio", "tail_time_share", "trained_samples"]), table(seed_rows)]
     return Outcome(
         measured=measured,
         config={"task": "arith", "model": ctx.model_label(), **asdict(w)},
         seeds=list(per_seed),
-        sections=[
-            (
-                "Bubble ratio",
-                [
-                    _table(runs, ["bubble_ratio", "tail_time_share", "trained_samples"]),
-                    table(seed_rows),
-                    _bubble_figure(per_seed[w.seed]),
-                ],
-            ),
-            ("Where the slots idle", _timelines(ctx, w.seed)),
-        ],
+        sections=[("Bubble ratio", [*parts, _bubble_figure(per_seed[w.seed])]), _idle_section(ctx, w.seed)],
         notes=[
             setting_note,
             f"Figures are means over {n} seed(s) (the second table: per seed); the ratio to baseline is a "
@@ -259,6 +250,9 @@ def _throughput_measured(
     return measured
 
 
+THROUGHPUT_HEADING = "Rollout throughput (generated tokens / rollout wall time) against baseline"
+
+
 def throughput(ctx: Context, w: Workload | None = None, setting_note: str | None = None) -> Outcome:
     w = w or Workload.for_context(ctx)
     per_seed = run_seeds(ctx, w)
@@ -288,22 +282,14 @@ def throughput(ctx: Context, w: Workload | None = None, setting_note: str | None
         for m in MODES
     ]
     seed_rows = [{"seed": s, **{f"gain, {m}": gains[s][m] for m in MODES[1:]}} for s in gains]
+    keys = ["rollout_tokens_per_s", "generated_tokens", "rollout_time_s", "bubble_ratio"]
     return Outcome(
         measured=measured,
         config={"task": "arith", "model": ctx.model_label(), **asdict(w)},
         seeds=list(per_seed),
         sections=[
-            (
-                "Rollout throughput (generated tokens / rollout wall time) against baseline",
-                [
-                    _table(
-                        runs, ["rollout_tokens_per_s", "generated_tokens", "rollout_time_s", "bubble_ratio"]
-                    ),
-                    table(rows),
-                    table(seed_rows),
-                ],
-            ),
-            ("Where the slots idle", _timelines(ctx, w.seed)),
+            (THROUGHPUT_HEADING, [_table(runs, keys), table(rows), table(seed_rows)]),
+            _idle_section(ctx, w.seed),
         ],
         notes=[
             *([setting_note] if setting_note else []),

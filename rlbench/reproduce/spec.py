@@ -26,9 +26,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not run")
 # The keys of a spec file: a stale or misspelt one is refused, not ignored.
-KEYS = ("runner", "claim", "source", "paper_value", "workload", "metric", "verdict", "model", "needs_gpu")
+REQUIRED = ("runner", "claim", "source", "paper_value", "workload", "metric")  # each a Spec field of its name
+KEYS = (*REQUIRED, "verdict", "model", "needs_gpu")
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
@@ -111,20 +111,15 @@ def parse_spec(name: str, text: str) -> Spec:
     unknown = sorted(set(raw) - set(KEYS))
     if unknown:
         raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(KEYS)}")
-    missing = [k for k in ("runner", "claim", "source", "paper_value", "workload", "metric") if k not in raw]
+    missing = [k for k in REQUIRED if k not in raw]
     if missing or "rule" not in verdict:
         raise ValueError(
             f"{where} lacks {', '.join(missing + ([] if 'rule' in verdict else ['verdict.rule']))}"
         )
     return Spec(
         name=name,
-        claim=raw["claim"],
-        source=raw["source"],
-        paper_value=raw["paper_value"],
-        workload=raw["workload"],
-        metric=raw["metric"],
+        **{k: raw[k] for k in REQUIRED},
         rule=verdict["rule"],
-        runner=raw["runner"],
         checks=_checks(verdict.get("checks", []), where),
         requires=_checks(verdict.get("requires", []), where),
         model=raw.get("model"),
