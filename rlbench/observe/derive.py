@@ -195,21 +195,11 @@ def _interval_forwards(a: Row, b: Row, p: Phase, capacity: int, s: int) -> list[
     shares = [int(tokens * w / sum(weights)) for w in weights]
     if shares:
         shares[-1] = tokens - sum(shares[:-1])
-    return [
-        forward_event(
-            DECODE,
-            t0,
-            t1,
-            int(row["running"]),
-            capacity,
-            n,
-            step=p.step,
-            worker=s,
-            waiting=row.get("waiting"),
-            kv_usage=row.get("kv_usage"),
-        )  # fmt: skip
-        for (t0, t1, row), n in zip(halves, shares, strict=True)
-    ]
+    events = []
+    for (t0, t1, row), n in zip(halves, shares, strict=True):
+        where = {"step": p.step, "worker": s, "waiting": row.get("waiting"), "kv_usage": row.get("kv_usage")}
+        events.append(forward_event(DECODE, t0, t1, int(row["running"]), capacity, n, **where))
+    return events
 
 
 def _finished_requests(a: Row, b: Row, step: int, s: int, finished: int) -> list[Row]:
@@ -223,11 +213,8 @@ def _finished_requests(a: Row, b: Row, step: int, s: int, finished: int) -> list
         sid = f"s{s}-{b['t']:.3f}-{k}"
         seq = sequence_event(sid, sid, 0, None, b["t"], "finished", step=step, worker=s, length_source="none")
         if k < len(lengths):
-            seq.update(
-                response_tokens=int(lengths[k][0]),
-                response_tokens_max=lengths[k][1],
-                length_source="histogram",
-            )
+            tokens, bound = lengths[k]
+            seq.update(response_tokens=int(tokens), response_tokens_max=bound, length_source="histogram")
         if k < len(prompts):
             seq["prompt_tokens"] = int(prompts[k][0])
         events.append(seq)
@@ -248,12 +235,14 @@ def server_stats(events: list[Row], rows: list[Row]) -> dict[str, Any]:
         engine = [e for e in mine if e["kind"] == DECODE and e["t_end"] > e["t_start"]]
         span = wall * (len(workers) if keep is None else 1)  # slot-holder time: every server's phases
         queued = [e for e in engine if (e.get("waiting") or 0) > 0]
+        waited = sum((e.get("waiting") or 0) * (e["t_end"] - e["t_start"]) for e in engine)
         per_phase = []  # slime's longest_sample_tokens_per_sec: the longest response / rollout wall time
         for p in phase_events:
             bounds = [e["response_tokens_max"] for e in mine if e["kind"] == SEQUENCE
                       and e["step"] == p["step"] and e.get("response_tokens_max") is not None]  # fmt: skip
             if bounds and not math.isinf(max(bounds)) and p["t_end"] > p["t_start"]:
                 per_phase.append((max(bounds), max(bounds) / (p["t_end"] - p["t_start"])))
+        rates = [r for _, r in per_phase]
         out[label] = {
             "bubble_ratio": summary.get("bubble_ratio"),
             "tail_time_share": summary.get("tail_time_share"),
@@ -261,17 +250,11 @@ def server_stats(events: list[Row], rows: list[Row]) -> dict[str, Any]:
             "phases": len(phase_events),
             "rollout_time_s": wall,
             "finished_requests": sum(1 for e in mine if e["kind"] == SEQUENCE),
-            "waiting_mean": (
-                sum((e.get("waiting") or 0) * (e["t_end"] - e["t_start"]) for e in engine) / span
-            )
-            if span
-            else None,
+            "waiting_mean": waited / span if span else None,
             "waiting_max": max((e.get("waiting") or 0 for e in engine), default=0),
             "queued_time_share": sum(e["t_end"] - e["t_start"] for e in queued) / span if span else None,
             # upper bounds where lengths come from histogram buckets (the bucket's upper edge)
             "longest_response_tokens": max((b for b, _ in per_phase), default=None),
-            "longest_sample_tokens_per_s": sum(r for _, r in per_phase) / len(per_phase)
-            if per_phase
-            else None,
+            "longest_sample_tokens_per_s": sum(rates) / len(rates) if rates else None,
         }
     return out

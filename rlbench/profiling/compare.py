@@ -112,15 +112,8 @@ def _compare_doc(
 
 
 def workload(config: TrainConfig) -> dict[str, Any]:
-    return {
-        "task": config.task,
-        "steps": config.steps,
-        "seed": config.seed,
-        "model": config.model or embedded_label(),
-        "engine": config.engine,
-        "workers": config.workers,
-        "prompts_per_step": config.prompts_per_step,
-        "group_size": config.group_size,
-        "max_tokens": config.response_tokens,
-        "threads": resolve_threads(config.threads),
-    }
+    """The settings the comparison's page shows, in this order (the subtitle)."""
+    keys = ("task", "steps", "seed", "model", "engine", "workers", "prompts_per_step", "group_size")
+    shown = {k: getattr(config, k) for k in keys}
+    shown["model"] = config.model or embedded_label()  # in its place among the keys
+    return {**shown, "max_tokens": config.response_tokens, "threads": resolve_threads(config.threads)}

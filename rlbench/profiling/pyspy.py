@@ -87,22 +87,9 @@ class PySpyRecorder:
             self.reason = "py-spy is not installed (pip install py-spy)"
             return False
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            self.exe,
-            "record",
-            "--pid",
-            str(self.pid),
-            "--format",
-            "speedscope",
-            "-o",
-            str(self.speedscope),
-            "--rate",
-            str(self.rate),
-        ]
-        if self.subprocesses:
-            cmd.append("--subprocesses")
-        if self.nonblocking:
-            cmd.append("--nonblocking")
+        cmd = [self.exe, "record", "--pid", str(self.pid), "--format", "speedscope"]
+        cmd += ["-o", str(self.speedscope), "--rate", str(self.rate)]
+        cmd += ["--subprocesses"] * self.subprocesses + ["--nonblocking"] * self.nonblocking
         # a file, not a pipe: a full pipe would stall py-spy; closed in _finish_log. Neither file may be a
         # link out of the run: the log is opened without following one, and py-spy (which writes the
         # speedscope file itself, following links) gets a fresh path.

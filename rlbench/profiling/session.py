@@ -91,12 +91,8 @@ class ProfileSession:
         events = read_trace(self.trace_path) if self.trace_path.exists() else []
         doc = metrics.compute(events, gpu)
         status = "ok" if exc_type is None else f"failed: {exc_type.__name__}: {exc}"
-        self.doc = {
-            "run": {**self.run, "status": status, "wall_time_s": wall},
-            **doc,
-            "gpu": gpu,
-            "pyspy": pyspy,
-        }
+        self.doc = {"run": {**self.run, "status": status, "wall_time_s": wall}, **doc}
+        self.doc |= {"gpu": gpu, "pyspy": pyspy}
         if self.gpu_replay is not None:
             self.doc["gpu_replay"] = self.gpu_replay.run_doc(events)
         write_json(self.out / "metrics.json", self.doc)

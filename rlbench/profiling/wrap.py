@@ -129,13 +129,8 @@ def _wrap(
         "gpu_idle_share": None if util is None else 1.0 - util / 100.0,
         "gpu_note": None if util is not None else no_gpu_note(gpu),
     }
-    doc = {
-        "run": {"kind": "wrap", "command": list(cmd), "status": "interrupted" if interrupted else "finished"},
-        "summary": summary,
-        "steps": [],
-        "gpu": gpu,
-        "pyspy": pyspy,
-    }
+    run = {"kind": "wrap", "command": list(cmd), "status": "interrupted" if interrupted else "finished"}
+    doc = {"run": run, "summary": summary, "steps": [], "gpu": gpu, "pyspy": pyspy}
     if servers is not None:
         doc = finish(out, server_rows or [], observe, doc, servers.notes, say)
     else:

@@ -27,6 +27,7 @@ from rlbench.report.compare_summary import (
     drift_note,
     lengths_text,
     percent,
+    points,
     produced_by,
     runs_and_baseline,
     span_text,
@@ -157,19 +158,17 @@ def _curves(runs: list[dict[str, Any]]) -> list[Any]:
 def _bubble_table(derived: dict[str, Any]) -> str:
     baseline = derived["baseline"]
     base = next((r["summary"].get("bubble_ratio") for r in derived["runs"] if r["mode"] == baseline), None)
-    rows = []
-    for r in derived["runs"]:
-        b = r["summary"].get("bubble_ratio")
-        rows.append(
-            {
-                "mode": r["mode"],
-                "bubble (%)": percent(b),
-                "range over rounds (%)": span_text(derived["bubble_per_round"].get(r["mode"]), 100.0),
-                "vs baseline (pts)": 100.0 * (b - base) if b is not None and base is not None else None,
-                "GPU idle in rollout (%)": percent(r["summary"].get("bubble_ratio_gpu")),
-                **engine_cells(r["summary"]),  # where the run had more than one engine
-            }
-        )
+    rows = [
+        {
+            "mode": r["mode"],
+            "bubble (%)": percent(r["summary"].get("bubble_ratio")),
+            "range over rounds (%)": span_text(derived["bubble_per_round"].get(r["mode"]), 100.0),
+            "vs baseline (pts)": points(r["summary"].get("bubble_ratio"), base),
+            "GPU idle in rollout (%)": percent(r["summary"].get("bubble_ratio_gpu")),
+            **engine_cells(r["summary"]),  # where the run had more than one engine
+        }
+        for r in derived["runs"]
+    ]
     keys = dict.fromkeys(k for row in rows for k in row)
     columns = [c for c in keys if any(row.get(c) not in (None, "") for row in rows)]
     why = (

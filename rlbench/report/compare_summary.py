@@ -11,13 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from reference_trainer.errors import UserError
-from reference_trainer.trace.compare import (
-    PHASES,
-    drift_check,
-    per_step_range,
-    speedup_parts,
-    step_speedups,
-)
+from reference_trainer.trace.compare import PHASES, drift_check, per_step_range, speedup_parts, step_speedups
 from reference_trainer.trace.ledger import same_prompts_ks
 from rlbench.report.ledger_legend import TRAINING_KEYS, flags, legend_lines
 from rlbench.report.profile_report import GENERATED_LABEL, TRAINED_LABEL
@@ -60,6 +54,11 @@ def percent(value: Any) -> float | None:
     return None if value is None else 100.0 * float(value)
 
 
+def points(value: Any, reference: Any) -> float | None:
+    """`value` - `reference` in percentage points; None where either is unknown."""
+    return None if value is None or reference is None else 100.0 * (value - reference)
+
+
 def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
     """One row per mode: its summary (shares in percent) and its ratios to the baseline (speed-up > 1 means
     faster; the bubble's change in percentage points)."""
@@ -77,17 +76,14 @@ def ratio_rows(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]
             "tail share (%)": percent(s.get("tail_time_share")),
             "acceptance (%)": percent(s.get("acceptance_rate")),
             # The bubble's slot-time lookahead took; blank where none ran (no lookahead, or its cost gate).
-            "lookahead fill (%)": percent(s.get("lookahead_slot_share"))
-            if s.get("lookahead_tokens")
-            else None,
+            "lookahead fill (%)": percent(
+                s.get("lookahead_slot_share") if s.get("lookahead_tokens") else None
+            ),
             "reward": s.get("reward_mean"),
             "accuracy": s.get("accuracy"),
         }
         if base is not None:
-            bubble, base_bubble = s.get("bubble_ratio"), base.get("bubble_ratio")
-            row["bubble vs baseline (pts)"] = (
-                100.0 * (bubble - base_bubble) if bubble is not None and base_bubble is not None else None
-            )
+            row["bubble vs baseline (pts)"] = points(s.get("bubble_ratio"), base.get("bubble_ratio"))
             row["speed-up (step time)"] = _div(base.get("step_time_s"), s.get("step_time_s"))
             # both throughputs, the trained first: a mode can generate more while training on less
             trained, generated = "trained_tokens_per_rollout_s", "rollout_tokens_per_s"
@@ -180,10 +176,8 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         gpu = (
             f", GPU idle {100 * s['bubble_ratio_gpu']:.1f}%" if s.get("bubble_ratio_gpu") is not None else ""
         )
-        versus = ""
-        if mode != baseline:
-            pts = None if b is None or base.get("bubble_ratio") is None else 100 * (b - base["bubble_ratio"])
-            versus = f"  {_cell(pts, '+.1f')} pts vs {baseline}"
+        pts = _cell(points(b, base.get("bubble_ratio")), "+.1f")
+        versus = f"  {pts} pts vs {baseline}" if mode != baseline else ""
         span = span_text(derived["bubble_per_round"].get(mode), 100.0) or "n/a"
         text = f"{'n/a':>6}" if b is None else f"{100 * b:5.1f}%"
         lines.append(f"{mode:>16}: {text} ({span}){gpu}{versus}")

@@ -177,10 +177,7 @@ def write_eval_report(path: Path, results: dict[str, Any], partial: bool = False
         "model directory": results["model"],
         "engine": results["engine"],
         "template": results["template"],
-        "temperature": s["temperature"],
-        "top_p": s["top_p"],
-        "max_tokens": s["max_tokens"],
-        "seed": s["seed"],
+        **{k: s[k] for k in ("temperature", "top_p", "max_tokens", "seed")},
     }
     first: list[Any] = [head, table(estimators), table([settings])]
     if partial:

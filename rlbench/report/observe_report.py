@@ -33,12 +33,8 @@ def occupancy_figure(rows: list[dict[str, Any]], doc: dict[str, Any], events: li
         sorted(per_server, key=lambda s: -sum(r.get("running") or 0 for r in per_server[s]))[:MAX_DRAWN]
     )
     some = f"; the {len(drawn)} busiest of {len(per_server)} servers" if len(drawn) < len(per_server) else ""
-    fig = _fig(
-        f"Slot occupancy per server (running requests; dashed: capacity; dotted: waiting{some})",
-        "time (s)",
-        "requests",
-        height=360,
-    )
+    title = f"Slot occupancy per server (running requests; dashed: capacity; dotted: waiting{some})"
+    fig = _fig(title, "time (s)", "requests", height=360)
     for s in drawn:
         mine = per_server[s]
         label = urls[s] if s < len(urls) else f"server {s}"

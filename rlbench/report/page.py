@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,7 @@ def render_page(
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
+    figure_html = partial(pio.to_html, include_plotlyjs=False, full_html=False, config={"displaylogo": False})
     body: list[str] = []
     n_fig = 0
     for heading, parts in sections:
@@ -98,15 +100,7 @@ def render_page(
                 body.append(part)
             else:
                 n_fig += 1
-                body.append(
-                    pio.to_html(
-                        part,
-                        include_plotlyjs=False,
-                        full_html=False,
-                        div_id=f"fig{n_fig}",
-                        config={"displaylogo": False},
-                    )
-                )
+                body.append(figure_html(part, div_id=f"fig{n_fig}"))
     sub = f'<p class="sub">{html.escape(subtitle)}</p>' if subtitle else ""
     script = (
         f"<script type='text/javascript' src='{html.escape(plotly_src)}'></script>"

@@ -36,14 +36,8 @@ def slot_bars(events: Sequence[Event], max_bars: int = MAX_BARS) -> tuple[list[d
             for key, sid in current.items():
                 bar = open_.get(key)
                 if bar is None:
-                    open_[key] = {
-                        "worker": w,
-                        "slot": key[1],
-                        "seq": sid,
-                        "start": float(ev["t_start"]),
-                        "end": float(ev["t_end"]),
-                        "step": step,
-                    }
+                    span = {"start": float(ev["t_start"]), "end": float(ev["t_end"])}
+                    open_[key] = {"worker": w, "slot": key[1], "seq": sid, **span, "step": step}
                 else:
                     bar["end"] = float(ev["t_end"])
         step_bars.extend(open_.values())
@@ -51,12 +45,12 @@ def slot_bars(events: Sequence[Event], max_bars: int = MAX_BARS) -> tuple[list[d
             break
         bars.extend(step_bars)
         shown.append(step)
-    msg = (
-        ""
-        if len(shown) == len(steps)
-        else (f"Showing steps {shown[0]}–{shown[-1]} of {steps[0]}–{steps[-1]} (capped at {max_bars} bars).")
+    if len(shown) == len(steps):
+        return bars, ""
+    return (
+        bars,
+        f"Showing steps {shown[0]}–{shown[-1]} of {steps[0]}–{steps[-1]} (capped at {max_bars} bars).",
     )
-    return bars, msg
 
 
 def _mark_phases(fig: Any, phases: list[Event]) -> None:
@@ -68,16 +62,10 @@ def _mark_phases(fig: Any, phases: list[Event]) -> None:
     rollouts = [ev for ev in phases if ev.get("kind") == ROLLOUT]
     if len(rollouts) > 20:
         return
+    line = {"line_dash": "dot", "line_color": "#555", "line_width": 1}
+    placed = {"annotation_position": "top right", "annotation_yanchor": "bottom"}
     for ev in rollouts:
-        fig.add_vline(
-            x=ev["t_start"],
-            line_dash="dot",
-            line_color="#555",
-            line_width=1,
-            annotation_text=f"step {ev['step']}",
-            annotation_position="top right",
-            annotation_yanchor="bottom",
-        )
+        fig.add_vline(x=ev["t_start"], **line, annotation_text=f"step {ev['step']}", **placed)
 
 
 def slot_timeline(events: Sequence[Event]) -> list[Any]:

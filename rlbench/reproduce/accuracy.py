@@ -19,7 +19,7 @@ from reference_trainer.trace.records import read_json
 from rlbench.report.figures import PALETTE
 from rlbench.report.page import table
 from rlbench.reproduce.base import Context, Outcome
-from rlbench.reproduce.curves import parity, parity_plan, run_curve, save_run
+from rlbench.reproduce.curves import parity, parity_plan, run_curve, samples_figure, save_run
 
 
 @dataclass(frozen=True)
@@ -55,28 +55,13 @@ class Workload:
 
 
 def _curves_figure(runs: list[dict[str, Any]], target: float) -> Any:
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
     colours = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(dict.fromkeys(r["mode"] for r in runs))}
-    for r in runs:
-        fig.add_trace(
-            go.Scatter(
-                x=[p["samples"] for p in r["curve"]],
-                y=[p["greedy_acc"] for p in r["curve"]],
-                name=f"{r['mode']} seed {r['seed']}",
-                mode="lines+markers",
-                line={"color": colours[r["mode"]]},
-            )
-        )
+    lines = [(f"{r['mode']} seed {r['seed']}", colours[r["mode"]], r["curve"], "greedy_acc") for r in runs]
+    fig = samples_figure(lines)
     fig.add_hline(y=target, line_dash="dot", annotation_text=f"target {target:.2f}")
-    fig.update_layout(
-        title="Held-out greedy accuracy against samples consumed",
-        height=420,
-        xaxis_title="samples consumed",
-        yaxis_title="held-out greedy accuracy",
-        legend={"orientation": "h", "y": -0.2},
-    )
+    layout = {"title": "Held-out greedy accuracy against samples consumed", "height": 420}
+    axes = {"xaxis_title": "samples consumed", "yaxis_title": "held-out greedy accuracy"}
+    fig.update_layout(**layout, **axes, legend={"orientation": "h", "y": -0.2})
     return fig
 
 

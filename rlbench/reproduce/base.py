@@ -10,6 +10,7 @@ from typing import Any
 
 from reference_trainer.model.embedded import label
 from reference_trainer.trace.records import read_json, write_json
+from reference_trainer.train.config import TrainConfig
 
 
 @dataclass
@@ -43,6 +44,17 @@ class Context:
         """Save a finished run's `result` as work_dir/<name> under its workload `key` (see `finished`)."""
         write_json(self.work_dir / name, {"workload": key, "result": result})
         return result
+
+
+def quiet_config(lr: float | None = None, micro_batch_size: int | None = None, **fields: Any) -> TrainConfig:
+    """A reproduction's run: neither evaluated nor checkpointed on the way (Context.finish keeps finished
+    runs whole), with GRPO's learning rate and micro-batch where given (None: the trainer's)."""
+    config = TrainConfig(**fields, eval_every=0, checkpoint_every=10**9)
+    if lr is not None:
+        config.grpo.lr = lr
+    if micro_batch_size is not None:
+        config.grpo.micro_batch_size = micro_batch_size
+    return config
 
 
 def as_json(value: Any) -> Any:

@@ -151,6 +151,17 @@ def samples_to_reach(curve: list[dict[str, Any]], target: float) -> float | None
     return None
 
 
+def samples_figure(lines: list[tuple[str, str, list[dict[str, Any]], str]]) -> Any:
+    """Held-out curves against samples consumed: a line per (name, colour, curve, the key it plots)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for name, colour, curve, key in lines:
+        x, y = [p["samples"] for p in curve], [p[key] for p in curve]
+        fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines+markers", line={"color": colour}))
+    return fig
+
+
 def parity(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
     """Per mode: accuracy at the samples every run reached (mean, sd, difference to baseline); rollout
     tokens generated (mean, ratio to baseline; None for curves saved without them); samples to `target`

@@ -28,11 +28,10 @@ from typing import Any
 from reference_trainer.rollout.slots import start_local_ray
 from reference_trainer.trace import metrics
 from reference_trainer.trace.schema import read_trace
-from reference_trainer.train.config import TrainConfig
 from rlbench.models import resolve_model
 from rlbench.report.figures import _fig, note, steps_axis
 from rlbench.report.page import table
-from rlbench.reproduce.base import Context, Outcome
+from rlbench.reproduce.base import Context, Outcome, quiet_config
 from rlbench.training import run_modes
 
 # name -> PlacedRollout options. histopipe is RhymeRL's (alternating order + migration); histopipe-lpt keeps
@@ -83,8 +82,7 @@ class Workload:
 def train_config(w: Workload, placement: str, model: str, device: str = "cpu", backend: str = "ray") -> Any:
     if w.pool % w.prompts_per_step:
         raise ValueError("pool must be a multiple of prompts_per_step")
-    cfg = TrainConfig(
-        eval_every=0,
+    return quiet_config(
         task="arith",
         mode="histopipe" if placement.startswith("histopipe") else "baseline",
         mode_options=VARIANTS[placement],
@@ -97,14 +95,12 @@ def train_config(w: Workload, placement: str, model: str, device: str = "cpu", b
         max_num_seqs=w.slots,
         max_model_len=w.max_tokens + 256,
         prompt_pool=w.pool,
-        checkpoint_every=10**9,
         workers=w.workers,
         worker_backend=backend,
         device=device,
+        lr=w.lr,
+        micro_batch_size=32,
     )
-    cfg.grpo.lr = w.lr
-    cfg.grpo.micro_batch_size = 32
-    return cfg
 
 
 def epoch_idle(steps: list[dict[str, Any]], steps_per_epoch: int) -> list[dict[str, Any]]:

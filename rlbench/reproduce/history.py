@@ -19,11 +19,10 @@ from reference_trainer.engine.sequence import Sequence as EngineSequence
 from reference_trainer.speculation.histospec import HistoryDrafter, HistoSpecOptions
 from reference_trainer.trace.records import extend_jsonl, read_json, read_jsonl, write_json
 from reference_trainer.trace.schema import SEQUENCE, read_trace
-from reference_trainer.train.config import TrainConfig
 from rlbench.models import resolve_model
 from rlbench.report.figures import PALETTE, _fig, note
 from rlbench.report.page import table
-from rlbench.reproduce.base import Context, Outcome
+from rlbench.reproduce.base import Context, Outcome, quiet_config
 from rlbench.reproduce.runner import source_commit
 
 MOVE_SHARE = 0.10  # a rank "moves much" when it changes by more than this share of the pool
@@ -86,11 +85,10 @@ def run_history(ctx: Context, w: Workload) -> Path:
             return folder
     for name in ("done.json", "responses.jsonl"):
         (out / name).unlink(missing_ok=True)
-    config = TrainConfig(task=w.task, mode="baseline", model=model, seed=w.seed, device=ctx.device,
-                         steps=w.steps_per_epoch * w.epochs, prompts_per_step=w.prompts_per_step,
-                         group_size=w.group_size, max_tokens=w.max_tokens, prompt_pool=w.pool,
-                         max_num_seqs=w.prompts_per_step * w.group_size, max_model_len=1024,
-                         eval_every=0, checkpoint_every=10**9)  # fmt: skip
+    config = quiet_config(task=w.task, mode="baseline", model=model, seed=w.seed, device=ctx.device,
+                          steps=w.steps_per_epoch * w.epochs, prompts_per_step=w.prompts_per_step,
+                          group_size=w.group_size, max_tokens=w.max_tokens, prompt_pool=w.pool,
+                          max_num_seqs=w.prompts_per_step * w.group_size, max_model_len=1024)  # fmt: skip
     trainer = Trainer(config, out)
     recorder = trainer.rollout.strategy = _Recording(trainer.strategy)  # what the loop collects through
     try:

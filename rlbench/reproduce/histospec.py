@@ -22,7 +22,7 @@ from reference_trainer.trace.metrics import step_metrics, summary
 from reference_trainer.train.config import TrainConfig
 from rlbench.models import resolve_model
 from rlbench.report.page import table
-from rlbench.reproduce.base import Context, Outcome
+from rlbench.reproduce.base import Context, Outcome, quiet_config
 from rlbench.training import interleave, open_trainers
 
 
@@ -76,7 +76,7 @@ def mode_configs(
     (`rhyme`). `w.spec` holds the speculation options of every speculative mode among `modes`."""
 
     def run_config(mode: str) -> TrainConfig:
-        config = TrainConfig(
+        return quiet_config(
             task=w.task,
             task_options=dict(w.task_options),
             mode=mode,
@@ -90,14 +90,10 @@ def mode_configs(
             max_num_seqs=w.prompts_per_step * w.group_size,
             max_model_len=1024,
             prompt_pool=w.pool,
-            eval_every=0,
-            checkpoint_every=10**9,
             device=device,
             mode_options={"spec": dict(w.spec)} if mode != "baseline" and w.spec else {},
+            lr=w.lr,
         )
-        if w.lr is not None:
-            config.grpo.lr = w.lr
-        return config
 
     return {mode: run_config(mode) for mode in modes}
 

@@ -65,9 +65,8 @@ def run_configs(w: Workload, model: str | None, device: str) -> dict[str, TrainC
         eval_every=0, checkpoint_every=10**9, model=model, device=device,
     )  # fmt: skip
     configs = build_configs(["baseline", GATED], **common)
-    configs[UNGATED] = build_configs([GATED], mode_option=[f"spec.margin={w.ungated_margin:g}"], **common)[
-        GATED
-    ]
+    ungated = [f"spec.margin={w.ungated_margin:g}"]
+    configs[UNGATED] = build_configs([GATED], mode_option=ungated, **common)[GATED]
     return configs
 
 

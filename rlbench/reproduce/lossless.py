@@ -302,16 +302,12 @@ def lossless(ctx: Context) -> Outcome:
         "finished during the run); every draft is verified. Each row is compared with plain sampling by a "
         "chi-square test on whole responses, stratified by prompt."
     )
+    parts = [note(intro), table(rows), _frequency_figure(runs, tokenizer), _p_value_figure(tests)]
     return Outcome(
         measured=measured,
         config={"model": ctx.model_label(), **asdict(w), "device": ctx.device},
         seeds=[w.seed],
-        sections=[
-            (
-                "Output distribution with and without drafts",
-                [note(intro), table(rows), _frequency_figure(runs, tokenizer), _p_value_figure(tests)],
-            ),
-        ],
+        sections=[("Output distribution with and without drafts", parts)],
         data={"tests": tests, "counts": {k: [v.drafted, v.accepted] for k, v in runs.items()}},
         notes=[
             "A p-value >= 0.01 means no difference was detected, not a proof of equality; at a fixed seed "

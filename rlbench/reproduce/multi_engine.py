@@ -32,7 +32,7 @@ from reference_trainer.train.config import TrainConfig
 from rlbench.integrations import lengthlog
 from rlbench.models import resolve_model
 from rlbench.report.page import table
-from rlbench.reproduce.base import Context, Outcome
+from rlbench.reproduce.base import Context, Outcome, quiet_config
 from rlbench.simulate import simulate, workload
 from rlbench.simulate.cost import preset
 from rlbench.simulate.modes import dispatch_entries, dispatch_option
@@ -162,12 +162,10 @@ def cpu_configs(
 
 def train_config(c: CpuRuns, mode: str, options: dict[str, Any], seed: int, model: str | None,
                  backend: str) -> TrainConfig:  # fmt: skip
-    cfg = TrainConfig(task="arith", mode=mode, mode_options=options, steps=c.steps, seed=seed, model=model,
-                      prompts_per_step=c.prompts_per_step, group_size=c.group_size, max_tokens=c.max_tokens,
-                      eval_every=0, checkpoint_every=10**9, workers=c.workers, max_num_seqs=c.slots,
-                      max_model_len=c.max_tokens + 256, worker_backend=backend)  # fmt: skip
-    cfg.grpo.micro_batch_size = 32
-    return cfg
+    return quiet_config(task="arith", mode=mode, mode_options=options, steps=c.steps, seed=seed, model=model,
+                        prompts_per_step=c.prompts_per_step, group_size=c.group_size, max_tokens=c.max_tokens,
+                        workers=c.workers, max_num_seqs=c.slots, max_model_len=c.max_tokens + 256,
+                        worker_backend=backend, micro_batch_size=32)  # fmt: skip
 
 
 def run_summary(out: Path) -> dict[str, Any]:

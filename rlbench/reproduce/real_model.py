@@ -16,7 +16,7 @@ from rlbench.report.figures import PALETTE
 from rlbench.report.page import table
 from rlbench.reproduce import histospec, sortedrl
 from rlbench.reproduce.base import Context, Outcome
-from rlbench.reproduce.curves import run_curve
+from rlbench.reproduce.curves import run_curve, samples_figure
 
 TASK_OPTIONS = (("min_ops", 1), ("max_ops", 1))
 TEMPERATURE = 0.7
@@ -29,18 +29,15 @@ REAL_NOTE = (
 )
 
 
+def shared(ctx: Context) -> dict[str, Any]:
+    """What every real-model workload sets alike: the task within the model's reach, sampled, trained."""
+    sizes = {"group_size": ctx.pick(8, 4), "max_tokens": ctx.pick(512, 24), "seed": ctx.seed}
+    return {**sizes, "temperature": TEMPERATURE, "task_options": TASK_OPTIONS, "lr": LR}
+
+
 def sortedrl_workload(ctx: Context) -> sortedrl.Workload:
-    return sortedrl.Workload(
-        steps=ctx.pick(6, 2),
-        prompts_per_step=ctx.pick(8, 2),
-        group_size=ctx.pick(8, 4),
-        max_tokens=ctx.pick(512, 24),
-        seed=ctx.seed,
-        seeds=1,  # one seed: a real model's lengths vary little from seed to seed, GPU time is scarce
-        temperature=TEMPERATURE,
-        task_options=TASK_OPTIONS,
-        lr=LR,
-    )
+    # one seed: a real model's lengths vary little from seed to seed, GPU time is scarce
+    return sortedrl.Workload(steps=ctx.pick(6, 2), prompts_per_step=ctx.pick(8, 2), seeds=1, **shared(ctx))
 
 
 def sortedrl_bubble(ctx: Context) -> Outcome:
@@ -52,18 +49,8 @@ def sortedrl_throughput(ctx: Context) -> Outcome:
 
 
 def histospec_workload(ctx: Context) -> histospec.Workload:
-    return histospec.Workload(
-        epochs=ctx.pick(4, 2),
-        pool=ctx.pick(8, 2),
-        prompts_per_step=ctx.pick(4, 2),
-        group_size=ctx.pick(8, 4),
-        max_tokens=ctx.pick(512, 24),
-        temperature=TEMPERATURE,
-        task_options=TASK_OPTIONS,
-        lr=LR,
-        seed=ctx.seed,
-        seeds=ctx.pick(2, 1),
-    )
+    sizes = {"epochs": ctx.pick(4, 2), "pool": ctx.pick(8, 2), "prompts_per_step": ctx.pick(4, 2)}
+    return histospec.Workload(**sizes, seeds=ctx.pick(2, 1), **shared(ctx))
 
 
 def histospec_speedup(ctx: Context) -> Outcome:
@@ -114,27 +101,10 @@ def lift(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _curve_figure(curve: list[dict[str, Any]]) -> Any:
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    lines = (("greedy_acc", "greedy", PALETTE[0]), ("pass1", f"pass@1, T = {TEMPERATURE}", PALETTE[1]))
-    for key, name, colour in lines:
-        fig.add_trace(
-            go.Scatter(
-                x=[p["samples"] for p in curve],
-                y=[p[key] for p in curve],
-                name=name,
-                mode="lines+markers",
-                line={"color": colour},
-            )
-        )
-    fig.update_layout(
-        title="Held-out accuracy against samples consumed",
-        height=380,
-        yaxis_tickformat=".0%",
-        xaxis_title="samples consumed",
-        yaxis_title="held-out accuracy",
-    )
+    lines = [("greedy", PALETTE[0], "greedy_acc"), (f"pass@1, T = {TEMPERATURE}", PALETTE[1], "pass1")]
+    fig = samples_figure([(name, colour, curve, key) for name, colour, key in lines])
+    layout = {"title": "Held-out accuracy against samples consumed", "height": 380, "yaxis_tickformat": ".0%"}
+    fig.update_layout(**layout, xaxis_title="samples consumed", yaxis_title="held-out accuracy")
     return fig
 
 

@@ -18,12 +18,11 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from reference_trainer.train.config import TrainConfig
 from rlbench.models import resolve_model
 from rlbench.report.figures import PALETTE, _fig, note
 from rlbench.report.page import table
 from rlbench.report.simulate_report import _curve
-from rlbench.reproduce.base import Context, Outcome
+from rlbench.reproduce.base import Context, Outcome, quiet_config
 from rlbench.reproduce.histopipe import LOCAL_NOTE, per_epoch, ray_session, worker_backend
 from rlbench.simulate import simulate, workload
 from rlbench.simulate.cost import preset
@@ -72,7 +71,7 @@ class Sweep:
 
 
 def run_config(r: RealRuns, workers: int, model: str, device: str = "cpu", backend: str = "ray") -> Any:
-    config = TrainConfig(
+    return quiet_config(
         task="arith",
         mode="baseline",  # round-robin placement over W workers
         steps=r.steps,
@@ -83,14 +82,11 @@ def run_config(r: RealRuns, workers: int, model: str, device: str = "cpu", backe
         max_tokens=r.max_tokens,
         max_num_seqs=r.slots,
         max_model_len=r.max_tokens + 256,
-        eval_every=0,
-        checkpoint_every=10**9,
         workers=workers,
         worker_backend=backend,
         device=device,
+        micro_batch_size=16,
     )
-    config.grpo.micro_batch_size = 16
-    return config
 
 
 def validate_run(ctx: Context, r: RealRuns, workers: int, backend: str = "ray") -> dict[str, Any]:

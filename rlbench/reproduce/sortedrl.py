@@ -18,11 +18,10 @@ from typing import Any
 from reference_trainer.trace import metrics
 from reference_trainer.trace.records import read_jsonl
 from reference_trainer.trace.schema import read_trace
-from reference_trainer.train.config import TrainConfig
 from rlbench.models import resolve_model
 from rlbench.report.page import table
 from rlbench.report.timeline import slot_timeline
-from rlbench.reproduce.base import Context, Outcome
+from rlbench.reproduce.base import Context, Outcome, quiet_config
 from rlbench.simulate import simulate, workload
 from rlbench.simulate.cost import fit_run, preset
 from rlbench.training import run_modes
@@ -52,7 +51,7 @@ class Workload:
 def mode_config(w: Workload, mode: str, model: str, device: str) -> Any:
     capacity = w.prompts_per_step * w.group_size
     options = {"oversubscription": w.oversubscription, "max_staleness": w.max_staleness}
-    config = TrainConfig(
+    return quiet_config(
         task="arith",
         task_options=dict(w.task_options),
         temperature=w.temperature,
@@ -68,13 +67,10 @@ def mode_config(w: Workload, mode: str, model: str, device: str) -> Any:
         max_model_len=w.max_tokens + 256,
         # a step's admissions prefill in one forward, not in chunks that leave the other slots idle
         max_prefill_tokens=capacity * (w.max_tokens + 256),
-        eval_every=0,
-        checkpoint_every=10**9,
         device=device,
+        lr=w.lr,
+        micro_batch_size=16,
     )
-    config.grpo.lr = w.lr
-    config.grpo.micro_batch_size = 16
-    return config
 
 
 def summarize(out: Path) -> dict[str, Any]:

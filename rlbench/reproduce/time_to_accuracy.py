@@ -189,17 +189,11 @@ def measure(ctx: Context, w: Workload) -> Outcome:
             ratio = m["wall_s"] / base["wall_s"] if m["wall_s"] is not None and base["wall_s"] else None
             measured[f"time_vs_baseline.{mode}.{task}"] = ratio
             measured[f"time_to_target_s.{mode}.{task}"] = m["wall_s"]
-            base_step = base["step_time_s"]
-            measured[f"step_speedup.{mode}.{task}"] = (
-                base_step / m["step_time_s"] if m["step_time_s"] else None
-            )
+            step = m["step_time_s"]
+            measured[f"step_speedup.{mode}.{task}"] = base["step_time_s"] / step if step else None
             rows.append(_row(mode, m, ratio))
-        said = ", ".join(
-            f"{mode} {measured[f'time_vs_baseline.{mode}.{task}']:.2f}x"
-            if measured[f"time_vs_baseline.{mode}.{task}"] is not None
-            else f"{mode} n/a"
-            for mode in w.modes[1:]
-        )
+        ratios = {mode: measured[f"time_vs_baseline.{mode}.{task}"] for mode in w.modes[1:]}
+        said = ", ".join(f"{mode} n/a" if r is None else f"{mode} {r:.2f}x" for mode, r in ratios.items())
         heads.append(f"{task} +{100 * w.gain:.0f} pts: {said} baseline's time")
         title = f"{task}: time to +{100 * w.gain:.0f} points of held-out greedy accuracy ({target:.3f})"
         sections.append((title, [table(rows)]))
