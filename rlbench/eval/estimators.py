@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 
@@ -33,16 +34,11 @@ def majority_vote(classes: Sequence[int | None]) -> int | None:
     (rm_maj_eval.py), except that it counts an empty answer as a vote; lighteval's `max(answers,
     key=answers.count)` breaks ties by first occurrence too.
     """
-    votes: dict[int, int] = {}
-    first: dict[int, int] = {}
-    for i, c in enumerate(classes):
-        if c is not None:
-            votes[c] = votes.get(c, 0) + 1
-            first.setdefault(c, i)
+    votes = Counter(c for c in classes if c is not None)
     if not votes:
         return None
-    winner = min(votes, key=lambda c: (-votes[c], first[c]))
-    return first[winner]
+    # max keeps the first of equal counts, and a Counter holds its classes in the order they first appeared
+    return list(classes).index(max(votes, key=votes.__getitem__))
 
 
 def majority_correct(classes: Sequence[int | None], correct: Sequence[bool]) -> bool:

@@ -186,10 +186,8 @@ def _row_to_problem(row: dict[str, Any], fields: dict[str, str | None], index: i
     def get(path: str) -> Any:
         m = re.fullmatch(r"(\w+)\[(\d+)\]", path)  # `final_answer[0]`: first element of a list field
         if m:
-            value = row.get(m.group(1))
-            return (
-                value[int(m.group(2))] if isinstance(value, list) and len(value) > int(m.group(2)) else None
-            )
+            value, i = row.get(m.group(1)), int(m.group(2))
+            return value[i] if isinstance(value, list) and len(value) > i else None
         return row.get(path)
 
     pid = get(fields["id"]) if fields.get("id") else f"{suite.name}-{index:04d}"

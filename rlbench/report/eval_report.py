@@ -55,9 +55,8 @@ def _pass_curve(results: dict[str, Any]) -> Any:
 
     ks = sorted(int(k) for k in results["pass_at_k"])
     fig = _fig("pass@k (unbiased) against k", "k (samples drawn)", "share of problems solved", height=360)
-    fig.add_trace(
-        go.Scatter(x=ks, y=[results["pass_at_k"][str(k)] for k in ks], mode="lines+markers", name="pass@k")
-    )
+    passed = [results["pass_at_k"][str(k)] for k in ks]
+    fig.add_trace(go.Scatter(x=ks, y=passed, mode="lines+markers", name="pass@k"))
     for k, v in results["maj_at_k"].items():
         fig.add_trace(go.Scatter(x=[int(k)], y=[v], mode="markers", name=f"maj@{k}", marker={"size": 11}))
     fig.add_hline(y=results["accuracy"], line_dash="dot", annotation_text=f"avg@{results['samples']}")
@@ -87,13 +86,8 @@ def _group_section(field: str, groups: list[dict[str, Any]]) -> tuple[str, list[
     import plotly.graph_objects as go
 
     fig = _fig(f"Accuracy by {field}", field, "accuracy (avg@k)", height=340)
-    fig.add_trace(
-        go.Bar(
-            x=[str(g[field]) for g in groups],
-            y=[g["accuracy"] for g in groups],
-            text=[f"n={g['problems']}" for g in groups],
-        )
-    )
+    x, y = [str(g[field]) for g in groups], [g["accuracy"] for g in groups]
+    fig.add_trace(go.Bar(x=x, y=y, text=[f"n={g['problems']}" for g in groups]))
     fig.update_yaxes(range=[0, 1])
     return f"Accuracy by {field}", [table(groups), fig]
 

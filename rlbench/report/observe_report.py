@@ -43,11 +43,8 @@ def occupancy_figure(rows: list[dict[str, Any]], doc: dict[str, Any], events: li
         fig.add_trace(go.Scatter(x=t, y=[r.get("running") for r in mine], name=f"{label} running",
                                  mode="lines", line={"color": colour, "shape": "hv"}))  # fmt: skip
         dotted = {"color": colour, "dash": "dot", "shape": "hv"}
-        fig.add_trace(
-            go.Scatter(
-                x=t, y=[r.get("waiting") for r in mine], name=f"{label} waiting", mode="lines", line=dotted
-            )
-        )
+        waiting = [r.get("waiting") for r in mine]
+        fig.add_trace(go.Scatter(x=t, y=waiting, name=f"{label} waiting", mode="lines", line=dotted))
         if str(s) in caps or s in caps:
             cap = caps.get(str(s), caps.get(s))
             fig.add_hline(y=cap, line_dash="dash", line_color=colour, opacity=0.6)
@@ -70,11 +67,8 @@ def kv_figure(rows: list[dict[str, Any]], urls: list[str]) -> Any | None:
     for s in sorted({int(r["server"]) for r in rows})[:MAX_DRAWN]:
         mine = [r for r in rows if int(r["server"]) == s and r.get("kv_usage") is not None]
         name = urls[s] if s < len(urls) else f"server {s}"
-        fig.add_trace(
-            go.Scatter(
-                x=[r["t"] for r in mine], y=[100 * r["kv_usage"] for r in mine], mode="lines", name=name
-            )
-        )
+        x, y = [r["t"] for r in mine], [100 * r["kv_usage"] for r in mine]
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name))
     return fig
 
 

@@ -84,11 +84,8 @@ def learning_figure(steps: list[Event], heldout: dict[str, Any] | None) -> Any:
     fig.add_trace(go.Scatter(x=xs, y=rewards, name="training reward (batch mean)", mode="lines"))
     curve = (heldout or {}).get("curve") or []
     for key, name in (("greedy_acc", "held-out greedy accuracy"), ("pass1", "held-out pass@1")):
-        fig.add_trace(
-            go.Scatter(
-                x=[p["samples"] for p in curve], y=[p[key] for p in curve], name=name, mode="lines+markers"
-            )
-        )
+        x, y = [p["samples"] for p in curve], [p[key] for p in curve]
+        fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines+markers"))
     fig.update_yaxes(rangemode="tozero")
     return fig
 
@@ -144,15 +141,10 @@ def _time_figures(steps: list[Event]) -> list[Any]:
     split = _fig("Time per step by phase", "step", "seconds")
     # the rollout's part: what the update waited for (all of it, unless the rollout ran ahead beside it)
     waited = "trainer_wait_s" if any(s.get("trainer_wait_s") is not None for s in steps) else "timing_s/gen"
-    for key, name in (
-        (waited, ROLLOUT),
-        ("timing_s/reward", REWARD),
-        ("timing_s/update", UPDATE),
-        ("timing_s/sync", SYNC),
-    ):
-        split.add_trace(
-            go.Bar(x=x, y=[s.get(key) or 0.0 for s in steps], name=name, marker_color=PHASE_COLOURS[name])
-        )
+    timed = ((waited, ROLLOUT), ("timing_s/reward", REWARD), ("timing_s/update", UPDATE))
+    for key, name in (*timed, ("timing_s/sync", SYNC)):
+        y = [s.get(key) or 0.0 for s in steps]
+        split.add_trace(go.Bar(x=x, y=y, name=name, marker_color=PHASE_COLOURS[name]))
     # the rest of the step: gaps between phases, and work no phase covers (an imported run's checkpoints)
     other = [
         max(0.0, (s.get("step_time_s") or 0.0) - sum(s.get(k) or 0.0 for k in PHASE_TIMES)) for s in steps
@@ -164,9 +156,8 @@ def _time_figures(steps: list[Event]) -> list[Any]:
     if not any(heldout_s):
         return [split]
     evaluation = _fig("Held-out evaluation time before each step (outside the step time)", "step", "seconds")
-    evaluation.add_trace(
-        go.Bar(x=x, y=heldout_s, name="held-out evaluation", marker_color=PHASE_COLOURS[HELDOUT])
-    )
+    colour = PHASE_COLOURS[HELDOUT]
+    evaluation.add_trace(go.Bar(x=x, y=heldout_s, name="held-out evaluation", marker_color=colour))
     steps_axis(evaluation, x)
     return [split, evaluation]
 
@@ -217,11 +208,8 @@ def _response_figures(steps: list[Event]) -> list[Any]:
     shown = "" if every == 1 else f" (one step in {every} of {len(boxed):,})"
     lens = _fig(f"Response lengths of each update batch{shown}", "step", "tokens")
     for s in boxed[::every]:
-        lengths = s["update_batch_lengths"]
-        box = go.Box(
-            y=lengths, name=str(s["step"]), showlegend=False, boxpoints=False, marker_color=PALETTE[0]
-        )
-        lens.add_trace(box)
+        box = {"showlegend": False, "boxpoints": False, "marker_color": PALETTE[0]}
+        lens.add_trace(go.Box(y=s["update_batch_lengths"], name=str(s["step"]), **box))
     lens.update_xaxes(type="category")
     parts: list[Any] = [lens] if lens.data else [note("No finished sequences in the trace.")]
     hist: dict[int, int] = {}
@@ -261,14 +249,8 @@ def gpu_section(gpu: dict[str, Any] | None, events: Sequence[Event]) -> list[Any
         fig = _fig(f"{title} (NVML; rollout and update phases shaded)", "time (s)", unit, height=300)
         for idx in sorted({s["gpu"] for s in samples}):
             pts = [s for s in samples if s["gpu"] == idx and s.get(key) is not None]
-            fig.add_trace(
-                go.Scatter(
-                    x=[p["t"] for p in pts],
-                    y=[p[key] * scale for p in pts],
-                    mode="lines",
-                    name=f"GPU {idx}: {names.get(idx, '')}",
-                )
-            )
+            x, y = [p["t"] for p in pts], [p[key] * scale for p in pts]
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"GPU {idx}: {names.get(idx, '')}"))
         shade_phases(fig, events, (ROLLOUT, UPDATE))
         if key == "util":
             fig.update_yaxes(range=[0, 105])
@@ -281,10 +263,8 @@ def worker_section(events: Sequence[Event], summary: dict[str, Any]) -> list[Any
     import plotly.graph_objects as go
 
     busy: dict[int, list[list[float]]] = {}
-    for ev in sorted(
-        (e for e in events if e.get("kind") in FORWARD_KINDS),
-        key=lambda e: float(e["t_start"]),
-    ):
+    forwards = [e for e in events if e.get("kind") in FORWARD_KINDS]
+    for ev in sorted(forwards, key=lambda e: float(e["t_start"])):
         spans = busy.setdefault(int(ev.get("worker", 0)), [])
         if spans and float(ev["t_start"]) - spans[-1][1] < 1e-3:
             spans[-1][1] = max(spans[-1][1], float(ev["t_end"]))
@@ -292,16 +272,10 @@ def worker_section(events: Sequence[Event], summary: dict[str, Any]) -> list[Any
             spans.append([float(ev["t_start"]), float(ev["t_end"])])
     fig = _fig("Worker busy time (merged engine steps)", "time (s)", "", height=120 + 40 * len(busy))
     for w, spans in sorted(busy.items()):
-        fig.add_trace(
-            go.Bar(
-                orientation="h",
-                y=[f"worker {w}"] * len(spans),
-                x=[e - s for s, e in spans],
-                base=[s for s, _ in spans],
-                showlegend=False,
-                marker={"color": PALETTE[w % len(PALETTE)], "line": {"width": 0}},
-            )
-        )
+        marker = {"color": PALETTE[w % len(PALETTE)], "line": {"width": 0}}
+        x, base = [e - s for s, e in spans], [s for s, _ in spans]
+        y = [f"worker {w}"] * len(spans)
+        fig.add_trace(go.Bar(orientation="h", y=y, x=x, base=base, showlegend=False, marker=marker))
     idle = summary.get("worker_idle_share") or {}
     rows = [{"worker": w, "idle share": v} for w, v in idle.items()]
     caption = (

@@ -7,20 +7,9 @@ from typing import Any
 
 from rlbench.report.page import kpis, table, write_page
 
-COLUMNS = (
-    "policy",
-    "workers",
-    "speedup",
-    "rollout_speedup",
-    "bubble_ratio",
-    "worker_idle_share",
-    "step_time_s",
-    "rollout_s",
-    "update_s",
-    "rollout_tokens_per_s",
-    "wasted_token_share",
-    "draft_len",
-)
+RATIOS = ("speedup", "rollout_speedup", "bubble_ratio", "worker_idle_share")
+COLUMNS = ("policy", "workers", *RATIOS, "step_time_s", "rollout_s", "update_s", "rollout_tokens_per_s")
+COLUMNS += ("wasted_token_share", "draft_len")
 
 
 def _curve(results: list[dict[str, Any]], key: str, title: str, log_y: bool = False) -> Any:
@@ -29,11 +18,8 @@ def _curve(results: list[dict[str, Any]], key: str, title: str, log_y: bool = Fa
     fig = go.Figure()
     for name in dict.fromkeys(r["policy"] for r in results):
         rows = [r for r in results if r["policy"] == name]
-        fig.add_trace(
-            go.Scatter(
-                x=[r["workers"] for r in rows], y=[r[key] for r in rows], mode="lines+markers", name=name
-            )
-        )
+        x, y = [r["workers"] for r in rows], [r[key] for r in rows]
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=name))
     fig.update_layout(title=title, height=380, margin={"t": 50, "b": 40})
     workers = sorted({r["workers"] for r in results})
     # a tick at every simulated worker count, and labelled 1-2-5 ticks on a log y axis that spans less than a
@@ -69,24 +55,18 @@ def render(doc: dict[str, Any], out_dir: str | Path) -> Path:
     )
     wl_rows = [{"field": k, "value": v} for k, v in wl.items()]
     cm_rows = [{"field": k, "value": str(v)} for k, v in cm.items()]
+    curves = [
+        _curve(results, "speedup", "step-time speed-up over baseline"),
+        _curve(results, "bubble_ratio", "bubble ratio (share of idle slot-time in rollout)"),
+        _curve(results, "worker_idle_share", "worker idle share (1 - busy / slowest worker)"),
+        _curve(results, "step_time_s", "step time (s)", log_y=True),
+    ]
     sections = [
         ("Summary", [head, notes]),
-        (
-            "Scaling",
-            [
-                _curve(results, "speedup", "step-time speed-up over baseline"),
-                _curve(results, "bubble_ratio", "bubble ratio (share of idle slot-time in rollout)"),
-                _curve(results, "worker_idle_share", "worker idle share (1 - busy / slowest worker)"),
-                _curve(results, "step_time_s", "step time (s)", log_y=True),
-            ],
-        ),
+        ("Scaling", curves),
         ("Results", [table([{c: r.get(c) for c in COLUMNS} for r in results], COLUMNS)]),
         ("Workload", [table(wl_rows)]),
         ("Cost model", [table(cm_rows)]),
     ]
-    return write_page(
-        Path(out_dir) / "report.html",
-        "rlbench simulate",
-        sections,
-        subtitle=f"{wl['source']} — {doc['elapsed_s']:.1f} s to simulate",
-    )
+    subtitle = f"{wl['source']} — {doc['elapsed_s']:.1f} s to simulate"
+    return write_page(Path(out_dir) / "report.html", "rlbench simulate", sections, subtitle=subtitle)

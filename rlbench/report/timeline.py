@@ -86,25 +86,14 @@ def slot_timeline(events: Sequence[Event]) -> list[Any]:
         key=lambda s: [int(p) if p.isdigit() else p for p in s.replace("w", "").split()],
     )
     fig = _fig("Slot occupancy (bar = one sequence in one slot; colour = prompt group)", "time (s)", "")
-    fig.add_trace(
-        go.Bar(
-            orientation="h",
-            y=[b["label"] for b in bars],
-            x=[b["end"] - b["start"] for b in bars],
-            base=[b["start"] for b in bars],
-            marker={
-                "color": [PALETTE[groups[b["prompt"]] % len(PALETTE)] for b in bars],
-                "line": {"width": 0},
-            },
-            hovertext=[
-                f"seq {b['seq']}<br>prompt {b['prompt']}<br>step {b['step']}<br>"
-                f"{b['start']:.3f}–{b['end']:.3f} s"
-                for b in bars
-            ],
-            hoverinfo="text",
-            showlegend=False,
-        )
-    )
+    y, x, base = [b["label"] for b in bars], [b["end"] - b["start"] for b in bars], [b["start"] for b in bars]
+    marker = {"color": [PALETTE[groups[b["prompt"]] % len(PALETTE)] for b in bars], "line": {"width": 0}}
+    hover = [
+        f"seq {b['seq']}<br>prompt {b['prompt']}<br>step {b['step']}<br>{b['start']:.3f}–{b['end']:.3f} s"
+        for b in bars
+    ]
+    bar = {"orientation": "h", "hoverinfo": "text", "showlegend": False}
+    fig.add_trace(go.Bar(y=y, x=x, base=base, marker=marker, hovertext=hover, **bar))
     shown = {b["step"] for b in bars}
     phases = [ev for ev in events if int(ev.get("step", 0)) in shown]
     _mark_phases(fig, phases)

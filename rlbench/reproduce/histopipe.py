@@ -243,9 +243,8 @@ def _figures(results: dict[str, list[dict[str, Any]]], w: Workload) -> list[Any]
     for p, epochs in results.items():
         y = [v for e in epochs for v in e["idle_share_per_step"]]
         per_step.add_trace(go.Scatter(x=list(range(1, len(y) + 1)), y=y, mode="lines+markers", name=p))
-        per_epoch_fig.add_trace(
-            go.Bar(x=[e["epoch"] for e in epochs], y=[e["idle_share"] for e in epochs], name=p)
-        )
+        x, idle = [e["epoch"] for e in epochs], [e["idle_share"] for e in epochs]
+        per_epoch_fig.add_trace(go.Bar(x=x, y=idle, name=p))
     for e in range(1, w.epochs):
         per_step.add_vline(x=e * w.steps_per_epoch + 0.5, line_dash="dot", line_color="#999")
     steps_axis(per_step, list(range(1, w.epochs * w.steps_per_epoch + 1)))

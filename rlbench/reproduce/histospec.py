@@ -146,12 +146,8 @@ def _figure(epochs: list[dict[str, Any]]) -> Any:
     x = [e["epoch"] for e in epochs]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Bar(name="rollout speed-up (rhyme / baseline)", x=x, y=[e["speedup"] for e in epochs]))
-    fig.add_trace(
-        go.Scatter(
-            name="acceptance", x=x, y=[e["rhyme"]["acceptance_rate"] for e in epochs], mode="lines+markers"
-        ),
-        secondary_y=True,
-    )
+    accepted = [e["rhyme"]["acceptance_rate"] for e in epochs]
+    fig.add_trace(go.Scatter(name="acceptance", x=x, y=accepted, mode="lines+markers"), secondary_y=True)
     fig.add_hline(y=1.0, line_dash="dot")
     fig.update_layout(title="HistoSpec per epoch (epoch 1 has no history)", height=360, xaxis_title="epoch",
                       xaxis={"dtick": 1}, legend={"orientation": "h", "y": -0.25})  # fmt: skip

@@ -278,12 +278,8 @@ def _figure(runs: dict[str, dict[str, Any]], seed: int) -> Any:
         style = {"name": LABELS[name], "legendgroup": name, "marker_color": COLOURS[name]}
         fig.add_trace(go.Bar(x=x, y=p["timing_s/gen"], **style), row=1, col=1)
         fig.add_trace(go.Bar(x=x, y=p["bubble_ratio"], showlegend=False, **style), row=1, col=2)
-    fig.update_layout(
-        title=f"Per step (seed {seed}); step 1 has no drafts yet",
-        barmode="group",
-        height=380,
-        legend={"orientation": "h", "y": -0.2},
-    )
+    title = f"Per step (seed {seed}); step 1 has no drafts yet"
+    fig.update_layout(title=title, barmode="group", height=380, legend={"orientation": "h", "y": -0.2})
     fig.update_yaxes(title_text="s", row=1, col=1)
     fig.update_yaxes(tickformat=".0%", row=1, col=2)
     return fig

@@ -125,28 +125,12 @@ def run_sweep(ctx: Context, s: Sweep) -> dict[str, Any]:
     key = {**asdict(s), "workers": list(s.workers), "modes": list(s.modes)}
     if (saved := ctx.finished("sweep.json", key, "simulation")) is not None:
         return saved
-    trace = workload.synthetic(
-        steps=s.steps,
-        prompts=s.groups_per_worker * max(s.workers),
-        group_size=s.group_size,
-        mean_tokens=s.mean_tokens,
-        sigma=s.sigma,
-        max_tokens=s.max_tokens,
-        rank_corr=s.rank_corr,
-        seed=s.seed,
-    )
+    lengths = ("steps", "group_size", "mean_tokens", "sigma", "max_tokens", "rank_corr", "seed")
+    prompts = s.groups_per_worker * max(s.workers)
+    trace = workload.synthetic(prompts=prompts, **{k: getattr(s, k) for k in lengths})
     ctx.progress(f"simulating {len(s.modes)} modes at W = {', '.join(map(str, s.workers))}")
-    doc = simulate(
-        trace,
-        preset(s.gpu, s.model_size),
-        list(s.workers),
-        list(s.modes),
-        s.slots,
-        steps=s.steps,
-        groups_per_worker=s.groups_per_worker,
-        rank_corr=s.rank_corr,
-        seed=s.seed,
-    )
+    options = {k: getattr(s, k) for k in ("steps", "groups_per_worker", "rank_corr", "seed")}
+    doc = simulate(trace, preset(s.gpu, s.model_size), list(s.workers), list(s.modes), s.slots, **options)
     for r in doc["results"]:
         r.pop("steps", None)  # per-step rows: not needed for the curves, and large at 8 W x 5 modes
     ctx.progress(f"simulated in {doc['elapsed_s']:.0f} s")
@@ -212,9 +196,8 @@ def _scale_figures(doc: dict[str, Any], val: dict[int, dict[str, Any]]) -> list[
     bubble.add_trace(_markers(ws, [val[w]["measured_bubble"] for w in ws], "measured (CPU run)", "x"))
     replayed = [val[w]["simulated_bubble"] for w in ws]
     bubble.add_trace(_markers(ws, replayed, "predicted for that run (replay)", "circle-open"))
-    idle.add_trace(
-        _markers(ws, [val[w]["measured_worker_idle_share"] for w in ws], "measured (CPU run)", "x")
-    )
+    idle_measured = [val[w]["measured_worker_idle_share"] for w in ws]
+    idle.add_trace(_markers(ws, idle_measured, "measured (CPU run)", "x"))
     for fig in (bubble, idle):
         fig.update_yaxes(tickformat=".0%", rangemode="tozero")
         fig.update_layout(legend={"orientation": "h", "y": -0.25}, height=420)
