@@ -342,9 +342,8 @@ def _answer_classes(
     votes = []
     for i, p in enumerate(chunk):
         samples = slice(i * k, (i + 1) * k)
-        votes.append(
-            VoteItem(grader, [g.key for g in graded[samples]], texts[samples], id=p.id, problem=p.problem)
-        )
+        keys = [g.key for g in graded[samples]]
+        votes.append(VoteItem(grader, keys, texts[samples], id=p.id, problem=p.problem))
     classes = [text_classes(v.keys) for v in votes]
     compares = get_grader(grader).compares_answers
     need = [i for i, c in enumerate(classes) if compares and len(set(c) - {None}) > 1]

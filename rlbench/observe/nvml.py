@@ -109,6 +109,8 @@ class NvmlSampler:
             util = self._call("util", lambda h=h: nvml.nvmlDeviceGetUtilizationRates(h))
             mem = self._call("memory", lambda h=h: nvml.nvmlDeviceGetMemoryInfo(h))
             power_mw = self._call("power", lambda h=h: nvml.nvmlDeviceGetPowerUsage(h))
+            sm_clock = self._call("sm_clock", lambda h=h: nvml.nvmlDeviceGetClockInfo(h, _CLOCK_SM))
+            mem_clock = self._call("mem_clock", lambda h=h: nvml.nvmlDeviceGetClockInfo(h, _CLOCK_MEM))
             self.samples.append(
                 {
                     "t": t,
@@ -117,12 +119,8 @@ class NvmlSampler:
                     "mem_util": None if util is None else float(util.memory),
                     "mem_used_mib": None if mem is None else mem.used / _MIB,
                     "power_w": None if power_mw is None else power_mw / 1000.0,  # NVML reports milliwatts
-                    "sm_clock_mhz": self._call(
-                        "sm_clock", lambda h=h: nvml.nvmlDeviceGetClockInfo(h, _CLOCK_SM)
-                    ),
-                    "mem_clock_mhz": self._call(
-                        "mem_clock", lambda h=h: nvml.nvmlDeviceGetClockInfo(h, _CLOCK_MEM)
-                    ),
+                    "sm_clock_mhz": sm_clock,
+                    "mem_clock_mhz": mem_clock,
                 }
             )
 

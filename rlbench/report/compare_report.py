@@ -141,15 +141,9 @@ def _curves(runs: list[dict[str, Any]]) -> list[Any]:
             values = [trained_per_rollout_s(s) if key == TRAINED_LABEL else s.get(key) for s in steps]
             ys = [None if v is None else scale * v for v in values]
             if any(y is not None for y in ys):
-                fig.add_trace(
-                    go.Scatter(
-                        x=[s["step"] for s in steps],
-                        y=ys,
-                        name=r["mode"],
-                        mode="lines+markers",
-                        line={"color": PALETTE[i % len(PALETTE)]},
-                    )
-                )
+                line = {"color": PALETTE[i % len(PALETTE)]}
+                x = [s["step"] for s in steps]
+                fig.add_trace(go.Scatter(x=x, y=ys, name=r["mode"], mode="lines+markers", line=line))
         if fig.data:
             curves.append(steps_axis(fig, [s["step"] for r in runs for s in r.get("steps") or []]))
     return curves
@@ -212,13 +206,8 @@ def _bubble_figure(runs: list[dict[str, Any]]) -> Any:
     import plotly.graph_objects as go
 
     fig = _fig("Bubble ratio per mode", "mode", "%")
-    fig.add_trace(
-        go.Bar(
-            x=[r["mode"] for r in runs],
-            y=[percent(r["summary"].get("bubble_ratio")) for r in runs],
-            marker_color=[PALETTE[i % len(PALETTE)] for i in range(len(runs))],
-        )
-    )
+    x, y = [r["mode"] for r in runs], [percent(r["summary"].get("bubble_ratio")) for r in runs]
+    fig.add_trace(go.Bar(x=x, y=y, marker_color=[PALETTE[i % len(PALETTE)] for i in range(len(runs))]))
     return fig
 
 

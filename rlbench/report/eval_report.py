@@ -184,9 +184,6 @@ def write_eval_report(path: Path, results: dict[str, Any], partial: bool = False
         sections.append(("Response length", [lengths[0]]))
     if rows:
         sections.append(("Per-problem results", _problem_table(results, rows)))
-    return write_page(
-        path,
-        f"rlbench eval: {results.get('title', results['suite'])}",
-        sections,
-        subtitle=f"{settings['model']} · {results['engine']} engine · {k} sample{'s' * (k != 1)} per problem",
-    )
+    title = f"rlbench eval: {results.get('title', results['suite'])}"
+    subtitle = f"{settings['model']} · {results['engine']} engine · {k} sample{'s' * (k != 1)} per problem"
+    return write_page(path, title, sections, subtitle=subtitle)

@@ -68,9 +68,8 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
     unit = run.get("time_unit") or "s"
     top = [_headline(doc, unit), f"<ul>{how}</ul>" if how else ""]
     if unit != "s":
-        top.insert(
-            0, note(f"This log has no clock: times on this page are in {run['time_unit']}s, not seconds.")
-        )
+        clockless = f"This log has no clock: times on this page are in {run['time_unit']}s, not seconds."
+        top.insert(0, note(clockless))
     sections: list[tuple[str, Sequence[Any]]] = [("Summary", top)]
     if cannot:
         sections.append(("What these logs cannot tell", [f"<ul>{cannot}</ul>"]))
@@ -78,9 +77,8 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
         sections.append(("Slot occupancy (rebuilt from the lengths)", slot_timeline(events)))
     if info.get("per_step"):
         rows = [{k: _cell(v) for k, v in r.items()} for r in info["per_step"]]
-        sections.append(
-            (f"{run.get('framework', 'framework')}'s own figures beside rlbench's", [table(rows)])
-        )
+        framework = run.get("framework", "framework")
+        sections.append((f"{framework}'s own figures beside rlbench's", [table(rows)]))
     if steps:
         measured = any(st.get("bubble_ratio") is not None for st in steps)
         # an imported run has no drafts; without rebuilt slots it has no bubble, throughput or lengths either
@@ -89,9 +87,8 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
         )
         sections.extend(sec for sec in step_figures(steps) if sec[0] in keep)
         if not measured and info.get("per_step"):
-            sections.append(
-                ("Estimates from the framework's log (not measurements)", estimates(info["per_step"]))
-            )
+            title = "Estimates from the framework's log (not measurements)"
+            sections.append((title, estimates(info["per_step"])))
     if info.get("length_variance"):
         sections.append(("Length variance: within groups vs between", _variance(info["length_variance"])))
     whatif = doc.get("whatif") or {}
@@ -113,9 +110,8 @@ def render_import(run_dir: str | Path, doc: dict[str, Any], events: Sequence[Eve
     )
     if unit != "s":  # every chart's time axis and rate in the log's own unit, as the note above says
         sections = [(title, [_relabel(part, unit) for part in parts]) for title, parts in sections]
-    return write_page(
-        run_dir / "report.html", f"rlbench import — {run.get('framework', 'run')}", sections, subtitle
-    )
+    title = f"rlbench import — {run.get('framework', 'run')}"
+    return write_page(run_dir / "report.html", title, sections, subtitle)
 
 
 def _headline(doc: dict[str, Any], unit: str) -> str:

@@ -388,9 +388,8 @@ def render_profile(
     if len((doc.get("summary") or {}).get("worker_idle_share") or {}) > 1:
         sections.append(("Rollout workers", worker_section(events, doc["summary"])))
     if multi_engine(doc.get("summary") or {}):
-        sections.append(
-            ("Engines: bubble, cross-engine idle, dispatch", engine_section(steps, doc["summary"]))
-        )
+        engines = engine_section(steps, doc["summary"])
+        sections.append(("Engines: bubble, cross-engine idle, dispatch", engines))
     if doc.get("pyspy"):
         sections.append(("CPU profile (py-spy)", pyspy_links(doc["pyspy"])))
     sections.append(("All summary metrics", [table(summary_rows(doc.get("summary") or {}))]))

@@ -97,11 +97,8 @@ def slot_timeline(events: Sequence[Event]) -> list[Any]:
     shown = {b["step"] for b in bars}
     phases = [ev for ev in events if int(ev.get("step", 0)) in shown]
     _mark_phases(fig, phases)
-    fig.update_layout(
-        height=min(1400, 140 + 14 * len(labels)),
-        bargap=0.15,
-        yaxis={"categoryorder": "array", "categoryarray": labels[::-1]},
-    )
+    yaxis = {"categoryorder": "array", "categoryarray": labels[::-1]}
+    fig.update_layout(height=min(1400, 140 + 14 * len(labels)), bargap=0.15, yaxis=yaxis)
     legend = f"{len(bars)} bars, {len(groups)} prompt groups (colours repeat every {len(PALETTE)} groups)."
     parts: list[Any] = [shading_legend(phases, (REWARD, UPDATE, SYNC, HELDOUT)), fig]
     parts.append(f'<p class="sub">{html.escape(legend)}</p>')

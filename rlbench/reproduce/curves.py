@@ -145,9 +145,8 @@ def samples_to_reach(curve: list[dict[str, Any]], target: float) -> float | None
         return 0.0
     for a, b in zip(curve, curve[1:], strict=False):
         if b["greedy_acc"] >= target:
-            return a["samples"] + (target - a["greedy_acc"]) / (b["greedy_acc"] - a["greedy_acc"]) * (
-                b["samples"] - a["samples"]
-            )
+            share = (target - a["greedy_acc"]) / (b["greedy_acc"] - a["greedy_acc"])
+            return a["samples"] + share * (b["samples"] - a["samples"])
     return None
 
 
@@ -188,9 +187,8 @@ def parity(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
     for row in modes.values():
         row["accuracy_vs_baseline"] = row["accuracy"] - base["accuracy"] if base else None
         both = base and base["all_reached"] and row["all_reached"] and base["samples_to_target"]
-        row["fewer_samples_share"] = (
-            1 - row["samples_to_target"] / base["samples_to_target"] if both else None
-        )
+        fewer = 1 - row["samples_to_target"] / base["samples_to_target"] if both else None
+        row["fewer_samples_share"] = fewer
         known = base and base["rollout_tokens"] and row["rollout_tokens"] is not None
         row["rollout_tokens_vs_baseline"] = row["rollout_tokens"] / base["rollout_tokens"] if known else None
     return {"samples": common, "target": target, "modes": modes}

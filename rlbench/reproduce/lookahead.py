@@ -80,14 +80,14 @@ def summarize(out: Path) -> dict[str, Any]:
                     "lookahead_slot_share", "drafted_tokens", "accepted_tokens", "reward_mean", "slot_time",
                     "lookahead_slot_time", "capacity", "drafted_seqs", "decode_seq_steps")
     }  # fmt: skip
-    return {
-        "per_step": per_step,
-        "bubble_ratio": s["bubble_ratio"],
-        "lookahead_slot_share": s["lookahead_slot_share"],
-        "acceptance_rate": s["acceptance_rate"],
-        "draft_coverage": s["draft_coverage"],
-        "update_s_per_ktoken": s["update_s_per_ktoken"],
-    }
+    overall = (
+        "bubble_ratio",
+        "lookahead_slot_share",
+        "acceptance_rate",
+        "draft_coverage",
+        "update_s_per_ktoken",
+    )
+    return {"per_step": per_step, **{k: s[k] for k in overall}}
 
 
 def run_seed(ctx: Context, w: Workload) -> dict[str, dict[str, Any]]:

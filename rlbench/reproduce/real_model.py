@@ -113,14 +113,9 @@ def learning(ctx: Context) -> Outcome:
     key = {**options, "minutes": ctx.pick(MINUTES, None)}
     if (run := ctx.finished("learning.json", key, "learning run")) is None:
         ctx.progress(f"training under a {ctx.pick(MINUTES, 'no')}-minute budget")
-        run = run_curve(
-            ctx.work_dir / "run",
-            minutes=ctx.pick(MINUTES, float("inf")),
-            progress=ctx.progress,
-            model=ctx.model,
-            device=ctx.device,
-            **options,
-        )
+        where = {"model": ctx.model, "device": ctx.device}
+        budget = ctx.pick(MINUTES, float("inf"))
+        run = run_curve(ctx.work_dir / "run", minutes=budget, progress=ctx.progress, **where, **options)
         run = ctx.finish("learning.json", key, run)
     rows = [
         {
