@@ -105,6 +105,7 @@ def finish(
             )
         except Exception as err:  # the prediction is an extra: it must never lose the observation
             whatif = {"available": False, "reason": f"{type(err).__name__}: {err}"}
+    readable = {r["server"] for r in rows if "error" not in r}
     doc = {
         **base,
         "run": {
@@ -123,11 +124,7 @@ def finish(
             "whatif": whatif,
             "samples": len(rows),
             "failed_scrapes": sum(1 for r in rows if "error" in r),
-            "unreadable": [
-                u
-                for i, u in enumerate(opts.urls)
-                if not any(r["server"] == i and "error" not in r for r in rows)
-            ],
+            "unreadable": [u for i, u in enumerate(opts.urls) if i not in readable],
         },
     }
     write_json(out / "metrics.json", doc)

@@ -112,9 +112,8 @@ def run_history(ctx: Context, w: Workload) -> Path:
 def _by_prompt_and_epoch(rows: list[dict[str, Any]], w: Workload, field: str) -> dict[str, list[list[Any]]]:
     table: dict[str, list[list[Any]]] = {}
     for r in rows:
-        table.setdefault(r["prompt_id"], [[] for _ in range(w.epochs)])[
-            r["step"] // w.steps_per_epoch
-        ].append(r[field])
+        epochs = table.setdefault(r["prompt_id"], [[] for _ in range(w.epochs)])
+        epochs[r["step"] // w.steps_per_epoch].append(r[field])
     return table
 
 

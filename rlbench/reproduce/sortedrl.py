@@ -210,10 +210,8 @@ def _simulated_ratios(ctx: Context, w: Workload) -> dict[str, dict[str, float]]:
     capacity = w.prompts_per_step * w.group_size
     options = {"oversubscription": w.oversubscription, "max_staleness": w.max_staleness}
     out: dict[str, dict[str, float]] = {}
-    for label, cost in (
-        ("cpu (fitted)", fit_run(events, "baseline trace")),
-        ("h100", preset("h100", "1.5b")),
-    ):
+    costs = {"cpu (fitted)": fit_run(events, "baseline trace"), "h100": preset("h100", "1.5b")}
+    for label, cost in costs.items():
         doc = simulate(trace, cost, [1], list(MODES), capacity, steps=w.steps, mode_options=options)
         by_mode = {r["policy"]: r for r in doc["results"]}
         base = by_mode["baseline"]["rollout_tokens_per_s"]
