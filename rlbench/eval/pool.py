@@ -200,7 +200,12 @@ class GradingPool:
         return results, again
 
     def _attempt(
-        self, fn: Callable[[T], R], items: Sequence[T], on_fail: Callable[[str], Any], limit: float, size: int
+        self,
+        fn: Callable[[T], R],
+        items: Sequence[T],
+        on_fail: Callable[[str], Any],
+        limit: float,
+        size: int,
     ) -> tuple[list[Any], set[int]]:
         """fn(item) for every item, `size` to a chunk, each chunk under `limit` seconds; returns the
         results and the indices that failed (their result is `on_fail(reason)`)."""

@@ -330,7 +330,12 @@ def _generate_chunk(
 
 
 def _answer_classes(
-    grader: str, chunk: list[Problem], texts: list[str], graded: list[GradeResult], k: int, pool: GradingPool
+    grader: str,
+    chunk: list[Problem],
+    texts: list[str],
+    graded: list[GradeResult],
+    k: int,
+    pool: GradingPool,
 ) -> list[list[int | None]]:
     """Each problem's answer classes for maj@k. Only problems with differing answer texts, graded by a
     grader that compares answers, need the pool (math-verify); other graders' answers are canonical texts."""

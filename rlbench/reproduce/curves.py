@@ -36,7 +36,10 @@ class _Budget(Exception):
 
 
 def run_curve(
-    out: Path, minutes: float = float("inf"), progress: Callable[[str], None] = print, **options: Any
+    out: Path,
+    minutes: float = float("inf"),
+    progress: Callable[[str], None] = print,
+    **options: Any,
 ) -> dict[str, Any]:
     """Train one run (`options`: TrainConfig fields as `rlbench train` takes them: task, mode, seed, steps,
     eval_every, ...) into `out`; its held-out curve with the training reward and response length over the
