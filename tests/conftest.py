@@ -240,6 +240,34 @@ def held(tmp_path):
     holder.wait()
 
 
+def small_arith_run(tmp_path_factory, micro_batch_size: int = 8, **fields) -> Path:  # type: ignore[no-untyped-def]
+    """Train a small arith run on the tiny char model (no evaluation, no checkpoint on the way) and return
+    its folder: the validation and replay tests' recorded runs (groups of 4, in-process engines).
+    `fields` are TrainConfig's."""
+    from reference_trainer.train.config import TrainConfig
+    from reference_trainer.train.trainer import Trainer
+
+    model = write_tiny_char_model(tmp_path_factory.mktemp("model"))
+    out = tmp_path_factory.mktemp("run")
+    settings = {
+        "eval_every": 0,
+        "max_tokens": 64,
+        "max_model_len": 256,
+        "checkpoint_every": 100,
+        "group_size": 4,
+        "worker_backend": "local",
+        **fields,
+    }
+    train = TrainConfig(task="arith", model=str(model), **settings)
+    train.grpo.micro_batch_size = micro_batch_size
+    trainer = Trainer(train, out)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    return out
+
+
 def tiny_config(vocab_size: int, max_positions: int = 128, **extra):  # type: ignore[no-untyped-def]
     """The engine and update tests' two-layer model shape (4 query heads over 2 KV heads, width 32)."""
     from reference_trainer.model.config import ModelConfig

@@ -11,10 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import write_tiny_char_model
+from conftest import small_arith_run
 
-from reference_trainer.train.config import TrainConfig
-from reference_trainer.train.trainer import Trainer
 from rlbench.simulate.controller import CUT, drives, recorded
 from rlbench.simulate.replay import validate
 
@@ -22,19 +20,15 @@ from rlbench.simulate.replay import validate
 def sorted_run(tmp_path_factory, mode: str, policy: str) -> Path:
     """A 3-step run of `mode` on 2 in-process engines of 4 slots: 4 prompts x 4 per update, so the
     oversubscribed pool (32 samples) is four times the slots, and early termination cuts work short."""
-    model = write_tiny_char_model(tmp_path_factory.mktemp("model"))
-    out = tmp_path_factory.mktemp("run")
-    train = TrainConfig(task="arith", mode=mode, steps=3, model=str(model), prompts_per_step=4, group_size=4,
-                        eval_every=0, max_tokens=64, max_num_seqs=4, max_model_len=256,
-                        checkpoint_every=100, workers=2, worker_backend="local",
-                        mode_options={"dispatch": policy})  # fmt: skip
-    train.grpo.micro_batch_size = 8
-    trainer = Trainer(train, out)
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-    return out
+    return small_arith_run(
+        tmp_path_factory,
+        mode=mode,
+        steps=3,
+        prompts_per_step=4,
+        max_num_seqs=4,
+        workers=2,
+        mode_options={"dispatch": policy},
+    )
 
 
 @pytest.mark.e2e  # a whole training run, then the replay

@@ -12,10 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import write_tiny_char_model
+from conftest import small_arith_run
 
-from reference_trainer.train.config import TrainConfig
-from reference_trainer.train.trainer import Trainer
 from rlbench.simulate.modes import dispatch_option
 from rlbench.simulate.replay import validate
 
@@ -29,19 +27,16 @@ def baseline_run(
 ) -> dict:
     """`validate` of a 2-step baseline run: groups of 4 random-model (geometric, capped) lengths, more
     sequences than slots, so the replay must get admission, refills and the tail right."""
-    model = write_tiny_char_model(tmp_path_factory.mktemp("model"))
-    out = tmp_path_factory.mktemp("run")
-    train = TrainConfig(task="arith", steps=2, model=str(model), prompts_per_step=prompts, group_size=4,
-                        eval_every=0, max_tokens=64, max_num_seqs=slots, max_model_len=256,
-                        checkpoint_every=100, workers=workers, worker_backend="local",
-                        mode_options={KEY: placement} if placement else {})  # fmt: skip
-    train.grpo.micro_batch_size = 8
-    trainer = Trainer(train, out)
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-    return validate(out)
+    options = {KEY: placement} if placement else {}
+    run = small_arith_run(
+        tmp_path_factory,
+        steps=2,
+        prompts_per_step=prompts,
+        max_num_seqs=slots,
+        workers=workers,
+        mode_options=options,
+    )
+    return validate(run)
 
 
 def assert_same_work(doc: dict) -> None:
