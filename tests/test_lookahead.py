@@ -20,6 +20,7 @@ from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.modes import MODES, get_mode
 from reference_trainer.rollout.multi import MultiEngine
+from reference_trainer.rollout.workers import WorkerLost
 from reference_trainer.speculation.cost import ForwardCosts
 from reference_trainer.speculation.drafters import DRAFTERS, attach
 from reference_trainer.speculation.lookahead import LookaheadDrafter, LookaheadOptions
@@ -389,3 +390,32 @@ def test_on_two_engines_each_engine_s_cost_gate_holds_its_lookahead_back(tmp_pat
     cpu = [[b, q, t] for (b, q), t in CPU.table.items()]
     row = train(tmp_path, tiny_model_dir, "lookahead", cost=cpu, workers=2).train_step()
     assert row["lookahead_tokens"] == 0 and "lookahead" not in row["sequences"]
+
+
+@pytest.mark.multi_engine
+@pytest.mark.parametrize("mode", ["lookahead", "sorted+lookahead"])
+def test_an_engine_lost_while_it_runs_ahead_loses_no_sample(tmp_path, tiny_model_dir, mode):
+    """Three engines, engine 0 lost at the first slice it starts holding lookahead runs: the step finishes on
+    the others and both steps train the samples, token for token, of the mode without lookahead (the runs
+    and drafts lost with it are only drafts); no lookahead run is trained or made twice."""
+    plain = {"lookahead": "baseline", "sorted+lookahead": "sorted"}[mode]
+    options = {"dispatch": "round-robin"} | ({"oversubscription": 1.0} if plain == "sorted" else {})
+    trainer = train(tmp_path, tiny_model_dir, mode, workers=3, **options)
+    worker = trainer.engine.pool.workers[0]
+    real = worker.advance
+
+    def dies_once_it_runs_ahead(*args, **kw):
+        if worker.ahead.bubble.seqs:
+            raise WorkerLost(0, "injected")
+        return real(*args, **kw)
+
+    worker.advance = dies_once_it_runs_ahead
+    _, samples = trained_samples(trainer)
+    assert [e["worker"] for e in trainer.trace.events if e["kind"] == "engine_lost"] == [0]
+    _, base = trained_samples(train(tmp_path, tiny_model_dir, plain, workers=3, **options))
+    assert [sorted(step) for step in samples] == [sorted(step) for step in base]
+    assert all(len(step) == 6 for step in samples)
+    assert not any(sid.startswith(AHEAD) for step in samples for sid, _ in step)
+    # the lost engine's share goes to the others, and no live engine's share moves: no run made twice
+    runs = [(e["step"], e["id"]) for e in trainer.trace.events if e.get("status") == "lookahead"]
+    assert runs and len(runs) == len(set(runs))

@@ -106,6 +106,7 @@ class MultiEngine:
         self._ahead_on: set[int] = set()
         self._drafts: OrderedDict[DraftKey, tuple[int, Sequence]] = OrderedDict()
         self._ahead_runs: list[Sequence] = []
+        self._owners: dict[int, int] = {}  # the step's stream positions -> the engine that runs them ahead
 
     # ---- what the trainer sees (RolloutEngine) ------------------------------------------------------------
     @property
@@ -208,14 +209,15 @@ class MultiEngine:
         step's runs, each once."""
         if self._ahead_on or self._busy:
             self.halt()
-        self._plan = None
+        self._plan, self._owners = None, {}
         runs, self._ahead_runs = self._ahead_runs, []
         return runs
 
     def _plan_for(self, w: int) -> tuple[Lookahead, ...]:
         """What engine w's next slice takes: its share of the plan (the prompts at positions equal to its
         place among the live engines, modulo their count: a share that stays as the stream moves, so no run
-        is made twice) and the drafts other engines made for requests now on it; () for neither."""
+        is made twice; a lost engine's positions go to the live ones, the others' stay) and the drafts other
+        engines made for requests now on it; () for neither."""
         drafts = []
         for seq_id in self._on[w]:
             request = self._requests[seq_id]
@@ -226,7 +228,10 @@ class MultiEngine:
             return (Lookahead(0, 1, [], drafts),) if drafts else ()
         first, group_size, requests = self._plan
         live = [v for v in range(self.pool.size) if v not in self.lost]
-        share = [(i, r) for i, r in requests if live[i % len(live)] == w]
+        for i, _ in requests:
+            if self._owners.get(i, -1) not in live:
+                self._owners[i] = live[i % len(live)]
+        share = [(i, r) for i, r in requests if self._owners[i] == w]
         self._ahead_on.add(w)
         return (Lookahead(first, group_size, share, drafts),)
 
