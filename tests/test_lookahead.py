@@ -19,6 +19,7 @@ from reference_trainer.engine.sampler import coupled_accept
 from reference_trainer.engine.sequence import Request, Sequence
 from reference_trainer.model.decoder import DecoderLM
 from reference_trainer.modes import MODES, get_mode
+from reference_trainer.rollout.base import EngineFill, Lookahead
 from reference_trainer.rollout.multi import MultiEngine
 from reference_trainer.rollout.workers import WorkerLost
 from reference_trainer.speculation.cost import ForwardCosts
@@ -419,3 +420,22 @@ def test_an_engine_lost_while_it_runs_ahead_loses_no_sample(tmp_path, tiny_model
     # the lost engine's share goes to the others, and no live engine's share moves: no run made twice
     runs = [(e["step"], e["id"]) for e in trainer.trace.events if e.get("status") == "lookahead"]
     assert runs and len(runs) == len(set(runs))
+
+
+def test_an_engine_whose_share_is_empty_now_still_stops_its_runs_for_real_requests(model):
+    """EngineFill on one of W engines: its runs' prompt is taken for real and the stream's next prompts are
+    other engines' (its share of the plan is empty): the runs stop at once (their tokens are drafts now), so
+    the real requests dispatched to it take the slots, rather than wait behind runs that no longer pay."""
+    engine = Engine(model, EngineConfig(max_num_seqs=4, max_model_len=96), eos_token_ids=[EOS])
+    fill = EngineFill()
+    ahead = [(0, Request(PROMPT, p, seq_id=f"p0/{k}")) for k, p in enumerate(sampling(1, 4, max_tokens=40))]
+    fill.take(Lookahead(0, 2, ahead), None)
+    fill.fill(engine, None)
+    engine.step()
+    assert len(engine.running) == 4 and all(s.lookahead for s in engine.running)
+    real = [engine.add_request(r) for _, r in ahead]  # prompt 0 taken for real, on this engine
+    fill.take(Lookahead(1, 2, []), None)  # the next prompts are the other engines'
+    fill.fill(engine, None)
+    assert not any(s.lookahead for s in engine.running) and len(fill.ended()) == 4
+    engine.step()
+    assert {s.seq_id for s in engine.running} == {s.seq_id for s in real}

@@ -391,7 +391,7 @@ class EngineFill:
 
     def fill(self, engine: Any, speculator: Speculator | None) -> None:
         plan = self.plan
-        if plan is not None and plan.requests:
+        if plan is not None and (plan.requests or self.bubble.seqs):  # an empty share still stops runs
             waiting = sum(not s.lookahead for s in engine.waiting)  # real requests without a slot
             requests = plan.requests
             self.bubble.fill_engine(
