@@ -80,3 +80,23 @@ def test_recorded_lengths_come_from_sequence_events_or_the_forwards_slots():
     assert lengths[7, "p7/0"] == 2  # its event
     assert lengths[7, "p7/1" + CUT] == 2  # cut in step 0 at 2 tokens
     assert lengths[7, "p7/1"] == 5  # then 3 more forwards in step 1, and no event: finished at 5
+
+
+def test_recorded_lengths_of_a_prompt_seen_again_count_only_its_own_epoch():
+    """A prompt the stream cycles back to (a later epoch, at another index) gives its requests the same ids:
+    a kept partial of the later epoch that finished with no event is counted from its own forwards, not
+    from the earlier epoch's too."""
+
+    def seq(step: int, index: int, status: str, reason: str, tokens: int) -> dict:
+        fields = {"prompt_index": index, "prompt_id": "p7", "id": "p7/1", "prompt_tokens": 5}
+        return {"kind": "sequence", "step": step, **fields, "status": status, "finish_reason": reason,
+                "response_tokens": tokens}  # fmt: skip
+
+    def fwd(step: int) -> dict:
+        return {"kind": "decode", "step": step, "worker": 0, "slots": {"0": "p7/1"}}
+
+    events = [fwd(0), fwd(0), seq(0, 7, "finished", "eos", 2)]  # epoch 1, at index 7
+    events += [fwd(1), fwd(1), seq(1, 9, "cached", "abort", 2), fwd(2), fwd(2), fwd(2)]  # epoch 2, index 9
+    lengths, _ = recorded(events)
+    assert lengths[7, "p7/1"] == 2 and lengths[9, "p7/1" + CUT] == 2
+    assert lengths[9, "p7/1"] == 5  # 2 before its cut and 3 after, in epoch 2 alone

@@ -287,7 +287,8 @@ def recorded(events: list[dict[str, Any]]) -> tuple[dict[tuple[int, str], int], 
     saw it end; and each prompt index's id and prompt tokens. A sequence event gives the length of a request
     that finished (or finished and was then dropped with its group). A kept partial that finished in the
     run's last step waits for its group with no event of its own: its forwards (each names the requests in
-    its slots, and gives each one token) that come after its last event count its length."""
+    its slots, and gives each one token) that come after its last event count its length (those of its own
+    epoch: a request that ended leaves the count, as a prompt seen again reuses its requests' ids)."""
     lengths, prompts, last, by_step = {}, {}, {}, {}
     tokens: Counter[str] = Counter()
     for i, e in enumerate(events):
@@ -304,6 +305,8 @@ def recorded(events: list[dict[str, Any]]) -> tuple[dict[tuple[int, str], int], 
         lengths[index, str(e["id"]) + ("" if done else CUT)] = int(e["response_tokens"])
         if done:
             by_step.setdefault(int(e.get("step", 0)), []).append(int(e["response_tokens"]))
+            # its end: the prompt's next epoch (the stream cycles its pool) gives its requests the same ids
+            del last[str(e["id"])], tokens[str(e["id"])]
     index_of = {prompt_id: i for i, (prompt_id, _) in prompts.items()}
     for seq_id, (event, forward) in last.items():
         index = index_of.get(seq_id.rsplit("/", 1)[0])
