@@ -162,6 +162,7 @@ def train(
     steps: int = 2,
     cost: list | None = None,
     workers: int = 1,
+    run: str | None = None,
     **options,
 ):
     spec = get_mode(mode).speculative
@@ -188,8 +189,10 @@ def train(
             ),
         },
     )
-    trainer = Trainer(config, tmp / f"{mode}-w{workers}")
-    return trainer
+    if run is not None:  # a run resumed (made on any worker count) or to be resumed
+        config.checkpoint_every = 1
+        return Trainer(config, tmp / run, resume=(tmp / run / "train_config.json").exists())
+    return Trainer(config, tmp / f"{mode}-w{workers}")
 
 
 def finished(trainer: Trainer) -> list[tuple[tuple[int, str], int]]:
@@ -439,3 +442,18 @@ def test_an_engine_whose_share_is_empty_now_still_stops_its_runs_for_real_reques
     assert not any(s.lookahead for s in engine.running) and len(fill.ended()) == 4
     engine.step()
     assert {s.seq_id for s in engine.running} == {s.seq_id for s in real}
+
+
+@pytest.mark.multi_engine
+@pytest.mark.parametrize("resumed_on", [1, 3])
+def test_a_lookahead_run_on_two_engines_resumes_on_any_count_with_the_same_samples(
+    tmp_path, tiny_model_dir, resumed_on
+):
+    """Step 0 on two engines, checkpointed; step 1 resumed on `resumed_on` engines: the samples are the
+    uninterrupted run's, token for token (the drafts held between steps are lost, never a sample)."""
+    _, whole = trained_samples(train(tmp_path, tiny_model_dir, "lookahead", workers=2))
+    train(tmp_path, tiny_model_dir, "lookahead", steps=1, workers=2, run="r").run()
+    resumed = train(tmp_path, tiny_model_dir, "lookahead", workers=resumed_on, run="r")
+    assert resumed.step == 1
+    _, rest = trained_samples(resumed, steps=1)
+    assert sorted(rest[0]) == sorted(whole[1]) and len(rest[0]) == 6
