@@ -597,3 +597,24 @@ def test_two_ray_engines_finish_a_step_when_one_actor_is_killed(
     assert len(ids) == len(set(ids)) == 12
     later = [e for e in trainer.trace.events if e["kind"] == "decode" and e["t_start"] > lost[0]["t_start"]]
     assert later and {e["worker"] for e in later} == {0}
+
+
+def test_a_run_made_on_two_engines_with_a_dispatch_policy_resumes_on_one(
+    tiny_model_dir, tmp_path, one_thread
+):
+    """The options only W engines take (dispatch, migrate) cannot be left out on a resume (its options are
+    the saved ones), and mean nothing on one engine: `--workers 1` resumes such a run without them."""
+    import json
+
+    from conftest import cli
+
+    small = f"--model {tiny_model_dir} --mode sorted --prompts-per-step 2 --group-size 2 --max-tokens 8"
+    small += " --eval-every 0 --checkpoint-every 1 --steps 1 --out run"
+    assert cli("train", *small.split(), tmp=tmp_path).returncode == 0
+    saved = tmp_path / "run" / "train_config.json"
+    config = json.loads(saved.read_text())
+    options = {**config["mode_options"], "dispatch": "least-tokens", "migrate": True}
+    saved.write_text(json.dumps({**config, "workers": 2, "worker_backend": "local", "mode_options": options}))
+    res = cli("train", "--resume", "run", "--steps", "2", "--workers", "1", tmp=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [0, 1]

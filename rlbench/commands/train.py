@@ -85,4 +85,10 @@ def resumed_config(ctx: typer.Context, run: RunOptions, resume: Path, steps: int
     source = ctx.get_parameter_source("workers")
     if source is not None and source.name == "COMMANDLINE":
         config.workers = run.workers
+    if config.workers <= 1:  # the options of W engines (dispatch, migrate) mean nothing on one: not kept
+        from reference_trainer.modes import get_mode
+
+        mode = get_mode(config.mode)
+        only_many = set(mode.options()) - set(mode.options(1))
+        config.mode_options = {k: v for k, v in config.mode_options.items() if k not in only_many}
     return config
