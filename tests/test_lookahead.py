@@ -457,3 +457,23 @@ def test_a_lookahead_run_on_two_engines_resumes_on_any_count_with_the_same_sampl
     assert resumed.step == 1
     _, rest = trained_samples(resumed, steps=1)
     assert sorted(rest[0]) == sorted(whole[1]) and len(rest[0]) == 6
+
+
+@pytest.mark.multi_engine
+def test_on_two_engines_each_engine_s_share_of_the_plan_is_sent_once_a_step(tmp_path, tiny_model_dir):
+    """The next prompts' requests go to an engine with its first slice of a step that has them, not with
+    every slice (on Ray each is pickled): later slices send None, and the engine keeps the share it has."""
+    trainer = train(tmp_path, tiny_model_dir, "lookahead", workers=2)
+    pool, sent = trainer.engine.pool, []
+    advance = pool.advance
+
+    def spy(worker, step, plan=None):
+        if plan is not None and plan.first:  # a plan of next prompts (not drafts alone)
+            sent.append((step, worker, plan.requests is not None))
+        advance(worker, step, plan)
+
+    pool.advance = spy
+    rows, _ = trained_samples(trainer)
+    shares = [(step, worker) for step, worker, full in sent if full]
+    assert len(shares) == len(set(shares)) == 4 and len(sent) > len(shares)  # once per engine and step
+    assert rows[0]["lookahead_tokens"] > 0 and rows[1]["accepted_tokens"] > 0

@@ -362,12 +362,12 @@ class BubbleFill:
 @dataclass
 class Lookahead:
     """What the controller (rollout/multi.py) hands one of W engines with a slice: the next prompts'
-    requests that engine may run ahead, as (stream position, request), from stream position `first`, and
-    `drafts`: lookahead runs another engine made for requests now on this one."""
+    requests that engine may run ahead, as (stream position, request), from stream position `first` (None:
+    the last plan's, sent once), and `drafts`: lookahead runs another engine made for requests now on it."""
 
     first: int
     group_size: int
-    requests: list[tuple[int, Request]]
+    requests: list[tuple[int, Request]] | None
     drafts: list[Sequence] = field(default_factory=list)
 
 
@@ -384,16 +384,16 @@ class EngineFill:
 
     def take(self, plan: Lookahead, speculator: Speculator | None) -> None:
         """A slice's plan; its drafts go into this engine's drafter now, before any of its steps."""
-        for seq in plan.drafts:
-            if speculator is not None:
-                speculator.released(seq)  # a lookahead run's tokens: its request's draft (on_done)
-        self.plan = plan
+        for seq in plan.drafts if speculator is not None else ():
+            speculator.released(seq)  # a lookahead run's tokens: its request's draft (on_done)
+        kept = plan.requests is None and self.plan is not None
+        self.plan = replace(plan, requests=self.plan.requests) if kept else plan  # type: ignore[union-attr]
 
     def fill(self, engine: Any, speculator: Speculator | None) -> None:
         plan = self.plan
         if plan is not None and (plan.requests or self.bubble.seqs):  # an empty share still stops runs
             waiting = sum(not s.lookahead for s in engine.waiting)  # real requests without a slot
-            requests = plan.requests
+            requests = plan.requests or []
             self.bubble.fill_engine(
                 engine, speculator, plan.first, plan.group_size, waiting, lambda: requests
             )

@@ -107,6 +107,7 @@ class MultiEngine:
         self._drafts: OrderedDict[DraftKey, tuple[int, Sequence]] = OrderedDict()
         self._ahead_runs: list[Sequence] = []
         self._owners: dict[int, int] = {}  # the step's stream positions -> the engine that runs them ahead
+        self._shared: dict[int, tuple[int, int]] = {}  # engine -> (first, live engines) of the share it holds
 
     # ---- what the trainer sees (RolloutEngine) ------------------------------------------------------------
     @property
@@ -190,7 +191,7 @@ class MultiEngine:
         held = [w for w in range(self.pool.size) if self._on[w] or w in self._ahead_on]
         busy = sorted(w for w in held if w not in self.lost)
         reports = self.pool.halt(busy) if busy or self._busy else []
-        self._busy, self._ahead_on = set(), set()
+        self._busy, self._ahead_on, self._shared = set(), set(), {}  # the halt stops every engine's fill
         for report in reports:
             self._absorb(report, halting=True)
         self._buffer = []
@@ -228,11 +229,14 @@ class MultiEngine:
             return (Lookahead(0, 1, [], drafts),) if drafts else ()
         first, group_size, requests = self._plan
         live = [v for v in range(self.pool.size) if v not in self.lost]
+        self._ahead_on.add(w)
+        if self._shared.get(w) == (first, len(live)):  # its share holds still: not sent again every slice
+            return (Lookahead(first, group_size, None, drafts),)
+        self._shared[w] = (first, len(live))
         for i, _ in requests:
             if self._owners.get(i, -1) not in live:
                 self._owners[i] = live[i % len(live)]
         share = [(i, r) for i, r in requests if self._owners[i] == w]
-        self._ahead_on.add(w)
         return (Lookahead(first, group_size, share, drafts),)
 
     def _keep_runs(self, report: WorkerReport) -> None:
