@@ -477,3 +477,14 @@ def test_on_two_engines_each_engine_s_share_of_the_plan_is_sent_once_a_step(tmp_
     shares = [(step, worker) for step, worker, full in sent if full]
     assert len(shares) == len(set(shares)) == 4 and len(sent) > len(shares)  # once per engine and step
     assert rows[0]["lookahead_tokens"] > 0 and rows[1]["accepted_tokens"] > 0
+
+
+@pytest.mark.multi_engine
+def test_on_two_engines_the_drafts_held_between_steps_keep_only_their_tokens(tmp_path, tiny_model_dir):
+    """Up to 4,096 drafts wait in the controller for their requests' engines: each keeps its tokens, not its
+    run's log-probs and policy versions (recorded with the run, never needed by a drafter)."""
+    trainer = train(tmp_path, tiny_model_dir, "lookahead", workers=2)
+    assert trainer.train_step()["lookahead_tokens"] > 0
+    held = [seq for _, seq in trainer.engine._drafts.values()]
+    assert held and all(s.response_ids and not s.logprobs and not s.policy_versions for s in held)
+    assert all(s.lookahead and s.params.seed is not None for s in held)

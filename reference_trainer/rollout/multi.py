@@ -247,7 +247,8 @@ class MultiEngine:
             seq.meta = {**seq.meta, "worker": report.worker}
             self._ahead_runs.append(seq)
             if seq.response_ids:
-                self._drafts[draft_key(seq.prompt_ids, seq.params.seed)] = (report.worker, seq)
+                draft = replace(seq, logprobs=[], policy_versions=[])  # held between steps: its tokens alone
+                self._drafts[draft_key(seq.prompt_ids, seq.params.seed)] = (report.worker, draft)
         while len(self._drafts) > KEPT_DRAFTS:
             self._drafts.popitem(last=False)
 
