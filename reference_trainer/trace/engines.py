@@ -119,3 +119,16 @@ def engine_summary(steps: Sequence[Event]) -> Event:
         "straggler_steps": dict(sorted(stragglers.items())),
         "dispatch_imbalance": sum(v * k for v, k in weighted) / n if n else None,
     }
+
+
+def engines_lost(lost: Mapping[int, Event], steps: Sequence[Event]) -> list[Event]:
+    """Each engine lost in the run (`lost`: its ENGINE_LOST event), in the order lost: which engine, in which
+    step, when (the trace's clock, and seconds into that step's rollout), and how many of its requests were
+    dispatched again to the others."""
+    starts = {s["step"]: s.get("rollout_start") for s in steps}
+    out = []
+    for w, ev in sorted(lost.items(), key=lambda item: float(item[1]["t_start"])):
+        t, step = float(ev["t_start"]), int(ev.get("step", 0))
+        into = t - starts[step] if starts.get(step) is not None else None
+        out.append({"engine": w, "step": step, "t": t, "into_rollout_s": into, "requests": ev["requests"]})
+    return out

@@ -18,10 +18,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from reference_trainer.trace.engines import engine_summary
+from reference_trainer.trace.engines import engine_summary, engines_lost
 from reference_trainer.trace.ledger import ledger, ledger_summary
 from reference_trainer.trace.schema import TRAINER_WAIT
-from reference_trainer.trace.steps import bound_label, mean_of, ratio, share, step_metrics
+from reference_trainer.trace.steps import bound_label, lost_engines, mean_of, ratio, share, step_metrics
 
 Event = dict[str, Any]
 
@@ -42,6 +42,7 @@ def summary(events: Sequence[Event], steps: list[Event] | None = None) -> Event:
         **_draft_sums(steps),
         **_worker_and_staleness(steps),
         **engine_summary(steps),
+        "engines_lost": engines_lost(lost_engines(events), steps),
         **{k: mean_of(s[k] for s in steps) for k in ("reward_mean", "accuracy", "answer_rate")},
         "reward_mean_last": last.get("reward_mean"),
         "accuracy_last": last.get("accuracy"),

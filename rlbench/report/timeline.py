@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reference_trainer.trace.schema import FORWARD_KINDS, HELDOUT, REWARD, ROLLOUT, SEQUENCE, SYNC, UPDATE
+from rlbench.report.engines import mark_losses
 from rlbench.report.figures import PALETTE, Event, _fig, note, shade_phases, shading_legend
 
 MAX_BARS = 20_000
@@ -97,11 +98,12 @@ def slot_timeline(events: Sequence[Event]) -> list[Any]:
     shown = {b["step"] for b in bars}
     phases = [ev for ev in events if int(ev.get("step", 0)) in shown]
     _mark_phases(fig, phases)
+    lost = mark_losses(fig, events, labels, max(b["end"] for b in bars))  # where an engine died mid-step
     yaxis = {"categoryorder": "array", "categoryarray": labels[::-1]}
     fig.update_layout(height=min(1400, 140 + 14 * len(labels)), bargap=0.15, yaxis=yaxis)
     legend = f"{len(bars)} bars, {len(groups)} prompt groups (colours repeat every {len(PALETTE)} groups)."
     parts: list[Any] = [shading_legend(phases, (REWARD, UPDATE, SYNC, HELDOUT)), fig]
-    parts.append(f'<p class="sub">{html.escape(legend)}</p>')
+    parts += [f'<p class="sub">{html.escape(legend)}</p>', *lost]
     if msg:
         parts.append(note(msg))
     return parts
