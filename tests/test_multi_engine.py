@@ -618,3 +618,59 @@ def test_a_run_made_on_two_engines_with_a_dispatch_policy_resumes_on_one(
     res = cli("train", "--resume", "run", "--steps", "2", "--workers", "1", tmp=tmp_path)
     assert res.returncode == 0, res.stderr
     assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [0, 1]
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _histopipe_ahead(model_dir, task, out, steps: int, resume: bool = False, stop_after: int | None = None):
+    """An async run (k = 1) on two local engines with history-based dispatch over two prompts (each step
+    the same groups, so what the controller learnt decides where they go): (its trace's dispatch decisions
+    by step, the token ids it trained by step), stopped after step `stop_after` as a kill would."""
+    options = {"max_staleness": 1, "backend": "thread", "dispatch": "histopipe"}
+    config = _config(model_dir, task, "async", steps, options=options, workers=2, prompt_pool=2)
+    trainer = Trainer(config, out, resume=resume)
+    trained: dict[int, list] = {}
+    collect = trainer.rollout.collect
+
+    def recording():
+        groups = collect()
+        trained[trainer.step] = [(s.seq_id, tuple(s.response_ids)) for g in groups for s in g.samples]
+        return groups
+
+    def stop(row):
+        if row["step"] == stop_after:
+            raise _Stopped
+
+    trainer.rollout.collect = recording
+    try:
+        trainer.run(stop)
+    except _Stopped:
+        pass
+    finally:
+        trainer.close()
+    decisions = [
+        (e["step"], e["engines"], e["tokens_outstanding"])
+        for e in trainer.trace.events
+        if e["kind"] == "dispatch"
+    ]
+    return decisions, trained
+
+
+def test_async_on_two_engines_resumes_dispatching_as_the_uninterrupted_run(
+    tiny_model_dir, toy_task, tmp_path, one_thread
+):
+    """The controller lives on the rollout side: its learnt lengths come back with each step and the
+    trainer's checkpoint holds them, so a resumed run dispatches, and trains, as the uninterrupted one."""
+    straight, straight_trained = _histopipe_ahead(tiny_model_dir, toy_task, tmp_path / "a", 4)
+    first, first_trained = _histopipe_ahead(tiny_model_dir, toy_task, tmp_path / "b", 4, stop_after=1)
+    resumed, resumed_trained = _histopipe_ahead(tiny_model_dir, toy_task, tmp_path / "b", 4, resume=True)
+    assert {s for s, _, _ in straight} == {0, 1, 2, 3} and len({tuple(t) for _, _, t in straight}) > 1
+    assert [d for d in first if d[0] <= 1] + [d for d in resumed if d[0] >= 2] == straight
+    assert {**{s: t for s, t in first_trained.items() if s <= 1}, **resumed_trained} == straight_trained
+    from reference_trainer.train.rows import TIMING_FIELDS
+
+    logged = {r: read_jsonl(tmp_path / r / "metrics.jsonl") for r in "ab"}
+    rows = {r: [{k: v for k, v in x.items() if k not in TIMING_FIELDS} for x in logged[r]] for r in "ab"}
+    assert rows["b"] == rows["a"] and len(rows["a"]) == 4

@@ -45,8 +45,8 @@ from reference_trainer.errors import UserError
 from reference_trainer.model.loader import resolve_device, resolve_dtype
 from reference_trainer.rollout.base import AheadOptions, Group, PromptStream, RolloutContext, RolloutStrategy
 from reference_trainer.rollout.gate import POLL_S, Gate, Inbox, Outbox, RolloutDied, Stopped, death_line
-from reference_trainer.rollout.multi import Engines, build_side
-from reference_trainer.rollout.ring import WeightRing
+from reference_trainer.rollout.multi import Engines, build_side, dispatch_state
+from reference_trainer.rollout.ring import WeightRing, check_history
 from reference_trainer.rollout.workers import WorkerSpec
 from reference_trainer.trace.schema import ROLLOUT, ROLLOUT_SIDE, ROLLOUT_WAIT, SYNC, TRAINER_WAIT
 from reference_trainer.trace.writer import Trace
@@ -106,6 +106,7 @@ class AheadSpec:
     start_step: int
     t0: float
     engines: Engines = Engines()  # W > 1: replicas under one controller (rollout/multi.py)
+    dispatch: dict[str, Any] | None = None  # that controller's state to start from (a resume's)
 
     def version_for(self, step: int) -> int:
         """The weights step `step` rolls out on: those of `step - k`."""
@@ -124,6 +125,7 @@ class AheadBatch:
     recorded: list[tuple[dict[str, Any], Any]]
     stream: dict[str, Any]
     strategy: dict[str, Any]
+    dispatch: dict[str, Any] | None = None  # W > 1: the controller's state after it (rollout/multi.py)
 
 
 def serve(spec: AheadSpec, ring: WeightRing, gate: Gate, out: Any) -> None:
@@ -151,6 +153,8 @@ def _serve(spec: AheadSpec, ring: WeightRing, gate: Gate, out: Any) -> None:
         while not ring.holds(version):
             gate.wait()
     own, speculator, trace = build_side(spec.worker, ring.read(version), version, spec.t0, spec.engines)
+    if spec.dispatch and spec.engines.workers > 1:  # what the controller learnt up to the step before
+        own.load_dispatch_state(spec.dispatch)
     try:
         trace.step = spec.start_step
         own.prepare(spec.params)  # before the first timed step, as the trainer's own engine would
@@ -180,7 +184,7 @@ def _loop(spec: AheadSpec, ring: WeightRing, gate: Gate, out: Any, own: Any, eng
         engine.spans.end(len(groups))
         events, trace.events = trace.events, []
         batch = AheadBatch(step, groups, events, ctx.recorded, spec.stream.state_dict(),
-                           spec.strategy.state_dict())  # fmt: skip
+                           spec.strategy.state_dict(), dispatch_state(own))  # fmt: skip
         ctx.recorded = []
         out.put(("batch", batch))
         step += 1
@@ -245,6 +249,7 @@ class AheadRollout:
         self.ring = WeightRing(template, self.max_staleness + 1, self.gate.cond)
         self.policy_version = 0
         self.ring.publish(weights, 0)
+        self.dispatch: dict[str, Any] | None = None  # W engines' controller's, as of the last step consumed
         self._side: Any = None
         self._out: Any = None
         self._step: int | None = None
@@ -271,7 +276,7 @@ class AheadRollout:
             raise RuntimeError("the rollout side is running already")
         spec = AheadSpec(self.worker, self.ctx.stream, self.strategy, self.ctx.group_size,
                          self.ctx.update_batch, self.ctx.params, self.ctx.seed, self.max_staleness, step,
-                         self.trace.t0, self.engines)  # fmt: skip
+                         self.trace.t0, self.engines, self.dispatch)  # fmt: skip
         self._watch = Watch()
         if self.backend == "process":
             mp = multiprocessing.get_context("spawn")
@@ -315,6 +320,7 @@ class AheadRollout:
         self.trace.events.extend(batch.events)
         self.ctx.stream.load_state_dict(batch.stream)
         self.strategy.load_state_dict(batch.strategy)
+        self.dispatch = batch.dispatch
         self.ctx.recorded.extend(batch.recorded)
         self._step += 1
         self._watch.step = self._step
@@ -341,6 +347,13 @@ class AheadRollout:
         return recorded
 
     # ---- checkpoints --------------------------------------------------------------------------------------
+    def dispatch_state(self) -> dict[str, Any] | None:
+        """The rollout side's controller's state (W > 1, else None): checkpointed as the inline one's."""
+        return self.dispatch
+
+    def load_dispatch_state(self, state: Mapping[str, Any]) -> None:
+        self.dispatch = dict(state)  # the rollout side starts from it (`launch`)
+
     def history(self) -> dict[int, dict[str, torch.Tensor]]:
         """The published versions the next k steps roll out on (all but the newest): a checkpoint keeps them
         so a resumed run rolls out those steps on the same weights."""
@@ -379,37 +392,6 @@ class Watch:
     def __call__(self) -> None:
         if self.side is not None and not self.side.is_alive():
             raise RolloutDied(death_line(getattr(self.side, "exitcode", None), self.step))
-
-
-def check_history(
-    history: Mapping[int, Mapping[str, torch.Tensor]],
-    layout: list[tuple[str, tuple[int, ...], torch.dtype, int, int]],
-    version: int,
-    step: int,
-    k: int,
-    where: str,
-) -> list[int]:
-    """The versions older than `version` that steps step..step+k-1 roll out on, each checked to be in
-    `history` with the ring's names and shapes; one line naming `where` for what cannot be resumed."""
-    at = f"{where}: " if where else ""
-    if version != step:  # one update per step: a checkpoint of step s holds version s
-        raise UserError(f"{at}policy_version {version} does not match step {step}; the checkpoint was edited")
-    need = sorted({max(0, j - k) for j in range(step, step + k)} - {version})
-    if missing := [v for v in need if v not in history]:
-        kept = sorted(history)
-        raise UserError(
-            f"{at}a resume at step {step} with max_staleness {k} rolls out on versions {need}, and the "
-            f"checkpoint keeps {kept or 'none'} (missing {missing}): resume with the max_staleness the run "
-            "was started with, or start it again with --overwrite"
-        )
-    shapes = {name: (shape, dtype) for name, shape, dtype, _, _ in layout}
-    for v in need:
-        got = {name: (tuple(t.shape), t.dtype) for name, t in history[v].items()}
-        if {n: s for n, (s, _) in got.items()} != {n: s for n, (s, _) in shapes.items()}:
-            raise UserError(f"{at}version {v}'s weights are not this model's (another run's history?)")
-        if bad := [n for n, (_, d) in got.items() if not d.is_floating_point]:
-            raise UserError(f"{at}version {v}'s {bad[0]} is not a floating-point tensor")
-    return need
 
 
 def _inference_template(weights: Mapping[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:

@@ -23,8 +23,9 @@ W engines and stays the one SortedRL there is.
 - the predicted lengths the dispatch works from (`placement.LengthHistory`) are recorded per group, as
   placed.py does: once per prompt per step, the mean of its samples that finished in the step (a group cut
   short by early termination records the samples it finished). They are the controller's one state that
-  outlives a step: the trainer checkpoints them beside the strategy's state (`dispatch_state`), so a resumed
-  run dispatches as the uninterrupted one. A policy's memory of groups (group-sticky) forgets a group at the
+  outlives a step: the trainer checkpoints them beside the strategy's state (`dispatch_state`; a rollout run
+  ahead's controller sends them with each step, rollout/ahead.py), so a resumed run dispatches as the
+  uninterrupted one. A policy's memory of groups (group-sticky) forgets a group at the
   first dispatch of a step that no longer holds it (trained or dropped).
 - lookahead (the strategy's base.BubbleFill): each engine fills its own idle slots between its own steps
   (base.EngineFill, in its worker) from its share of the next prompts' requests (`look_ahead`); the runs'
@@ -61,7 +62,7 @@ from reference_trainer.speculation.lookahead import DraftKey, draft_key
 from reference_trainer.trace.schema import dispatch_event, migrate_event
 from reference_trainer.trace.writer import Trace
 
-__all__ = ["Engines", "MultiEngine", "build_side"]
+__all__ = ["Engines", "MultiEngine", "build_side", "dispatch_state"]
 
 KEPT_DRAFTS = 4096  # lookahead drafts not yet handed to their request's engine, as a LookaheadDrafter keeps
 
@@ -419,6 +420,12 @@ class MultiEngine:
         for w in range(self.pool.size):
             if w not in self.lost:
                 self.pool.add_history(w, [(s.prompt_ids, s.response_ids) for v, s in finished if v != w])
+
+
+def dispatch_state(engine: Any) -> dict[str, Any] | None:
+    """The controller's state (`MultiEngine.dispatch_state`) of a rollout side's engine; None for one engine.
+    A rollout run ahead sends it with each step, so the trainer's checkpoint holds it as of that step."""
+    return engine.dispatch_state() if isinstance(engine, MultiEngine) else None
 
 
 @dataclass(frozen=True)

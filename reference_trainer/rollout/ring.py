@@ -251,3 +251,34 @@ class WeightRing:
     def close(self) -> None:
         """Remove the files (the trainer's side, which made them)."""
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def check_history(
+    history: Mapping[int, Mapping[str, torch.Tensor]],
+    layout: list[tuple[str, tuple[int, ...], torch.dtype, int, int]],
+    version: int,
+    step: int,
+    k: int,
+    where: str,
+) -> list[int]:
+    """The versions older than `version` that steps step..step+k-1 roll out on, each checked to be in
+    `history` with the ring's names and shapes; one line naming `where` for what cannot be resumed."""
+    at = f"{where}: " if where else ""
+    if version != step:  # one update per step: a checkpoint of step s holds version s
+        raise UserError(f"{at}policy_version {version} does not match step {step}; the checkpoint was edited")
+    need = sorted({max(0, j - k) for j in range(step, step + k)} - {version})
+    if missing := [v for v in need if v not in history]:
+        kept = sorted(history)
+        raise UserError(
+            f"{at}a resume at step {step} with max_staleness {k} rolls out on versions {need}, and the "
+            f"checkpoint keeps {kept or 'none'} (missing {missing}): resume with the max_staleness the run "
+            "was started with, or start it again with --overwrite"
+        )
+    shapes = {name: (shape, dtype) for name, shape, dtype, _, _ in layout}
+    for v in need:
+        got = {name: (tuple(t.shape), t.dtype) for name, t in history[v].items()}
+        if {n: s for n, (s, _) in got.items()} != {n: s for n, (s, _) in shapes.items()}:
+            raise UserError(f"{at}version {v}'s weights are not this model's (another run's history?)")
+        if bad := [n for n, (_, d) in got.items() if not d.is_floating_point]:
+            raise UserError(f"{at}version {v}'s {bad[0]} is not a floating-point tensor")
+    return need

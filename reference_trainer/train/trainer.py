@@ -147,6 +147,7 @@ class Trainer:
             write_text(trace, "".join(json.dumps(e) + "\n" for e in kept))
 
     def _checkpoint(self) -> None:
+        dispatch = self.engine.dispatch_state() if hasattr(self.engine, "dispatch_state") else None
         save_checkpoint(
             self.out_dir / "checkpoints",
             self.step,
@@ -157,12 +158,9 @@ class Trainer:
                 "policy_version": self.engine.policy_version,
                 "stream": self.stream.state_dict(),
                 "strategy": self.strategy.state_dict(),
-                # W > 1 under the controller (rollout/multi.py): the predicted lengths it dispatches by
-                **(
-                    {"dispatch": self.engine.dispatch_state()}
-                    if hasattr(self.engine, "dispatch_state")
-                    else {}
-                ),
+                # W > 1 under the controller (rollout/multi.py, inline or on a rollout run ahead's side): the
+                # predicted lengths it dispatches by
+                **({"dispatch": dispatch} if dispatch is not None else {}),
                 "torch_rng": torch.get_rng_state().tolist(),
             },
             self.rollout.history(),
