@@ -32,7 +32,8 @@ Groups (each case is one command, or a kill and a resume, judged by what it must
 - outputs: `--out` over the command's own input, inside another run or over an earlier run; two suites on one
   data file; the TRL callback's overwrite given as 'false'.
 - engines: a Ray actor (a rollout engine of `sorted` at W = 2) killed mid-step: the step ends on the other,
-  the trace names the lost engine, each sample trains once; a W = 2 run resumed with `--workers 1`.
+  the trace names the lost engine, each sample trains once; a W = 2 run resumed with `--workers 1`; async at
+  W = 2 whose rollout process, the driver of its local Ray, is SIGKILLed: that Ray's processes and folder go.
 
 The first four groups are in fault_runs.py, the inputs in fault_inputs.py, servers and fuzz in fault_fuzz.py,
 hostile input in fault_hostile.py, the surfaces in fault_surfaces.py, async and outputs in

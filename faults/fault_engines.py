@@ -9,6 +9,10 @@
   and every step's rows with prompts x group samples).
 - a W = 2 run resumed with `--workers 1`: a step on two Ray actors, then `--resume --workers 1`, which must
   run the next step on one in-process engine and keep the first step's row as written.
+- async on 2 Ray actors without --ray-address, whose rollout process (the driver of the local Ray it starts)
+  is SIGKILLed after a step: the trainer must stop with one line, and within GRACE_S of its end no process
+  of that Ray may be left (Ray's agents outlive a killed driver by minutes) nor any session folder in its
+  RLBENCH_RAY_TMPDIR.
 
 Each command runs in a process of its own under a deadline (Ray's start-up on a loaded machine is 10-60 s):
 a hang is a failure, not a stuck drill.
@@ -16,6 +20,7 @@ a hang is a failure, not a stuck drill.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,10 +34,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from faults.fault_inputs import Check, Outcome, write_tiny_model
-from faults.fault_supervision import _env, _finish, _start
+from faults.fault_supervision import ASYNC_RUN, _env, _finish, _start, _wait_for_a_step, rollout_children
 from reference_trainer.trace.schema import ENGINE_LOST
 
 DEADLINE_S = 300.0
+GRACE_S = 5.0  # after the trainer's end: Ray's processes that are going have gone
 PROMPTS, GROUP = 2, 3
 RUN = ("--task", "arith", "--threads", "1", "--prompts-per-step", str(PROMPTS), "--group-size",
        str(GROUP), "--max-tokens", "24", "--eval-every", "0",
@@ -68,20 +74,24 @@ def _cleanup(d: Path) -> None:
         shutil.rmtree((d / "ray_tmp").read_text(), ignore_errors=True)
 
 
-def _actors(mark: str) -> dict[int, str]:
-    """pid -> process title of this run's Ray actors (Ray titles an actor `ray::RolloutWorker`, and
-    `ray::RolloutWorker.METHOD` while it runs a method)."""
+def _marked(mark: str) -> dict[int, str]:
+    """pid -> command line (Ray retitles its processes there) of every process of this run: the command,
+    its rollout process and its Ray's processes, which all inherit the mark."""
     found = {}
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-            if title.startswith("ray::RolloutWorker") and f"{MARK}={mark}".encode() in (
-                proc / "environ"
-            ).read_bytes().split(b"\0"):
-                found[int(proc.name)] = title
+            if f"{MARK}={mark}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                line = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+                found[int(proc.name)] = line.decode(errors="replace")
         except (OSError, ValueError):
             continue
     return found
+
+
+def _actors(mark: str) -> dict[int, str]:
+    """pid -> process title of this run's Ray actors (Ray titles an actor `ray::RolloutWorker`, and
+    `ray::RolloutWorker.METHOD` while it runs a method)."""
+    return {pid: title for pid, title in _marked(mark).items() if title.startswith("ray::RolloutWorker")}
 
 
 def _kill_in_a_slice(proc: subprocess.Popen, run: Path, mark: str) -> str | None:
@@ -180,6 +190,51 @@ def resumed_on_one(d: Path) -> Outcome:
     return Outcome(ok, detail, lost=0 if kept else 1, failure="" if ok else "wrong")
 
 
+def _ray_of(mark: str) -> list[str]:
+    """This run's processes that are Ray's (gcs_server, raylet, its Python services, agents and workers),
+    each by its program's or script's name: all but the command and its multiprocessing children."""
+    names = []
+    for line in _marked(mark).values():
+        if "rlbench.cli" in line or "multiprocessing" in line:
+            continue
+        words = line.split() or ["?"]
+        name = Path(words[0]).name
+        if name.startswith("python"):  # Ray's services in Python: by their script
+            name = next((Path(w).name for w in words[1:] if w.endswith(".py")), name)
+        names.append(name)
+    return sorted(names)
+
+
+def async_local_ray_killed(d: Path) -> Outcome:
+    model, ray = write_tiny_model(d / "model"), _ray(d)
+    temp, mark = Path(ray["RLBENCH_RAY_TMPDIR"]), ray[MARK]
+    try:
+        proc = _launch(d, ray, "train", "--model", str(model), *ASYNC_RUN, "--workers", "2", "--steps", "60",
+                       "--out", "run")  # fmt: skip
+        if not _wait_for_a_step(proc, d / "run"):
+            return Outcome(False, f"no step finished: {_finish(proc, 5)[1][-200:]}", failure="wrong")
+        running, rollout = _ray_of(mark), rollout_children(proc.pid)
+        if rollout:
+            os.kill(rollout[0], signal.SIGKILL)
+        code, err = _finish(proc, DEADLINE_S)
+        time.sleep(GRACE_S)
+        left, kept = _ray_of(mark), sorted(p.name for p in temp.iterdir())
+    finally:
+        for pid in _marked(mark):  # whatever is left, not to outlive the drill
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        _cleanup(d)
+    lines = err.strip().splitlines()
+    if code is None or "Traceback" in err:
+        return Outcome(False, err.strip()[-300:] or "no end", traceback="Traceback" in err, failure="hang")
+    said = code == 2 and len(lines) == 1 and "killed by SIGKILL" in lines[0]
+    ok = bool(running) and bool(rollout) and said and not left and not kept
+    last = lines[-1][:120] if lines else f"exit {code}"
+    detail = (f"Ray while running: {running}; after the trainer's end (+{GRACE_S:g} s): processes {left}, "
+              f"files in its temp folder {kept}; the trainer said: {last}")  # fmt: skip
+    return Outcome(ok, detail, lost=len(left) + len(kept), failure="" if ok else "outside")
+
+
 def engine_cases(work: Path) -> Iterator[tuple[str, Check]]:
     for mode in ("sorted", "baseline"):  # the controller (multi.py), and the placed baseline (placed.py)
         yield (
@@ -187,3 +242,7 @@ def engine_cases(work: Path) -> Iterator[tuple[str, Check]]:
             (actor_killed_mid_step(mode)),
         )
     yield "a run made on 2 Ray actors resumed with --workers 1", resumed_on_one
+    yield (
+        "async on 2 Ray actors, its rollout process (the local Ray's driver) SIGKILLed: that Ray goes too",
+        (async_local_ray_killed),
+    )

@@ -193,3 +193,35 @@ def test_places_others_hold_are_waited_for_until_the_deadline(two_cpu_ray) -> No
     assert str(err.value).startswith("--workers 2 asks Ray for 2 CPUs (one per rollout worker); the Ray "
                                      "cluster has 2 CPUs, 0 of them free after 0.5 s")  # fmt: skip
     WorkerSlots(2, runs=3).close()  # free again: placed at once
+
+
+def test_a_local_ray_started_by_a_process_that_ended_goes_with_its_folder(tmp_path, monkeypatch):
+    """`end_local_ray` kills the processes that carry the folder in their environment (Ray's, started by
+    the rollout process in it) and removes it; a process with another folder is left alone. Engines get a
+    folder of their own only where a process of theirs starts a local Ray: W > 1 Ray actors, no address."""
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    from reference_trainer.rollout.multi import Engines
+    from reference_trainer.rollout.slots import RAY_DIR, end_local_ray, own_ray_dir
+
+    monkeypatch.setenv(RAY_DIR, str(tmp_path))
+    ray_dir = own_ray_dir()
+    assert Path(ray_dir).parent == tmp_path
+    (Path(ray_dir) / "session_latest").mkdir()
+    mine = subprocess.Popen(["sleep", "60"], env={**os.environ, RAY_DIR: ray_dir})
+    other = subprocess.Popen(["sleep", "60"], env={**os.environ, RAY_DIR: ray_dir + "-other"})
+    try:
+        end_local_ray(ray_dir)
+        assert mine.wait(timeout=30) == -signal.SIGKILL
+        assert other.poll() is None and not Path(ray_dir).exists()
+    finally:
+        other.kill()
+        mine.kill()
+        other.wait()
+    assert Engines(workers=2).own_ray().ray_dir is not None
+    for engines in (Engines(), Engines(workers=2, backend="local"), Engines(workers=2, address="ray://x:1")):
+        assert engines.own_ray() is engines
+    end_local_ray(None)  # nothing to remove

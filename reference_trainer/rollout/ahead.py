@@ -47,6 +47,7 @@ from reference_trainer.rollout.base import AheadOptions, Group, PromptStream, Ro
 from reference_trainer.rollout.gate import POLL_S, Gate, Inbox, Outbox, RolloutDied, Stopped, death_line
 from reference_trainer.rollout.multi import Engines, build_side, dispatch_state
 from reference_trainer.rollout.ring import WeightRing, check_history
+from reference_trainer.rollout.slots import end_local_ray
 from reference_trainer.rollout.workers import WorkerSpec
 from reference_trainer.trace.schema import ROLLOUT, ROLLOUT_SIDE, ROLLOUT_WAIT, SYNC, TRAINER_WAIT
 from reference_trainer.trace.writer import Trace
@@ -274,9 +275,11 @@ class AheadRollout:
         (outside any step's time)."""
         if self._side is not None:
             raise RuntimeError("the rollout side is running already")
+        # A local Ray the rollout process starts is this process's to remove, however that one ends.
+        engines = self.engines.own_ray() if self.backend == "process" else self.engines
         spec = AheadSpec(self.worker, self.ctx.stream, self.strategy, self.ctx.group_size,
                          self.ctx.update_batch, self.ctx.params, self.ctx.seed, self.max_staleness, step,
-                         self.trace.t0, self.engines, self.dispatch)  # fmt: skip
+                         self.trace.t0, engines, self.dispatch)  # fmt: skip
         self._watch = Watch()
         if self.backend == "process":
             mp = multiprocessing.get_context("spawn")
@@ -295,7 +298,9 @@ class AheadRollout:
         self.gate.cond.check = self._watch  # a side gone while the trainer waits for the stamps' lock
         self._out = Inbox(source, self._watch)
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _shut, self.gate, self.ring, self._side, self._sigterm)
+        self._finalizer = weakref.finalize(
+            self, _shut, self.gate, self.ring, self._side, self._sigterm, engines.ray_dir
+        )
         kind, _ = self._receive()
         if kind != "ready":
             raise RuntimeError(f"the rollout side sent {kind!r} before it was ready")
@@ -417,7 +422,7 @@ def _on_sigterm() -> Any:
     return signal.SIG_DFL
 
 
-def _shut(gate: Gate, ring: WeightRing, side: Any, previous: Any = None) -> None:
+def _shut(gate: Gate, ring: WeightRing, side: Any, previous: Any = None, ray_dir: str | None = None) -> None:
     """Stop the rollout side (ending a process that does not stop within its poll) and remove the ring."""
     gate.close()
     if side is not None:
@@ -426,6 +431,7 @@ def _shut(gate: Gate, ring: WeightRing, side: Any, previous: Any = None) -> None
             side.terminate()
             side.join(timeout=POLL_S)
     ring.close()
+    end_local_ray(ray_dir)  # the side's local Ray, if it started one: its processes and folder
     main = threading.current_thread() is threading.main_thread()
     if previous is not None and main and signal.getsignal(signal.SIGTERM) is _terminated:
         signal.signal(signal.SIGTERM, previous)

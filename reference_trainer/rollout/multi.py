@@ -39,6 +39,7 @@ are not checkpointed: a resumed run loses one step's drafts, never a sample, as 
 from __future__ import annotations
 
 import itertools
+import os
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -50,6 +51,7 @@ from reference_trainer.rollout.base import Lookahead
 from reference_trainer.rollout.dispatch import DEFAULT_DISPATCH, EngineLoad, Unit, make_policy
 from reference_trainer.rollout.placement import LengthHistory
 from reference_trainer.rollout.rebalance import retire_engine, steal_plan
+from reference_trainer.rollout.slots import RAY_DIR, own_ray_dir
 from reference_trainer.rollout.workers import (
     RolloutWorker,
     WorkerLost,
@@ -438,6 +440,15 @@ class Engines:
     address: str | None = None
     dispatch: str = DEFAULT_DISPATCH
     migrate: bool = False  # straggler migration across the engines (rebalance.py)
+    ray_dir: str | None = None  # the local Ray's folder, made by the process that outlives it (`own_ray`)
+
+    def own_ray(self) -> Engines:
+        """These engines with a local Ray folder made here, for a process of their own (a rollout run ahead's)
+        to start its Ray in: this process then removes that Ray when the other ends, however it ends
+        (`slots.end_local_ray`). Unchanged for one engine, in-process engines or a cluster joined."""
+        if self.workers <= 1 or self.backend != "ray" or self.address:
+            return self
+        return replace(self, ray_dir=own_ray_dir())
 
 
 def build_side(
@@ -449,6 +460,8 @@ def build_side(
         worker = RolloutWorker(spec, weights, 0, t0, version)
         return worker.engine, worker.speculator, worker.trace
     trace = Trace(t0=t0)
+    if engines.ray_dir:  # inherited by Ray's processes: how the process that made it finds them
+        os.environ[RAY_DIR] = engines.ray_dir
     pool = make_worker_pool(spec, weights, engines.workers, trace, engines.backend, engines.address)
     if version:
         pool.update_weights(weights, version)

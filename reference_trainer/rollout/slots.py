@@ -9,8 +9,11 @@ import logging
 import math
 import os
 import secrets
+import shutil
+import signal
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from reference_trainer.errors import UserError
@@ -81,6 +84,33 @@ def ensure_ray(workers: int, address: str | None) -> None:
     else:
         temp = os.environ.get("RLBENCH_RAY_TMPDIR") or tempfile.mkdtemp(prefix="rlbench-ray-")
         start_local_ray(max(workers, os.cpu_count() or 1), temp)
+
+
+RAY_DIR = "RLBENCH_RAY_TMPDIR"  # the local Ray's folder; Ray's processes inherit it, so it also names them
+
+
+def own_ray_dir() -> str:
+    """A fresh folder for the local Ray another process of this run starts (a rollout run ahead's): in
+    RLBENCH_RAY_TMPDIR when set, else the temp folder. That process sets it as its RLBENCH_RAY_TMPDIR, so
+    Ray's processes carry it in their environment and `end_local_ray` finds them by it."""
+    return tempfile.mkdtemp(prefix="rlbench-ray-", dir=os.environ.get(RAY_DIR) or None)
+
+
+def end_local_ray(ray_dir: str | None) -> None:
+    """Remove the local Ray started in `ray_dir` (`own_ray_dir`) by a process that has ended, however it
+    ended: its processes (found by the folder in their environment) are killed and the folder removed. A
+    driver killed by SIGKILL takes its gcs_server and raylet with it, but leaves Ray's agents running for
+    minutes and its session folder for good."""
+    if not ray_dir:
+        return
+    mark = f"{RAY_DIR}={ray_dir}".encode()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(proc.name) != os.getpid() and mark in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):  # gone meanwhile, or another user's
+            continue
+    shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def _plural(count: float, unit: str) -> str:
