@@ -57,6 +57,7 @@ def test_the_profile_page_marks_the_lost_engine_on_its_timeline_and_in_its_table
     crosses = _crosses(text)
     assert len(crosses) == 1 and crosses[0]["y"] == [f"w1 slot {s}" for s in range(6)]
     assert "engine 1 lost" in text and "Red crosses and dashed lines" in text
+    assert "&#x27;engine&#x27;" not in text  # the summary table says it in words, not as a Python list
 
 
 def test_a_run_that_lost_no_engine_shows_no_mark(tmp_path):
@@ -66,6 +67,7 @@ def test_a_run_that_lost_no_engine_shows_no_mark(tmp_path):
     for mark in (" lost in step ", "engine 1 lost", "Red crosses", "requests dispatched again"):
         assert mark not in text, mark
     assert _crosses(text) == []
+    assert "<td>engines_lost</td><td>none</td>" in text
 
 
 def test_the_compare_page_names_the_lost_engine_in_its_bubble_table(tmp_path):

@@ -16,7 +16,7 @@ from typing import Any
 from reference_trainer.trace.records import read_json
 from reference_trainer.trace.schema import FORWARD_KINDS, HELDOUT, REWARD, ROLLOUT, SYNC, UPDATE
 from rlbench.observe.nvml import no_gpu_note
-from rlbench.report.engines import engine_section, multi_engine
+from rlbench.report.engines import engine_section, loss_text, multi_engine
 from rlbench.report.figures import (
     PALETTE,
     PHASE_COLOURS,
@@ -337,6 +337,8 @@ def summary_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     for k, v in summary.items():
         if k == "staleness" and isinstance(v, dict):
             v = _words(f"{n:,} tokens {lag} version{'s' * (lag != '1')} old" for lag, n in v.items())
+        elif k == "engines_lost" and isinstance(v, list):
+            v = "; ".join(loss_text(x) for x in v) or "none"
         elif k == "worker_idle_share" and isinstance(v, dict):
             v = _words(f"worker {w}: {pct(share)}" for w, share in v.items())
         elif isinstance(v, dict):
