@@ -82,7 +82,7 @@ def _marked(mark: str) -> dict[int, str]:
         try:
             if f"{MARK}={mark}".encode() in (proc / "environ").read_bytes().split(b"\0"):
                 line = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-                found[int(proc.name)] = line.decode(errors="replace")
+                found[int(proc.name)] = " ".join(line.decode(errors="replace").split())  # Ray pads titles
         except (OSError, ValueError):
             continue
     return found
