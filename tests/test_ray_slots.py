@@ -204,11 +204,10 @@ def test_a_local_ray_started_by_a_process_that_ended_goes_with_its_folder(tmp_pa
     import subprocess
     from pathlib import Path
 
-    from reference_trainer.rollout.multi import Engines
     from reference_trainer.rollout.slots import RAY_DIR, end_local_ray, own_ray_dir
 
     monkeypatch.setenv(RAY_DIR, str(tmp_path))
-    ray_dir = own_ray_dir()
+    ray_dir = own_ray_dir(2, "ray", None)
     assert Path(ray_dir).parent == tmp_path
     (Path(ray_dir) / "session_latest").mkdir()
     mine = subprocess.Popen(["sleep", "60"], env={**os.environ, RAY_DIR: ray_dir})
@@ -221,7 +220,6 @@ def test_a_local_ray_started_by_a_process_that_ended_goes_with_its_folder(tmp_pa
         other.kill()
         mine.kill()
         other.wait()
-    assert Engines(workers=2).own_ray().ray_dir is not None
-    for engines in (Engines(), Engines(workers=2, backend="local"), Engines(workers=2, address="ray://x:1")):
-        assert engines.own_ray() is engines
+    for workers, backend, address in ((1, "ray", None), (2, "local", None), (2, "ray", "ray://x:1")):
+        assert own_ray_dir(workers, backend, address) is None
     end_local_ray(None)  # nothing to remove

@@ -29,13 +29,14 @@ from __future__ import annotations
 import copy
 import functools
 import multiprocessing
+import os
 import queue
 import signal
 import threading
 import traceback
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -45,9 +46,9 @@ from reference_trainer.errors import UserError
 from reference_trainer.model.loader import resolve_device, resolve_dtype
 from reference_trainer.rollout.base import AheadOptions, Group, PromptStream, RolloutContext, RolloutStrategy
 from reference_trainer.rollout.gate import POLL_S, Gate, Inbox, Outbox, RolloutDied, Stopped, death_line
-from reference_trainer.rollout.multi import Engines, build_side, dispatch_state
+from reference_trainer.rollout.multi import Engines, build_side
 from reference_trainer.rollout.ring import WeightRing, check_history
-from reference_trainer.rollout.slots import end_local_ray
+from reference_trainer.rollout.slots import RAY_DIR, end_local_ray, own_ray_dir
 from reference_trainer.rollout.workers import WorkerSpec
 from reference_trainer.trace.schema import ROLLOUT, ROLLOUT_SIDE, ROLLOUT_WAIT, SYNC, TRAINER_WAIT
 from reference_trainer.trace.writer import Trace
@@ -153,6 +154,8 @@ def _serve(spec: AheadSpec, ring: WeightRing, gate: Gate, out: Any) -> None:
     with gate.cond:
         while not ring.holds(version):
             gate.wait()
+    if spec.engines.ray_dir:  # inherited by the processes of the Ray it starts: the trainer finds them by it
+        os.environ[RAY_DIR] = spec.engines.ray_dir
     own, speculator, trace = build_side(spec.worker, ring.read(version), version, spec.t0, spec.engines)
     if spec.dispatch and spec.engines.workers > 1:  # what the controller learnt up to the step before
         own.load_dispatch_state(spec.dispatch)
@@ -184,8 +187,9 @@ def _loop(spec: AheadSpec, ring: WeightRing, gate: Gate, out: Any, own: Any, eng
         groups = spec.strategy.collect(ctx)
         engine.spans.end(len(groups))
         events, trace.events = trace.events, []
+        dispatch = own.dispatch_state() if spec.engines.workers > 1 else None  # the controller's (multi.py)
         batch = AheadBatch(step, groups, events, ctx.recorded, spec.stream.state_dict(),
-                           spec.strategy.state_dict(), dispatch_state(own))  # fmt: skip
+                           spec.strategy.state_dict(), dispatch)  # fmt: skip
         ctx.recorded = []
         out.put(("batch", batch))
         step += 1
@@ -275,8 +279,9 @@ class AheadRollout:
         (outside any step's time)."""
         if self._side is not None:
             raise RuntimeError("the rollout side is running already")
-        # A local Ray the rollout process starts is this process's to remove, however that one ends.
-        engines = self.engines.own_ray() if self.backend == "process" else self.engines
+        e = self.engines  # a local Ray its process starts is this process's to remove, however that one ends
+        mine = own_ray_dir(e.workers, e.backend, e.address) if self.backend == "process" else None
+        engines = replace(e, ray_dir=mine)
         spec = AheadSpec(self.worker, self.ctx.stream, self.strategy, self.ctx.group_size,
                          self.ctx.update_batch, self.ctx.params, self.ctx.seed, self.max_staleness, step,
                          self.trace.t0, engines, self.dispatch)  # fmt: skip

@@ -39,7 +39,6 @@ are not checkpointed: a resumed run loses one step's drafts, never a sample, as 
 from __future__ import annotations
 
 import itertools
-import os
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -51,7 +50,6 @@ from reference_trainer.rollout.base import Lookahead
 from reference_trainer.rollout.dispatch import DEFAULT_DISPATCH, EngineLoad, Unit, make_policy
 from reference_trainer.rollout.placement import LengthHistory
 from reference_trainer.rollout.rebalance import retire_engine, steal_plan
-from reference_trainer.rollout.slots import RAY_DIR, own_ray_dir
 from reference_trainer.rollout.workers import (
     RolloutWorker,
     WorkerLost,
@@ -64,7 +62,7 @@ from reference_trainer.speculation.lookahead import DraftKey, draft_key
 from reference_trainer.trace.schema import dispatch_event, migrate_event
 from reference_trainer.trace.writer import Trace
 
-__all__ = ["Engines", "MultiEngine", "build_side", "dispatch_state"]
+__all__ = ["Engines", "MultiEngine", "build_side"]
 
 KEPT_DRAFTS = 4096  # lookahead drafts not yet handed to their request's engine, as a LookaheadDrafter keeps
 
@@ -424,12 +422,6 @@ class MultiEngine:
                 self.pool.add_history(w, [(s.prompt_ids, s.response_ids) for v, s in finished if v != w])
 
 
-def dispatch_state(engine: Any) -> dict[str, Any] | None:
-    """The controller's state (`MultiEngine.dispatch_state`) of a rollout side's engine; None for one engine.
-    A rollout run ahead sends it with each step, so the trainer's checkpoint holds it as of that step."""
-    return engine.dispatch_state() if isinstance(engine, MultiEngine) else None
-
-
 @dataclass(frozen=True)
 class Engines:
     """The engines a rollout side drives: one in-process engine, or W replicas under one controller (a
@@ -440,15 +432,7 @@ class Engines:
     address: str | None = None
     dispatch: str = DEFAULT_DISPATCH
     migrate: bool = False  # straggler migration across the engines (rebalance.py)
-    ray_dir: str | None = None  # the local Ray's folder, made by the process that outlives it (`own_ray`)
-
-    def own_ray(self) -> Engines:
-        """These engines with a local Ray folder made here, for a process of their own (a rollout run ahead's)
-        to start its Ray in: this process then removes that Ray when the other ends, however it ends
-        (`slots.end_local_ray`). Unchanged for one engine, in-process engines or a cluster joined."""
-        if self.workers <= 1 or self.backend != "ray" or self.address:
-            return self
-        return replace(self, ray_dir=own_ray_dir())
+    ray_dir: str | None = None  # the local Ray's folder, made by the process that outlives it (slots.py)
 
 
 def build_side(
@@ -460,8 +444,6 @@ def build_side(
         worker = RolloutWorker(spec, weights, 0, t0, version)
         return worker.engine, worker.speculator, worker.trace
     trace = Trace(t0=t0)
-    if engines.ray_dir:  # inherited by Ray's processes: how the process that made it finds them
-        os.environ[RAY_DIR] = engines.ray_dir
     pool = make_worker_pool(spec, weights, engines.workers, trace, engines.backend, engines.address)
     if version:
         pool.update_weights(weights, version)

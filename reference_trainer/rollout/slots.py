@@ -89,10 +89,13 @@ def ensure_ray(workers: int, address: str | None) -> None:
 RAY_DIR = "RLBENCH_RAY_TMPDIR"  # the local Ray's folder; Ray's processes inherit it, so it also names them
 
 
-def own_ray_dir() -> str:
-    """A fresh folder for the local Ray another process of this run starts (a rollout run ahead's): in
-    RLBENCH_RAY_TMPDIR when set, else the temp folder. That process sets it as its RLBENCH_RAY_TMPDIR, so
-    Ray's processes carry it in their environment and `end_local_ray` finds them by it."""
+def own_ray_dir(workers: int, backend: str, address: str | None) -> str | None:
+    """A fresh folder for the local Ray another process of this run starts for its engines (a rollout run
+    ahead's: W > 1 Ray actors, no cluster `address`), in RLBENCH_RAY_TMPDIR when set, else the temp folder;
+    None where it starts none. That process sets it as its RLBENCH_RAY_TMPDIR, so Ray's processes carry it
+    in their environment and `end_local_ray` finds them by it."""
+    if workers <= 1 or backend != "ray" or address:
+        return None
     return tempfile.mkdtemp(prefix="rlbench-ray-", dir=os.environ.get(RAY_DIR) or None)
 
 
