@@ -47,6 +47,7 @@ from reference_trainer.model.loader import resolve_device, resolve_dtype
 from reference_trainer.rollout.base import AheadOptions, Group, PromptStream, RolloutContext, RolloutStrategy
 from reference_trainer.rollout.gate import POLL_S, Gate, Inbox, Outbox, RolloutDied, Stopped, death_line
 from reference_trainer.rollout.multi import Engines, build_side
+from reference_trainer.rollout.placement import LengthHistory
 from reference_trainer.rollout.ring import WeightRing, check_history
 from reference_trainer.rollout.slots import RAY_DIR, end_local_ray, own_ray_dir
 from reference_trainer.rollout.workers import WorkerSpec
@@ -362,6 +363,8 @@ class AheadRollout:
         return self.dispatch
 
     def load_dispatch_state(self, state: Mapping[str, Any]) -> None:
+        # Read as the controller will read it: a damaged one fails here, in the checkpoint's one line.
+        LengthHistory().load_state_dict(dict(state["history"]))
         self.dispatch = dict(state)  # the rollout side starts from it (`launch`)
 
     def history(self) -> dict[int, dict[str, torch.Tensor]]:
