@@ -93,7 +93,9 @@ def _pool(monkeypatch, fake: _FakeRay, deadlines: RayDeadlines) -> RayWorkerPool
 
     monkeypatch.setitem(sys.modules, "ray", fake)
     slots = SimpleNamespace(workers=2, gpu=False, unit="CPU", deadlines=deadlines, actor_options=lambda w: {})
-    spec = SimpleNamespace(engine_config=EngineConfig(max_num_seqs=2), speculation=None, drafts=False)
+    spec = SimpleNamespace(
+        engine_config=EngineConfig(max_num_seqs=2), speculation=None, drafts=False, keeps_history=False
+    )
     monkeypatch.setattr("reference_trainer.rollout.workers._inference_state", lambda state, device: {})
     return RayWorkerPool(spec, {}, 2, Trace(), slots=slots)  # type: ignore[arg-type]
 
