@@ -74,13 +74,16 @@ def _cleanup(d: Path) -> None:
         shutil.rmtree((d / "ray_tmp").read_text(), ignore_errors=True)
 
 
-def _marked(mark: str) -> dict[int, str]:
+def _marked(mark: str, folder: Path | None = None) -> dict[int, str]:
     """pid -> command line (Ray retitles its processes there) of every process of this run: the command,
-    its rollout process and its Ray's processes, which all inherit the mark."""
+    its rollout process and its Ray's processes, which all inherit the mark; and, with `folder`, any
+    process holding a file open in it (Ray's agents retitle themselves over their environment)."""
     found = {}
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if f"{MARK}={mark}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+            env = (proc / "environ").read_bytes().split(b"\0")
+            fds = [os.readlink(fd) for fd in (proc / "fd").iterdir()] if folder else []
+            if f"{MARK}={mark}".encode() in env or any(f.startswith(f"{folder}/") for f in fds):
                 line = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
                 found[int(proc.name)] = " ".join(line.decode(errors="replace").split())  # Ray pads titles
         except (OSError, ValueError):
@@ -190,11 +193,11 @@ def resumed_on_one(d: Path) -> Outcome:
     return Outcome(ok, detail, lost=0 if kept else 1, failure="" if ok else "wrong")
 
 
-def _ray_of(mark: str) -> list[str]:
+def _ray_of(mark: str, folder: Path) -> list[str]:
     """This run's processes that are Ray's (gcs_server, raylet, its Python services, agents and workers),
     each by its program's or script's name: all but the command and its multiprocessing children."""
     names = []
-    for line in _marked(mark).values():
+    for line in _marked(mark, folder).values():
         if "rlbench.cli" in line or "multiprocessing" in line:
             continue
         words = line.split() or ["?"]
@@ -213,14 +216,14 @@ def async_local_ray_killed(d: Path) -> Outcome:
                        "--out", "run")  # fmt: skip
         if not _wait_for_a_step(proc, d / "run"):
             return Outcome(False, f"no step finished: {_finish(proc, 5)[1][-200:]}", failure="wrong")
-        running, rollout = _ray_of(mark), rollout_children(proc.pid)
+        running, rollout = _ray_of(mark, temp), rollout_children(proc.pid)
         if rollout:
             os.kill(rollout[0], signal.SIGKILL)
         code, err = _finish(proc, DEADLINE_S)
         time.sleep(GRACE_S)
-        left, kept = _ray_of(mark), sorted(p.name for p in temp.iterdir())
+        left, kept = _ray_of(mark, temp), sorted(p.name for p in temp.iterdir())
     finally:
-        for pid in _marked(mark):  # whatever is left, not to outlive the drill
+        for pid in _marked(mark, temp):  # whatever is left, not to outlive the drill
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         _cleanup(d)

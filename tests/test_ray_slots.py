@@ -199,7 +199,8 @@ def test_places_others_hold_are_waited_for_until_the_deadline(two_cpu_ray) -> No
 
 def test_a_local_ray_started_by_a_process_that_ended_goes_with_its_folder(tmp_path, monkeypatch):
     """`end_local_ray` kills the processes that carry the folder in their environment (Ray's, started by
-    the rollout process in it) and removes it; a process with another folder is left alone. Engines get a
+    the rollout process in it) or hold a file open in it (Ray's agents, whose environment their title
+    overwrites) and removes it; a process with another folder is left alone. Engines get a
     folder of their own only where a process of theirs starts a local Ray: W > 1 Ray actors, no address."""
     import os
     import signal
@@ -214,14 +215,18 @@ def test_a_local_ray_started_by_a_process_that_ended_goes_with_its_folder(tmp_pa
     (Path(ray_dir) / "session_latest").mkdir()
     mine = subprocess.Popen(["sleep", "60"], env={**os.environ, RAY_DIR: ray_dir})
     other = subprocess.Popen(["sleep", "60"], env={**os.environ, RAY_DIR: ray_dir + "-other"})
+    with open(Path(ray_dir) / "session_latest" / "agent.log", "w") as log:  # an agent: only its log says
+        agent = subprocess.Popen(
+            ["sleep", "60"], stdout=log, env={k: v for k, v in os.environ.items() if k != RAY_DIR}
+        )
     try:
         end_local_ray(ray_dir)
-        assert mine.wait(timeout=30) == -signal.SIGKILL
+        assert mine.wait(timeout=30) == -signal.SIGKILL and agent.wait(timeout=30) == -signal.SIGKILL
         assert other.poll() is None and not Path(ray_dir).exists()
     finally:
-        other.kill()
-        mine.kill()
-        other.wait()
+        for proc in (other, mine, agent):
+            proc.kill()
+            proc.wait()
     for workers, backend, address in ((1, "ray", None), (2, "local", None), (2, "ray", "ray://x:1")):
         assert own_ray_dir(workers, backend, address) is None
     end_local_ray(None)  # nothing to remove

@@ -101,19 +101,27 @@ def own_ray_dir(workers: int, backend: str, address: str | None) -> str | None:
 
 def end_local_ray(ray_dir: str | None) -> None:
     """Remove the local Ray started in `ray_dir` (`own_ray_dir`) by a process that has ended, however it
-    ended: its processes (found by the folder in their environment) are killed and the folder removed. A
-    driver killed by SIGKILL takes its gcs_server and raylet with it, but leaves Ray's agents running for
-    minutes and its session folder for good."""
+    ended: its processes are killed and the folder removed. A driver killed by SIGKILL takes its gcs_server
+    and raylet with it, but leaves Ray's agents running for minutes and its session folder for good."""
     if not ray_dir:
         return
-    mark = f"{RAY_DIR}={ray_dir}".encode()
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if int(proc.name) != os.getpid() and mark in (proc / "environ").read_bytes().split(b"\0"):
+            if int(proc.name) != os.getpid() and _of_ray(proc, ray_dir):
                 os.kill(int(proc.name), signal.SIGKILL)
         except (OSError, ValueError):  # gone meanwhile, or another user's
             continue
     shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def _of_ray(proc: Path, ray_dir: str) -> bool:
+    """Whether process `proc` is of the Ray in `ray_dir`: the folder is in its environment (inherited from
+    the process that started that Ray), or one of its open files is in it (Ray's processes log there; its
+    agents retitle themselves over their environment, so only their files say whose they are)."""
+    if f"{RAY_DIR}={ray_dir}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+        return True
+    inside = ray_dir.rstrip("/") + "/"
+    return any(os.readlink(fd).startswith(inside) for fd in (proc / "fd").iterdir())
 
 
 def _plural(count: float, unit: str) -> str:
