@@ -36,7 +36,7 @@ import threading
 import traceback
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -110,6 +110,7 @@ class AheadSpec:
     t0: float
     engines: Engines = Engines()  # W > 1: replicas under one controller (rollout/multi.py)
     dispatch: dict[str, Any] | None = None  # that controller's state to start from (a resume's)
+    ray_dir: str | None = None  # the folder its local Ray starts in, made by the trainer (slots.own_ray_dir)
 
     def version_for(self, step: int) -> int:
         """The weights step `step` rolls out on: those of `step - k`."""
@@ -155,8 +156,8 @@ def _serve(spec: AheadSpec, ring: WeightRing, gate: Gate, out: Any) -> None:
     with gate.cond:
         while not ring.holds(version):
             gate.wait()
-    if spec.engines.ray_dir:  # inherited by the processes of the Ray it starts: the trainer finds them by it
-        os.environ[RAY_DIR] = spec.engines.ray_dir
+    if spec.ray_dir:  # inherited by the processes of the Ray it starts: the trainer finds them by it
+        os.environ[RAY_DIR] = spec.ray_dir
     own, speculator, trace = build_side(spec.worker, ring.read(version), version, spec.t0, spec.engines)
     if spec.dispatch and spec.engines.workers > 1:  # what the controller learnt up to the step before
         own.load_dispatch_state(spec.dispatch)
@@ -281,11 +282,10 @@ class AheadRollout:
         if self._side is not None:
             raise RuntimeError("the rollout side is running already")
         e = self.engines  # a local Ray its process starts is this process's to remove, however that one ends
-        mine = own_ray_dir(e.workers, e.backend, e.address) if self.backend == "process" else None
-        engines = replace(e, ray_dir=mine)
+        ray_dir = own_ray_dir(e.workers, e.backend, e.address) if self.backend == "process" else None
         spec = AheadSpec(self.worker, self.ctx.stream, self.strategy, self.ctx.group_size,
                          self.ctx.update_batch, self.ctx.params, self.ctx.seed, self.max_staleness, step,
-                         self.trace.t0, engines, self.dispatch)  # fmt: skip
+                         self.trace.t0, e, self.dispatch, ray_dir)  # fmt: skip
         self._watch = Watch()
         if self.backend == "process":
             mp = multiprocessing.get_context("spawn")
@@ -305,7 +305,7 @@ class AheadRollout:
         self._out = Inbox(source, self._watch)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(
-            self, _shut, self.gate, self.ring, self._side, self._sigterm, engines.ray_dir
+            self, _shut, self.gate, self.ring, self._side, self._sigterm, ray_dir
         )
         kind, _ = self._receive()
         if kind != "ready":

@@ -23,10 +23,9 @@ W engines and stays the one SortedRL there is.
 - the predicted lengths the dispatch works from (`placement.LengthHistory`) are recorded per group, as
   placed.py does: once per prompt per step, the mean of its samples that finished in the step (a group cut
   short by early termination records the samples it finished). They are the controller's one state that
-  outlives a step: the trainer checkpoints them beside the strategy's state (`dispatch_state`; a rollout run
-  ahead's controller sends them with each step, rollout/ahead.py), so a resumed run dispatches as the
-  uninterrupted one. A policy's memory of groups (group-sticky) forgets a group at the
-  first dispatch of a step that no longer holds it (trained or dropped).
+  outlives a step: the trainer checkpoints them beside the strategy's state (`dispatch_state`; a run ahead's
+  side sends them), so a resumed run dispatches as the uninterrupted one. A policy's memory of groups
+  (group-sticky) forgets a group at the first dispatch of a step that no longer holds it (trained or dropped).
 - lookahead (the strategy's base.BubbleFill): each engine fills its own idle slots between its own steps
   (base.EngineFill, in its worker) from its share of the next prompts' requests (`look_ahead`); the runs'
   tokens come back with the reports and go, as drafts, to the engine each request is dispatched to.
@@ -432,7 +431,6 @@ class Engines:
     address: str | None = None
     dispatch: str = DEFAULT_DISPATCH
     migrate: bool = False  # straggler migration across the engines (rebalance.py)
-    ray_dir: str | None = None  # the local Ray's folder, made by the process that outlives it (slots.py)
 
 
 def build_side(
