@@ -45,7 +45,7 @@ MODES = ("baseline", "sorted")
 # median 24 tokens, a tail to the 256 cap), whose H200 calibration is `h200-embedded`.
 LENGTH_LOG = Path(__file__).resolve().parents[1] / "simulate" / "lengths" / "embedded-arith.jsonl"
 # The CPU policies: round-robin against the count-based least-loaded policy the mode takes (verl's default).
-CPU_POLICIES = ("round-robin", "least-in-flight", "least-outstanding")
+CPU_POLICIES = ("round-robin", "least-in-flight")
 
 
 def read_lengths(path: str | Path) -> LengthTrace:
