@@ -268,6 +268,16 @@ def small_arith_run(tmp_path_factory, micro_batch_size: int = 8, **fields) -> Pa
     return out
 
 
+@pytest.fixture
+def one_thread():  # type: ignore[no-untyped-def]
+    """Torch on one thread for the test: small batches run fastest so (a second thread may be busy), and the
+    float sums, hence the sampled tokens, stay those of the recorded runs."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_config(vocab_size: int, max_positions: int = 128, **extra):  # type: ignore[no-untyped-def]
     """The engine and update tests' two-layer model shape (4 query heads over 2 KV heads, width 32)."""
     from reference_trainer.model.config import ModelConfig

@@ -325,14 +325,6 @@ def test_the_controller_learns_lengths_per_group_and_keeps_them_across_a_resume(
 
 
 # ---- the tiny real model ----------------------------------------------------------------------------------
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class Fixed:
     """A dispatch policy that sends everything to one engine (the test moves it)."""
 

@@ -81,16 +81,6 @@ def run_modes() -> dict[str, dict[str, list]]:
     return {mode: run_mode(mode, None) for mode in MODES}
 
 
-@pytest.fixture
-def one_thread():
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # Every mode at workers=1; one with no worker count (the default), each run ~1 s on a loaded 2-core machine.
 RUNS = [(mode, 1) for mode in MODES] + [("sorted-partial", None)]
 

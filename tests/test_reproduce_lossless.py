@@ -63,15 +63,6 @@ def test_wrong_rules_accept_too_often():
     assert no_residual_accept(0)(probs, plain, drafts).float().mean() == pytest.approx(0.3, abs=0.02)
 
 
-@pytest.fixture
-def one_thread():
-    """Batches of a small model run fastest on one thread (and a second one may be busy)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.e2e
 def test_quick_reproduction_passes_the_exact_rule_and_catches_wrong_ones(tmp_path, one_thread):
     ctx = Context(device="cpu", quick=True, model=None, work_dir=tmp_path, progress=lambda _: None)

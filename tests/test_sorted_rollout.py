@@ -320,16 +320,6 @@ def test_registries_and_options():
 # ---- the real trainer at tiny shapes -------------------------------------------------------------------
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny shapes gain nothing from a second intra-op thread, and on a shared 2-core box two spinning
-    OpenMP threads make these runs ~10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny_config(model_dir, mode: str, steps: int, **kw) -> TrainConfig:
     config = TrainConfig(
         eval_every=0,
